@@ -1,0 +1,168 @@
+"""Cluster map: centroids and per-cluster active vocabulary sets for one direction (or target language).
+
+Folder layout (DESIGN.md, Formats)::
+
+    <map_dir>/map.safetensors   centroids [r, d] f32, centroid_sq_norms [r] f32,
+                                indptr [r+1] i64, indices [nnz] i32, counts [nnz] i32  (CSR, ids sorted)
+    <map_dir>/manifest.json     schema version, model fingerprint, direction, mode, r, K, niter, seed, ...
+
+Loading checks shapes, CSR invariants and (when given) the model fingerprint.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from fastvocab import __version__
+from fastvocab.artifacts_schema.atomic import atomic_path
+from fastvocab.artifacts_schema.errors import ArtifactError
+
+MAP_SCHEMA_VERSION = 1
+MODES = ("direction", "target")  # source+target known / target-only (Amer et al. Sec. 2.2)
+TENSORS_FILE = "map.safetensors"
+MANIFEST_FILE = "manifest.json"
+
+
+@dataclass
+class MapManifest:
+    model_fingerprint: str
+    direction: str  # "en-it" in direction mode, "*-it" in target mode
+    mode: str
+    r: int
+    k: int
+    d: int
+    n_vocab: int
+    niter: int
+    seed: int
+    states_used: int
+    active_fraction: dict[str, float] = field(default_factory=dict)  # mean, max, min, p50 over clusters
+    extra: dict[str, object] = field(default_factory=dict)
+    schema_version: int = MAP_SCHEMA_VERSION
+    fastvocab_version: str = __version__
+    created: str = field(default_factory=lambda: time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+
+
+@dataclass
+class ClusterMap:
+    manifest: MapManifest
+    centroids: np.ndarray  # (r, d) float32
+    centroid_sq_norms: np.ndarray  # (r,) float32
+    indptr: np.ndarray  # (r+1,) int64
+    indices: np.ndarray  # (nnz,) int32, sorted within each cluster
+    counts: np.ndarray  # (nnz,) int32, how many member states predicted the id
+
+    def active_ids(self, cluster: int) -> np.ndarray:
+        return self.indices[self.indptr[cluster] : self.indptr[cluster + 1]]
+
+    def active_fractions(self) -> np.ndarray:
+        return np.diff(self.indptr).astype(np.float64) / self.manifest.n_vocab
+
+    def pruned(self, min_count: int) -> ClusterMap:
+        """Drop (cluster, id) pairs predicted fewer than ``min_count`` times."""
+        keep = self.counts >= min_count
+        sizes = np.add.reduceat(keep.astype(np.int64), self.indptr[:-1]) if len(keep) else np.zeros(0)
+        sizes = np.where(np.diff(self.indptr) == 0, 0, sizes)
+        indptr = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+        return ClusterMap(
+            self.manifest,
+            self.centroids,
+            self.centroid_sq_norms,
+            indptr,
+            self.indices[keep],
+            self.counts[keep],
+        )
+
+
+def active_fraction_stats(indptr: np.ndarray, n_vocab: int) -> dict[str, float]:
+    frac = np.diff(indptr) / float(n_vocab)
+    return {
+        "mean": float(frac.mean()),
+        "max": float(frac.max()),
+        "min": float(frac.min()),
+        "p50": float(np.median(frac)),
+    }
+
+
+def validate(cmap: ClusterMap, where: str = "cluster map") -> None:
+    m = cmap.manifest
+    r, d = cmap.centroids.shape if cmap.centroids.ndim == 2 else (-1, -1)
+    problems = []
+    if (r, d) != (m.r, m.d):
+        problems.append(f"centroids shape {cmap.centroids.shape} != manifest ({m.r}, {m.d})")
+    if cmap.centroid_sq_norms.shape != (m.r,):
+        problems.append(f"centroid_sq_norms shape {cmap.centroid_sq_norms.shape}")
+    if cmap.indptr.shape != (m.r + 1,) or cmap.indptr[0] != 0 or np.any(np.diff(cmap.indptr) < 0):
+        problems.append("indptr is not a valid CSR row pointer")
+    elif cmap.indptr[-1] != len(cmap.indices) or len(cmap.indices) != len(cmap.counts):
+        problems.append("indptr[-1], len(indices) and len(counts) disagree")
+    elif len(cmap.indices) and (cmap.indices.min() < 0 or cmap.indices.max() >= m.n_vocab):
+        problems.append(f"token ids outside [0, {m.n_vocab})")
+    if m.mode not in MODES:
+        problems.append(f"unknown mode {m.mode!r}")
+    if m.schema_version != MAP_SCHEMA_VERSION:
+        problems.append(f"schema version {m.schema_version}, expected {MAP_SCHEMA_VERSION}")
+    if problems:
+        raise ArtifactError(f"invalid {where}: " + "; ".join(problems))
+
+
+def save_cluster_map(cmap: ClusterMap, map_dir: str | Path) -> Path:
+    """Write the map folder atomically (tensors + manifest appear together or not at all)."""
+    from safetensors.numpy import save_file
+
+    validate(cmap)
+    map_dir = Path(map_dir)
+    with atomic_path(map_dir) as tmp:
+        tmp.mkdir()
+        save_file(
+            {
+                "centroids": np.ascontiguousarray(cmap.centroids, dtype=np.float32),
+                "centroid_sq_norms": np.ascontiguousarray(cmap.centroid_sq_norms, dtype=np.float32),
+                "indptr": np.ascontiguousarray(cmap.indptr, dtype=np.int64),
+                "indices": np.ascontiguousarray(cmap.indices, dtype=np.int32),
+                "counts": np.ascontiguousarray(cmap.counts, dtype=np.int32),
+            },
+            str(tmp / TENSORS_FILE),
+        )
+        (tmp / MANIFEST_FILE).write_text(json.dumps(asdict(cmap.manifest), indent=2, sort_keys=True) + "\n")
+    return map_dir
+
+
+def load_manifest(map_dir: str | Path) -> MapManifest:
+    path = Path(map_dir) / MANIFEST_FILE
+    if not path.exists():
+        raise ArtifactError(f"no cluster map at {map_dir} (missing {MANIFEST_FILE})")
+    try:
+        return MapManifest(**json.loads(path.read_text()))
+    except (ValueError, TypeError) as exc:
+        raise ArtifactError(f"corrupt cluster-map manifest {path}: {exc}") from exc
+
+
+def load_cluster_map(map_dir: str | Path, expect_fingerprint: str | None = None) -> ClusterMap:
+    """Load and validate a map; with ``expect_fingerprint``, refuse a map built for another model."""
+    from safetensors import SafetensorError
+    from safetensors.numpy import load_file
+
+    map_dir = Path(map_dir)
+    manifest = load_manifest(map_dir)
+    if expect_fingerprint is not None and manifest.model_fingerprint != expect_fingerprint:
+        raise ArtifactError(
+            f"cluster map {map_dir} was built for model {manifest.model_fingerprint}, "
+            f"but the loaded model is {expect_fingerprint}"
+        )
+    try:
+        t = load_file(str(map_dir / TENSORS_FILE))
+    except (OSError, SafetensorError) as exc:
+        raise ArtifactError(f"corrupt cluster map tensors in {map_dir}: {exc}") from exc
+    try:
+        cmap = ClusterMap(
+            manifest, t["centroids"], t["centroid_sq_norms"], t["indptr"], t["indices"], t["counts"]
+        )
+    except KeyError as exc:
+        raise ArtifactError(f"cluster map {map_dir} lacks tensor {exc}") from exc
+    validate(cmap, f"cluster map {map_dir}")
+    return cmap

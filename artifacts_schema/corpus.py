@@ -1,0 +1,77 @@
+"""Parallel corpus layout: one Parquet file per language pair and split.
+
+``<corpus_dir>/<lang1>-<lang2>/<split>.parquet`` with columns ``id, doc_id, text1, text2`` where
+``text1`` is in ``lang1``. A direction ``lang2 -> lang1`` reads the same file with the columns swapped, so
+en-it and it-en share one file and one split.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from fastvocab.artifacts_schema.errors import ArtifactError
+
+SPLITS = ("train", "dev", "test")
+
+CORPUS_SCHEMA = pa.schema(
+    [
+        pa.field("id", pa.int64(), nullable=False),
+        pa.field("doc_id", pa.string(), nullable=False),  # groups segments of one document (split unit)
+        pa.field("text1", pa.string(), nullable=False),
+        pa.field("text2", pa.string(), nullable=False),
+    ]
+)
+
+
+def pair_name(lang1: str, lang2: str) -> str:
+    return f"{lang1}-{lang2}"
+
+
+def split_path(corpus_dir: str | Path, lang1: str, lang2: str, split: str) -> Path:
+    if split not in SPLITS:
+        raise ValueError(f"unknown split {split!r}; valid: {', '.join(SPLITS)}")
+    return Path(corpus_dir) / pair_name(lang1, lang2) / f"{split}.parquet"
+
+
+def available_pairs(corpus_dir: str | Path) -> list[tuple[str, str]]:
+    """Language pairs present in a corpus folder, as (lang1, lang2), sorted."""
+    pairs = []
+    for sub in sorted(Path(corpus_dir).glob("*-*")):
+        if sub.is_dir() and (sub / "train.parquet").exists():
+            lang1, _, lang2 = sub.name.partition("-")
+            pairs.append((lang1, lang2))
+    return pairs
+
+
+def read_direction(
+    corpus_dir: str | Path, src_lang: str, tgt_lang: str, split: str, limit: int | None = None
+) -> tuple[list[int], list[str], list[str]]:
+    """Return (ids, sources, targets) of a direction's split, reading whichever pair file holds it."""
+    forward = split_path(corpus_dir, src_lang, tgt_lang, split)
+    backward = split_path(corpus_dir, tgt_lang, src_lang, split)
+    swap = not forward.exists() and backward.exists()
+    path = backward if swap else forward
+    if not path.exists():
+        have = ", ".join(f"{a}-{b}" for a, b in available_pairs(corpus_dir)) or "none"
+        raise ArtifactError(
+            f"no {split} split for {src_lang}-{tgt_lang} in {corpus_dir} (language pairs present: {have})"
+        )
+    table = read_corpus_file(path, limit)
+    ids = table.column("id").to_pylist()
+    a, b = table.column("text1").to_pylist(), table.column("text2").to_pylist()
+    return (ids, b, a) if swap else (ids, a, b)
+
+
+def read_corpus_file(path: Path, limit: int | None = None) -> pa.Table:
+    try:
+        table = pq.read_table(path)
+    except (OSError, pa.ArrowException) as exc:
+        raise ArtifactError(f"corrupt corpus file {path}: {exc}") from exc
+    missing = [f.name for f in CORPUS_SCHEMA if f.name not in table.column_names]
+    if missing:
+        raise ArtifactError(f"corpus file {path} lacks columns {missing}")
+    table = table.select(CORPUS_SCHEMA.names)
+    return table.slice(0, limit) if limit is not None else table

@@ -1,0 +1,147 @@
+"""Hidden-state shards written by the dump stage (DESIGN.md, Formats).
+
+Columns: ``sent_id int64, step int32, hidden fixed_size_list<float16>[d], topk_ids fixed_size_list<int32>[K]``
+(+ optional ``topk_logprobs fixed_size_list<float32>[K]``). Schema metadata: model fingerprint, d, K,
+direction, schema version. Shards live in ``<root>/direction=<src>-<tgt>/part-*.parquet`` (hive partitioning).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from fastvocab.artifacts_schema.errors import ArtifactError
+
+HIDDEN_SCHEMA_VERSION = 1
+META_KEY = b"fastvocab.hidden_states"
+
+
+@dataclass(frozen=True)
+class ShardMeta:
+    model_fingerprint: str
+    d: int
+    k: int
+    direction: str
+    schema_version: int = HIDDEN_SCHEMA_VERSION
+
+    def to_bytes(self) -> bytes:
+        return json.dumps(self.__dict__, sort_keys=True).encode()
+
+    @classmethod
+    def from_bytes(cls, raw: bytes, where: str) -> ShardMeta:
+        try:
+            return cls(**json.loads(raw))
+        except (ValueError, TypeError) as exc:
+            raise ArtifactError(f"bad fastvocab metadata in {where}: {exc}") from exc
+
+
+def hidden_schema(meta: ShardMeta, with_logprobs: bool = False) -> pa.Schema:
+    fields = [
+        pa.field("sent_id", pa.int64(), nullable=False),
+        pa.field("step", pa.int32(), nullable=False),
+        pa.field("hidden", pa.list_(pa.float16(), meta.d), nullable=False),
+        pa.field("topk_ids", pa.list_(pa.int32(), meta.k), nullable=False),
+    ]
+    if with_logprobs:
+        fields.append(pa.field("topk_logprobs", pa.list_(pa.float32(), meta.k), nullable=False))
+    return pa.schema(fields, metadata={META_KEY: meta.to_bytes()})
+
+
+def shard_table(
+    meta: ShardMeta,
+    sent_id: np.ndarray,
+    step: np.ndarray,
+    hidden: np.ndarray,
+    topk_ids: np.ndarray,
+    topk_logprobs: np.ndarray | None = None,
+) -> pa.Table:
+    """Build a shard table from arrays: hidden (rows, d), topk_ids (rows, K)."""
+    rows = len(sent_id)
+    if hidden.shape != (rows, meta.d) or topk_ids.shape != (rows, meta.k):
+        raise ValueError(
+            f"shape mismatch: hidden {hidden.shape}, topk_ids {topk_ids.shape}, "
+            f"expected ({rows}, {meta.d}) and ({rows}, {meta.k})"
+        )
+    cols = [
+        pa.array(np.asarray(sent_id, dtype=np.int64)),
+        pa.array(np.asarray(step, dtype=np.int32)),
+        pa.FixedSizeListArray.from_arrays(
+            pa.array(np.ascontiguousarray(hidden, dtype=np.float16).reshape(-1)), meta.d
+        ),
+        pa.FixedSizeListArray.from_arrays(
+            pa.array(np.ascontiguousarray(topk_ids, dtype=np.int32).reshape(-1)), meta.k
+        ),
+    ]
+    if topk_logprobs is not None:
+        cols.append(
+            pa.FixedSizeListArray.from_arrays(
+                pa.array(np.ascontiguousarray(topk_logprobs, dtype=np.float32).reshape(-1)), meta.k
+            )
+        )
+    schema = hidden_schema(meta, with_logprobs=topk_logprobs is not None)
+    return pa.Table.from_arrays(cols, schema=schema)
+
+
+def direction_dir(root: str | Path, direction: str) -> Path:
+    return Path(root) / f"direction={direction}"
+
+
+def read_shard_meta(path: str | Path) -> ShardMeta:
+    """Read and validate one shard's schema; raises ArtifactError naming the file when it is bad."""
+    path = Path(path)
+    try:
+        schema = pq.read_schema(path)
+    except (OSError, pa.ArrowException) as exc:
+        raise ArtifactError(f"corrupt hidden-state shard {path}: {exc}") from exc
+    raw = (schema.metadata or {}).get(META_KEY)
+    if raw is None:
+        raise ArtifactError(f"{path} is not a fastvocab hidden-state shard (no metadata)")
+    meta = ShardMeta.from_bytes(raw, str(path))
+    if meta.schema_version != HIDDEN_SCHEMA_VERSION:
+        raise ArtifactError(
+            f"{path} has hidden-state schema version {meta.schema_version}, expected {HIDDEN_SCHEMA_VERSION}"
+        )
+    expected = hidden_schema(meta, with_logprobs="topk_logprobs" in schema.names)
+    if not schema.remove_metadata().equals(expected.remove_metadata()):
+        raise ArtifactError(f"{path} does not match the hidden-state schema: {schema.remove_metadata()}")
+    return meta
+
+
+def validate_direction(root: str | Path, direction: str, fingerprint: str | None = None) -> list[Path]:
+    """Validate every shard of a direction; return their paths (sorted). Raises ArtifactError."""
+    files = sorted(direction_dir(root, direction).glob("part-*.parquet"))
+    if not files:
+        raise ArtifactError(f"no hidden-state shards for {direction} under {root}")
+    metas = {read_shard_meta(f) for f in files}
+    if len(metas) != 1:
+        raise ArtifactError(f"shards of {direction} under {root} disagree on their metadata: {metas}")
+    (meta,) = metas
+    if meta.direction != direction:
+        raise ArtifactError(f"shards under {direction_dir(root, direction)} say direction {meta.direction}")
+    if fingerprint is not None and meta.model_fingerprint != fingerprint:
+        raise ArtifactError(
+            f"shards of {direction} were dumped from model {meta.model_fingerprint}, not {fingerprint}"
+        )
+    return files
+
+
+def iter_batches(files: list[Path], columns: list[str] | None = None, batch_size: int = 65536):
+    """Stream record batches from shard files (never loads the whole direction)."""
+    for f in files:
+        try:
+            pf = pq.ParquetFile(f)
+            yield from pf.iter_batches(batch_size=batch_size, columns=columns)
+        except (OSError, pa.ArrowException) as exc:
+            raise ArtifactError(f"corrupt hidden-state shard {f}: {exc}") from exc
+
+
+def fixed_list_to_numpy(col: pa.Array | pa.ChunkedArray, width: int, dtype) -> np.ndarray:
+    """(rows, width) numpy view of a fixed_size_list column."""
+    if isinstance(col, pa.ChunkedArray):
+        col = col.combine_chunks()
+    return col.values.to_numpy(zero_copy_only=False).astype(dtype, copy=False).reshape(-1, width)

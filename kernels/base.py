@@ -1,0 +1,193 @@
+"""The output-layer interface every method implements, and the registry that names them.
+
+A projection maps decoder hidden states ``h`` (rows, d) to logits over *some* vocabulary columns:
+
+- the full projection computes all N columns (``ids is None``),
+- candidate-set methods compute C << N columns and say which (``ids`` shared (C,) or per row (rows, C)).
+
+Projections hold no per-call state: two consecutive calls with different candidate sets must give the same
+results as two fresh objects (the CTranslate2 ``use_vmap`` bug noted in DESIGN.md).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import ClassVar, TypeVar
+
+import torch
+
+from fastvocab import __version__
+from fastvocab.artifacts_schema.fingerprint import projection_fingerprint
+
+_REGISTRY: dict[str, type[Projection]] = {}
+
+P = TypeVar("P", bound="type[Projection]")
+
+
+def register(name: str) -> Callable[[P], P]:
+    """Class decorator: make a projection available under ``name`` (``--method name``)."""
+
+    def deco(cls: P) -> P:
+        if name in _REGISTRY:
+            raise ValueError(f"projection {name!r} is already registered by {_REGISTRY[name].__name__}")
+        cls.name = name
+        _REGISTRY[name] = cls
+        return cls
+
+    return deco
+
+
+def available_projections() -> list[str]:
+    _import_builtin_methods()
+    return sorted(_REGISTRY)
+
+
+def create_projection(
+    name: str,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    *,
+    always_active: Sequence[int] = (),
+    **options: object,
+) -> Projection:
+    """Build the projection registered as ``name``; unknown names and options raise ``ValueError``."""
+    _import_builtin_methods()
+    if name not in _REGISTRY:
+        raise ValueError(f"unknown output-layer method {name!r}; valid: {', '.join(sorted(_REGISTRY))}")
+    cls = _REGISTRY[name]
+    try:
+        return cls(weight, bias, always_active=always_active, **options)
+    except TypeError as exc:  # unexpected keyword: say which method rejected it
+        raise ValueError(f"bad options for method {name!r}: {exc}") from exc
+
+
+def _import_builtin_methods() -> None:
+    # Importing the modules runs their @register decorators.
+    import importlib
+
+    for mod in ("full", "clustered"):
+        try:
+            importlib.import_module(f"fastvocab.kernels.{mod}")
+        except ModuleNotFoundError as exc:
+            if exc.name != f"fastvocab.kernels.{mod}":
+                raise
+
+
+@dataclass
+class ProjectionOutput:
+    """Logits over a subset of the vocabulary.
+
+    logits: (rows, C). Columns that a row does not own (per-row padding) hold ``-inf``.
+    ids: None when C == n_vocab and column j is token j; (C,) vocabulary ids shared by every row;
+        or (rows, C) per-row ids (padding positions repeat a valid id and carry ``-inf``).
+    log_inactive_mass: optional (rows,) estimate of ``logsumexp`` over the columns *not* computed, added to
+        the softmax normalizer so scores stay comparable across hypotheses (beam search).
+    """
+
+    logits: torch.Tensor
+    ids: torch.Tensor | None
+    n_vocab: int
+    log_inactive_mass: torch.Tensor | None = None
+
+    @property
+    def rows(self) -> int:
+        return self.logits.shape[0]
+
+    def log_probs(self) -> torch.Tensor:
+        """Log-softmax over the computed columns, (rows, C), in float32."""
+        logits = self.logits.float()
+        if self.log_inactive_mass is None:
+            return torch.log_softmax(logits, dim=-1)
+        norm = torch.logaddexp(torch.logsumexp(logits, dim=-1), self.log_inactive_mass.float())
+        return logits - norm[:, None]
+
+    def to_vocab_ids(self, cols: torch.Tensor) -> torch.Tensor:
+        """Map column positions (rows, k) to vocabulary ids (rows, k)."""
+        if self.ids is None:
+            return cols
+        if self.ids.dim() == 1:
+            return self.ids[cols]
+        return torch.gather(self.ids, 1, cols)
+
+    def topk(self, k: int, log_probs: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+        """Top-k (values, vocabulary ids), each (rows, k); values are log-probs unless ``log_probs=False``."""
+        scores = self.log_probs() if log_probs else self.logits
+        k = min(k, scores.shape[-1])
+        values, cols = torch.topk(scores, k, dim=-1)
+        return values, self.to_vocab_ids(cols)
+
+    def dense(self, fill: float = -math.inf) -> torch.Tensor:
+        """Scatter into a (rows, n_vocab) tensor, ``fill`` where no column was computed."""
+        if self.ids is None:
+            return self.logits
+        out = self.logits.new_full((self.rows, self.n_vocab), fill)
+        ids = self.ids if self.ids.dim() == 2 else self.ids.expand(self.rows, -1)
+        # Per-row padding repeats an id with -inf; scatter_reduce(amax) keeps the real logit.
+        return out.scatter_reduce(1, ids, self.logits, reduce="amax")
+
+    def active_columns(self) -> torch.Tensor:
+        """Columns computed per row, (rows,) int64 (padding not counted)."""
+        if self.ids is None:
+            return torch.full((self.rows,), self.n_vocab, dtype=torch.int64)
+        if self.ids.dim() == 1:
+            return torch.full((self.rows,), self.ids.numel(), dtype=torch.int64)
+        return torch.isfinite(self.logits).sum(dim=1).to(torch.int64)
+
+
+class Projection:
+    """Base class: the public ``__call__`` checks its input, then calls the method's ``_project`` hook.
+
+    Subclasses take ``(weight, bias, *, always_active, **their_options)`` in ``__init__`` and must call
+    ``super().__init__``. ``weight`` is (N, d) (one vocabulary entry contiguous), ``bias`` (N,) or None.
+    """
+
+    name: ClassVar[str] = "?"
+
+    def __init__(
+        self, weight: torch.Tensor, bias: torch.Tensor | None, *, always_active: Sequence[int] = ()
+    ) -> None:
+        if weight.dim() != 2:
+            raise ValueError(f"weight must be (N, d), got {tuple(weight.shape)}")
+        if bias is not None and bias.shape != (weight.shape[0],):
+            raise ValueError(f"bias must be ({weight.shape[0]},), got {tuple(bias.shape)}")
+        self.weight = weight.contiguous()
+        self.bias = bias
+        self.n_vocab, self.d = weight.shape
+        ids = sorted({int(i) for i in always_active})
+        if ids and not (ids[0] >= 0 and ids[-1] < self.n_vocab):
+            raise ValueError(f"always_active ids must be in [0, {self.n_vocab}), got {ids}")
+        self.always_active = torch.tensor(ids, dtype=torch.int64, device=weight.device)
+        self._fingerprint: str | None = None
+
+    @property
+    def device(self) -> torch.device:
+        return self.weight.device
+
+    @property
+    def fingerprint(self) -> str:
+        if self._fingerprint is None:
+            b = None if self.bias is None else self.bias.detach().float().cpu().numpy()
+            self._fingerprint = projection_fingerprint(self.weight.detach().float().cpu().numpy(), b)
+        return self._fingerprint
+
+    def options(self) -> dict[str, object]:
+        """The method's settings, for the reproducibility signature (override to add yours)."""
+        return {}
+
+    def signature(self) -> str:
+        """``method:clustered|mode:union|...|fastvocab:0.1.0|model:<fingerprint>`` (sacrebleu-style)."""
+        parts = [f"method:{self.name}"] + [f"{k}:{v}" for k, v in sorted(self.options().items())]
+        parts += [f"fastvocab:{__version__}", f"model:{self.fingerprint}"]
+        return "|".join(parts)
+
+    def __call__(self, h: torch.Tensor) -> ProjectionOutput:
+        if h.dim() != 2 or h.shape[1] != self.d:
+            raise ValueError(f"hidden states must be (rows, {self.d}), got {tuple(h.shape)}")
+        if h.device != self.device:
+            raise ValueError(f"hidden states on {h.device}, projection on {self.device}")
+        return self._project(h.to(self.weight.dtype))
+
+    def _project(self, h: torch.Tensor) -> ProjectionOutput:
+        raise NotImplementedError

@@ -1,0 +1,1 @@
+"""Config, stage graph, Ray orchestration, MLflow logging and the ``fastvocab`` CLI."""

@@ -1,0 +1,74 @@
+"""The ``fastvocab`` command. Each subcommand lives in ``pipeline/commands/<name>.py`` and provides
+``HELP`` (one line), ``add_arguments(parser)`` and ``run(args) -> int``; errors are raised, and this module
+is the one place that turns them into a one-line message and an exit code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+
+from fastvocab import __version__
+from fastvocab.artifacts_schema.errors import ArtifactError
+from fastvocab.pipeline.errors import UserError
+
+# Subcommand name -> module under fastvocab.pipeline.commands (imported only when used: keeps --help fast).
+COMMANDS = {
+    "corpus": "corpus",
+    "train-demo": "train_demo",
+    "translate": "translate",
+    "eval": "evaluate",
+    "run": "run",
+}
+
+_HELP = {
+    "corpus": "build a parallel corpus from Debian's description translations, or from your own files",
+    "train-demo": "train the small many-to-many demo model (M2M100 architecture) on the corpus",
+    "translate": "translate a text file or Parquet dataset for one direction (full or clustered projection)",
+    "eval": "score hypotheses against references with sacrebleu (BLEU, chrF; signatures printed)",
+    "run": "run the pipeline from a config: corpus -> dump -> kmeans -> maps -> translate -> evaluate",
+}
+
+
+def build_parser(load: str | None = "*") -> argparse.ArgumentParser:
+    """The argument parser; ``load`` names the one subcommand whose arguments to import ("*": all)."""
+    parser = argparse.ArgumentParser(
+        prog="fastvocab",
+        description="Clustered vocabulary projection for fast multilingual MT decoding (Amer et al. 2022).",
+    )
+    parser.add_argument("--version", action="version", version=f"fastvocab {__version__}")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log debug messages")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name, module in COMMANDS.items():
+        p = sub.add_parser(name, help=_HELP[name], description=_HELP[name])
+        if load in ("*", name):
+            mod = importlib.import_module(f"fastvocab.pipeline.commands.{module}")
+            mod.add_arguments(p)
+            p.set_defaults(_module=mod)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    # Import only the chosen subcommand's module: torch, ray and mlflow are slow to import.
+    chosen = next((a for a in argv if not a.startswith("-")), None)
+    args = build_parser(load=chosen).parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    try:
+        return int(args._module.run(args) or 0)
+    except (UserError, ArtifactError, FileNotFoundError, UnicodeDecodeError) as exc:
+        print(f"fastvocab {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"fastvocab {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,119 @@
+"""Typed configuration: one YAML file validated by pydantic models; CLI flags override single fields.
+
+Unknown keys and wrong types fail at load time with the offending key named (``extra="forbid"``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from fastvocab.pipeline.errors import UserError
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=False)
+
+
+class CorpusConfig(_Strict):
+    out_dir: Path = Path("data/corpus")
+    languages: list[str] = ["en", "it", "fr", "de", "es", "pt"]
+    pivot: str = "en"  # pairs are pivot-xx, as in the Debian translations
+    dev_size: int = Field(1000, ge=0)
+    test_size: int = Field(1000, ge=0)
+    seed: int = 0
+    lists_dir: Path | None = None  # apt lists folder to reuse; default: <out_dir>/apt-lists
+
+
+class TranslateConfig(_Strict):
+    method: str = "full"
+    clusters: Path | None = None  # cluster map folder (or a folder of them) for --method clustered
+    mode: Literal["union", "per-row"] = "union"
+    beam: int = Field(1, ge=1)
+    batch_size: int = Field(32, ge=1)
+    max_len: int = Field(128, ge=1)  # max target tokens per sentence
+    max_input_tokens: int = Field(256, ge=1)  # longer source lines are an error, not silently cut
+    length_penalty: float = 1.0
+    device: str = "cpu"
+
+
+class DumpConfig(_Strict):
+    sentences: int = Field(2000, ge=1)  # sentences per direction whose states are stored
+    max_states: int | None = Field(None, ge=1)  # cap on stored states per direction
+    stream_sentences: int = Field(0, ge=0)  # further sentences: counts only, states not stored
+    k: int = Field(5, ge=1)  # top-K ids recorded per state
+    batch_size: int = Field(32, ge=1)
+    shard_rows: int = Field(50_000, ge=1)
+    split: str = "train"
+    num_workers: int = Field(2, ge=1)
+    num_gpus_per_worker: float = Field(0.0, ge=0)
+
+
+class KMeansConfig(_Strict):
+    r: int = Field(200, ge=1)
+    niter: int = Field(20, ge=1)
+    seed: int = 1234
+    max_points_per_centroid: int = Field(256, ge=1)
+    gpu: bool = False
+
+
+class MapsConfig(_Strict):
+    mode: Literal["direction", "target"] = "direction"
+    k: int | None = Field(None, ge=1)  # top-K used for the active sets (<= dump.k); default dump.k
+    min_count: int = Field(1, ge=1)
+
+
+class EvalConfig(_Strict):
+    split: str = "test"
+    sentences: int = Field(200, ge=1)
+    methods: list[str] = ["full", "clustered"]
+
+
+class RunConfig(_Strict):
+    """A whole pipeline run (``fastvocab run CONFIG``)."""
+
+    work_dir: Path = Path("runs/demo")
+    model: Path = Path("models/demo")
+    directions: list[str] = ["en-it", "it-en"]
+    corpus: CorpusConfig = CorpusConfig()
+    dump: DumpConfig = DumpConfig()
+    kmeans: KMeansConfig = KMeansConfig()
+    maps: MapsConfig = MapsConfig()
+    translate: TranslateConfig = TranslateConfig()
+    eval: EvalConfig = EvalConfig()
+    ray_address: str | None = None  # None: local ray.init(); "auto" or "ray://host:port" for a cluster
+    mlflow_tracking_uri: str | None = None  # None: $MLFLOW_TRACKING_URI, else sqlite:///<work_dir>/mlflow.db
+    mlflow_experiment: str = "fastvocab"
+
+
+def load_config(path: str | Path | None, overrides: dict[str, object] | None = None) -> RunConfig:
+    """Load a YAML config (or the defaults when ``path`` is None) and apply dotted-key overrides.
+
+    ``overrides={"kmeans.r": 500}`` sets ``kmeans.r``; values are validated like the file's.
+    """
+    data: dict = {}
+    if path is not None:
+        path = Path(path)
+        if not path.exists():
+            raise UserError(f"config file not found: {path}")
+        try:
+            data = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError as exc:
+            raise UserError(f"config {path} is not valid YAML: {exc}") from exc
+        if not isinstance(data, dict):
+            raise UserError(f"config {path} must be a mapping at the top level")
+    for key, value in (overrides or {}).items():
+        node = data
+        *parents, leaf = key.split(".")
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[leaf] = value
+    try:
+        return RunConfig.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        loc = ".".join(str(x) for x in first["loc"])
+        raise UserError(f"config {path or '<defaults>'}: {loc}: {first['msg']}") from exc

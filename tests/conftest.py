@@ -1,0 +1,48 @@
+"""Shared fixtures: a tiny random-weight M2M100 model folder built from scratch in a few seconds.
+
+Random weights are enough for everything that checks *equivalence* (search vs generate, clustered vs full,
+pipeline plumbing); translation quality is checked on the committed demo model.
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+
+LANGS = ["en", "it", "fr", "de"]
+WORDS = {
+    "en": "the a package for library tool data file system server client network graphics sound",
+    "it": "il un pacchetto per libreria strumento dati file sistema server client rete grafica suono",
+    "fr": "le un paquet pour bibliothèque outil données fichier système serveur client réseau son",
+    "de": "das ein Paket für Bibliothek Werkzeug Daten Datei System Server Client Netzwerk Klang",
+}
+
+
+def synthetic_sentences(lang: str, n: int, seed: int = 0) -> list[str]:
+    rng = random.Random(f"{lang}-{seed}")
+    return [" ".join(rng.choices(WORDS[lang].split(), k=rng.randint(3, 12))) for _ in range(n)]
+
+
+TINY_ARCH = dict(vocab=300, d_model=32, ffn=64, heads=2, enc_layers=2, dec_layers=2)
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory) -> Path:
+    """A saved M2M100 model + tokenizer (random weights, vocabulary ~400) that loads with Auto* offline."""
+    import torch
+    from transformers import M2M100ForConditionalGeneration
+
+    from fastvocab.tasks.demo_model import build_tokenizer, model_config, train_sentencepiece
+
+    root = tmp_path_factory.mktemp("tiny_model")
+    texts = [s for lang in LANGS for s in synthetic_sentences(lang, 300)]
+    spm_model = train_sentencepiece(texts, TINY_ARCH["vocab"], root / "spm")
+    out = root / "model"
+    tok = build_tokenizer(spm_model, LANGS, out)
+    torch.manual_seed(0)
+    model = M2M100ForConditionalGeneration(model_config(TINY_ARCH, tok, max_positions=128)).eval()
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+    return out
