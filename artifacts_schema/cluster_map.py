@@ -166,3 +166,27 @@ def load_cluster_map(map_dir: str | Path, expect_fingerprint: str | None = None)
         raise ArtifactError(f"cluster map {map_dir} lacks tensor {exc}") from exc
     validate(cmap, f"cluster map {map_dir}")
     return cmap
+
+
+def map_dir_name(src_lang: str, tgt_lang: str, mode: str) -> str:
+    """Folder name of a map under a maps root: ``en-it`` (direction mode) or ``to-it`` (target mode)."""
+    if mode == "direction":
+        return f"{src_lang}-{tgt_lang}"
+    if mode == "target":
+        return f"to-{tgt_lang}"
+    raise ValueError(f"unknown map mode {mode!r}; valid: {', '.join(MODES)}")
+
+
+def resolve_map_dir(path: str | Path, src_lang: str, tgt_lang: str) -> Path:
+    """``path`` is a map folder, or a maps root holding ``<src>-<tgt>/`` or ``to-<tgt>/`` (tried in order)."""
+    path = Path(path)
+    if (path / MANIFEST_FILE).exists():
+        return path
+    for mode in MODES:
+        candidate = path / map_dir_name(src_lang, tgt_lang, mode)
+        if (candidate / MANIFEST_FILE).exists():
+            return candidate
+    raise ArtifactError(
+        f"no cluster map for {src_lang}-{tgt_lang} at {path} "
+        f"(looked for {MANIFEST_FILE} there and in {src_lang}-{tgt_lang}/ and to-{tgt_lang}/)"
+    )
