@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 CONFIG ?= configs/demo.yaml
 
-.PHONY: setup demo test lint format
+.PHONY: setup demo test typecheck format
 
 setup: $(VENV)/.installed
 
@@ -23,6 +23,9 @@ test: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(PY) -m pytest -q
+
+typecheck: setup
+	$(VENV)/bin/mypy
 
 format: setup
 	$(VENV)/bin/ruff format .
