@@ -1,0 +1,286 @@
+"""Cluster maps from recorded states: assignment (Eq. 2) and per-cluster active-token sets (Amer et al. 2.2).
+
+Pure numpy: no Ray, no Faiss. The active set of a cluster is the union of the top-K ids predicted for its
+member states; we keep, for every (cluster, token) pair, how many members predicted it, so rare members can be
+pruned later (``min_count``).
+
+Counts live in a sparse accumulator (:class:`ActiveSetCounter`) keyed by ``cluster * n_vocab + token``: a
+dense (r, N) table would be 2 GB at r=2000, N=250K. The accumulator merges batch by batch (and partial
+counters from workers merge the same way), so a direction never has to be loaded whole.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+import numpy as np
+
+from fastvocab.artifacts_schema.cluster_map import (
+    MODES,
+    ClusterMap,
+    MapManifest,
+    active_fraction_stats,
+)
+from fastvocab.artifacts_schema.hidden_states import (
+    fixed_list_to_numpy,
+    iter_batches,
+    read_shard_meta,
+)
+
+log = logging.getLogger(__name__)
+
+ASSIGN_CHUNK = 16384  # rows per GEMM in assign(): (chunk, r) float32 scores stay ~128 MB at r=2000
+
+
+def centroid_sq_norms(centroids: np.ndarray) -> np.ndarray:
+    """||C_j||^2 per centroid, (r,) float32."""
+    c = np.asarray(centroids, dtype=np.float32)
+    return np.einsum("rd,rd->r", c, c, dtype=np.float32)
+
+
+def assign(
+    states: np.ndarray,
+    centroids: np.ndarray,
+    sq_norms: np.ndarray | None = None,
+    chunk: int = ASSIGN_CHUNK,
+) -> np.ndarray:
+    """Nearest centroid of every state, Eq. 2: ``argmin_j ||C_j||^2 - 2 h·C_j``; (n,) int64.
+
+    ``||h||^2`` is the same for every j, so it is left out (as at inference). Ties go to the lowest index.
+    Computed in float32, ``chunk`` rows at a time so the (rows, r) score matrix stays small.
+    """
+    c = np.ascontiguousarray(centroids, dtype=np.float32)
+    if c.ndim != 2:
+        raise ValueError(f"centroids must be (r, d), got shape {c.shape}")
+    states = np.asarray(states)
+    if states.ndim != 2 or states.shape[1] != c.shape[1]:
+        raise ValueError(f"states must be (n, {c.shape[1]}), got shape {states.shape}")
+    norms = centroid_sq_norms(c) if sq_norms is None else np.asarray(sq_norms, dtype=np.float32)
+    if norms.shape != (c.shape[0],):
+        raise ValueError(f"sq_norms must be ({c.shape[0]},), got {norms.shape}")
+    out = np.empty(len(states), dtype=np.int64)
+    for lo in range(0, len(states), chunk):
+        h = np.asarray(states[lo : lo + chunk], dtype=np.float32)  # (rows, d)
+        scores = norms[None, :] - 2.0 * (h @ c.T)  # (rows, r)
+        out[lo : lo + len(h)] = np.argmin(scores, axis=1)
+    return out
+
+
+class ActiveSetCounter:
+    """Sparse (cluster, token) -> count accumulator; ``add`` batches or ``merge`` partial counters.
+
+    Adding the same states in any batching gives the same counts (integer sums), which is what makes the
+    streaming extension exact: streamed counts equal the counts of one pass over the stored states.
+    """
+
+    def __init__(self, r: int, n_vocab: int) -> None:
+        if r < 1 or n_vocab < 1:
+            raise ValueError(f"r and n_vocab must be positive, got r={r}, n_vocab={n_vocab}")
+        self.r = int(r)
+        self.n_vocab = int(n_vocab)
+        self.keys = np.zeros(0, dtype=np.int64)  # sorted, unique: cluster * n_vocab + token
+        self.counts = np.zeros(0, dtype=np.int64)
+        self.states = 0  # member states added (each contributes K ids)
+
+    def add(self, cluster_ids: np.ndarray, topk_ids: np.ndarray) -> None:
+        """Count the top-K ids (n, K) of n states whose clusters are ``cluster_ids`` (n,)."""
+        cluster_ids = np.asarray(cluster_ids, dtype=np.int64)
+        topk_ids = np.asarray(topk_ids)
+        if topk_ids.ndim != 2 or cluster_ids.shape != (topk_ids.shape[0],):
+            raise ValueError(
+                f"cluster_ids must be (n,) and topk_ids (n, K); got {cluster_ids.shape} and {topk_ids.shape}"
+            )
+        if len(cluster_ids) == 0:
+            return
+        if cluster_ids.min() < 0 or cluster_ids.max() >= self.r:
+            raise ValueError(f"cluster ids outside [0, {self.r})")
+        if topk_ids.min() < 0 or topk_ids.max() >= self.n_vocab:
+            raise ValueError(f"token ids outside [0, {self.n_vocab})")
+        keys = (cluster_ids[:, None] * self.n_vocab + topk_ids.astype(np.int64)).reshape(-1)
+        uniq, cnt = np.unique(keys, return_counts=True)
+        self._merge_sorted(uniq, cnt.astype(np.int64))
+        self.states += len(cluster_ids)
+
+    def merge(self, other: ActiveSetCounter) -> None:
+        """Add another counter's counts (e.g. a worker's partial result)."""
+        if (other.r, other.n_vocab) != (self.r, self.n_vocab):
+            raise ValueError(
+                f"cannot merge counters of shape (r={other.r}, N={other.n_vocab}) into "
+                f"(r={self.r}, N={self.n_vocab})"
+            )
+        self._merge_sorted(other.keys, other.counts)
+        self.states += other.states
+
+    def _merge_sorted(self, keys: np.ndarray, counts: np.ndarray) -> None:
+        if len(self.keys) == 0:
+            self.keys, self.counts = keys.copy(), counts.copy()
+            return
+        all_keys = np.concatenate([self.keys, keys])
+        all_counts = np.concatenate([self.counts, counts])
+        order = np.argsort(all_keys, kind="stable")
+        all_keys, all_counts = all_keys[order], all_counts[order]
+        starts = np.flatnonzero(np.concatenate([[True], all_keys[1:] != all_keys[:-1]]))
+        self.keys = all_keys[starts]
+        self.counts = np.add.reduceat(all_counts, starts)
+
+    def to_csr(self, min_count: int = 1) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(indptr int64 [r+1], indices int32 [nnz], counts int32 [nnz]); ids sorted within each cluster.
+
+        Pairs predicted fewer than ``min_count`` times are dropped.
+        """
+        keep = self.counts >= min_count
+        keys, counts = self.keys[keep], self.counts[keep]
+        clusters = keys // self.n_vocab
+        sizes = np.bincount(clusters, minlength=self.r)
+        indptr = np.zeros(self.r + 1, dtype=np.int64)
+        np.cumsum(sizes, out=indptr[1:])
+        if len(counts) and counts.max() > np.iinfo(np.int32).max:
+            raise OverflowError("a (cluster, token) count exceeds int32")
+        return indptr, (keys % self.n_vocab).astype(np.int32), counts.astype(np.int32)
+
+    # Plain arrays travel cheaply between Ray workers and the driver.
+    def to_arrays(self) -> dict[str, np.ndarray]:
+        return {
+            "keys": self.keys,
+            "counts": self.counts,
+            "shape": np.array([self.r, self.n_vocab, self.states], dtype=np.int64),
+        }
+
+    @classmethod
+    def from_arrays(cls, arrays: dict[str, np.ndarray]) -> ActiveSetCounter:
+        r, n_vocab, states = (int(x) for x in arrays["shape"])
+        out = cls(r, n_vocab)
+        out.keys = np.asarray(arrays["keys"], dtype=np.int64)
+        out.counts = np.asarray(arrays["counts"], dtype=np.int64)
+        out.states = states
+        return out
+
+
+def build_active_sets(
+    cluster_ids: np.ndarray, topk_ids: np.ndarray, r: int, n_vocab: int | None = None, min_count: int = 1
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Active sets as CSR (indptr, indices, counts) from every state's cluster and top-K ids (n, K).
+
+    ``n_vocab`` defaults to the largest id + 1 (only used to encode pairs; it does not change the result).
+    """
+    topk_ids = np.asarray(topk_ids)
+    if n_vocab is None:
+        n_vocab = int(topk_ids.max()) + 1 if topk_ids.size else 1
+    counter = ActiveSetCounter(r, n_vocab)
+    counter.add(cluster_ids, topk_ids)
+    return counter.to_csr(min_count)
+
+
+def count_shards(
+    files: Sequence[Path],
+    centroids: np.ndarray,
+    k: int,
+    n_vocab: int,
+    counter: ActiveSetCounter | None = None,
+    batch_size: int = 65536,
+) -> ActiveSetCounter:
+    """Stream record batches of hidden-state shards: assign each state, count its top-``k`` ids."""
+    if counter is None:
+        counter = ActiveSetCounter(len(centroids), n_vocab)
+    if not files:
+        return counter
+    meta = read_shard_meta(files[0])
+    if k > meta.k:
+        raise ValueError(f"maps k={k} exceeds the K={meta.k} recorded in {files[0]}")
+    norms = centroid_sq_norms(centroids)
+    for batch in iter_batches(list(files), columns=["hidden", "topk_ids"], batch_size=batch_size):
+        hidden = fixed_list_to_numpy(batch.column("hidden"), meta.d, np.float32)
+        topk = fixed_list_to_numpy(batch.column("topk_ids"), meta.k, np.int32)
+        # top-K ids are stored best first, so the first k columns are the top-k
+        counter.add(assign(hidden, centroids, norms), topk[:, :k])
+    return counter
+
+
+def array_digest(*arrays: np.ndarray) -> str:
+    """sha256 of arrays' dtype, shape and bytes: identifies centroids in manifests and resume checks."""
+    h = hashlib.sha256()
+    for a in arrays:
+        a = np.ascontiguousarray(a)
+        h.update(f"{a.dtype.str}{a.shape};".encode())
+        h.update(a.tobytes())
+    return "sha256:" + h.hexdigest()[:32]
+
+
+def make_cluster_map(
+    centroids: np.ndarray,
+    counter: ActiveSetCounter,
+    *,
+    model_fingerprint: str,
+    name: str,
+    mode: str,
+    k: int,
+    niter: int,
+    seed: int,
+    min_count: int = 1,
+    extra: dict[str, object] | None = None,
+) -> ClusterMap:
+    """A validated-shape ClusterMap (+ manifest with active-fraction statistics) from centroids and counts.
+
+    ``name`` is the map's direction: ``en-it`` in direction mode, ``*-it`` in target mode.
+    """
+    if mode not in MODES:
+        raise ValueError(f"unknown map mode {mode!r}; valid: {', '.join(MODES)}")
+    centroids = np.ascontiguousarray(centroids, dtype=np.float32)
+    r, d = centroids.shape
+    if counter.r != r:
+        raise ValueError(f"counter has r={counter.r}, centroids r={r}")
+    indptr, indices, counts = counter.to_csr(min_count)
+    sizes = np.diff(indptr)
+    manifest = MapManifest(
+        model_fingerprint=model_fingerprint,
+        direction=name,
+        mode=mode,
+        r=r,
+        k=k,
+        d=d,
+        n_vocab=counter.n_vocab,
+        niter=niter,
+        seed=seed,
+        states_used=counter.states,
+        active_fraction=active_fraction_stats(indptr, counter.n_vocab),
+        extra={
+            "min_count": min_count,
+            "empty_clusters": int((sizes == 0).sum()),
+            "centroids_digest": array_digest(centroids),
+            **(extra or {}),
+        },
+    )
+    return ClusterMap(manifest, centroids, centroid_sq_norms(centroids), indptr, indices, counts)
+
+
+def map_name(mode: str, directions: Iterable[str]) -> str:
+    """The manifest ``direction`` of a map fed by ``directions``: the direction itself, or ``*-<tgt>``."""
+    directions = sorted(directions)
+    if mode == "direction":
+        if len(directions) != 1:
+            raise ValueError(f"direction mode builds one map per direction, got {directions}")
+        return directions[0]
+    targets = {d.split("-", 1)[1] for d in directions}
+    if len(targets) != 1:
+        raise ValueError(f"target mode pools directions into one target language, got {directions}")
+    return f"*-{targets.pop()}"
+
+
+def group_directions(directions: Sequence[str], mode: str) -> dict[str, list[str]]:
+    """Map groups: ``{map folder name: directions feeding it}``.
+
+    Direction mode: one group per direction (``en-it``). Target mode (Amer et al. 2.2, target-only known):
+    one group per target language (``to-it``) pooling every configured direction into it.
+    """
+    from fastvocab.artifacts_schema.cluster_map import map_dir_name
+
+    groups: dict[str, list[str]] = {}
+    for direction in directions:
+        src, sep, tgt = direction.partition("-")
+        if not sep or not src or not tgt:
+            raise ValueError(f"direction must look like 'en-it', got {direction!r}")
+        groups.setdefault(map_dir_name(src, tgt, mode), []).append(direction)
+    return {name: sorted(dirs) for name, dirs in sorted(groups.items())}

@@ -1,0 +1,179 @@
+"""Cluster assignment (Eq. 2) and active-set construction (Amer et al. Sec. 2.2)."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from fastvocab.artifacts_schema.cluster_map import load_cluster_map, save_cluster_map
+from fastvocab.artifacts_schema.hidden_states import ShardMeta, direction_dir, shard_table
+from fastvocab.tasks.maps import (
+    ActiveSetCounter,
+    assign,
+    build_active_sets,
+    count_shards,
+    group_directions,
+    make_cluster_map,
+    map_name,
+)
+
+
+def reference_sets(cluster_ids, topk_ids, r, min_count=1):
+    """Dict-of-dicts oracle: cluster -> {token: count}."""
+    out = [dict() for _ in range(r)]
+    for c, row in zip(cluster_ids, topk_ids, strict=True):
+        for t in row:
+            out[int(c)][int(t)] = out[int(c)].get(int(t), 0) + 1
+    return [{t: n for t, n in sorted(d.items()) if n >= min_count} for d in out]
+
+
+def random_case(seed, n=500, r=7, k=3, n_vocab=40):
+    rng = np.random.default_rng(seed)
+    cluster_ids = rng.integers(0, r, n)
+    # distinct ids per row, like a real top-K
+    topk = np.stack([rng.choice(n_vocab, k, replace=False) for _ in range(n)]).astype(np.int32)
+    return cluster_ids, topk
+
+
+def test_paper_example_k3():
+    # Two members of one cluster predict {2,4,6} and {2,8,9} -> active set {2,4,6,8,9} (Sec. 2.2).
+    indptr, indices, counts = build_active_sets(np.array([0, 0]), np.array([[2, 4, 6], [2, 8, 9]]), r=1)
+    assert indptr.tolist() == [0, 5]
+    assert indices.tolist() == [2, 4, 6, 8, 9]
+    assert counts.tolist() == [2, 1, 1, 1, 1]
+    assert indptr.dtype == np.int64 and indices.dtype == np.int32 and counts.dtype == np.int32
+
+
+def test_paper_example_in_two_clusters_keeps_them_apart():
+    indptr, indices, _ = build_active_sets(np.array([1, 0]), np.array([[2, 4, 6], [2, 8, 9]]), r=3)
+    assert indptr.tolist() == [0, 3, 6, 6]  # cluster 2 has no members: empty set
+    assert indices[0:3].tolist() == [2, 8, 9] and indices[3:6].tolist() == [2, 4, 6]
+
+
+@pytest.mark.parametrize("seed,min_count", [(0, 1), (1, 1), (2, 3)])
+def test_csr_matches_reference_and_invariants(seed, min_count):
+    cluster_ids, topk = random_case(seed)
+    r = 7
+    indptr, indices, counts = build_active_sets(cluster_ids, topk, r, n_vocab=40, min_count=min_count)
+    assert indptr[0] == 0 and indptr[-1] == len(indices) == len(counts)
+    assert np.all(np.diff(indptr) >= 0)
+    ref = reference_sets(cluster_ids, topk, r, min_count)
+    for c in range(r):
+        ids = indices[indptr[c] : indptr[c + 1]]
+        assert np.all(np.diff(ids) > 0), "ids sorted and unique within a cluster"
+        assert dict(zip(ids.tolist(), counts[indptr[c] : indptr[c + 1]].tolist(), strict=True)) == ref[c]
+    if min_count == 1:
+        assert counts.sum() == topk.size
+
+
+def test_streaming_counts_equal_batch_counts():
+    cluster_ids, topk = random_case(3, n=1000)
+    whole = ActiveSetCounter(7, 40)
+    whole.add(cluster_ids, topk)
+    # two "workers", each adding uneven batches, merged on the "driver"
+    cuts = [0, 13, 14, 400, 401, 777, 1000]
+    parts = [ActiveSetCounter(7, 40), ActiveSetCounter(7, 40)]
+    for i, (lo, hi) in enumerate(itertools.pairwise(cuts)):
+        parts[i % 2].add(cluster_ids[lo:hi], topk[lo:hi])
+    merged = ActiveSetCounter(7, 40)
+    for p in parts:
+        merged.merge(ActiveSetCounter.from_arrays(p.to_arrays()))  # as if returned by a Ray worker
+    assert merged.states == whole.states == 1000
+    for a, b in zip(merged.to_csr(), whole.to_csr(), strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_counter_rejects_out_of_range_ids():
+    c = ActiveSetCounter(2, 10)
+    with pytest.raises(ValueError, match="token ids"):
+        c.add(np.array([0]), np.array([[10]]))
+    with pytest.raises(ValueError, match="cluster ids"):
+        c.add(np.array([2]), np.array([[1]]))
+    with pytest.raises(ValueError, match="cannot merge"):
+        c.merge(ActiveSetCounter(3, 10))
+
+
+def test_assign_is_nearest_centroid_in_chunks():
+    rng = np.random.default_rng(0)
+    states = rng.standard_normal((1000, 16)).astype(np.float16)
+    centroids = rng.standard_normal((50, 16)).astype(np.float32)
+    dist = ((states.astype(np.float32)[:, None, :] - centroids[None]) ** 2).sum(-1)
+    expected = dist.argmin(1)
+    got = assign(states, centroids, chunk=128)
+    # Eq. 2 drops ||h||^2, so float rounding may flip exact near-ties only
+    agree = got == expected
+    assert agree.mean() > 0.99
+    assert np.allclose(dist[~agree, got[~agree]], dist[~agree, expected[~agree]], rtol=1e-4)
+    np.testing.assert_array_equal(got, assign(states, centroids, chunk=10_000))
+    with pytest.raises(ValueError, match="states must be"):
+        assign(states[:, :8], centroids)
+
+
+def test_group_directions_and_names():
+    assert group_directions(["en-it", "it-en"], "direction") == {"en-it": ["en-it"], "it-en": ["it-en"]}
+    assert group_directions(["fr-it", "en-it", "it-en"], "target") == {
+        "to-en": ["it-en"],
+        "to-it": ["en-it", "fr-it"],
+    }
+    assert map_name("target", ["fr-it", "en-it"]) == "*-it"
+    assert map_name("direction", ["en-it"]) == "en-it"
+    with pytest.raises(ValueError, match="one target"):
+        map_name("target", ["en-it", "it-en"])
+    with pytest.raises(ValueError, match="look like"):
+        group_directions(["enit"], "direction")
+
+
+def write_shard(root, direction, seed, n, d=8, k=3, n_vocab=40):
+    rng = np.random.default_rng(seed)
+    meta = ShardMeta("fp-test", d, k, direction)
+    hidden = rng.standard_normal((n, d)).astype(np.float16)
+    topk = np.stack([rng.choice(n_vocab, k, replace=False) for _ in range(n)]).astype(np.int32)
+    path = direction_dir(root, direction) / "part-00000.parquet"
+    path.parent.mkdir(parents=True)
+    pq.write_table(shard_table(meta, np.arange(n), np.zeros(n), hidden, topk), path)
+    return path, hidden, topk
+
+
+def test_target_mode_pools_directions_into_one_map(tmp_path):
+    f1, h1, t1 = write_shard(tmp_path, "en-it", 0, 300)
+    f2, h2, t2 = write_shard(tmp_path, "fr-it", 1, 200)
+    centroids = np.random.default_rng(5).standard_normal((6, 8)).astype(np.float32)
+    pooled = ActiveSetCounter(6, 40)
+    for f in (f1, f2):  # stream each direction's shards into one counter
+        count_shards([f], centroids, k=2, n_vocab=40, counter=pooled, batch_size=64)
+    h, t = np.concatenate([h1, h2]), np.concatenate([t1, t2])
+    expected = build_active_sets(assign(h, centroids), t[:, :2], 6, n_vocab=40)
+    for a, b in zip(pooled.to_csr(), expected, strict=True):
+        np.testing.assert_array_equal(a, b)
+    only_en = count_shards([f1], centroids, k=2, n_vocab=40)
+    assert pooled.states == 500 and only_en.states == 300
+    assert len(pooled.keys) > len(only_en.keys)  # the pooled map is at least as wide, here wider
+
+    cmap = make_cluster_map(
+        centroids,
+        pooled,
+        model_fingerprint="fp-test",
+        name=map_name("target", ["en-it", "fr-it"]),
+        mode="target",
+        k=2,
+        niter=20,
+        seed=1,
+        extra={"directions": ["en-it", "fr-it"]},
+    )
+    assert cmap.manifest.direction == "*-it" and cmap.manifest.states_used == 500
+    frac = np.diff(cmap.indptr) / 40
+    assert cmap.manifest.active_fraction["max"] == pytest.approx(frac.max())
+    assert cmap.manifest.active_fraction["mean"] == pytest.approx(frac.mean())
+    out = save_cluster_map(cmap, tmp_path / "maps" / "to-it")
+    back = load_cluster_map(out, expect_fingerprint="fp-test")
+    np.testing.assert_array_equal(back.indices, cmap.indices)
+    np.testing.assert_allclose(back.centroid_sq_norms, (centroids**2).sum(1), rtol=1e-5)
+
+
+def test_count_shards_rejects_k_above_recorded(tmp_path):
+    f, _, _ = write_shard(tmp_path, "en-it", 0, 10)
+    with pytest.raises(ValueError, match="exceeds the K=3"):
+        count_shards([f], np.zeros((2, 8), np.float32), k=5, n_vocab=40)
