@@ -1,0 +1,319 @@
+"""A Hugging Face seq2seq model seen the way fastvocab decodes it.
+
+The adapter splits a checkpoint (the demo model, M2M100, NLLB, MBart-50, Marian; always from a local folder)
+into the pieces the search loop needs:
+
+- ``encode``: source ids -> encoder states,
+- ``decoder_step``: one target token per row -> ``h`` (rows, d), the exact input of the output projection,
+  with a KV cache carried in the returned state,
+- ``output_weight`` / ``output_bias``: the exact ``W`` (N, d) and ``b`` (N,) so that ``h W^T + b`` equals the
+  model's logits (tied or untied head, Marian/MBart ``final_logits_bias`` included),
+- tokenization with the language tags of each model family.
+
+The output projection itself is *not* applied here: the search hands ``h`` to a ``kernels`` projection.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from fastvocab.artifacts_schema.fingerprint import projection_fingerprint
+
+log = logging.getLogger(__name__)
+
+# Model families by how they tag languages (source side and forced target prefix).
+_M2M = "m2m"  # M2M100 and the demo model: "__xx__" tags, src tag prepended, tgt tag forced after </s>
+_NLLB = "nllb"  # NLLB: "eng_Latn" tags, same scheme as M2M100
+_MBART = "mbart"  # MBart-50: "en_XX" tags, same target scheme
+_MARIAN = "marian"  # Marian: fixed pair, or ">>xx<<" target token in the source text (multi-target models)
+
+_NLLB_CODE = re.compile(r"^[a-z]{3}_[A-Z][a-z]{3}$")
+_MBART_CODE = re.compile(r"^[a-z]{2}_[A-Z]{2}$")
+_MARIAN_TAG = re.compile(r"^>>([A-Za-z_]+)<<$")
+
+
+@dataclass
+class EncoderState:
+    """Encoder output for a batch of source sentences."""
+
+    hidden: torch.Tensor  # (rows, S, d)
+    mask: torch.Tensor  # (rows, S) 1 = real token
+
+
+@dataclass
+class DecoderState:
+    """Everything a decoder step needs besides the new token: encoder output and the KV cache."""
+
+    encoder: EncoderState
+    cache: object  # transformers EncoderDecoderCache (self- and cross-attention keys/values)
+    length: int  # target tokens consumed so far
+
+    @property
+    def rows(self) -> int:
+        return self.encoder.hidden.shape[0]
+
+
+class Seq2SeqAdapter:
+    """Encoder, cached decoder step, exact output projection and tokenization of one seq2seq checkpoint."""
+
+    def __init__(self, model, tokenizer, path: str | Path, device: str | torch.device, dtype: torch.dtype):
+        self.model = model
+        self.tokenizer = tokenizer
+        self.path = str(path)
+        self.device = torch.device(device)
+        self.dtype = dtype
+        self.config = model.config
+        self._encoder = model.get_encoder()
+        self._decoder = model.get_decoder()
+
+        head = model.get_output_embeddings()
+        if head is None:
+            raise ValueError(f"model {path} has no output projection (get_output_embeddings() is None)")
+        self.output_weight: torch.Tensor = head.weight.detach()  # (N, d)
+        bias = None
+        if getattr(head, "bias", None) is not None:
+            bias = head.bias.detach().clone()
+        flb = getattr(model, "final_logits_bias", None)  # Marian, MBart: added after lm_head
+        if flb is not None:
+            flb = flb.detach().reshape(-1)
+            bias = flb.clone() if bias is None else bias + flb
+        self.output_bias: torch.Tensor | None = bias  # (N,) or None
+        self.n_vocab, self.d_model = self.output_weight.shape
+        self._fingerprint: str | None = None
+
+        self.family = _family(model, tokenizer)
+        self.eos_id: int = int(self.config.eos_token_id)
+        self.pad_id: int = int(self.config.pad_token_id)
+        self.decoder_start_id: int = int(
+            self.config.decoder_start_token_id
+            if self.config.decoder_start_token_id is not None
+            else model.generation_config.decoder_start_token_id
+        )
+        self._lang_ids = self._language_ids()
+        self.languages: list[str] = sorted(self._lang_ids) if self._lang_ids else self._fixed_pair()
+
+    # ------------------------------------------------------------------ loading
+
+    @classmethod
+    def load(
+        cls, path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32
+    ) -> Seq2SeqAdapter:
+        """Load a model folder (never a hub name: ``local_files_only=True``)."""
+        from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+
+        path = Path(path)
+        if not path.is_dir():
+            raise FileNotFoundError(f"model folder not found: {path}")
+        if not (path / "config.json").exists():
+            raise FileNotFoundError(f"{path} is not a model folder (no config.json)")
+        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+        model = AutoModelForSeq2SeqLM.from_pretrained(path, local_files_only=True, dtype=dtype)
+        model = model.to(device).eval()
+        adapter = cls(model, tokenizer, path, device, dtype)
+        log.debug("loaded %s (%s, N=%d, d=%d)", path, adapter.family, adapter.n_vocab, adapter.d_model)
+        return adapter
+
+    @property
+    def fingerprint(self) -> str:
+        """``projection_fingerprint(W, b)``: ties cluster maps and hidden-state dumps to this model."""
+        if self._fingerprint is None:
+            b = None if self.output_bias is None else self.output_bias.float().cpu().numpy()
+            self._fingerprint = projection_fingerprint(self.output_weight.float().cpu().numpy(), b)
+        return self._fingerprint
+
+    # ------------------------------------------------------------------ languages
+
+    def _language_ids(self) -> dict[str, int]:
+        tok = self.tokenizer
+        ids: dict[str, int] = {}
+        if self.family == _M2M and hasattr(tok, "lang_code_to_id"):
+            ids = {code: int(i) for code, i in tok.lang_code_to_id.items()}
+        elif self.family in (_NLLB, _MBART):
+            pattern = _NLLB_CODE if self.family == _NLLB else _MBART_CODE
+            for t in _special_tokens(tok):
+                if pattern.match(t):
+                    ids[t] = int(tok.convert_tokens_to_ids(t))
+        elif self.family == _MARIAN:
+            for t, i in tok.get_vocab().items():
+                m = _MARIAN_TAG.match(t)
+                if m:
+                    ids[m.group(1)] = int(i)
+        # Only tags the model can actually emit/read.
+        return {code: i for code, i in ids.items() if 0 <= i < self.n_vocab}
+
+    def _fixed_pair(self) -> list[str]:
+        # Marian pair models: the tokenizer may record its languages; otherwise nothing to check against.
+        langs = [getattr(self.tokenizer, a, None) for a in ("source_lang", "target_lang")]
+        return [lang for lang in langs if isinstance(lang, str) and lang]
+
+    @property
+    def multi_target_marian(self) -> bool:
+        return self.family == _MARIAN and bool(self._lang_ids)
+
+    def check_language(self, lang: str) -> None:
+        """Raise ``ValueError`` naming the model and the valid codes when ``lang`` is not one of them."""
+        if not self.languages:  # a Marian pair model that does not record its languages
+            return
+        if lang not in self.languages:
+            valid = ", ".join(self.languages)
+            raise ValueError(f"unknown language {lang!r} for model {self.path}; valid: {valid}")
+
+    def lang_id(self, lang: str) -> int:
+        """Vocabulary id of a language tag (M2M100/NLLB/MBart, multi-target Marian)."""
+        self.check_language(lang)
+        if lang not in self._lang_ids:
+            raise ValueError(f"model {self.path} has no language tag for {lang!r}")
+        return self._lang_ids[lang]
+
+    def always_active_ids(self) -> list[int]:
+        """EOS + the language-tag ids: columns any candidate-set method must always compute."""
+        return sorted({self.eos_id, *self._lang_ids.values()})
+
+    def suppressed_ids(self) -> list[int]:
+        """Ids ``generate`` never emits for this model (single-token ``bad_words_ids``, ``suppress_tokens``).
+
+        Marian checkpoints ban the pad token (their decoder start) this way.
+        """
+        gc = self.model.generation_config
+        ids: set[int] = set()
+        for seq in getattr(gc, "bad_words_ids", None) or []:
+            if len(seq) == 1:
+                ids.add(int(seq[0]))
+        ids.update(int(i) for i in (getattr(gc, "suppress_tokens", None) or []))
+        return sorted(i for i in ids if 0 <= i < self.n_vocab)
+
+    # ------------------------------------------------------------------ tokenization
+
+    def tokenize(self, texts: list[str], src_lang: str, tgt_lang: str | None = None) -> list[list[int]]:
+        """Source ids per text, with the family's language tags and EOS, unpadded."""
+        self.check_language(src_lang)
+        tok = self.tokenizer
+        if self.family in (_M2M, _NLLB, _MBART):
+            tok.src_lang = src_lang  # sets the prefix/suffix language tag
+        elif self.multi_target_marian:
+            if tgt_lang is None:
+                raise ValueError(f"model {self.path} needs the target language to tokenize the source")
+            self.check_language(tgt_lang)
+            texts = [f">>{tgt_lang}<< {t}" for t in texts]
+        return [list(ids) for ids in tok(list(texts), add_special_tokens=True)["input_ids"]]
+
+    def pad(self, seqs: list[list[int]]) -> dict[str, torch.Tensor]:
+        """Right-pad id lists into ``input_ids`` / ``attention_mask`` (rows, S) on the adapter's device."""
+        width = max((len(s) for s in seqs), default=0)
+        ids = torch.full((len(seqs), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(seqs), width), dtype=torch.long)
+        for i, s in enumerate(seqs):
+            ids[i, : len(s)] = torch.tensor(s, dtype=torch.long)
+            mask[i, : len(s)] = 1
+        return {"input_ids": ids.to(self.device), "attention_mask": mask.to(self.device)}
+
+    def encode_texts(self, texts: list[str], src_lang: str, tgt_lang: str | None = None) -> dict:
+        """Tokenize and pad a batch: ``{"input_ids", "attention_mask"}`` (rows, S) on the device."""
+        return self.pad(self.tokenize(texts, src_lang, tgt_lang))
+
+    def decode_ids(self, seqs: list[list[int]]) -> list[str]:
+        """Token ids -> text, without specials or language tags."""
+        drop = set(self.always_active_ids()) | {self.pad_id, self.decoder_start_id}
+        cleaned = [[int(t) for t in s if int(t) not in drop] for s in seqs]
+        return self.tokenizer.batch_decode(cleaned, skip_special_tokens=True)
+
+    # ------------------------------------------------------------------ model steps
+
+    def start_tokens(self, tgt_lang: str) -> list[int]:
+        """Forced decoder prefix: ``[decoder_start, tgt tag]`` (M2M100/NLLB/MBart) or ``[decoder_start]``.
+
+        ``generate(forced_bos_token_id=tag)`` gives the tag probability 1 at the first position, so its
+        scores equal those of decoding after this prefix.
+        """
+        self.check_language(tgt_lang)
+        if self.family in (_M2M, _NLLB, _MBART):
+            return [self.decoder_start_id, self.lang_id(tgt_lang)]
+        return [self.decoder_start_id]
+
+    @torch.inference_mode()
+    def encode(self, batch: dict) -> EncoderState:
+        mask = batch["attention_mask"].to(self.device)
+        out = self._encoder(input_ids=batch["input_ids"].to(self.device), attention_mask=mask)
+        return EncoderState(hidden=out.last_hidden_state, mask=mask)  # (rows, S, d), (rows, S)
+
+    @torch.inference_mode()
+    def decoder_step(
+        self, tokens: torch.Tensor, state: EncoderState | DecoderState
+    ) -> tuple[torch.Tensor, DecoderState]:
+        """Feed one token per row; return ``h`` (rows, d), the lm_head input for the next position.
+
+        ``state`` is the ``EncoderState`` for the first step, then the returned ``DecoderState``. The cache is
+        updated in place: the state passed in must not be reused afterwards.
+        """
+        if isinstance(state, EncoderState):
+            from transformers import DynamicCache, EncoderDecoderCache
+
+            state = DecoderState(
+                encoder=state,
+                cache=EncoderDecoderCache(DynamicCache(config=self.config), DynamicCache(config=self.config)),
+                length=0,
+            )
+        if tokens.dim() != 1 or tokens.shape[0] != state.rows:
+            raise ValueError(f"tokens must be ({state.rows},), got {tuple(tokens.shape)}")
+        out = self._decoder(
+            input_ids=tokens.to(self.device)[:, None],  # (rows, 1)
+            encoder_hidden_states=state.encoder.hidden,
+            encoder_attention_mask=state.encoder.mask,
+            past_key_values=state.cache,
+            use_cache=True,
+        )
+        h = out.last_hidden_state[:, -1, :]  # (rows, d): after the final layer norm, what lm_head multiplies
+        return h, DecoderState(state.encoder, out.past_key_values, state.length + 1)
+
+    def reorder(self, state: EncoderState | DecoderState, index: torch.Tensor) -> EncoderState | DecoderState:
+        """Select/reorder rows (beam reordering, dropping finished rows); ``index`` (rows',) int64.
+
+        The KV cache is re-indexed in place (a new tensor per layer); ``state`` must not be reused.
+        """
+        index = index.to(self.device)
+        if isinstance(state, EncoderState):
+            return EncoderState(state.hidden.index_select(0, index), state.mask.index_select(0, index))
+        enc = EncoderState(
+            state.encoder.hidden.index_select(0, index), state.encoder.mask.index_select(0, index)
+        )
+        state.cache.reorder_cache(index)
+        return DecoderState(enc, state.cache, state.length)
+
+    @torch.inference_mode()
+    def reference_logits(self, batch: dict, decoder_input_ids: torch.Tensor) -> torch.Tensor:
+        """The model's own logits (rows, T, N) from a full forward pass: the oracle for ``h W^T + b``."""
+        return self.model(
+            input_ids=batch["input_ids"].to(self.device),
+            attention_mask=batch["attention_mask"].to(self.device),
+            decoder_input_ids=decoder_input_ids.to(self.device),
+        ).logits
+
+
+def _special_tokens(tok) -> list[str]:
+    toks = list(getattr(tok, "additional_special_tokens", None) or [])
+    toks += [
+        t.content for t in getattr(tok, "added_tokens_decoder", {}).values() if getattr(t, "special", False)
+    ]
+    return list(dict.fromkeys(toks))
+
+
+def _family(model, tokenizer) -> str:
+    model_type = getattr(model.config, "model_type", "")
+    tok_name = type(tokenizer).__name__.lower()
+    if model_type == "marian":
+        return _MARIAN
+    if "nllb" in tok_name:
+        return _NLLB
+    if model_type == "m2m_100":
+        return _M2M
+    if model_type == "mbart" or "mbart" in tok_name:
+        return _MBART
+    raise ValueError(
+        f"unsupported model type {model_type!r} (tokenizer {type(tokenizer).__name__}); "
+        "supported: M2M100 (and the demo model), NLLB, MBart-50, Marian"
+    )

@@ -1,0 +1,228 @@
+"""Greedy and beam search over any output-layer method (``fastvocab.kernels.base.Projection``).
+
+The search never touches the model's ``lm_head``: each step it asks the adapter for ``h`` (rows, d), calls
+``projection(h)`` and works with what comes back, a dense (rows, N) block for the full projection or a subset
+of columns with their vocabulary ids (shared (C,) or per row (rows, C)) for candidate-set methods. Column
+positions are always mapped back with ``ProjectionOutput.to_vocab_ids``.
+
+Semantics follow Hugging Face ``generate`` so the full projection reproduces it token for token:
+
+- the forced prefix (``adapter.start_tokens``: decoder start + target-language tag) is fed first; this equals
+  ``forced_bos_token_id``, which gives the tag probability 1,
+- ``max_len`` counts decoding steps after the prefix (EOS included): ``generate(max_new_tokens=max_len +
+  len(prefix) - 1)``,
+- beam search keeps ``2 * beam`` candidates per step, scores finished hypotheses ``sum(log p) / length**lp``
+  where ``length`` counts every generated token (forced tag and EOS included, decoder start excluded), and
+  stops a sentence when ``beam`` hypotheses are finished and the best live one, normalised at its current
+  length, cannot beat the worst of them (``generate``'s default ``early_stopping=False`` heuristic).
+
+Finished rows (greedy) and finished sentences (beam) are dropped from the batch, so the cost of a step shrinks
+as sentences end.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from fastvocab.kernels.base import Projection, ProjectionOutput
+
+# Score given to impossible beams, as in transformers (finite, so sums stay ordered).
+_NEG = -1.0e9
+
+
+@dataclass
+class StepRecord:
+    """Handed to ``step_hook`` after each projection call."""
+
+    row_ids: torch.Tensor  # (rows,) index of the source sentence in the batch for each row
+    step: int  # target position (0 = first generated token after the forced prefix)
+    hidden: torch.Tensor  # (rows, d) the states given to the projection
+    output: ProjectionOutput  # what the projection returned (full: dense logits)
+
+
+StepHook = Callable[[StepRecord], None]
+
+
+def _suppress(out: ProjectionOutput, scores: torch.Tensor, banned: torch.Tensor | None) -> torch.Tensor:
+    """Set the columns of ``banned`` vocabulary ids to -inf in ``scores`` (rows, C), out of place."""
+    if banned is None:
+        return scores
+    if out.ids is None:
+        return scores.index_fill(1, banned, -math.inf)
+    mask = torch.isin(out.ids, banned)  # (C,) or (rows, C)
+    return scores.masked_fill(mask, -math.inf)
+
+
+def _banned_ids(adapter, device: torch.device) -> torch.Tensor | None:
+    ids = adapter.suppressed_ids() if hasattr(adapter, "suppressed_ids") else []
+    return torch.tensor(ids, dtype=torch.int64, device=device) if ids else None
+
+
+def _start(adapter, batch: dict, tgt_lang: str):
+    """Encode the batch and feed the forced prefix; returns (h (rows, d), state, len(prefix))."""
+    prefix = adapter.start_tokens(tgt_lang)
+    state = adapter.encode(batch)
+    rows = batch["input_ids"].shape[0]
+    h = None
+    for tok in prefix:
+        tokens = torch.full((rows,), tok, dtype=torch.long, device=adapter.device)
+        h, state = adapter.decoder_step(tokens, state)
+    return h, state, len(prefix)
+
+
+def _strip(seq: list[int], eos_id: int) -> list[int]:
+    return seq[: seq.index(eos_id)] if eos_id in seq else seq
+
+
+def _check(adapter, src_lang: str, tgt_lang: str, max_len: int) -> None:
+    adapter.check_language(src_lang)
+    adapter.check_language(tgt_lang)
+    if max_len < 1:
+        raise ValueError(f"max_len must be >= 1, got {max_len}")
+
+
+@torch.inference_mode()
+def greedy_search(
+    adapter,
+    projection: Projection,
+    batch: dict,
+    src_lang: str,
+    tgt_lang: str,
+    max_len: int = 128,
+    step_hook: StepHook | None = None,
+) -> list[list[int]]:
+    """Greedy decoding of a batch (from ``adapter.encode_texts``); token lists exclude prefix and EOS."""
+    _check(adapter, src_lang, tgt_lang, max_len)
+    n = batch["input_ids"].shape[0]
+    if n == 0:
+        return []
+    device = adapter.device
+    banned = _banned_ids(adapter, device)
+    h, state, _ = _start(adapter, batch, tgt_lang)
+    alive = torch.arange(n, device=device)  # (rows,) source index of each live row
+    out_tokens = torch.full((n, max_len), adapter.eos_id, dtype=torch.long, device=device)
+    for step in range(max_len):
+        out = projection(h)
+        if step_hook is not None:
+            step_hook(StepRecord(row_ids=alive, step=step, hidden=h, output=out))
+        scores = _suppress(out, out.logits, banned)  # (rows, C); argmax of logits == argmax of log-probs
+        cols = scores.argmax(dim=-1, keepdim=True)  # (rows, 1)
+        tokens = out.to_vocab_ids(cols)[:, 0]  # (rows,)
+        out_tokens[alive, step] = tokens
+        if step == max_len - 1:
+            break
+        live = tokens != adapter.eos_id
+        if not bool(live.all()):
+            keep = live.nonzero()[:, 0]  # (rows',)
+            if keep.numel() == 0:
+                break
+            alive, tokens = alive[keep], tokens[keep]
+            state = adapter.reorder(state, keep)
+        h, state = adapter.decoder_step(tokens, state)
+    return [_strip(row, adapter.eos_id) for row in out_tokens.tolist()]
+
+
+@torch.inference_mode()
+def beam_search(
+    adapter,
+    projection: Projection,
+    batch: dict,
+    src_lang: str,
+    tgt_lang: str,
+    beam: int = 4,
+    max_len: int = 128,
+    length_penalty: float = 1.0,
+    step_hook: StepHook | None = None,
+) -> list[list[int]]:
+    """Batched beam search; returns the best hypothesis per sentence (prefix and EOS excluded)."""
+    _check(adapter, src_lang, tgt_lang, max_len)
+    if beam < 1:
+        raise ValueError(f"beam must be >= 1, got {beam}")
+    n = batch["input_ids"].shape[0]
+    if n == 0:
+        return []
+    device = adapter.device
+    eos = adapter.eos_id
+    banned = _banned_ids(adapter, device)
+    k, k2 = beam, 2 * beam  # live beams; candidates kept per step (room for k live ones after EOS)
+
+    h, state, prefix_len = _start(adapter, batch, tgt_lang)
+    # Expand to k rows per sentence only now: the prefix is the same for every beam.
+    state = adapter.reorder(state, torch.arange(n, device=device).repeat_interleave(k))
+    h = h.repeat_interleave(k, dim=0)  # (n*k, d)
+
+    sent = torch.arange(n, device=device)  # (nb,) source index of each live sentence
+    run_scores = torch.full((n, k), _NEG, device=device)  # (nb, k) cumulative log-prob of live beams
+    run_scores[:, 0] = 0.0  # identical beams at the start: only the first one may expand
+    run_seqs = torch.full((n, k, max_len), eos, dtype=torch.long, device=device)  # (nb, k, T)
+    fin_scores = torch.full((n, k), _NEG, device=device)  # (nb, k) normalised scores of finished hyps
+    fin_seqs = torch.full((n, k, max_len), eos, dtype=torch.long, device=device)
+    fin_any = torch.zeros((n, k), dtype=torch.bool, device=device)  # slot holds a real finished hyp
+    results: list[list[int]] = [[] for _ in range(n)]
+    top_k_mask = torch.arange(k2, device=device) < k  # (k2,) only the best k candidates may finish
+
+    for step in range(max_len):
+        nb = sent.shape[0]
+        out = projection(h)  # rows = nb * k
+        if step_hook is not None:
+            step_hook(StepRecord(row_ids=sent.repeat_interleave(k), step=step, hidden=h, output=out))
+        logp = _suppress(out, out.log_probs(), banned)  # (nb*k, C)
+        # Per-row top-k2 first: the sentence's global top-k2 over k*C continuations lies within them.
+        kk = min(k2, logp.shape[1])
+        row_vals, row_cols = torch.topk(logp, kk, dim=-1)  # (nb*k, kk)
+        row_toks = out.to_vocab_ids(row_cols)  # (nb*k, kk)
+        total = (row_vals.view(nb, k, kk) + run_scores[:, :, None]).view(nb, k * kk)
+        cand_scores, flat = torch.topk(total, min(k2, k * kk), dim=-1)  # (nb, k2)
+        cand_beam = flat // kk  # (nb, k2) which live beam each candidate extends
+        cand_toks = row_toks.view(nb, k * kk).gather(1, flat)  # (nb, k2)
+        cand_seqs = run_seqs.gather(1, cand_beam[:, :, None].expand(-1, -1, max_len)).clone()  # (nb, k2, T)
+        cand_seqs[:, :, step] = cand_toks
+        length = prefix_len + step  # generated tokens incl. the forced tag and this one (generate's count)
+        last = step == max_len - 1
+        done_cand = torch.ones_like(cand_toks, dtype=torch.bool) if last else cand_toks == eos  # (nb, k2)
+
+        # Finished candidates among the best k enter the pool of finished hypotheses.
+        new_fin = done_cand & top_k_mask[: cand_toks.shape[1]]
+        if bool(new_fin.any()):
+            norm = cand_scores / (float(length) ** length_penalty)
+            norm = norm + (~new_fin).to(norm.dtype) * _NEG
+            m_scores = torch.cat([fin_scores, norm], dim=1)  # (nb, k + k2)
+            m_seqs = torch.cat([fin_seqs, cand_seqs], dim=1)
+            m_any = torch.cat([fin_any, new_fin], dim=1)
+            fin_scores, sel = torch.topk(m_scores, k, dim=1)
+            fin_seqs = m_seqs.gather(1, sel[:, :, None].expand(-1, -1, max_len))
+            fin_any = m_any.gather(1, sel)
+
+        # The best k unfinished candidates live on (finished ones pushed to the bottom, as in generate).
+        live_scores = cand_scores + done_cand.to(cand_scores.dtype) * _NEG
+        run_scores, pick = torch.topk(live_scores, k, dim=1)  # (nb, k)
+        beam_of = cand_beam.gather(1, pick)  # (nb, k)
+        run_seqs = cand_seqs.gather(1, pick[:, :, None].expand(-1, -1, max_len))
+        tokens = cand_toks.gather(1, pick)  # (nb, k)
+
+        if last:
+            done = torch.ones(nb, dtype=torch.bool, device=device)
+        else:
+            # Sentence done when all k slots hold finished hypotheses and the best live beam, normalised at
+            # its current length, is no better than the worst of them (generate's early_stopping=False rule).
+            best_live = run_scores[:, 0] / (float(length) ** length_penalty)
+            worst_fin = fin_scores.min(dim=1).values
+            done = fin_any.all(dim=1) & (best_live <= worst_fin)
+        if bool(done.any()):
+            idx = done.nonzero()[:, 0].tolist()
+            best = fin_seqs[idx, 0].tolist()
+            for i, seq in zip(idx, best, strict=True):
+                results[int(sent[i])] = _strip(seq, eos)
+            if bool(done.all()):
+                break
+        keep = (~done).nonzero()[:, 0]  # (nb',)
+        rows = (torch.arange(nb, device=device)[:, None] * k + beam_of)[keep].reshape(-1)  # (nb'*k,)
+        sent, run_scores, run_seqs = sent[keep], run_scores[keep], run_seqs[keep]
+        fin_scores, fin_seqs, fin_any = fin_scores[keep], fin_seqs[keep], fin_any[keep]
+        state = adapter.reorder(state, rows)
+        h, state = adapter.decoder_step(tokens[keep].reshape(-1), state)
+    return results
