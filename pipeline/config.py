@@ -46,10 +46,13 @@ class DumpConfig(_Strict):
     stream_sentences: int = Field(0, ge=0)  # further sentences: counts only, states not stored
     k: int = Field(5, ge=1)  # top-K ids recorded per state
     batch_size: int = Field(32, ge=1)
-    shard_rows: int = Field(50_000, ge=1)
-    split: str = "train"
+    shard_rows: int = Field(50_000, ge=1)  # Parquet row-group size inside a shard
+    split: str = "train"  # corpus split whose source side is decoded ("mono": <corpus>/mono/<src>.parquet)
     num_workers: int = Field(2, ge=1)
     num_gpus_per_worker: float = Field(0.0, ge=0)
+    shard_sentences: int = Field(500, ge=1)  # sentences per shard (the unit of work, resume and parallelism)
+    max_len: int = Field(128, ge=1)  # max target tokens decoded per sentence
+    torch_threads: int | None = Field(None, ge=1)  # per worker; default: Ray CPUs / workers (>= 1)
 
 
 class KMeansConfig(_Strict):
@@ -58,6 +61,7 @@ class KMeansConfig(_Strict):
     seed: int = 1234
     max_points_per_centroid: int = Field(256, ge=1)
     gpu: bool = False
+    num_cpus: int = Field(1, ge=1)  # CPUs per k-means Ray task = Faiss OpenMP threads (fixed: determinism)
 
 
 class MapsConfig(_Strict):
@@ -85,6 +89,7 @@ class RunConfig(_Strict):
     translate: TranslateConfig = TranslateConfig()
     eval: EvalConfig = EvalConfig()
     ray_address: str | None = None  # None: local ray.init(); "auto" or "ray://host:port" for a cluster
+    ray_num_cpus: int | None = Field(None, ge=1)  # CPUs of a local Ray session; default os.cpu_count()
     mlflow_tracking_uri: str | None = None  # None: $MLFLOW_TRACKING_URI, else sqlite:///<work_dir>/mlflow.db
     mlflow_experiment: str = "fastvocab"
 
