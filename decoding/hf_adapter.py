@@ -94,6 +94,11 @@ class Seq2SeqAdapter:
             if self.config.decoder_start_token_id is not None
             else model.generation_config.decoder_start_token_id
         )
+        forced_eos = getattr(model.generation_config, "forced_eos_token_id", None)
+        if isinstance(forced_eos, list | tuple):
+            forced_eos = forced_eos[0] if len(forced_eos) == 1 else None
+        # generate() forces EOS as the last token when the length limit is hit (Marian, BART-style configs).
+        self.forced_eos_id: int | None = None if forced_eos is None else int(forced_eos)
         self._lang_ids = self._language_ids()
         self.languages: list[str] = sorted(self._lang_ids) if self._lang_ids else self._fixed_pair()
 
@@ -200,6 +205,8 @@ class Seq2SeqAdapter:
                 raise ValueError(f"model {self.path} needs the target language to tokenize the source")
             self.check_language(tgt_lang)
             texts = [f">>{tgt_lang}<< {t}" for t in texts]
+        if not texts:
+            return []
         return [list(ids) for ids in tok(list(texts), add_special_tokens=True)["input_ids"]]
 
     def pad(self, seqs: list[list[int]]) -> dict[str, torch.Tensor]:

@@ -102,6 +102,7 @@ def greedy_search(
         return []
     device = adapter.device
     banned = _banned_ids(adapter, device)
+    forced_eos = getattr(adapter, "forced_eos_id", None)
     h, state, _ = _start(adapter, batch, tgt_lang)
     alive = torch.arange(n, device=device)  # (rows,) source index of each live row
     out_tokens = torch.full((n, max_len), adapter.eos_id, dtype=torch.long, device=device)
@@ -109,9 +110,12 @@ def greedy_search(
         out = projection(h)
         if step_hook is not None:
             step_hook(StepRecord(row_ids=alive, step=step, hidden=h, output=out))
-        scores = _suppress(out, out.logits, banned)  # (rows, C); argmax of logits == argmax of log-probs
-        cols = scores.argmax(dim=-1, keepdim=True)  # (rows, 1)
-        tokens = out.to_vocab_ids(cols)[:, 0]  # (rows,)
+        if step == max_len - 1 and forced_eos is not None:
+            tokens = torch.full_like(alive, forced_eos)  # generate's forced_eos_token_id at the length limit
+        else:
+            scores = _suppress(out, out.logits, banned)  # (rows, C); argmax(logits) == argmax(log-probs)
+            cols = scores.argmax(dim=-1, keepdim=True)  # (rows, 1)
+            tokens = out.to_vocab_ids(cols)[:, 0]  # (rows,)
         out_tokens[alive, step] = tokens
         if step == max_len - 1:
             break
@@ -148,6 +152,7 @@ def beam_search(
     device = adapter.device
     eos = adapter.eos_id
     banned = _banned_ids(adapter, device)
+    forced_eos = getattr(adapter, "forced_eos_id", None)
     k, k2 = beam, 2 * beam  # live beams; candidates kept per step (room for k live ones after EOS)
 
     h, state, prefix_len = _start(adapter, batch, tgt_lang)
@@ -170,11 +175,18 @@ def beam_search(
         out = projection(h)  # rows = nb * k
         if step_hook is not None:
             step_hook(StepRecord(row_ids=sent.repeat_interleave(k), step=step, hidden=h, output=out))
-        logp = _suppress(out, out.log_probs(), banned)  # (nb*k, C)
-        # Per-row top-k2 first: the sentence's global top-k2 over k*C continuations lies within them.
-        kk = min(k2, logp.shape[1])
-        row_vals, row_cols = torch.topk(logp, kk, dim=-1)  # (nb*k, kk)
-        row_toks = out.to_vocab_ids(row_cols)  # (nb*k, kk)
+        last = step == max_len - 1
+        if last and forced_eos is not None:
+            # generate's forced_eos_token_id: at the length limit EOS gets log-prob 0, everything else -inf.
+            kk = 1
+            row_vals = torch.zeros((nb * k, 1), device=device)
+            row_toks = torch.full((nb * k, 1), forced_eos, dtype=torch.long, device=device)
+        else:
+            logp = _suppress(out, out.log_probs(), banned)  # (nb*k, C)
+            # Per-row top-k2 first: the sentence's global top-k2 over k*C continuations lies within them.
+            kk = min(k2, logp.shape[1])
+            row_vals, row_cols = torch.topk(logp, kk, dim=-1)  # (nb*k, kk)
+            row_toks = out.to_vocab_ids(row_cols)  # (nb*k, kk)
         total = (row_vals.view(nb, k, kk) + run_scores[:, :, None]).view(nb, k * kk)
         cand_scores, flat = torch.topk(total, min(k2, k * kk), dim=-1)  # (nb, k2)
         cand_beam = flat // kk  # (nb, k2) which live beam each candidate extends
@@ -182,7 +194,6 @@ def beam_search(
         cand_seqs = run_seqs.gather(1, cand_beam[:, :, None].expand(-1, -1, max_len)).clone()  # (nb, k2, T)
         cand_seqs[:, :, step] = cand_toks
         length = prefix_len + step  # generated tokens incl. the forced tag and this one (generate's count)
-        last = step == max_len - 1
         done_cand = torch.ones_like(cand_toks, dtype=torch.bool) if last else cand_toks == eos  # (nb, k2)
 
         # Finished candidates among the best k enter the pool of finished hypotheses.

@@ -1,0 +1,270 @@
+"""Greedy and beam search against ``model.generate``, and with candidate-set projections (subset ids).
+
+Random-weight models repeat one token until the length limit, which would leave EOS handling untested. The
+``eos_model_dir`` fixture therefore unties the LM head of a random M2M100 and fits its EOS row (least squares)
+so that EOS wins after a different number of steps for each sentence: hidden states do not depend on the
+head, so the fit only moves the point where each sentence stops.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from conftest import TINY_ARCH, synthetic_sentences
+
+from fastvocab.decoding import Seq2SeqAdapter, StepRecord, beam_search, greedy_search
+from fastvocab.kernels import create_projection
+from fastvocab.kernels.base import Projection, ProjectionOutput
+
+MAX_LEN = 16
+DIRECTIONS = [("en", "it"), ("it", "fr"), ("de", "en")]
+
+
+@pytest.fixture(scope="module")
+def eos_model_dir(tiny_model_dir, tmp_path_factory):
+    from transformers import AutoTokenizer, M2M100ForConditionalGeneration
+
+    from fastvocab.tasks.demo_model import model_config
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir, local_files_only=True)
+    config = model_config(TINY_ARCH, tok, max_positions=128)
+    config.tie_word_embeddings = False
+    torch.manual_seed(1)
+    model = M2M100ForConditionalGeneration(config).eval()
+    gen = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() == 2 and "lm_head" not in name:  # larger weights: outputs depend on the source
+                p.normal_(0, 3.0 / p.shape[1] ** 0.5, generator=gen)
+        model.lm_head.weight.copy_(model.model.shared.weight)
+    adapter = Seq2SeqAdapter(model, tok, tiny_model_dir, "cpu", torch.float32)
+    full = create_projection("full", adapter.output_weight, None)
+    rng = torch.Generator().manual_seed(2)
+    states, targets = [], []
+    for src, tgt in DIRECTIONS:
+        batch = adapter.encode_texts(synthetic_sentences(src, 12, seed=5), src)
+        stop = torch.randint(1, MAX_LEN, (12,), generator=rng).float()  # wanted length per sentence
+        records: list[StepRecord] = []
+        greedy_search(adapter, full, batch, src, tgt, max_len=MAX_LEN, step_hook=records.append)
+        for r in records:
+            logits = r.output.logits.clone()
+            logits[:, adapter.eos_id] = -math.inf
+            states.append(r.hidden.clone())
+            targets.append(logits.max(dim=1).values + 0.5 * (r.step - stop[r.row_ids] + 0.5))
+    h = torch.cat(states)
+    design = torch.cat([h, torch.ones(len(h), 1)], dim=1)
+    w = torch.linalg.lstsq(design, torch.cat(targets)[:, None]).solution[:, 0]
+    with torch.no_grad():
+        model.lm_head.weight[adapter.eos_id] = w[:-1]
+    out = tmp_path_factory.mktemp("eos_model") / "model"
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def adapter(eos_model_dir) -> Seq2SeqAdapter:
+    return Seq2SeqAdapter.load(eos_model_dir)
+
+
+@pytest.fixture(scope="module")
+def full(adapter) -> Projection:
+    return create_projection("full", adapter.output_weight, adapter.output_bias)
+
+
+def _generate(adapter, batch, tgt, max_len, **kw) -> list[list[int]]:
+    """``model.generate`` output with the forced prefix, EOS and padding removed."""
+    prefix = adapter.start_tokens(tgt)
+    out = adapter.model.generate(
+        **batch,
+        forced_bos_token_id=prefix[1],
+        do_sample=False,
+        max_new_tokens=max_len + len(prefix) - 1,
+        **kw,
+    )
+    rows = []
+    for row in out.tolist():
+        row = row[len(prefix) :]
+        rows.append(row[: row.index(adapter.eos_id)] if adapter.eos_id in row else row)
+    return rows
+
+
+def _sources(src: str, n: int = 12) -> list[str]:
+    return synthetic_sentences(src, n, seed=5)
+
+
+@pytest.mark.parametrize(("src", "tgt"), DIRECTIONS)
+def test_greedy_equals_generate(adapter, full, src, tgt):
+    batch = adapter.encode_texts(_sources(src), src)
+    assert len(set(batch["attention_mask"].sum(1).tolist())) > 3  # varied input lengths (padding in play)
+    ours = greedy_search(adapter, full, batch, src, tgt, max_len=MAX_LEN)
+    ref = _generate(adapter, batch, tgt, MAX_LEN, num_beams=1)
+    assert ours == ref
+    lengths = [len(s) for s in ours]
+    assert len(set(lengths)) >= 3 and min(lengths) < MAX_LEN  # EOS at different steps: row dropping used
+
+
+@pytest.mark.parametrize(("beam", "lp"), [(2, 1.0), (4, 1.0), (4, 0.6), (3, 2.0)])
+def test_beam_equals_generate(adapter, full, beam, lp):
+    for src, tgt in DIRECTIONS[:2]:
+        batch = adapter.encode_texts(_sources(src), src)
+        ours = beam_search(adapter, full, batch, src, tgt, beam=beam, max_len=MAX_LEN, length_penalty=lp)
+        ref = _generate(adapter, batch, tgt, MAX_LEN, num_beams=beam, length_penalty=lp, early_stopping=False)
+        assert ours == ref, (src, tgt)
+
+
+def test_beam_one_equals_greedy(adapter, full):
+    batch = adapter.encode_texts(_sources("en"), "en")
+    greedy = greedy_search(adapter, full, batch, "en", "it", max_len=MAX_LEN)
+    assert beam_search(adapter, full, batch, "en", "it", beam=1, max_len=MAX_LEN) == greedy
+
+
+def test_finished_rows_are_dropped(adapter, full):
+    batch = adapter.encode_texts(_sources("it"), "it")
+    records: list[StepRecord] = []
+    seqs = greedy_search(adapter, full, batch, "it", "fr", max_len=MAX_LEN, step_hook=records.append)
+    rows = [r.row_ids.tolist() for r in records]
+    assert [r.step for r in records] == list(range(len(records)))
+    # Step t holds exactly the sentences that have not ended before t.
+    for t, row_ids in enumerate(rows):
+        assert row_ids == [i for i, s in enumerate(seqs) if len(s) >= t]
+    assert len(rows[-1]) < len(rows[0])
+    for r in records:
+        assert r.hidden.shape == (len(r.row_ids), adapter.d_model)
+
+
+def test_max_len_and_empty_batch(adapter, full):
+    batch = adapter.encode_texts(_sources("en"), "en")
+    for max_len in (1, 3):
+        assert all(
+            len(s) <= max_len for s in greedy_search(adapter, full, batch, "en", "it", max_len=max_len)
+        )
+        assert all(len(s) <= max_len for s in beam_search(adapter, full, batch, "en", "it", max_len=max_len))
+    empty = adapter.encode_texts([], "en")
+    assert greedy_search(adapter, full, empty, "en", "it") == []
+    assert beam_search(adapter, full, empty, "en", "it") == []
+    with pytest.raises(ValueError, match="unknown language 'xx'"):
+        greedy_search(adapter, full, batch, "en", "xx")
+
+
+# --------------------------------------------------------------------------- candidate-set projections
+
+
+class _SubsetProjection(Projection):
+    """Computes only some columns, chosen from ``h`` alone (so the reference can recompute them).
+
+    kind="shared": the upper half of the vocabulary plus the always-active ids, ids (C,).
+    kind="per_row": even ids for rows with h[:, 0] > 0, odd ids otherwise (+ always active), ids (rows, C),
+    in a shuffled column order so positions never equal vocabulary ids.
+    kind="topm": each row's own top-M columns with the exact mass of the rest in ``log_inactive_mass``.
+    """
+
+    def __init__(self, weight, bias, *, always_active=(), kind="shared", m=8):
+        super().__init__(weight, bias, always_active=always_active)
+        self.kind, self.m = kind, m
+        self.calls = 0
+
+    def allowed(self, h: torch.Tensor) -> torch.Tensor:
+        """(rows, N) bool: the columns this projection computes for each row."""
+        n = self.n_vocab
+        ids = torch.arange(n)
+        if self.kind == "shared":
+            mask = (ids >= n // 2).expand(h.shape[0], -1).clone()
+        else:
+            even = (ids % 2 == 0)[None, :]
+            mask = torch.where(h[:, :1] > 0, even, ~even)
+        mask[:, self.always_active] = True
+        return mask
+
+    def _project(self, h: torch.Tensor) -> ProjectionOutput:
+        self.calls += 1
+        full = torch.nn.functional.linear(h, self.weight, self.bias)  # (rows, N)
+        if self.kind == "topm":
+            top = torch.topk(full, self.m, dim=1).indices  # (rows, M)
+            ids = torch.cat([top, self.always_active.expand(h.shape[0], -1)], dim=1)
+            logits = full.gather(1, ids)
+            dup = torch.zeros_like(ids, dtype=torch.bool)  # an always-active id may already be in the top-M
+            dup[:, self.m :] = (ids[:, self.m :, None] == top[:, None, :]).any(-1)
+            logits = logits.masked_fill(dup, -math.inf)
+            rest = full.scatter(1, ids, -math.inf)
+            return ProjectionOutput(logits, ids, self.n_vocab, log_inactive_mass=torch.logsumexp(rest, dim=1))
+        mask = self.allowed(h)
+        if self.kind == "shared":
+            ids = mask[0].nonzero()[:, 0]  # (C,)
+            return ProjectionOutput(full[:, ids], ids, self.n_vocab)
+        gen = torch.Generator().manual_seed(self.calls)
+        rows = [r.nonzero()[:, 0] for r in mask]
+        rows = [r[torch.randperm(len(r), generator=gen)] for r in rows]  # column order != id order
+        width = max(len(r) for r in rows)
+        ids = torch.stack([torch.cat([r, r[:1].expand(width - len(r))]) for r in rows])  # (rows, C)
+        logits = full.gather(1, ids)
+        pad = torch.arange(width)[None, :] >= torch.tensor([len(r) for r in rows])[:, None]
+        logits = logits.masked_fill(pad, -math.inf)  # padding repeats a valid id and carries -inf
+        return ProjectionOutput(logits, ids, self.n_vocab)
+
+
+class _MaskedDense(Projection):
+    """The reference for ``_SubsetProjection``: dense logits with the disallowed columns at -inf."""
+
+    def __init__(self, weight, bias, *, always_active=(), subset: _SubsetProjection):
+        super().__init__(weight, bias, always_active=always_active)
+        self.subset = subset
+
+    def _project(self, h: torch.Tensor) -> ProjectionOutput:
+        full = torch.nn.functional.linear(h, self.weight, self.bias)
+        return ProjectionOutput(full.masked_fill(~self.subset.allowed(h), -math.inf), None, self.n_vocab)
+
+
+@pytest.mark.parametrize("kind", ["shared", "per_row"])
+def test_subset_ids_are_mapped_back(adapter, kind):
+    w, b, always = adapter.output_weight, adapter.output_bias, adapter.always_active_ids()
+    subset = _SubsetProjection(w, b, always_active=always, kind=kind)
+    ref = _MaskedDense(w, b, always_active=always, subset=subset)
+    for src, tgt in DIRECTIONS[:2]:
+        batch = adapter.encode_texts(_sources(src), src)
+        got = greedy_search(adapter, subset, batch, src, tgt, max_len=MAX_LEN)
+        assert got == greedy_search(adapter, ref, batch, src, tgt, max_len=MAX_LEN)
+        assert any(got)
+        if kind == "shared":  # every emitted id is one the projection computed
+            assert all(t >= adapter.n_vocab // 2 or t in always for s in got for t in s)
+        for beam in (2, 4):
+            got_beam = beam_search(adapter, subset, batch, src, tgt, beam=beam, max_len=MAX_LEN)
+            assert got_beam == beam_search(adapter, ref, batch, src, tgt, beam=beam, max_len=MAX_LEN)
+
+
+def test_topm_with_inactive_mass_reproduces_full_beam(adapter, full):
+    """Per-row top-M ids + the exact inactive mass give full-softmax scores: beam output must not change."""
+    topm = _SubsetProjection(
+        adapter.output_weight, adapter.output_bias, always_active=adapter.always_active_ids(), kind="topm"
+    )
+    for src, tgt in DIRECTIONS:
+        batch = adapter.encode_texts(_sources(src), src)
+        for beam in (2, 4):  # M=8 >= 2*beam: every candidate the full search looks at is computed
+            expect = beam_search(adapter, full, batch, src, tgt, beam=beam, max_len=MAX_LEN)
+            assert beam_search(adapter, topm, batch, src, tgt, beam=beam, max_len=MAX_LEN) == expect
+
+
+def test_consecutive_calls_with_different_candidate_sets(adapter):
+    """The CTranslate2 use_vmap bug (DESIGN.md): a batch's candidate set must not leak into later ones."""
+    w, b, always = adapter.output_weight, adapter.output_bias, adapter.always_active_ids()
+    runs = [("shared", "en", "it"), ("per_row", "it", "fr"), ("shared", "de", "en"), ("per_row", "en", "it")]
+    shared_proj = {
+        kind: _SubsetProjection(w, b, always_active=always, kind=kind) for kind in ("shared", "per_row")
+    }
+    for search in (greedy_search, beam_search):
+        sequential = []
+        for kind, src, tgt in runs:  # one projection object per kind, reused across batches
+            batch = adapter.encode_texts(_sources(src), src)
+            sequential.append(search(adapter, shared_proj[kind], batch, src, tgt, max_len=MAX_LEN))
+        fresh = []
+        for kind, src, tgt in runs:
+            fresh_adapter = Seq2SeqAdapter(
+                adapter.model, adapter.tokenizer, adapter.path, "cpu", adapter.dtype
+            )
+            proj = _SubsetProjection(w, b, always_active=always, kind=kind)
+            batch = fresh_adapter.encode_texts(_sources(src), src)
+            fresh.append(search(fresh_adapter, proj, batch, src, tgt, max_len=MAX_LEN))
+        assert sequential == fresh
+        assert sequential[0] != sequential[1]  # the runs really differ
