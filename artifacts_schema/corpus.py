@@ -3,6 +3,9 @@
 ``<corpus_dir>/<lang1>-<lang2>/<split>.parquet`` with columns ``id, doc_id, text1, text2`` where
 ``text1`` is in ``lang1``. A direction ``lang2 -> lang1`` reads the same file with the columns swapped, so
 en-it and it-en share one file and one split.
+
+Monolingual source text (unlabelled input for the dump stage) is ``<corpus_dir>/mono/<lang>.parquet`` with
+columns ``id, text`` (``id``: the line number in the user's file).
 """
 
 from __future__ import annotations
@@ -22,6 +25,13 @@ CORPUS_SCHEMA = pa.schema(
         pa.field("doc_id", pa.string(), nullable=False),  # groups segments of one document (split unit)
         pa.field("text1", pa.string(), nullable=False),
         pa.field("text2", pa.string(), nullable=False),
+    ]
+)
+
+MONO_SCHEMA = pa.schema(
+    [
+        pa.field("id", pa.int64(), nullable=False),
+        pa.field("text", pa.string(), nullable=False),
     ]
 )
 
@@ -66,12 +76,31 @@ def read_direction(
 
 
 def read_corpus_file(path: Path, limit: int | None = None) -> pa.Table:
+    return _read_table(path, CORPUS_SCHEMA, "corpus file", limit)
+
+
+def _read_table(path: Path, schema: pa.Schema, what: str, limit: int | None) -> pa.Table:
+    """The schema's columns of a Parquet file (the first ``limit`` rows); ArtifactError when unusable."""
     try:
         table = pq.read_table(path)
     except (OSError, pa.ArrowException) as exc:
-        raise ArtifactError(f"corrupt corpus file {path}: {exc}") from exc
-    missing = [f.name for f in CORPUS_SCHEMA if f.name not in table.column_names]
+        raise ArtifactError(f"corrupt {what} {path}: {exc}") from exc
+    missing = [f.name for f in schema if f.name not in table.column_names]
     if missing:
-        raise ArtifactError(f"corpus file {path} lacks columns {missing}")
-    table = table.select(CORPUS_SCHEMA.names)
+        raise ArtifactError(f"{what} {path} lacks columns {missing}")
+    table = table.select(schema.names)
     return table.slice(0, limit) if limit is not None else table
+
+
+def mono_path(corpus_dir: str | Path, lang: str) -> Path:
+    return Path(corpus_dir) / "mono" / f"{lang}.parquet"
+
+
+def read_mono(corpus_dir: str | Path, lang: str, limit: int | None = None) -> tuple[list[int], list[str]]:
+    """Return (ids, texts) of a language's monolingual source file."""
+    path = mono_path(corpus_dir, lang)
+    if not path.exists():
+        have = ", ".join(sorted(p.stem for p in path.parent.glob("*.parquet"))) or "none"
+        raise ArtifactError(f"no monolingual {lang} file in {corpus_dir} (languages present: {have})")
+    table = _read_table(path, MONO_SCHEMA, "monolingual file", limit)
+    return table.column("id").to_pylist(), table.column("text").to_pylist()

@@ -1,0 +1,148 @@
+"""``fastvocab corpus``: the Debian description-translation corpus, or your own parallel or monolingual data.
+
+Flags override single fields of the ``corpus`` section of a config file (pipeline/config.py CorpusConfig).
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from fastvocab.artifacts_schema.corpus import SPLITS, mono_path
+from fastvocab.pipeline.config import load_config
+from fastvocab.pipeline.errors import UserError
+
+HELP = "build a parallel corpus from Debian's description translations, or from your own files"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", metavar="FILE", help="a run config; its corpus section gives the defaults")
+    p.add_argument("--out", metavar="DIR", help="output folder (default data/corpus)")
+    p.add_argument(
+        "--dev-size", type=int, metavar="N", help="pairs per language pair in dev (whole documents)"
+    )
+    p.add_argument(
+        "--test-size", type=int, metavar="N", help="pairs per language pair in test (whole documents)"
+    )
+    p.add_argument("--seed", type=int, help="seed of the document split")
+    p.add_argument("--force", action="store_true", help="rebuild even when the outputs exist and validate")
+
+    deb = p.add_argument_group("Debian description translations (the default source)")
+    deb.add_argument(
+        "--languages", metavar="L1,L2,...", help="languages, pivot included (default en,it,fr,de,es,pt)"
+    )
+    deb.add_argument(
+        "--lists-dir",
+        metavar="DIR",
+        help="apt lists folder to read, fetched into when incomplete (default OUT/apt-lists)",
+    )
+
+    own = p.add_argument_group("your own data (instead of the Debian corpus)")
+    src = own.add_mutually_exclusive_group()
+    src.add_argument("--from-tsv", metavar="FILE", type=Path, help="parallel text: two tab-separated columns")
+    src.add_argument(
+        "--from-parquet", metavar="FILE", type=Path, help="parallel text: two columns of a Parquet file"
+    )
+    src.add_argument("--mono", metavar="FILE", type=Path, help="monolingual text, one sentence a line")
+    own.add_argument("--src-lang", metavar="XX", help="language of the first (--src-col) column")
+    own.add_argument("--tgt-lang", metavar="YY", help="language of the second (--tgt-col) column")
+    own.add_argument("--src-col", metavar="NAME", help="Parquet column of the source text")
+    own.add_argument("--tgt-col", metavar="NAME", help="Parquet column of the target text")
+    own.add_argument(
+        "--doc-col", metavar="NAME", help="Parquet column grouping rows into documents (optional)"
+    )
+    own.add_argument("--lang", metavar="XX", help="language of the --mono file")
+
+
+def _flags(names: list[str]) -> str:
+    return ", ".join("--" + name.replace("_", "-") for name in names)
+
+
+def _check_flags(args: argparse.Namespace) -> str:
+    """Which source the flags ask for; flags that do not belong to it are an error."""
+    mode = "tsv" if args.from_tsv else "parquet" if args.from_parquet else "mono" if args.mono else "debian"
+    allowed = {
+        "debian": {"languages", "lists_dir"},
+        "tsv": {"src_lang", "tgt_lang"},
+        "parquet": {"src_lang", "tgt_lang", "src_col", "tgt_col", "doc_col"},
+        "mono": {"lang"},
+    }[mode]
+    source = {"debian": "the Debian corpus", "mono": "--mono"}.get(mode, f"--from-{mode}")
+    specific = ["languages", "lists_dir", "src_lang", "tgt_lang", "src_col", "tgt_col", "doc_col", "lang"]
+    wrong = [name for name in specific if getattr(args, name) is not None and name not in allowed]
+    if wrong:
+        raise UserError(f"{_flags(wrong)} cannot be used with {source}")
+    needed = {
+        "tsv": ["src_lang", "tgt_lang"],
+        "parquet": ["src_lang", "tgt_lang", "src_col", "tgt_col"],
+        "mono": ["lang"],
+    }.get(mode, [])
+    missing = [name for name in needed if getattr(args, name) is None]
+    if missing:
+        raise UserError(f"{source} needs {_flags(missing)}")
+    return mode
+
+
+def _table(headers: list[str], rows: list[list[object]]) -> str:
+    cells = [headers, *[[f"{c:,}" if isinstance(c, int) else str(c) for c in row] for row in rows]]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    lines = [
+        "  ".join(
+            c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths, strict=True))
+        )
+        for r in cells
+    ]
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    from fastvocab.tasks import corpus
+
+    mode = _check_flags(args)
+    overrides: dict[str, object] = {}
+    if args.out is not None:
+        overrides["corpus.out_dir"] = args.out
+    if args.languages is not None:
+        overrides["corpus.languages"] = [x.strip() for x in args.languages.split(",") if x.strip()]
+    for name in ("dev_size", "test_size", "seed", "lists_dir"):
+        if getattr(args, name) is not None:
+            overrides[f"corpus.{name}"] = getattr(args, name)
+    cfg = load_config(args.config, overrides).corpus
+    split = {"dev_size": cfg.dev_size, "test_size": cfg.test_size, "seed": cfg.seed}
+
+    try:
+        if mode == "debian":
+            results = corpus.build_debian_corpus(
+                cfg.out_dir,
+                cfg.languages,
+                pivot=cfg.pivot,
+                lists_dir=cfg.lists_dir,
+                force=args.force,
+                **split,
+            )
+        elif mode == "mono":
+            mono = corpus.import_mono(cfg.out_dir, args.mono, args.lang, force=args.force)
+            state = "up to date" if mono.skipped else "written"
+            print(f"{mono_path(cfg.out_dir, mono.lang)}: {mono.count:,} sentences ({state})")
+            return 0
+        else:
+            path = args.from_tsv or args.from_parquet
+            results = [
+                corpus.import_parallel(
+                    cfg.out_dir, path, args.src_lang, args.tgt_lang, fmt=mode,
+                    src_col=args.src_col, tgt_col=args.tgt_col, doc_col=args.doc_col,
+                    pivot=cfg.pivot, force=args.force, **split,
+                )
+            ]  # fmt: skip
+    except corpus.CorpusError as exc:
+        raise UserError(str(exc)) from exc
+
+    rows = []
+    for r in results:
+        state = "up to date" if r.skipped else "written"
+        pairs, dups = r.stats.get("pairs"), r.stats.get("duplicates_removed")
+        unique = pairs - dups if pairs is not None and dups is not None else "-"
+        rows.append([r.name, "-" if pairs is None else pairs, unique, *(r.counts[s] for s in SPLITS), state])
+    print(_table(["pair", "paired", "unique", *SPLITS, ""], rows))
+    print(f"corpus in {cfg.out_dir} ({cfg.out_dir / corpus.MANIFEST})")
+    return 0

@@ -1,0 +1,499 @@
+"""The corpus stage: parallel train/dev/test Parquet files per language pair, and monolingual source files.
+
+Sources: Debian's package-description translations (fetched with apt; see ``debian_translations``), a user's
+parallel TSV or Parquet file, or a user's monolingual text file. Every parallel source goes through the same
+steps:
+
+1. rows ``(id, doc_id, text1, text2)`` in a stable order, whitespace-normalised, empty segments left out;
+2. de-duplication of identical ``(text1, text2)`` pairs (the first in that order is kept);
+3. a split by document (``doc_id``): documents are ordered by a seeded SHA-256 of their id; test, then dev,
+   take whole documents until they hold ``test_size`` / ``dev_size`` pairs; the rest is train. A pair of a
+   later split that shares a text (either side) with an earlier held-out split is dropped (test before dev
+   before train), so no sentence of test or dev is seen in training;
+4. one Parquet file per split, written atomically, and a record in ``<out_dir>/corpus.json``.
+
+A pair whose files exist, validate and were built from the same input with the same split settings is not
+rebuilt (``force=True`` rebuilds it).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import json
+import logging
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from fastvocab import __version__
+from fastvocab.artifacts_schema.atomic import atomic_path, write_text_atomic
+from fastvocab.artifacts_schema.corpus import (
+    CORPUS_SCHEMA,
+    MONO_SCHEMA,
+    SPLITS,
+    mono_path,
+    pair_name,
+    split_path,
+)
+from fastvocab.tasks import debian_translations as debian
+from fastvocab.tasks.debian_translations import CorpusError, check_lang, normalise
+
+__all__ = [
+    "CorpusError",
+    "MonoResult",
+    "PairResult",
+    "build_debian_corpus",
+    "deduplicate",
+    "import_mono",
+    "import_parallel",
+    "pair_descriptions",
+    "read_parallel_parquet",
+    "read_parallel_tsv",
+    "split_rows",
+]
+
+log = logging.getLogger(__name__)
+
+MANIFEST = "corpus.json"
+MANIFEST_FORMAT = "fastvocab-corpus/1"
+DEBIAN_SOURCE = "debian-translations"
+
+Row = tuple[int, str, str, str]  # (id, doc_id, text1, text2)
+
+
+@dataclass
+class PairResult:
+    lang1: str
+    lang2: str
+    counts: dict[str, int]  # split -> pairs
+    stats: dict[str, int] = field(default_factory=dict)
+    skipped: bool = False  # up to date: nothing was rebuilt
+
+    @property
+    def name(self) -> str:
+        return pair_name(self.lang1, self.lang2)
+
+
+@dataclass
+class MonoResult:
+    lang: str
+    count: int
+    stats: dict[str, int] = field(default_factory=dict)
+    skipped: bool = False
+
+
+# ------------------------------------------------------------------------------------- pairing and splitting
+
+
+def pair_descriptions(
+    pivot: dict[str, debian.Description], other: dict[str, debian.Description]
+) -> tuple[list[Row], dict[str, int]]:
+    """Segment pairs of the descriptions present in both languages, ordered by (md5, segment index).
+
+    A description whose paragraph count differs between the languages is left out whole: its paragraphs
+    cannot be aligned by index. Ids number the pairs in that order (before de-duplication).
+    """
+    rows: list[Row] = []
+    stats = {"descriptions": len(other), "no_pivot": 0, "paragraphs_mismatch": 0, "descriptions_paired": 0}
+    for md5 in sorted(other):
+        if md5 not in pivot:
+            stats["no_pivot"] += 1
+            continue
+        a, b = pivot[md5].segments, other[md5].segments
+        if len(a) != len(b):
+            stats["paragraphs_mismatch"] += 1
+            continue
+        stats["descriptions_paired"] += 1
+        for s, t in zip(a, b, strict=True):
+            if s and t:
+                rows.append((len(rows), md5, s, t))
+    stats["segment_pairs"] = len(rows)
+    return rows, stats
+
+
+def deduplicate(rows: Iterable[Row]) -> list[Row]:
+    """Keep the first row of every distinct ``(text1, text2)``."""
+    seen: set[tuple[str, str]] = set()
+    kept = []
+    for row in rows:
+        key = (row[2], row[3])
+        if key not in seen:
+            seen.add(key)
+            kept.append(row)
+    return kept
+
+
+def _doc_rank(seed: int, doc_id: str) -> bytes:
+    # SHA-256, not hash(): Python's str hash is salted per process.
+    return hashlib.sha256(f"{seed}\x00{doc_id}".encode()).digest()
+
+
+def split_rows(
+    rows: Sequence[Row], *, dev_size: int, test_size: int, seed: int
+) -> tuple[dict[str, list[Row]], dict[str, int]]:
+    """Split de-duplicated rows by document into train/dev/test (see the module docstring).
+
+    Returns the rows of each split (in id order) and the number of pairs dropped from dev and train
+    because one of their texts is held out in an earlier split.
+    """
+    docs: dict[str, list[Row]] = {}
+    for row in rows:
+        docs.setdefault(row[1], []).append(row)
+    order = iter(sorted(docs, key=lambda d: (_doc_rank(seed, d), d)))
+    held: set[str] = set()  # texts of the held-out splits filled so far
+    out: dict[str, list[Row]] = {"test": [], "dev": [], "train": []}
+    dropped = {"dev": 0, "train": 0}
+
+    def take(split: str, doc: str) -> None:
+        for row in docs[doc]:
+            if row[2] in held or row[3] in held:
+                dropped[split] += 1
+            else:
+                out[split].append(row)
+
+    for split, size in (("test", test_size), ("dev", dev_size)):
+        while len(out[split]) < size:
+            doc = next(order, None)
+            if doc is None:
+                break
+            take(split, doc)
+        held.update(t for row in out[split] for t in row[2:])
+    for doc in order:
+        take("train", doc)
+    for part in out.values():
+        part.sort()
+    stats = {"dev_dropped_overlap": dropped["dev"], "train_dropped_overlap": dropped["train"]}
+    return out, stats
+
+
+# -------------------------------------------------------------------------------------------- files, manifest
+
+
+def _write_table(path: Path, table: pa.Table) -> None:
+    with atomic_path(path) as tmp:
+        pq.write_table(table, tmp)
+
+
+def _valid_file(path: Path, schema: pa.Schema, rows: int) -> bool:
+    try:
+        pf = pq.ParquetFile(path)
+    except (OSError, pa.ArrowException):
+        return False
+    types_match = [(f.name, f.type) for f in pf.schema_arrow] == [(f.name, f.type) for f in schema]
+    return types_match and pf.metadata.num_rows == rows
+
+
+def read_manifest(out_dir: str | Path) -> dict:
+    """``<out_dir>/corpus.json``, or an empty manifest when it is missing or unreadable."""
+    path = Path(out_dir) / MANIFEST
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        data = {}
+    except (OSError, ValueError) as exc:
+        log.warning("ignoring unreadable %s (%s): everything will be rebuilt", path, exc)
+        data = {}
+    if not isinstance(data, dict) or data.get("format") != MANIFEST_FORMAT:
+        data = {}
+    data.setdefault("pairs", {})
+    data.setdefault("mono", {})
+    return data
+
+
+def _update_manifest(out_dir: Path, section: str, key: str, record: dict) -> None:
+    manifest = read_manifest(out_dir)
+    manifest[section][key] = record
+    languages = {lang for name in manifest["pairs"] for lang in name.split("-")} | set(manifest["mono"])
+    manifest.update(format=MANIFEST_FORMAT, languages=sorted(languages), fastvocab_version=__version__)
+    manifest = {k: manifest[k] for k in ("format", "fastvocab_version", "languages", "pairs", "mono")}
+    write_text_atomic(out_dir / MANIFEST, json.dumps(manifest, indent=2, ensure_ascii=False) + "\n")
+
+
+def _up_to_date_pair(out_dir: Path, lang1: str, lang2: str, build: dict) -> PairResult | None:
+    record = read_manifest(out_dir)["pairs"].get(pair_name(lang1, lang2))
+    if not record or record.get("build") != build:
+        return None
+    counts = record.get("counts", {})
+    for split in SPLITS:
+        if not _valid_file(split_path(out_dir, lang1, lang2, split), CORPUS_SCHEMA, counts.get(split, -1)):
+            return None
+    return PairResult(lang1, lang2, counts, record.get("stats", {}), skipped=True)
+
+
+def _now() -> str:
+    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def _write_pair(
+    out_dir: Path,
+    lang1: str,
+    lang2: str,
+    rows: list[Row],
+    *,
+    build: dict,
+    source: dict,
+    stats: dict[str, int],
+) -> PairResult:
+    """De-duplicate, split (settings from ``build``) and write one pair's three files, then record it in
+    corpus.json."""
+    unique = deduplicate(rows)
+    dev_size, test_size = build["dev_size"], build["test_size"]
+    splits, split_stats = split_rows(unique, dev_size=dev_size, test_size=test_size, seed=build["seed"])
+    stats = {**stats, "pairs": len(rows), "duplicates_removed": len(rows) - len(unique), **split_stats}
+    name = pair_name(lang1, lang2)
+    if not splits["train"]:
+        raise CorpusError(
+            f"{name}: only {len(unique)} distinct pairs, none left for train after dev ({dev_size}) and test "
+            f"({test_size}); lower --dev-size/--test-size"
+        )
+    for split in SPLITS:
+        columns = list(zip(*splits[split], strict=True)) or [()] * len(CORPUS_SCHEMA)
+        table = pa.table([list(col) for col in columns], schema=CORPUS_SCHEMA)
+        _write_table(split_path(out_dir, lang1, lang2, split), table)
+    counts = {split: len(splits[split]) for split in SPLITS}
+    for split in SPLITS:
+        stats[f"{split}_docs"] = len({row[1] for row in splits[split]})
+    record = {"build": build, "source": source, "counts": counts, "stats": stats, "created": _now()}
+    _update_manifest(out_dir, "pairs", name, record)
+    log.info("%s: %s", name, ", ".join(f"{s} {n}" for s, n in counts.items()))
+    return PairResult(lang1, lang2, counts, stats)
+
+
+def _split_build(dev_size: int, test_size: int, seed: int) -> dict:
+    if dev_size < 0 or test_size < 0:
+        raise CorpusError(f"dev and test sizes must be >= 0 (got {dev_size}, {test_size})")
+    return {"dev_size": dev_size, "test_size": test_size, "seed": seed}
+
+
+# ----------------------------------------------------------------------------------------------- Debian
+
+
+def build_debian_corpus(
+    out_dir: str | Path,
+    languages: Sequence[str],
+    *,
+    pivot: str = "en",
+    dev_size: int = 1000,
+    test_size: int = 1000,
+    seed: int = 0,
+    lists_dir: str | Path | None = None,
+    force: bool = False,
+) -> list[PairResult]:
+    """Build ``<pivot>-<xx>`` pairs from Debian's description translations, fetching the indexes if needed.
+
+    ``lists_dir`` (default ``<out_dir>/apt-lists``) is an apt lists folder; when it lacks the Translation
+    index of a wanted language, ``apt-get update`` fetches all of them into it.
+    """
+    out_dir = Path(out_dir)
+    pivot = check_lang(pivot)
+    others = [lang for lang in dict.fromkeys(check_lang(x) for x in languages) if lang != pivot]
+    if not others:
+        raise CorpusError(f"no languages besides the pivot {pivot!r} in {list(languages)}")
+    build = {
+        "source": DEBIAN_SOURCE,
+        "segmentation": debian.SEGMENTATION,
+        **_split_build(dev_size, test_size, seed),
+    }
+    done = {} if force else {lang: _up_to_date_pair(out_dir, pivot, lang, build) for lang in others}
+    todo = [lang for lang in others if done.get(lang) is None]
+    if todo:
+        lists_dir = Path(lists_dir) if lists_dir is not None else out_dir / "apt-lists"
+        if any(not debian.find_indexes(lists_dir, lang) for lang in [pivot, *todo]):
+            debian.fetch_indexes(lists_dir, [pivot, *others])
+        indexes = {lang: debian.find_indexes(lists_dir, lang) for lang in [pivot, *todo]}
+        for lang, paths in indexes.items():
+            if not paths:
+                raise CorpusError(
+                    f"no Translation-{lang} index in {lists_dir} after apt-get update "
+                    f"(do the configured apt sources translate descriptions into {lang!r}?)"
+                )
+        pivot_docs = debian.load_descriptions(indexes[pivot], pivot)
+        for lang in todo:
+            rows, stats = pair_descriptions(pivot_docs, debian.load_descriptions(indexes[lang], lang))
+            used = indexes[pivot] + indexes[lang]
+            source = {
+                "kind": DEBIAN_SOURCE,
+                "lists_dir": str(lists_dir),
+                "indexes": [p.name for p in used],
+                "release": debian.release_info(used),
+            }
+            done[lang] = _write_pair(out_dir, pivot, lang, rows, build=build, source=source, stats=stats)
+    return [done[lang] for lang in others]
+
+
+# ---------------------------------------------------------------------------------------- the user's files
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _decoded_lines(path: Path) -> Iterable[tuple[int, str]]:
+    """``(line number, text without its line end)``; invalid UTF-8 is an error naming the line."""
+    if not path.is_file():
+        raise CorpusError(f"{path}: no such file")
+    with path.open("rb") as f:
+        for n, raw in enumerate(f, 1):
+            try:
+                text = raw.rstrip(b"\r\n").decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise CorpusError(f"{path}:{n}: invalid UTF-8 at byte {exc.start + 1} of the line") from exc
+            yield n, text.removeprefix("\ufeff") if n == 1 else text
+
+
+def read_parallel_tsv(path: str | Path) -> list[Row]:
+    """Rows of a two-column TSV file: ``id`` and ``doc_id`` are the line number (no grouping).
+
+    Every line must hold exactly one tab and two non-empty columns; the first bad line is an error.
+    """
+    path = Path(path)
+    rows: list[Row] = []
+    for n, text in _decoded_lines(path):
+        tabs = text.count("\t")
+        if tabs != 1:
+            raise CorpusError(f"{path}:{n}: expected two tab-separated columns (one tab), found {tabs} tabs")
+        src, tgt = (normalise(col) for col in text.split("\t"))
+        if not src or not tgt:
+            raise CorpusError(f"{path}:{n}: empty {'first' if not src else 'second'} column")
+        rows.append((n, str(n), src, tgt))
+    if not rows:
+        raise CorpusError(f"{path}: empty file")
+    return rows
+
+
+def read_parallel_parquet(
+    path: str | Path, src_col: str, tgt_col: str, doc_col: str | None = None
+) -> list[Row]:
+    """Rows of a Parquet file's two text columns: ``id`` is the row index, ``doc_id`` the ``doc_col`` value
+    (documents are kept whole in one split) or the row index."""
+    path = Path(path)
+    if not path.is_file():
+        raise CorpusError(f"{path}: no such file")
+    try:
+        pf = pq.ParquetFile(path)
+    except (OSError, pa.ArrowException) as exc:
+        raise CorpusError(f"{path}: not a readable Parquet file ({exc})") from exc
+    schema = pf.schema_arrow
+    columns = [src_col, tgt_col] + ([doc_col] if doc_col else [])
+    for col in columns:
+        if col not in schema.names:
+            raise CorpusError(f"{path}: no column {col!r} (columns: {', '.join(schema.names)})")
+    for col in (src_col, tgt_col):
+        if not (
+            pa.types.is_string(schema.field(col).type) or pa.types.is_large_string(schema.field(col).type)
+        ):
+            raise CorpusError(f"{path}: column {col!r} is {schema.field(col).type}, not text")
+    rows: list[Row] = []
+    for batch in pf.iter_batches(columns=columns):
+        data = batch.to_pydict()
+        docs = data[doc_col] if doc_col else [None] * batch.num_rows
+        for s, t, d in zip(data[src_col], data[tgt_col], docs, strict=True):
+            i = len(rows)
+            s, t = normalise(s or ""), normalise(t or "")
+            if not s or not t:
+                raise CorpusError(f"{path}: row {i}: empty or null {src_col if not s else tgt_col!r}")
+            if doc_col and d is None:
+                raise CorpusError(f"{path}: row {i}: null {doc_col!r}")
+            rows.append((i, str(d) if doc_col else str(i), s, t))
+    if not rows:
+        raise CorpusError(f"{path}: no rows")
+    return rows
+
+
+def import_parallel(
+    out_dir: str | Path,
+    path: str | Path,
+    src_lang: str,
+    tgt_lang: str,
+    *,
+    fmt: str,
+    src_col: str | None = None,
+    tgt_col: str | None = None,
+    doc_col: str | None = None,
+    pivot: str = "en",
+    dev_size: int = 1000,
+    test_size: int = 1000,
+    seed: int = 0,
+    force: bool = False,
+) -> PairResult:
+    """Import a user's parallel file (``fmt`` "tsv" or "parquet") as one pair, split like the Debian pairs.
+
+    The pair is stored pivot first (``--src-lang it --tgt-lang en`` lands in ``en-it`` with the columns
+    swapped); readers swap back for the it -> en direction.
+    """
+    out_dir, path = Path(out_dir), Path(path)
+    src_lang, tgt_lang = check_lang(src_lang), check_lang(tgt_lang)
+    if src_lang == tgt_lang:
+        raise CorpusError(f"source and target language are both {src_lang!r}")
+    if fmt == "parquet" and not (src_col and tgt_col):
+        raise CorpusError("a Parquet import needs --src-col and --tgt-col")
+    if fmt not in ("tsv", "parquet"):
+        raise ValueError(f"unknown parallel format {fmt!r}; valid: parquet, tsv")
+    if not path.is_file():
+        raise CorpusError(f"{path}: no such file")
+    swap = tgt_lang == pivot
+    lang1, lang2 = (tgt_lang, src_lang) if swap else (src_lang, tgt_lang)
+    columns = {"src_col": src_col, "tgt_col": tgt_col, "doc_col": doc_col} if fmt == "parquet" else {}
+    build = {"source": fmt, "sha256": _sha256(path), "swapped": swap, **columns}
+    build.update(_split_build(dev_size, test_size, seed))
+    if not force and (result := _up_to_date_pair(out_dir, lang1, lang2, build)):
+        return result
+    rows = read_parallel_tsv(path) if fmt == "tsv" else read_parallel_parquet(path, src_col, tgt_col, doc_col)
+    if swap:
+        rows = [(i, d, t, s) for i, d, s, t in rows]
+    source = {"kind": fmt, "path": str(path.resolve()), "src_lang": src_lang, "tgt_lang": tgt_lang, **columns}
+    return _write_pair(out_dir, lang1, lang2, rows, build=build, source=source, stats={})
+
+
+def import_mono(out_dir: str | Path, path: str | Path, lang: str, *, force: bool = False) -> MonoResult:
+    """Import a monolingual text file (one sentence a line) into ``<out_dir>/mono/<lang>.parquet``.
+
+    Lines are whitespace-normalised; empty lines and repeated sentences are left out; ``id`` is the line
+    number.
+    """
+    out_dir, path = Path(out_dir), Path(path)
+    lang = check_lang(lang)
+    if not path.is_file():
+        raise CorpusError(f"{path}: no such file")
+    build = {"source": "text", "sha256": _sha256(path)}
+    target = mono_path(out_dir, lang)
+    record = read_manifest(out_dir)["mono"].get(lang)
+    if (
+        not force
+        and record
+        and record.get("build") == build
+        and _valid_file(target, MONO_SCHEMA, record.get("count", -1))
+    ):
+        return MonoResult(lang, record["count"], record.get("stats", {}), skipped=True)
+    ids, texts, seen = [], [], set()
+    stats = {"lines": 0, "empty": 0, "duplicates_removed": 0}
+    for n, raw in _decoded_lines(path):
+        stats["lines"] += 1
+        text = normalise(raw)
+        if not text:
+            stats["empty"] += 1
+        elif text in seen:
+            stats["duplicates_removed"] += 1
+        else:
+            seen.add(text)
+            ids.append(n)
+            texts.append(text)
+    if not texts:
+        raise CorpusError(f"{path}: no non-empty lines")
+    _write_table(target, pa.table([ids, texts], schema=MONO_SCHEMA))
+    source = {"kind": "text", "path": str(path.resolve())}
+    _update_manifest(
+        out_dir,
+        "mono",
+        lang,
+        {"build": build, "source": source, "count": len(texts), "stats": stats, "created": _now()},
+    )
+    return MonoResult(lang, len(texts), stats)
