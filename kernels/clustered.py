@@ -1,0 +1,239 @@
+"""Clustered vocabulary projection (Amer et al. 2022, Sec. 2.3), and beyond it a per-row mode.
+
+At each decoding step:
+
+1. cluster of each row, Eq. 2: ``argmin_j ||C_j||^2 - 2 h·C_j`` (norms precomputed): one small GEMM + argmin;
+2. ``mode="union"`` (the paper): union of the rows' active sets (boolean mask over N, compacted to column
+   ids), logits of those columns only, shared ids (C,);
+   ``mode="per-row"``: rows grouped by cluster, each group against its own set, per-row ids (rows, W)
+   padded with ``-inf`` (or shared ids when every row falls in one cluster), so a batch of 40 rows does
+   not pay for the union of 40 sets;
+3. optionally an estimate of the probability mass of the columns not computed
+   (``ProjectionOutput.log_inactive_mass``), so beam scores stay comparable across hypotheses.
+
+Always-active ids (EOS, language tags) are added to every cluster's set at load time.
+
+Backends, chosen once in ``__init__`` from the weight's device (STYLE habit 3):
+
+- ``torch`` (CPU and CUDA): ``clustered_ops``, also the oracle of the CuPy kernels. On CPU the contiguous
+  sub-matrix ``W[set_c]`` of the most-populated clusters is cached (``cache_mb``), so a row whose cluster
+  is cached costs one small GEMV with no gather: that is what makes batch-1 decoding fast on CPU.
+- ``cupy`` (CUDA, fp16/bf16, sm_80+, d % 32 == 0): mask/compaction kernels and a fused gather-GEMM on tensor
+  cores (``cupy_ops``), reading only the active rows of W once. CuPy is imported only then.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from fastvocab.artifacts_schema.cluster_map import ClusterMap, load_cluster_map
+from fastvocab.artifacts_schema.errors import ArtifactError
+from fastvocab.kernels import clustered_ops as ops
+from fastvocab.kernels.base import Projection, ProjectionOutput, register
+
+log = logging.getLogger(__name__)
+
+MODES = ("union", "per-row")
+INACTIVE_MASS = ("none", "centroid", "moments")
+BACKENDS = ("auto", "torch", "cupy")
+# Cached sub-matrices on CPU by default (MB). Measured on 2 cores (benchmarks/README.md): a cached cluster
+# turns the per-step gather (a copy of the active rows) into a plain GEMV, 2-10x faster at 1-2 rows.
+DEFAULT_CPU_CACHE_MB = 512.0
+
+
+def _choice(name: str, value: str, valid: Sequence[str]) -> str:
+    if value not in valid:
+        raise ValueError(f"{name} must be one of {', '.join(valid)}; got {value!r}")
+    return value
+
+
+@register("clustered")
+class ClusteredProjection(Projection):
+    """Clustered output layer over a cluster map built for this model (refuses any other map).
+
+    Options: ``cluster_map`` (a :class:`ClusterMap` or a map folder), ``mode`` (union | per-row),
+    ``min_count`` (drop (cluster, id) pairs predicted fewer times), ``inactive_mass`` (none | centroid |
+    moments), ``backend`` (auto | torch | cupy), ``cache_mb`` (cached per-cluster sub-matrices; None = 512 on
+    CPU, 0 on CUDA).
+    """
+
+    def __init__(
+        self,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+        *,
+        always_active: Sequence[int] = (),
+        cluster_map: ClusterMap | str | Path,
+        mode: str = "union",
+        min_count: int = 1,
+        inactive_mass: str = "none",
+        backend: str = "auto",
+        cache_mb: float | None = None,
+    ) -> None:
+        super().__init__(weight, bias, always_active=always_active)
+        self.mode = _choice("mode", mode, MODES)
+        self.inactive_mass = _choice("inactive_mass", inactive_mass, INACTIVE_MASS)
+        _choice("backend", backend, BACKENDS)
+        if isinstance(min_count, bool) or not isinstance(min_count, int) or min_count < 1:
+            raise ValueError(f"min_count must be an integer >= 1, got {min_count!r}")
+        self.min_count = min_count
+
+        cmap = self._load_map(cluster_map)
+        self.map_manifest = cmap.manifest
+        if min_count > 1:
+            cmap = cmap.pruned(min_count)
+        self.backend = self._pick_backend(backend)
+        if cache_mb is None:
+            cache_mb = DEFAULT_CPU_CACHE_MB if self.device.type == "cpu" else 0.0
+        if cache_mb < 0:
+            raise ValueError(f"cache_mb must be >= 0, got {cache_mb}")
+        self.cache_mb = float(cache_mb)
+        if self.backend == "cupy":
+            cache_mb = 0.0  # the fused kernel reads W in place; cached blocks would only cost memory
+        self._map = ops.prepare_map(
+            cmap, self.weight, self.bias, self.always_active.tolist(), cache_bytes=int(cache_mb * 2**20)
+        )
+        self._mass = None
+        if self.inactive_mass != "none":
+            self._mass = ops.mass_tables(self._map, self.weight, self.bias)
+        if self.backend == "cupy":
+            self._indices32 = self._map.indices.to(torch.int32)  # (nnz,) what the kernels read
+        log.debug(
+            "clustered projection: r=%d, mean set %.1f ids (%.2f%% of N), backend %s, cached %.1f MB",
+            self._map.r,
+            float(np.mean(self._map.sizes)),
+            100.0 * float(np.mean(self._map.sizes)) / self.n_vocab,
+            self.backend,
+            self._map.cached_bytes / 2**20,
+        )
+
+    # ------------------------------------------------------------------ construction
+
+    def _load_map(self, cluster_map: ClusterMap | str | Path) -> ClusterMap:
+        if isinstance(cluster_map, (str, Path)):
+            cmap = load_cluster_map(cluster_map, expect_fingerprint=self.fingerprint)
+            where = str(cluster_map)
+        elif isinstance(cluster_map, ClusterMap):
+            cmap, where = cluster_map, f"cluster map {cluster_map.manifest.direction!r}"
+            if cmap.manifest.model_fingerprint != self.fingerprint:
+                raise ArtifactError(
+                    f"{where} was built for model {cmap.manifest.model_fingerprint}, "
+                    f"but the loaded model is {self.fingerprint}"
+                )
+        else:
+            raise ValueError(f"cluster_map must be a ClusterMap or a map folder, got {type(cluster_map)}")
+        m = cmap.manifest
+        if (m.n_vocab, m.d) != (self.n_vocab, self.d) or cmap.centroids.shape[1] != self.d:
+            raise ArtifactError(
+                f"{where} has N={m.n_vocab}, d={m.d}; "
+                f"the model's output layer has N={self.n_vocab}, d={self.d}"
+            )
+        return cmap
+
+    def _pick_backend(self, backend: str) -> str:
+        if self.device.type != "cuda":
+            if backend == "cupy":
+                raise ValueError(f"backend 'cupy' needs a CUDA device; the weight is on {self.device}")
+            return "torch"
+        if backend == "torch":
+            return "torch"
+        reason = _cupy_unsupported(self.weight)
+        if reason is None:
+            return "cupy"
+        if backend == "cupy":
+            raise ValueError(f"backend 'cupy' is not usable here: {reason}")
+        log.info("clustered projection: torch CUDA backend (%s)", reason)
+        return "torch"
+
+    # ------------------------------------------------------------------ public helpers
+
+    def options(self) -> dict[str, object]:
+        m = self.map_manifest
+        return {
+            "mode": self.mode,
+            "min_count": self.min_count,
+            "inactive_mass": self.inactive_mass,
+            "backend": self.backend,
+            "map": f"{m.direction}/{m.mode}/r{m.r}/K{m.k}",
+        }
+
+    @property
+    def active_sets(self) -> list[torch.Tensor]:
+        """Each cluster's sorted vocabulary ids (always-active ids included), on the device."""
+        return list(self._map.ids)
+
+    def assign(self, h: torch.Tensor) -> torch.Tensor:
+        """Cluster of each row (Eq. 2), (rows,) int64."""
+        return ops.assign_clusters(h, self._map.centroids_t, self._map.sq_norms)
+
+    # ------------------------------------------------------------------ the step
+
+    def _project(self, h: torch.Tensor) -> ProjectionOutput:
+        rows = h.shape[0]
+        if rows == 0:
+            empty = h.new_empty((0, 0))
+            return ProjectionOutput(empty, torch.zeros(0, dtype=torch.int64, device=h.device), self.n_vocab)
+        if self.backend == "cupy":
+            logits, ids, clusters = self._project_cupy(h)
+        else:
+            clusters = self.assign(h)  # (rows,)
+            cl = clusters.tolist()
+            if self.mode == "union":
+                ids = ops.union_columns(cl, self._map.ids, self.n_vocab)  # (C,)
+                uniq = set(cl)
+                c = next(iter(uniq))
+                if len(uniq) == 1 and self._map.blocks[c] is not None:
+                    logits = ops.cluster_logits(h, self._map, c, self.weight, self.bias)
+                else:
+                    logits = ops.gathered_logits(h, self.weight, self.bias, ids)  # (rows, C)
+            else:
+                logits, ids = ops.per_row_logits(h, cl, self._map, self.weight, self.bias)
+        mass = None
+        if self._mass is not None:
+            mass = ops.inactive_log_mass(self.inactive_mass, h, logits, clusters, self.n_vocab, self._mass)
+        return ProjectionOutput(logits=logits, ids=ids, n_vocab=self.n_vocab, log_inactive_mass=mass)
+
+    def _project_cupy(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        from fastvocab.kernels import cupy_ops
+
+        pm = self._map
+        clusters = cupy_ops.assign(h.to(pm.centroids_t.dtype) @ pm.centroids_t, pm.sq_norms)  # (rows,)
+        if self.mode == "union":
+            mask = cupy_ops.mark_active(clusters, pm.indptr, self._indices32, self.n_vocab)  # (N,) uint8
+            cols32, cols64 = cupy_ops.compact(mask)  # (C,) sorted; one device->host sync for C
+            logits = cupy_ops.gather_gemm_union(h, self.weight, self.bias, cols32)  # (rows, C)
+            return logits, cols64, clusters
+        logits, ids = cupy_ops.gather_gemm_per_row(
+            h, self.weight, self.bias, clusters, pm.indptr, self._indices32, width=pm.max_size
+        )  # (rows, W) each, W = largest set of the map: static, so no host sync
+        return logits, ids, clusters
+
+
+def _cupy_unsupported(weight: torch.Tensor) -> str | None:
+    """Why the CuPy kernels cannot serve this weight (None when they can)."""
+    if weight.dtype not in (torch.float16, torch.bfloat16):
+        return f"the kernels take fp16/bf16 weights, got {weight.dtype}"
+    if weight.shape[1] % 32:
+        return f"the kernels need d % 32 == 0, got d={weight.shape[1]}"
+    major, _ = torch.cuda.get_device_capability(weight.device)
+    if major < 8:
+        return "the tensor-core kernel needs compute capability 8.0+ (mma.sync m16n8k16)"
+    try:
+        import cupy  # noqa: F401
+    except ImportError as exc:
+        return f"cupy is not installed ({exc})"
+    return None
+
+
+def inactive_mass_fraction(out: ProjectionOutput) -> torch.Tensor:
+    """Estimated probability outside the computed columns per row, (rows,); zeros without an estimate."""
+    if out.log_inactive_mass is None:
+        return torch.zeros(out.rows)
+    lse = torch.logsumexp(out.logits.float(), dim=1)
+    m = out.log_inactive_mass.float()
+    return torch.exp(m - torch.logaddexp(lse, m))

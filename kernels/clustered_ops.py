@@ -1,0 +1,301 @@
+"""Torch building blocks of the clustered projection: the CPU (and torch-CUDA) path, and the oracle that the
+CuPy kernels in ``cupy_ops`` are tested against (STYLE habit 3).
+
+Everything here is a plain function over tensors, plus :func:`prepare_map`, which turns a :class:`ClusterMap`
+into device tensors once, at construction. Nothing is cached between calls.
+
+Shapes: ``h`` (rows, d); ``weight`` (N, d), one vocabulary entry contiguous; ``bias`` (N,) or None.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from fastvocab.artifacts_schema.cluster_map import ClusterMap
+
+# ------------------------------------------------------------------------------------------- map on device
+
+
+@dataclass
+class PreparedMap:
+    """A cluster map on the projection's device, always-active ids merged into every set.
+
+    ``ids[c]`` are views into ``indices`` (no copies); ``blocks[c]`` / ``block_bias[c]`` are the cached
+    contiguous sub-matrices ``W[ids[c]]`` (None when cluster c is not cached).
+    """
+
+    centroids_t: torch.Tensor  # (d, r) in the assignment dtype: h @ centroids_t is one GEMM
+    sq_norms: torch.Tensor  # (r,) float32, +inf for clusters with an empty set (never chosen)
+    indptr: torch.Tensor  # (r+1,) int64
+    indices: torch.Tensor  # (nnz,) int64, sorted within each cluster
+    ids: list[torch.Tensor]  # r views into indices
+    sizes: list[int]  # r set sizes (always-active ids included)
+    population: np.ndarray  # (r,) member predictions per cluster (sum of counts): how often it is hit
+    blocks: list[torch.Tensor | None]
+    block_bias: list[torch.Tensor | None]
+    cached_bytes: int
+
+    @property
+    def r(self) -> int:
+        return len(self.sizes)
+
+    @property
+    def max_size(self) -> int:
+        return max(self.sizes)
+
+
+def merged_csr(
+    indptr: np.ndarray, indices: np.ndarray, n_vocab: int, always_active: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """CSR with ``always_active`` added to every cluster's set; ids sorted and unique within each cluster."""
+    r = len(indptr) - 1
+    cluster_of = np.repeat(np.arange(r, dtype=np.int64), np.diff(indptr))
+    keys = cluster_of * n_vocab + indices.astype(np.int64)  # sorted when the map's ids are sorted
+    if always_active.size:
+        extra = (np.arange(r, dtype=np.int64)[:, None] * n_vocab + always_active[None, :]).reshape(-1)
+        keys = np.concatenate([keys, extra])
+    keys = np.unique(keys)  # sorts, drops the always-active ids a set already had
+    sizes = np.bincount(keys // n_vocab, minlength=r)
+    out_ptr = np.zeros(r + 1, dtype=np.int64)
+    np.cumsum(sizes, out=out_ptr[1:])
+    return out_ptr, keys % n_vocab
+
+
+def assignment_dtype(device: torch.device, dtype: torch.dtype) -> torch.dtype:
+    """Centroid GEMM dtype: float32 on CPU and for bf16 (3 significant digits would flip near-ties); the
+    weight dtype for fp16/fp32 on CUDA (halves the centroid bytes read per step)."""
+    if device.type == "cpu" or dtype == torch.bfloat16:
+        return torch.float32
+    return dtype
+
+
+def prepare_map(
+    cmap: ClusterMap,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    always_active: Sequence[int],
+    *,
+    cache_bytes: int = 0,
+) -> PreparedMap:
+    """Move a (pruned) map to ``weight``'s device; cache per-cluster sub-matrices up to ``cache_bytes``.
+
+    Clusters are cached most-populated first (the sum of their counts: how many member predictions fell in
+    them), so the clusters decoding hits most often skip the gather.
+    """
+    device, n_vocab = weight.device, weight.shape[0]
+    aa = np.asarray(sorted({int(i) for i in always_active}), dtype=np.int64)
+    indptr, indices = merged_csr(cmap.indptr, cmap.indices, n_vocab, aa)
+    sizes = np.diff(indptr)
+    if not sizes.any():
+        raise ValueError("every cluster of the map has an empty active set (after min_count pruning)")
+    cum = np.concatenate([[0], np.cumsum(np.asarray(cmap.counts, dtype=np.int64))])
+    population = np.diff(cum[cmap.indptr])
+
+    sq = np.asarray(cmap.centroid_sq_norms, dtype=np.float32).copy()
+    sq[sizes == 0] = np.inf  # a cluster with nothing to compute is never chosen
+    adt = assignment_dtype(device, weight.dtype)
+    centroids_t = torch.from_numpy(np.ascontiguousarray(cmap.centroids.T)).to(device=device, dtype=adt)
+    indices_t = torch.from_numpy(indices).to(device)
+    ids = [indices_t[indptr[c] : indptr[c + 1]] for c in range(len(sizes))]
+
+    blocks: list[torch.Tensor | None] = [None] * len(sizes)
+    block_bias: list[torch.Tensor | None] = [None] * len(sizes)
+    row_bytes = weight.shape[1] * weight.element_size()
+    chosen, used = [], 0
+    for c in np.argsort(-population, kind="stable"):
+        need = int(sizes[c]) * row_bytes
+        if sizes[c] and used + need <= cache_bytes:
+            chosen.append(int(c))
+            used += need
+    if chosen:
+        flat = torch.cat([ids[c] for c in chosen])
+        store = weight.index_select(0, flat)  # (sum of cached sizes, d): one allocation, views per cluster
+        store_b = None if bias is None else bias.index_select(0, flat)
+        pos = 0
+        for c in chosen:
+            n = int(sizes[c])
+            blocks[c] = store[pos : pos + n]
+            block_bias[c] = None if store_b is None else store_b[pos : pos + n]
+            pos += n
+    return PreparedMap(
+        centroids_t=centroids_t,
+        sq_norms=torch.from_numpy(sq).to(device),
+        indptr=torch.from_numpy(indptr).to(device),
+        indices=indices_t,
+        ids=ids,
+        sizes=[int(s) for s in sizes],
+        population=population,
+        blocks=blocks,
+        block_bias=block_bias,
+        cached_bytes=used,
+    )
+
+
+# ------------------------------------------------------------------------------------------- the steps
+
+
+def assign_clusters(h: torch.Tensor, centroids_t: torch.Tensor, sq_norms: torch.Tensor) -> torch.Tensor:
+    """Eq. 2 of Amer et al.: ``argmin_j ||C_j||^2 - 2 h·C_j`` per row, (rows,) int64 (ties: lowest j).
+
+    ``||h||^2`` is the same for every j and is left out. The GEMM runs in ``centroids_t``'s dtype, the
+    subtraction in float32 (the CuPy ``assign`` kernel does exactly this on the same GEMM output).
+    """
+    dots = h.to(centroids_t.dtype) @ centroids_t  # (rows, r)
+    return (sq_norms - 2.0 * dots.float()).argmin(dim=1)
+
+
+def union_columns(clusters: Sequence[int], ids: Sequence[torch.Tensor], n_vocab: int) -> torch.Tensor:
+    """Sorted union of the rows' active sets, (C,) int64: boolean mask over N, then compaction."""
+    uniq = sorted(set(clusters))
+    if len(uniq) == 1:
+        return ids[uniq[0]]  # already sorted and unique
+    first = ids[uniq[0]]
+    mask = torch.zeros(n_vocab, dtype=torch.bool, device=first.device)
+    mask[torch.cat([ids[c] for c in uniq])] = True
+    return mask.nonzero().squeeze(1)
+
+
+def gathered_logits(
+    h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, cols: torch.Tensor
+) -> torch.Tensor:
+    """Logits of columns ``cols`` only, (rows, C): copy the active rows of W, then one GEMM."""
+    w = weight.index_select(0, cols)  # (C, d)
+    b = None if bias is None else bias.index_select(0, cols)
+    return F.linear(h, w, b)
+
+
+def cluster_logits(
+    h: torch.Tensor, pm: PreparedMap, c: int, weight: torch.Tensor, bias: torch.Tensor | None
+) -> torch.Tensor:
+    """Logits of rows ``h`` (all in cluster ``c``) over the cluster's own set, (rows, size_c)."""
+    block = pm.blocks[c]
+    if block is not None:
+        return F.linear(h, block, pm.block_bias[c])  # contiguous cached block: no gather
+    return gathered_logits(h, weight, bias, pm.ids[c])
+
+
+def group_rows(clusters: Sequence[int]) -> dict[int, list[int]]:
+    """Rows by cluster, clusters ascending, rows ascending within a cluster."""
+    groups: dict[int, list[int]] = {}
+    for row, c in enumerate(clusters):
+        groups.setdefault(int(c), []).append(row)
+    return dict(sorted(groups.items()))
+
+
+def per_row_logits(
+    h: torch.Tensor,
+    clusters: Sequence[int],
+    pm: PreparedMap,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row against its own cluster's set: rows grouped by cluster, one GEMM per group.
+
+    Returns ``(logits, ids)``: (rows, C) and shared ids (C,) when every row is in one cluster; otherwise
+    (rows, W) and per-row ids (rows, W) with W the largest set among the rows' clusters, padding positions
+    holding ``-inf`` and repeating the row's first id.
+    """
+    groups = group_rows(clusters)
+    if len(groups) == 1:
+        c = next(iter(groups))
+        return cluster_logits(h, pm, c, weight, bias), pm.ids[c]
+    rows = h.shape[0]
+    width = max(pm.sizes[c] for c in groups)
+    logits = h.new_full((rows, width), -math.inf)  # (rows, W)
+    ids = torch.empty((rows, width), dtype=torch.int64, device=h.device)  # (rows, W)
+    for c, members in groups.items():
+        n = pm.sizes[c]
+        if len(members) == members[-1] - members[0] + 1:  # consecutive rows (beams of one sentence)
+            sel: slice | torch.Tensor = slice(members[0], members[-1] + 1)
+        else:
+            sel = torch.tensor(members, dtype=torch.int64, device=h.device)
+        logits[sel, :n] = cluster_logits(h[sel], pm, c, weight, bias)
+        ids[sel, :n] = pm.ids[c]
+        if n < width:
+            ids[sel, n:] = pm.ids[c][:1]
+    return logits, ids
+
+
+# ------------------------------------------------------------------------------------------- inactive mass
+
+
+@dataclass
+class MassTables:
+    """Per-cluster statistics of the columns outside each set, from the centroid's full logits.
+
+    ``log_ratio[c]`` = logsumexp over inactive columns - logsumexp over active columns of ``z(C_c)``;
+    ``excess[c]`` = logsumexp over inactive columns - their mean - log(their count), for ``z(C_c)``: how far
+    the inactive tail sits above a flat distribution at its mean; ``w_sum`` (d,) and ``b_sum``: the sums of
+    all rows of W and of b, so the exact mean of a row's inactive logits costs one dot product.
+    """
+
+    log_ratio: torch.Tensor  # (r,) float32
+    excess: torch.Tensor  # (r,) float32
+    w_sum: torch.Tensor  # (d,) float32
+    b_sum: float
+
+
+def mass_tables(
+    pm: PreparedMap, weight: torch.Tensor, bias: torch.Tensor | None, chunk_bytes: int = 1 << 28
+) -> MassTables:
+    """Precompute :class:`MassTables` once at load time: z(C_c) = W C_c + b for every centroid, in chunks."""
+    n_vocab = weight.shape[0]
+    device = weight.device
+    cent = pm.centroids_t.T.to(weight.dtype)  # (r, d)
+    r = cent.shape[0]
+    log_ratio = torch.zeros(r, dtype=torch.float32, device=device)
+    excess = torch.zeros(r, dtype=torch.float32, device=device)
+    step = max(1, chunk_bytes // (4 * n_vocab))
+    sizes = torch.tensor(pm.sizes, dtype=torch.int64, device=device)
+    for lo in range(0, r, step):
+        hi = min(r, lo + step)
+        z = F.linear(cent[lo:hi], weight, bias).float()  # (chunk, N)
+        active = torch.zeros_like(z, dtype=torch.bool)
+        seg = torch.repeat_interleave(torch.arange(hi - lo, device=device), sizes[lo:hi])
+        active[seg, pm.indices[pm.indptr[lo] : pm.indptr[hi]]] = True
+        lse_a = torch.logsumexp(z.masked_fill(~active, -math.inf), dim=1)
+        lse_i = torch.logsumexp(z.masked_fill(active, -math.inf), dim=1)
+        log_ratio[lo:hi] = lse_i - lse_a
+        n_i = (~active).sum(dim=1).clamp(min=1).float()
+        mean = z.masked_fill(active, 0.0).sum(dim=1) / n_i
+        excess[lo:hi] = torch.where(n_i < n_vocab, lse_i - mean - torch.log(n_i), 0.0)
+    w_sum = weight.float().sum(dim=0)
+    b_sum = 0.0 if bias is None else float(bias.double().sum())
+    return MassTables(log_ratio=log_ratio, excess=excess, w_sum=w_sum, b_sum=b_sum)
+
+
+def inactive_log_mass(
+    method: str,
+    h: torch.Tensor,
+    logits: torch.Tensor,
+    clusters: torch.Tensor,
+    n_vocab: int,
+    tables: MassTables,
+) -> torch.Tensor:
+    """Estimate of ``logsumexp`` over the columns a row did not compute, (rows,) float32.
+
+    - ``centroid``: the row's own logsumexp shifted by the centroid's inactive/active log ratio.
+    - ``moments``: ``log n_I + mean_I(h) + excess_c``, where the mean of the row's inactive logits is exact
+      (``h·sum(W) + sum(b)`` minus the computed logits, over ``n_I``) and the excess of the tail over its
+      mean is the centroid's. It follows the row's own logit level, which ``centroid`` ties to the active
+      columns.
+    """
+    z = logits.float()  # (rows, C); padding is -inf
+    if method == "centroid":
+        return torch.logsumexp(z, dim=1) + tables.log_ratio[clusters]
+    if method == "moments":
+        finite = torch.isfinite(z)
+        n_c = finite.sum(dim=1)  # (rows,)
+        s_c = z.masked_fill(~finite, 0.0).sum(dim=1)
+        total = h.float() @ tables.w_sum + tables.b_sum  # (rows,) sum of all N logits, exactly
+        n_i = (n_vocab - n_c).float()
+        mean = (total - s_c) / n_i.clamp(min=1.0)
+        est = torch.log(n_i.clamp(min=1.0)) + mean + tables.excess[clusters]
+        return torch.where(n_i > 0, est, torch.full_like(est, -math.inf))
+    raise ValueError(f"unknown inactive-mass estimator {method!r}")

@@ -1,0 +1,517 @@
+"""Clustered projection (Amer et al. Sec. 2.3) on CPU: the paper's example, exactness on the active columns,
+full-coverage maps == full decoding, refused maps, per-row vs union, always-active ids, no state between
+calls, the inactive-mass estimate. The CuPy kernels are checked against these torch paths in tests/gpu/.
+"""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from fastvocab.artifacts_schema.cluster_map import (
+    ClusterMap,
+    MapManifest,
+    active_fraction_stats,
+    save_cluster_map,
+)
+from fastvocab.artifacts_schema.errors import ArtifactError
+from fastvocab.artifacts_schema.fingerprint import projection_fingerprint
+from fastvocab.kernels import create_projection
+from fastvocab.kernels.clustered import ClusteredProjection
+from fastvocab.kernels.clustered_ops import merged_csr
+from fastvocab.tasks.maps import assign, build_active_sets, centroid_sq_norms
+from tests.conftest import synthetic_sentences
+
+# --------------------------------------------------------------------------------------------------- helpers
+
+
+def fingerprint(weight: torch.Tensor, bias: torch.Tensor | None) -> str:
+    b = None if bias is None else bias.float().numpy()
+    return projection_fingerprint(weight.float().numpy(), b)
+
+
+def map_from_sets(
+    centroids: np.ndarray, sets: list[list[int]], n_vocab: int, fp: str, counts: list[list[int]] | None = None
+) -> ClusterMap:
+    """A ClusterMap from explicit centroids and active sets (ids sorted per cluster)."""
+    sets = [sorted(s) for s in sets]
+    indptr = np.zeros(len(sets) + 1, dtype=np.int64)
+    np.cumsum([len(s) for s in sets], out=indptr[1:])
+    indices = np.array([i for s in sets for i in s], dtype=np.int32)
+    cnt = (
+        np.ones(len(indices), np.int32)
+        if counts is None
+        else np.array([n for c in counts for n in c], np.int32)
+    )
+    c = np.asarray(centroids, dtype=np.float32)
+    manifest = MapManifest(
+        model_fingerprint=fp,
+        direction="en-it",
+        mode="direction",
+        r=len(sets),
+        k=3,
+        d=c.shape[1],
+        n_vocab=n_vocab,
+        niter=0,
+        seed=0,
+        states_used=0,
+        active_fraction=active_fraction_stats(indptr, n_vocab),
+    )
+    return ClusterMap(manifest, c, centroid_sq_norms(c), indptr, indices, cnt)
+
+
+def map_from_states(states: np.ndarray, topk: np.ndarray, r: int, n_vocab: int, fp: str, seed: int = 0):
+    """Centroids = r sampled states (no k-means needed for a test), sets from the members' top-K ids."""
+    rng = np.random.default_rng(seed)
+    centroids = states[rng.choice(len(states), r, replace=False)].astype(np.float32)
+    cluster_ids = assign(states, centroids)
+    indptr, indices, counts = build_active_sets(cluster_ids, topk, r, n_vocab)
+    sets = [indices[indptr[c] : indptr[c + 1]].tolist() for c in range(r)]
+    cnts = [counts[indptr[c] : indptr[c + 1]].tolist() for c in range(r)]
+    return map_from_sets(centroids, sets, n_vocab, fp, cnts)
+
+
+def random_layer(n_vocab=300, d=16, seed=0, dtype=torch.float32, bias=True):
+    g = torch.Generator().manual_seed(seed)
+    w = torch.randn(n_vocab, d, generator=g).to(dtype)
+    b = torch.randn(n_vocab, generator=g).to(dtype) if bias else None
+    return w, b
+
+
+def random_map(w, b, r=12, size=30, seed=0, extra_empty=0):
+    rng = np.random.default_rng(seed)
+    n_vocab, d = w.shape
+    centroids = 3.0 * rng.standard_normal((r + extra_empty, d))
+    sets = [rng.choice(n_vocab, size, replace=False).tolist() for _ in range(r)] + [[]] * extra_empty
+    return map_from_sets(centroids, sets, n_vocab, fingerprint(w, b))
+
+
+def rows_near(cmap: ClusterMap, clusters: list[int], noise=0.05, seed=0, dtype=torch.float32):
+    rng = np.random.default_rng(seed)
+    h = cmap.centroids[clusters] + noise * rng.standard_normal((len(clusters), cmap.centroids.shape[1]))
+    return torch.from_numpy(h.astype(np.float32)).to(dtype)
+
+
+def own_set(proj: ClusteredProjection, c: int) -> set[int]:
+    return set(proj.active_sets[c].tolist())
+
+
+MODES = ["union", "per-row"]
+
+
+# --------------------------------------------------------------------------------------- the paper's example
+
+
+def paper_case():
+    """Clusters 0, 1, 2 with active sets {2,4,6}, {2,8,9}, {1,3} over a vocabulary of 10 (Sec. 2.3)."""
+    d, n_vocab = 4, 10
+    w, b = random_layer(n_vocab, d, seed=1)
+    centroids = 10.0 * np.eye(3, d)  # far apart: row i lands in cluster i
+    cmap = map_from_sets(centroids, [[2, 4, 6], [2, 8, 9], [1, 3]], n_vocab, fingerprint(w, b))
+    h = torch.from_numpy(centroids.astype(np.float32))  # (3, d), one row per cluster
+    return w, b, cmap, h
+
+
+def test_paper_example_union_columns_and_logits():
+    w, b, cmap, h = paper_case()
+    proj = create_projection("clustered", w, b, cluster_map=cmap, mode="union")
+    assert proj.assign(h).tolist() == [0, 1, 2]
+    out = proj(h)
+    assert out.ids.tolist() == [1, 2, 3, 4, 6, 8, 9]  # the paper's reduced column set
+    mask = torch.zeros(10, dtype=torch.bool)
+    mask[out.ids] = True
+    assert mask.int().tolist() == [0, 1, 1, 1, 1, 0, 1, 0, 1, 1]  # the paper's boolean list
+    full = torch.nn.functional.linear(h, w, b)
+    torch.testing.assert_close(out.logits, full[:, out.ids], rtol=0, atol=1e-6)
+    dense = out.dense()
+    assert torch.isinf(dense[:, [0, 5, 7]]).all() and (dense[:, [0, 5, 7]] < 0).all()
+
+
+def test_paper_example_per_row_sets():
+    w, b, cmap, h = paper_case()
+    out = create_projection("clustered", w, b, cluster_map=cmap, mode="per-row")(h)
+    assert out.ids.shape == (3, 3) and out.logits.shape == (3, 3)
+    dense = out.dense()
+    got = [set(torch.isfinite(dense[i]).nonzero().squeeze(1).tolist()) for i in range(3)]
+    assert got == [{2, 4, 6}, {2, 8, 9}, {1, 3}]
+    assert out.active_columns().tolist() == [3, 3, 2]
+    assert torch.isinf(out.logits[2, 2]) and out.ids[2, 2].item() in (1, 3)  # padding repeats a valid id
+    full = torch.nn.functional.linear(h, w, b)
+    fin = torch.isfinite(dense)
+    torch.testing.assert_close(dense[fin], full[fin], rtol=0, atol=1e-6)
+
+
+def test_merged_csr_adds_always_active_once():
+    indptr = np.array([0, 3, 6, 8], dtype=np.int64)
+    indices = np.array([2, 4, 6, 2, 8, 9, 1, 3], dtype=np.int32)
+    ptr, ids = merged_csr(indptr, indices, 10, np.array([2, 5], dtype=np.int64))
+    sets = [ids[ptr[c] : ptr[c + 1]].tolist() for c in range(3)]
+    assert sets == [[2, 4, 5, 6], [2, 5, 8, 9], [1, 2, 3, 5]]
+
+
+# ------------------------------------------------------------------------------------------------- exactness
+
+
+TOL = {torch.float32: dict(rtol=1e-5, atol=1e-5), torch.bfloat16: dict(rtol=2e-2, atol=5e-2)}
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("cache_mb", [0.0, None])
+def test_logits_equal_full_on_active_columns_and_neg_inf_elsewhere(mode, dtype, cache_mb):
+    w, b = random_layer(dtype=dtype)
+    cmap = random_map(w, b)
+    proj = create_projection("clustered", w, b, cluster_map=cmap, mode=mode, cache_mb=cache_mb)
+    clusters = [0, 0, 3, 7, 3, 11, 5]
+    h = rows_near(cmap, clusters, dtype=dtype)
+    assert proj.assign(h).tolist() == clusters
+    out = proj(h)
+    dense = out.dense()  # (rows, N)
+    full = torch.nn.functional.linear(h, w, b)
+    computed = torch.isfinite(dense)
+    for i, c in enumerate(clusters):
+        expect = own_set(proj, c) if mode == "per-row" else set().union(*(own_set(proj, k) for k in clusters))
+        assert set(computed[i].nonzero().squeeze(1).tolist()) == expect
+    assert (dense[~computed] == -math.inf).all()
+    torch.testing.assert_close(dense[computed].float(), full[computed].float(), **TOL[dtype])
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_no_bias_model(bias):
+    w, b = random_layer(bias=bias)
+    cmap = random_map(w, b)
+    h = rows_near(cmap, [1, 2])
+    out = create_projection("clustered", w, b, cluster_map=cmap)(h)
+    full = torch.nn.functional.linear(h, w, b)
+    torch.testing.assert_close(out.logits, full[:, out.ids])
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_per_row_equals_union_on_each_rows_own_columns(mode):
+    w, b = random_layer(seed=3)
+    cmap = random_map(w, b, seed=3)
+    clusters = [4, 4, 9, 1, 0, 9]
+    h = rows_near(cmap, clusters, seed=3)
+    union = create_projection("clustered", w, b, cluster_map=cmap, mode="union")(h).dense()
+    per_row = create_projection("clustered", w, b, cluster_map=cmap, mode="per-row")(h).dense()
+    own = torch.isfinite(per_row)
+    assert (torch.isfinite(union) | ~own).all()  # a row's own set lies within the union
+    torch.testing.assert_close(per_row[own], union[own], rtol=1e-5, atol=1e-5)
+    assert own.sum() < torch.isfinite(union).sum()  # and per-row computes less
+
+
+def test_rows_in_one_cluster_share_ids_in_both_modes():
+    w, b = random_layer()
+    cmap = random_map(w, b)
+    h = rows_near(cmap, [5, 5, 5])
+    for mode in MODES:
+        out = create_projection("clustered", w, b, cluster_map=cmap, mode=mode)(h)
+        assert out.ids.dim() == 1 and out.logits.shape == (3, out.ids.numel())
+
+
+def test_cached_and_gathered_paths_agree():
+    w, b = random_layer()
+    cmap = random_map(w, b)
+    h = rows_near(cmap, [2, 2, 6, 8])
+    for mode in MODES:
+        cached = create_projection("clustered", w, b, cluster_map=cmap, mode=mode, cache_mb=64)
+        plain = create_projection("clustered", w, b, cluster_map=cmap, mode=mode, cache_mb=0)
+        assert cached._map.cached_bytes > 0 and plain._map.cached_bytes == 0
+        a, c = cached(h), plain(h)
+        torch.testing.assert_close(a.dense(), c.dense(), rtol=1e-6, atol=1e-6)
+
+
+def test_cache_cap_keeps_most_populated_clusters():
+    w, b = random_layer(d=16)
+    rng = np.random.default_rng(0)
+    sets = [rng.choice(300, 20, replace=False).tolist() for _ in range(4)]
+    counts = [[1] * 20, [9] * 20, [5] * 20, [2] * 20]  # populations 20, 180, 100, 40
+    cmap = map_from_sets(rng.standard_normal((4, 16)), sets, 300, fingerprint(w, b), counts)
+    two_blocks = 2 * 20 * 16 * 4 / 2**20  # MB
+    proj = create_projection("clustered", w, b, cluster_map=cmap, cache_mb=two_blocks)
+    assert [blk is not None for blk in proj._map.blocks] == [False, True, True, False]
+
+
+# ------------------------------------------------------------------------------------ maps refused / options
+
+
+def test_mismatched_fingerprint_is_refused(tmp_path):
+    w, b = random_layer()
+    other_w, _ = random_layer(seed=9)
+    cmap = random_map(other_w, b)  # built for another model
+    with pytest.raises(ArtifactError, match=r"was built for model .* but the loaded model is"):
+        create_projection("clustered", w, b, cluster_map=cmap)
+    save_cluster_map(cmap, tmp_path / "en-it")
+    with pytest.raises(ArtifactError, match="was built for model"):
+        create_projection("clustered", w, b, cluster_map=tmp_path / "en-it")
+
+
+def test_map_folder_loads_and_missing_folder_is_an_artifact_error(tmp_path):
+    w, b = random_layer()
+    cmap = random_map(w, b)
+    save_cluster_map(cmap, tmp_path / "en-it")
+    h = rows_near(cmap, [3])
+    a = create_projection("clustered", w, b, cluster_map=tmp_path / "en-it")(h)
+    c = create_projection("clustered", w, b, cluster_map=cmap)(h)
+    assert torch.equal(a.ids, c.ids) and torch.equal(a.logits, c.logits)
+    with pytest.raises(ArtifactError, match="no cluster map"):
+        create_projection("clustered", w, b, cluster_map=tmp_path / "nowhere")
+
+
+@pytest.mark.parametrize(
+    "options,match",
+    [
+        ({"mode": "rows"}, "mode must be one of union, per-row"),
+        ({"inactive_mass": "guess"}, "inactive_mass must be one of none, centroid, moments"),
+        ({"backend": "tpu"}, "backend must be one of auto, torch, cupy"),
+        ({"backend": "cupy"}, "needs a CUDA device"),
+        ({"min_count": 0}, "min_count must be an integer >= 1"),
+        ({"cache_mb": -1}, "cache_mb must be >= 0"),
+        ({"centroids": 3}, "bad options for method 'clustered'"),
+    ],
+)
+def test_bad_options_fail_loudly(options, match):
+    w, b = random_layer()
+    with pytest.raises(ValueError, match=match):
+        create_projection("clustered", w, b, cluster_map=random_map(w, b), **options)
+
+
+def test_signature_names_mode_and_map():
+    w, b = random_layer()
+    proj = create_projection("clustered", w, b, cluster_map=random_map(w, b), mode="per-row")
+    sig = proj.signature()
+    assert (
+        sig.startswith("method:clustered|") and "mode:per-row" in sig and "map:en-it/direction/r12/K3" in sig
+    )
+    assert proj.backend == "torch"
+
+
+def test_min_count_prunes_rare_ids_but_keeps_always_active():
+    w, b = random_layer()
+    sets = [[1, 5, 9, 20], [2, 6]]
+    counts = [[3, 1, 2, 1], [1, 4]]
+    cmap = map_from_sets(np.eye(2, 16) * 5, sets, 300, fingerprint(w, b), counts)
+    proj = create_projection("clustered", w, b, cluster_map=cmap, min_count=2, always_active=[20, 2])
+    assert [s.tolist() for s in proj.active_sets] == [[1, 2, 9, 20], [2, 6, 20]]
+
+
+def test_empty_cluster_is_never_chosen():
+    w, b = random_layer()
+    cmap = random_map(w, b, r=3, extra_empty=1)  # cluster 3: empty set
+    h = rows_near(cmap, [3, 3])  # right on the empty cluster's centroid
+    proj = create_projection("clustered", w, b, cluster_map=cmap)
+    assert 3 not in proj.assign(h).tolist()
+    assert proj(h).ids.numel() > 0
+
+
+def test_core_imports_and_runs_without_cupy():
+    code = (
+        "import sys\n"
+        "class Block:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name == 'cupy' or name.startswith('cupy.'):\n"
+        "            raise ImportError('cupy blocked for this test')\n"
+        "sys.meta_path.insert(0, Block())\n"
+        "import torch\n"
+        "from fastvocab.kernels import create_projection, available_projections\n"
+        "from fastvocab.kernels.clustered import ClusteredProjection\n"
+        "assert 'clustered' in available_projections()\n"
+        "assert 'cupy' not in sys.modules\n"
+        "print('ok')\n"
+    )
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == "ok"
+
+
+# --------------------------------------------------------------------------------------------- always active
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_always_active_ids_are_computed_for_every_row_and_can_win(mode):
+    w, b = random_layer()
+    cmap = random_map(w, b)
+    clusters = [0, 4, 9]
+    h = rows_near(cmap, clusters)
+    eos, tags = 2, [250, 251]
+    for c in clusters:
+        assert eos not in cmap.active_ids(c).tolist()
+    w2 = w.clone()
+    w2[eos] = 50.0 * h[1] / h[1].norm()  # EOS dominates row 1
+    fp2 = fingerprint(w2, b)
+    cmap2 = map_from_sets(cmap.centroids, [cmap.active_ids(c).tolist() for c in range(12)], 300, fp2)
+    proj = create_projection("clustered", w2, b, cluster_map=cmap2, mode=mode, always_active=[eos, *tags])
+    out = proj(h)
+    dense = out.dense()
+    assert torch.isfinite(dense[:, [eos, *tags]]).all()
+    _, top = out.topk(1)
+    assert top[1, 0].item() == eos
+
+
+# ------------------------------------------------------------------------------------ no state between calls
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("cache_mb", [0.0, None])
+def test_consecutive_batches_equal_fresh_objects(mode, cache_mb):
+    w, b = random_layer()
+    cmap = random_map(w, b)
+    batches = [rows_near(cmap, cl, seed=i) for i, cl in enumerate([[0, 1], [5, 5, 6], [11], [2, 3, 4, 7]])]
+    shared = create_projection("clustered", w, b, cluster_map=cmap, mode=mode, cache_mb=cache_mb)
+    for h in batches:
+        got = shared(h)
+        fresh = create_projection("clustered", w, b, cluster_map=cmap, mode=mode, cache_mb=cache_mb)(h)
+        assert torch.equal(got.ids, fresh.ids)
+        assert torch.equal(got.logits, fresh.logits)
+
+
+# --------------------------------------------------------------------------------------------- inactive mass
+
+
+def lm_like_case(seed):
+    """Logits of a few nats' spread, each cluster's set = the top 30 ids of its centroid's logits."""
+    w, b = random_layer(seed=seed)
+    w = 0.2 * w
+    rng = np.random.default_rng(seed)
+    centroids = 3.0 * rng.standard_normal((12, 16))
+    z = torch.nn.functional.linear(torch.from_numpy(centroids).float(), w, b)
+    sets = [torch.topk(z[c], 30).indices.tolist() for c in range(12)]
+    cmap = map_from_sets(centroids, sets, 300, fingerprint(w, b))
+    return w, b, cmap, rows_near(cmap, [0, 3, 3, 8], noise=0.5, seed=seed)
+
+
+@pytest.mark.parametrize("estimator", ["centroid", "moments"])
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("seed", [0, 1])
+def test_inactive_mass_is_finite_and_takes_probability(estimator, mode, seed):
+    w, b, cmap, h = lm_like_case(seed)
+    out = create_projection("clustered", w, b, cluster_map=cmap, mode=mode, inactive_mass=estimator)(h)
+    assert out.log_inactive_mass is not None and out.log_inactive_mass.shape == (4,)
+    assert torch.isfinite(out.log_inactive_mass).all()
+    total = out.log_probs().exp().sum(dim=1)
+    assert (total < 1.0).all() and (total > 0.0).all()
+    # the estimate is of the right order: within one nat of the true inactive log-mass
+    full = torch.nn.functional.linear(h, w, b)
+    dense = out.dense()
+    true = torch.logsumexp(full.masked_fill(torch.isfinite(dense), -math.inf), dim=1)
+    assert ((out.log_inactive_mass - true).abs() < 1.0).all()
+
+
+@pytest.mark.parametrize("estimator", ["centroid", "moments"])
+def test_inactive_mass_vanishes_with_full_coverage(estimator):
+    w, b = random_layer()
+    cmap = map_from_sets(np.eye(2, 16) * 3, [list(range(300))] * 2, 300, fingerprint(w, b))
+    h = rows_near(cmap, [0, 1])
+    out = create_projection("clustered", w, b, cluster_map=cmap, inactive_mass=estimator)(h)
+    assert (out.log_inactive_mass == -math.inf).all()
+    torch.testing.assert_close(out.log_probs(), torch.log_softmax(torch.nn.functional.linear(h, w, b), -1))
+
+
+def test_no_estimate_by_default():
+    w, b = random_layer()
+    out = create_projection("clustered", w, b, cluster_map=random_map(w, b))(rows_near(random_map(w, b), [1]))
+    assert out.log_inactive_mass is None
+
+
+# ------------------------------------------------------------------------------------- decoding (tiny model)
+
+
+@pytest.fixture(scope="module")
+def adapter(tiny_model_dir):
+    from fastvocab.decoding.hf_adapter import Seq2SeqAdapter
+
+    torch.set_num_threads(1)
+    return Seq2SeqAdapter.load(tiny_model_dir)
+
+
+def decode(adapter, proj, texts, beam=1, max_len=12):
+    from fastvocab.decoding.search import beam_search, greedy_search
+
+    batch = adapter.encode_texts(texts, "en", "it")
+    if beam == 1:
+        return greedy_search(adapter, proj, batch, "en", "it", max_len=max_len)
+    return beam_search(adapter, proj, batch, "en", "it", beam=beam, max_len=max_len)
+
+
+def make(adapter, method, **options):
+    return create_projection(
+        method,
+        adapter.output_weight,
+        adapter.output_bias,
+        always_active=adapter.always_active_ids() if method != "full" else (),
+        **options,
+    )
+
+
+@pytest.fixture(scope="module")
+def sampled_map(adapter):
+    """A map from the tiny model's own states (greedy, full projection, top-3), like the pipeline's."""
+    from fastvocab.decoding.search import greedy_search
+
+    states, topk = [], []
+
+    def hook(rec):
+        states.append(rec.hidden.float().numpy())
+        topk.append(torch.topk(rec.output.logits, 3, dim=-1).indices.numpy())
+
+    full = make(adapter, "full")
+    texts = synthetic_sentences("en", 24, seed=7)
+    batch = adapter.encode_texts(texts, "en", "it")
+    greedy_search(adapter, full, batch, "en", "it", max_len=12, step_hook=hook)
+    s, t = np.concatenate(states), np.concatenate(topk)
+    cmap = map_from_states(s, t, r=8, n_vocab=adapter.n_vocab, fp=adapter.fingerprint)
+    assert cmap.active_fractions().max() < 0.5  # a real candidate-set map, not a full one
+    return cmap
+
+
+@pytest.mark.parametrize("beam", [1, 3])
+@pytest.mark.parametrize("mode", MODES)
+def test_full_coverage_map_decodes_exactly_like_full(adapter, beam, mode):
+    n = adapter.n_vocab
+    rng = np.random.default_rng(0)
+    cmap = map_from_sets(
+        rng.standard_normal((3, adapter.d_model)), [list(range(n))] * 3, n, adapter.fingerprint
+    )
+    texts = synthetic_sentences("en", 5, seed=3)
+    full = decode(adapter, make(adapter, "full"), texts, beam)
+    mass = "centroid" if beam > 1 else "none"
+    clustered = decode(
+        adapter, make(adapter, "clustered", cluster_map=cmap, mode=mode, inactive_mass=mass), texts, beam
+    )
+    assert clustered == full
+    assert any(len(s) > 0 for s in full)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_consecutive_decoding_batches_equal_fresh_projection(adapter, sampled_map, mode):
+    texts_a = synthetic_sentences("en", 4, seed=11)
+    texts_b = synthetic_sentences("en", 4, seed=12)
+    shared = make(adapter, "clustered", cluster_map=sampled_map, mode=mode)
+    seen: list[set[int]] = []
+    shared_ids = shared._project
+
+    def spy(h):
+        out = shared_ids(h)
+        seen.append(set(out.ids.reshape(-1).tolist()))
+        return out
+
+    shared._project = spy
+    decode(adapter, shared, texts_a, beam=2)
+    assert len({frozenset(s) for s in seen}) > 1  # the candidate sets did change between steps
+    got = decode(adapter, shared, texts_b, beam=2)
+    fresh = decode(adapter, make(adapter, "clustered", cluster_map=sampled_map, mode=mode), texts_b, beam=2)
+    assert got == fresh
+
+
+def test_sampled_map_decoding_matches_full_on_its_own_sentences(adapter, sampled_map):
+    """States seen at map-building time: greedy decoding with the clustered layer reproduces full softmax
+    (each state's own top-3 is in its cluster's set, so its argmax is computed)."""
+    texts = synthetic_sentences("en", 24, seed=7)[:6]
+    full = decode(adapter, make(adapter, "full"), texts)
+    for mode in MODES:
+        assert decode(adapter, make(adapter, "clustered", cluster_map=sampled_map, mode=mode), texts) == full
