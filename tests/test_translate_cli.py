@@ -261,3 +261,74 @@ def test_cli_eval(tmp_path, capsys):
     short.write_text("one line\n", encoding="utf-8")
     rc, _, err = _cli(capsys, "eval", "--hyp", str(hyp), "--ref", str(short))
     assert rc == 2 and "3 lines" in err and "1" in err and len(err.strip().splitlines()) == 1
+
+
+def _save_map(
+    adapter: Seq2SeqAdapter, root, ids_per_cluster: list[list[int]], fingerprint: str | None = None
+):
+    """A cluster map folder ``<root>/en-it`` with random centroids and the given active ids per cluster."""
+    import numpy as np
+
+    from fastvocab.artifacts_schema.cluster_map import ClusterMap, MapManifest, save_cluster_map
+
+    r = len(ids_per_cluster)
+    centroids = np.random.default_rng(0).standard_normal((r, adapter.d_model)).astype(np.float32)
+    indptr = np.concatenate([[0], np.cumsum([len(x) for x in ids_per_cluster])]).astype(np.int64)
+    indices = np.concatenate([np.asarray(sorted(x), dtype=np.int32) for x in ids_per_cluster])
+    manifest = MapManifest(
+        model_fingerprint=fingerprint or adapter.fingerprint,
+        direction="en-it",
+        mode="direction",
+        r=r,
+        k=1,
+        d=adapter.d_model,
+        n_vocab=adapter.n_vocab,
+        niter=1,
+        seed=0,
+        states_used=0,
+    )
+    cmap = ClusterMap(
+        manifest, centroids, (centroids**2).sum(1), indptr, indices, np.ones(len(indices), dtype=np.int32)
+    )
+    return save_cluster_map(cmap, root / "en-it")
+
+
+@pytest.mark.parametrize("mode", ["union", "per-row"])
+def test_cli_clustered_method(model_dir, adapter, tmp_path, capsys, mode):
+    """Every id active in every cluster: the clustered method must reproduce the full output exactly."""
+    inp = tmp_path / "in.txt"
+    inp.write_text("\n".join(_lines()) + "\n", encoding="utf-8")
+    full_out, clu_out, small_out = tmp_path / "full.txt", tmp_path / "clu.txt", tmp_path / "small.txt"
+    assert _cli(capsys, *_translate_args(model_dir, inp, full_out, "--beam", "2"))[0] == 0
+    everything = list(range(adapter.n_vocab))
+    maps = tmp_path / "maps"
+    _save_map(adapter, maps, [everything, everything, everything])
+    flags = ("--beam", "2", "--method", "clustered", "--clusters", str(maps), "--mode", mode)
+    assert _cli(capsys, *_translate_args(model_dir, inp, clu_out, *flags))[0] == 0
+    assert clu_out.read_text(encoding="utf-8") == full_out.read_text(encoding="utf-8")
+
+    # few active ids (different per cluster): outputs change, lines stay aligned, empty lines stay empty
+    small = tmp_path / "small_maps"
+    _save_map(adapter, small, [list(range(4, 40)), list(range(40, 80)), list(range(80, 120))])
+    flags = ("--method", "clustered", "--clusters", str(small), "--mode", mode)
+    assert _cli(capsys, *_translate_args(model_dir, inp, small_out, *flags))[0] == 0
+    got = small_out.read_text(encoding="utf-8").splitlines()
+    assert len(got) == len(_lines())
+    assert all(h == "" for line, h in zip(_lines(), got, strict=True) if not line.strip())
+
+
+def test_cli_clustered_refuses_foreign_or_missing_map(model_dir, adapter, tmp_path, capsys):
+    inp, out = tmp_path / "in.txt", tmp_path / "out.txt"
+    inp.write_text("the package\n", encoding="utf-8")
+    maps = tmp_path / "maps"
+    _save_map(adapter, maps, [list(range(adapter.n_vocab))], fingerprint="sha256:other:N1:d1")
+    rc, _, err = _cli(
+        capsys, *_translate_args(model_dir, inp, out, "--method", "clustered", "--clusters", str(maps))
+    )
+    assert rc == 2 and "was built for model sha256:other" in err and not out.exists()
+    rc, _, err = _cli(capsys, *_translate_args(model_dir, inp, out, "--method", "clustered"))
+    assert rc == 2 and "needs --clusters" in err and not out.exists()
+    rc, _, err = _cli(
+        capsys, *_translate_args(model_dir, inp, out, "--method", "clustered", "--clusters", str(tmp_path))
+    )
+    assert rc == 2 and "no cluster map for en-it" in err and not out.exists()
