@@ -9,7 +9,8 @@ from (``fastvocab.dump_plan`` schema metadata) so a changed sample or setting is
 
 :class:`DumpActor` is the unit of work (STYLE habit 8): model loaded once in ``__init__``, ``__call__`` maps a
 batch of columns (``sent_id``, ``text``, ``src_lang``, ``tgt_lang``) to a batch of state rows. It runs without
-Ray (tests call it directly); :func:`make_dump_worker` wraps it in a Ray actor for the pipeline.
+Ray (tests call it directly). The pipeline fans shards out as Ray tasks (:func:`dump_shard_task`) whose worker
+processes keep one DumpActor each (:func:`cached_actor`): the model is loaded once per worker.
 """
 
 from __future__ import annotations
@@ -119,10 +120,12 @@ class DumpActor:
         torch_threads: int | None = None,
     ) -> None:
         import torch
+        from transformers.utils import logging as hf_logging
 
         from fastvocab.decoding.hf_adapter import Seq2SeqAdapter
         from fastvocab.kernels import create_projection
 
+        hf_logging.disable_progress_bar()  # one bar per worker and model load is noise in the driver's log
         if torch_threads is not None:
             torch.set_num_threads(torch_threads)
         self.k = int(k)
@@ -285,24 +288,24 @@ def run_dump_shard(
     }
 
 
-def make_dump_worker(num_cpus: float = 1, num_gpus: float = 0):
-    """A Ray actor class around :class:`DumpActor` that dumps shards and streams counts (imports Ray)."""
-    import ray
+_CACHE: dict[tuple, DumpActor] = {}
 
-    @ray.remote(num_cpus=num_cpus, num_gpus=num_gpus)
-    class DumpWorker:
-        def __init__(self, model_path: str, **options: object) -> None:
-            logging.basicConfig(level=logging.INFO)
-            if num_gpus > 0:
-                options.setdefault("device", "cuda")
-            self.actor = DumpActor(model_path, **options)
 
-        def dump(self, spec: ShardSpec, states_root: str, row_group_size: int) -> dict[str, object]:
-            return run_dump_shard(self.actor, spec, Path(states_root), row_group_size)
+def cached_actor(model_path: str | Path, **options) -> DumpActor:
+    """The worker process's DumpActor for these settings, built on first use.
 
-        def stream(self, spec: ShardSpec, centroids: np.ndarray, k: int, out_path: str) -> dict[str, object]:
-            from fastvocab.tasks.stream import run_stream_shard
+    Ray reuses worker processes across tasks, so the model is loaded once per worker, not once per shard;
+    the same workers then serve the dump, streaming and (already warm) k-means and maps tasks.
+    """
+    key = (str(model_path), tuple(sorted(options.items())))
+    if key not in _CACHE:
+        _CACHE.clear()  # one model per process: a new setting replaces the old one
+        _CACHE[key] = DumpActor(model_path, **options)
+    return _CACHE[key]
 
-            return run_stream_shard(self.actor, spec, centroids, k, Path(out_path))
 
-    return DumpWorker
+def dump_shard_task(
+    model_path: str, options: dict[str, object], spec: ShardSpec, states_root: str, row_group_size: int
+) -> dict[str, object]:
+    """Ray task body: one shard, with the worker's cached model."""
+    return run_dump_shard(cached_actor(model_path, **options), spec, Path(states_root), row_group_size)

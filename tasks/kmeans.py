@@ -232,3 +232,41 @@ def load_kmeans(out_dir: str | Path) -> tuple[np.ndarray, KMeansInfo]:
     if info.format_version != KMEANS_FORMAT_VERSION:
         raise ArtifactError(f"k-means result {out_dir} has format version {info.format_version}")
     return centroids, info
+
+
+def kmeans_job(
+    files: Sequence[str],
+    out_dir: str,
+    *,
+    r: int,
+    niter: int,
+    seed: int,
+    max_points_per_centroid: int,
+    gpu: bool,
+    threads: int | None,
+    model_fingerprint: str,
+    directions: Sequence[str],
+    inputs_digest: str,
+) -> dict[str, object]:
+    """The k-means stage for one map (a Ray task in the pipeline): sample, train, save; returns the info.
+
+    The sample (at most ``r * max_points_per_centroid`` states, seeded) is what Faiss trains on, so Faiss
+    does not subsample again and memory stays bounded by the sample.
+    """
+    x, total = sample_states([Path(f) for f in files], r * max_points_per_centroid, seed)
+    centroids, info = train_kmeans(
+        x,
+        r,
+        niter=niter,
+        seed=seed,
+        max_points_per_centroid=max_points_per_centroid,
+        gpu=gpu,
+        threads=threads,
+    )
+    info.n_available = total
+    info.model_fingerprint = model_fingerprint
+    info.directions = sorted(directions)
+    info.inputs_digest = inputs_digest
+    save_kmeans(centroids, info, out_dir)
+    log.info("k-means %s: r=%d on %d of %d states in %.1f s", out_dir, r, info.n_train, total, info.seconds)
+    return asdict(info)

@@ -183,20 +183,31 @@ def count_shards(
     batch_size: int = 65536,
 ) -> ActiveSetCounter:
     """Stream record batches of hidden-state shards: assign each state, count its top-``k`` ids."""
-    if counter is None:
-        counter = ActiveSetCounter(len(centroids), n_vocab)
+    counters = {k: counter if counter is not None else ActiveSetCounter(len(centroids), n_vocab)}
+    return count_shards_by_k(files, centroids, counters, batch_size)[k]
+
+
+def count_shards_by_k(
+    files: Sequence[Path],
+    centroids: np.ndarray,
+    counters: dict[int, ActiveSetCounter],
+    batch_size: int = 65536,
+) -> dict[int, ActiveSetCounter]:
+    """Like :func:`count_shards` for several K at once (one assignment pass; K=1/3/5 as in Fig. 4)."""
     if not files:
-        return counter
+        return counters
     meta = read_shard_meta(files[0])
-    if k > meta.k:
-        raise ValueError(f"maps k={k} exceeds the K={meta.k} recorded in {files[0]}")
+    if max(counters) > meta.k:
+        raise ValueError(f"maps k={max(counters)} exceeds the K={meta.k} recorded in {files[0]}")
     norms = centroid_sq_norms(centroids)
     for batch in iter_batches(list(files), columns=["hidden", "topk_ids"], batch_size=batch_size):
         hidden = fixed_list_to_numpy(batch.column("hidden"), meta.d, np.float32)
         topk = fixed_list_to_numpy(batch.column("topk_ids"), meta.k, np.int32)
-        # top-K ids are stored best first, so the first k columns are the top-k
-        counter.add(assign(hidden, centroids, norms), topk[:, :k])
-    return counter
+        cluster_ids = assign(hidden, centroids, norms)
+        for k, counter in counters.items():
+            # top-K ids are stored best first, so the first k columns are the top-k
+            counter.add(cluster_ids, topk[:, :k])
+    return counters
 
 
 def array_digest(*arrays: np.ndarray) -> str:
@@ -284,3 +295,73 @@ def group_directions(directions: Sequence[str], mode: str) -> dict[str, list[str
             raise ValueError(f"direction must look like 'en-it', got {direction!r}")
         groups.setdefault(map_dir_name(src, tgt, mode), []).append(direction)
     return {name: sorted(dirs) for name, dirs in sorted(groups.items())}
+
+
+def maps_job(
+    files: Sequence[str],
+    stream_files: Sequence[str],
+    kmeans_dir: str,
+    out_dir: str,
+    *,
+    mode: str,
+    directions: Sequence[str],
+    k: int,
+    n_vocab: int,
+    model_fingerprint: str,
+    min_count: int = 1,
+    compare_ks: Sequence[int] = (),
+    extra: dict[str, object] | None = None,
+) -> dict[str, object]:
+    """The maps stage for one map (a Ray task in the pipeline; a plain function here).
+
+    Assigns every stored state of ``files`` to the centroids in ``kmeans_dir``, adds the streamed partial
+    counts, writes the map to ``out_dir`` (atomically) and returns its manifest and per-cluster active
+    fractions; ``compare_ks`` adds the per-cluster fractions the stored states give at other K (Fig. 4).
+    """
+    import time
+    from dataclasses import asdict
+
+    from fastvocab.artifacts_schema.cluster_map import save_cluster_map
+    from fastvocab.tasks.kmeans import load_kmeans
+    from fastvocab.tasks.stream import read_stream_counts
+
+    t0 = time.perf_counter()
+    centroids, info = load_kmeans(kmeans_dir)
+    r = len(centroids)
+    ks = sorted({k, *(c for c in compare_ks if c <= k)})
+    counters = count_shards_by_k(
+        [Path(f) for f in files], centroids, {c: ActiveSetCounter(r, n_vocab) for c in ks}
+    )
+    stored_states = counters[k].states
+    counter = counters[k]
+    for f in stream_files:
+        part = read_stream_counts(Path(f))
+        if part is None:
+            raise FileNotFoundError(f"stream counts {f} disappeared before the maps stage read them")
+        counter.merge(part)
+    cmap = make_cluster_map(
+        centroids,
+        counter,
+        model_fingerprint=model_fingerprint,
+        name=map_name(mode, directions),
+        mode=mode,
+        k=k,
+        niter=info.niter,
+        seed=info.seed,
+        min_count=min_count,
+        extra={
+            "directions": sorted(directions),
+            "stored_states": stored_states,
+            "streamed_states": counter.states - stored_states,
+            "kmeans_objective": info.final_objective,
+            **(extra or {}),
+        },
+    )
+    save_cluster_map(cmap, out_dir)
+    fractions = {
+        c: np.diff(cnt.to_csr(min_count)[0]).astype(np.float64) / n_vocab
+        for c, cnt in counters.items()
+        if c != k
+    }
+    fractions[k] = cmap.active_fractions()
+    return {"manifest": asdict(cmap.manifest), "fractions": fractions, "seconds": time.perf_counter() - t0}

@@ -20,7 +20,7 @@ import numpy as np
 
 from fastvocab.artifacts_schema.atomic import atomic_path
 from fastvocab.artifacts_schema.errors import ArtifactError
-from fastvocab.tasks.dump import DumpActor, ShardSpec
+from fastvocab.tasks.dump import DumpActor, ShardSpec, cached_actor
 from fastvocab.tasks.maps import ActiveSetCounter, array_digest, assign, centroid_sq_norms
 
 log = logging.getLogger(__name__)
@@ -100,3 +100,10 @@ def run_stream_shard(
     write_stream_counts(counter, meta, path)
     log.info("streamed %s shard %d: %d states", spec.direction, spec.index, counter.states)
     return {"direction": spec.direction, "index": spec.index, "skipped": False, "path": str(path), **metrics}
+
+
+def stream_shard_task(
+    model_path: str, options: dict[str, object], spec: ShardSpec, centroids: np.ndarray, k: int, path: str
+) -> dict[str, object]:
+    """Ray task body: stream one shard with the worker's cached model."""
+    return run_stream_shard(cached_actor(model_path, **options), spec, centroids, k, Path(path))

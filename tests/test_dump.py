@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
@@ -117,6 +119,10 @@ def test_shards_validate_resume_and_detect_corruption(actor, tmp_path):
     assert set(table.column("sent_id").to_pylist()) == {0, 1, 2}
     hidden = fixed_list_to_numpy(table.column("hidden"), actor.d, np.float32)
     assert hidden.shape[0] == table.num_rows and np.isfinite(hidden).all()
+
+    # same model, same sentences, same plan -> the same bytes (deterministic decoding and writing)
+    again = run_dump_shard(actor, specs[0], tmp_path / "again")
+    assert Path(again["path"]).read_bytes() == files[0].read_bytes()
 
     mtimes = [f.stat().st_mtime_ns for f in files]
     assert all(run_dump_shard(actor, s, tmp_path)["skipped"] for s in specs)

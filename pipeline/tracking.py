@@ -1,0 +1,242 @@
+"""MLflow logging for a pipeline run, from the driver only (Ray workers return metrics; MLflow's advice).
+
+One parent run per ``fastvocab run``; one child run (``mlflow.parentRunId``) per stage and direction (or map).
+Default store: ``sqlite:///<work_dir>/mlflow.db`` with artifacts under ``<work_dir>/mlartifacts``;
+``$MLFLOW_TRACKING_URI`` (or ``mlflow_tracking_uri`` in the config) points elsewhere, e.g. an MLflow server.
+
+The store is the run's log, not one of its outputs: a rerun that skips every stage still records a parent run
+(tagged ``fastvocab.all_skipped``) with its skipped child runs, and changes nothing else in ``work_dir``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from fastvocab import __version__
+
+log = logging.getLogger(__name__)
+
+DB_FILE = "mlflow.db"
+ARTIFACTS_DIR = "mlartifacts"
+TRACKING_FILES = (DB_FILE, ARTIFACTS_DIR)  # what a rerun may change in work_dir
+
+
+@dataclass
+class StageRecord:
+    """What one stage did for one unit (a direction, or a map); the driver logs it as a child run."""
+
+    stage: str
+    unit: str
+    status: str  # "ran" | "skipped" | "unavailable"
+    message: str = ""
+    params: dict[str, object] = field(default_factory=dict)
+    metrics: dict[str, float] = field(default_factory=dict)
+    series: dict[str, list[float]] = field(default_factory=dict)  # metric per step (k-means objective)
+    artifacts: list[Path] = field(default_factory=list)  # files to copy into the run (manifests, ...)
+    fractions: dict[int, np.ndarray] = field(default_factory=dict)  # per-cluster active fraction by K
+
+
+def tracking_uri(work_dir: Path, configured: str | None = None) -> str:
+    """Config value, else ``$MLFLOW_TRACKING_URI``, else a SQLite file in the work dir."""
+    uri = configured or os.environ.get("MLFLOW_TRACKING_URI")
+    return uri or f"sqlite:///{(Path(work_dir) / DB_FILE).resolve()}"
+
+
+def git_commit(cwd: Path | None = None) -> str:
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "--short=12", "HEAD"], cwd=cwd, capture_output=True, text=True, timeout=5
+        )
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return out.stdout.strip() if out.returncode == 0 else "unknown"
+
+
+def flatten(d: dict[str, object], prefix: str = "") -> dict[str, str]:
+    """Nested config dict -> ``{"kmeans.r": "200", ...}`` (MLflow params are strings)."""
+    out: dict[str, str] = {}
+    for key, value in d.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            out.update(flatten(value, f"{name}."))
+        else:
+            out[name] = str(value)[:500]  # MLflow's param value limit
+    return out
+
+
+def plot_active_fractions(fractions: dict[int, np.ndarray], title: str, path: Path) -> Path:
+    """Per-cluster percentage of active vocabulary columns, one series per K (Amer et al. Fig. 4), and
+    the distribution over clusters."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 3.8), gridspec_kw={"width_ratios": [2, 1]})
+    for k in sorted(fractions, reverse=True):  # largest K behind, as in the paper's figure
+        pct = 100.0 * np.asarray(fractions[k])
+        ax1.plot(
+            np.arange(len(pct)), pct, lw=0.8, label=f"K={k} (mean {pct.mean():.2f}%, max {pct.max():.2f}%)"
+        )
+        ax2.hist(pct, bins=40, alpha=0.6, label=f"K={k}")
+    ax1.set_xlabel("centroid index")
+    ax1.set_ylabel("active columns (% of vocabulary)")
+    ax1.legend(fontsize=8)
+    ax2.set_xlabel("active columns (% of vocabulary)")
+    ax2.set_ylabel("clusters")
+    ax2.legend(fontsize=8)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+class Tracker:
+    """Parent run + child runs in one MLflow experiment, through ``MlflowClient`` (no global active run)."""
+
+    def __init__(self, uri: str, experiment: str, artifact_root: Path | None = None) -> None:
+        from mlflow import MlflowClient
+
+        self.uri = uri
+        self.client = MlflowClient(tracking_uri=uri)
+        exp = self.client.get_experiment_by_name(experiment)
+        if exp is not None:
+            self.experiment_id = exp.experiment_id
+        else:
+            location = artifact_root.resolve().as_uri() if artifact_root is not None else None
+            self.experiment_id = self.client.create_experiment(experiment, artifact_location=location)
+        self.parent_id: str | None = None
+        self.children: list[str] = []
+        self._statuses: list[str] = []
+
+    @classmethod
+    def for_work_dir(cls, work_dir: Path, configured_uri: str | None, experiment: str) -> Tracker:
+        uri = tracking_uri(work_dir, configured_uri)
+        local = (
+            uri.startswith("sqlite:///")
+            and configured_uri is None
+            and "MLFLOW_TRACKING_URI" not in os.environ
+        )
+        if local:
+            Path(work_dir).mkdir(parents=True, exist_ok=True)
+        return cls(uri, experiment, Path(work_dir) / ARTIFACTS_DIR if local else None)
+
+    def start(self, run_name: str, config: dict[str, object], tags: dict[str, str]) -> str:
+        from mlflow.entities import Param
+
+        run = self.client.create_run(
+            self.experiment_id,
+            run_name=run_name,
+            tags={"fastvocab.version": __version__, "fastvocab.commit": git_commit(), **tags},
+        )
+        self.parent_id = run.info.run_id
+        params = [Param(k, v) for k, v in sorted(flatten(config).items())]
+        for i in range(0, len(params), 100):  # log_batch takes at most 100 params
+            self.client.log_batch(self.parent_id, params=params[i : i + 100])
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / "config.json"
+            path.write_text(json.dumps(config, indent=2, sort_keys=True, default=str) + "\n")
+            self.client.log_artifact(self.parent_id, str(path))
+        log.info("MLflow: run %s in %s", self.parent_id, self.uri)
+        return self.parent_id
+
+    def log_stage(self, rec: StageRecord) -> str:
+        """One child run for a stage record (skipped stages too, tagged ``fastvocab.status=skipped``)."""
+        from mlflow.entities import Metric, Param, RunTag
+
+        if self.parent_id is None:
+            raise RuntimeError("Tracker.start() must come first")
+        run = self.client.create_run(
+            self.experiment_id,
+            run_name=f"{rec.stage}:{rec.unit}",
+            tags={
+                "mlflow.parentRunId": self.parent_id,
+                "fastvocab.stage": rec.stage,
+                "fastvocab.unit": rec.unit,
+                "fastvocab.status": rec.status,
+            },
+        )
+        run_id = run.info.run_id
+        now = int(time.time() * 1000)
+        metrics = [Metric(k, float(v), now, 0) for k, v in sorted(rec.metrics.items()) if _finite(v)]
+        for name, values in rec.series.items():
+            metrics += [Metric(name, float(v), now, i) for i, v in enumerate(values) if _finite(v)]
+        params = [Param(k, str(v)[:500]) for k, v in sorted(rec.params.items())]
+        tags = [RunTag("fastvocab.message", rec.message[:5000])] if rec.message else []
+        for i in range(0, max(len(metrics), len(params), 1), 100):
+            self.client.log_batch(run_id, metrics=metrics[i : i + 100], params=params[i : i + 100], tags=tags)
+            tags = []
+        for path in rec.artifacts:
+            self.client.log_artifact(run_id, str(path))
+        if rec.fractions:
+            with tempfile.TemporaryDirectory() as tmp:
+                png = plot_active_fractions(
+                    rec.fractions,
+                    f"{rec.unit}: active vocabulary per cluster",
+                    Path(tmp) / "active_fraction.png",
+                )
+                csv = Path(tmp) / "active_fraction.csv"
+                ks = sorted(rec.fractions)
+                rows = np.column_stack(
+                    [np.arange(len(rec.fractions[ks[0]]))] + [rec.fractions[k] for k in ks]
+                )
+                np.savetxt(
+                    csv, rows, delimiter=",", header="cluster," + ",".join(f"k{k}" for k in ks), comments=""
+                )
+                self.client.log_artifact(run_id, str(png))
+                self.client.log_artifact(run_id, str(csv))
+        self.client.set_terminated(run_id, "FINISHED")
+        self.children.append(run_id)
+        self._statuses.append(rec.status)
+        return run_id
+
+    def end(self, status: str = "FINISHED", metrics: dict[str, float] | None = None) -> None:
+        from mlflow.entities import Metric
+
+        if self.parent_id is None:
+            return
+        now = int(time.time() * 1000)
+        metrics = dict(metrics or {})
+        metrics["stages_ran"] = sum(s == "ran" for s in self._statuses)
+        metrics["stages_skipped"] = sum(s == "skipped" for s in self._statuses)
+        self.client.log_batch(
+            self.parent_id,
+            metrics=[Metric(k, float(v), now, 0) for k, v in sorted(metrics.items()) if _finite(v)],
+        )
+        all_skipped = bool(self._statuses) and all(s != "ran" for s in self._statuses)
+        self.client.set_tag(self.parent_id, "fastvocab.all_skipped", str(all_skipped).lower())
+        self.client.set_terminated(self.parent_id, status)
+
+
+class NullTracker:
+    """Same interface, logs nothing (``fastvocab run --no-mlflow``)."""
+
+    parent_id = None
+    uri = "none"
+
+    def start(self, run_name: str, config: dict[str, object], tags: dict[str, str]) -> None:
+        return None
+
+    def log_stage(self, rec: StageRecord) -> None:
+        return None
+
+    def end(self, status: str = "FINISHED", metrics: dict[str, float] | None = None) -> None:
+        return None
+
+
+def _finite(v: object) -> bool:
+    try:
+        return math.isfinite(float(v))  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return False

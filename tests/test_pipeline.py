@@ -1,0 +1,202 @@
+"""End to end: ``fastvocab run`` on the tiny model with local Ray (one session for the module), 2 directions.
+
+Checks the outputs (hive-partitioned shards that validate, one map per direction with a manifest), the MLflow
+store (parent run, child runs, metrics, artifacts), resume (a rerun skips everything and changes no output
+file), determinism (same seed and data -> byte-identical centroids and maps) and a corrupt shard.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.dataset as ds
+import pyarrow.parquet as pq
+import pytest
+import yaml
+
+from fastvocab.artifacts_schema.cluster_map import load_cluster_map
+from fastvocab.artifacts_schema.corpus import CORPUS_SCHEMA, split_path
+from fastvocab.artifacts_schema.hidden_states import validate_direction
+from fastvocab.pipeline.cli import main
+from fastvocab.pipeline.config import load_config
+from fastvocab.pipeline.run import run_pipeline
+from fastvocab.pipeline.tracking import TRACKING_FILES
+from tests.conftest import synthetic_sentences
+
+DIRECTIONS = ["en-it", "it-en"]
+STAGES = "corpus,dump,kmeans,maps"
+
+
+@pytest.fixture(scope="module")
+def ray_session():
+    ray = pytest.importorskip("ray")
+    started = not ray.is_initialized()
+    if started:
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield ray
+    if started:
+        ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory, tiny_model_dir, ray_session):
+    root = tmp_path_factory.mktemp("pipeline")
+    n = 60
+    path = split_path(root / "corpus", "en", "it", "train")
+    path.parent.mkdir(parents=True)
+    table = pa.table(
+        {
+            "id": list(range(n)),
+            "doc_id": [f"d{i}" for i in range(n)],
+            "text1": synthetic_sentences("en", n, seed=1),
+            "text2": synthetic_sentences("it", n, seed=1),
+        },
+        schema=CORPUS_SCHEMA,
+    )
+    pq.write_table(table, path)
+    cfg = {
+        "work_dir": str(root / "work"),
+        "model": str(tiny_model_dir),
+        "directions": DIRECTIONS,
+        "corpus": {"out_dir": str(root / "corpus")},
+        "dump": {
+            "sentences": 40,
+            "stream_sentences": 12,
+            "k": 3,
+            "batch_size": 8,
+            "shard_sentences": 20,
+            "max_len": 8,
+            "num_workers": 2,
+        },
+        "kmeans": {"r": 8, "niter": 10, "seed": 7},
+        "maps": {"mode": "direction"},
+    }
+    cfg_path = root / "run.yaml"
+    cfg_path.write_text(yaml.safe_dump(cfg))
+    result = run_pipeline(
+        load_config(cfg_path), stages=STAGES.split(","), progress=False, log_to_driver=False
+    )
+    return cfg_path, load_config(cfg_path), result
+
+
+def output_hashes(work_dir: Path) -> dict[str, str]:
+    out = {}
+    for p in sorted(work_dir.rglob("*")):
+        rel = p.relative_to(work_dir)
+        if p.is_file() and rel.parts[0] not in TRACKING_FILES:
+            out[str(rel)] = hashlib.sha256(p.read_bytes()).hexdigest()
+    return out
+
+
+def test_first_run_writes_valid_shards_and_one_map_per_direction(setup):
+    _, cfg, result = setup
+    status = {(r.stage, r.unit): r.status for r in result.records}
+    for d in DIRECTIONS:
+        assert status[("dump", d)] == status[("kmeans", d)] == status[("maps", d)] == "ran"
+    states = cfg.work_dir / "states"
+    for d in DIRECTIONS:
+        files = validate_direction(states, d)
+        assert [f.name for f in files] == ["part-00000.parquet", "part-00001.parquet"]
+    # hive partitioning: the direction comes back as a column
+    table = ds.dataset(states, format="parquet", partitioning="hive").to_table(columns=["direction", "step"])
+    assert set(table.column("direction").to_pylist()) == set(DIRECTIONS)
+    per_direction = {d: table.filter(ds.field("direction") == d).num_rows for d in DIRECTIONS}
+    assert all(v > 0 for v in per_direction.values())
+
+    for d in DIRECTIONS:
+        cmap = load_cluster_map(cfg.work_dir / "maps" / d)
+        m = cmap.manifest
+        assert (m.direction, m.mode, m.r, m.k, m.niter, m.seed) == (d, "direction", 8, 3, 10, 7)
+        assert m.extra["stored_states"] == per_direction[d]
+        assert m.extra["streamed_states"] > 0  # 12 further sentences, counted but not stored
+        assert m.states_used == m.extra["stored_states"] + m.extra["streamed_states"]
+        frac = np.diff(cmap.indptr) / m.n_vocab
+        assert m.active_fraction["mean"] == pytest.approx(frac.mean()) and 0 < frac.max() <= 1
+        assert int(cmap.counts.sum()) == 3 * m.states_used  # every state adds its K distinct ids once
+        assert m.model_fingerprint.startswith("sha256:")
+    assert not list(cfg.work_dir.rglob("*.tmp")), "no temporary files left behind"
+
+
+def test_mlflow_parent_run_has_child_runs_metrics_and_artifacts(setup):
+    from mlflow import MlflowClient
+
+    _, cfg, result = setup
+    client = MlflowClient(result.tracking_uri)
+    assert result.tracking_uri == f"sqlite:///{cfg.work_dir.resolve() / 'mlflow.db'}"
+    parent = client.get_run(result.parent_run_id)
+    assert parent.info.status == "FINISHED"
+    assert parent.data.params["kmeans.r"] == "8" and parent.data.tags["fastvocab.all_skipped"] == "false"
+    assert [a.path for a in client.list_artifacts(parent.info.run_id)] == ["config.json"]
+    exp = parent.info.experiment_id
+    children = client.search_runs([exp], filter_string=f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
+    by_name = {r.info.run_name: r for r in children}
+    assert len(children) == len(result.records) == 4 * len(DIRECTIONS)
+
+    dump = by_name["dump:en-it"]
+    assert dump.data.metrics["states_per_s_per_worker"] > 0 and dump.data.metrics["states_dumped"] > 0
+    fingerprint = load_cluster_map(cfg.work_dir / "maps" / "en-it").manifest.model_fingerprint
+    assert dump.data.params["model_fingerprint"] == fingerprint == mp_fingerprint(by_name)
+    km = by_name["kmeans:it-en"]
+    history = client.get_metric_history(km.info.run_id, "objective_by_iteration")
+    assert 1 <= len(history) <= 10 and history[-1].value <= history[0].value
+    assert km.data.params["r"] == "8" and km.data.params["niter"] == "10"
+    mp = by_name["maps:en-it"]
+    assert 0 < mp.data.metrics["active_fraction_mean"] <= mp.data.metrics["active_fraction_max"] <= 1
+    assert mp.data.metrics["active_fraction_mean_k1"] <= mp.data.metrics["active_fraction_mean"]
+    arts = {a.path for a in client.list_artifacts(mp.info.run_id)}
+    assert {"manifest.json", "active_fraction.png", "active_fraction.csv"} <= arts
+    png = Path(client.download_artifacts(mp.info.run_id, "active_fraction.png"))
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert by_name["corpus:en-it"].data.tags["fastvocab.status"] == "skipped"  # the test wrote the corpus
+
+
+def mp_fingerprint(by_name):
+    return by_name["maps:en-it"].data.params["model_fingerprint"]
+
+
+def test_rerun_skips_everything_and_changes_no_output_file(setup, capsys):
+    cfg_path, cfg, first = setup
+    before = output_hashes(cfg.work_dir)
+    assert any(k.startswith("states/direction=en-it/") for k in before)
+    assert main(["run", str(cfg_path), "--stages", STAGES, "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert "0 ran, 8 skipped" in out
+    assert "dump      en-it skipped     2 shards valid" in out
+    assert output_hashes(cfg.work_dir) == before
+
+    from mlflow import MlflowClient
+
+    client = MlflowClient(first.tracking_uri)
+    runs = client.search_runs(
+        [client.get_run(first.parent_run_id).info.experiment_id], order_by=["start_time DESC"]
+    )
+    latest_parent = next(r for r in runs if "mlflow.parentRunId" not in r.data.tags)
+    assert latest_parent.info.run_id != first.parent_run_id
+    assert latest_parent.data.tags["fastvocab.all_skipped"] == "true"
+
+
+def test_same_seed_same_data_gives_byte_identical_centroids_and_maps(setup):
+    _, cfg, _ = setup
+    w = cfg.work_dir
+    files = [w / "kmeans" / d / "centroids.safetensors" for d in DIRECTIONS]
+    files += [w / "maps" / d / "map.safetensors" for d in DIRECTIONS]
+    before = {f: f.read_bytes() for f in files}
+    shutil.rmtree(w / "kmeans")
+    shutil.rmtree(w / "maps")
+    result = run_pipeline(cfg, stages=["kmeans", "maps"], progress=False, log_to_driver=False)
+    assert {r.status for r in result.records} == {"ran"}
+    for f, data in before.items():
+        assert f.read_bytes() == data, f
+
+
+def test_corrupt_shard_is_a_one_line_error_naming_the_file(setup, capsys):
+    cfg_path, cfg, _ = setup
+    shard = cfg.work_dir / "states" / "direction=it-en" / "part-00001.parquet"
+    shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])
+    assert main(["run", str(cfg_path), "--stages", STAGES, "--no-progress", "--no-mlflow"]) == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if "error" in line]
+    assert len(err) == 1 and str(shard) in err[0], err
