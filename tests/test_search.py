@@ -9,6 +9,7 @@ head, so the fit only moves the point where each sentence stops.
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -268,3 +269,36 @@ def test_consecutive_calls_with_different_candidate_sets(adapter):
             fresh.append(search(fresh_adapter, proj, batch, src, tgt, max_len=MAX_LEN))
         assert sequential == fresh
         assert sequential[0] != sequential[1]  # the runs really differ
+
+
+DEMO_MODEL = Path(__file__).resolve().parent.parent / "models" / "demo"
+DEMO_SOURCES = {
+    "en": [
+        "GNU C library: shared libraries",
+        "transitional package",
+        "command-line tool to convert images between many formats, with support for scripting",
+        "documentation for the Python 3 standard library",
+        "",
+        "fast, lightweight web server",
+    ],
+    "it": [
+        "libreria C GNU: librerie condivise",
+        "pacchetto di transizione",
+        "documentazione per la libreria standard di Python 3",
+        "server web veloce e leggero",
+    ],
+}
+
+
+@pytest.mark.skipif(not (DEMO_MODEL / "config.json").exists(), reason="models/demo is not built yet")
+@pytest.mark.parametrize(("src", "tgt"), [("en", "it"), ("it", "en")])
+def test_demo_model_greedy_equals_generate(src, tgt):
+    demo = Seq2SeqAdapter.load(DEMO_MODEL)
+    if src not in demo.languages or tgt not in demo.languages:
+        pytest.skip(f"the demo model has no {src}-{tgt}")
+    proj = create_projection("full", demo.output_weight, demo.output_bias)
+    texts = [t for t in DEMO_SOURCES[src] if t]
+    batch = demo.encode_texts(texts, src)
+    ours = greedy_search(demo, proj, batch, src, tgt, max_len=48)
+    assert ours == _generate(demo, batch, tgt, 48, num_beams=1)
+    assert all(ours) and any(len(s) < 48 for s in ours)  # a trained model stops by itself

@@ -104,6 +104,8 @@ def run(args: argparse.Namespace) -> int:
     from fastvocab.decoding.hf_adapter import Seq2SeqAdapter
 
     hf_logging.disable_progress_bar()  # the weights-loading bar is noise on a CLI
+    if torch.device(args.device).type == "cuda" and not torch.cuda.is_available():
+        raise UserError(f"--device {args.device}: no CUDA device is available here")
     adapter = Seq2SeqAdapter.load(args.model, device=args.device, dtype=getattr(torch, args.dtype))
     try:
         adapter.check_language(args.src_lang)
