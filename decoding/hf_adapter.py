@@ -19,6 +19,7 @@ import logging
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -50,7 +51,7 @@ class DecoderState:
     """Everything a decoder step needs besides the new token: encoder output and the KV cache."""
 
     encoder: EncoderState
-    cache: object  # transformers EncoderDecoderCache (self- and cross-attention keys/values)
+    cache: Any  # transformers EncoderDecoderCache (self- and cross-attention keys/values)
     length: int  # target tokens consumed so far
 
     @property

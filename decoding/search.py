@@ -141,8 +141,14 @@ def beam_search(
     max_len: int = 128,
     length_penalty: float = 1.0,
     step_hook: StepHook | None = None,
+    early_stopping: bool = False,
 ) -> list[list[int]]:
-    """Batched beam search; returns the best hypothesis per sentence (prefix and EOS excluded)."""
+    """Batched beam search; returns the best hypothesis per sentence (prefix and EOS excluded).
+
+    ``early_stopping=True`` ends a sentence as soon as ``beam`` hypotheses are finished (``generate``'s
+    ``early_stopping=True``, set in the M2M100/NLLB checkpoints' generation configs); the default is the
+    heuristic described in the module docstring.
+    """
     _check(adapter, src_lang, tgt_lang, max_len)
     if beam < 1:
         raise ValueError(f"beam must be >= 1, got {beam}")
@@ -220,9 +226,10 @@ def beam_search(
         else:
             # Sentence done when all k slots hold finished hypotheses and the best live beam, normalised at
             # its current length, is no better than the worst of them (generate's early_stopping=False rule).
-            best_live = run_scores[:, 0] / (float(length) ** length_penalty)
-            worst_fin = fin_scores.min(dim=1).values
-            done = fin_any.all(dim=1) & (best_live <= worst_fin)
+            done = fin_any.all(dim=1)
+            if not early_stopping:
+                best_live = run_scores[:, 0] / (float(length) ** length_penalty)
+                done &= best_live <= fin_scores.min(dim=1).values
         if bool(done.any()):
             idx = done.nonzero()[:, 0].tolist()
             best = fin_seqs[idx, 0].tolist()

@@ -116,6 +116,14 @@ def test_beam_equals_generate(adapter, full, beam, lp):
         assert ours == ref, (src, tgt)
 
 
+def test_beam_early_stopping_equals_generate(adapter, full):
+    for src, tgt in DIRECTIONS[1:]:
+        batch = adapter.encode_texts(_sources(src), src)
+        kw = dict(beam=4, max_len=MAX_LEN, length_penalty=1.0)
+        ours = beam_search(adapter, full, batch, src, tgt, early_stopping=True, **kw)
+        assert ours == _generate(adapter, batch, tgt, MAX_LEN, num_beams=4, early_stopping=True)
+
+
 def test_beam_one_equals_greedy(adapter, full):
     batch = adapter.encode_texts(_sources("en"), "en")
     greedy = greedy_search(adapter, full, batch, "en", "it", max_len=MAX_LEN)
