@@ -10,8 +10,12 @@ available in this installation is reported as ``unavailable`` with the reason, a
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
+from pathlib import Path
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 from fastvocab.artifacts_schema.corpus import split_path
@@ -101,29 +105,249 @@ def stage_corpus(ctx: Context) -> list[StageRecord]:
     return records
 
 
-def stage_translate(ctx: Context) -> list[StageRecord]:
+# ----------------------------------------------------------------------------------------------- translate
+
+
+def _file_digest(*paths: Path) -> str:
+    h = hashlib.sha256()
+    for p in paths:
+        h.update(p.name.encode() + b";")
+        h.update(p.read_bytes())
+    return "sha256:" + h.hexdigest()[:32]
+
+
+def _text_digest(texts: list[str]) -> str:
+    return "sha256:" + hashlib.sha256("\n".join(texts).encode()).hexdigest()[:32]
+
+
+def _eval_sample(ctx: Context, direction: str) -> tuple[list[int], list[str], list[str]]:
+    from fastvocab.artifacts_schema.corpus import read_direction
+
+    src, _, tgt = direction.partition("-")
+    ev = ctx.cfg.eval
+    ids, sources, refs = read_direction(ctx.corpus_dir, src, tgt, ev.split, limit=ev.sentences)
+    if not sources:
+        raise ArtifactError(f"no {ev.split} sentences for {direction} in {ctx.corpus_dir} (eval.split)")
+    return list(ids), list(sources), list(refs)
+
+
+def _method_plan(
+    ctx: Context, direction: str, method: str
+) -> tuple[dict[str, object], dict[str, object]] | str:
+    """(projection options, provenance) of a method for a direction, or the reason it cannot run."""
+    from fastvocab.kernels import available_projections
+
+    if method not in available_projections():
+        return f"method {method!r} is not registered (available: {', '.join(available_projections())})"
+    t = ctx.cfg.translate
+    options: dict[str, object] = {}
+    prov: dict[str, object] = {"method": method}
+    if method == "clustered":
+        from fastvocab.artifacts_schema.cluster_map import TENSORS_FILE, resolve_map_dir
+
+        src, _, tgt = direction.partition("-")
+        try:
+            map_dir = resolve_map_dir(ctx.maps_root, src, tgt)
+        except ArtifactError as exc:
+            return str(exc)
+        options = {"cluster_map": str(map_dir), "mode": t.mode}
+        prov.update(map=map_dir.name, map_digest=_file_digest(map_dir / TENSORS_FILE), mode=t.mode)
+    elif method != "full":
+        # Other methods take options the pipeline does not know yet: they run with their defaults.
+        prov["options"] = "defaults"
+    return options, prov
+
+
+def translate_job(
+    model_path: str,
+    options: dict[str, object],
+    direction: str,
+    sources: list[str],
+    ids: list[int],
+    jobs: list[dict[str, object]],
+    settings: dict[str, object],
+) -> list[dict[str, object]]:
+    """Ray task body: translate one direction's eval sample with every method, in one process (so the speed
+    ratios compare like with like), write ``<method>.parquet`` + ``<method>.json`` for each, atomically."""
+    from fastvocab.artifacts_schema.atomic import write_text_atomic
+    from fastvocab.tasks.dump import cached_actor
+    from fastvocab.tasks.translate import make_projection, translate, write_translations
+
+    adapter = cached_actor(model_path, **options).adapter
+    src, _, tgt = direction.partition("-")
+    kwargs = {k: settings[k] for k in ("beam", "batch_size", "max_len", "length_penalty", "max_input_tokens")}
+    results = []
+    warm = False
+    for job in jobs:
+        projection = make_projection(adapter, str(job["method"]), **job["options"])
+        if not warm:  # first calls pay for allocations and lazy init: keep them out of the timing
+            translate(adapter, projection, sources[:8], src, tgt, progress=False, **kwargs)
+            warm = True
+        res = translate(adapter, projection, sources, src, tgt, progress=False, **kwargs)
+        out = Path(str(job["out"]))
+        write_translations(
+            out, res.hypotheses, sources=sources, ids=ids, direction=direction, method=job["method"]
+        )
+        record = {
+            **job["provenance"],
+            "signature": projection.signature(),
+            "seconds": res.seconds,
+            "target_tokens": res.target_tokens,
+            "sentences": res.sentences,
+            "tokens_per_s": res.tokens_per_second,
+            "sentences_per_s": res.sentences_per_second,
+        }
+        write_text_atomic(out.with_suffix(".json"), json.dumps(record, indent=2, sort_keys=True) + "\n")
+        results.append(record)
+    return results
+
+
+def _read_json(path: Path) -> dict | None:
+    if not path.exists():
+        return None
     try:
-        from fastvocab.tasks import translate  # noqa: F401
-    except ImportError as exc:
-        return [
-            _unavailable("translate", d, f"fastvocab.tasks.translate not installed ({exc})", ctx)
-            for d in ctx.cfg.directions
-        ]
-    return [_unavailable("translate", d, "not wired yet", ctx) for d in ctx.cfg.directions]
+        return json.loads(path.read_text())
+    except ValueError as exc:
+        raise ArtifactError(f"corrupt {path}: {exc}") from exc
+
+
+PROVENANCE_KEYS = ("method", "map", "map_digest", "mode", "options", "model_fingerprint", "sources_digest")
+
+
+def stage_translate(ctx: Context) -> list[StageRecord]:
+    from fastvocab.pipeline.stages import _remote, _wait_all, _worker_options
+
+    t = ctx.cfg.translate
+    m = ctx.model()
+    settings = t.model_dump(mode="json")
+    records: dict[str, StageRecord] = {}
+    work: dict[str, tuple[list[int], list[str], list[dict[str, object]]]] = {}
+    for direction in ctx.cfg.directions:
+        ids, sources, _ = _eval_sample(ctx, direction)
+        out_dir = ctx.work_dir / "translations" / direction
+        params = {"model_fingerprint": m.fingerprint, "split": ctx.cfg.eval.split, "sentences": len(sources)}
+        params.update({k: settings[k] for k in ("beam", "batch_size", "max_len", "mode", "device")})
+        unavailable, current, jobs = [], [], []
+        for method in ctx.cfg.eval.methods:
+            plan = _method_plan(ctx, direction, method)
+            if isinstance(plan, str):
+                log.warning("translate %s: skipping %s: %s", direction, method, plan)
+                unavailable.append(f"{method}: {plan}")
+                continue
+            options, prov = plan
+            prov.update(
+                model_fingerprint=m.fingerprint,
+                sources_digest=_text_digest(sources),
+                **{k: settings[k] for k in ("beam", "batch_size", "max_len", "length_penalty")},
+            )
+            out = out_dir / f"{method}.parquet"
+            found = _read_json(out.with_suffix(".json"))
+            if out.exists() and found is not None and all(found.get(k) == v for k, v in prov.items()):
+                current.append(method)
+                continue
+            jobs.append({"method": method, "options": options, "provenance": prov, "out": str(out)})
+        params["methods"] = ",".join(ctx.cfg.eval.methods)
+        note = f"; unavailable: {'; '.join(unavailable)}" if unavailable else ""
+        if not jobs:
+            status = "skipped" if current else "unavailable"
+            msg = f"translations current for {', '.join(current)}" if current else "no method could run"
+            records[direction] = StageRecord("translate", direction, status, msg + note, params)
+            continue
+        # full first: the other methods' search errors and speed ratios are measured against it
+        jobs.sort(key=lambda j: j["method"] != "full")
+        work[direction] = (ids, sources, jobs)
+        records[direction] = StageRecord("translate", direction, "ran", note, params)
+
+    if work:
+        options, _, _ = _worker_options(ctx)
+        gpus = 1 if t.device.startswith("cuda") else 0
+        options = {**options, "device": t.device}
+        task = _remote(ctx, translate_job, num_cpus=options["torch_threads"], num_gpus=gpus)
+        model = str(m.path)
+        refs = {
+            d: task.remote(model, options, d, sources, ids, jobs, settings)
+            for d, (ids, sources, jobs) in work.items()
+        }
+        for direction, results in _wait_all(ctx, refs, "translate").items():
+            rec = records[direction]
+            for r in results:
+                meth = r["method"]
+                rec.metrics.update(
+                    {
+                        f"tokens_per_s_{meth}": r["tokens_per_s"],
+                        f"sentences_per_s_{meth}": r["sentences_per_s"],
+                        f"seconds_{meth}": r["seconds"],
+                    }
+                )
+                rec.params[f"signature_{meth}"] = r["signature"]
+            done = ", ".join(f"{r['method']} {r['tokens_per_s']:.0f} tok/s" for r in results)
+            rec.message = f"{done}{rec.message}"
+    return list(records.values())
+
+
+# ----------------------------------------------------------------------------------------------- evaluate
 
 
 def stage_evaluate(ctx: Context) -> list[StageRecord]:
+    from fastvocab.artifacts_schema.atomic import write_text_atomic
+    from fastvocab.tasks.evaluate import score, search_error_rate
+
+    records = []
+    for direction in ctx.cfg.directions:
+        _, sources, refs = _eval_sample(ctx, direction)
+        tdir = ctx.work_dir / "translations" / direction
+        methods = [m for m in ctx.cfg.eval.methods if (tdir / f"{m}.parquet").exists()]
+        params = {"split": ctx.cfg.eval.split, "sentences": len(refs), "methods": ",".join(methods)}
+        if not methods:
+            records.append(
+                StageRecord("evaluate", direction, "unavailable", "no translations to score", params)
+            )
+            continue
+        files = [tdir / f"{m}.{ext}" for m in methods for ext in ("parquet", "json")]
+        digest = _file_digest(*files) + "|" + _text_digest(refs)
+        out = ctx.work_dir / "eval" / f"{direction}.json"
+        found = _read_json(out)
+        if found is not None and found.get("inputs_digest") == digest:
+            records.append(
+                StageRecord(
+                    "evaluate", direction, "skipped", f"scores current ({', '.join(methods)})", params
+                )
+            )
+            continue
+        hyps = {m: _read_hypotheses(tdir / f"{m}.parquet", sources) for m in methods}
+        runs = {m: _read_json(tdir / f"{m}.json") or {} for m in methods}
+        result: dict[str, object] = {"direction": direction, "inputs_digest": digest, "methods": {}}
+        metrics: dict[str, float] = {}
+        for m in methods:
+            s = score(hyps[m], refs, tgt_lang=direction.partition("-")[2])
+            entry = {**s, "tokens_per_s": runs[m].get("tokens_per_s"), "signature": runs[m].get("signature")}
+            metrics[f"bleu_{m}"], metrics[f"chrf_{m}"] = s["bleu"], s["chrf"]
+            if "full" in hyps and m != "full":
+                entry["search_error_rate"] = search_error_rate(hyps[m], hyps["full"])
+                metrics[f"search_error_rate_{m}"] = entry["search_error_rate"]
+                full_tps = runs["full"].get("tokens_per_s") or 0.0
+                if full_tps > 0 and runs[m].get("tokens_per_s"):
+                    entry["speed_ratio_vs_full"] = runs[m]["tokens_per_s"] / full_tps
+                    metrics[f"speed_ratio_{m}"] = entry["speed_ratio_vs_full"]
+            result["methods"][m] = entry
+        write_text_atomic(out, json.dumps(result, indent=2, sort_keys=True) + "\n")
+        parts = [f"{m} BLEU {metrics[f'bleu_{m}']:.1f}" for m in methods]
+        parts += [f"{m} search errors {100 * v:.1f}%" for m, v in _by_method(metrics, "search_error_rate_")]
+        records.append(
+            StageRecord("evaluate", direction, "ran", ", ".join(parts), params, metrics, artifacts=[out])
+        )
+    return records
+
+
+def _by_method(metrics: dict[str, float], prefix: str) -> list[tuple[str, float]]:
+    return [(k[len(prefix) :], v) for k, v in metrics.items() if k.startswith(prefix)]
+
+
+def _read_hypotheses(path: Path, sources: list[str]) -> list[str]:
     try:
-        from fastvocab.tasks import evaluate  # noqa: F401
-    except ImportError as exc:
-        return [
-            _unavailable("evaluate", d, f"fastvocab.tasks.evaluate not installed ({exc})", ctx)
-            for d in ctx.cfg.directions
-        ]
-    return [_unavailable("evaluate", d, "not wired yet", ctx) for d in ctx.cfg.directions]
-
-
-def _unavailable(stage: str, direction: str, why: str, ctx: Context) -> StageRecord:
-    return StageRecord(
-        stage, direction, "unavailable", why, params={"methods": ",".join(ctx.cfg.eval.methods)}
-    )
+        table = pq.read_table(path, columns=["source", "hypothesis"])
+    except (OSError, pa.ArrowException) as exc:
+        raise ArtifactError(f"corrupt translations {path}: {exc}") from exc
+    if table.column("source").to_pylist() != sources:
+        raise ArtifactError(f"{path} does not translate the current eval sample (rerun translate)")
+    return table.column("hypothesis").to_pylist()

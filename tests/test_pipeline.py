@@ -8,6 +8,7 @@ file), determinism (same seed and data -> byte-identical centroids and maps) and
 from __future__ import annotations
 
 import hashlib
+import json
 import shutil
 from pathlib import Path
 
@@ -28,7 +29,7 @@ from fastvocab.pipeline.tracking import TRACKING_FILES
 from tests.conftest import synthetic_sentences
 
 DIRECTIONS = ["en-it", "it-en"]
-STAGES = "corpus,dump,kmeans,maps"
+STAGES = "corpus,dump,kmeans,maps,translate,evaluate"
 
 
 @pytest.fixture(scope="module")
@@ -74,6 +75,8 @@ def setup(tmp_path_factory, tiny_model_dir, ray_session):
         },
         "kmeans": {"r": 8, "niter": 10, "seed": 7},
         "maps": {"mode": "direction"},
+        "translate": {"batch_size": 8, "max_len": 8},
+        "eval": {"split": "train", "sentences": 6, "methods": ["full", "clustered", "no-such-method"]},
     }
     cfg_path = root / "run.yaml"
     cfg_path.write_text(yaml.safe_dump(cfg))
@@ -121,6 +124,25 @@ def test_first_run_writes_valid_shards_and_one_map_per_direction(setup):
     assert not list(cfg.work_dir.rglob("*.tmp")), "no temporary files left behind"
 
 
+def test_translate_and_evaluate_use_the_maps(setup):
+    _, cfg, result = setup
+    by = {(r.stage, r.unit): r for r in result.records}
+    for d in DIRECTIONS:
+        tr = by[("translate", d)]
+        assert tr.status == "ran" and "no-such-method" in tr.message  # unknown method: reported, run goes on
+        assert "map:" + d + "/direction/r8/K3" in tr.params["signature_clustered"]
+        for method in ("full", "clustered"):
+            table = pq.read_table(cfg.work_dir / "translations" / d / f"{method}.parquet")
+            assert table.num_rows == 6 and set(table.column("method").to_pylist()) == {method}
+        ev = by[("evaluate", d)]
+        assert ev.status == "ran" and 0.0 <= ev.metrics["search_error_rate_clustered"] <= 1.0
+        scores = json.loads((cfg.work_dir / "eval" / f"{d}.json").read_text())
+        assert set(scores["methods"]) == {"full", "clustered"}
+        assert (
+            scores["methods"]["clustered"]["search_error_rate"] == ev.metrics["search_error_rate_clustered"]
+        )
+
+
 def test_mlflow_parent_run_has_child_runs_metrics_and_artifacts(setup):
     from mlflow import MlflowClient
 
@@ -134,7 +156,7 @@ def test_mlflow_parent_run_has_child_runs_metrics_and_artifacts(setup):
     exp = parent.info.experiment_id
     children = client.search_runs([exp], filter_string=f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
     by_name = {r.info.run_name: r for r in children}
-    assert len(children) == len(result.records) == 4 * len(DIRECTIONS)
+    assert len(children) == len(result.records) == 6 * len(DIRECTIONS)
 
     dump = by_name["dump:en-it"]
     assert dump.data.metrics["states_per_s_per_worker"] > 0 and dump.data.metrics["states_dumped"] > 0
@@ -164,7 +186,7 @@ def test_rerun_skips_everything_and_changes_no_output_file(setup, capsys):
     assert any(k.startswith("states/direction=en-it/") for k in before)
     assert main(["run", str(cfg_path), "--stages", STAGES, "--no-progress"]) == 0
     out = capsys.readouterr().out
-    assert "0 ran, 8 skipped" in out
+    assert "0 ran, 12 skipped" in out
     assert "dump      en-it skipped     2 shards valid" in out
     assert output_hashes(cfg.work_dir) == before
 
