@@ -178,25 +178,30 @@ class ClusteredProjection(Projection):
         if rows == 0:
             empty = h.new_empty((0, 0))
             return ProjectionOutput(empty, torch.zeros(0, dtype=torch.int64, device=h.device), self.n_vocab)
-        if self.backend == "cupy":
+        # The CuPy grouping kernel runs in one block: beyond 1024 rows per-row mode takes the torch path.
+        if self.backend == "cupy" and (self.mode == "union" or rows <= 1024):
             logits, ids, clusters = self._project_cupy(h)
         else:
-            clusters = self.assign(h)  # (rows,)
-            cl = clusters.tolist()
-            if self.mode == "union":
-                ids = ops.union_columns(cl, self._map.ids, self.n_vocab)  # (C,)
-                uniq = set(cl)
-                c = next(iter(uniq))
-                if len(uniq) == 1 and self._map.blocks[c] is not None:
-                    logits = ops.cluster_logits(h, self._map, c, self.weight, self.bias)
-                else:
-                    logits = ops.gathered_logits(h, self.weight, self.bias, ids)  # (rows, C)
-            else:
-                logits, ids = ops.per_row_logits(h, cl, self._map, self.weight, self.bias)
+            logits, ids, clusters = self._project_torch(h)
         mass = None
         if self._mass is not None:
             mass = ops.inactive_log_mass(self.inactive_mass, h, logits, clusters, self.n_vocab, self._mass)
         return ProjectionOutput(logits=logits, ids=ids, n_vocab=self.n_vocab, log_inactive_mass=mass)
+
+    def _project_torch(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        clusters = self.assign(h)  # (rows,)
+        cl = clusters.tolist()
+        if self.mode == "per-row":
+            logits, ids = ops.per_row_logits(h, cl, self._map, self.weight, self.bias)
+            return logits, ids, clusters
+        ids = ops.union_columns(cl, self._map.ids, self.n_vocab)  # (C,)
+        uniq = set(cl)
+        c = next(iter(uniq))
+        if len(uniq) == 1 and self._map.blocks[c] is not None:  # one cluster: its cached block, no gather
+            logits = ops.cluster_logits(h, self._map, c, self.weight, self.bias)
+        else:
+            logits = ops.gathered_logits(h, self.weight, self.bias, ids)  # (rows, C)
+        return logits, ids, clusters
 
     def _project_cupy(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         from fastvocab.kernels import cupy_ops
@@ -204,7 +209,7 @@ class ClusteredProjection(Projection):
         pm = self._map
         clusters = cupy_ops.assign(h.to(pm.centroids_t.dtype) @ pm.centroids_t, pm.sq_norms)  # (rows,)
         if self.mode == "union":
-            mask = cupy_ops.mark_active(clusters, pm.indptr, self._indices32, self.n_vocab)  # (N,) uint8
+            mask = cupy_ops.mark_active(clusters, pm.indptr, self._indices32, self.n_vocab, pm.max_size)
             cols32, cols64 = cupy_ops.compact(mask)  # (C,) sorted; one device->host sync for C
             logits = cupy_ops.gather_gemm_union(h, self.weight, self.bias, cols32)  # (rows, C)
             return logits, cols64, clusters
