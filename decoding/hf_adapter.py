@@ -101,7 +101,9 @@ class Seq2SeqAdapter:
         # generate() forces EOS as the last token when the length limit is hit (Marian, BART-style configs).
         self.forced_eos_id: int | None = None if forced_eos is None else int(forced_eos)
         self._lang_ids = self._language_ids()
-        self.languages: list[str] = sorted(self._lang_ids) if self._lang_ids else self._fixed_pair()
+        # Multi-target Marian: target tags, plus the source language its tokenizer records (if any).
+        pair = self._fixed_pair() if self.family == _MARIAN else []
+        self.languages: list[str] = sorted(set(self._lang_ids) | set(pair))
 
     # ------------------------------------------------------------------ loading
 
