@@ -27,6 +27,15 @@ PRESETS: dict[str, dict[str, int]] = {
     "base": dict(vocab=32000, d_model=512, ffn=2048, heads=8, enc_layers=6, dec_layers=2),
 }
 
+# Training defaults per preset (``fastvocab train-demo`` flags override them). Budgets: ``tiny`` fits the
+# "under 10 minutes on CPU" smoke run with SentencePiece and dev scoring included; ``cpu`` is the committed
+# model's recipe on 2 shared cores; ``base`` is a GPU run.
+TRAIN_DEFAULTS: dict[str, dict[str, float | int]] = {
+    "tiny": dict(batch_tokens=2048, lr=1e-3, warmup=200, max_minutes=7),
+    "cpu": dict(batch_tokens=4096, lr=1e-3, warmup=400, max_minutes=45),
+    "base": dict(batch_tokens=16384, lr=7e-4, warmup=4000, max_steps=60_000),
+}
+
 
 def lang_token(lang: str) -> str:
     return f"__{lang}__"
