@@ -45,6 +45,15 @@ def ray_session():
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory, tiny_model_dir, ray_session):
+    env = pytest.MonkeyPatch()
+    env.delenv(
+        "MLFLOW_TRACKING_URI", raising=False
+    )  # the default store (a SQLite file in work_dir) is tested
+    yield _first_run(tmp_path_factory, tiny_model_dir)
+    env.undo()
+
+
+def _first_run(tmp_path_factory, tiny_model_dir):
     root = tmp_path_factory.mktemp("pipeline")
     n = 60
     path = split_path(root / "corpus", "en", "it", "train")
