@@ -515,3 +515,86 @@ def test_sampled_map_decoding_matches_full_on_its_own_sentences(adapter, sampled
     full = decode(adapter, make(adapter, "full"), texts)
     for mode in MODES:
         assert decode(adapter, make(adapter, "clustered", cluster_map=sampled_map, mode=mode), texts) == full
+
+
+# ----------------------------------------------------------------------------------------- benchmark plumbing
+
+
+def load_script(name: str):
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_bench_projection_runs_and_records(tmp_path):
+    import json
+
+    bench = load_script("bench_projection")
+    out = tmp_path / "p.json"
+    args = ["--sizes", "3000:64", "--rows", "1,4", "--fractions", "0.1", "--set-ratios", "0.5", "--r", "16"]
+    assert bench.main([*args, "--repeats", "2", "--inner", "2", "--threads", "1", "--out", str(out)]) == 0
+    data = json.loads(out.read_text())
+    assert data["meta"]["commit"] and data["meta"]["torch"] == torch.__version__
+    methods = {(r["rows"], r["method"]) for r in data["results"]}
+    assert methods == {(k, m) for k in (1, 4) for m in ("full", "union", "per-row")}
+    for r in data["results"]:
+        assert r["time_us"] > 0 and r["ratio_vs_full"] > 0 and r["bytes_read"] > 0
+        if r["method"] != "full":
+            assert 0 < r["per_row_fraction"] <= r["union_fraction"] <= 0.1 + 1e-9
+    assert data["crossover"][0]["rows"] == [1, 4]
+
+
+def test_bench_e2e_runs_on_the_tiny_model(tmp_path, tiny_model_dir, sampled_map):
+    import json
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from fastvocab.artifacts_schema.corpus import CORPUS_SCHEMA
+
+    (tmp_path / "corpus" / "en-it").mkdir(parents=True)
+    en, it = synthetic_sentences("en", 6, seed=5), synthetic_sentences("it", 6, seed=5)
+    table = pa.Table.from_pydict(
+        {"id": list(range(6)), "doc_id": [str(i) for i in range(6)], "text1": en, "text2": it},
+        schema=CORPUS_SCHEMA,
+    )
+    pq.write_table(table, tmp_path / "corpus" / "en-it" / "test.parquet")
+    save_cluster_map(sampled_map, tmp_path / "maps" / "en-it")
+    out = tmp_path / "e2e.json"
+    bench = load_script("bench_e2e")
+    argv = [
+        "--model",
+        str(tiny_model_dir),
+        "--maps",
+        str(tmp_path / "maps"),
+        "--corpus",
+        str(tmp_path / "corpus"),
+    ]
+    argv += ["--sentences", "4", "--configs", "1x1,2x2", "--repeats", "1", "--max-len", "6", "--threads", "1"]
+    assert bench.main([*argv, "--out", str(out)]) == 0
+    data = json.loads(out.read_text())
+    got = {(r["beam"], r["method"]) for r in data["results"]}
+    assert got == {
+        (1, "full"),
+        (1, "clustered/union"),
+        (1, "clustered/per-row"),
+        (2, "full"),
+        (2, "clustered/union"),
+        (2, "clustered/per-row"),
+        (2, "clustered/union/centroid"),
+        (2, "clustered/per-row/centroid"),
+    }
+    for r in data["results"]:
+        assert r["sentences"] == 4 and r["seconds_median"] > 0 and "nrefs:1" in r["bleu_signature"]
+        assert 0.0 <= r["search_error_rate"] <= 1.0
+        if r["method"] == "full":
+            assert (
+                r["search_error_rate"] == 0.0 and r["speedup_vs_full"] == 1.0 and r["active_fraction"] == 1.0
+            )
+        else:
+            assert 0.0 < r["active_fraction"] < 1.0

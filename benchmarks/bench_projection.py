@@ -1,0 +1,484 @@
+"""Projection micro-benchmark: full output layer vs the clustered one (union and per-row), same process.
+
+    .venv/bin/python benchmarks/bench_projection.py                      # CPU, fp32, the issue's sizes
+    .venv/bin/python benchmarks/bench_projection.py --device cuda --dtype fp16   # GPU (cupy + torch backends)
+
+Synthetic weights and a synthetic cluster map per (size, active fraction), which is all a timing needs:
+
+- the *active fraction* f is the share of the vocabulary the batch computes in union mode (the paper's
+  Table 2 "active percentage", measured at beam 2 x batch 20). Every cluster's set is a random subset of one
+  pool of f*N ids, of size ``--set-ratio`` * f*N, so a many-row union approaches f while one row computes
+  less (what per-row mode exploits). The realised union and per-row fractions are measured and recorded;
+- clusters have Zipf populations; rows come ``--rows-per-cluster`` at a time (beams of one sentence) from
+  clusters drawn by population, each row a centroid plus small noise.
+
+Times: the median over ``--repeats`` rounds of a block of calls; within a round the full projection and
+every clustered variant run back to back (interleaved), so ratios survive a noisy shared machine. CPU:
+``perf_counter``; GPU: CUDA events. Bytes read = active rows of W (+ bias) + centroids; on GPU the floor is
+bytes / the device's peak bandwidth (H100 SXM 3.35 TB/s, H200 4.8 TB/s; ``--peak-gbps`` otherwise).
+
+Writes ``benchmarks/results/projection-<device>-<date>.json`` and prints a table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import math
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from fastvocab.artifacts_schema.cluster_map import ClusterMap, MapManifest, active_fraction_stats
+from fastvocab.artifacts_schema.fingerprint import projection_fingerprint
+from fastvocab.kernels import create_projection
+
+RESULTS = Path(__file__).resolve().parent / "results"
+DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+# Peak HBM bandwidth by device-name fragment (GB/s): the floor of a memory-bound kernel.
+PEAK_GBPS = {
+    "H200": 4800.0,
+    "H100 SXM": 3350.0,
+    "H100 80GB HBM3": 3350.0,
+    "H100 PCIe": 2000.0,
+    "A100": 2039.0,
+}
+
+
+# ------------------------------------------------------------------------------------------- synthetic data
+
+
+def synthetic_weights(n_vocab: int, d: int, dtype: torch.dtype, device: str, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    w = (torch.randn(n_vocab, d, generator=g) / math.sqrt(d)).to(dtype)
+    b = (0.1 * torch.randn(n_vocab, generator=g)).to(dtype)
+    fp = projection_fingerprint(w.float().numpy(), b.float().numpy())
+    return w.to(device), b.to(device), fp
+
+
+def synthetic_map(
+    n_vocab: int, d: int, r: int, fraction: float, set_ratio: float, fingerprint: str, seed: int = 0
+) -> ClusterMap:
+    """Random centroids; each cluster a random ``set_ratio`` share of one pool of ``fraction * N`` ids."""
+    rng = np.random.default_rng(seed)
+    centroids = rng.standard_normal((r, d)).astype(np.float32)
+    pool = rng.choice(n_vocab, max(1, round(fraction * n_vocab)), replace=False)
+    size = max(1, round(set_ratio * len(pool)))
+    sets = [np.sort(rng.choice(pool, size, replace=False)) for _ in range(r)]
+    zipf = 1.0 / np.arange(1, r + 1)
+    pop = rng.permutation(np.maximum(1, np.round(1000 * zipf / zipf[0]))).astype(np.int32)
+    indptr = np.zeros(r + 1, dtype=np.int64)
+    np.cumsum([len(s) for s in sets], out=indptr[1:])
+    counts = np.concatenate([np.full(len(s), pop[c], dtype=np.int32) for c, s in enumerate(sets)])
+    manifest = MapManifest(
+        model_fingerprint=fingerprint,
+        direction="synthetic",
+        mode="direction",
+        r=r,
+        k=0,
+        d=d,
+        n_vocab=n_vocab,
+        niter=0,
+        seed=seed,
+        states_used=int(pop.sum()),
+        active_fraction=active_fraction_stats(indptr, n_vocab),
+        extra={"pool_fraction": fraction, "set_ratio": set_ratio},
+    )
+    sq = np.einsum("rd,rd->r", centroids, centroids).astype(np.float32)
+    return ClusterMap(manifest, centroids, sq, indptr, np.concatenate(sets).astype(np.int32), counts)
+
+
+def synthetic_rows(cmap: ClusterMap, rows: int, per_cluster: int, seed: int = 0) -> tuple[np.ndarray, int]:
+    """``rows`` states, ``per_cluster`` consecutive rows per cluster drawn by population.
+
+    Returns (states (rows, d), number of distinct clusters).
+    """
+    rng = np.random.default_rng(seed + rows)
+    sizes = np.diff(cmap.indptr)
+    pop = np.add.reduceat(cmap.counts.astype(np.float64), cmap.indptr[:-1]) * (sizes > 0)
+    n_clusters = math.ceil(rows / per_cluster)
+    chosen = rng.choice(len(pop), n_clusters, replace=n_clusters > (pop > 0).sum(), p=pop / pop.sum())
+    which = np.repeat(chosen, per_cluster)[:rows]
+    noise = 0.02 * rng.standard_normal((rows, cmap.centroids.shape[1])).astype(np.float32)
+    return cmap.centroids[which] + noise, len(set(chosen.tolist()))
+
+
+# ------------------------------------------------------------------------------------------- timing
+
+
+class Timer:
+    """Seconds per call of ``fn``, timed over a block of ``inner`` calls (perf_counter or CUDA events)."""
+
+    def __init__(self, device: str) -> None:
+        self.cuda = device.startswith("cuda")
+
+    def __call__(self, fn: Callable[[], object], inner: int) -> float:
+        if self.cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(inner):
+                fn()
+            end.record()
+            end.synchronize()
+            return start.elapsed_time(end) / 1e3 / inner
+        t0 = time.perf_counter()
+        for _ in range(inner):
+            fn()
+        return (time.perf_counter() - t0) / inner
+
+
+def copy_bandwidth_gbps(device: str, mb: int = 256) -> float:
+    """Measured device copy bandwidth (read + write), a sanity reference next to the nominal peak."""
+    x = torch.empty(mb * 2**20 // 4, dtype=torch.float32, device=device)
+    y = torch.empty_like(x)
+    timer = Timer(device)
+    y.copy_(x)
+    t = min(timer(lambda: y.copy_(x), 3) for _ in range(3))
+    return 2 * x.numel() * 4 / t / 1e9
+
+
+def peak_gbps(device_name: str, override: float | None) -> tuple[float | None, str]:
+    if override:
+        return override, "--peak-gbps"
+    for key, value in PEAK_GBPS.items():
+        if key in device_name:
+            return value, f"nominal for {key}"
+    return None, "unknown device: pass --peak-gbps"
+
+
+def git_commit() -> str:
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True)
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--", "kernels"], capture_output=True, text=True
+        )
+        return out.stdout.strip() + ("+dirty-kernels" if dirty.stdout.strip() else "")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def device_name(device: str) -> str:
+    if device.startswith("cuda"):
+        return torch.cuda.get_device_name(torch.device(device))
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip() + f" ({torch.get_num_threads()} threads)"
+    except OSError:
+        pass
+    return platform.processor() or "cpu"
+
+
+# ------------------------------------------------------------------------------------------- one size
+
+
+def clustered_variants(device: str, args) -> list[tuple[str, dict]]:
+    """(label, create_projection options) of the clustered variants to time on this device."""
+    out = []
+    for mode in ("union", "per-row"):
+        if device.startswith("cuda"):
+            out.append((f"{mode}/cupy", {"mode": mode, "backend": "cupy"}))
+            out.append((f"{mode}/torch", {"mode": mode, "backend": "torch"}))
+        else:
+            out.append((f"{mode}", {"mode": mode, "cache_mb": args.cache_mb}))
+            if args.no_cache_variant:
+                out.append((f"{mode}/nocache", {"mode": mode, "cache_mb": 0.0}))
+    return out
+
+
+def bench_size(n_vocab: int, d: int, rows_list: list[int], args, meta: dict) -> list[dict]:
+    device, dtype = args.device, DTYPES[args.dtype]
+    cuda = device.startswith("cuda")
+    r = args.r or (200 if n_vocab <= 64_000 else (2000 if cuda else 256))
+    w, b, fp = synthetic_weights(n_vocab, d, dtype, device)
+    full = create_projection("full", w, b)
+    itemsize = w.element_size()
+    timer = Timer(device)
+    ratios = args.set_ratios if n_vocab <= 64_000 else args.set_ratios[:1]
+    cases = []  # (fraction, set_ratio, cmap, {label: projection})
+    for frac in args.fractions:
+        for ratio in ratios:
+            cmap = synthetic_map(n_vocab, d, r, frac, ratio, fp, seed=int(frac * 1000))
+            projs = {}
+            for label, opts in clustered_variants(device, args):
+                try:
+                    projs[label] = create_projection("clustered", w, b, cluster_map=cmap, **opts)
+                except ValueError as exc:  # e.g. no CuPy: say so and time the rest
+                    print(f"  skip {label}: {exc}", file=sys.stderr)
+            cases.append((frac, ratio, cmap, projs))
+    records: list[dict] = []
+    for rows in rows_list:
+        inner = args.inner or max(1, min(50, int(2e8 / (n_vocab * d * max(rows, 4)))))
+        fns: dict[tuple, Callable[[], object]] = {}
+        states = {}
+        for frac, ratio, cmap, projs in cases:
+            h_np, distinct = synthetic_rows(cmap, rows, args.rows_per_cluster)
+            h = torch.from_numpy(h_np).to(device=device, dtype=dtype)
+            states[(frac, ratio)] = (h, distinct)
+            if not fns:
+                fns[("full", None, None)] = lambda h=h: full(h)
+            for label, proj in projs.items():
+                fns[(label, frac, ratio)] = lambda p=proj, h=h: p(h)
+                if label == "union/cupy":  # the fused gather-GEMM alone, on this batch's union
+                    fns[("union/cupy-gemm", frac, ratio)] = _gemm_only(proj, h)
+        for fn in fns.values():  # warm-up (and kernel compilation)
+            fn()
+        times: dict[tuple, list[float]] = {key: [] for key in fns}
+        for _ in range(args.repeats):
+            for key, fn in fns.items():  # interleaved: every variant once per round
+                times[key].append(timer(fn, inner))
+        t_full = statistics.median(times[("full", None, None)])
+        full_bytes = n_vocab * (d + 1) * itemsize
+        t_all = times[("full", None, None)]
+        records.append(
+            _record(meta, n_vocab, d, r, rows, None, None, "full", "torch", t_all, t_full, full_bytes, {})
+        )
+        for frac, ratio, _, projs in cases:
+            h, distinct = states[(frac, ratio)]
+            for label, proj in projs.items():
+                stats = _active_stats(proj, proj(h), h)
+                rows_w = stats.pop("bytes_w")
+                cent = r * d * proj._map.centroids_t.element_size()
+                stats["distinct_clusters"] = distinct
+                key = (label, frac, ratio)
+                records.append(
+                    _record(meta, n_vocab, d, r, rows, frac, ratio, label, proj.backend, times[key], t_full,
+                            rows_w * (d + 1) * itemsize + cent, stats)
+                )  # fmt: skip
+                gkey = ("union/cupy-gemm", frac, ratio)
+                if gkey in times:  # the kernel's floor: the active rows of W and b, no centroids
+                    records.append(
+                        _record(meta, n_vocab, d, r, rows, frac, ratio, gkey[0], "cupy", times[gkey], t_full,
+                                rows_w * (d + 1) * itemsize, dict(stats))
+                    )  # fmt: skip
+        _print_rows(records[-(len(times)) :])
+    return records
+
+
+def _gemm_only(proj, h: torch.Tensor) -> Callable[[], object]:
+    from fastvocab.kernels import cupy_ops
+
+    clusters = proj.assign(h)
+    mask = cupy_ops.mark_active(clusters, proj._map.indptr, proj._indices32, proj.n_vocab, proj._map.max_size)
+    cols32, _ = cupy_ops.compact(mask)
+    return lambda: cupy_ops.gather_gemm_union(h, proj.weight, proj.bias, cols32)
+
+
+def _active_stats(proj, out, h) -> dict:
+    """Union and per-row active fractions, W rows the call reads, cache hits."""
+    clusters = proj.assign(h).tolist()
+    sizes = [proj._map.sizes[c] for c in clusters]
+    uniq = sorted(set(clusters))
+    union = torch.unique(torch.cat([proj._map.ids[c] for c in uniq])).numel()
+    n = proj.n_vocab
+    rows_w = union if proj.mode == "union" else sum(proj._map.sizes[c] for c in uniq)
+    hits = sum(proj._map.blocks[c] is not None for c in clusters) / len(clusters)
+    return {
+        "union_fraction": union / n,
+        "per_row_fraction": float(np.mean(sizes)) / n,
+        "computed_columns": int(out.active_columns().sum()),
+        "bytes_w": rows_w,
+        "cache_hit_rate": hits,
+    }
+
+
+def _record(meta, n_vocab, d, r, rows, frac, ratio, method, backend, ts, t_full, bytes_read, stats) -> dict:
+    t = statistics.median(ts)
+    rec = {
+        "device": meta["device"],
+        "device_name": meta["device_name"],
+        "dtype": meta["dtype"],
+        "d": d,
+        "N": n_vocab,
+        "r": r,
+        "rows": rows,
+        "active_fraction": frac,
+        "set_ratio": ratio,
+        "method": method,
+        "backend": backend,
+        "time_us": t * 1e6,
+        "time_us_min": min(ts) * 1e6,
+        "time_us_all": [round(x * 1e6, 2) for x in ts],
+        "ratio_vs_full": t_full / t,
+        "bytes_read": int(bytes_read),
+        "achieved_GBps": bytes_read / t / 1e9,
+        **stats,
+    }
+    if meta["peak_gbps"]:
+        floor = bytes_read / (meta["peak_gbps"] * 1e9)
+        rec["floor_us"] = floor * 1e6
+        rec["time_over_floor"] = t / floor
+    return rec
+
+
+def _print_rows(recs: list[dict]) -> None:
+    for rec in recs:
+        frac = "-" if rec["active_fraction"] is None else f"{100 * rec['active_fraction']:.0f}%"
+        extra = ""
+        if "union_fraction" in rec:
+            extra = f"union {100 * rec['union_fraction']:5.1f}%  row {100 * rec['per_row_fraction']:5.1f}%"
+        floor = f"{rec['time_over_floor']:6.2f}x floor" if "time_over_floor" in rec else ""
+        print(
+            f"{rec['N']:>7} {rec['d']:>5} {rec['rows']:>4} {frac:>4}  {rec['method']:<16} "
+            f"{rec['time_us']:>11.1f} us  x{rec['ratio_vs_full']:>6.2f}  {rec['achieved_GBps']:>7.1f} GB/s  "
+            f"{floor}  {extra}",
+            flush=True,
+        )
+
+
+def crossover(records: list[dict]) -> list[dict]:
+    """Per (N, d, fraction, backend): the smallest row count from which per-row beats union."""
+    out = []
+    keys = {
+        (r["N"], r["d"], r["active_fraction"], r["set_ratio"])
+        for r in records
+        if r["active_fraction"] is not None
+    }
+    for n, d, frac, ratio in sorted(keys):
+        for suffix in ("", "/cupy", "/torch", "/nocache"):
+            u = {r["rows"]: r["time_us"] for r in records if _is(r, n, d, frac, ratio, "union" + suffix)}
+            p = {r["rows"]: r["time_us"] for r in records if _is(r, n, d, frac, ratio, "per-row" + suffix)}
+            rows = sorted(set(u) & set(p))
+            if not rows:
+                continue
+            wins = [k for k in rows if p[k] < u[k]]
+            first = next((k for k in rows if all(p[j] < u[j] for j in rows if j >= k)), None)
+            out.append(
+                {
+                    "N": n,
+                    "d": d,
+                    "active_fraction": frac,
+                    "set_ratio": ratio,
+                    "variant": suffix or "default",
+                    "rows": rows,
+                    "per_row_over_union": [round(p[k] / u[k], 3) for k in rows],
+                    "per_row_wins_at": wins,
+                    "per_row_wins_from": first,
+                }
+            )
+    return out
+
+
+def _is(rec, n, d, frac, ratio, method) -> bool:
+    return (rec["N"], rec["d"], rec["active_fraction"], rec["set_ratio"], rec["method"]) == (
+        n,
+        d,
+        frac,
+        ratio,
+        method,
+    )
+
+
+# ------------------------------------------------------------------------------------------- main
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--device", default="cpu", help="cpu or cuda[:i]")
+    p.add_argument(
+        "--dtype", choices=sorted(DTYPES), default=None, help="fp32 on CPU, fp16 on GPU by default"
+    )
+    p.add_argument(
+        "--sizes", default=None, help="N:d,... (default: 32000:256 on CPU, then 128000:1024,250000:1024)"
+    )
+    p.add_argument("--rows", default=None, help="row counts (default 1,40,128; demo size also 2..64 on CPU)")
+    p.add_argument("--fractions", default="0.05,0.1,0.2", help="union active fractions")
+    p.add_argument(
+        "--set-ratios", default="0.5,0.15", help="one cluster's set / the pool; later ones only at N <= 64K"
+    )
+    p.add_argument("--rows-per-cluster", type=int, default=2, help="consecutive rows per cluster (beam)")
+    p.add_argument("--r", type=int, default=None, help="clusters (default 200 demo size, 2000 GPU, 256 CPU)")
+    p.add_argument("--repeats", type=int, default=None, help="timed rounds (default 7 CPU, 20 GPU)")
+    p.add_argument("--inner", type=int, default=None, help="calls per timed block (default: by size)")
+    p.add_argument(
+        "--cache-mb", type=float, default=None, help="CPU sub-matrix cache (default: projection's)"
+    )
+    p.add_argument("--no-cache-variant", action="store_true", help="CPU: also time cache_mb=0")
+    p.add_argument("--threads", type=int, default=2, help="torch CPU threads")
+    p.add_argument("--peak-gbps", type=float, default=None, help="device peak bandwidth, GB/s")
+    p.add_argument("--out", type=Path, default=None, help="result JSON (default benchmarks/results/...)")
+    args = p.parse_args(argv)
+    cuda = args.device.startswith("cuda")
+    args.dtype = args.dtype or ("fp16" if cuda else "fp32")
+    args.repeats = args.repeats or (20 if cuda else 7)
+    args.fractions = [float(x) for x in args.fractions.split(",")]
+    args.set_ratios = [float(x) for x in args.set_ratios.split(",")]
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    torch.set_num_threads(args.threads)
+    cuda = args.device.startswith("cuda")
+    if cuda and not torch.cuda.is_available():
+        raise SystemExit("bench_projection: --device cuda but torch sees no CUDA device")
+    name = device_name(args.device)
+    peak, peak_src = peak_gbps(name, args.peak_gbps) if cuda else (None, "not used on CPU")
+    if args.sizes:
+        sizes = [tuple(int(v) for v in s.split(":")) for s in args.sizes.split(",")]
+    else:
+        sizes = ([] if cuda else [(32000, 256)]) + [(128000, 1024), (250000, 1024)]
+    meta = {
+        "device": args.device,
+        "device_name": name,
+        "dtype": args.dtype,
+        "peak_gbps": peak,
+    }
+    header = {
+        **meta,
+        "peak_source": peak_src,
+        "copy_bandwidth_GBps": copy_bandwidth_gbps(args.device),
+        "torch": torch.__version__,
+        "commit": git_commit(),
+        "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "threads": torch.get_num_threads(),
+        "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+        "host": platform.node(),
+    }
+    try:
+        import cupy
+
+        header["cupy"] = cupy.__version__
+    except ImportError:
+        header["cupy"] = None
+    print(f"# {name}, {args.dtype}, torch {torch.__version__}, commit {header['commit']}")
+    print(f"# copy bandwidth {header['copy_bandwidth_GBps']:.1f} GB/s; peak {peak} GB/s ({peak_src})")
+    print(f"{'N':>7} {'d':>5} {'rows':>4} {'act':>4}  {'method':<16} {'time':>14}  {'vs full':>7}")
+    records = []
+    for n_vocab, d in sizes:
+        if args.rows:
+            rows_list = [int(x) for x in args.rows.split(",")]
+        elif n_vocab <= 64_000 and not cuda:
+            rows_list = [1, 2, 4, 8, 16, 40, 64, 128]
+        else:
+            rows_list = [1, 8, 40, 128] if cuda else [1, 40, 128]
+        records += bench_size(n_vocab, d, rows_list, args, meta)
+    cross = crossover(records)
+    print("\n# per-row vs union (per-row time / union time by rows; < 1: per-row faster)")
+    for c in cross:
+        pairs = ", ".join(f"{k}:{v}" for k, v in zip(c["rows"], c["per_row_over_union"], strict=True))
+        print(
+            f"N={c['N']} d={c['d']} act={100 * c['active_fraction']:.0f}% set={c['set_ratio']} "
+            f"[{c['variant']}] {pairs}"
+            f"  -> per-row wins from {c['per_row_wins_from']}"
+        )
+    out = args.out
+    if out is None:
+        slug = "cpu" if not cuda else "cuda-" + "-".join(name.lower().replace("nvidia", "").split())[:40]
+        out = RESULTS / f"projection-{slug}-{dt.date.today().isoformat()}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"meta": header, "results": records, "crossover": cross}, indent=1) + "\n")
+    print(f"\nwrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
