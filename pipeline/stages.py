@@ -11,6 +11,7 @@ from pathlib import Path
 from fastvocab.artifacts_schema.cluster_map import MANIFEST_FILE, load_cluster_map
 from fastvocab.artifacts_schema.errors import ArtifactError
 from fastvocab.artifacts_schema.hidden_states import ShardMeta, direction_dir, validate_direction
+from fastvocab.pipeline.errors import UserError
 from fastvocab.pipeline.run import Context
 from fastvocab.pipeline.tracking import StageRecord
 from fastvocab.tasks.dump import (
@@ -30,7 +31,7 @@ COMPARE_KS = (1, 3, 5)  # per-cluster active fractions also reported at these K 
 # ----------------------------------------------------------------------------------------------- workers
 
 
-def _worker_options(ctx: Context) -> tuple[dict[str, object], float, float]:
+def worker_options(ctx: Context) -> tuple[dict[str, object], float, float]:
     """DumpActor options, CPUs and GPUs per worker."""
     cfg = ctx.cfg.dump
     threads = cfg.torch_threads or max(1, ctx.ray.cpus() // cfg.num_workers)
@@ -45,7 +46,7 @@ def _worker_options(ctx: Context) -> tuple[dict[str, object], float, float]:
     return options, float(threads), float(cfg.num_gpus_per_worker)
 
 
-def _on_workers(ctx: Context, desc: str, fn: Callable, items: list[tuple]) -> list[dict[str, object]]:
+def run_on_workers(ctx: Context, desc: str, fn: Callable, items: list[tuple]) -> list[dict[str, object]]:
     """Run ``fn(model_path, options, *item)`` as Ray tasks, at most ``dump.num_workers`` at a time.
 
     The task bodies keep their model per worker process (``tasks.dump.cached_actor``), so each worker loads
@@ -54,7 +55,7 @@ def _on_workers(ctx: Context, desc: str, fn: Callable, items: list[tuple]) -> li
     if not items:
         return []
     ray = ctx.ray.ensure()
-    options, cpus, gpus = _worker_options(ctx)
+    options, cpus, gpus = worker_options(ctx)
     task = ray.remote(num_cpus=cpus, num_gpus=gpus, max_retries=1)(fn)
     model = str(ctx.model().path)
     todo, running, results = list(items), [], []
@@ -68,12 +69,12 @@ def _on_workers(ctx: Context, desc: str, fn: Callable, items: list[tuple]) -> li
     return results
 
 
-def _remote(ctx: Context, fn: Callable, num_cpus: float = 1, num_gpus: float = 0):
+def remote_fn(ctx: Context, fn: Callable, num_cpus: float = 1, num_gpus: float = 0):
     ray = ctx.ray.ensure()
     return ray.remote(num_cpus=num_cpus, num_gpus=num_gpus)(fn)
 
 
-def _wait_all(ctx: Context, refs: dict[str, object], desc: str) -> dict[str, object]:
+def wait_all(ctx: Context, refs: dict[str, object], desc: str) -> dict[str, object]:
     ray = ctx.ray.ensure()
     out, pending = {}, dict(refs)
     with ctx.bar(len(refs), desc) as bar:
@@ -134,7 +135,7 @@ def stage_dump(ctx: Context) -> list[StageRecord]:
 
     t0 = time.perf_counter()
     root, rows = str(ctx.states_root), cfg.shard_rows
-    results = _on_workers(ctx, "dump", dump_shard_task, [(spec, root, rows) for spec in todo])
+    results = run_on_workers(ctx, "dump", dump_shard_task, [(spec, root, rows) for spec in todo])
     wall = time.perf_counter() - t0
 
     records = []
@@ -210,6 +211,12 @@ def stage_kmeans(ctx: Context) -> list[StageRecord]:
     records: dict[str, StageRecord] = {}
     for name, directions in ctx.groups().items():
         files = _group_files(ctx, directions)
+        available = _rows(files)
+        if available < cfg.r:
+            raise UserError(
+                f"k-means for {name} needs at least kmeans.r={cfg.r} states, the dump has {available}: "
+                "raise dump.sentences or lower kmeans.r"
+            )
         job = {
             "files": [str(f) for f in files],
             "out_dir": str(ctx.kmeans_root / name),
@@ -242,9 +249,9 @@ def stage_kmeans(ctx: Context) -> list[StageRecord]:
         records[name] = StageRecord("kmeans", name, "ran", "", params)
 
     if jobs:
-        task = _remote(ctx, kmeans_job, num_cpus=cfg.num_cpus, num_gpus=1 if cfg.gpu else 0)
+        task = remote_fn(ctx, kmeans_job, num_cpus=cfg.num_cpus, num_gpus=1 if cfg.gpu else 0)
         refs = {name: task.remote(job.pop("files"), job.pop("out_dir"), **job) for name, job in jobs.items()}
-        for name, info in _wait_all(ctx, refs, "kmeans").items():
+        for name, info in wait_all(ctx, refs, "kmeans").items():
             rec = records[name]
             rec.message = (
                 f"r={info['r']} on {info['n_train']} states, objective {info['objective'][-1]:.4g}, "
@@ -356,21 +363,21 @@ def stage_maps(ctx: Context) -> list[StageRecord]:
     if pending_streams:
         ray = ctx.ray.ensure()
         refs = {name: ray.put(c) for name, c in centroids_of.items()}
-        stream_results = _on_workers(
+        stream_results = run_on_workers(
             ctx,
             "stream",
             stream_shard_task,
             [(spec, refs[name], k, path) for spec, name, path in pending_streams],
         )
     if jobs:
-        task = _remote(ctx, maps_job, num_cpus=1)
+        task = remote_fn(ctx, maps_job, num_cpus=1)
         refs = {
             name: task.remote(
                 job.pop("files"), job.pop("stream_files"), job.pop("kmeans_dir"), job.pop("out_dir"), **job
             )
             for name, job in jobs.items()
         }
-        for name, res in _wait_all(ctx, refs, "maps").items():
+        for name, res in wait_all(ctx, refs, "maps").items():
             mf = res["manifest"]
             af = mf["active_fraction"]
             rec = records[name]

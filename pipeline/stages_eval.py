@@ -143,13 +143,13 @@ def _method_plan(
     options: dict[str, object] = {}
     prov: dict[str, object] = {"method": method}
     if method == "clustered":
-        from fastvocab.artifacts_schema.cluster_map import TENSORS_FILE, resolve_map_dir
+        from fastvocab.artifacts_schema.cluster_map import MANIFEST_FILE, TENSORS_FILE, map_dir_name
 
         src, _, tgt = direction.partition("-")
-        try:
-            map_dir = resolve_map_dir(ctx.maps_root, src, tgt)
-        except ArtifactError as exc:
-            return str(exc)
+        # the map of the configured mode (a folder of the other mode may be left from an earlier run)
+        map_dir = ctx.maps_root / map_dir_name(src, tgt, ctx.cfg.maps.mode)
+        if not (map_dir / MANIFEST_FILE).exists():
+            return f"no cluster map at {map_dir} (run the maps stage)"
         options = {"cluster_map": str(map_dir), "mode": t.mode}
         prov.update(map=map_dir.name, map_digest=_file_digest(map_dir / TENSORS_FILE), mode=t.mode)
     elif method != "full":
@@ -215,7 +215,7 @@ PROVENANCE_KEYS = ("method", "map", "map_digest", "mode", "options", "model_fing
 
 
 def stage_translate(ctx: Context) -> list[StageRecord]:
-    from fastvocab.pipeline.stages import _remote, _wait_all, _worker_options
+    from fastvocab.pipeline.stages import remote_fn, wait_all, worker_options
 
     t = ctx.cfg.translate
     m = ctx.model()
@@ -227,7 +227,9 @@ def stage_translate(ctx: Context) -> list[StageRecord]:
         out_dir = ctx.work_dir / "translations" / direction
         params = {"model_fingerprint": m.fingerprint, "split": ctx.cfg.eval.split, "sentences": len(sources)}
         params.update({k: settings[k] for k in ("beam", "batch_size", "max_len", "mode", "device")})
-        unavailable, current, jobs = [], [], []
+        unavailable: list[str] = []
+        current: list[dict[str, object]] = []
+        jobs: list[dict[str, object]] = []
         for method in ctx.cfg.eval.methods:
             plan = _method_plan(ctx, direction, method)
             if isinstance(plan, str):
@@ -241,16 +243,25 @@ def stage_translate(ctx: Context) -> list[StageRecord]:
                 **{k: settings[k] for k in ("beam", "batch_size", "max_len", "length_penalty")},
             )
             out = out_dir / f"{method}.parquet"
+            job = {"method": method, "options": options, "provenance": prov, "out": str(out)}
             found = _read_json(out.with_suffix(".json"))
             if out.exists() and found is not None and all(found.get(k) == v for k, v in prov.items()):
-                current.append(method)
+                current.append(job)
                 continue
-            jobs.append({"method": method, "options": options, "provenance": prov, "out": str(out)})
+            jobs.append(job)
+        if jobs and any(j["method"] == "full" for j in current):
+            # speed ratios compare methods timed in the same process: time full again with the others
+            jobs += [j for j in current if j["method"] == "full"]
+            current = [j for j in current if j["method"] != "full"]
         params["methods"] = ",".join(ctx.cfg.eval.methods)
         note = f"; unavailable: {'; '.join(unavailable)}" if unavailable else ""
         if not jobs:
             status = "skipped" if current else "unavailable"
-            msg = f"translations current for {', '.join(current)}" if current else "no method could run"
+            msg = (
+                f"translations current for {', '.join(j['method'] for j in current)}"
+                if current
+                else "no method could run"
+            )
             records[direction] = StageRecord("translate", direction, status, msg + note, params)
             continue
         # full first: the other methods' search errors and speed ratios are measured against it
@@ -259,16 +270,16 @@ def stage_translate(ctx: Context) -> list[StageRecord]:
         records[direction] = StageRecord("translate", direction, "ran", note, params)
 
     if work:
-        options, _, _ = _worker_options(ctx)
+        options, _, _ = worker_options(ctx)
         gpus = 1 if t.device.startswith("cuda") else 0
         options = {**options, "device": t.device}
-        task = _remote(ctx, translate_job, num_cpus=options["torch_threads"], num_gpus=gpus)
+        task = remote_fn(ctx, translate_job, num_cpus=options["torch_threads"], num_gpus=gpus)
         model = str(m.path)
         refs = {
             d: task.remote(model, options, d, sources, ids, jobs, settings)
             for d, (ids, sources, jobs) in work.items()
         }
-        for direction, results in _wait_all(ctx, refs, "translate").items():
+        for direction, results in wait_all(ctx, refs, "translate").items():
             rec = records[direction]
             for r in results:
                 meth = r["method"]
