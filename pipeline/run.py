@@ -76,6 +76,21 @@ class RaySession:
             return int(ray.cluster_resources().get("CPU", 1))
         return self.num_cpus
 
+    def has_gpu(self) -> bool:
+        import ray
+
+        return float(ray.cluster_resources().get("GPU", 0)) > 0
+
+    def require_gpus(self, amount: float, what: str) -> None:
+        """A task asking for GPUs that the cluster does not have would wait forever: fail instead."""
+        if amount <= 0:
+            return
+        import ray
+
+        have = float(ray.cluster_resources().get("GPU", 0))
+        if have < amount:
+            raise UserError(f"{what} asks for {amount:g} GPU(s) per task, the Ray cluster has {have:g}")
+
     def shutdown(self) -> None:
         if self._started:
             import ray

@@ -56,6 +56,7 @@ def run_on_workers(ctx: Context, desc: str, fn: Callable, items: list[tuple]) ->
         return []
     ray = ctx.ray.ensure()
     options, cpus, gpus = worker_options(ctx)
+    ctx.ray.require_gpus(gpus, "dump.num_gpus_per_worker")
     task = ray.remote(num_cpus=cpus, num_gpus=gpus, max_retries=1)(fn)
     model = str(ctx.model().path)
     todo, running, results = list(items), [], []
@@ -249,7 +250,13 @@ def stage_kmeans(ctx: Context) -> list[StageRecord]:
         records[name] = StageRecord("kmeans", name, "ran", "", params)
 
     if jobs:
-        task = remote_fn(ctx, kmeans_job, num_cpus=cfg.num_cpus, num_gpus=1 if cfg.gpu else 0)
+        ctx.ray.ensure()
+        gpu = cfg.gpu and ctx.ray.has_gpu()
+        if cfg.gpu and not gpu:
+            log.warning("kmeans.gpu is set but the Ray cluster has no GPU: k-means runs on CPU")
+        for job in jobs.values():
+            job["gpu"] = gpu
+        task = remote_fn(ctx, kmeans_job, num_cpus=cfg.num_cpus, num_gpus=1 if gpu else 0)
         refs = {name: task.remote(job.pop("files"), job.pop("out_dir"), **job) for name, job in jobs.items()}
         for name, info in wait_all(ctx, refs, "kmeans").items():
             rec = records[name]

@@ -272,6 +272,8 @@ def stage_translate(ctx: Context) -> list[StageRecord]:
     if work:
         options, _, _ = worker_options(ctx)
         gpus = 1 if t.device.startswith("cuda") else 0
+        ctx.ray.ensure()
+        ctx.ray.require_gpus(gpus, f"translate.device={t.device}")
         options = {**options, "device": t.device}
         task = remote_fn(ctx, translate_job, num_cpus=options["torch_threads"], num_gpus=gpus)
         model = str(m.path)
