@@ -7,6 +7,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 from fastvocab.artifacts_schema.cluster_map import MANIFEST_FILE, load_cluster_map
 from fastvocab.artifacts_schema.errors import ArtifactError
@@ -31,11 +32,11 @@ COMPARE_KS = (1, 3, 5)  # per-cluster active fractions also reported at these K 
 # ----------------------------------------------------------------------------------------------- workers
 
 
-def worker_options(ctx: Context) -> tuple[dict[str, object], float, float]:
+def worker_options(ctx: Context) -> tuple[dict[str, Any], float, float]:
     """DumpActor options, CPUs and GPUs per worker."""
     cfg = ctx.cfg.dump
     threads = cfg.torch_threads or max(1, ctx.ray.cpus() // cfg.num_workers)
-    options = {
+    options: dict[str, Any] = {
         "k": cfg.k,
         "max_len": cfg.max_len,
         "batch_size": cfg.batch_size,
@@ -46,7 +47,7 @@ def worker_options(ctx: Context) -> tuple[dict[str, object], float, float]:
     return options, float(threads), float(cfg.num_gpus_per_worker)
 
 
-def run_on_workers(ctx: Context, desc: str, fn: Callable, items: list[tuple]) -> list[dict[str, object]]:
+def run_on_workers(ctx: Context, desc: str, fn: Callable, items: list[tuple]) -> list[dict[str, Any]]:
     """Run ``fn(model_path, options, *item)`` as Ray tasks, at most ``dump.num_workers`` at a time.
 
     The task bodies keep their model per worker process (``tasks.dump.cached_actor``), so each worker loads
@@ -59,7 +60,7 @@ def run_on_workers(ctx: Context, desc: str, fn: Callable, items: list[tuple]) ->
     ctx.ray.require_gpus(gpus, "dump.num_gpus_per_worker")
     task = ray.remote(num_cpus=cpus, num_gpus=gpus, max_retries=1)(fn)
     model = str(ctx.model().path)
-    todo, running, results = list(items), [], []
+    todo, running, results = list(items), [], []  # type: list[tuple], list[Any], list[dict[str, Any]]
     with ctx.bar(len(items), desc) as bar:
         while todo or running:
             while todo and len(running) < ctx.cfg.dump.num_workers:
@@ -75,7 +76,7 @@ def remote_fn(ctx: Context, fn: Callable, num_cpus: float = 1, num_gpus: float =
     return ray.remote(num_cpus=num_cpus, num_gpus=num_gpus)(fn)
 
 
-def wait_all(ctx: Context, refs: dict[str, object], desc: str) -> dict[str, object]:
+def wait_all(ctx: Context, refs: dict[str, Any], desc: str) -> dict[str, Any]:
     ray = ctx.ray.ensure()
     out, pending = {}, dict(refs)
     with ctx.bar(len(refs), desc) as bar:
@@ -144,11 +145,12 @@ def stage_dump(ctx: Context) -> list[StageRecord]:
         files = validate_direction(ctx.states_root, direction, fingerprint=m.fingerprint)
         states = _rows(files)
         ran = [r for r in results if r["direction"] == direction and not r["skipped"]]
-        params = {
+        n_sent = sum(len(s.sent_ids) for s in specs)
+        params: dict[str, Any] = {
             "model_fingerprint": m.fingerprint,
             "direction": direction,
             "k": cfg.k,
-            "sentences": sum(len(s.sent_ids) for s in specs),
+            "sentences": n_sent,
             "max_states": cfg.max_states,
             "shard_sentences": cfg.shard_sentences,
             "batch_size": cfg.batch_size,
@@ -157,7 +159,7 @@ def stage_dump(ctx: Context) -> list[StageRecord]:
             "num_workers": cfg.num_workers,
             "num_gpus_per_worker": cfg.num_gpus_per_worker,
         }
-        metrics: dict[str, float] = {"states": states, "shards": len(files), "sentences": params["sentences"]}
+        metrics: dict[str, float] = {"states": states, "shards": len(files), "sentences": n_sent}
         if not ran:
             records.append(
                 StageRecord("dump", direction, "skipped", f"{len(files)} shards valid", params, metrics)
@@ -208,7 +210,7 @@ def stage_kmeans(ctx: Context) -> list[StageRecord]:
 
     cfg = ctx.cfg.kmeans
     m = ctx.model()
-    jobs: dict[str, dict[str, object]] = {}
+    jobs: dict[str, dict[str, Any]] = {}
     records: dict[str, StageRecord] = {}
     for name, directions in ctx.groups().items():
         files = _group_files(ctx, directions)
@@ -277,7 +279,7 @@ def stage_kmeans(ctx: Context) -> list[StageRecord]:
     return list(records.values())
 
 
-def _kmeans_matches(info, job: dict[str, object]) -> bool:
+def _kmeans_matches(info, job: dict[str, Any]) -> bool:
     got = asdict(info)
     keys = ("r", "niter", "seed", "max_points_per_centroid", "model_fingerprint", "inputs_digest")
     return all(got[k] == job[k] for k in keys) and sorted(got["directions"]) == sorted(job["directions"])
@@ -299,9 +301,9 @@ def stage_maps(ctx: Context) -> list[StageRecord]:
         )
     m = ctx.model()
     records: dict[str, StageRecord] = {}
-    jobs: dict[str, dict[str, object]] = {}
+    jobs: dict[str, dict[str, Any]] = {}
     pending_streams: list[tuple[ShardSpec, str, str]] = []  # (spec, map name, out path)
-    centroids_of: dict[str, object] = {}
+    centroids_of: dict[str, Any] = {}
     for name, directions in ctx.groups().items():
         centroids, info = load_kmeans(ctx.kmeans_root / name)
         files = _group_files(ctx, directions)
@@ -366,7 +368,7 @@ def stage_maps(ctx: Context) -> list[StageRecord]:
         }
         records[name] = StageRecord("maps", name, "ran", "", params)
 
-    stream_results: list[dict[str, object]] = []
+    stream_results: list[dict[str, Any]] = []
     if pending_streams:
         ray = ctx.ray.ensure()
         refs = {name: ray.put(c) for name, c in centroids_of.items()}

@@ -14,6 +14,7 @@ import hashlib
 import json
 import logging
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -131,17 +132,15 @@ def _eval_sample(ctx: Context, direction: str) -> tuple[list[int], list[str], li
     return list(ids), list(sources), list(refs)
 
 
-def _method_plan(
-    ctx: Context, direction: str, method: str
-) -> tuple[dict[str, object], dict[str, object]] | str:
+def _method_plan(ctx: Context, direction: str, method: str) -> tuple[dict[str, Any], dict[str, Any]] | str:
     """(projection options, provenance) of a method for a direction, or the reason it cannot run."""
     from fastvocab.kernels import available_projections
 
     if method not in available_projections():
         return f"method {method!r} is not registered (available: {', '.join(available_projections())})"
     t = ctx.cfg.translate
-    options: dict[str, object] = {}
-    prov: dict[str, object] = {"method": method}
+    options: dict[str, Any] = {}
+    prov: dict[str, Any] = {"method": method}
     if method == "clustered":
         from fastvocab.artifacts_schema.cluster_map import MANIFEST_FILE, TENSORS_FILE, map_dir_name
 
@@ -160,13 +159,13 @@ def _method_plan(
 
 def translate_job(
     model_path: str,
-    options: dict[str, object],
+    options: dict[str, Any],
     direction: str,
     sources: list[str],
     ids: list[int],
-    jobs: list[dict[str, object]],
-    settings: dict[str, object],
-) -> list[dict[str, object]]:
+    jobs: list[dict[str, Any]],
+    settings: dict[str, Any],
+) -> list[dict[str, Any]]:
     """Ray task body: translate one direction's eval sample with every method, in one process (so the speed
     ratios compare like with like), write ``<method>.parquet`` + ``<method>.json`` for each, atomically."""
     from fastvocab.artifacts_schema.atomic import write_text_atomic
@@ -221,15 +220,15 @@ def stage_translate(ctx: Context) -> list[StageRecord]:
     m = ctx.model()
     settings = t.model_dump(mode="json")
     records: dict[str, StageRecord] = {}
-    work: dict[str, tuple[list[int], list[str], list[dict[str, object]]]] = {}
+    work: dict[str, tuple[list[int], list[str], list[dict[str, Any]]]] = {}
     for direction in ctx.cfg.directions:
         ids, sources, _ = _eval_sample(ctx, direction)
         out_dir = ctx.work_dir / "translations" / direction
         params = {"model_fingerprint": m.fingerprint, "split": ctx.cfg.eval.split, "sentences": len(sources)}
         params.update({k: settings[k] for k in ("beam", "batch_size", "max_len", "mode", "device")})
         unavailable: list[str] = []
-        current: list[dict[str, object]] = []
-        jobs: list[dict[str, object]] = []
+        current: list[dict[str, Any]] = []
+        jobs: list[dict[str, Any]] = []
         for method in ctx.cfg.eval.methods:
             plan = _method_plan(ctx, direction, method)
             if isinstance(plan, str):
@@ -329,7 +328,7 @@ def stage_evaluate(ctx: Context) -> list[StageRecord]:
             continue
         hyps = {m: _read_hypotheses(tdir / f"{m}.parquet", sources) for m in methods}
         runs = {m: _read_json(tdir / f"{m}.json") or {} for m in methods}
-        result: dict[str, object] = {"direction": direction, "inputs_digest": digest, "methods": {}}
+        result: dict[str, Any] = {"direction": direction, "inputs_digest": digest, "methods": {}}
         metrics: dict[str, float] = {}
         for m in methods:
             s = score(hyps[m], refs, tgt_lang=direction.partition("-")[2])

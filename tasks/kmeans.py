@@ -129,7 +129,7 @@ def train_kmeans(
         max_points_per_centroid=max_points_per_centroid,
         n_train=min(n, r * max_points_per_centroid),  # Faiss subsamples above this (seeded)
         n_available=n,
-        objective=[float(v) for v in km.obj],
+        objective=[float(v) for v in (km.obj if km.obj is not None else [])],
         seconds=seconds,
         gpu=bool(on_gpu),
         threads=used,
