@@ -104,6 +104,9 @@ class Seq2SeqAdapter:
         # Multi-target Marian: target tags, plus the source language its tokenizer records (if any).
         pair = self._fixed_pair() if self.family == _MARIAN else []
         self.languages: list[str] = sorted(set(self._lang_ids) | set(pair))
+        trained = getattr(self.config, "fastvocab_languages", None)
+        if trained:  # the demo model records the languages it was trained on (its tokenizer knows 100)
+            self.languages = [lang for lang in self.languages if lang in set(trained)]
 
     # ------------------------------------------------------------------ loading
 
@@ -180,7 +183,8 @@ class Seq2SeqAdapter:
 
     def always_active_ids(self) -> list[int]:
         """EOS + the language-tag ids: columns any candidate-set method must always compute."""
-        return sorted({self.eos_id, *self._lang_ids.values()})
+        tags = (self._lang_ids[lang] for lang in self.languages if lang in self._lang_ids)
+        return sorted({self.eos_id, *tags})
 
     def suppressed_ids(self) -> list[int]:
         """Ids ``generate`` never emits for this model (single-token ``bad_words_ids``, ``suppress_tokens``).

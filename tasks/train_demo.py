@@ -457,9 +457,15 @@ def translate(
     *,
     batch_size: int = 32,
     max_len: int = 128,
+    adaptive_len: bool = True,
     device: str = "cpu",
 ) -> list[str]:
-    """Greedy ``model.generate`` with the target tag forced first; length-sorted batches, input order kept."""
+    """Greedy ``model.generate`` with the target tag forced first; length-sorted batches, input order kept.
+
+    ``max_len`` counts target tokens after the language tag (as ``fastvocab translate --max-len``). With
+    ``adaptive_len`` a batch may generate at most twice its source length + 10 tokens, so an undertrained
+    model does not run to ``max_len`` on every batch.
+    """
     tokenizer.src_lang = src_lang
     forced = tokenizer.get_lang_id(tgt_lang)
     order = sorted(range(len(sources)), key=lambda i: len(sources[i]))
@@ -467,10 +473,9 @@ def translate(
     for start in range(0, len(order), batch_size):
         idx = order[start : start + batch_size]
         enc = tokenizer([sources[i] for i in idx], return_tensors="pt", padding=True).to(device)
-        # headroom over the source length, so an untrained model does not run to max_len on every batch
-        budget = min(max_len, int(enc["input_ids"].shape[1] * 2) + 10)
+        limit = min(max_len, 2 * enc["input_ids"].shape[1] + 10) if adaptive_len else max_len
         gen = model.generate(
-            **enc, forced_bos_token_id=forced, num_beams=1, do_sample=False, max_length=budget
+            **enc, forced_bos_token_id=forced, num_beams=1, do_sample=False, max_new_tokens=limit + 1
         )
         for i, text in zip(idx, tokenizer.batch_decode(gen, skip_special_tokens=True), strict=True):
             out[i] = text
@@ -788,6 +793,8 @@ def save_and_evaluate(cfg: TrainConfig, prep: Prepared, model, prog: _Progress, 
     gen = model.generation_config
     gen.decoder_start_token_id = tok.eos_token_id  # type: ignore[attr-defined]
     gen.num_beams, gen.max_length = 1, cfg.max_len
+    # The tokenizer knows all 100 M2M100 codes; record the ones trained, so others are refused at load.
+    model.config.fastvocab_languages = sorted(prep.langs)
     model.save_pretrained(out)
     tok.src_lang = prep.langs[0]  # type: ignore[attr-defined]
     tok.tgt_lang = prep.langs[1] if len(prep.langs) > 1 else prep.langs[0]  # type: ignore[attr-defined]

@@ -198,3 +198,21 @@ def test_marian_search_equals_generate(marian):
         ref_b = marian.model.generate(**batch, num_beams=3, early_stopping=False, **gen_kw).tolist()
         ref_b = [[t for t in r[1:] if t not in (marian.eos_id, marian.pad_id)] for r in ref_b]
         assert beam_search(marian, proj, batch, "en", "it", beam=3, max_len=max_len) == ref_b
+
+
+def test_recorded_training_languages_restrict_the_m2m100_codes(tiny_model_dir, tmp_path):
+    # The tokenizer knows all 100 M2M100 codes; a model that records the languages it was trained on
+    # (as train-demo does) refuses the others instead of translating them into garbage.
+    folder = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, folder)
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg["fastvocab_languages"] = ["en", "it"]
+    (folder / "config.json").write_text(json.dumps(cfg))
+    adapter = Seq2SeqAdapter.load(folder)
+    assert adapter.languages == ["en", "it"]
+    adapter.check_language("it")
+    with pytest.raises(ValueError, match=r"unknown language 'fr' .*valid: en, it"):
+        adapter.check_language("fr")
+    assert sorted(adapter.always_active_ids()) == sorted(
+        [adapter.eos_id, adapter.lang_id("en"), adapter.lang_id("it")]
+    )
