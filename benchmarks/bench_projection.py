@@ -321,13 +321,17 @@ def _record(meta, n_vocab, d, r, rows, frac, ratio, method, backend, ts, t_full,
 
 def _print_rows(recs: list[dict]) -> None:
     for rec in recs:
-        frac = "-" if rec["active_fraction"] is None else f"{100 * rec['active_fraction']:.0f}%"
+        frac = (
+            "-"
+            if rec["active_fraction"] is None
+            else f"{100 * rec['active_fraction']:.0f}%/{rec['set_ratio']}"
+        )
         extra = ""
         if "union_fraction" in rec:
             extra = f"union {100 * rec['union_fraction']:5.1f}%  row {100 * rec['per_row_fraction']:5.1f}%"
         floor = f"{rec['time_over_floor']:6.2f}x floor" if "time_over_floor" in rec else ""
         print(
-            f"{rec['N']:>7} {rec['d']:>5} {rec['rows']:>4} {frac:>4}  {rec['method']:<16} "
+            f"{rec['N']:>7} {rec['d']:>5} {rec['rows']:>4} {frac:>9}  {rec['method']:<16} "
             f"{rec['time_us']:>11.1f} us  x{rec['ratio_vs_full']:>6.2f}  {rec['achieved_GBps']:>7.1f} GB/s  "
             f"{floor}  {extra}",
             flush=True,
@@ -451,7 +455,9 @@ def main(argv: list[str] | None = None) -> int:
         header["cupy"] = None
     print(f"# {name}, {args.dtype}, torch {torch.__version__}, commit {header['commit']}")
     print(f"# copy bandwidth {header['copy_bandwidth_GBps']:.1f} GB/s; peak {peak} GB/s ({peak_src})")
-    print(f"{'N':>7} {'d':>5} {'rows':>4} {'act':>4}  {'method':<16} {'time':>14}  {'vs full':>7}")
+    print(
+        f"{'N':>7} {'d':>5} {'rows':>4} {'act/set':>9}  {'method':<16} {'time (median)':>14}  {'vs full':>7}"
+    )
     records = []
     for n_vocab, d in sizes:
         if args.rows:

@@ -103,6 +103,8 @@ class ClusteredProjection(Projection):
             self._mass = ops.mass_tables(self._map, self.weight, self.bias)
         if self.backend == "cupy":
             self._indices32 = self._map.indices.to(torch.int32)  # (nnz,) what the kernels read
+            if self.bias is not None:
+                self.bias = self.bias.contiguous()
         log.debug(
             "clustered projection: r=%d, mean set %.1f ids (%.2f%% of N), backend %s, cached %.1f MB",
             self._map.r,
@@ -207,6 +209,9 @@ class ClusteredProjection(Projection):
         from fastvocab.kernels import cupy_ops
 
         pm = self._map
+        h = h.contiguous()  # the decoder hands a strided view (last position of its output)
+        if h.data_ptr() % 16:  # the kernels load 16-byte chunks
+            h = h.clone()
         clusters = cupy_ops.assign(h.to(pm.centroids_t.dtype) @ pm.centroids_t, pm.sq_norms)  # (rows,)
         if self.mode == "union":
             mask = cupy_ops.mark_active(clusters, pm.indptr, self._indices32, self.n_vocab, pm.max_size)

@@ -266,3 +266,20 @@ def test_cupy_consecutive_batches_equal_fresh_objects(mode):
         got = shared(h)
         fresh = create_projection("clustered", w, b, cluster_map=cmap, mode=mode, backend="cupy")(h)
         assert torch.equal(got.ids, fresh.ids) and torch.equal(got.logits, fresh.logits)
+
+
+def test_cupy_backend_takes_strided_and_offset_hidden_states():
+    needs_mma()
+    w, b = layer(seed=3)
+    cmap = make_map(w, b, random_sets(3000, 10, [100, 300], seed=3), seed=3)
+    rng = np.random.default_rng(3)
+    h = torch.from_numpy(cmap.centroids[rng.integers(0, 10, 6)]).to(DEV, torch.float16)  # (6, 128)
+    wide = torch.cat([h, h], dim=1)[:, :128]  # non-contiguous, like the decoder's last-position slice
+    buf = torch.zeros(6 * 128 + 1, device=DEV, dtype=h.dtype)
+    buf[1:] = h.reshape(-1)
+    offset = buf[1:].view(6, 128)  # contiguous but 2 bytes off a 16-byte boundary
+    for mode in ("union", "per-row"):
+        fast = create_projection("clustered", w, b, cluster_map=cmap, mode=mode, backend="cupy")
+        want = fast(h).dense()
+        for variant in (wide, offset):
+            torch.testing.assert_close(fast(variant).dense(), want, rtol=0, atol=0)
