@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
 from pathlib import Path
 
@@ -16,7 +17,7 @@ language pair in the corpus (or --directions), mixing directions by temperature 
 not drowned.
 
 Presets (architecture; default budget):
-  tiny   8K vocabulary, d_model 256, 3+2 layers; 7 minutes on 2 CPU cores. For tests and smoke runs.
+  tiny   8K vocabulary, d_model 256, 3+2 layers; 6 minutes on 2 CPU cores. For tests and smoke runs.
   cpu    32K vocabulary, d_model 256, 4+2 layers; 45 minutes on 2 CPU cores. The committed models/demo when no
          GPU is at hand: big vocabulary and lean decoder, so the output projection is a large share of a step.
   base   32K vocabulary, d_model 512, 6+2 layers (deep encoder, shallow decoder); 60K steps. For a GPU.
@@ -68,6 +69,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    # Before torch loads OpenMP: idle worker threads sleep instead of spinning. On a machine whose cores are
+    # shared with other jobs, spinning threads steal each other's time slices (2 threads ran at half the
+    # speed of 1 in our measurement); sleeping ones cost nothing when the cores are free.
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     from fastvocab.artifacts_schema.corpus import available_pairs
     from fastvocab.tasks.train_demo import TrainConfig, parse_direction, train_demo
 
