@@ -164,13 +164,38 @@ def union_columns(clusters: Sequence[int], ids: Sequence[torch.Tensor], n_vocab:
     return mask.nonzero().squeeze(1)
 
 
+# CPU gathers go through a reused 4 MB block: one big index_select would allocate a fresh C x d buffer per
+# call (beyond glibc's mmap threshold, so every page faults in again: 3-5x slower at C = 12.5K, d = 1024,
+# benchmarks/README.md) and stream it out of cache before the GEMM reads it back.
+GATHER_CHUNK_BYTES = 4 << 20
+
+
 def gathered_logits(
     h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, cols: torch.Tensor
 ) -> torch.Tensor:
-    """Logits of columns ``cols`` only, (rows, C): copy the active rows of W, then one GEMM."""
-    w = weight.index_select(0, cols)  # (C, d)
-    b = None if bias is None else bias.index_select(0, cols)
-    return F.linear(h, w, b)
+    """Logits of columns ``cols`` only, (rows, C): copy the active rows of W, then GEMM.
+
+    On CPU, sets above ``GATHER_CHUNK_BYTES`` are gathered and multiplied a cache-sized block at a time.
+    """
+    c, d = cols.numel(), weight.shape[1]
+    row_bytes = d * weight.element_size()
+    if weight.device.type != "cpu" or c * row_bytes <= GATHER_CHUNK_BYTES:
+        w = weight.index_select(0, cols)  # (C, d)
+        b = None if bias is None else bias.index_select(0, cols)
+        return F.linear(h, w, b)
+    step = max(1, GATHER_CHUNK_BYTES // row_bytes)
+    out_t = h.new_empty((c, h.shape[0]))  # (C, rows): each block fills contiguous rows
+    buf = weight.new_empty((step, d))
+    h_t = h.t()  # (d, rows)
+    for lo in range(0, c, step):
+        sel = cols[lo : lo + step]
+        n = sel.numel()
+        torch.index_select(weight, 0, sel, out=buf[:n])  # (n, d)
+        if bias is None:
+            torch.mm(buf[:n], h_t, out=out_t[lo : lo + n])
+        else:
+            torch.addmm(bias.index_select(0, sel).unsqueeze(1), buf[:n], h_t, out=out_t[lo : lo + n])
+    return out_t.t().contiguous()
 
 
 def cluster_logits(

@@ -226,6 +226,22 @@ def test_cached_and_gathered_paths_agree():
         torch.testing.assert_close(a.dense(), c.dense(), rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("rows", [1, 3])
+def test_blockwise_cpu_gather_equals_one_gather(monkeypatch, bias, rows):
+    from fastvocab.kernels import clustered_ops
+
+    w, b = random_layer(bias=bias)
+    cols = torch.tensor(sorted(np.random.default_rng(0).choice(300, 77, replace=False).tolist()))
+    h = torch.randn(rows, 16)
+    one = clustered_ops.gathered_logits(h, w, b, cols)
+    monkeypatch.setattr(clustered_ops, "GATHER_CHUNK_BYTES", 10 * 16 * 4)  # blocks of 10 rows, last one 7
+    blocks = clustered_ops.gathered_logits(h, w, b, cols)
+    assert blocks.shape == (rows, 77) and blocks.is_contiguous()
+    torch.testing.assert_close(blocks, one, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(blocks, torch.nn.functional.linear(h, w, b)[:, cols], rtol=1e-5, atol=1e-5)
+
+
 def test_cache_cap_keeps_most_populated_clusters():
     w, b = random_layer(d=16)
     rng = np.random.default_rng(0)
