@@ -216,7 +216,7 @@ def bench_size(n_vocab: int, d: int, rows_list: list[int], args, meta: dict) -> 
             cases.append((frac, ratio, cmap, projs))
     records: list[dict] = []
     for rows in rows_list:
-        inner = args.inner or max(1, min(50, int(2e8 / (n_vocab * d * max(rows, 4)))))
+        inner = args.inner or (20 if cuda else max(1, min(50, int(2e8 / (n_vocab * d * max(rows, 4))))))
         fns: dict[tuple, Callable[[], object]] = {}
         states = {}
         for frac, ratio, cmap, projs in cases:
