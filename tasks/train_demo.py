@@ -72,6 +72,7 @@ class TrainConfig:
     batch_tokens: int | None = None  # padded tokens per batch (max of source and target side)
     lr: float | None = None
     warmup: int | None = None
+    dropout: float | None = None
     seed: int = 1
     device: str = "cpu"
     threads: int = 2
@@ -97,7 +98,7 @@ class TrainConfig:
         cfg = TrainConfig(**{**asdict(self)})
         cfg.corpus, cfg.out, cfg.work_dir = Path(self.corpus), Path(self.out), Path(self.work_dir)
         cfg.arch = dict(self.arch) if self.arch is not None else dict(PRESETS[self.preset])
-        for name in ("batch_tokens", "lr", "warmup"):
+        for name in ("batch_tokens", "lr", "warmup", "dropout"):
             if getattr(cfg, name) is None:
                 setattr(cfg, name, defaults[name])
         if cfg.max_minutes is None and cfg.max_steps is None:
@@ -623,6 +624,7 @@ class _Progress:
     history: list[dict] = field(default_factory=list)  # one entry per checkpoint
     last_train: dict = field(default_factory=dict)  # means over the last logging window
     train_log: list[dict] = field(default_factory=list)  # every logging window: step, loss, nll, lr, tok/s
+    sessions: list[dict] = field(default_factory=list)  # budget and recipe of every (resumed) session
 
 
 def _save_state(
@@ -736,7 +738,8 @@ def train_demo(cfg: TrainConfig) -> TrainResult:
         raise ValueError(f"checkpoint {ckpt_path} was trained on {ckpt['directions']}, not {prep.directions}")
 
     torch.manual_seed(cfg.seed)
-    model = M2M100ForConditionalGeneration(model_config(cfg.arch, prep.tokenizer))  # type: ignore[arg-type]
+    config = model_config(cfg.arch, prep.tokenizer, dropout=cfg.dropout)  # type: ignore[arg-type]
+    model = M2M100ForConditionalGeneration(config)
     model.to(cfg.device)
     params = count_parameters(model)
     optimizer = torch.optim.AdamW(
@@ -756,8 +759,18 @@ def train_demo(cfg: TrainConfig) -> TrainResult:
         prep.stream.load_state_dict(ckpt["sampler"])
         _set_rng_state(ckpt["rng"])
         prog = _Progress(**ckpt["progress"])
+        # the schedule's peak comes from this session's --lr (the checkpoint holds the previous one)
+        scheduler.base_lrs = [cfg.lr for _ in optimizer.param_groups]  # type: ignore[misc]
+        for group in optimizer.param_groups:
+            group["initial_lr"] = cfg.lr
+            group["lr"] = cfg.lr * inverse_sqrt(cfg.warmup)(prog.step)  # type: ignore[arg-type, operator]
         log.info("resumed from %s at step %d (%.1f min trained)", ckpt_path, prog.step, prog.elapsed / 60)
     del ckpt
+    # one entry per session: a resumed run may change the budget or the recipe, and the model card says so
+    prog.sessions.append(
+        {"start_step": prog.step, "start_minutes": round(prog.elapsed / 60, 2)}
+        | {k: getattr(cfg, k) for k in ("max_minutes", "max_steps", *_HYPERPARAMETERS)}
+    )
     log.info(
         "model: %s, %.2fM parameters, vocabulary %d, device %s, batch %d tokens, budget %s min / %s steps",
         cfg.arch,
@@ -845,6 +858,7 @@ def save_and_evaluate(cfg: TrainConfig, prep: Prepared, model, prog: _Progress, 
         "hyperparameters": {k: getattr(cfg, k) for k in _HYPERPARAMETERS},
         "dev": dev_scores,
         "history": prog.history,
+        "sessions": prog.sessions,
         "command": cfg.command,
     }
     (out / "training_summary.json").write_text(json.dumps(summary, indent=2, ensure_ascii=False) + "\n")
@@ -856,6 +870,7 @@ _HYPERPARAMETERS = (
     "batch_tokens",
     "lr",
     "warmup",
+    "dropout",
     "seed",
     "label_smoothing",
     "weight_decay",
@@ -879,6 +894,27 @@ def _score_table(scores: dict[str, dict]) -> list[str]:
     rows = ["| direction | sentences | BLEU | chrF |", "| --- | ---: | ---: | ---: |"]
     rows += [f"| {d} | {x['sentences']} | {x['bleu']:.1f} | {x['chrf']:.1f} |" for d, x in scores.items()]
     return rows
+
+
+def _sessions_section(sessions: list[dict]) -> list[str]:
+    """A table of the training sessions when the run was resumed with another budget or recipe."""
+    if len(sessions) < 2:
+        return []
+    keys = ["batch_tokens", "lr", "warmup", "dropout", "temperature", "max_minutes", "max_steps"]
+    rows = [
+        "The run was resumed from its checkpoint; each session's budget and recipe (the table above shows "
+        "the last):",
+        "",
+        "| from step | from minute | " + " | ".join(keys) + " |",
+        "| ---: | ---: | " + " | ".join("---" for _ in keys) + " |",
+    ]
+    for x in sessions:
+        rows.append(
+            f"| {x['start_step']} | {x['start_minutes']} | "
+            + " | ".join(str(x.get(k, "")) for k in keys)
+            + " |"
+        )
+    return [*rows, ""]
 
 
 def model_card(summary: dict) -> str:
@@ -969,6 +1005,7 @@ def model_card(summary: dict) -> str:
         f"| optimizer | AdamW (0.9, 0.98), weight decay {hp['weight_decay']}, clip norm {hp['clip_norm']} |",
         f"| schedule | inverse square root, peak lr {hp['lr']} after {hp['warmup']} warmup steps |",
         f"| loss | cross-entropy, label smoothing {hp['label_smoothing']} |",
+        f"| dropout | {hp['dropout']} |",
         f"| seed | {hp['seed']} |",
         "",
         "Command:",
@@ -977,6 +1014,7 @@ def model_card(summary: dict) -> str:
         summary["command"] or "(library call: fastvocab.tasks.train_demo.train_demo)",
         "```",
         "",
+        *_sessions_section(summary.get("sessions", [])),
         "Training log, one row per checkpoint (train figures: mean over the last logging window):",
         "",
         "| step | minutes | train loss | train nll | dev nll | tokens/s |",

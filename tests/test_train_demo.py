@@ -174,6 +174,20 @@ def test_train_resume_save_reload(corpus, tmp_path):
     assert "| en-it | 8 |" in card and "no bias" in card
 
 
+def test_resumed_session_may_change_lr_and_is_recorded(corpus, tmp_path):
+    from fastvocab.tasks.train_demo import inverse_sqrt
+
+    train_demo(micro_config(corpus, tmp_path, max_steps=4, lr=1e-3, dev_sentences=1))
+    result = train_demo(micro_config(corpus, tmp_path, max_steps=6, lr=2e-3, dropout=0.0, dev_sentences=1))
+    ckpt = load_checkpoint(tmp_path / "work" / "checkpoint.pt")
+    sessions = ckpt["progress"]["sessions"]
+    assert [(x["start_step"], x["lr"], x["max_steps"]) for x in sessions] == [(0, 1e-3, 4), (4, 2e-3, 6)]
+    assert ckpt["optimizer"]["param_groups"][0]["lr"] == pytest.approx(2e-3 * inverse_sqrt(10)(6))
+    assert result.steps == 6
+    card = (tmp_path / "model" / "README.md").read_text()
+    assert "resumed from its checkpoint" in card
+
+
 def test_resume_refuses_another_architecture(corpus, tmp_path):
     train_demo(micro_config(corpus, tmp_path, max_steps=2, dev_sentences=1))
     with pytest.raises(ValueError, match="architecture"):
@@ -220,7 +234,7 @@ def test_chunked_loss_matches_plain_loss_and_gradients(tiny_model_dir):
         model.zero_grad()
         loss, nll, n = seq2seq_loss(model, batch, tok.pad_token_id, 0.1, chunk=chunk)
         loss.backward()
-        losses.append((float(loss), float(nll), n))
+        losses.append((float(loss.detach()), float(nll), n))
         grads.append({k: p.grad.clone() for k, p in model.named_parameters()})
     assert losses[0][2] == losses[1][2] == int((batch["labels"] != tok.pad_token_id).sum())
     assert losses[0][0] == pytest.approx(losses[1][0], rel=1e-5)

@@ -23,7 +23,8 @@ Presets (architecture; default budget):
   base   32K vocabulary, d_model 512, 6+2 layers (deep encoder, shallow decoder); 60K steps. For a GPU.
 
 The run checkpoints to --work-dir every few minutes (model, optimizer, schedule, data position) and resumes
-from there when started again with the same arguments; --max-minutes counts training time over all sessions.
+from there when started again; --max-minutes counts training time over all sessions, and a resumed session
+may raise the budget or change --lr/--dropout (the model card lists every session).
 The output folder holds fp16 safetensors weights, the tokenizer and a model card (README.md) with the dev
 BLEU/chrF of every direction; it loads offline with AutoModelForSeq2SeqLM / AutoTokenizer.
 """
@@ -52,6 +53,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch-tokens", type=int, default=None, help="padded tokens per batch and side")
     parser.add_argument("--lr", type=float, default=None, help="peak learning rate")
     parser.add_argument("--warmup", type=int, default=None, help="warmup steps of the inverse-sqrt schedule")
+    parser.add_argument("--dropout", type=float, default=None, help="dropout (tiny, cpu: 0; base: 0.1)")
     parser.add_argument("--temperature", type=float, default=2.0, help="direction sampling temperature")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default: %(default)s)")
@@ -90,6 +92,8 @@ def run(args: argparse.Namespace) -> int:
         value = getattr(args, name)
         if value is not None and value <= 0:
             raise UserError(f"--{name.replace('_', '-')} must be positive, got {value}")
+    if args.dropout is not None and not 0 <= args.dropout < 1:
+        raise UserError(f"--dropout must be in [0, 1), got {args.dropout}")
     if args.device.startswith("cuda"):
         import torch
 
@@ -107,6 +111,7 @@ def run(args: argparse.Namespace) -> int:
         batch_tokens=args.batch_tokens,
         lr=args.lr,
         warmup=args.warmup,
+        dropout=args.dropout,
         temperature=args.temperature,
         seed=args.seed,
         device=args.device,
@@ -151,6 +156,7 @@ _FLAGS = (
     "batch_tokens",
     "lr",
     "warmup",
+    "dropout",
     "temperature",
     "seed",
     "device",
