@@ -66,9 +66,24 @@ def run_on_workers(ctx: Context, desc: str, fn: Callable, items: list[tuple]) ->
             while todo and len(running) < ctx.cfg.dump.num_workers:
                 running.append(task.remote(model, options, *todo.pop(0)))
             done, running = ray.wait(running, num_returns=1)
-            results += ray.get(done)
+            results += get_results(ray, done)
             bar.update(len(done))
     return results
+
+
+def get_results(ray, refs):
+    """``ray.get`` that re-raises our own errors from a task as themselves (one line, no remote traceback).
+
+    A bad or mismatched artifact found inside a worker is the user's problem to fix, like one found on the
+    driver; anything else keeps Ray's full report.
+    """
+    try:
+        return ray.get(refs)
+    except ray.exceptions.RayTaskError as exc:
+        cause = getattr(exc, "cause", None)
+        if isinstance(cause, (ArtifactError, UserError, FileNotFoundError)):
+            raise cause from None
+        raise
 
 
 def remote_fn(ctx: Context, fn: Callable, num_cpus: float = 1, num_gpus: float = 0):
@@ -84,7 +99,7 @@ def wait_all(ctx: Context, refs: dict[str, Any], desc: str) -> dict[str, Any]:
             done, _ = ray.wait(list(pending.values()), num_returns=1)
             for name, ref in list(pending.items()):
                 if ref in done:
-                    out[name] = ray.get(ref)
+                    out[name] = get_results(ray, ref)
                     del pending[name]
                     bar.update(1)
     return out
