@@ -346,9 +346,16 @@ def stage_maps(ctx: Context) -> list[StageRecord]:
         }
         map_dir = ctx.maps_root / name
         if (map_dir / MANIFEST_FILE).exists():
-            cmap = load_cluster_map(map_dir, expect_fingerprint=m.fingerprint)
-            mf = cmap.manifest
-            same = (mf.mode, mf.r, mf.k, mf.niter, mf.seed) == (cfg.mode, info.r, k, info.niter, info.seed)
+            # a map of another model (or settings) is stale here, not an error: it is rebuilt below
+            mf = load_cluster_map(map_dir).manifest
+            same = mf.model_fingerprint == m.fingerprint
+            same = same and (mf.mode, mf.r, mf.k, mf.niter, mf.seed) == (
+                cfg.mode,
+                info.r,
+                k,
+                info.niter,
+                info.seed,
+            )
             same = same and mf.extra.get("min_count") == cfg.min_count
             same = same and all(mf.extra.get(key) == v for key, v in expect_extra.items())
             if same:

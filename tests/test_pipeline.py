@@ -224,6 +224,18 @@ def test_same_seed_same_data_gives_byte_identical_centroids_and_maps(setup):
         assert f.read_bytes() == data, f
 
 
+def test_map_of_another_model_is_rebuilt_not_an_error(setup):
+    _, cfg, _ = setup
+    manifest = cfg.work_dir / "maps" / "en-it" / "manifest.json"
+    data = json.loads(manifest.read_text())
+    good = data["model_fingerprint"]
+    data["model_fingerprint"] = "sha256:another-model"
+    manifest.write_text(json.dumps(data))
+    result = run_pipeline(cfg, stages=["maps"], progress=False, log_to_driver=False)
+    assert {r.unit: r.status for r in result.records} == {"en-it": "ran", "it-en": "skipped"}
+    assert json.loads(manifest.read_text())["model_fingerprint"] == good
+
+
 def test_corrupt_shard_is_a_one_line_error_naming_the_file(setup, capsys):
     cfg_path, cfg, _ = setup
     shard = cfg.work_dir / "states" / "direction=it-en" / "part-00001.parquet"
