@@ -536,24 +536,26 @@ def test_sampled_map_decoding_matches_full_on_its_own_sentences(adapter, sampled
 # ----------------------------------------------------------------------------------------- benchmark plumbing
 
 
-def load_script(name: str):
-    import importlib.util
+def run_script(name: str, argv: list[str]) -> None:
+    """Run a benchmark script as users do, in its own process: the scripts set process-wide torch state
+    (thread count) that must not leak into the rest of the suite."""
+    import subprocess
+    import sys
     from pathlib import Path
 
     path = Path(__file__).resolve().parents[1] / "benchmarks" / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(f"bench_{name}", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    done = subprocess.run([sys.executable, str(path), *argv], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
 
 
 def test_bench_projection_runs_and_records(tmp_path):
     import json
 
-    bench = load_script("bench_projection")
     out = tmp_path / "p.json"
     args = ["--sizes", "3000:64", "--rows", "1,4", "--fractions", "0.1", "--set-ratios", "0.5", "--r", "16"]
-    assert bench.main([*args, "--repeats", "2", "--inner", "2", "--threads", "1", "--out", str(out)]) == 0
+    run_script(
+        "bench_projection", [*args, "--repeats", "2", "--inner", "2", "--threads", "1", "--out", str(out)]
+    )
     data = json.loads(out.read_text())
     assert data["meta"]["commit"] and data["meta"]["torch"] == torch.__version__
     methods = {(r["rows"], r["method"]) for r in data["results"]}
@@ -582,7 +584,6 @@ def test_bench_e2e_runs_on_the_tiny_model(tmp_path, tiny_model_dir, sampled_map)
     pq.write_table(table, tmp_path / "corpus" / "en-it" / "test.parquet")
     save_cluster_map(sampled_map, tmp_path / "maps" / "en-it")
     out = tmp_path / "e2e.json"
-    bench = load_script("bench_e2e")
     argv = [
         "--model",
         str(tiny_model_dir),
@@ -592,7 +593,7 @@ def test_bench_e2e_runs_on_the_tiny_model(tmp_path, tiny_model_dir, sampled_map)
         str(tmp_path / "corpus"),
     ]
     argv += ["--sentences", "4", "--configs", "1x1,2x2", "--repeats", "1", "--max-len", "6", "--threads", "1"]
-    assert bench.main([*argv, "--out", str(out)]) == 0
+    run_script("bench_e2e", [*argv, "--out", str(out)])
     data = json.loads(out.read_text())
     got = {(r["beam"], r["method"]) for r in data["results"]}
     assert got == {
