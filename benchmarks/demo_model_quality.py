@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import hashlib
 import json
 import platform
 import subprocess
@@ -168,6 +169,7 @@ def main() -> int:
         "batch_size": args.batch_size,
         "max_len": args.max_len,
         "split": "test",
+        "model_sha256": hashlib.sha256((args.model / "model.safetensors").read_bytes()).hexdigest(),
         "model_size_bytes": {
             "model.safetensors": (args.model / "model.safetensors").stat().st_size,
             "folder": sum(f.stat().st_size for f in args.model.iterdir() if f.is_file()),

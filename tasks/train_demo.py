@@ -475,8 +475,9 @@ def translate(
         idx = order[start : start + batch_size]
         enc = tokenizer([sources[i] for i in idx], return_tensors="pt", padding=True).to(device)
         limit = min(max_len, 2 * enc["input_ids"].shape[1] + 10) if adaptive_len else max_len
+        # max_length counts the decoder start and the tag too: ``limit`` tokens after the tag
         gen = model.generate(
-            **enc, forced_bos_token_id=forced, num_beams=1, do_sample=False, max_new_tokens=limit + 1
+            **enc, forced_bos_token_id=forced, num_beams=1, do_sample=False, max_length=limit + 2
         )
         for i, text in zip(idx, tokenizer.batch_decode(gen, skip_special_tokens=True), strict=True):
             out[i] = text
@@ -717,7 +718,8 @@ def _train_loop(
         _save_state(ckpt, cfg, prep, model, optimizer, scheduler, prog)
         raise
     bar.close()
-    _save_state(ckpt, cfg, prep, model, optimizer, scheduler, prog)
+    if not prog.history or prog.history[-1]["step"] != prog.step:  # else the session had nothing left to do
+        _save_state(ckpt, cfg, prep, model, optimizer, scheduler, prog)
 
 
 def train_demo(cfg: TrainConfig) -> TrainResult:
@@ -768,7 +770,7 @@ def train_demo(cfg: TrainConfig) -> TrainResult:
     del ckpt
     # one entry per session: a resumed run may change the budget or the recipe, and the model card says so
     prog.sessions.append(
-        {"start_step": prog.step, "start_minutes": round(prog.elapsed / 60, 2)}
+        {"start_step": prog.step, "start_minutes": round(prog.elapsed / 60, 2), "command": cfg.command}
         | {k: getattr(cfg, k) for k in ("max_minutes", "max_steps", *_HYPERPARAMETERS)}
     )
     log.info(
@@ -900,7 +902,7 @@ def _sessions_section(sessions: list[dict]) -> list[str]:
     """A table of the training sessions when the run was resumed with another budget or recipe."""
     if len(sessions) < 2:
         return []
-    keys = ["batch_tokens", "lr", "warmup", "dropout", "temperature", "max_minutes", "max_steps"]
+    keys = ["batch_tokens", "lr", "warmup", "dropout", "temperature", "max_minutes", "max_steps", "note"]
     rows = [
         "The run was resumed from its checkpoint; each session's budget and recipe (the table above shows "
         "the last):",
@@ -914,7 +916,9 @@ def _sessions_section(sessions: list[dict]) -> list[str]:
             + " | ".join(str(x.get(k, "")) for k in keys)
             + " |"
         )
-    return [*rows, ""]
+    rows += ["", "Commands, one per session:", "", "```bash"]
+    rows += [x.get("command") or "(library call)" for x in sessions]
+    return [*rows, "```", ""]
 
 
 def model_card(summary: dict) -> str:
@@ -965,6 +969,7 @@ def model_card(summary: dict) -> str:
         "",
         "or `fastvocab translate --model models/demo --src-lang en --tgt-lang it -i in.txt -o out.txt`.",
         "",
+        *([f"**Status:** {summary['status']}", ""] if summary.get("status") else []),
         "## Model",
         "",
         "| | |",
@@ -1008,7 +1013,7 @@ def model_card(summary: dict) -> str:
         f"| dropout | {hp['dropout']} |",
         f"| seed | {hp['seed']} |",
         "",
-        "Command:",
+        "Command (of the last session when the run was resumed):",
         "",
         "```bash",
         summary["command"] or "(library call: fastvocab.tasks.train_demo.train_demo)",
