@@ -441,8 +441,10 @@ def test_no_estimate_by_default():
 def adapter(tiny_model_dir):
     from fastvocab.decoding.hf_adapter import Seq2SeqAdapter
 
-    torch.set_num_threads(1)
-    return Seq2SeqAdapter.load(tiny_model_dir)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # small GEMMs: one thread is faster and keeps numerics fixed; restored below
+    yield Seq2SeqAdapter.load(tiny_model_dir)
+    torch.set_num_threads(threads)
 
 
 def decode(adapter, proj, texts, beam=1, max_len=12):
