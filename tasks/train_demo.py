@@ -103,7 +103,8 @@ class TrainConfig:
                 setattr(cfg, name, defaults[name])
         if cfg.max_minutes is None and cfg.max_steps is None:
             cfg.max_minutes = defaults.get("max_minutes")
-            cfg.max_steps = defaults.get("max_steps")
+            steps = defaults.get("max_steps")
+            cfg.max_steps = int(steps) if steps is not None else None
         if cfg.max_minutes is None and cfg.max_steps is None:
             raise ValueError("give a training budget: max_minutes and/or max_steps")
         return cfg
@@ -742,11 +743,11 @@ def train_demo(cfg: TrainConfig) -> TrainResult:
     torch.manual_seed(cfg.seed)
     config = model_config(cfg.arch, prep.tokenizer, dropout=cfg.dropout)  # type: ignore[arg-type]
     model = M2M100ForConditionalGeneration(config)
-    model.to(cfg.device)
+    model.to(cfg.device)  # type: ignore[arg-type]
     params = count_parameters(model)
     optimizer = torch.optim.AdamW(
         model.parameters(),
-        lr=cfg.lr,
+        lr=cfg.lr,  # type: ignore[arg-type]
         betas=(0.9, 0.98),
         eps=1e-8,
         weight_decay=cfg.weight_decay,
@@ -924,7 +925,7 @@ def _sessions_section(sessions: list[dict]) -> list[str]:
 def model_card(summary: dict) -> str:
     """The model card (README.md of the model folder) from a training summary."""
     arch, hp, dev = summary["arch"], summary["hyperparameters"], summary["dev"]
-    sig = next(iter(dev.values()), {})
+    sig: dict = next(iter(dev.values()), {})
     langs = sorted({lang for d in summary["directions"] for lang in parse_direction(d)})
     data_rows = [
         f"| {d} | {summary['train_pairs'][d]:,} | {summary['dropped_longer_than_max_len'][d]:,} "
