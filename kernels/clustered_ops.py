@@ -255,18 +255,25 @@ def per_row_logits(
 
 @dataclass
 class MassTables:
-    """Per-cluster statistics of the columns outside each set, from the centroid's full logits.
+    """Per-cluster statistics of the columns outside each set, from the centroid's full logits ``z(C_c)``,
+    and the model-wide sums that give a row's inactive mean and variance exactly.
 
-    ``log_ratio[c]`` = logsumexp over inactive columns - logsumexp over active columns of ``z(C_c)``;
-    ``excess[c]`` = logsumexp over inactive columns - their mean - log(their count), for ``z(C_c)``: how far
-    the inactive tail sits above a flat distribution at its mean; ``w_sum`` (d,) and ``b_sum``: the sums of
-    all rows of W and of b, so the exact mean of a row's inactive logits costs one dot product.
+    ``log_ratio[c]``: logsumexp over inactive columns - logsumexp over active columns;
+    ``excess[c]``: logsumexp over inactive columns - their mean - log(their count), how far the tail sits
+    above a flat distribution at its mean; ``inactive_var[c]``: the variance of the inactive logits.
+    ``w_sum`` = sum of W's rows, ``b_sum`` = sum(b), ``gram`` = W^T W, ``w_b`` = W^T b, ``b_sq`` = b·b: with
+    them the sum and the sum of squares of *all* N logits of a row cost O(d^2), so subtracting the computed
+    columns gives the exact mean and variance of the inactive ones.
     """
 
     log_ratio: torch.Tensor  # (r,) float32
     excess: torch.Tensor  # (r,) float32
+    inactive_var: torch.Tensor  # (r,) float32
     w_sum: torch.Tensor  # (d,) float32
     b_sum: float
+    gram: torch.Tensor  # (d, d) float32
+    w_b: torch.Tensor  # (d,) float32
+    b_sq: float
 
 
 def mass_tables(
@@ -279,6 +286,7 @@ def mass_tables(
     r = cent.shape[0]
     log_ratio = torch.zeros(r, dtype=torch.float32, device=device)
     excess = torch.zeros(r, dtype=torch.float32, device=device)
+    var = torch.zeros(r, dtype=torch.float32, device=device)
     step = max(1, chunk_bytes // (4 * n_vocab))
     sizes = torch.tensor(pm.sizes, dtype=torch.int64, device=device)
     for lo in range(0, r, step):
@@ -293,9 +301,19 @@ def mass_tables(
         n_i = (~active).sum(dim=1).clamp(min=1).float()
         mean = z.masked_fill(active, 0.0).sum(dim=1) / n_i
         excess[lo:hi] = torch.where(n_i < n_vocab, lse_i - mean - torch.log(n_i), 0.0)
-    w_sum = weight.float().sum(dim=0)
-    b_sum = 0.0 if bias is None else float(bias.double().sum())
-    return MassTables(log_ratio=log_ratio, excess=excess, w_sum=w_sum, b_sum=b_sum)
+        var[lo:hi] = ((z - mean[:, None]).masked_fill(active, 0.0) ** 2).sum(dim=1) / n_i
+    w = weight.float()
+    b = None if bias is None else bias.float()
+    return MassTables(
+        log_ratio=log_ratio,
+        excess=excess,
+        inactive_var=var,
+        w_sum=w.sum(dim=0),
+        b_sum=0.0 if b is None else float(b.double().sum()),
+        gram=w.T @ w,
+        w_b=torch.zeros(w.shape[1], device=device) if b is None else w.T @ b,
+        b_sq=0.0 if b is None else float((b.double() ** 2).sum()),
+    )
 
 
 def inactive_log_mass(
@@ -309,21 +327,26 @@ def inactive_log_mass(
     """Estimate of ``logsumexp`` over the columns a row did not compute, (rows,) float32.
 
     - ``centroid``: the row's own logsumexp shifted by the centroid's inactive/active log ratio.
-    - ``moments``: ``log n_I + mean_I(h) + excess_c``, where the mean of the row's inactive logits is exact
-      (``h·sum(W) + sum(b)`` minus the computed logits, over ``n_I``) and the excess of the tail over its
-      mean is the centroid's. It follows the row's own logit level, which ``centroid`` ties to the active
-      columns.
+    - ``moments``: ``log n_I + mean_I + excess_c * var_I / var_c``: the mean ``mean_I`` and variance
+      ``var_I`` of the row's inactive logits are exact (sums over all N logits from ``w_sum``/``gram``, minus
+      the computed columns); the tail's excess over the mean is the centroid's, rescaled by the variance
+      ratio (a Gaussian tail's excess is var/2). On the demo model's states its error is 0.07 nats on
+      average against 0.47 for ``centroid`` (benchmarks/README.md).
     """
     z = logits.float()  # (rows, C); padding is -inf
     if method == "centroid":
         return torch.logsumexp(z, dim=1) + tables.log_ratio[clusters]
     if method == "moments":
+        hf = h.float()
         finite = torch.isfinite(z)
-        n_c = finite.sum(dim=1)  # (rows,)
-        s_c = z.masked_fill(~finite, 0.0).sum(dim=1)
-        total = h.float() @ tables.w_sum + tables.b_sum  # (rows,) sum of all N logits, exactly
-        n_i = (n_vocab - n_c).float()
-        mean = (total - s_c) / n_i.clamp(min=1.0)
-        est = torch.log(n_i.clamp(min=1.0)) + mean + tables.excess[clusters]
+        zc = z.masked_fill(~finite, 0.0)
+        n_i = (n_vocab - finite.sum(dim=1)).float()  # (rows,)
+        n = n_i.clamp(min=1.0)
+        s1 = hf @ tables.w_sum + tables.b_sum  # sum of all N logits
+        s2 = ((hf @ tables.gram) * hf).sum(dim=1) + 2.0 * (hf @ tables.w_b) + tables.b_sq  # sum of squares
+        mean = (s1 - zc.sum(dim=1)) / n
+        var = ((s2 - (zc * zc).sum(dim=1)) / n - mean * mean).clamp(min=1e-6)
+        scale = var / tables.inactive_var[clusters].clamp(min=1e-6)
+        est = torch.log(n) + mean + tables.excess[clusters] * scale
         return torch.where(n_i > 0, est, torch.full_like(est, -math.inf))
     raise ValueError(f"unknown inactive-mass estimator {method!r}")

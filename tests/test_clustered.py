@@ -418,6 +418,20 @@ def test_inactive_mass_is_finite_and_takes_probability(estimator, mode, seed):
     assert ((out.log_inactive_mass - true).abs() < 1.0).all()
 
 
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_moments_estimator_tracks_the_true_inactive_mass(mode, seed):
+    """The row's inactive mean and variance are exact; only the tail shape comes from the centroid."""
+    w, b, cmap, h = lm_like_case(seed)
+    full = torch.nn.functional.linear(h, w, b)
+    errors = {}
+    for est in ("centroid", "moments"):
+        out = create_projection("clustered", w, b, cluster_map=cmap, mode=mode, inactive_mass=est)(h)
+        true = torch.logsumexp(full.masked_fill(torch.isfinite(out.dense()), -math.inf), dim=1)
+        errors[est] = (out.log_inactive_mass - true).abs().mean().item()
+    assert errors["moments"] < 0.15 and errors["moments"] < errors["centroid"]
+
+
 @pytest.mark.parametrize("estimator", ["centroid", "moments"])
 def test_inactive_mass_vanishes_with_full_coverage(estimator):
     w, b = random_layer()
