@@ -65,8 +65,9 @@ class ClusterMap:
     def pruned(self, min_count: int) -> ClusterMap:
         """Drop (cluster, id) pairs predicted fewer than ``min_count`` times."""
         keep = self.counts >= min_count
-        sizes = np.add.reduceat(keep.astype(np.int64), self.indptr[:-1]) if len(keep) else np.zeros(0)
-        sizes = np.where(np.diff(self.indptr) == 0, 0, sizes)
+        r = len(self.indptr) - 1
+        cluster_of = np.repeat(np.arange(r), np.diff(self.indptr))  # (nnz,) cluster of each entry
+        sizes = np.bincount(cluster_of[keep], minlength=r)
         indptr = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
         return ClusterMap(
             self.manifest,

@@ -1,0 +1,51 @@
+import numpy as np
+import pytest
+
+from fastvocab.artifacts_schema.cluster_map import (
+    ClusterMap,
+    MapManifest,
+    load_cluster_map,
+    save_cluster_map,
+)
+from fastvocab.artifacts_schema.errors import ArtifactError
+
+
+def _map(indptr, indices, counts, n_vocab=10) -> ClusterMap:
+    r = len(indptr) - 1
+    manifest = MapManifest("fp", "en-it", "direction", r, 3, 2, n_vocab, 20, 0, states_used=7)
+    centroids = np.arange(2 * r, dtype=np.float32).reshape(r, 2)
+    return ClusterMap(
+        manifest,
+        centroids,
+        (centroids**2).sum(1),
+        np.array(indptr, np.int64),
+        np.array(indices, np.int32),
+        np.array(counts, np.int32),
+    )
+
+
+@pytest.mark.parametrize(
+    ("indptr", "counts", "want_indptr", "want_ids"),
+    [
+        ([0, 3, 5, 5], [1, 2, 3, 1, 1], [0, 2, 2, 2], [4, 6]),  # last cluster empty (was an IndexError)
+        ([0, 0, 3, 5], [1, 2, 3, 2, 1], [0, 0, 2, 3], [4, 6, 8]),  # first cluster empty
+    ],
+)
+def test_pruned_drops_rare_ids_and_keeps_csr(indptr, counts, want_indptr, want_ids):
+    indices = [2, 4, 6, 8, 9]
+    pruned = _map(indptr, indices, counts).pruned(min_count=2)
+    assert pruned.indptr.tolist() == want_indptr
+    assert pruned.indices.tolist() == want_ids
+    assert (pruned.counts >= 2).all()
+
+
+def test_save_load_round_trip_and_fingerprint_refusal(tmp_path):
+    cmap = _map([0, 3, 5, 5], [2, 4, 6, 8, 9], [1, 2, 3, 1, 1])
+    save_cluster_map(cmap, tmp_path / "m")
+    back = load_cluster_map(tmp_path / "m", expect_fingerprint="fp")
+    assert back.indices.tolist() == [2, 4, 6, 8, 9] and back.active_ids(1).tolist() == [8, 9]
+    with pytest.raises(ArtifactError, match="built for model fp"):
+        load_cluster_map(tmp_path / "m", expect_fingerprint="other")
+    (tmp_path / "m" / "map.safetensors").write_bytes(b"garbage")
+    with pytest.raises(ArtifactError, match="corrupt cluster map"):
+        load_cluster_map(tmp_path / "m")
