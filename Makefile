@@ -22,10 +22,7 @@ demo: setup
 test: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	# test_search.py runs in its own process: its EOS-fitted fixture model comes out differently after some other
-	# modules have run in the same process (an unexplained order dependence, see the session note); alone it is stable.
-	$(PY) -m pytest -q tests/test_search.py
-	$(PY) -m pytest -q --ignore=tests/test_search.py
+	$(PY) -m pytest -q
 
 typecheck: setup
 	$(VENV)/bin/mypy
