@@ -50,6 +50,7 @@ def train_sentencepiece(
     out_dir: str | Path,
     *,
     threads: int = 2,
+    seed: int = 0,
     seed_sentences: int = 2_000_000,
 ) -> Path:
     """Train a unigram SentencePiece model on ``texts``; returns the path of ``spm.model``.
@@ -70,6 +71,8 @@ def train_sentencepiece(
         corpus = f.name
     if n == 0:
         raise ValueError("no text to train SentencePiece on")
+    # SentencePiece seeds its shuffle from a random device unless told: fixed, same text -> same vocabulary.
+    spm.set_random_generator_seed(seed)
     spm.SentencePieceTrainer.train(
         input=corpus,
         model_prefix=str(out_dir / "spm"),

@@ -38,7 +38,7 @@ def tiny_model_dir(tmp_path_factory) -> Path:
 
     root = tmp_path_factory.mktemp("tiny_model")
     texts = [s for lang in LANGS for s in synthetic_sentences(lang, 300)]
-    spm_model = train_sentencepiece(texts, TINY_ARCH["vocab"], root / "spm")
+    spm_model = train_sentencepiece(texts, TINY_ARCH["vocab"], root / "spm", threads=1)  # deterministic
     out = root / "model"
     tok = build_tokenizer(spm_model, LANGS, out)
     torch.manual_seed(0)
