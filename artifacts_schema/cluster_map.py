@@ -4,14 +4,17 @@ Folder layout (DESIGN.md, Formats)::
 
     <map_dir>/map.safetensors   centroids [r, d] f32, centroid_sq_norms [r] f32,
                                 indptr [r+1] i64, indices [nnz] i32, counts [nnz] i32  (CSR, ids sorted)
-    <map_dir>/manifest.json     schema version, model fingerprint, direction, mode, r, K, niter, seed, ...
+    <map_dir>/manifest.json     schema version, model fingerprint, direction, scope, r, K, niter, seed,
+                                the digest of map.safetensors, ...
 
-Loading checks shapes, CSR invariants and (when given) the model fingerprint.
+A map's *scope* says which decoder states fed it (Amer et al. Sec. 2.2): ``direction`` (source and target
+known: one map per direction) or ``target`` (target only: one map per target language). Loading checks the
+schema version, the tensors' digest, shapes, finite centroids, CSR invariants and (when given) the model
+fingerprint.
 """
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -20,10 +23,14 @@ import numpy as np
 
 from fastvocab import __version__
 from fastvocab.artifacts_schema.atomic import atomic_path
+from fastvocab.artifacts_schema.digest import digest
 from fastvocab.artifacts_schema.errors import ArtifactError
+from fastvocab.artifacts_schema.jsonfile import require_json, write_json
 
-MAP_SCHEMA_VERSION = 1
-MODES = ("direction", "target")  # source+target known / target-only (Amer et al. Sec. 2.2)
+# Version 2: the map's scope is named ``scope`` (was ``mode``) and the manifest records ``tensors_digest``.
+MAP_SCHEMA_VERSION = 2
+MAP_SCOPES = ("direction", "target")  # source+target known / target-only (Amer et al. Sec. 2.2)
+REBUILD_HINT = "rebuild it with `fastvocab run CONFIG --stages kmeans,maps`"
 TENSORS_FILE = "map.safetensors"
 MANIFEST_FILE = "manifest.json"
 
@@ -31,8 +38,8 @@ MANIFEST_FILE = "manifest.json"
 @dataclass
 class MapManifest:
     model_fingerprint: str
-    direction: str  # "en-it" in direction mode, "*-it" in target mode
-    mode: str
+    direction: str  # "en-it" in direction scope, "*-it" in target scope
+    scope: str  # one of MAP_SCOPES
     r: int
     k: int
     d: int
@@ -42,6 +49,7 @@ class MapManifest:
     states_used: int
     active_fraction: dict[str, float] = field(default_factory=dict)  # mean, max, min, p50 over clusters
     extra: dict[str, object] = field(default_factory=dict)
+    tensors_digest: str = ""  # digest of map.safetensors, set when the map is saved
     schema_version: int = MAP_SCHEMA_VERSION
     fastvocab_version: str = __version__
     created: str = field(default_factory=lambda: time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
@@ -103,8 +111,10 @@ def validate(cmap: ClusterMap, where: str = "cluster map") -> None:
         problems.append("indptr[-1], len(indices) and len(counts) disagree")
     elif len(cmap.indices) and (cmap.indices.min() < 0 or cmap.indices.max() >= m.n_vocab):
         problems.append(f"token ids outside [0, {m.n_vocab})")
-    if m.mode not in MODES:
-        problems.append(f"unknown mode {m.mode!r}")
+    if m.scope not in MAP_SCOPES:
+        problems.append(f"unknown scope {m.scope!r}")
+    if cmap.centroids.size and not np.isfinite(cmap.centroids).all():
+        problems.append("centroids contain NaN or inf")
     if m.schema_version != MAP_SCHEMA_VERSION:
         problems.append(f"schema version {m.schema_version}, expected {MAP_SCHEMA_VERSION}")
     if problems:
@@ -112,41 +122,54 @@ def validate(cmap: ClusterMap, where: str = "cluster map") -> None:
 
 
 def save_cluster_map(cmap: ClusterMap, map_dir: str | Path) -> Path:
-    """Write the map folder atomically (tensors + manifest appear together or not at all)."""
-    from safetensors.numpy import save_file
+    """Write the map folder atomically (tensors + manifest appear together or not at all).
+
+    The manifest records the digest of the tensors file, so readers can check it without rehashing anything
+    else and provenance records can name the map by it.
+    """
+    from safetensors.numpy import save
 
     validate(cmap)
+    data = save(
+        {
+            "centroids": np.ascontiguousarray(cmap.centroids, dtype=np.float32),
+            "centroid_sq_norms": np.ascontiguousarray(cmap.centroid_sq_norms, dtype=np.float32),
+            "indptr": np.ascontiguousarray(cmap.indptr, dtype=np.int64),
+            "indices": np.ascontiguousarray(cmap.indices, dtype=np.int32),
+            "counts": np.ascontiguousarray(cmap.counts, dtype=np.int32),
+        }
+    )
+    cmap.manifest.tensors_digest = digest(data)
     map_dir = Path(map_dir)
     with atomic_path(map_dir) as tmp:
         tmp.mkdir()
-        save_file(
-            {
-                "centroids": np.ascontiguousarray(cmap.centroids, dtype=np.float32),
-                "centroid_sq_norms": np.ascontiguousarray(cmap.centroid_sq_norms, dtype=np.float32),
-                "indptr": np.ascontiguousarray(cmap.indptr, dtype=np.int64),
-                "indices": np.ascontiguousarray(cmap.indices, dtype=np.int32),
-                "counts": np.ascontiguousarray(cmap.counts, dtype=np.int32),
-            },
-            str(tmp / TENSORS_FILE),
-        )
-        (tmp / MANIFEST_FILE).write_text(json.dumps(asdict(cmap.manifest), indent=2, sort_keys=True) + "\n")
+        (tmp / TENSORS_FILE).write_bytes(data)
+        write_json(tmp / MANIFEST_FILE, asdict(cmap.manifest))
     return map_dir
 
 
 def load_manifest(map_dir: str | Path) -> MapManifest:
+    """A map's manifest; ArtifactError for a missing, corrupt or other-version manifest (naming the fix)."""
     path = Path(map_dir) / MANIFEST_FILE
-    if not path.exists():
-        raise ArtifactError(f"no cluster map at {map_dir} (missing {MANIFEST_FILE})")
+    data = require_json(
+        path, "cluster-map manifest", f"no cluster map at {map_dir} (missing {MANIFEST_FILE})"
+    )
+    version = data.get("schema_version")
+    if version != MAP_SCHEMA_VERSION:
+        raise ArtifactError(
+            f"cluster map {map_dir} has schema version {version}, this fastvocab reads version "
+            f"{MAP_SCHEMA_VERSION}: {REBUILD_HINT}"
+        )
     try:
-        return MapManifest(**json.loads(path.read_text()))
-    except (ValueError, TypeError) as exc:
+        return MapManifest(**data)
+    except TypeError as exc:
         raise ArtifactError(f"corrupt cluster-map manifest {path}: {exc}") from exc
 
 
 def load_cluster_map(map_dir: str | Path, expect_fingerprint: str | None = None) -> ClusterMap:
     """Load and validate a map; with ``expect_fingerprint``, refuse a map built for another model."""
     from safetensors import SafetensorError
-    from safetensors.numpy import load_file
+    from safetensors.numpy import load
 
     map_dir = Path(map_dir)
     manifest = load_manifest(map_dir)
@@ -156,7 +179,12 @@ def load_cluster_map(map_dir: str | Path, expect_fingerprint: str | None = None)
             f"but the loaded model is {expect_fingerprint}"
         )
     try:
-        t = load_file(str(map_dir / TENSORS_FILE))
+        data = (map_dir / TENSORS_FILE).read_bytes()
+        if digest(data) != manifest.tensors_digest:
+            raise ArtifactError(
+                f"corrupt cluster map {map_dir}: {TENSORS_FILE} does not match the digest in its manifest"
+            )
+        t = load(data)
     except (OSError, SafetensorError) as exc:
         raise ArtifactError(f"corrupt cluster map tensors in {map_dir}: {exc}") from exc
     try:
@@ -169,13 +197,13 @@ def load_cluster_map(map_dir: str | Path, expect_fingerprint: str | None = None)
     return cmap
 
 
-def map_dir_name(src_lang: str, tgt_lang: str, mode: str) -> str:
-    """Folder name of a map under a maps root: ``en-it`` (direction mode) or ``to-it`` (target mode)."""
-    if mode == "direction":
+def map_dir_name(src_lang: str, tgt_lang: str, scope: str) -> str:
+    """Folder name of a map under a maps root: ``en-it`` (direction scope) or ``to-it`` (target scope)."""
+    if scope == "direction":
         return f"{src_lang}-{tgt_lang}"
-    if mode == "target":
+    if scope == "target":
         return f"to-{tgt_lang}"
-    raise ValueError(f"unknown map mode {mode!r}; valid: {', '.join(MODES)}")
+    raise ValueError(f"unknown map scope {scope!r}; valid: {', '.join(MAP_SCOPES)}")
 
 
 def resolve_map_dir(path: str | Path, src_lang: str, tgt_lang: str) -> Path:
@@ -183,8 +211,8 @@ def resolve_map_dir(path: str | Path, src_lang: str, tgt_lang: str) -> Path:
     path = Path(path)
     if (path / MANIFEST_FILE).exists():
         return path
-    for mode in MODES:
-        candidate = path / map_dir_name(src_lang, tgt_lang, mode)
+    for scope in MAP_SCOPES:
+        candidate = path / map_dir_name(src_lang, tgt_lang, scope)
         if (candidate / MANIFEST_FILE).exists():
             return candidate
     raise ArtifactError(

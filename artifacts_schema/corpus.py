@@ -6,16 +6,28 @@ en-it and it-en share one file and one split.
 
 Monolingual source text (unlabelled input for the dump stage) is ``<corpus_dir>/mono/<lang>.parquet`` with
 columns ``id, text`` (``id``: the line number in the user's file).
+
+``<corpus_dir>/corpus.json`` records per pair and monolingual file how it was built (source, split settings,
+counts, statistics); a file whose record matches the requested build and which validates is not rebuilt.
 """
 
 from __future__ import annotations
 
+import json
+import logging
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from fastvocab import __version__
+from fastvocab.artifacts_schema.atomic import write_text_atomic
 from fastvocab.artifacts_schema.errors import ArtifactError
+
+log = logging.getLogger(__name__)
+
+MANIFEST = "corpus.json"
+MANIFEST_FORMAT = "fastvocab-corpus/1"
 
 SPLITS = ("train", "dev", "test")
 
@@ -104,3 +116,40 @@ def read_mono(corpus_dir: str | Path, lang: str, limit: int | None = None) -> tu
         raise ArtifactError(f"no monolingual {lang} file in {corpus_dir} (languages present: {have})")
     table = _read_table(path, MONO_SCHEMA, "monolingual file", limit)
     return table.column("id").to_pylist(), table.column("text").to_pylist()
+
+
+def valid_file(path: Path, schema: pa.Schema, rows: int) -> bool:
+    """True when ``path`` is a readable Parquet file with exactly ``schema``'s columns and ``rows`` rows."""
+    try:
+        pf = pq.ParquetFile(path)
+    except (OSError, pa.ArrowException):
+        return False
+    types_match = [(f.name, f.type) for f in pf.schema_arrow] == [(f.name, f.type) for f in schema]
+    return types_match and pf.metadata.num_rows == rows
+
+
+def read_manifest(out_dir: str | Path) -> dict:
+    """``<out_dir>/corpus.json``, or an empty manifest when it is missing or unreadable."""
+    path = Path(out_dir) / MANIFEST
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        data = {}
+    except (OSError, ValueError) as exc:
+        log.warning("ignoring unreadable %s (%s): everything will be rebuilt", path, exc)
+        data = {}
+    if not isinstance(data, dict) or data.get("format") != MANIFEST_FORMAT:
+        data = {}
+    data.setdefault("pairs", {})
+    data.setdefault("mono", {})
+    return data
+
+
+def update_manifest(out_dir: Path, section: str, key: str, record: dict) -> None:
+    """Set ``corpus.json``'s ``[section][key]`` (``pairs``/``mono``) to ``record``, atomically."""
+    manifest = read_manifest(out_dir)
+    manifest[section][key] = record
+    languages = {lang for name in manifest["pairs"] for lang in name.split("-")} | set(manifest["mono"])
+    manifest.update(format=MANIFEST_FORMAT, languages=sorted(languages), fastvocab_version=__version__)
+    manifest = {k: manifest[k] for k in ("format", "fastvocab_version", "languages", "pairs", "mono")}
+    write_text_atomic(out_dir / MANIFEST, json.dumps(manifest, indent=2, ensure_ascii=False) + "\n")

@@ -2,7 +2,9 @@
 
 Columns: ``sent_id int64, step int32, hidden fixed_size_list<float16>[d], topk_ids fixed_size_list<int32>[K]``
 (+ optional ``topk_logprobs fixed_size_list<float32>[K]``). Schema metadata: model fingerprint, d, K,
-direction, schema version. Shards live in ``<root>/direction=<src>-<tgt>/part-*.parquet`` (hive partitioning).
+direction, schema version, and the plan the shard was made from (``fastvocab.dump_plan``: its sentences'
+digest and the decoding settings), compared on resume. Shards live in
+``<root>/direction=<src>-<tgt>/part-<i:05d>.parquet`` (hive partitioning), written atomically.
 """
 
 from __future__ import annotations
@@ -15,10 +17,13 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from fastvocab.artifacts_schema.atomic import atomic_path
 from fastvocab.artifacts_schema.errors import ArtifactError
 
 HIDDEN_SCHEMA_VERSION = 1
 META_KEY = b"fastvocab.hidden_states"
+PLAN_KEY = b"fastvocab.dump_plan"
+SHARD_GLOB = "part-*.parquet"
 
 
 @dataclass(frozen=True)
@@ -88,7 +93,50 @@ def shard_table(
 
 
 def direction_dir(root: str | Path, direction: str) -> Path:
+    """The hive partition folder of a direction under ``root``."""
     return Path(root) / f"direction={direction}"
+
+
+def part_name(index: int, suffix: str = ".parquet") -> str:
+    return f"part-{index:05d}{suffix}"
+
+
+def shard_path(root: str | Path, direction: str, index: int) -> Path:
+    return direction_dir(root, direction) / part_name(index)
+
+
+def write_shard(table: pa.Table, plan: dict[str, object], path: Path, row_group_size: int) -> Path:
+    """Write one shard table atomically, with the plan it was made from in its metadata."""
+    table = table.replace_schema_metadata(
+        {**table.schema.metadata, PLAN_KEY: json.dumps(plan, sort_keys=True)}
+    )
+    with atomic_path(path) as tmp:
+        pq.write_table(table, tmp, row_group_size=row_group_size, compression="zstd")
+    return path
+
+
+def shard_is_current(path: Path, meta: ShardMeta, plan: dict[str, object]) -> bool:
+    """True when ``path`` exists, validates, and was written for this model and plan.
+
+    A file that exists but is corrupt raises ArtifactError (one line naming it): the user decides, we do not
+    silently overwrite what might be someone else's data.
+    """
+    if not path.exists():
+        return False
+    found = read_shard_meta(path)
+    if found != meta:
+        return False
+    try:
+        raw = (pq.read_schema(path).metadata or {}).get(PLAN_KEY)
+        return raw is not None and json.loads(raw) == plan
+    except (OSError, pa.ArrowException, ValueError) as exc:
+        raise ArtifactError(f"corrupt hidden-state shard {path}: {exc}") from exc
+
+
+def stale_shards(root: Path, direction: str, planned: int) -> list[Path]:
+    """Shard files of a direction beyond the current plan (left by a run with a larger sample)."""
+    keep = {part_name(i) for i in range(planned)}
+    return [p for p in sorted(direction_dir(root, direction).glob(SHARD_GLOB)) if p.name not in keep]
 
 
 def read_shard_meta(path: str | Path) -> ShardMeta:
@@ -114,7 +162,7 @@ def read_shard_meta(path: str | Path) -> ShardMeta:
 
 def validate_direction(root: str | Path, direction: str, fingerprint: str | None = None) -> list[Path]:
     """Validate every shard of a direction; return their paths (sorted). Raises ArtifactError."""
-    files = sorted(direction_dir(root, direction).glob("part-*.parquet"))
+    files = sorted(direction_dir(root, direction).glob(SHARD_GLOB))
     if not files:
         raise ArtifactError(f"no hidden-state shards for {direction} under {root}")
     metas = {read_shard_meta(f) for f in files}
@@ -128,6 +176,11 @@ def validate_direction(root: str | Path, direction: str, fingerprint: str | None
             f"shards of {direction} were dumped from model {meta.model_fingerprint}, not {fingerprint}"
         )
     return files
+
+
+def shard_rows(files: list[Path]) -> list[int]:
+    """Rows of each shard, from the Parquet footers (no data read)."""
+    return [pq.ParquetFile(f).metadata.num_rows for f in files]
 
 
 def iter_batches(files: list[Path], columns: list[str] | None = None, batch_size: int = 65536):

@@ -1,8 +1,18 @@
-"""Translation outputs: Parquet with ``id, direction, source, hypothesis, method`` (+ optional scores)."""
+"""Translation outputs: Parquet with ``id, direction, source, hypothesis, method`` (+ optional scores), or
+plain text with one output a line; in the pipeline each Parquet file has a JSON sidecar (``<method>.json``)
+recording how it was made (signature, provenance digests, speed).
+"""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from pathlib import Path
+
 import pyarrow as pa
+import pyarrow.parquet as pq
+
+from fastvocab.artifacts_schema.atomic import atomic_path
+from fastvocab.artifacts_schema.errors import ArtifactError
 
 TRANSLATIONS_SCHEMA = pa.schema(
     [
@@ -13,3 +23,50 @@ TRANSLATIONS_SCHEMA = pa.schema(
         pa.field("method", pa.string(), nullable=False),
     ]
 )
+
+
+def write_translations(
+    path: str | Path,
+    hypotheses: Sequence[str],
+    *,
+    sources: Sequence[str],
+    ids: Sequence[int] | None,
+    direction: str,
+    method: str,
+) -> None:
+    """Write outputs atomically: Parquet (``TRANSLATIONS_SCHEMA``) for ``.parquet``, else one line each."""
+    path = Path(path)
+    with atomic_path(path) as tmp:
+        if path.suffix == ".parquet":
+            n = len(hypotheses)
+            table = pa.Table.from_pydict(
+                {
+                    "id": list(ids) if ids is not None else list(range(n)),
+                    "direction": [direction] * n,
+                    "source": list(sources),
+                    "hypothesis": list(hypotheses),
+                    "method": [method] * n,
+                },
+                schema=TRANSLATIONS_SCHEMA,
+            )
+            pq.write_table(table, tmp)
+        else:
+            # A newline inside an output would shift every later line: keep one output per line.
+            text = "".join(h.replace("\r", " ").replace("\n", " ") + "\n" for h in hypotheses)
+            tmp.write_text(text, encoding="utf-8")
+
+
+def read_hypotheses(path: Path, sources: Sequence[str]) -> list[str]:
+    """The hypotheses of a translations Parquet file made for exactly ``sources`` (ArtifactError if not)."""
+    try:
+        table = pq.read_table(path, columns=["source", "hypothesis"])
+    except (OSError, pa.ArrowException) as exc:
+        raise ArtifactError(f"corrupt translations {path}: {exc}") from exc
+    if table.column("source").to_pylist() != list(sources):
+        raise ArtifactError(f"{path} does not translate the current sample (rerun translate)")
+    return table.column("hypothesis").to_pylist()
+
+
+def sidecar_path(path: Path) -> Path:
+    """The JSON record beside a translations file: ``full.parquet`` -> ``full.json``."""
+    return Path(path).with_suffix(".json")

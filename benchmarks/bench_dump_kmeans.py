@@ -91,7 +91,8 @@ def source_sentences(lang: str, n: int) -> list[str]:
 def bench_dump(args) -> dict[str, object]:
     import torch
 
-    from fastvocab.tasks.dump import DumpActor, plan_shards
+    from fastvocab.tasks.context import RunContext, describe_model
+    from fastvocab.tasks.dump import DumpActor, DumpSettings, plan_shards
 
     model = ROOT / "models" / "demo"
     which = "models/demo"
@@ -100,9 +101,8 @@ def bench_dump(args) -> dict[str, object]:
         tmp = tempfile.TemporaryDirectory()
         model = random_demo_like_model(Path(tmp.name))
         which = "random-weight M2M100, demo 'tiny' preset shape (models/demo absent)"
-    actor = DumpActor(
-        model, k=args.k, max_len=args.max_len, batch_size=args.batch_size, torch_threads=args.threads
-    )
+    ctx = RunContext(describe_model(model), torch_threads=args.threads)
+    actor = DumpActor(ctx, DumpSettings(k=args.k, max_len=args.max_len, batch_size=args.batch_size))
     texts = source_sentences("en", args.sentences + args.shard)
     warm, *_ = plan_shards("en-it", list(range(args.shard)), texts[: args.shard], args.shard)
     actor.decode_shard(warm)
@@ -140,8 +140,8 @@ def bench_dump(args) -> dict[str, object]:
 def bench_kmeans(args) -> dict[str, object]:
     import faiss
 
+    from fastvocab.artifacts_schema.digest import array_digest
     from fastvocab.tasks.kmeans import train_kmeans
-    from fastvocab.tasks.maps import array_digest
 
     rng = np.random.default_rng(0)
     n, d, r = args.kmeans_n, args.kmeans_d, args.kmeans_r

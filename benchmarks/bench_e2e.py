@@ -64,7 +64,7 @@ def variants(configs_beam: int, args) -> list[tuple[str, dict]]:
     for mode in args.modes:
         for mass in masses:
             label = f"clustered/{mode}" + ("" if mass == "none" else f"/{mass}")
-            out.append((label, {"mode": mode, "inactive_mass": mass}))
+            out.append((label, {"selection": mode, "inactive_mass": mass}))
     return out
 
 

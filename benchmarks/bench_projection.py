@@ -81,7 +81,7 @@ def synthetic_map(
     manifest = MapManifest(
         model_fingerprint=fingerprint,
         direction="synthetic",
-        mode="direction",
+        scope="direction",
         r=r,
         k=0,
         d=d,
@@ -185,12 +185,12 @@ def clustered_variants(device: str, args) -> list[tuple[str, dict]]:
     out = []
     for mode in ("union", "per-row"):
         if device.startswith("cuda"):
-            out.append((f"{mode}/cupy", {"mode": mode, "backend": "cupy"}))
-            out.append((f"{mode}/torch", {"mode": mode, "backend": "torch"}))
+            out.append((f"{mode}/cupy", {"selection": mode, "backend": "cupy"}))
+            out.append((f"{mode}/torch", {"selection": mode, "backend": "torch"}))
         else:
-            out.append((f"{mode}", {"mode": mode, "cache_mb": args.cache_mb}))
+            out.append((f"{mode}", {"selection": mode, "cache_mb": args.cache_mb}))
             if args.no_cache_variant:
-                out.append((f"{mode}/nocache", {"mode": mode, "cache_mb": 0.0}))
+                out.append((f"{mode}/nocache", {"selection": mode, "cache_mb": 0.0}))
     return out
 
 
@@ -279,7 +279,7 @@ def _active_stats(proj, out, h) -> dict:
     uniq = sorted(set(clusters))
     union = torch.unique(torch.cat([proj._map.ids[c] for c in uniq])).numel()
     n = proj.n_vocab
-    rows_w = union if proj.mode == "union" else sum(proj._map.sizes[c] for c in uniq)
+    rows_w = union if proj.selection == "union" else sum(proj._map.sizes[c] for c in uniq)
     hits = sum(proj._map.blocks[c] is not None for c in clusters) / len(clusters)
     return {
         "union_fraction": union / n,

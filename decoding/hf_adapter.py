@@ -62,7 +62,15 @@ class DecoderState:
 class Seq2SeqAdapter:
     """Encoder, cached decoder step, exact output projection and tokenization of one seq2seq checkpoint."""
 
-    def __init__(self, model, tokenizer, path: str | Path, device: str | torch.device, dtype: torch.dtype):
+    def __init__(
+        self,
+        model,
+        tokenizer,
+        path: str | Path,
+        device: str | torch.device,
+        dtype: torch.dtype,
+        fingerprint: str | None = None,
+    ):
         self.model = model
         self.tokenizer = tokenizer
         self.path = str(path)
@@ -85,7 +93,8 @@ class Seq2SeqAdapter:
             bias = flb.clone() if bias is None else bias + flb
         self.output_bias: torch.Tensor | None = bias  # (N,) or None
         self.n_vocab, self.d_model = self.output_weight.shape
-        self._fingerprint: str | None = None
+        # A fingerprint handed in (a pipeline worker gets the driver's) is trusted: hashing W is a full read.
+        self._fingerprint: str | None = fingerprint
 
         self.family = _family(model, tokenizer)
         self.eos_id: int = int(self.config.eos_token_id)
@@ -112,9 +121,16 @@ class Seq2SeqAdapter:
 
     @classmethod
     def load(
-        cls, path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32
+        cls,
+        path: str | Path,
+        device: str | torch.device = "cpu",
+        dtype: torch.dtype = torch.float32,
+        fingerprint: str | None = None,
     ) -> Seq2SeqAdapter:
-        """Load a model folder (never a hub name: ``local_files_only=True``)."""
+        """Load a model folder (never a hub name: ``local_files_only=True``).
+
+        ``fingerprint``: the model's known fingerprint (from a ``ModelRef``), so it is not computed again.
+        """
         from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
         path = Path(path)
@@ -125,7 +141,7 @@ class Seq2SeqAdapter:
         tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
         model = AutoModelForSeq2SeqLM.from_pretrained(path, local_files_only=True, dtype=dtype)
         model = model.to(device).eval()
-        adapter = cls(model, tokenizer, path, device, dtype)
+        adapter = cls(model, tokenizer, path, device, dtype, fingerprint)
         log.debug("loaded %s (%s, N=%d, d=%d)", path, adapter.family, adapter.n_vocab, adapter.d_model)
         return adapter
 

@@ -50,15 +50,20 @@ def create_projection(
     bias: torch.Tensor | None,
     *,
     always_active: Sequence[int] = (),
+    fingerprint: str | None = None,
     **options: object,
 ) -> Projection:
-    """Build the projection registered as ``name``; unknown names and options raise ``ValueError``."""
+    """Build the projection registered as ``name``; unknown names and options raise ``ValueError``.
+
+    ``fingerprint``: the model's fingerprint when the caller knows it (an adapter does), so the projection
+    does not hash ``W`` and ``b`` again.
+    """
     _import_builtin_methods()
     if name not in _REGISTRY:
         raise ValueError(f"unknown output-layer method {name!r}; valid: {', '.join(sorted(_REGISTRY))}")
     cls = _REGISTRY[name]
     try:
-        return cls(weight, bias, always_active=always_active, **options)
+        return cls(weight, bias, always_active=always_active, fingerprint=fingerprint, **options)
     except TypeError as exc:  # unexpected keyword: say which method rejected it
         raise ValueError(f"bad options for method {name!r}: {exc}") from exc
 
@@ -139,14 +144,20 @@ class ProjectionOutput:
 class Projection:
     """Base class: the public ``__call__`` checks its input, then calls the method's ``_project`` hook.
 
-    Subclasses take ``(weight, bias, *, always_active, **their_options)`` in ``__init__`` and must call
-    ``super().__init__``. ``weight`` is (N, d) (one vocabulary entry contiguous), ``bias`` (N,) or None.
+    Subclasses take ``(weight, bias, *, always_active, fingerprint, **their_options)`` in ``__init__`` and
+    must call ``super().__init__``. ``weight`` is (N, d) (one vocabulary entry contiguous), ``bias`` (N,) or
+    None.
     """
 
     name: ClassVar[str] = "?"
 
     def __init__(
-        self, weight: torch.Tensor, bias: torch.Tensor | None, *, always_active: Sequence[int] = ()
+        self,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+        *,
+        always_active: Sequence[int] = (),
+        fingerprint: str | None = None,
     ) -> None:
         if weight.dim() != 2:
             raise ValueError(f"weight must be (N, d), got {tuple(weight.shape)}")
@@ -159,7 +170,7 @@ class Projection:
         if ids and not (ids[0] >= 0 and ids[-1] < self.n_vocab):
             raise ValueError(f"always_active ids must be in [0, {self.n_vocab}), got {ids}")
         self.always_active = torch.tensor(ids, dtype=torch.int64, device=weight.device)
-        self._fingerprint: str | None = None
+        self._fingerprint = fingerprint  # trusted when given; computed on first use otherwise
 
     @property
     def device(self) -> torch.device:

@@ -1,11 +1,11 @@
-"""Clustered vocabulary projection (Amer et al. 2022, Sec. 2.3), and beyond it a per-row mode.
+"""Clustered vocabulary projection (Amer et al. 2022, Sec. 2.3), and beyond it a per-row selection.
 
 At each decoding step:
 
 1. cluster of each row, Eq. 2: ``argmin_j ||C_j||^2 - 2 h·C_j`` (norms precomputed): one small GEMM + argmin;
-2. ``mode="union"`` (the paper): union of the rows' active sets (boolean mask over N, compacted to column
+2. ``selection="union"`` (the paper): union of the rows' active sets (boolean mask over N, compacted to column
    ids), logits of those columns only, shared ids (C,);
-   ``mode="per-row"``: rows grouped by cluster, each group against its own set, per-row ids (rows, W)
+   ``selection="per-row"``: rows grouped by cluster, each group against its own set, per-row ids (rows, W)
    padded with ``-inf`` (or shared ids when every row falls in one cluster), so a batch of 40 rows does
    not pay for the union of 40 sets;
 3. optionally an estimate of the probability mass of the columns not computed
@@ -29,6 +29,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -40,7 +41,7 @@ from fastvocab.kernels.base import Projection, ProjectionOutput, register
 
 log = logging.getLogger(__name__)
 
-MODES = ("union", "per-row")
+SELECTIONS = ("union", "per-row")  # which columns each row gets: the batch's union, or its own cluster's
 INACTIVE_MASS = ("none", "centroid", "moments")
 BACKENDS = ("auto", "torch", "cupy")
 # Cached sub-matrices on CPU by default (MB). Measured on 2 cores (benchmarks/README.md): a cached cluster
@@ -58,7 +59,7 @@ def _choice(name: str, value: str, valid: Sequence[str]) -> str:
 class ClusteredProjection(Projection):
     """Clustered output layer over a cluster map built for this model (refuses any other map).
 
-    Options: ``cluster_map`` (a :class:`ClusterMap` or a map folder), ``mode`` (union | per-row),
+    Options: ``cluster_map`` (a :class:`ClusterMap` or a map folder), ``selection`` (union | per-row),
     ``min_count`` (drop (cluster, id) pairs predicted fewer times), ``inactive_mass`` (none | centroid |
     moments), ``backend`` (auto | torch | cupy), ``cache_mb`` (cached per-cluster sub-matrices; None = 512 on
     CPU, 0 on CUDA).
@@ -69,16 +70,16 @@ class ClusteredProjection(Projection):
         weight: torch.Tensor,
         bias: torch.Tensor | None,
         *,
-        always_active: Sequence[int] = (),
         cluster_map: ClusterMap | str | Path,
-        mode: str = "union",
+        selection: str = "union",
         min_count: int = 1,
         inactive_mass: str = "none",
         backend: str = "auto",
         cache_mb: float | None = None,
+        **common: Any,  # always_active, fingerprint: see Projection
     ) -> None:
-        super().__init__(weight, bias, always_active=always_active)
-        self.mode = _choice("mode", mode, MODES)
+        super().__init__(weight, bias, **common)
+        self.selection = _choice("selection", selection, SELECTIONS)
         self.inactive_mass = _choice("inactive_mass", inactive_mass, INACTIVE_MASS)
         _choice("backend", backend, BACKENDS)
         if isinstance(min_count, bool) or not isinstance(min_count, int) or min_count < 1:
@@ -159,11 +160,11 @@ class ClusteredProjection(Projection):
     def options(self) -> dict[str, object]:
         m = self.map_manifest
         return {
-            "mode": self.mode,
+            "selection": self.selection,
             "min_count": self.min_count,
             "inactive_mass": self.inactive_mass,
             "backend": self.backend,
-            "map": f"{m.direction}/{m.mode}/r{m.r}/K{m.k}",
+            "map": f"{m.direction}/{m.scope}/r{m.r}/K{m.k}",
         }
 
     @property
@@ -182,8 +183,8 @@ class ClusteredProjection(Projection):
         if rows == 0:
             empty = h.new_empty((0, 0))
             return ProjectionOutput(empty, torch.zeros(0, dtype=torch.int64, device=h.device), self.n_vocab)
-        # The CuPy grouping kernel runs in one block: beyond 1024 rows per-row mode takes the torch path.
-        if self.backend == "cupy" and (self.mode == "union" or rows <= 1024):
+        # The CuPy grouping kernel runs in one block: beyond 1024 rows per-row selection takes the torch path.
+        if self.backend == "cupy" and (self.selection == "union" or rows <= 1024):
             logits, ids, clusters = self._project_cupy(h)
         else:
             logits, ids, clusters = self._project_torch(h)
@@ -195,7 +196,7 @@ class ClusteredProjection(Projection):
     def _project_torch(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         clusters = self.assign(h)  # (rows,)
         cl = clusters.tolist()
-        if self.mode == "per-row":
+        if self.selection == "per-row":
             logits, ids = ops.per_row_logits(h, cl, self._map, self.weight, self.bias)
             return logits, ids, clusters
         ids = ops.union_columns(cl, self._map.ids, self.n_vocab)  # (C,)
@@ -215,7 +216,7 @@ class ClusteredProjection(Projection):
         if h.data_ptr() % 16:  # the kernels load 16-byte chunks
             h = h.clone()
         clusters = cupy_ops.assign(h.to(pm.centroids_t.dtype) @ pm.centroids_t, pm.sq_norms)  # (rows,)
-        if self.mode == "union":
+        if self.selection == "union":
             mask = cupy_ops.mark_active(clusters, pm.indptr, self._indices32, self.n_vocab, pm.max_size)
             cols32, cols64 = cupy_ops.compact(mask)  # (C,) sorted; one device->host sync for C
             logits = cupy_ops.gather_gemm_union(h, self.weight, self.bias, cols32)  # (rows, C)
@@ -240,12 +241,3 @@ def _cupy_unsupported(weight: torch.Tensor) -> str | None:
     except ImportError as exc:
         return f"cupy is not installed ({exc})"
     return None
-
-
-def inactive_mass_fraction(out: ProjectionOutput) -> torch.Tensor:
-    """Estimated probability outside the computed columns per row, (rows,); zeros without an estimate."""
-    if out.log_inactive_mass is None:
-        return torch.zeros(out.rows)
-    lse = torch.logsumexp(out.logits.float(), dim=1)
-    m = out.log_inactive_mass.float()
-    return torch.exp(m - torch.logaddexp(lse, m))

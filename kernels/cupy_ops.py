@@ -285,7 +285,6 @@ __global__ void fv_gather_mma(const u16* __restrict__ h, const u16* __restrict__
 """
 
 NT_CHOICES = (1, 2, 3, 4, 5, 6, 8, 12, 16)  # mma n-tiles of 8 rows compiled for the gather kernel
-MAX_ROWS_PER_GROUP = 8 * NT_CHOICES[-1]  # union: more rows are split into groups of this many
 PER_ROW_GROUP = 16  # per-row mode: rows of one cluster handled together (NT = 2); groups are usually 1-2
 GATHER_THREADS = 128  # 4 warps: 64 output columns per block
 MAX_GROUP_ROWS = 1024  # fv_group_rows runs in one block

@@ -1,17 +1,28 @@
 """Typed configuration: one YAML file validated by pydantic models; CLI flags override single fields.
 
-Unknown keys and wrong types fail at load time with the offending key named (``extra="forbid"``).
+Unknown keys and wrong types fail at load time with the offending key named (``extra="forbid"``). Each stage
+section turns into the typed parameters its task takes (``DumpConfig.settings()`` -> ``DumpSettings``, ...):
+stages never pass untyped dicts to tasks.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from fastvocab.pipeline.errors import UserError
+
+if TYPE_CHECKING:
+    from fastvocab.tasks.dump import DumpSettings
+    from fastvocab.tasks.kmeans import KMeansParams
+    from fastvocab.tasks.maps import MapParams
+    from fastvocab.tasks.translate import SearchSettings
+
+# Per-cluster active fractions are also reported at these K (Amer et al. Fig. 4).
+COMPARE_KS = (1, 3, 5)
 
 
 class _Strict(BaseModel):
@@ -29,15 +40,24 @@ class CorpusConfig(_Strict):
 
 
 class TranslateConfig(_Strict):
-    method: str = "full"
-    clusters: Path | None = None  # cluster map folder (or a folder of them) for --method clustered
-    mode: Literal["union", "per-row"] = "union"
+    selection: Literal["union", "per-row"] = "union"  # clustered: rows share the union of their sets, or not
     beam: int = Field(1, ge=1)
     batch_size: int = Field(32, ge=1)
     max_len: int = Field(128, ge=1)  # max target tokens per sentence
     max_input_tokens: int = Field(256, ge=1)  # longer source lines are an error, not silently cut
     length_penalty: float = 1.0
     device: str = "cpu"
+
+    def search(self) -> SearchSettings:
+        from fastvocab.tasks.translate import SearchSettings
+
+        return SearchSettings(
+            beam=self.beam,
+            batch_size=self.batch_size,
+            max_len=self.max_len,
+            length_penalty=self.length_penalty,
+            max_input_tokens=self.max_input_tokens,
+        )
 
 
 class DumpConfig(_Strict):
@@ -54,6 +74,11 @@ class DumpConfig(_Strict):
     max_len: int = Field(128, ge=1)  # max target tokens decoded per sentence
     torch_threads: int | None = Field(None, ge=1)  # per worker; default: Ray CPUs / workers (>= 1)
 
+    def settings(self) -> DumpSettings:
+        from fastvocab.tasks.dump import DumpSettings
+
+        return DumpSettings(k=self.k, max_len=self.max_len, batch_size=self.batch_size)
+
 
 class KMeansConfig(_Strict):
     r: int = Field(200, ge=1)
@@ -63,11 +88,40 @@ class KMeansConfig(_Strict):
     gpu: bool = False
     num_cpus: int = Field(1, ge=1)  # CPUs per k-means Ray task = Faiss OpenMP threads (fixed: determinism)
 
+    def params(self, gpu: bool) -> KMeansParams:
+        """The task's parameters; ``gpu`` is what the cluster can honour (``self.gpu`` is the request)."""
+        from fastvocab.tasks.kmeans import KMeansParams
+
+        return KMeansParams(
+            r=self.r,
+            niter=self.niter,
+            seed=self.seed,
+            max_points_per_centroid=self.max_points_per_centroid,
+            gpu=gpu,
+            threads=self.num_cpus,
+        )
+
 
 class MapsConfig(_Strict):
-    mode: Literal["direction", "target"] = "direction"
+    # which states feed a map: one direction (source and target known), or all into a target language
+    scope: Literal["direction", "target"] = "direction"
     k: int | None = Field(None, ge=1)  # top-K used for the active sets (<= dump.k); default dump.k
     min_count: int = Field(1, ge=1)
+
+    def params(self, dump_k: int) -> MapParams:
+        from fastvocab.tasks.maps import MapParams
+
+        k = self.k or dump_k
+        if k > dump_k:
+            raise UserError(
+                f"maps.k={k} exceeds dump.k={dump_k}: the dump recorded only {dump_k} ids per state"
+            )
+        return MapParams(
+            scope=self.scope,
+            k=k,
+            min_count=self.min_count,
+            compare_ks=tuple(c for c in COMPARE_KS if c < k),
+        )
 
 
 class EvalConfig(_Strict):

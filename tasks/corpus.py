@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import datetime as dt
 import hashlib
-import json
 import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -29,15 +28,17 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from fastvocab import __version__
-from fastvocab.artifacts_schema.atomic import atomic_path, write_text_atomic
+from fastvocab.artifacts_schema.atomic import atomic_path
 from fastvocab.artifacts_schema.corpus import (
     CORPUS_SCHEMA,
     MONO_SCHEMA,
     SPLITS,
     mono_path,
     pair_name,
+    read_manifest,
     split_path,
+    update_manifest,
+    valid_file,
 )
 from fastvocab.tasks import debian_translations as debian
 from fastvocab.tasks.debian_translations import CorpusError, check_lang, normalise
@@ -58,8 +59,6 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-MANIFEST = "corpus.json"
-MANIFEST_FORMAT = "fastvocab-corpus/1"
 DEBIAN_SOURCE = "debian-translations"
 
 Row = tuple[int, str, str, str]  # (id, doc_id, text1, text2)
@@ -178,48 +177,13 @@ def _write_table(path: Path, table: pa.Table) -> None:
         pq.write_table(table, tmp)
 
 
-def _valid_file(path: Path, schema: pa.Schema, rows: int) -> bool:
-    try:
-        pf = pq.ParquetFile(path)
-    except (OSError, pa.ArrowException):
-        return False
-    types_match = [(f.name, f.type) for f in pf.schema_arrow] == [(f.name, f.type) for f in schema]
-    return types_match and pf.metadata.num_rows == rows
-
-
-def read_manifest(out_dir: str | Path) -> dict:
-    """``<out_dir>/corpus.json``, or an empty manifest when it is missing or unreadable."""
-    path = Path(out_dir) / MANIFEST
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        data = {}
-    except (OSError, ValueError) as exc:
-        log.warning("ignoring unreadable %s (%s): everything will be rebuilt", path, exc)
-        data = {}
-    if not isinstance(data, dict) or data.get("format") != MANIFEST_FORMAT:
-        data = {}
-    data.setdefault("pairs", {})
-    data.setdefault("mono", {})
-    return data
-
-
-def _update_manifest(out_dir: Path, section: str, key: str, record: dict) -> None:
-    manifest = read_manifest(out_dir)
-    manifest[section][key] = record
-    languages = {lang for name in manifest["pairs"] for lang in name.split("-")} | set(manifest["mono"])
-    manifest.update(format=MANIFEST_FORMAT, languages=sorted(languages), fastvocab_version=__version__)
-    manifest = {k: manifest[k] for k in ("format", "fastvocab_version", "languages", "pairs", "mono")}
-    write_text_atomic(out_dir / MANIFEST, json.dumps(manifest, indent=2, ensure_ascii=False) + "\n")
-
-
 def _up_to_date_pair(out_dir: Path, lang1: str, lang2: str, build: dict) -> PairResult | None:
     record = read_manifest(out_dir)["pairs"].get(pair_name(lang1, lang2))
     if not record or record.get("build") != build:
         return None
     counts = record.get("counts", {})
     for split in SPLITS:
-        if not _valid_file(split_path(out_dir, lang1, lang2, split), CORPUS_SCHEMA, counts.get(split, -1)):
+        if not valid_file(split_path(out_dir, lang1, lang2, split), CORPUS_SCHEMA, counts.get(split, -1)):
             return None
     return PairResult(lang1, lang2, counts, record.get("stats", {}), skipped=True)
 
@@ -258,7 +222,7 @@ def _write_pair(
     for split in SPLITS:
         stats[f"{split}_docs"] = len({row[1] for row in splits[split]})
     record = {"build": build, "source": source, "counts": counts, "stats": stats, "created": _now()}
-    _update_manifest(out_dir, "pairs", name, record)
+    update_manifest(out_dir, "pairs", name, record)
     log.info("%s: %s", name, ", ".join(f"{s} {n}" for s, n in counts.items()))
     return PairResult(lang1, lang2, counts, stats)
 
@@ -470,7 +434,7 @@ def import_mono(out_dir: str | Path, path: str | Path, lang: str, *, force: bool
         not force
         and record
         and record.get("build") == build
-        and _valid_file(target, MONO_SCHEMA, record.get("count", -1))
+        and valid_file(target, MONO_SCHEMA, record.get("count", -1))
     ):
         return MonoResult(lang, record["count"], record.get("stats", {}), skipped=True)
     ids, texts, seen = [], [], set()
@@ -490,7 +454,7 @@ def import_mono(out_dir: str | Path, path: str | Path, lang: str, *, force: bool
         raise CorpusError(f"{path}: no non-empty lines")
     _write_table(target, pa.table([ids, texts], schema=MONO_SCHEMA))
     source = {"kind": "text", "path": str(path.resolve())}
-    _update_manifest(
+    update_manifest(
         out_dir,
         "mono",
         lang,

@@ -2,43 +2,52 @@
 step, the hidden state ``h`` that entered the projection and the model's top-K token ids (Amer et al. 2.2).
 
 Work is cut into deterministic shards: shard ``i`` of a direction holds sentences ``[i*S, (i+1)*S)`` of the
-configured sample and is written, atomically, to ``<states>/direction=<src>-<tgt>/part-<i:05d>.parquet``. A
-shard whose file exists and validates against the current plan is skipped, which makes the stage resumable
-shard by shard. The schema is ``artifacts_schema.hidden_states``; each file also carries the plan it was made
-from (``fastvocab.dump_plan`` schema metadata) so a changed sample or setting is detected on resume.
+configured sample and is written, atomically, to ``<states>/direction=<src>-<tgt>/part-<i:05d>.parquet``
+(format: ``artifacts_schema.hidden_states``). Each file carries the plan it was made from, so a shard whose
+file exists and matches the current plan is skipped: the stage resumes shard by shard.
 
-:class:`DumpActor` is the unit of work (STYLE habit 8): model loaded once in ``__init__``, ``__call__`` maps a
-batch of columns (``sent_id``, ``text``, ``src_lang``, ``tgt_lang``) to a batch of state rows. It runs without
-Ray (tests call it directly). The pipeline fans shards out as Ray tasks (:func:`dump_shard_task`) whose worker
-processes keep one DumpActor each (:func:`cached_actor`): the model is loaded once per worker.
+:class:`DumpActor` is the unit of work (STYLE habit 8): model loaded once in ``__init__`` from the driver's
+:class:`~fastvocab.tasks.context.RunContext` (its fingerprint is not recomputed), ``__call__`` maps a batch of
+columns (``sent_id``, ``text``, ``src_lang``, ``tgt_lang``) to a batch of state rows, ``dump_shard`` and
+``stream_shard`` serve whole shards. It runs without Ray (tests call it directly); the pipeline hosts it in
+Ray actors (one model per actor).
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
 
-from fastvocab.artifacts_schema.atomic import atomic_path
-from fastvocab.artifacts_schema.errors import ArtifactError
-from fastvocab.artifacts_schema.hidden_states import ShardMeta, direction_dir, read_shard_meta, shard_table
+from fastvocab.artifacts_schema.digest import digest
+from fastvocab.artifacts_schema.hidden_states import (
+    ShardMeta,
+    shard_is_current,
+    shard_path,
+    shard_table,
+    write_shard,
+)
+from fastvocab.tasks.context import RunContext
 
 log = logging.getLogger(__name__)
 
-PLAN_KEY = b"fastvocab.dump_plan"
-SHARD_GLOB = "part-*.parquet"
 OUTPUT_COLUMNS = ("sent_id", "step", "hidden", "topk_ids", "topk_logprobs")
 
 
-def shard_name(index: int) -> str:
-    return f"part-{index:05d}.parquet"
+@dataclass(frozen=True)
+class DumpSettings:
+    """How states are decoded and recorded; part of every shard's plan."""
+
+    k: int = 5  # top-K ids recorded per state
+    max_len: int = 128  # max target tokens decoded per sentence
+    batch_size: int = 32  # sentences a batch (padding changes float rounding, so it is in the plan)
+
+    def __post_init__(self) -> None:
+        if min(self.k, self.max_len, self.batch_size) < 1:
+            raise ValueError(f"dump settings must be >= 1, got {self}")
 
 
 @dataclass(frozen=True)
@@ -59,20 +68,18 @@ class ShardSpec:
     def tgt_lang(self) -> str:
         return self.direction.split("-", 1)[1]
 
-    def plan(self, k: int, max_len: int, batch_size: int) -> dict[str, object]:
+    def plan(self, settings: DumpSettings) -> dict[str, object]:
         """What the shard's content depends on besides the model: compared on resume."""
-        h = hashlib.sha256()
-        for i, t in zip(self.sent_ids, self.texts, strict=True):
-            h.update(f"{i}\t{t}\n".encode())
+        lines = "".join(f"{i}\t{t}\n" for i, t in zip(self.sent_ids, self.texts, strict=True))
         return {
             "direction": self.direction,
             "index": self.index,
             "sentences": len(self.sent_ids),
-            "sentences_digest": "sha256:" + h.hexdigest()[:32],
+            "sentences_digest": digest(lines),
             "max_states": self.max_states,
-            "k": k,
-            "max_len": max_len,
-            "batch_size": batch_size,
+            "k": settings.k,
+            "max_len": settings.max_len,
+            "batch_size": settings.batch_size,
         }
 
 
@@ -109,33 +116,19 @@ class DumpActor:
     rows ordered by (input row, step). Rows of different directions may be mixed in one batch.
     """
 
-    def __init__(
-        self,
-        model_path: str | Path,
-        *,
-        k: int,
-        max_len: int = 128,
-        batch_size: int = 32,
-        device: str = "cpu",
-        torch_threads: int | None = None,
-    ) -> None:
-        import torch
-        from transformers.utils import logging as hf_logging
-
-        from fastvocab.decoding.hf_adapter import Seq2SeqAdapter
+    def __init__(self, ctx: RunContext, settings: DumpSettings) -> None:
         from fastvocab.kernels import create_projection
 
-        hf_logging.disable_progress_bar()  # one bar per worker and model load is noise in the driver's log
-        if torch_threads is not None:
-            torch.set_num_threads(torch_threads)
-        self.k = int(k)
-        self.max_len = int(max_len)
-        self.batch_size = int(batch_size)
-        self.adapter = Seq2SeqAdapter.load(model_path, device=device, dtype=torch.float32)
-        self.projection = create_projection("full", self.adapter.output_weight, self.adapter.output_bias)
-        self.fingerprint: str = self.adapter.fingerprint
-        self.d: int = int(self.adapter.d_model)
-        self.n_vocab: int = int(self.adapter.n_vocab)
+        self.ctx = ctx
+        self.settings = settings
+        self.k, self.max_len, self.batch_size = settings.k, settings.max_len, settings.batch_size
+        self.adapter = ctx.load_adapter()
+        self.projection = create_projection(
+            "full", self.adapter.output_weight, self.adapter.output_bias, fingerprint=ctx.model.fingerprint
+        )
+        self.fingerprint: str = ctx.model.fingerprint
+        self.d: int = ctx.model.d
+        self.n_vocab: int = ctx.model.n_vocab
         if self.k > self.n_vocab:
             raise ValueError(f"dump k={self.k} exceeds the vocabulary size {self.n_vocab}")
 
@@ -222,58 +215,22 @@ class DumpActor:
         return cols
 
 
-def write_shard(
-    cols: dict[str, np.ndarray], meta: ShardMeta, plan: dict[str, object], path: Path, row_group_size: int
-) -> Path:
-    """Write one shard atomically, with the hidden-state schema and the plan in its metadata."""
-    table = shard_table(
-        meta, cols["sent_id"], cols["step"], cols["hidden"], cols["topk_ids"], cols.get("topk_logprobs")
-    )
-    table = table.replace_schema_metadata(
-        {**table.schema.metadata, PLAN_KEY: json.dumps(plan, sort_keys=True)}
-    )
-    with atomic_path(path) as tmp:
-        pq.write_table(table, tmp, row_group_size=row_group_size, compression="zstd")
-    return path
-
-
-def shard_is_current(path: Path, meta: ShardMeta, plan: dict[str, object]) -> bool:
-    """True when ``path`` exists, validates, and was written for this model and plan.
-
-    A file that exists but is corrupt raises ArtifactError (one line naming it): the user decides, we do not
-    silently overwrite what might be someone else's data.
-    """
-    if not path.exists():
-        return False
-    found = read_shard_meta(path)
-    if found != meta:
-        return False
-    try:
-        raw = (pq.read_schema(path).metadata or {}).get(PLAN_KEY)
-        return raw is not None and json.loads(raw) == plan
-    except (OSError, pa.ArrowException, ValueError) as exc:
-        raise ArtifactError(f"corrupt hidden-state shard {path}: {exc}") from exc
-
-
-def stale_shards(states_root: Path, direction: str, planned: int) -> list[Path]:
-    """Shard files of a direction beyond the current plan (left by a run with a larger sample)."""
-    keep = {shard_name(i) for i in range(planned)}
-    return [p for p in sorted(direction_dir(states_root, direction).glob(SHARD_GLOB)) if p.name not in keep]
-
-
 def run_dump_shard(
     actor: DumpActor, spec: ShardSpec, states_root: Path, row_group_size: int = 50_000
 ) -> dict[str, object]:
     """Decode and write one shard (unless current); returns its metrics for the driver to log."""
-    path = direction_dir(states_root, spec.direction) / shard_name(spec.index)
+    path = shard_path(states_root, spec.direction, spec.index)
     meta = actor.shard_meta(spec.direction)
-    plan = spec.plan(actor.k, actor.max_len, actor.batch_size)
+    plan = spec.plan(actor.settings)
     if shard_is_current(path, meta, plan):
         return {"direction": spec.direction, "index": spec.index, "skipped": True, "path": str(path)}
     t0 = time.perf_counter()
     cols = actor.decode_shard(spec)
     seconds = time.perf_counter() - t0
-    write_shard(cols, meta, plan, path, row_group_size)
+    table = shard_table(
+        meta, cols["sent_id"], cols["step"], cols["hidden"], cols["topk_ids"], cols.get("topk_logprobs")
+    )
+    write_shard(table, plan, path, row_group_size)
     rows = len(cols["sent_id"])
     log.info("dumped %s shard %d: %d states in %.1f s", spec.direction, spec.index, rows, seconds)
     return {
@@ -286,26 +243,3 @@ def run_dump_shard(
         "seconds": seconds,
         "states_per_s": rows / seconds if seconds > 0 else float("nan"),
     }
-
-
-_CACHE: dict[tuple, DumpActor] = {}
-
-
-def cached_actor(model_path: str | Path, **options) -> DumpActor:
-    """The worker process's DumpActor for these settings, built on first use.
-
-    Ray reuses worker processes across tasks, so the model is loaded once per worker, not once per shard;
-    the same workers then serve the dump, streaming and (already warm) k-means and maps tasks.
-    """
-    key = (str(model_path), tuple(sorted(options.items())))
-    if key not in _CACHE:
-        _CACHE.clear()  # one model per process: a new setting replaces the old one
-        _CACHE[key] = DumpActor(model_path, **options)
-    return _CACHE[key]
-
-
-def dump_shard_task(
-    model_path: str, options: dict[str, object], spec: ShardSpec, states_root: str, row_group_size: int
-) -> dict[str, object]:
-    """Ray task body: one shard, with the worker's cached model."""
-    return run_dump_shard(cached_actor(model_path, **options), spec, Path(states_root), row_group_size)

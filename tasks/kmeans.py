@@ -1,60 +1,48 @@
-"""Faiss k-means over recorded hidden states (one run per direction, or per target language in target mode).
+"""Faiss k-means over recorded hidden states (one run per direction, or per target language in target scope).
 
 Deterministic by construction: the training sample is drawn with a seeded numpy generator from the shards in
 sorted order, Faiss gets a fixed seed, and the OpenMP thread count is fixed for the call. Same seed, same data
--> byte-identical centroids (tests/test_kmeans.py checks it).
-
-Output folder (``<work_dir>/kmeans/<map name>/``, written atomically)::
-
-    centroids.safetensors   centroids [r, d] float32
-    kmeans.json             r, d, niter, seed, objective per iteration, training points, inputs digest, time
+-> byte-identical centroids (tests/test_kmeans.py checks it). The result folder's format is
+``artifacts_schema.kmeans_result``.
 """
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import json
 import logging
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 
-from fastvocab.artifacts_schema.atomic import atomic_path
 from fastvocab.artifacts_schema.errors import ArtifactError
-from fastvocab.artifacts_schema.hidden_states import fixed_list_to_numpy, iter_batches, read_shard_meta
+from fastvocab.artifacts_schema.hidden_states import (
+    fixed_list_to_numpy,
+    iter_batches,
+    read_shard_meta,
+    shard_rows,
+)
+from fastvocab.artifacts_schema.kmeans_result import KMeansInfo, save_kmeans
 
 log = logging.getLogger(__name__)
 
-CENTROIDS_FILE = "centroids.safetensors"
-INFO_FILE = "kmeans.json"
-KMEANS_FORMAT_VERSION = 1
 
+@dataclass(frozen=True)
+class KMeansParams:
+    """One k-means run: r centroids, niter iterations, a fixed seed, Faiss threads (fixed: determinism)."""
 
-@dataclass
-class KMeansInfo:
-    r: int
-    d: int
-    niter: int
-    seed: int
-    max_points_per_centroid: int
-    n_train: int  # states k-means was trained on (after sampling)
-    n_available: int  # states recorded in the input shards
-    objective: list[float]  # Faiss objective (sum of squared distances) after each iteration
-    seconds: float
-    gpu: bool
-    threads: int
-    inputs_digest: str = ""
-    model_fingerprint: str = ""
-    directions: list[str] = field(default_factory=list)
-    format_version: int = KMEANS_FORMAT_VERSION
+    r: int = 200
+    niter: int = 20
+    seed: int = 1234
+    max_points_per_centroid: int = 256
+    gpu: bool = False
+    threads: int | None = None
 
-    @property
-    def final_objective(self) -> float:
-        return self.objective[-1] if self.objective else float("nan")
+    def __post_init__(self) -> None:
+        if min(self.r, self.niter, self.max_points_per_centroid) < 1:
+            raise ValueError(f"r, niter and max_points_per_centroid must be >= 1, got {self}")
 
 
 @contextlib.contextmanager
@@ -137,12 +125,6 @@ def train_kmeans(
     return centroids, info
 
 
-def shard_rows(files: Sequence[Path]) -> list[int]:
-    import pyarrow.parquet as pq
-
-    return [pq.ParquetFile(f).metadata.num_rows for f in files]
-
-
 def sample_states(
     files: Sequence[Path], max_points: int | None, seed: int, batch_size: int = 65536
 ) -> tuple[np.ndarray, int]:
@@ -180,70 +162,11 @@ def sample_states(
     return out, total
 
 
-def inputs_digest(files: Sequence[Path], tail_bytes: int = 65536) -> str:
-    """Cheap identity of a set of Parquet shards: names, sizes and each file's footer bytes.
-
-    The footer holds row counts and column statistics, so a re-dumped shard with other content changes the
-    digest without reading every state again.
-    """
-    h = hashlib.sha256()
-    for f in sorted(Path(p) for p in files):
-        size = f.stat().st_size
-        h.update(f"{f.parent.name}/{f.name}:{size};".encode())
-        with f.open("rb") as fh:
-            fh.seek(max(0, size - tail_bytes))
-            h.update(fh.read())
-    return "sha256:" + h.hexdigest()[:32]
-
-
-def save_kmeans(centroids: np.ndarray, info: KMeansInfo, out_dir: str | Path) -> Path:
-    """Write centroids + info atomically (both appear together or neither)."""
-    from safetensors.numpy import save_file
-
-    out_dir = Path(out_dir)
-    with atomic_path(out_dir) as tmp:
-        tmp.mkdir()
-        save_file({"centroids": np.ascontiguousarray(centroids, dtype=np.float32)}, str(tmp / CENTROIDS_FILE))
-        (tmp / INFO_FILE).write_text(json.dumps(asdict(info), indent=2, sort_keys=True) + "\n")
-    return out_dir
-
-
-def load_kmeans(out_dir: str | Path) -> tuple[np.ndarray, KMeansInfo]:
-    """Load and check a k-means output folder; raises ArtifactError naming the folder when it is bad."""
-    from safetensors import SafetensorError
-    from safetensors.numpy import load_file
-
-    out_dir = Path(out_dir)
-    info_path = out_dir / INFO_FILE
-    if not info_path.exists():
-        raise ArtifactError(f"no k-means result at {out_dir} (missing {INFO_FILE})")
-    try:
-        info = KMeansInfo(**json.loads(info_path.read_text()))
-    except (ValueError, TypeError) as exc:
-        raise ArtifactError(f"corrupt k-means info {info_path}: {exc}") from exc
-    try:
-        centroids = load_file(str(out_dir / CENTROIDS_FILE))["centroids"]
-    except (OSError, SafetensorError, KeyError) as exc:
-        raise ArtifactError(f"corrupt k-means centroids in {out_dir}: {exc}") from exc
-    if centroids.shape != (info.r, info.d) or centroids.dtype != np.float32:
-        raise ArtifactError(
-            f"k-means centroids in {out_dir} have shape {centroids.shape}, expected ({info.r}, {info.d})"
-        )
-    if info.format_version != KMEANS_FORMAT_VERSION:
-        raise ArtifactError(f"k-means result {out_dir} has format version {info.format_version}")
-    return centroids, info
-
-
 def kmeans_job(
     files: Sequence[str],
     out_dir: str,
+    params: KMeansParams,
     *,
-    r: int,
-    niter: int,
-    seed: int,
-    max_points_per_centroid: int,
-    gpu: bool,
-    threads: int | None,
     model_fingerprint: str,
     directions: Sequence[str],
     inputs_digest: str,
@@ -253,20 +176,22 @@ def kmeans_job(
     The sample (at most ``r * max_points_per_centroid`` states, seeded) is what Faiss trains on, so Faiss
     does not subsample again and memory stays bounded by the sample.
     """
-    x, total = sample_states([Path(f) for f in files], r * max_points_per_centroid, seed)
+    x, total = sample_states([Path(f) for f in files], params.r * params.max_points_per_centroid, params.seed)
     centroids, info = train_kmeans(
         x,
-        r,
-        niter=niter,
-        seed=seed,
-        max_points_per_centroid=max_points_per_centroid,
-        gpu=gpu,
-        threads=threads,
+        params.r,
+        niter=params.niter,
+        seed=params.seed,
+        max_points_per_centroid=params.max_points_per_centroid,
+        gpu=params.gpu,
+        threads=params.threads,
     )
     info.n_available = total
     info.model_fingerprint = model_fingerprint
     info.directions = sorted(directions)
     info.inputs_digest = inputs_digest
     save_kmeans(centroids, info, out_dir)
-    log.info("k-means %s: r=%d on %d of %d states in %.1f s", out_dir, r, info.n_train, total, info.seconds)
+    log.info(
+        "k-means %s: r=%d on %d of %d states in %.1f s", out_dir, params.r, info.n_train, total, info.seconds
+    )
     return asdict(info)

@@ -11,24 +11,30 @@ counters from workers merge the same way), so a direction never has to be loaded
 
 from __future__ import annotations
 
-import hashlib
 import logging
+import time
 from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 
 from fastvocab.artifacts_schema.cluster_map import (
-    MODES,
+    MAP_SCOPES,
     ClusterMap,
     MapManifest,
     active_fraction_stats,
+    map_dir_name,
+    save_cluster_map,
 )
+from fastvocab.artifacts_schema.digest import array_digest
 from fastvocab.artifacts_schema.hidden_states import (
     fixed_list_to_numpy,
     iter_batches,
     read_shard_meta,
 )
+from fastvocab.artifacts_schema.kmeans_result import load_kmeans
+from fastvocab.artifacts_schema.stream_counts import read_stream_arrays
 
 log = logging.getLogger(__name__)
 
@@ -210,23 +216,13 @@ def count_shards_by_k(
     return counters
 
 
-def array_digest(*arrays: np.ndarray) -> str:
-    """sha256 of arrays' dtype, shape and bytes: identifies centroids in manifests and resume checks."""
-    h = hashlib.sha256()
-    for a in arrays:
-        a = np.ascontiguousarray(a)
-        h.update(f"{a.dtype.str}{a.shape};".encode())
-        h.update(a.tobytes())
-    return "sha256:" + h.hexdigest()[:32]
-
-
 def make_cluster_map(
     centroids: np.ndarray,
     counter: ActiveSetCounter,
     *,
     model_fingerprint: str,
     name: str,
-    mode: str,
+    scope: str,
     k: int,
     niter: int,
     seed: int,
@@ -235,10 +231,10 @@ def make_cluster_map(
 ) -> ClusterMap:
     """A validated-shape ClusterMap (+ manifest with active-fraction statistics) from centroids and counts.
 
-    ``name`` is the map's direction: ``en-it`` in direction mode, ``*-it`` in target mode.
+    ``name`` is the map's direction: ``en-it`` in direction scope, ``*-it`` in target scope.
     """
-    if mode not in MODES:
-        raise ValueError(f"unknown map mode {mode!r}; valid: {', '.join(MODES)}")
+    if scope not in MAP_SCOPES:
+        raise ValueError(f"unknown map scope {scope!r}; valid: {', '.join(MAP_SCOPES)}")
     centroids = np.ascontiguousarray(centroids, dtype=np.float32)
     r, d = centroids.shape
     if counter.r != r:
@@ -248,7 +244,7 @@ def make_cluster_map(
     manifest = MapManifest(
         model_fingerprint=model_fingerprint,
         direction=name,
-        mode=mode,
+        scope=scope,
         r=r,
         k=k,
         d=d,
@@ -267,33 +263,47 @@ def make_cluster_map(
     return ClusterMap(manifest, centroids, centroid_sq_norms(centroids), indptr, indices, counts)
 
 
-def map_name(mode: str, directions: Iterable[str]) -> str:
+@dataclass(frozen=True)
+class MapParams:
+    """How the active sets of a map are built from its states."""
+
+    scope: str = "direction"  # one of MAP_SCOPES
+    k: int = 5  # top-K ids of each state that enter its cluster's set (<= the dump's K)
+    min_count: int = 1  # drop (cluster, id) pairs predicted fewer times
+    compare_ks: tuple[int, ...] = ()  # also report per-cluster fractions at these K (Fig. 4)
+
+    def __post_init__(self) -> None:
+        if self.scope not in MAP_SCOPES:
+            raise ValueError(f"unknown map scope {self.scope!r}; valid: {', '.join(MAP_SCOPES)}")
+        if self.k < 1 or self.min_count < 1:
+            raise ValueError(f"k and min_count must be >= 1, got {self}")
+
+
+def map_name(scope: str, directions: Iterable[str]) -> str:
     """The manifest ``direction`` of a map fed by ``directions``: the direction itself, or ``*-<tgt>``."""
     directions = sorted(directions)
-    if mode == "direction":
+    if scope == "direction":
         if len(directions) != 1:
-            raise ValueError(f"direction mode builds one map per direction, got {directions}")
+            raise ValueError(f"direction scope builds one map per direction, got {directions}")
         return directions[0]
     targets = {d.split("-", 1)[1] for d in directions}
     if len(targets) != 1:
-        raise ValueError(f"target mode pools directions into one target language, got {directions}")
+        raise ValueError(f"target scope pools directions into one target language, got {directions}")
     return f"*-{targets.pop()}"
 
 
-def group_directions(directions: Sequence[str], mode: str) -> dict[str, list[str]]:
+def group_directions(directions: Sequence[str], scope: str) -> dict[str, list[str]]:
     """Map groups: ``{map folder name: directions feeding it}``.
 
-    Direction mode: one group per direction (``en-it``). Target mode (Amer et al. 2.2, target-only known):
+    Direction scope: one group per direction (``en-it``). Target scope (Amer et al. 2.2, target-only known):
     one group per target language (``to-it``) pooling every configured direction into it.
     """
-    from fastvocab.artifacts_schema.cluster_map import map_dir_name
-
     groups: dict[str, list[str]] = {}
     for direction in directions:
         src, sep, tgt = direction.partition("-")
         if not sep or not src or not tgt:
             raise ValueError(f"direction must look like 'en-it', got {direction!r}")
-        groups.setdefault(map_dir_name(src, tgt, mode), []).append(direction)
+        groups.setdefault(map_dir_name(src, tgt, scope), []).append(direction)
     return {name: sorted(dirs) for name, dirs in sorted(groups.items())}
 
 
@@ -302,53 +312,45 @@ def maps_job(
     stream_files: Sequence[str],
     kmeans_dir: str,
     out_dir: str,
+    params: MapParams,
     *,
-    mode: str,
     directions: Sequence[str],
-    k: int,
     n_vocab: int,
     model_fingerprint: str,
-    min_count: int = 1,
-    compare_ks: Sequence[int] = (),
     extra: dict[str, object] | None = None,
 ) -> dict[str, object]:
     """The maps stage for one map (a Ray task in the pipeline; a plain function here).
 
     Assigns every stored state of ``files`` to the centroids in ``kmeans_dir``, adds the streamed partial
     counts, writes the map to ``out_dir`` (atomically) and returns its manifest and per-cluster active
-    fractions; ``compare_ks`` adds the per-cluster fractions the stored states give at other K (Fig. 4).
+    fractions; ``params.compare_ks`` adds the per-cluster fractions the stored states give at other K
+    (Fig. 4).
     """
-    import time
-    from dataclasses import asdict
-
-    from fastvocab.artifacts_schema.cluster_map import save_cluster_map
-    from fastvocab.tasks.kmeans import load_kmeans
-    from fastvocab.tasks.stream import read_stream_counts
-
     t0 = time.perf_counter()
+    k = params.k
     centroids, info = load_kmeans(kmeans_dir)
     r = len(centroids)
-    ks = sorted({k, *(c for c in compare_ks if c <= k)})
+    ks = sorted({k, *(c for c in params.compare_ks if c <= k)})
     counters = count_shards_by_k(
         [Path(f) for f in files], centroids, {c: ActiveSetCounter(r, n_vocab) for c in ks}
     )
     stored_states = counters[k].states
     counter = counters[k]
     for f in stream_files:
-        part = read_stream_counts(Path(f))
-        if part is None:
+        arrays = read_stream_arrays(Path(f))
+        if arrays is None:
             raise FileNotFoundError(f"stream counts {f} disappeared before the maps stage read them")
-        counter.merge(part)
+        counter.merge(ActiveSetCounter.from_arrays(arrays))
     cmap = make_cluster_map(
         centroids,
         counter,
         model_fingerprint=model_fingerprint,
-        name=map_name(mode, directions),
-        mode=mode,
+        name=map_name(params.scope, directions),
+        scope=params.scope,
         k=k,
         niter=info.niter,
         seed=info.seed,
-        min_count=min_count,
+        min_count=params.min_count,
         extra={
             "directions": sorted(directions),
             "stored_states": stored_states,
@@ -359,7 +361,7 @@ def maps_job(
     )
     save_cluster_map(cmap, out_dir)
     fractions = {
-        c: np.diff(cnt.to_csr(min_count)[0]).astype(np.float64) / n_vocab
+        c: np.diff(cnt.to_csr(params.min_count)[0]).astype(np.float64) / n_vocab
         for c, cnt in counters.items()
         if c != k
     }

@@ -1,6 +1,6 @@
 """Bulk translation of sentences with any output-layer method, plus the file formats it reads and writes.
 
-``translate_lines`` is the unit of work behind ``fastvocab translate`` and the pipeline's translate stage:
+``translate`` is the unit of work behind ``fastvocab translate`` and the pipeline's translate stage:
 validate the languages, tokenize everything once (a line longer than ``max_input_tokens`` is an error, never
 silently cut), sort by length so batches waste little padding, decode batch by batch, restore input order.
 Empty lines become empty outputs without touching the model.
@@ -32,8 +32,20 @@ def make_projection(adapter: Seq2SeqAdapter, method: str = "full", **options: ob
         adapter.output_weight,
         adapter.output_bias,
         always_active=adapter.always_active_ids(),
+        fingerprint=adapter.fingerprint,
         **options,
     )
+
+
+@dataclass(frozen=True)
+class SearchSettings:
+    """How sentences are decoded: search, batching and limits (``translate``'s keyword arguments)."""
+
+    beam: int = 1  # 1 = greedy
+    batch_size: int = 32
+    max_len: int = 128  # max target tokens per sentence
+    length_penalty: float = 1.0
+    max_input_tokens: int = 256  # longer source lines are an error, never cut
 
 
 @dataclass
@@ -66,7 +78,12 @@ def translate(
     max_input_tokens: int = 256,
     progress: bool = True,
 ) -> TranslationResult:
-    """Translate ``lines``; see ``translate_lines``. Also returns token counts and timing."""
+    """Translate ``lines`` (one sentence each): one output per line, in input order, with counts and timing.
+
+    Languages are validated first (``ValueError`` naming the valid codes); empty or whitespace-only lines map
+    to ``""`` without decoding; a line longer than ``max_input_tokens`` tokens is a ``ValueError`` naming its
+    (1-based) line number. ``beam=1`` is greedy search.
+    """
     adapter.check_language(src_lang)
     adapter.check_language(tgt_lang)
     if beam < 1 or batch_size < 1 or max_len < 1 or max_input_tokens < 1:
@@ -120,41 +137,6 @@ def translate(
     seconds = time.perf_counter() - t0
     log.debug("translated %d lines (%d decoded) in %.2fs", len(lines), len(todo), seconds)
     return TranslationResult(hypotheses, tokens, seconds, len(todo))
-
-
-def translate_lines(
-    adapter: Seq2SeqAdapter,
-    projection: Projection,
-    lines: Sequence[str],
-    src_lang: str,
-    tgt_lang: str,
-    *,
-    beam: int = 1,
-    batch_size: int = 32,
-    max_len: int = 128,
-    length_penalty: float = 1.0,
-    max_input_tokens: int = 256,
-    progress: bool = True,
-) -> list[str]:
-    """Translate ``lines`` (one sentence each) and return one output per line, in input order.
-
-    Languages are validated first (``ValueError`` naming the valid codes); empty or whitespace-only lines map
-    to ``""`` without decoding; a line longer than ``max_input_tokens`` tokens is a ``ValueError`` naming its
-    (1-based) line number. ``beam=1`` is greedy search.
-    """
-    return translate(
-        adapter,
-        projection,
-        lines,
-        src_lang,
-        tgt_lang,
-        beam=beam,
-        batch_size=batch_size,
-        max_len=max_len,
-        length_penalty=length_penalty,
-        max_input_tokens=max_input_tokens,
-        progress=progress,
-    ).hypotheses
 
 
 # --------------------------------------------------------------------------- file formats
@@ -227,40 +209,3 @@ def read_parquet_column(
         except (TypeError, ValueError) as exc:
             raise ValueError(f"column {id_column!r} of {path} is not an integer id: {exc}") from exc
     return texts, ids
-
-
-def write_translations(
-    path: str | Path,
-    hypotheses: Sequence[str],
-    *,
-    sources: Sequence[str],
-    ids: Sequence[int] | None,
-    direction: str,
-    method: str,
-) -> None:
-    """Write outputs atomically: Parquet (``TRANSLATIONS_SCHEMA``) for ``.parquet``, else one line each."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    from fastvocab.artifacts_schema.atomic import atomic_path
-    from fastvocab.artifacts_schema.translations import TRANSLATIONS_SCHEMA
-
-    path = Path(path)
-    with atomic_path(path) as tmp:
-        if path.suffix == ".parquet":
-            n = len(hypotheses)
-            table = pa.Table.from_pydict(
-                {
-                    "id": list(ids) if ids is not None else list(range(n)),
-                    "direction": [direction] * n,
-                    "source": list(sources),
-                    "hypothesis": list(hypotheses),
-                    "method": [method] * n,
-                },
-                schema=TRANSLATIONS_SCHEMA,
-            )
-            pq.write_table(table, tmp)
-        else:
-            # A newline inside an output would shift every later line: keep one output per line.
-            text = "".join(h.replace("\r", " ").replace("\n", " ") + "\n" for h in hypotheses)
-            tmp.write_text(text, encoding="utf-8")

@@ -1,3 +1,5 @@
+import json
+
 import numpy as np
 import pytest
 
@@ -7,6 +9,7 @@ from fastvocab.artifacts_schema.cluster_map import (
     load_cluster_map,
     save_cluster_map,
 )
+from fastvocab.artifacts_schema.digest import digest
 from fastvocab.artifacts_schema.errors import ArtifactError
 
 
@@ -49,3 +52,35 @@ def test_save_load_round_trip_and_fingerprint_refusal(tmp_path):
     (tmp_path / "m" / "map.safetensors").write_bytes(b"garbage")
     with pytest.raises(ArtifactError, match="corrupt cluster map"):
         load_cluster_map(tmp_path / "m")
+
+
+def test_manifest_names_the_tensors_and_a_changed_tensor_file_is_refused(tmp_path):
+    cmap = _map([0, 3, 5, 5], [2, 4, 6, 8, 9], [1, 2, 3, 1, 1])
+    save_cluster_map(cmap, tmp_path / "m")
+    manifest = json.loads((tmp_path / "m" / "manifest.json").read_text())
+    data = (tmp_path / "m" / "map.safetensors").read_bytes()
+    assert manifest["tensors_digest"] == digest(data) and manifest["scope"] == "direction"
+    other = _map([0, 2, 5, 5], [2, 4, 6, 8, 9], [1, 2, 3, 1, 1])  # valid tensors, but not these
+    save_cluster_map(other, tmp_path / "o")
+    (tmp_path / "m" / "map.safetensors").write_bytes((tmp_path / "o" / "map.safetensors").read_bytes())
+    with pytest.raises(ArtifactError, match="does not match the digest in its manifest"):
+        load_cluster_map(tmp_path / "m")
+
+
+def test_a_map_of_an_older_format_is_refused_naming_the_rebuild_command(tmp_path):
+    save_cluster_map(_map([0, 3, 5, 5], [2, 4, 6, 8, 9], [1, 2, 3, 1, 1]), tmp_path / "m")
+    path = tmp_path / "m" / "manifest.json"
+    old = json.loads(path.read_text())
+    old["schema_version"] = 1
+    old["mode"] = old.pop("scope")
+    path.write_text(json.dumps(old))
+    with pytest.raises(ArtifactError, match=r"schema version 1.*fastvocab run CONFIG --stages kmeans,maps"):
+        load_cluster_map(tmp_path / "m")
+
+
+def test_non_finite_centroids_are_refused(tmp_path):
+    cmap = _map([0, 3, 5, 5], [2, 4, 6, 8, 9], [1, 2, 3, 1, 1])
+    cmap.centroids[1, 0] = np.nan
+    with pytest.raises(ArtifactError, match="NaN or inf"):
+        save_cluster_map(cmap, tmp_path / "m")
+    assert not (tmp_path / "m").exists()

@@ -52,7 +52,7 @@ def map_from_sets(
     manifest = MapManifest(
         model_fingerprint=fp,
         direction="en-it",
-        mode="direction",
+        scope="direction",
         r=len(sets),
         k=3,
         d=c.shape[1],
@@ -101,7 +101,7 @@ def own_set(proj: ClusteredProjection, c: int) -> set[int]:
     return set(proj.active_sets[c].tolist())
 
 
-MODES = ["union", "per-row"]
+SELECTIONS = ["union", "per-row"]
 
 
 # --------------------------------------------------------------------------------------- the paper's example
@@ -119,7 +119,7 @@ def paper_case():
 
 def test_paper_example_union_columns_and_logits():
     w, b, cmap, h = paper_case()
-    proj = create_projection("clustered", w, b, cluster_map=cmap, mode="union")
+    proj = create_projection("clustered", w, b, cluster_map=cmap, selection="union")
     assert proj.assign(h).tolist() == [0, 1, 2]
     out = proj(h)
     assert out.ids.tolist() == [1, 2, 3, 4, 6, 8, 9]  # the paper's reduced column set
@@ -134,7 +134,7 @@ def test_paper_example_union_columns_and_logits():
 
 def test_paper_example_per_row_sets():
     w, b, cmap, h = paper_case()
-    out = create_projection("clustered", w, b, cluster_map=cmap, mode="per-row")(h)
+    out = create_projection("clustered", w, b, cluster_map=cmap, selection="per-row")(h)
     assert out.ids.shape == (3, 3) and out.logits.shape == (3, 3)
     dense = out.dense()
     got = [set(torch.isfinite(dense[i]).nonzero().squeeze(1).tolist()) for i in range(3)]
@@ -160,13 +160,13 @@ def test_merged_csr_adds_always_active_once():
 TOL = {torch.float32: dict(rtol=1e-5, atol=1e-5), torch.bfloat16: dict(rtol=2e-2, atol=5e-2)}
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", SELECTIONS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("cache_mb", [0.0, None])
 def test_logits_equal_full_on_active_columns_and_neg_inf_elsewhere(mode, dtype, cache_mb):
     w, b = random_layer(dtype=dtype)
     cmap = random_map(w, b)
-    proj = create_projection("clustered", w, b, cluster_map=cmap, mode=mode, cache_mb=cache_mb)
+    proj = create_projection("clustered", w, b, cluster_map=cmap, selection=mode, cache_mb=cache_mb)
     clusters = [0, 0, 3, 7, 3, 11, 5]
     h = rows_near(cmap, clusters, dtype=dtype)
     assert proj.assign(h).tolist() == clusters
@@ -191,14 +191,14 @@ def test_no_bias_model(bias):
     torch.testing.assert_close(out.logits, full[:, out.ids])
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", SELECTIONS)
 def test_per_row_equals_union_on_each_rows_own_columns(mode):
     w, b = random_layer(seed=3)
     cmap = random_map(w, b, seed=3)
     clusters = [4, 4, 9, 1, 0, 9]
     h = rows_near(cmap, clusters, seed=3)
-    union = create_projection("clustered", w, b, cluster_map=cmap, mode="union")(h).dense()
-    per_row = create_projection("clustered", w, b, cluster_map=cmap, mode="per-row")(h).dense()
+    union = create_projection("clustered", w, b, cluster_map=cmap, selection="union")(h).dense()
+    per_row = create_projection("clustered", w, b, cluster_map=cmap, selection="per-row")(h).dense()
     own = torch.isfinite(per_row)
     assert (torch.isfinite(union) | ~own).all()  # a row's own set lies within the union
     torch.testing.assert_close(per_row[own], union[own], rtol=1e-5, atol=1e-5)
@@ -209,8 +209,8 @@ def test_rows_in_one_cluster_share_ids_in_both_modes():
     w, b = random_layer()
     cmap = random_map(w, b)
     h = rows_near(cmap, [5, 5, 5])
-    for mode in MODES:
-        out = create_projection("clustered", w, b, cluster_map=cmap, mode=mode)(h)
+    for mode in SELECTIONS:
+        out = create_projection("clustered", w, b, cluster_map=cmap, selection=mode)(h)
         assert out.ids.dim() == 1 and out.logits.shape == (3, out.ids.numel())
 
 
@@ -218,9 +218,9 @@ def test_cached_and_gathered_paths_agree():
     w, b = random_layer()
     cmap = random_map(w, b)
     h = rows_near(cmap, [2, 2, 6, 8])
-    for mode in MODES:
-        cached = create_projection("clustered", w, b, cluster_map=cmap, mode=mode, cache_mb=64)
-        plain = create_projection("clustered", w, b, cluster_map=cmap, mode=mode, cache_mb=0)
+    for mode in SELECTIONS:
+        cached = create_projection("clustered", w, b, cluster_map=cmap, selection=mode, cache_mb=64)
+        plain = create_projection("clustered", w, b, cluster_map=cmap, selection=mode, cache_mb=0)
         assert cached._map.cached_bytes > 0 and plain._map.cached_bytes == 0
         a, c = cached(h), plain(h)
         torch.testing.assert_close(a.dense(), c.dense(), rtol=1e-6, atol=1e-6)
@@ -282,7 +282,7 @@ def test_map_folder_loads_and_missing_folder_is_an_artifact_error(tmp_path):
 @pytest.mark.parametrize(
     "options,match",
     [
-        ({"mode": "rows"}, "mode must be one of union, per-row"),
+        ({"selection": "rows"}, "selection must be one of union, per-row"),
         ({"inactive_mass": "guess"}, "inactive_mass must be one of none, centroid, moments"),
         ({"backend": "tpu"}, "backend must be one of auto, torch, cupy"),
         ({"backend": "cupy"}, "needs a CUDA device"),
@@ -297,12 +297,14 @@ def test_bad_options_fail_loudly(options, match):
         create_projection("clustered", w, b, cluster_map=random_map(w, b), **options)
 
 
-def test_signature_names_mode_and_map():
+def test_signature_names_selection_and_map():
     w, b = random_layer()
-    proj = create_projection("clustered", w, b, cluster_map=random_map(w, b), mode="per-row")
+    proj = create_projection("clustered", w, b, cluster_map=random_map(w, b), selection="per-row")
     sig = proj.signature()
     assert (
-        sig.startswith("method:clustered|") and "mode:per-row" in sig and "map:en-it/direction/r12/K3" in sig
+        sig.startswith("method:clustered|")
+        and "selection:per-row" in sig
+        and "map:en-it/direction/r12/K3" in sig
     )
     assert proj.backend == "torch"
 
@@ -348,7 +350,7 @@ def test_core_imports_and_runs_without_cupy():
 # --------------------------------------------------------------------------------------------- always active
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", SELECTIONS)
 def test_always_active_ids_are_computed_for_every_row_and_can_win(mode):
     w, b = random_layer()
     cmap = random_map(w, b)
@@ -361,7 +363,9 @@ def test_always_active_ids_are_computed_for_every_row_and_can_win(mode):
     w2[eos] = 50.0 * h[1] / h[1].norm()  # EOS dominates row 1
     fp2 = fingerprint(w2, b)
     cmap2 = map_from_sets(cmap.centroids, [cmap.active_ids(c).tolist() for c in range(12)], 300, fp2)
-    proj = create_projection("clustered", w2, b, cluster_map=cmap2, mode=mode, always_active=[eos, *tags])
+    proj = create_projection(
+        "clustered", w2, b, cluster_map=cmap2, selection=mode, always_active=[eos, *tags]
+    )
     out = proj(h)
     dense = out.dense()
     assert torch.isfinite(dense[:, [eos, *tags]]).all()
@@ -372,16 +376,16 @@ def test_always_active_ids_are_computed_for_every_row_and_can_win(mode):
 # ------------------------------------------------------------------------------------ no state between calls
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", SELECTIONS)
 @pytest.mark.parametrize("cache_mb", [0.0, None])
 def test_consecutive_batches_equal_fresh_objects(mode, cache_mb):
     w, b = random_layer()
     cmap = random_map(w, b)
     batches = [rows_near(cmap, cl, seed=i) for i, cl in enumerate([[0, 1], [5, 5, 6], [11], [2, 3, 4, 7]])]
-    shared = create_projection("clustered", w, b, cluster_map=cmap, mode=mode, cache_mb=cache_mb)
+    shared = create_projection("clustered", w, b, cluster_map=cmap, selection=mode, cache_mb=cache_mb)
     for h in batches:
         got = shared(h)
-        fresh = create_projection("clustered", w, b, cluster_map=cmap, mode=mode, cache_mb=cache_mb)(h)
+        fresh = create_projection("clustered", w, b, cluster_map=cmap, selection=mode, cache_mb=cache_mb)(h)
         assert torch.equal(got.ids, fresh.ids)
         assert torch.equal(got.logits, fresh.logits)
 
@@ -402,11 +406,11 @@ def lm_like_case(seed):
 
 
 @pytest.mark.parametrize("estimator", ["centroid", "moments"])
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", SELECTIONS)
 @pytest.mark.parametrize("seed", [0, 1])
 def test_inactive_mass_is_finite_and_takes_probability(estimator, mode, seed):
     w, b, cmap, h = lm_like_case(seed)
-    out = create_projection("clustered", w, b, cluster_map=cmap, mode=mode, inactive_mass=estimator)(h)
+    out = create_projection("clustered", w, b, cluster_map=cmap, selection=mode, inactive_mass=estimator)(h)
     assert out.log_inactive_mass is not None and out.log_inactive_mass.shape == (4,)
     assert torch.isfinite(out.log_inactive_mass).all()
     total = out.log_probs().exp().sum(dim=1)
@@ -418,7 +422,7 @@ def test_inactive_mass_is_finite_and_takes_probability(estimator, mode, seed):
     assert ((out.log_inactive_mass - true).abs() < 1.0).all()
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", SELECTIONS)
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_moments_estimator_tracks_the_true_inactive_mass(mode, seed):
     """The row's inactive mean and variance are exact; only the tail shape comes from the centroid."""
@@ -426,7 +430,7 @@ def test_moments_estimator_tracks_the_true_inactive_mass(mode, seed):
     full = torch.nn.functional.linear(h, w, b)
     errors = {}
     for est in ("centroid", "moments"):
-        out = create_projection("clustered", w, b, cluster_map=cmap, mode=mode, inactive_mass=est)(h)
+        out = create_projection("clustered", w, b, cluster_map=cmap, selection=mode, inactive_mass=est)(h)
         true = torch.logsumexp(full.masked_fill(torch.isfinite(out.dense()), -math.inf), dim=1)
         errors[est] = (out.log_inactive_mass - true).abs().mean().item()
     assert errors["moments"] < 0.15 and errors["moments"] < errors["centroid"]
@@ -502,7 +506,7 @@ def sampled_map(adapter):
 
 
 @pytest.mark.parametrize("beam", [1, 3])
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", SELECTIONS)
 def test_full_coverage_map_decodes_exactly_like_full(adapter, beam, mode):
     n = adapter.n_vocab
     rng = np.random.default_rng(0)
@@ -513,17 +517,17 @@ def test_full_coverage_map_decodes_exactly_like_full(adapter, beam, mode):
     full = decode(adapter, make(adapter, "full"), texts, beam)
     mass = "centroid" if beam > 1 else "none"
     clustered = decode(
-        adapter, make(adapter, "clustered", cluster_map=cmap, mode=mode, inactive_mass=mass), texts, beam
+        adapter, make(adapter, "clustered", cluster_map=cmap, selection=mode, inactive_mass=mass), texts, beam
     )
     assert clustered == full
     assert any(len(s) > 0 for s in full)
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", SELECTIONS)
 def test_consecutive_decoding_batches_equal_fresh_projection(adapter, sampled_map, mode):
     texts_a = synthetic_sentences("en", 4, seed=11)
     texts_b = synthetic_sentences("en", 4, seed=12)
-    shared = make(adapter, "clustered", cluster_map=sampled_map, mode=mode)
+    shared = make(adapter, "clustered", cluster_map=sampled_map, selection=mode)
     seen: list[set[int]] = []
     shared_ids = shared._project
 
@@ -536,7 +540,9 @@ def test_consecutive_decoding_batches_equal_fresh_projection(adapter, sampled_ma
     decode(adapter, shared, texts_a, beam=2)
     assert len({frozenset(s) for s in seen}) > 1  # the candidate sets did change between steps
     got = decode(adapter, shared, texts_b, beam=2)
-    fresh = decode(adapter, make(adapter, "clustered", cluster_map=sampled_map, mode=mode), texts_b, beam=2)
+    fresh = decode(
+        adapter, make(adapter, "clustered", cluster_map=sampled_map, selection=mode), texts_b, beam=2
+    )
     assert got == fresh
 
 
@@ -545,8 +551,11 @@ def test_sampled_map_decoding_matches_full_on_its_own_sentences(adapter, sampled
     (each state's own top-3 is in its cluster's set, so its argmax is computed)."""
     texts = synthetic_sentences("en", 24, seed=7)[:6]
     full = decode(adapter, make(adapter, "full"), texts)
-    for mode in MODES:
-        assert decode(adapter, make(adapter, "clustered", cluster_map=sampled_map, mode=mode), texts) == full
+    for mode in SELECTIONS:
+        assert (
+            decode(adapter, make(adapter, "clustered", cluster_map=sampled_map, selection=mode), texts)
+            == full
+        )
 
 
 # ----------------------------------------------------------------------------------------- benchmark plumbing

@@ -10,16 +10,17 @@ import pytest
 import torch
 
 from fastvocab.artifacts_schema.errors import ArtifactError
-from fastvocab.artifacts_schema.hidden_states import fixed_list_to_numpy, validate_direction
-from fastvocab.tasks.dump import (
-    DumpActor,
-    plan_shards,
-    run_dump_shard,
+from fastvocab.artifacts_schema.hidden_states import (
+    fixed_list_to_numpy,
     shard_is_current,
     stale_shards,
+    validate_direction,
 )
+from fastvocab.artifacts_schema.stream_counts import stream_path
+from fastvocab.tasks.context import RunContext, describe_model
+from fastvocab.tasks.dump import DumpActor, DumpSettings, plan_shards, run_dump_shard
 from fastvocab.tasks.maps import ActiveSetCounter, count_shards
-from fastvocab.tasks.stream import read_stream_counts, run_stream_shard, stream_counts, stream_path
+from fastvocab.tasks.stream import read_stream_counts, run_stream_shard, stream_counts
 from tests.conftest import synthetic_sentences
 
 K, MAX_LEN = 3, 10
@@ -27,7 +28,8 @@ K, MAX_LEN = 3, 10
 
 @pytest.fixture(scope="module")
 def actor(tiny_model_dir):
-    return DumpActor(tiny_model_dir, k=K, max_len=MAX_LEN, batch_size=4, torch_threads=1)
+    ctx = RunContext(describe_model(tiny_model_dir), torch_threads=1)
+    return DumpActor(ctx, DumpSettings(k=K, max_len=MAX_LEN, batch_size=4))
 
 
 def columns(texts, src, tgt, first_id=100):
@@ -129,7 +131,7 @@ def test_shards_validate_resume_and_detect_corruption(actor, tmp_path):
     assert [f.stat().st_mtime_ns for f in files] == mtimes
     # another plan (other K) is not current; a shard beyond a smaller plan is stale
     meta = actor.shard_meta("it-en")
-    other = specs[0].plan(K, MAX_LEN + 1, actor.batch_size)
+    other = specs[0].plan(DumpSettings(K, MAX_LEN + 1, actor.batch_size))
     assert not shard_is_current(files[0], meta, other)
     assert stale_shards(tmp_path, "it-en", planned=2) == [files[2]]
 
@@ -165,3 +167,22 @@ def test_streamed_counts_equal_counts_of_stored_states(actor, tmp_path):
     back = read_stream_counts(path)
     assert isinstance(back, ActiveSetCounter) and back.states == stored.states
     assert not run_stream_shard(actor, spec, centroids + 1, 2, path)["skipped"]
+
+
+def test_stream_counts_file_is_byte_identical_across_processes(tmp_path):
+    """safetensors orders multi-key metadata differently in every process; the file must not depend on it."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, numpy as np\n"
+        "from pathlib import Path\n"
+        "from fastvocab.artifacts_schema.stream_counts import stream_meta, write_stream_arrays\n"
+        "arrays = {'keys': np.arange(4), 'counts': np.ones(4, np.int64), 'shape': np.array([2, 5, 3])}\n"
+        "meta = stream_meta('sha256:m', np.eye(2, dtype=np.float32), 2, {'index': 0, 'direction': 'en-it'})\n"
+        "write_stream_arrays(arrays, meta, Path(sys.argv[1]))\n"
+    )
+    outs = [tmp_path / f"{i}.safetensors" for i in range(4)]
+    for out in outs:
+        subprocess.run([sys.executable, "-c", code, str(out)], check=True)
+    assert len({p.read_bytes() for p in outs}) == 1

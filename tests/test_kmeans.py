@@ -6,9 +6,11 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
+from fastvocab.artifacts_schema.digest import footer_digest
 from fastvocab.artifacts_schema.errors import ArtifactError
 from fastvocab.artifacts_schema.hidden_states import ShardMeta, shard_table
-from fastvocab.tasks.kmeans import inputs_digest, load_kmeans, sample_states, save_kmeans, train_kmeans
+from fastvocab.artifacts_schema.kmeans_result import load_kmeans, save_kmeans
+from fastvocab.tasks.kmeans import sample_states, train_kmeans
 
 
 def blobs(n=6000, d=16, centers=20, seed=0):
@@ -73,8 +75,8 @@ def test_sample_states_is_seeded_and_streams_the_right_rows(tmp_path):
 
 def test_result_folder_roundtrip_and_corruption(tmp_path):
     files, _ = write_shards(tmp_path, [40])
-    digest = inputs_digest(files)
-    assert digest == inputs_digest(list(reversed(files)))
+    digest = footer_digest(files)
+    assert digest == footer_digest(list(reversed(files)))
     c, info = train_kmeans(blobs(n=400, d=8), 4, niter=5, seed=0, threads=1)
     info.inputs_digest = digest
     out = save_kmeans(c, info, tmp_path / "kmeans" / "en-it")

@@ -137,7 +137,7 @@ def write_shard(root, direction, seed, n, d=8, k=3, n_vocab=40):
     return path, hidden, topk
 
 
-def test_target_mode_pools_directions_into_one_map(tmp_path):
+def test_target_scope_pools_directions_into_one_map(tmp_path):
     f1, h1, t1 = write_shard(tmp_path, "en-it", 0, 300)
     f2, h2, t2 = write_shard(tmp_path, "fr-it", 1, 200)
     centroids = np.random.default_rng(5).standard_normal((6, 8)).astype(np.float32)
@@ -157,7 +157,7 @@ def test_target_mode_pools_directions_into_one_map(tmp_path):
         pooled,
         model_fingerprint="fp-test",
         name=map_name("target", ["en-it", "fr-it"]),
-        mode="target",
+        scope="target",
         k=2,
         niter=20,
         seed=1,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import shutil
 from pathlib import Path
 
@@ -30,6 +31,16 @@ from tests.conftest import synthetic_sentences
 
 DIRECTIONS = ["en-it", "it-en"]
 STAGES = "corpus,dump,kmeans,maps,translate,evaluate"
+FIRST_RUN: dict[str, int] = {}  # what the module's first run logged on the driver
+
+
+class _CountFingerprints(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.calls = 0
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.calls += "fingerprinted" in record.getMessage()
 
 
 @pytest.fixture(scope="module")
@@ -83,15 +94,24 @@ def _first_run(tmp_path_factory, tiny_model_dir):
             "num_workers": 2,
         },
         "kmeans": {"r": 8, "niter": 10, "seed": 7},
-        "maps": {"mode": "direction"},
+        "maps": {"scope": "direction"},
         "translate": {"batch_size": 8, "max_len": 8},
         "eval": {"split": "train", "sentences": 6, "methods": ["full", "clustered", "no-such-method"]},
     }
     cfg_path = root / "run.yaml"
     cfg_path.write_text(yaml.safe_dump(cfg))
-    result = run_pipeline(
-        load_config(cfg_path), stages=STAGES.split(","), progress=False, log_to_driver=False
-    )
+    logger = logging.getLogger("fastvocab.artifacts_schema.fingerprint")
+    counter, level = _CountFingerprints(), logger.level
+    logger.addHandler(counter)
+    logger.setLevel(logging.DEBUG)
+    try:
+        result = run_pipeline(
+            load_config(cfg_path), stages=STAGES.split(","), progress=False, log_to_driver=False
+        )
+    finally:
+        logger.removeHandler(counter)
+        logger.setLevel(level)
+    FIRST_RUN["fingerprint_calls"] = counter.calls
     return cfg_path, load_config(cfg_path), result
 
 
@@ -122,7 +142,7 @@ def test_first_run_writes_valid_shards_and_one_map_per_direction(setup):
     for d in DIRECTIONS:
         cmap = load_cluster_map(cfg.work_dir / "maps" / d)
         m = cmap.manifest
-        assert (m.direction, m.mode, m.r, m.k, m.niter, m.seed) == (d, "direction", 8, 3, 10, 7)
+        assert (m.direction, m.scope, m.r, m.k, m.niter, m.seed) == (d, "direction", 8, 3, 10, 7)
         assert m.extra["stored_states"] == per_direction[d]
         assert m.extra["streamed_states"] > 0  # 12 further sentences, counted but not stored
         assert m.states_used == m.extra["stored_states"] + m.extra["streamed_states"]
@@ -131,6 +151,13 @@ def test_first_run_writes_valid_shards_and_one_map_per_direction(setup):
         assert int(cmap.counts.sum()) == 3 * m.states_used  # every state adds its K distinct ids once
         assert m.model_fingerprint.startswith("sha256:")
     assert not list(cfg.work_dir.rglob("*.tmp")), "no temporary files left behind"
+
+
+def test_the_driver_fingerprints_the_model_once_per_run(setup):
+    # every stage ran; the workers get the fingerprint from the driver (tests/test_run_context.py)
+    _, _, result = setup
+    assert {r.status for r in result.records if r.stage != "corpus"} == {"ran"}
+    assert FIRST_RUN["fingerprint_calls"] == 1
 
 
 def test_translate_and_evaluate_use_the_maps(setup):

@@ -16,7 +16,7 @@ from fastvocab.artifacts_schema.translations import TRANSLATIONS_SCHEMA
 from fastvocab.decoding import Seq2SeqAdapter
 from fastvocab.pipeline.cli import main
 from fastvocab.tasks.evaluate import score, search_error_rate
-from fastvocab.tasks.translate import make_projection, translate_lines
+from fastvocab.tasks.translate import make_projection, translate
 
 MAX_LEN = 6
 
@@ -80,35 +80,37 @@ def _translate_args(model_dir, inp, out, *extra: str) -> list[str]:
 # --------------------------------------------------------------------------- task functions
 
 
-def test_translate_lines_keeps_order_and_empty_lines(adapter):
+def test_translate_keeps_order_and_empty_lines(adapter):
     lines = _lines()
     proj = make_projection(adapter, "full")
-    got = translate_lines(adapter, proj, lines, "en", "it", batch_size=3, max_len=MAX_LEN, progress=False)
+    got = translate(
+        adapter, proj, lines, "en", "it", batch_size=3, max_len=MAX_LEN, progress=False
+    ).hypotheses
     assert len(got) == len(lines)
     assert all(hyp == "" for line, hyp in zip(lines, got, strict=True) if not line.strip())
     # each line on its own gives the same output: sorting by length and batching restored the order
     alone = [
-        translate_lines(adapter, proj, [line], "en", "it", max_len=MAX_LEN, progress=False)[0]
+        translate(adapter, proj, [line], "en", "it", max_len=MAX_LEN, progress=False).hypotheses[0]
         for line in lines
     ]
     assert got == alone
     assert len({h for h in got if h}) > 2  # outputs differ by source, so the order check means something
 
 
-def test_translate_lines_beam_and_errors(adapter):
+def test_translate_beam_and_errors(adapter):
     proj = make_projection(adapter, "full")
     lines = _lines()
-    beam = translate_lines(adapter, proj, lines, "en", "it", beam=3, max_len=MAX_LEN, progress=False)
+    beam = translate(adapter, proj, lines, "en", "it", beam=3, max_len=MAX_LEN, progress=False).hypotheses
     assert len(beam) == len(lines) and any(beam)
     kw = dict(beam=3, max_len=MAX_LEN, progress=False)
-    assert beam == [translate_lines(adapter, proj, [x], "en", "it", **kw)[0] for x in lines]
+    assert beam == [translate(adapter, proj, [x], "en", "it", **kw).hypotheses[0] for x in lines]
     assert all(h == "" for line, h in zip(lines, beam, strict=True) if not line.strip())
-    assert translate_lines(adapter, proj, [], "en", "it", progress=False) == []
+    assert translate(adapter, proj, [], "en", "it", progress=False).hypotheses == []
     with pytest.raises(ValueError, match="unknown language 'xx'"):
-        translate_lines(adapter, proj, lines, "xx", "it", progress=False)
+        translate(adapter, proj, lines, "xx", "it", progress=False)
     long_line = " ".join(["package"] * 50)
     with pytest.raises(ValueError, match=r"line 3 has \d+ tokens, more than max_input_tokens=20"):
-        translate_lines(adapter, proj, ["a", "", long_line], "en", "it", max_input_tokens=20, progress=False)
+        translate(adapter, proj, ["a", "", long_line], "en", "it", max_input_tokens=20, progress=False)
 
 
 def test_score_and_search_error_rate():
@@ -135,9 +137,9 @@ def test_cli_text_round_trip(model_dir, adapter, tmp_path, capsys):
     assert rc == 0
     got = out.read_text(encoding="utf-8").split("\n")
     assert got[-1] == "" and len(got) == len(lines) + 1  # one output line per input line
-    expect = translate_lines(
+    expect = translate(
         adapter, make_projection(adapter), lines, "en", "it", max_len=MAX_LEN, progress=False
-    )
+    ).hypotheses
     assert got[:-1] == expect
     assert "translated 11 lines (7 non-empty" in err and "sentences/s" in err
 
@@ -222,9 +224,9 @@ def test_cli_parquet_round_trip(model_dir, adapter, tmp_path, capsys):
     assert table.column("source").to_pylist() == lines
     assert set(table.column("direction").to_pylist()) == {"en-it"}
     assert set(table.column("method").to_pylist()) == {"full"}
-    expect = translate_lines(
+    expect = translate(
         adapter, make_projection(adapter), lines, "en", "it", max_len=MAX_LEN, progress=False
-    )
+    ).hypotheses
     assert table.column("hypothesis").to_pylist() == expect
 
     # a single Parquet file in, text out; a missing column is a one-line error
@@ -278,7 +280,7 @@ def _save_map(
     manifest = MapManifest(
         model_fingerprint=fingerprint or adapter.fingerprint,
         direction="en-it",
-        mode="direction",
+        scope="direction",
         r=r,
         k=1,
         d=adapter.d_model,
@@ -303,14 +305,14 @@ def test_cli_clustered_method(model_dir, adapter, tmp_path, capsys, mode):
     everything = list(range(adapter.n_vocab))
     maps = tmp_path / "maps"
     _save_map(adapter, maps, [everything, everything, everything])
-    flags = ("--beam", "2", "--method", "clustered", "--clusters", str(maps), "--mode", mode)
+    flags = ("--beam", "2", "--method", "clustered", "--clusters", str(maps), "--selection", mode)
     assert _cli(capsys, *_translate_args(model_dir, inp, clu_out, *flags))[0] == 0
     assert clu_out.read_text(encoding="utf-8") == full_out.read_text(encoding="utf-8")
 
     # few active ids (different per cluster): outputs change, lines stay aligned, empty lines stay empty
     small = tmp_path / "small_maps"
     _save_map(adapter, small, [list(range(4, 40)), list(range(40, 80)), list(range(80, 120))])
-    flags = ("--method", "clustered", "--clusters", str(small), "--mode", mode)
+    flags = ("--method", "clustered", "--clusters", str(small), "--selection", mode)
     assert _cli(capsys, *_translate_args(model_dir, inp, small_out, *flags))[0] == 0
     got = small_out.read_text(encoding="utf-8").splitlines()
     assert len(got) == len(_lines())

@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from fastvocab.artifacts_schema.corpus import SPLITS, mono_path
+from fastvocab.artifacts_schema.corpus import MANIFEST, SPLITS, mono_path
 from fastvocab.pipeline.config import load_config
 from fastvocab.pipeline.errors import UserError
 
@@ -144,5 +144,5 @@ def run(args: argparse.Namespace) -> int:
         unique = pairs - dups if pairs is not None and dups is not None else "-"
         rows.append([r.name, "-" if pairs is None else pairs, unique, *(r.counts[s] for s in SPLITS), state])
     print(_table(["pair", "paired", "unique", *SPLITS, ""], rows))
-    print(f"corpus in {cfg.out_dir} ({cfg.out_dir / corpus.MANIFEST})")
+    print(f"corpus in {cfg.out_dir} ({cfg.out_dir / MANIFEST})")
     return 0

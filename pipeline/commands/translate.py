@@ -47,10 +47,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--length-penalty", type=float, default=d.length_penalty, help="beam length penalty")
     p.add_argument(
-        "--method", default=d.method, choices=available_projections(), help="output-layer method (full)"
+        "--method", default="full", choices=available_projections(), help="output-layer method (full)"
     )
     p.add_argument("--clusters", type=Path, metavar="DIR", help="cluster map folder, or a folder of them")
-    p.add_argument("--mode", default=d.mode, choices=["union", "per-row"], help="clustered: union or per-row")
+    p.add_argument(
+        "--selection",
+        default=d.selection,
+        choices=["union", "per-row"],
+        help="clustered: every row of a batch gets the union of the batch's clusters' columns (union), or "
+        f"only its own cluster's (per-row) (default {d.selection})",
+    )
     p.add_argument("--device", default=d.device, help="torch device, e.g. cpu or cuda:0 (default cpu)")
     p.add_argument("--dtype", default="float32", choices=_DTYPES, help="model dtype (default float32)")
     p.add_argument("--input-column", default="source", help="Parquet input: text column (default source)")
@@ -73,20 +79,21 @@ def _projection_options(args: argparse.Namespace) -> dict[str, object]:
         return {}
     from fastvocab.artifacts_schema.cluster_map import resolve_map_dir
 
-    return {"cluster_map": resolve_map_dir(args.clusters, args.src_lang, args.tgt_lang), "mode": args.mode}
+    map_dir = resolve_map_dir(args.clusters, args.src_lang, args.tgt_lang)
+    return {"cluster_map": map_dir, "selection": args.selection}
 
 
 def run(args: argparse.Namespace) -> int:
     _check_args(args)
     import torch
 
+    from fastvocab.artifacts_schema.translations import write_translations
     from fastvocab.tasks.translate import (
         is_parquet,
         make_projection,
         read_parquet_column,
         read_text_lines,
         translate,
-        write_translations,
     )
 
     # Read the input first: bad input fails in a second, before the model loads.

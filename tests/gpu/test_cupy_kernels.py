@@ -72,7 +72,7 @@ def make_map(w, b, sets, seed=0):
     manifest = MapManifest(
         model_fingerprint=projection_fingerprint(w.float().cpu().numpy(), bb),
         direction="en-it",
-        mode="direction",
+        scope="direction",
         r=len(sets),
         k=3,
         d=d,
@@ -215,7 +215,7 @@ def test_cupy_backend_equals_torch_backend(dtype, mode, mass):
     needs_mma()
     w, b = layer(dtype=dtype, seed=1)
     cmap = make_map(w, b, random_sets(3000, 40, [50, 300, 900], seed=1), seed=1)
-    kw = dict(cluster_map=cmap, mode=mode, inactive_mass=mass, always_active=[2, 2999])
+    kw = dict(cluster_map=cmap, selection=mode, inactive_mass=mass, always_active=[2, 2999])
     fast = create_projection("clustered", w, b, backend="cupy", **kw)
     ref = create_projection("clustered", w, b, backend="torch", **kw)
     assert fast.backend == "cupy" and ref.backend == "torch"
@@ -255,7 +255,7 @@ def test_cupy_consecutive_batches_equal_fresh_objects(mode):
     needs_mma()
     w, b = layer(seed=2)
     cmap = make_map(w, b, random_sets(3000, 30, [40, 400], seed=2), seed=2)
-    shared = create_projection("clustered", w, b, cluster_map=cmap, mode=mode, backend="cupy")
+    shared = create_projection("clustered", w, b, cluster_map=cmap, selection=mode, backend="cupy")
     rng = np.random.default_rng(2)
     for rows in (5, 1, 17, 2):
         which = rng.integers(0, 30, rows)
@@ -264,7 +264,7 @@ def test_cupy_consecutive_batches_equal_fresh_objects(mode):
         )
         h = h.to(DEV, torch.float16)
         got = shared(h)
-        fresh = create_projection("clustered", w, b, cluster_map=cmap, mode=mode, backend="cupy")(h)
+        fresh = create_projection("clustered", w, b, cluster_map=cmap, selection=mode, backend="cupy")(h)
         assert torch.equal(got.ids, fresh.ids) and torch.equal(got.logits, fresh.logits)
 
 
@@ -279,7 +279,7 @@ def test_cupy_backend_takes_strided_and_offset_hidden_states():
     buf[1:] = h.reshape(-1)
     offset = buf[1:].view(6, 128)  # contiguous but 2 bytes off a 16-byte boundary
     for mode in ("union", "per-row"):
-        fast = create_projection("clustered", w, b, cluster_map=cmap, mode=mode, backend="cupy")
+        fast = create_projection("clustered", w, b, cluster_map=cmap, selection=mode, backend="cupy")
         want = fast(h).dense()
         for variant in (wide, offset):
             torch.testing.assert_close(fast(variant).dense(), want, rtol=0, atol=0)

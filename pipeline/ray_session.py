@@ -1,0 +1,155 @@
+"""Ray for the pipeline: start or attach once, host workers in actor pools, run one-off tasks.
+
+Workers that hold a model (``tasks.workers``) run as Ray actors in a ``ray.util.ActorPool``: the model is
+loaded once per actor, Ray schedules work items as actors free up (backpressure), restarts a dead actor and
+retries its item (``max_restarts``/``max_task_retries``), and the driver shows progress as results come
+back. k-means and map building hold no model and run as plain Ray tasks. Ray starts only when a stage has
+work, so a fully resumed run never pays for ``ray.init``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+from fastvocab.artifacts_schema.errors import ArtifactError
+from fastvocab.pipeline.errors import UserError
+
+# An actor process that dies (OOM killer, a lost node) is restarted and its item retried once.
+MAX_RESTARTS = 1
+# Errors that are the user's to fix re-raise as themselves on the driver (one line, no remote traceback).
+USER_ERRORS = (ArtifactError, UserError, FileNotFoundError)
+
+
+class RaySession:
+    """Starts Ray on first use: locally limited to ``num_cpus``, or attached to a cluster by address.
+
+    An already initialised Ray (a test's session, ``ray job submit``'s driver) is reused and left running.
+    """
+
+    def __init__(self, address: str | None, num_cpus: int | None, log_to_driver: bool = True) -> None:
+        self.address = address
+        self.num_cpus = num_cpus or os.cpu_count() or 1
+        self.log_to_driver = log_to_driver
+        self._started = False
+
+    def ensure(self):
+        import ray
+
+        if not ray.is_initialized():
+            if self.address or os.environ.get("RAY_ADDRESS"):
+                # attaching to a cluster: its resources are its own (num_cpus may not be passed)
+                ray.init(address=self.address, log_to_driver=self.log_to_driver)
+            else:
+                ray.init(num_cpus=self.num_cpus, include_dashboard=False, log_to_driver=self.log_to_driver)
+            self._started = True
+        return ray
+
+    def cpus(self) -> int:
+        """CPUs Ray can schedule on (the local limit before Ray is started)."""
+        import ray
+
+        if ray.is_initialized():
+            return int(ray.cluster_resources().get("CPU", 1))
+        return self.num_cpus
+
+    def has_gpu(self) -> bool:
+        return float(self.ensure().cluster_resources().get("GPU", 0)) > 0
+
+    def require_gpus(self, amount: float, what: str) -> None:
+        """A task asking for GPUs that the cluster does not have would wait forever: fail instead."""
+        if amount <= 0:
+            return
+        have = float(self.ensure().cluster_resources().get("GPU", 0))
+        if have < amount:
+            raise UserError(f"{what} asks for {amount:g} GPU(s) per task, the Ray cluster has {have:g}")
+
+    # ------------------------------------------------------------------------------------------ actors
+
+    def map_actors(
+        self,
+        cls: type,
+        args: tuple,
+        method: str,
+        items: Sequence[tuple],
+        bar,
+        *,
+        size: int,
+        num_cpus: float,
+        num_gpus: float = 0,
+        ordered: bool = False,
+    ) -> list[Any]:
+        """Call ``actor.<method>(*item)`` for every item on a pool of ``size`` actors ``cls(*args)``.
+
+        Results come in the order they finish, or in the items' order with ``ordered=True``. The actors are
+        released afterwards: an idle actor keeps its CPUs, which the next stage's tasks need.
+        """
+        ray = self.ensure()
+        from ray.util import ActorPool
+
+        remote = ray.remote(
+            num_cpus=num_cpus, num_gpus=num_gpus, max_restarts=MAX_RESTARTS, max_task_retries=MAX_RESTARTS
+        )(cls)
+        actors = [remote.remote(*args) for _ in range(max(1, min(size, len(items))))]
+        pool = ActorPool(actors)
+        submit = pool.map if ordered else pool.map_unordered
+        results = []
+        try:
+            with _user_errors():
+                for res in submit(lambda actor, item: getattr(actor, method).remote(*item), list(items)):
+                    results.append(res)
+                    bar.update(1)
+        finally:
+            for actor in actors:
+                ray.kill(actor)
+        return results
+
+    # ------------------------------------------------------------------------------------------ tasks
+
+    def run_tasks(
+        self,
+        fn: Callable,
+        calls: dict[str, tuple[tuple, dict[str, Any]]],
+        bar,
+        *,
+        num_cpus: float = 1,
+        num_gpus: float = 0,
+    ) -> dict[str, Any]:
+        """Run ``fn(*args, **kwargs)`` as one Ray task per named call; returns ``{name: result}``."""
+        ray = self.ensure()
+        task = ray.remote(num_cpus=num_cpus, num_gpus=num_gpus)(fn)
+        pending = {task.remote(*args, **kwargs): name for name, (args, kwargs) in calls.items()}
+        out: dict[str, Any] = {}
+        with _user_errors():
+            while pending:
+                done, _ = ray.wait(list(pending), num_returns=1)
+                for ref in done:
+                    out[pending.pop(ref)] = ray.get(ref)
+                    bar.update(1)
+        return out
+
+    def put(self, value: Any):
+        return self.ensure().put(value)
+
+    def shutdown(self) -> None:
+        if self._started:
+            import ray
+
+            ray.shutdown()
+            self._started = False
+
+
+@contextlib.contextmanager
+def _user_errors() -> Iterator[None]:
+    """Re-raise our own errors from a Ray task or actor as themselves; anything else keeps Ray's report."""
+    import ray
+
+    try:
+        yield
+    except ray.exceptions.RayTaskError as exc:
+        cause = getattr(exc, "cause", None)
+        if isinstance(cause, USER_ERRORS):
+            raise cause from None
+        raise

@@ -1,0 +1,142 @@
+"""The dump stage: decode each direction's sample with full softmax and store states + top-K per step.
+
+Plans deterministic shards on the driver, skips those whose file matches the plan, and sends the rest to a
+pool of :class:`~fastvocab.tasks.workers.DecoderWorker` actors. The streaming part of the sample
+(``dump.stream_sentences``) is planned here too, and decoded by the maps stage (it needs the centroids).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from fastvocab.artifacts_schema.errors import ArtifactError
+from fastvocab.artifacts_schema.hidden_states import (
+    ShardMeta,
+    shard_is_current,
+    shard_path,
+    shard_rows,
+    stale_shards,
+)
+from fastvocab.pipeline.context import StageContext
+from fastvocab.pipeline.tracking import StageRecord
+from fastvocab.tasks.dump import ShardSpec, plan_shards
+from fastvocab.tasks.workers import DecoderWorker
+
+log = logging.getLogger(__name__)
+
+
+def dump_specs(ctx: StageContext, direction: str) -> list[ShardSpec]:
+    cfg = ctx.cfg.dump
+    ids, texts = ctx.sample(direction)
+    n = min(cfg.sentences, len(texts))
+    return plan_shards(direction, ids[:n], texts[:n], cfg.shard_sentences, cfg.max_states)
+
+
+def stream_specs(ctx: StageContext, direction: str) -> list[ShardSpec]:
+    cfg = ctx.cfg.dump
+    ids, texts = ctx.sample(direction)
+    n = min(cfg.sentences, len(texts))
+    if cfg.stream_sentences == 0 or len(texts) <= n:
+        return []
+    return plan_shards(direction, ids[n:], texts[n:], cfg.shard_sentences)
+
+
+def decode_on_workers(
+    ctx: StageContext, method: str, items: Sequence[tuple], desc: str
+) -> list[dict[str, Any]]:
+    """Run ``DecoderWorker.<method>(*item)`` for every item on a pool of decoding actors."""
+    if not items:
+        return []
+    size, cpus, gpus = ctx.decoder_workers()
+    ctx.ray.require_gpus(gpus, "dump.num_gpus_per_worker")
+    # Ray sets CUDA_VISIBLE_DEVICES to the actor's GPU
+    args = (ctx.run_context("cuda" if gpus > 0 else "cpu", int(cpus)), ctx.cfg.dump.settings())
+    with ctx.bar(len(items), desc) as bar:
+        return ctx.ray.map_actors(
+            DecoderWorker, args, method, items, bar, size=size, num_cpus=cpus, num_gpus=gpus
+        )
+
+
+def run(ctx: StageContext) -> list[StageRecord]:
+    cfg = ctx.cfg.dump
+    settings = cfg.settings()
+    m = ctx.model()
+    plans: dict[str, list[ShardSpec]] = {}
+    todo: list[ShardSpec] = []
+    for direction in ctx.cfg.directions:
+        specs = dump_specs(ctx, direction)
+        if not specs:
+            raise ArtifactError(
+                f"no source sentences for {direction} in {ctx.corpus_dir} ({cfg.split} split)"
+            )
+        for stale in stale_shards(ctx.states_root, direction, len(specs)):
+            log.warning("removing %s: beyond the current plan of %d shards", stale, len(specs))
+            stale.unlink()
+        meta = ShardMeta(model_fingerprint=m.fingerprint, d=m.d, k=cfg.k, direction=direction)
+        plans[direction] = specs
+        for spec in specs:
+            if not shard_is_current(
+                shard_path(ctx.states_root, direction, spec.index), meta, spec.plan(settings)
+            ):
+                todo.append(spec)
+
+    t0 = time.perf_counter()
+    results = decode_on_workers(
+        ctx, "dump", [(spec, str(ctx.states_root), cfg.shard_rows) for spec in todo], "dump"
+    )
+    wall = time.perf_counter() - t0
+
+    records = []
+    for direction, specs in plans.items():
+        ran = [r for r in results if r["direction"] == direction and not r["skipped"]]
+        if ran:
+            ctx.forget_shards(direction)
+        files = ctx.shard_files(direction)
+        n_sent = sum(len(s.sent_ids) for s in specs)
+        params: dict[str, Any] = {
+            "model_fingerprint": m.fingerprint,
+            "direction": direction,
+            "k": cfg.k,
+            "sentences": n_sent,
+            "max_states": cfg.max_states,
+            "shard_sentences": cfg.shard_sentences,
+            "batch_size": cfg.batch_size,
+            "max_len": cfg.max_len,
+            "split": cfg.split,
+            "num_workers": cfg.num_workers,
+            "num_gpus_per_worker": cfg.num_gpus_per_worker,
+        }
+        metrics: dict[str, float] = {
+            "states": sum(shard_rows(files)),
+            "shards": len(files),
+            "sentences": n_sent,
+        }
+        if not ran:
+            records.append(
+                StageRecord("dump", direction, "skipped", f"{len(files)} shards valid", params, metrics)
+            )
+            continue
+        written = sum(float(r["states"]) for r in ran)
+        busy = sum(float(r["seconds"]) for r in ran)
+        metrics.update(
+            states_dumped=written,
+            shards_written=len(ran),
+            decode_seconds=busy,
+            states_per_s_per_worker=written / busy if busy > 0 else float("nan"),
+            stage_wall_seconds=wall,
+        )
+        records.append(
+            StageRecord(
+                "dump",
+                direction,
+                "ran",
+                f"{len(ran)} of {len(files)} shards written, {int(written)} states, "
+                f"{metrics['states_per_s_per_worker']:.0f} states/s per worker",
+                params,
+                metrics,
+            )
+        )
+    return records

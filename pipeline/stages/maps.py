@@ -1,0 +1,145 @@
+"""The maps stage: assign every state to its centroid and keep per cluster the union of its members' top-K.
+
+Streamed sentences (``dump.stream_sentences``) are decoded here, on the decoding actors, because they are
+assigned to the trained centroids on the fly and only their counts are kept. Then one Ray task per map merges
+stored and streamed counts and writes the map.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fastvocab.artifacts_schema.cluster_map import MANIFEST_FILE, load_manifest
+from fastvocab.artifacts_schema.digest import array_digest, footer_digest
+from fastvocab.artifacts_schema.errors import ArtifactError
+from fastvocab.artifacts_schema.kmeans_result import load_kmeans
+from fastvocab.artifacts_schema.stream_counts import read_stream_arrays, stream_meta, stream_path
+from fastvocab.pipeline.context import StageContext
+from fastvocab.pipeline.stages.dump import decode_on_workers, stream_specs
+from fastvocab.pipeline.stages.kmeans import group_files
+from fastvocab.pipeline.tracking import StageRecord
+from fastvocab.tasks.dump import ShardSpec
+from fastvocab.tasks.maps import MapParams, maps_job
+
+log = logging.getLogger(__name__)
+
+
+def run(ctx: StageContext) -> list[StageRecord]:
+    settings = ctx.cfg.dump.settings()
+    params = ctx.cfg.maps.params(dump_k=settings.k)
+    m = ctx.model()
+    records: dict[str, StageRecord] = {}
+    calls: dict[str, tuple[tuple, dict[str, Any]]] = {}
+    pending_streams: list[tuple[ShardSpec, str, str]] = []  # (spec, map name, out path)
+    centroids_of: dict[str, Any] = {}
+    for name, directions in ctx.groups().items():
+        centroids, info = load_kmeans(ctx.kmeans_root / name)
+        files = group_files(ctx, directions)
+        streams = [
+            (spec, stream_path(ctx.stream_root, name, d, spec.index))
+            for d in directions
+            for spec in stream_specs(ctx, d)
+        ]
+        extra = {
+            "inputs_digest": footer_digest(files),
+            "centroids_digest": array_digest(centroids),
+            "stream_sentences": sum(len(s.sent_ids) for s, _ in streams),
+        }
+        rec_params = {
+            "model_fingerprint": m.fingerprint,
+            "map": name,
+            "scope": params.scope,
+            "directions": ",".join(directions),
+            "r": info.r,
+            "k": params.k,
+            "niter": info.niter,
+            "seed": info.seed,
+            "min_count": params.min_count,
+            "stream_sentences": extra["stream_sentences"],
+        }
+        map_dir = ctx.maps_root / name
+        mf = _current_manifest(map_dir)
+        if mf is not None and _map_current(mf, params, info, m.fingerprint, extra):
+            af = mf.active_fraction
+            msg = f"map valid (r={mf.r}, K={mf.k}, mean active {100 * af['mean']:.2f}%)"
+            records[name] = StageRecord("maps", name, "skipped", msg, rec_params, {})
+            continue
+        for spec, path in streams:
+            meta = stream_meta(m.fingerprint, centroids, params.k, spec.plan(settings))
+            if read_stream_arrays(path, meta) is None:
+                pending_streams.append((spec, name, str(path)))
+        centroids_of[name] = centroids
+        args = (
+            [str(f) for f in files],
+            [str(p) for _, p in streams],
+            str(ctx.kmeans_root / name),
+            str(map_dir),
+        )
+        kwargs = {
+            "directions": directions,
+            "n_vocab": m.n_vocab,
+            "model_fingerprint": m.fingerprint,
+            "extra": extra,
+        }
+        calls[name] = ((*args, params), kwargs)
+        records[name] = StageRecord("maps", name, "ran", "", rec_params)
+
+    stream_results: list[dict[str, Any]] = []
+    if pending_streams:
+        refs = {name: ctx.ray.put(c) for name, c in centroids_of.items()}
+        items = [(spec, refs[name], params.k, path) for spec, name, path in pending_streams]
+        stream_results = decode_on_workers(ctx, "stream", items, "stream")
+    if not calls:
+        return list(records.values())
+    with ctx.bar(len(calls), "maps", unit="map") as bar:
+        results = ctx.ray.run_tasks(maps_job, calls, bar, num_cpus=1)
+    for name, res in results.items():
+        mf = res["manifest"]
+        af = mf["active_fraction"]
+        rec = records[name]
+        streamed = [r for r in stream_results if r["path"].startswith(str(ctx.stream_root / name) + "/")]
+        rec.message = (
+            f"{mf['states_used']} states -> r={mf['r']} clusters, active {100 * af['mean']:.2f}% mean, "
+            f"{100 * af['max']:.2f}% max of N={mf['n_vocab']}"
+        )
+        rec.metrics = {f"active_fraction_{s}": v for s, v in af.items()}
+        rec.metrics.update(
+            states_used=mf["states_used"],
+            stored_states=mf["extra"]["stored_states"],
+            streamed_states=mf["extra"]["streamed_states"],
+            empty_clusters=mf["extra"]["empty_clusters"],
+            maps_seconds=res["seconds"],
+            stream_seconds=sum(float(r.get("seconds", 0.0)) for r in streamed),
+        )
+        for kk, frac in res["fractions"].items():
+            rec.metrics[f"active_fraction_mean_k{kk}"] = float(frac.mean())
+            rec.metrics[f"active_fraction_max_k{kk}"] = float(frac.max())
+        rec.fractions = res["fractions"]
+        rec.artifacts = [ctx.maps_root / name / MANIFEST_FILE]
+    return list(records.values())
+
+
+def _current_manifest(map_dir):
+    """The manifest of an existing map, or None when there is none or it is of an older format (rebuilt)."""
+    if not (map_dir / MANIFEST_FILE).exists():
+        return None
+    try:
+        return load_manifest(map_dir)
+    except ArtifactError as exc:
+        log.warning("rebuilding %s: %s", map_dir, exc)
+        return None
+
+
+def _map_current(mf, params: MapParams, info, fingerprint: str, extra: dict[str, Any]) -> bool:
+    """A map of another model or other settings is stale here, not an error: it is rebuilt."""
+    same = mf.model_fingerprint == fingerprint
+    same = same and (mf.scope, mf.r, mf.k, mf.niter, mf.seed) == (
+        params.scope,
+        info.r,
+        params.k,
+        info.niter,
+        info.seed,
+    )
+    same = same and mf.extra.get("min_count") == params.min_count
+    return same and all(mf.extra.get(key) == v for key, v in extra.items())

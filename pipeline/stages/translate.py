@@ -1,0 +1,166 @@
+"""The translate stage: each direction's evaluation sample with every method in ``eval.methods``.
+
+All methods of a direction run in one actor (so their speed ratios compare like with like), full first. A
+method that is not available in this installation, or lacks its artifact, is reported as ``unavailable`` with
+the reason, and the run goes on. Outputs whose JSON record matches the current provenance are kept.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fastvocab.artifacts_schema.cluster_map import MANIFEST_FILE, load_manifest, map_dir_name
+from fastvocab.artifacts_schema.corpus import read_direction
+from fastvocab.artifacts_schema.digest import text_digest
+from fastvocab.artifacts_schema.errors import ArtifactError
+from fastvocab.artifacts_schema.jsonfile import read_json
+from fastvocab.artifacts_schema.translations import sidecar_path
+from fastvocab.pipeline.context import StageContext
+from fastvocab.pipeline.tracking import StageRecord
+from fastvocab.tasks.workers import MethodJob, TranslateJob, TranslateWorker
+
+log = logging.getLogger(__name__)
+
+PROVENANCE_KEYS = (
+    "method",
+    "map",
+    "map_digest",
+    "selection",
+    "options",
+    "model_fingerprint",
+    "sources_digest",
+)
+
+
+def eval_sample(ctx: StageContext, direction: str) -> tuple[list[int], list[str], list[str]]:
+    """(ids, sources, references) of the direction's evaluation split (``eval.split``, ``eval.sentences``)."""
+    src, _, tgt = direction.partition("-")
+    ev = ctx.cfg.eval
+    ids, sources, refs = read_direction(ctx.corpus_dir, src, tgt, ev.split, limit=ev.sentences)
+    if not sources:
+        raise ArtifactError(f"no {ev.split} sentences for {direction} in {ctx.corpus_dir} (eval.split)")
+    return list(ids), list(sources), list(refs)
+
+
+def _method_plan(
+    ctx: StageContext, direction: str, method: str
+) -> tuple[dict[str, Any], dict[str, Any]] | str:
+    """(projection options, provenance) of a method for a direction, or the reason it cannot run."""
+    from fastvocab.kernels import available_projections
+
+    if method not in available_projections():
+        return f"method {method!r} is not registered (available: {', '.join(available_projections())})"
+    t = ctx.cfg.translate
+    options: dict[str, Any] = {}
+    prov: dict[str, Any] = {"method": method}
+    if method == "clustered":
+        src, _, tgt = direction.partition("-")
+        # the map of the configured scope (a folder of the other scope may be left from an earlier run)
+        map_dir = ctx.maps_root / map_dir_name(src, tgt, ctx.cfg.maps.scope)
+        if not (map_dir / MANIFEST_FILE).exists():
+            return f"no cluster map at {map_dir} (run the maps stage)"
+        options = {"cluster_map": str(map_dir), "selection": t.selection}
+        # the manifest names the map's tensors by their digest: no need to read and hash them here
+        prov.update(map=map_dir.name, map_digest=load_manifest(map_dir).tensors_digest, selection=t.selection)
+    elif method != "full":
+        # Other methods take options the pipeline does not know yet: they run with their defaults.
+        prov["options"] = "defaults"
+    return options, prov
+
+
+def run(ctx: StageContext) -> list[StageRecord]:
+    t = ctx.cfg.translate
+    search = t.search()
+    m = ctx.model()
+    records: dict[str, StageRecord] = {}
+    work: list[TranslateJob] = []
+    for direction in ctx.cfg.directions:
+        ids, sources, _ = eval_sample(ctx, direction)
+        out_dir = ctx.translations_root / direction
+        params: dict[str, Any] = {
+            "model_fingerprint": m.fingerprint,
+            "split": ctx.cfg.eval.split,
+            "sentences": len(sources),
+            "beam": t.beam,
+            "batch_size": t.batch_size,
+            "max_len": t.max_len,
+            "selection": t.selection,
+            "device": t.device,
+        }
+        unavailable: list[str] = []
+        current: list[MethodJob] = []
+        jobs: list[MethodJob] = []
+        for method in ctx.cfg.eval.methods:
+            plan = _method_plan(ctx, direction, method)
+            if isinstance(plan, str):
+                log.warning("translate %s: skipping %s: %s", direction, method, plan)
+                unavailable.append(f"{method}: {plan}")
+                continue
+            options, prov = plan
+            prov.update(
+                model_fingerprint=m.fingerprint,
+                sources_digest=text_digest(sources),
+                beam=t.beam,
+                batch_size=t.batch_size,
+                max_len=t.max_len,
+                length_penalty=t.length_penalty,
+            )
+            out = out_dir / f"{method}.parquet"
+            job = MethodJob(method=method, out=str(out), options=options, provenance=prov)
+            found = read_json(sidecar_path(out))
+            if out.exists() and found is not None and all(found.get(k) == v for k, v in prov.items()):
+                current.append(job)
+            else:
+                jobs.append(job)
+        if jobs and any(j.method == "full" for j in current):
+            # speed ratios compare methods timed in the same process: time full again with the others
+            jobs += [j for j in current if j.method == "full"]
+            current = [j for j in current if j.method != "full"]
+        params["methods"] = ",".join(ctx.cfg.eval.methods)
+        note = f"; unavailable: {'; '.join(unavailable)}" if unavailable else ""
+        if not jobs:
+            status = "skipped" if current else "unavailable"
+            done = ", ".join(j.method for j in current)
+            msg = f"translations current for {done}" if current else "no method could run"
+            records[direction] = StageRecord("translate", direction, status, msg + note, params)
+            continue
+        # full first: the other methods' search errors and speed ratios are measured against it
+        jobs.sort(key=lambda j: j.method != "full")
+        work.append(TranslateJob(direction, tuple(sources), tuple(ids), tuple(jobs), search))
+        records[direction] = StageRecord("translate", direction, "ran", note, params)
+    if not work:
+        return list(records.values())
+
+    _, threads, _ = ctx.decoder_workers()
+    gpus = 1.0 if t.device.startswith("cuda") else 0.0
+    ctx.ray.require_gpus(gpus, f"translate.device={t.device}")
+    run_ctx = ctx.run_context(t.device, int(threads))
+    items = [(job,) for job in work]
+    with ctx.bar(len(work), "translate", unit="direction") as bar:
+        results = ctx.ray.map_actors(
+            TranslateWorker,
+            (run_ctx,),
+            "run",
+            items,
+            bar,
+            size=ctx.cfg.dump.num_workers,
+            num_cpus=threads,
+            num_gpus=gpus,
+            ordered=True,
+        )
+    for job, res in zip(work, results, strict=True):
+        rec = records[job.direction]
+        for r in res:
+            meth = r["method"]
+            rec.metrics.update(
+                {
+                    f"tokens_per_s_{meth}": r["tokens_per_s"],
+                    f"sentences_per_s_{meth}": r["sentences_per_s"],
+                    f"seconds_{meth}": r["seconds"],
+                }
+            )
+            rec.params[f"signature_{meth}"] = r["signature"]
+        done = ", ".join(f"{r['method']} {r['tokens_per_s']:.0f} tok/s" for r in res)
+        rec.message = f"{done}{rec.message}"
+    return list(records.values())

@@ -1,0 +1,111 @@
+"""Workers that hold a model: the units the pipeline hosts in Ray actors (one model per actor).
+
+Each is a plain class (STYLE habit 8): heavy setup in ``__init__`` (the model, loaded from the driver's
+:class:`~fastvocab.tasks.context.RunContext` without re-hashing it), then one method per kind of work item,
+each returning a small dict of metrics for the driver to log. Tests use them directly, without Ray.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from fastvocab.artifacts_schema.jsonfile import write_json
+from fastvocab.artifacts_schema.translations import sidecar_path, write_translations
+from fastvocab.tasks.context import RunContext
+from fastvocab.tasks.dump import DumpActor, DumpSettings, ShardSpec, run_dump_shard
+from fastvocab.tasks.stream import run_stream_shard
+from fastvocab.tasks.translate import SearchSettings, make_projection, translate
+
+log = logging.getLogger(__name__)
+
+
+class DecoderWorker:
+    """Greedy full-softmax decoding for the dump and stream stages (a :class:`DumpActor` per worker)."""
+
+    def __init__(self, ctx: RunContext, settings: DumpSettings) -> None:
+        self.actor = DumpActor(ctx, settings)
+
+    def dump(self, spec: ShardSpec, states_root: str, row_group_size: int) -> dict[str, object]:
+        """Decode one shard and write its states (unless current)."""
+        return run_dump_shard(self.actor, spec, Path(states_root), row_group_size)
+
+    def stream(self, spec: ShardSpec, centroids: np.ndarray, k: int, path: str) -> dict[str, object]:
+        """Decode one shard and write its partial (cluster, token) counts (unless current)."""
+        return run_stream_shard(self.actor, spec, centroids, k, Path(path))
+
+
+@dataclass(frozen=True)
+class MethodJob:
+    """One output-layer method to run over a direction's sample, and where its outputs go."""
+
+    method: str
+    out: str  # translations Parquet file; its JSON record goes beside it
+    options: dict[str, object] = field(default_factory=dict)  # create_projection options
+    provenance: dict[str, object] = field(default_factory=dict)  # what the outputs were made from
+
+
+@dataclass(frozen=True)
+class TranslateJob:
+    """A direction's sample, translated with every method in one process so speed ratios compare alike."""
+
+    direction: str
+    sources: tuple[str, ...]
+    ids: tuple[int, ...]
+    methods: tuple[MethodJob, ...]
+    settings: SearchSettings
+
+
+class TranslateWorker:
+    """Translates pipeline samples with any output-layer method; writes outputs and their records."""
+
+    warmup_sentences = 8  # first calls pay for allocations and lazy init: keep them out of the timing
+
+    def __init__(self, ctx: RunContext) -> None:
+        self.adapter = ctx.load_adapter()
+
+    def run(self, job: TranslateJob) -> list[dict[str, object]]:
+        """Translate ``job.sources`` with each method; returns one record per method (also written)."""
+        src, _, tgt = job.direction.partition("-")
+        kwargs = asdict(job.settings)
+        sources = list(job.sources)
+        results = []
+        warm = False
+        for mj in job.methods:
+            projection = make_projection(self.adapter, mj.method, **mj.options)
+            if not warm:
+                translate(
+                    self.adapter,
+                    projection,
+                    sources[: self.warmup_sentences],
+                    src,
+                    tgt,
+                    progress=False,
+                    **kwargs,
+                )
+                warm = True
+            res = translate(self.adapter, projection, sources, src, tgt, progress=False, **kwargs)
+            out = Path(mj.out)
+            write_translations(
+                out,
+                res.hypotheses,
+                sources=sources,
+                ids=list(job.ids),
+                direction=job.direction,
+                method=mj.method,
+            )
+            record = {
+                **mj.provenance,
+                "signature": projection.signature(),
+                "seconds": res.seconds,
+                "target_tokens": res.target_tokens,
+                "sentences": res.sentences,
+                "tokens_per_s": res.tokens_per_second,
+                "sentences_per_s": res.sentences_per_second,
+            }
+            write_json(sidecar_path(out), record)
+            results.append(record)
+        return results

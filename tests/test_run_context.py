@@ -1,0 +1,61 @@
+"""The model fingerprint (a hash over every output-projection weight) is computed once per run, on the driver.
+
+Workers get it in a ``RunContext`` and never hash the weights again; a pipeline run logs exactly one
+fingerprint computation.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+
+import pytest
+
+from fastvocab.tasks.context import RunContext, describe_model
+from fastvocab.tasks.dump import DumpSettings
+from fastvocab.tasks.translate import SearchSettings
+from fastvocab.tasks.workers import DecoderWorker, MethodJob, TranslateJob, TranslateWorker
+from tests.conftest import synthetic_sentences
+
+FP_LOGGER = "fastvocab.artifacts_schema.fingerprint"
+
+
+def fingerprint_calls(caplog) -> int:
+    return sum(r.name == FP_LOGGER and "fingerprinted" in r.getMessage() for r in caplog.records)
+
+
+@pytest.fixture
+def fake_ctx(tiny_model_dir):
+    """The tiny model's context with a fingerprint no hash of its weights can produce."""
+    ref = describe_model(tiny_model_dir)
+    return RunContext(dataclasses.replace(ref, fingerprint="sha256:from-the-driver"), torch_threads=1)
+
+
+def test_describe_model_hashes_once_and_checks_languages(tiny_model_dir, caplog):
+    caplog.set_level(logging.DEBUG, logger=FP_LOGGER)
+    ref = describe_model(tiny_model_dir, ("en", "it"))
+    assert fingerprint_calls(caplog) == 1
+    assert ref.fingerprint.startswith("sha256:") and ref.fingerprint.endswith(f":N{ref.n_vocab}:d{ref.d}")
+    with pytest.raises(ValueError, match="unknown language 'xx'"):
+        describe_model(tiny_model_dir, ("en", "xx"))
+
+
+def test_workers_use_the_drivers_fingerprint_and_never_hash(fake_ctx, tmp_path, caplog):
+    caplog.set_level(logging.DEBUG, logger=FP_LOGGER)
+    decoder = DecoderWorker(fake_ctx, DumpSettings(k=2, max_len=4, batch_size=4))
+    assert decoder.actor.adapter.fingerprint == "sha256:from-the-driver"
+    assert decoder.actor.projection.fingerprint == "sha256:from-the-driver"
+
+    worker = TranslateWorker(fake_ctx)
+    out = tmp_path / "full.parquet"
+    job = TranslateJob(
+        "en-it",
+        tuple(synthetic_sentences("en", 3)),
+        (1, 2, 3),
+        (MethodJob("full", str(out)),),
+        SearchSettings(),
+    )
+    (record,) = worker.run(job)
+    assert record["signature"].endswith("model:sha256:from-the-driver")
+    assert out.exists() and out.with_suffix(".json").exists()
+    assert fingerprint_calls(caplog) == 0
