@@ -2,30 +2,57 @@
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
+BIN := $(abspath $(VENV))/bin
 CONFIG ?= configs/demo.yaml
+# The rooms (shared/DESIGN.md); setup.py installs each as fastvocab.<room>.
+ROOMS := artifacts_schema kernels decoding tasks pipeline
+VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
+# The strict editable install's link tree: fastvocab/ laid out as in the wheel, one link per packaged file.
+# lint-imports and mypy run inside it; from the repository root they would find fastvocab/ with
+# __init__.py alone, since they put the current directory first on their path.
+LINK_TREE := build/__editable__.fastvocab-$(VERSION)-py3-none-any
 
-.PHONY: setup demo test typecheck format
+.PHONY: setup demo test typecheck format FORCE
 
-setup: $(VENV)/.installed
+setup: $(VENV)/.fastvocab-installed
 
-$(VENV)/.installed: requirements.txt pyproject.toml
-	$(PYTHON) -m venv $(VENV)
+# The pinned dependencies (slow): only when requirements.txt changes. An existing venv is kept.
+$(VENV)/.requirements-installed: requirements.txt
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q -r requirements.txt
-	$(PY) -m pip install -q --no-deps -e .
 	touch $@
+
+# fastvocab itself (a few seconds). No build isolation: pip builds it with the pinned setuptools and fetches
+# nothing. Editable in strict mode, chosen by trying both: setuptools links every packaged file into
+# $(LINK_TREE) and puts that folder on the path, so the checkout imports what the wheel ships, and lint-imports
+# and mypy read the whole package there. The default mode's import hook also imports files the wheel would not
+# ship, and static tools cannot follow it (lint-imports found fastvocab/__init__.py and nothing else). The cost
+# of strict mode: an edited file counts at once, but a new, removed or renamed one needs this install again,
+# which make runs whenever the list of the package's files (below) changes.
+$(VENV)/.fastvocab-installed: $(VENV)/.requirements-installed pyproject.toml setup.py build/package-files.txt
+	$(PY) -m pip install -q --no-deps --no-build-isolation --config-settings editable_mode=strict -e .
+	touch $@
+
+# The files fastvocab is made of, rewritten only when that list changes (not when a file is edited).
+build/package-files.txt: FORCE
+	@mkdir -p build
+	@find fastvocab $(ROOMS) -type f -not -path '*/__pycache__/*' | LC_ALL=C sort > $@.new
+	@if cmp -s $@.new $@; then rm $@.new; else mv $@.new $@; fi
 
 ## demo: the main job on the built-in default (demo model, local Ray, MLflow in runs/demo/mlflow.db)
 demo: setup
 	$(VENV)/bin/fastvocab run $(CONFIG)
 
-## test: lint, format check and the whole test suite (GPU tests skip with a reason on CPU machines)
+## test: lint, format check, the import contracts (pyproject.toml [tool.importlinter]) and the whole test suite
+## (GPU tests skip with a reason on CPU machines)
 test: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	cd $(LINK_TREE) && $(BIN)/lint-imports --config $(CURDIR)/pyproject.toml --no-cache --no-logo
 	$(PY) -m pytest -q
 
 typecheck: setup
-	$(VENV)/bin/mypy
+	cd $(LINK_TREE) && $(BIN)/mypy --config-file $(CURDIR)/pyproject.toml --cache-dir $(CURDIR)/.mypy_cache
 
 format: setup
 	$(VENV)/bin/ruff format .

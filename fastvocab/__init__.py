@@ -4,4 +4,13 @@ The rooms install as subpackages: ``fastvocab.artifacts_schema``, ``fastvocab.ke
 ``fastvocab.decoding``, ``fastvocab.tasks`` and ``fastvocab.pipeline`` (see DESIGN.md).
 """
 
+from pkgutil import extend_path
+
+# In the repository, this file's folder holds no rooms (they are top-level folders, mapped by setup.py), yet
+# it shadows the installed package wherever the repository root comes first on sys.path (`python -m pytest`,
+# `python -c`, subprocesses started there). So look for the subpackages in the installed copy too: the
+# editable install's link tree under build/, or the wheel's fastvocab/ in site-packages. Loaded from the
+# installed copy itself, this finds nothing more.
+__path__ = extend_path(__path__, __name__)
+
 __version__ = "0.1.0"
