@@ -5,12 +5,17 @@ into the pieces the search loop needs:
 
 - ``encode``: source ids -> encoder states,
 - ``decoder_step``: one target token per row -> ``h`` (rows, d), the exact input of the output projection,
-  with a KV cache carried in the returned state,
+  with a KV cache carried in the returned state; ``reorder`` selects rows of that state,
 - ``output_weight`` / ``output_bias``: the exact ``W`` (N, d) and ``b`` (N,) so that ``h W^T + b`` equals the
   model's logits (tied or untied head, Marian/MBart ``final_logits_bias`` included),
 - tokenization with the language tags of each model family.
 
 The output projection itself is *not* applied here: the search hands ``h`` to a ``kernels`` projection.
+
+Two decoder-step engines (``engine=``): ``"static"``, the lean preallocated-cache step of
+``fastvocab.decoding.engine`` (M2M100 architecture: M2M100, NLLB, the demo model), and ``"hf"``, the Hugging
+Face decoder called eagerly with a dynamic cache (every family). ``"auto"`` (the default) picks ``"static"``
+where it is implemented. Both give the same ``h`` (fp32 rounding) and the same search output.
 """
 
 from __future__ import annotations
@@ -44,23 +49,41 @@ class EncoderState:
 
     hidden: torch.Tensor  # (rows, S, d)
     mask: torch.Tensor  # (rows, S) 1 = real token
+    # Target positions the decoder will be fed at most (forced prefix + max_len - 1), when the search knows:
+    # the static engine sizes its self-attention cache from it (else from cache_len, doubling as needed).
+    positions: int | None = None
 
 
 @dataclass
 class DecoderState:
-    """Everything a decoder step needs besides the new token: encoder output and the KV cache."""
+    """Everything a decoder step needs besides the new token: encoder output and the KV cache.
 
-    encoder: EncoderState
-    cache: Any  # transformers EncoderDecoderCache (self- and cross-attention keys/values)
+    Engine "hf": ``encoder`` and a transformers ``EncoderDecoderCache``. Engine "static": ``encoder`` is None
+    (the cross-attention keys/values were computed from it at the first step) and ``cache`` a
+    ``fastvocab.decoding.engine.StaticState``.
+    """
+
+    encoder: EncoderState | None
+    cache: Any
     length: int  # target tokens consumed so far
 
     @property
     def rows(self) -> int:
+        if self.encoder is None:
+            return self.cache.rows
         return self.encoder.hidden.shape[0]
 
 
+ENGINES = ("auto", "static", "hf")
+
+
 class Seq2SeqAdapter:
-    """Encoder, cached decoder step, exact output projection and tokenization of one seq2seq checkpoint."""
+    """Encoder, cached decoder step, exact output projection and tokenization of one seq2seq checkpoint.
+
+    ``engine``: "auto" (static where implemented, else hf), "static" (an error for a family it does not
+    implement) or "hf"; see the module docstring. ``cache_len``: target positions the static engine's
+    self-attention cache holds at first (it doubles when a sentence runs longer).
+    """
 
     def __init__(
         self,
@@ -70,6 +93,9 @@ class Seq2SeqAdapter:
         device: str | torch.device,
         dtype: torch.dtype,
         fingerprint: str | None = None,
+        *,
+        engine: str = "auto",
+        cache_len: int = 64,
     ):
         self.model = model
         self.tokenizer = tokenizer
@@ -116,6 +142,46 @@ class Seq2SeqAdapter:
         trained = getattr(self.config, "fastvocab_languages", None)
         if trained:  # the demo model records the languages it was trained on (its tokenizer knows 100)
             self.languages = [lang for lang in self.languages if lang in set(trained)]
+        self.quantized = False
+        self._static = None  # fastvocab.decoding.engine.StaticDecoder when engine resolves to "static"
+        self.engine = self._pick_engine(engine, cache_len)
+
+    def _pick_engine(self, engine: str, cache_len: int) -> str:
+        from fastvocab.decoding.engine import StaticDecoder, unsupported_reason
+
+        if engine not in ENGINES:
+            raise ValueError(f"engine must be one of {', '.join(ENGINES)}; got {engine!r}")
+        if cache_len < 1:
+            raise ValueError(f"cache_len must be >= 1, got {cache_len}")
+        if engine == "hf":
+            return "hf"
+        reason = unsupported_reason(self.model)
+        if reason is not None:
+            if engine == "static":
+                raise ValueError(f"engine 'static' cannot run {self.path}: {reason}")
+            log.debug("engine auto -> hf for %s: %s", self.path, reason)
+            return "hf"
+        self._static = StaticDecoder(self.model, capacity=cache_len)
+        return "static"
+
+    def quantize_int8(self, encoder: bool = True) -> None:
+        """Dynamic int8 quantisation (``torch.ao.quantization.quantize_dynamic``, per output channel) of the
+        decoder's linear layers, and of the encoder's with ``encoder=True``. CPU only; the output projection
+        is quantised separately (``fastvocab.decoding.int8.quantize_projection``), ``W`` here stays exact.
+        """
+        from fastvocab.decoding.int8 import quantize_linears
+
+        if self.device.type != "cpu":
+            raise ValueError(f"int8 dynamic quantisation runs on CPU only, the model is on {self.device}")
+        if self.dtype != torch.float32:
+            raise ValueError(f"int8 quantisation starts from a float32 model, got {self.dtype}")
+        if self._static is not None:
+            self._static = quantize_linears(self._static)
+        else:
+            self._decoder = quantize_linears(self._decoder)
+        if encoder:
+            self._encoder = quantize_linears(self._encoder)
+        self.quantized = True
 
     # ------------------------------------------------------------------ loading
 
@@ -126,10 +192,14 @@ class Seq2SeqAdapter:
         device: str | torch.device = "cpu",
         dtype: torch.dtype = torch.float32,
         fingerprint: str | None = None,
+        *,
+        engine: str = "auto",
+        cache_len: int = 64,
     ) -> Seq2SeqAdapter:
         """Load a model folder (never a hub name: ``local_files_only=True``).
 
         ``fingerprint``: the model's known fingerprint (from a ``ModelRef``), so it is not computed again.
+        ``engine``, ``cache_len``: the decoder-step engine (see the class).
         """
         from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
@@ -141,8 +211,15 @@ class Seq2SeqAdapter:
         tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
         model = AutoModelForSeq2SeqLM.from_pretrained(path, local_files_only=True, dtype=dtype)
         model = model.to(device).eval()
-        adapter = cls(model, tokenizer, path, device, dtype, fingerprint)
-        log.debug("loaded %s (%s, N=%d, d=%d)", path, adapter.family, adapter.n_vocab, adapter.d_model)
+        adapter = cls(model, tokenizer, path, device, dtype, fingerprint, engine=engine, cache_len=cache_len)
+        log.debug(
+            "loaded %s (%s, N=%d, d=%d, engine %s)",
+            path,
+            adapter.family,
+            adapter.n_vocab,
+            adapter.d_model,
+            adapter.engine,
+        )
         return adapter
 
     @property
@@ -280,6 +357,14 @@ class Seq2SeqAdapter:
         ``state`` is the ``EncoderState`` for the first step, then the returned ``DecoderState``. The cache is
         updated in place: the state passed in must not be reused afterwards.
         """
+        if self._static is not None:
+            if isinstance(state, EncoderState):
+                cache = self._static.start(state.hidden, state.mask, capacity=state.positions)
+                state = DecoderState(None, cache, 0)
+            if tokens.dim() != 1 or tokens.shape[0] != state.rows:
+                raise ValueError(f"tokens must be ({state.rows},), got {tuple(tokens.shape)}")
+            h = self._static.step(tokens, state.cache)  # (rows, d); the cache advanced in place
+            return h, DecoderState(None, state.cache, state.length + 1)
         if isinstance(state, EncoderState):
             from transformers import DynamicCache, EncoderDecoderCache
 
@@ -300,14 +385,22 @@ class Seq2SeqAdapter:
         h = out.last_hidden_state[:, -1, :]  # (rows, d): after the final layer norm, what lm_head multiplies
         return h, DecoderState(state.encoder, out.past_key_values, state.length + 1)
 
-    def reorder(self, state: EncoderState | DecoderState, index: torch.Tensor) -> EncoderState | DecoderState:
+    def reorder(
+        self, state: EncoderState | DecoderState, index: torch.Tensor, group: int | None = None
+    ) -> EncoderState | DecoderState:
         """Select/reorder rows (beam reordering, dropping finished rows); ``index`` (rows',) int64.
 
-        The KV cache is re-indexed in place (a new tensor per layer); ``state`` must not be reused.
+        The KV cache is re-indexed (new tensors); ``state`` must not be reused. ``group`` is a promise that
+        rows ``[i*group, (i+1)*group)`` of the result come from one source sentence, sources in increasing
+        order and none twice (beam search): the static engine then keeps cross-attention keys/values per
+        sentence and does not copy them on a beam reorder. The hf engine ignores it.
         """
         index = index.to(self.device)
+        if isinstance(state, DecoderState) and state.encoder is None:  # static engine
+            return DecoderState(None, self._static.reorder(state.cache, index, group), state.length)
         if isinstance(state, EncoderState):
-            return EncoderState(state.hidden.index_select(0, index), state.mask.index_select(0, index))
+            hidden, mask = state.hidden.index_select(0, index), state.mask.index_select(0, index)
+            return EncoderState(hidden, mask, state.positions)
         enc = EncoderState(
             state.encoder.hidden.index_select(0, index), state.encoder.mask.index_select(0, index)
         )

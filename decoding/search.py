@@ -16,8 +16,9 @@ Semantics follow Hugging Face ``generate`` so the full projection reproduces it 
   stops a sentence when ``beam`` hypotheses are finished and the best live one, normalised at its current
   length, cannot beat the worst of them (``generate``'s default ``early_stopping=False`` heuristic).
 
-Finished rows (greedy) and finished sentences (beam) are dropped from the batch, so the cost of a step shrinks
-as sentences end.
+Finished rows (greedy) leave the batch every step on CPU and in buckets on an accelerator
+(``COMPACT_FRACTION``; every step whenever a ``step_hook`` is given), finished sentences (beam) at once, so
+the cost of a step shrinks as sentences end.
 """
 
 from __future__ import annotations
@@ -32,6 +33,14 @@ from fastvocab.kernels.base import Projection, ProjectionOutput
 
 # Score given to impossible beams, as in transformers (finite, so sums stay ordered).
 _NEG = -1.0e9
+
+# Greedy: finished rows leave the batch once they are at least this share of it (0 = every step); None = by
+# device. On CPU every step: with the static engine a compaction (index_select of the filled cache) took 0.7%
+# of the search time (demo model, 200 test lines, batch 32), less than carrying a finished row for one step
+# costs. On an accelerator in buckets (0.25): fewer shape changes and host syncs.
+COMPACT_FRACTION: float | None = None
+# On an accelerator, how often (in steps) greedy reads the finished count back to the host.
+SYNC_EVERY = 4
 
 
 @dataclass
@@ -62,10 +71,12 @@ def _banned_ids(adapter, device: torch.device) -> torch.Tensor | None:
     return torch.tensor(ids, dtype=torch.int64, device=device) if ids else None
 
 
-def _start(adapter, batch: dict, tgt_lang: str):
+def _start(adapter, batch: dict, tgt_lang: str, max_len: int):
     """Encode the batch and feed the forced prefix; returns (h (rows, d), state, len(prefix))."""
     prefix = adapter.start_tokens(tgt_lang)
     state = adapter.encode(batch)
+    # The decoder is fed the prefix and at most max_len - 1 generated tokens: a cache that big never grows.
+    state.positions = len(prefix) + max_len - 1
     rows = batch["input_ids"].shape[0]
     h = None
     for tok in prefix:
@@ -103,9 +114,17 @@ def greedy_search(
     device = adapter.device
     banned = _banned_ids(adapter, device)
     forced_eos = getattr(adapter, "forced_eos_id", None)
-    h, state, _ = _start(adapter, batch, tgt_lang)
-    alive = torch.arange(n, device=device)  # (rows,) source index of each live row
+    h, state, _ = _start(adapter, batch, tgt_lang, max_len)
+    alive = torch.arange(n, device=device)  # (rows,) source index of each row still in the batch
+    finished = torch.zeros(n, dtype=torch.bool, device=device)  # (rows,) row has emitted EOS
     out_tokens = torch.full((n, max_len), adapter.eos_id, dtype=torch.long, device=device)
+    # With a hook every step compacts, so records hold exactly the live rows (the dump relies on it).
+    fraction = COMPACT_FRACTION
+    if fraction is None:
+        fraction = 0.0 if device.type == "cpu" else 0.25
+    if step_hook is not None:
+        fraction = 0.0
+    check_every = 1 if device.type == "cpu" else SYNC_EVERY
     for step in range(max_len):
         out = projection(h)
         if step_hook is not None:
@@ -116,16 +135,21 @@ def greedy_search(
             scores = _suppress(out, out.logits, banned)  # (rows, C); argmax(logits) == argmax(log-probs)
             cols = scores.argmax(dim=-1, keepdim=True)  # (rows, 1)
             tokens = out.to_vocab_ids(cols)[:, 0]  # (rows,)
+        # A finished row still in the batch keeps emitting EOS: out_tokens holds EOS there already.
+        tokens = tokens.masked_fill(finished, adapter.eos_id)
         out_tokens[alive, step] = tokens
         if step == max_len - 1:
             break
-        live = tokens != adapter.eos_id
-        if not bool(live.all()):
-            keep = live.nonzero()[:, 0]  # (rows',)
-            if keep.numel() == 0:
+        finished |= tokens == adapter.eos_id
+        if (step + 1) % check_every == 0:
+            done = int(finished.sum())  # the one host sync of the step
+            if done == finished.shape[0]:
                 break
-            alive, tokens = alive[keep], tokens[keep]
-            state = adapter.reorder(state, keep)
+            # Finished rows leave in buckets: a reorder copies the whole cache, a finished row costs a row.
+            if done > 0 and done >= fraction * finished.shape[0]:
+                keep = (~finished).nonzero()[:, 0]  # (rows',)
+                alive, tokens, finished = alive[keep], tokens[keep], finished[keep]
+                state = adapter.reorder(state, keep)
         h, state = adapter.decoder_step(tokens, state)
     return [_strip(row, adapter.eos_id) for row in out_tokens.tolist()]
 
@@ -161,9 +185,9 @@ def beam_search(
     forced_eos = getattr(adapter, "forced_eos_id", None)
     k, k2 = beam, 2 * beam  # live beams; candidates kept per step (room for k live ones after EOS)
 
-    h, state, prefix_len = _start(adapter, batch, tgt_lang)
+    h, state, prefix_len = _start(adapter, batch, tgt_lang, max_len)
     # Expand to k rows per sentence only now: the prefix is the same for every beam.
-    state = adapter.reorder(state, torch.arange(n, device=device).repeat_interleave(k))
+    state = adapter.reorder(state, torch.arange(n, device=device).repeat_interleave(k), group=k)
     h = h.repeat_interleave(k, dim=0)  # (n*k, d)
 
     sent = torch.arange(n, device=device)  # (nb,) source index of each live sentence
@@ -241,6 +265,6 @@ def beam_search(
         rows = (torch.arange(nb, device=device)[:, None] * k + beam_of)[keep].reshape(-1)  # (nb'*k,)
         sent, run_scores, run_seqs = sent[keep], run_scores[keep], run_seqs[keep]
         fin_scores, fin_seqs, fin_any = fin_scores[keep], fin_seqs[keep], fin_any[keep]
-        state = adapter.reorder(state, rows)
+        state = adapter.reorder(state, rows, group=k)  # k rows per sentence, sentences in order
         h, state = adapter.decoder_step(tokens[keep].reshape(-1), state)
     return results

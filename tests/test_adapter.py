@@ -200,6 +200,13 @@ def test_marian_search_equals_generate(marian):
         assert beam_search(marian, proj, batch, "en", "it", beam=3, max_len=max_len) == ref_b
 
 
+def test_engine_resolution(m2m, marian, marian_dir):
+    assert m2m.engine == "static"  # M2M100 architecture: the lean step
+    assert marian.engine == "hf"  # not implemented by the static engine: Hugging Face's step serves it
+    with pytest.raises(ValueError, match=r"engine 'static' cannot run .*'marian' models use engine='hf'"):
+        Seq2SeqAdapter.load(marian_dir, engine="static")
+
+
 def test_recorded_training_languages_restrict_the_m2m100_codes(tiny_model_dir, tmp_path):
     # The tokenizer knows all 100 M2M100 codes; a model that records the languages it was trained on
     # (as train-demo does) refuses the others instead of translating them into garbage.

@@ -189,6 +189,19 @@ def test_finished_rows_are_dropped(adapter, full):
         assert r.hidden.shape == (len(r.row_ids), adapter.d_model)
 
 
+def test_static_and_hf_engines_agree(adapter, full):
+    """The static decoder step (default for M2M100) and the Hugging Face one give the same search output."""
+    assert adapter.engine == "static"
+    hf = Seq2SeqAdapter(adapter.model, adapter.tokenizer, adapter.path, "cpu", adapter.dtype, engine="hf")
+    for src, tgt in DIRECTIONS:
+        batch = adapter.encode_texts(_sources(src), src)
+        greedy = greedy_search(adapter, full, batch, src, tgt, max_len=MAX_LEN)
+        assert greedy == greedy_search(hf, full, batch, src, tgt, max_len=MAX_LEN)
+        for beam in (2, 4):
+            ours = beam_search(adapter, full, batch, src, tgt, beam=beam, max_len=MAX_LEN)
+            assert ours == beam_search(hf, full, batch, src, tgt, beam=beam, max_len=MAX_LEN)
+
+
 def test_max_len_and_empty_batch(adapter, full):
     batch = adapter.encode_texts(_sources("en"), "en")
     for max_len in (1, 3):

@@ -1,0 +1,346 @@
+"""fastvocab against CTranslate2 on the same lines, threads, beam and batch (issue 16's peer table).
+
+    .venv/bin/pip install -e '.[bench]'      # ctranslate2==4.8.5
+    .venv/bin/python benchmarks/bench_peer.py --corpus data/corpus --maps runs/demo/maps
+
+Systems, each timed end to end on the same ``--n`` source lines (tokenizing and detokenizing included, model
+load excluded), interleaved round by round after a warm-up on one batch, median of ``--repeats`` rounds:
+
+- ``fastvocab full fp32`` / ``clustered fp32``: ``tasks.translate.translate`` (what ``fastvocab translate``
+  runs) with the static decoder engine; clustered = union mode with the pipeline's map (``--maps``);
+- ``fastvocab full int8`` / ``clustered int8``: the same after ``Seq2SeqAdapter.quantize_int8()`` (encoder
+  and decoder linears) and, for full, the int8 output projection (``fastvocab.decoding.int8``);
+- ``fastvocab-hf full fp32`` / ``clustered fp32`` (``--with-hf``): the previous engine (Hugging Face
+  decoder, dynamic cache);
+- ``ct2 float32`` / ``ct2 int8``: CTranslate2's ``Translator.translate_batch`` on the model converted from
+  the same local folder (``ct2-transformers-converter``; int8 = ``compute_type="int8"`` at load), with
+  ``max_batch_size`` = ``--batch-size``, ``intra_threads`` = ``--threads``, target prefix = the language tag.
+
+Quality per system: lines that differ from fastvocab full fp32 and, for int8, from its own fp32 counterpart;
+BLEU and chrF against the references when the lines come from a corpus split. Speed ratios are medians of
+per-round ratios (paired rounds, so load drift on a shared machine cancels). The load average is recorded.
+Writes ``benchmarks/results/peer-<device>-<date>.json`` (``--out``) and prints a Markdown table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+RESULTS = Path(__file__).resolve().parent / "results"
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def git_commit() -> str:
+    try:
+        head = subprocess.run(
+            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True, cwd=ROOT
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--", "decoding", "kernels", "benchmarks/bench_peer.py"],
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+        ).stdout.strip()
+        return head + ("+dirty" if dirty else "")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "cpu"
+
+
+def load_lines(args) -> tuple[list[str], list[str] | None, str]:
+    """(sources, references or None, where they came from)."""
+    if args.lines:
+        lines = [x for x in Path(args.lines).read_text(encoding="utf-8").splitlines() if x.strip()]
+        return lines[: args.n], None, f"{args.lines} (first {args.n} non-empty lines)"
+    from fastvocab.artifacts_schema.corpus import read_direction
+
+    _, src, ref = read_direction(args.corpus, args.src_lang, args.tgt_lang, args.split)
+    pairs = [(s, r) for s, r in zip(src, ref, strict=True) if s.strip()][: args.n]
+    where = f"{args.corpus} {args.src_lang}-{args.tgt_lang} {args.split} split (first {len(pairs)} rows)"
+    return [s for s, _ in pairs], [r for _, r in pairs], where
+
+
+def convert_ct2(model: Path, out: Path) -> None:
+    exe = Path(sys.executable).parent / "ct2-transformers-converter"
+    cmd = [str(exe), "--model", str(model), "--output_dir", str(out), "--force"]
+    subprocess.run(cmd, check=True, capture_output=True, text=True)
+
+
+class Ct2System:
+    """CTranslate2 with the adapter's tokenizer: source pieces in, target pieces out, decoded alike."""
+
+    def __init__(self, ct2_dir: Path, compute_type: str, adapter, args) -> None:
+        import ctranslate2
+
+        self.tr = ctranslate2.Translator(
+            str(ct2_dir), device="cpu", compute_type=compute_type, intra_threads=args.threads, inter_threads=1
+        )
+        self.adapter, self.args = adapter, args
+        self.tag = adapter.tokenizer.convert_ids_to_tokens(adapter.lang_id(args.tgt_lang))
+
+    def __call__(self, lines: list[str], beam: int) -> tuple[float, list[str]]:
+        tok = self.adapter.tokenizer
+        t0 = time.perf_counter()
+        ids = self.adapter.tokenize(lines, self.args.src_lang, self.args.tgt_lang)
+        src = [tok.convert_ids_to_tokens(x) for x in ids]
+        res = self.tr.translate_batch(
+            src,
+            target_prefix=[[self.tag]] * len(src),
+            beam_size=beam,
+            max_batch_size=self.args.batch_size,
+            batch_type="examples",
+            max_decoding_length=self.args.max_len + 1,  # + the forced language tag
+            length_penalty=1.0,
+        )
+        out = self.adapter.decode_ids([tok.convert_tokens_to_ids(r.hypotheses[0]) for r in res])
+        return time.perf_counter() - t0, out
+
+
+def packed_full_projection(full):
+    """A proposal for ``kernels/full.py``, timed here as its own row (``--proposed-full``): on CPU, keep ``W``
+    pre-packed for oneDNN (``torch.ops.mkldnn._reorder_linear_weight``, as inductor's frozen linears do) and,
+    for fewer than 8 rows, a contiguous ``W^T`` for a plain GEMM. MKL's ``h @ W^T`` on the (N, d) layout was
+    1.3-3x slower for these shapes on this AMD CPU (``benchmarks/README.md``, peer section)."""
+    from fastvocab.kernels.base import ProjectionOutput
+    from fastvocab.kernels.full import FullProjection
+
+    class PackedFull(FullProjection):
+        name = "full"
+
+        def __init__(self, inner) -> None:
+            super().__init__(inner.weight, inner.bias, always_active=tuple(inner.always_active.tolist()))
+            self._fingerprint = inner._fingerprint
+            self._wt = self.weight.t().contiguous()  # (d, N)
+            self._packed = torch.ops.mkldnn._reorder_linear_weight(self.weight)
+
+        def _project(self, h: torch.Tensor) -> ProjectionOutput:
+            if h.shape[0] < 8:
+                logits = h @ self._wt if self.bias is None else torch.addmm(self.bias, h, self._wt)
+            else:
+                logits = torch.ops.mkldnn._linear_pointwise(h, self._packed, self.bias, "none", [], "")
+            return ProjectionOutput(logits=logits, ids=None, n_vocab=self.n_vocab)
+
+    return PackedFull(full)
+
+
+def fastvocab_system(adapter, projection, args) -> Callable[[list[str], int], tuple[float, list[str]]]:
+    from fastvocab.tasks.translate import translate
+
+    def run(lines: list[str], beam: int) -> tuple[float, list[str]]:
+        r = translate(
+            adapter,
+            projection,
+            lines,
+            args.src_lang,
+            args.tgt_lang,
+            beam=beam,
+            batch_size=args.batch_size,
+            max_len=args.max_len,
+            progress=False,
+        )
+        return r.seconds, r.hypotheses
+
+    return run
+
+
+def build_systems(args) -> tuple[dict[str, Callable], dict]:
+    from fastvocab.decoding.hf_adapter import Seq2SeqAdapter
+    from fastvocab.decoding.int8 import quantize_projection
+    from fastvocab.tasks.translate import make_projection
+
+    info: dict = {}
+    a32 = Seq2SeqAdapter.load(args.model, engine=args.engine)
+    a8 = Seq2SeqAdapter.load(args.model, engine=args.engine)
+    a8.quantize_int8(encoder=not args.int8_decoder_only)
+    info["engine"] = a32.engine
+    full = make_projection(a32, "full")
+    systems: dict[str, Callable] = {"fastvocab full fp32": fastvocab_system(a32, full, args)}
+    if not args.no_int8:
+        systems["fastvocab full int8"] = fastvocab_system(a8, quantize_projection(full), args)
+    if args.proposed_full:
+        systems["fastvocab full fp32, packed W (proposed)"] = fastvocab_system(
+            a32, packed_full_projection(full), args
+        )
+    if args.maps:
+        from fastvocab.artifacts_schema.cluster_map import resolve_map_dir
+
+        map_dir = resolve_map_dir(args.maps, args.src_lang, args.tgt_lang)
+        clustered = make_projection(a32, "clustered", cluster_map=map_dir)  # union selection (default)
+        systems["fastvocab clustered fp32"] = fastvocab_system(a32, clustered, args)
+        if not args.no_int8:
+            systems["fastvocab clustered int8"] = fastvocab_system(a8, clustered, args)
+        info["map"] = str(map_dir)
+        info["map_signature"] = clustered.signature()
+    if args.with_hf:
+        hf = Seq2SeqAdapter.load(args.model, engine="hf")
+        systems["fastvocab-hf full fp32"] = fastvocab_system(hf, full, args)
+        if args.maps:
+            systems["fastvocab-hf clustered fp32"] = fastvocab_system(hf, clustered, args)
+    if not args.no_ct2:
+        ct2_dir = Path(args.ct2_dir) if args.ct2_dir else Path(tempfile.mkdtemp(prefix="ct2-")) / "model"
+        if not (ct2_dir / "model.bin").exists():
+            convert_ct2(Path(args.model), ct2_dir)
+        import ctranslate2
+
+        info["ctranslate2"] = ctranslate2.__version__
+        info["ct2_model"] = str(ct2_dir)
+        systems["ct2 float32"] = Ct2System(ct2_dir, "float32", a32, args)
+        systems["ct2 int8"] = Ct2System(ct2_dir, "int8", a32, args)
+    if a32._static is not None:
+        cfg = a32.config
+        # fp32 self-attention K/V for max_len + prefix positions, per decoder row (batch x beam rows).
+        per_row = 2 * cfg.decoder_layers * cfg.d_model * (args.max_len + 2) * 4
+        info["static_cache_bytes_per_row_at_max_len"] = per_row
+    return systems, info
+
+
+def bleu_chrf(hyps: list[str], refs: list[str]) -> dict:
+    import sacrebleu
+
+    bleu = sacrebleu.metrics.BLEU()
+    chrf = sacrebleu.metrics.CHRF()
+    return {
+        "bleu": round(bleu.corpus_score(hyps, [refs]).score, 2),
+        "chrf": round(chrf.corpus_score(hyps, [refs]).score, 2),
+        "bleu_signature": str(bleu.get_signature()),
+        "chrf_signature": str(chrf.get_signature()),
+    }
+
+
+def changed(a: list[str], b: list[str]) -> float:
+    return sum(x != y for x, y in zip(a, b, strict=True)) / max(1, len(a))
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="models/demo")
+    p.add_argument("--corpus", default="data/corpus", help="corpus folder (fastvocab corpus --out)")
+    p.add_argument("--split", default="test")
+    p.add_argument("--lines", help="a text file of source lines instead of a corpus split (no BLEU)")
+    p.add_argument("--src-lang", default="en")
+    p.add_argument("--tgt-lang", default="it")
+    p.add_argument("--n", type=int, default=200, help="source lines (default 200)")
+    p.add_argument("--maps", help="cluster map folder (or a folder of them), e.g. runs/demo/maps")
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--beams", default="1,4", help="comma-separated beam sizes (1 = greedy)")
+    p.add_argument("--max-len", type=int, default=128)
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--engine", default="auto", choices=["auto", "static", "hf"])
+    p.add_argument("--no-int8", action="store_true", help="skip the fastvocab int8 systems")
+    p.add_argument("--int8-decoder-only", action="store_true", help="int8: keep the encoder in fp32")
+    p.add_argument("--with-hf", action="store_true", help="also time the previous (Hugging Face) engine")
+    p.add_argument(
+        "--proposed-full",
+        action="store_true",
+        help="also time full with a packed W (see packed_full_projection)",
+    )
+    p.add_argument("--no-ct2", action="store_true", help="skip CTranslate2")
+    p.add_argument("--ct2-dir", help="converted CTranslate2 model (converted into a temp folder if absent)")
+    p.add_argument("--out", help="result JSON (default benchmarks/results/peer-cpu-<date>.json)")
+    args = p.parse_args(argv)
+
+    torch.set_num_threads(args.threads)
+    lines, refs, where = load_lines(args)
+    systems, info = build_systems(args)
+    beams = [int(b) for b in args.beams.split(",")]
+    result: dict = {
+        "benchmark": "bench_peer",
+        "date": dt.datetime.now().isoformat(timespec="seconds"),
+        "commit": git_commit(),
+        "command": " ".join([".venv/bin/python", "benchmarks/bench_peer.py", *(argv or sys.argv[1:])]),
+        "device": f"{cpu_name()} ({os.cpu_count()} cores visible)",
+        "threads": args.threads,
+        "torch": torch.__version__,
+        "model": args.model,
+        "direction": f"{args.src_lang}-{args.tgt_lang}",
+        "lines": where,
+        "n_lines": len(lines),
+        "batch_size": args.batch_size,
+        "max_len": args.max_len,
+        "repeats": args.repeats,
+        "dtypes": {name: ("int8" if "int8" in name else "float32") for name in systems},
+        **info,
+        "runs": {},
+    }
+    for beam in beams:
+        load_before = os.getloadavg()
+        times: dict[str, list[float]] = {name: [] for name in systems}
+        outputs: dict[str, list[str]] = {}
+        for run in systems.values():  # warm-up on one batch (allocations, lazy inits, first-call caches)
+            run(lines[: args.batch_size], beam)
+        for i in range(args.repeats):
+            for name, run in systems.items():
+                seconds, out = run(lines, beam)
+                times[name].append(seconds)
+                print(f"beam {beam} round {i + 1}: {name} {seconds:.2f} s", file=sys.stderr, flush=True)
+                if outputs.setdefault(name, out) != out:
+                    raise RuntimeError(f"{name}: outputs changed between rounds")
+        load_after = os.getloadavg()
+        base = outputs["fastvocab full fp32"]
+        rows = {}
+        for name in systems:
+            row: dict = {
+                "seconds_median": round(statistics.median(times[name]), 4),
+                "seconds": [round(t, 4) for t in times[name]],
+                "lines_changed_vs_fastvocab_full_fp32": round(changed(base, outputs[name]), 4),
+            }
+            if "int8" in name:
+                twin = name.replace("int8", "fp32" if name.startswith("fastvocab") else "float32")
+                row["lines_changed_by_int8"] = round(changed(outputs[twin], outputs[name]), 4)
+            for peer in ("ct2 float32", "ct2 int8"):
+                if peer in times:
+                    ratios = [c / t for c, t in zip(times[peer], times[name], strict=True)]
+                    row[f"speed_vs_{peer.replace(' ', '_')}"] = round(statistics.median(ratios), 3)
+            if refs is not None:
+                row.update(bleu_chrf(outputs[name], refs))
+            rows[name] = row
+        result["runs"][f"beam{beam}"] = {
+            "beam": beam,
+            "loadavg_before": [round(x, 2) for x in load_before],
+            "loadavg_after": [round(x, 2) for x in load_after],
+            "systems": rows,
+        }
+        print(f"\nbeam {beam}, batch {args.batch_size}, {args.threads} threads, load {load_before[0]:.1f}")
+        print("| system | median s | vs ct2 float32 | vs ct2 int8 | changed vs full | int8 changed | BLEU |")
+        print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+        for name, r in rows.items():
+            int8_changed = r.get("lines_changed_by_int8")
+            int8_changed = "-" if int8_changed is None else f"{100 * int8_changed:.1f}%"
+            print(
+                f"| {name} | {r['seconds_median']:.2f} | {r.get('speed_vs_ct2_float32', '-')} | "
+                f"{r.get('speed_vs_ct2_int8', '-')} | {100 * r['lines_changed_vs_fastvocab_full_fp32']:.1f}% "
+                "| "
+                f"{int8_changed} | {r.get('bleu', '-')} |"
+            )
+    out = Path(args.out) if args.out else RESULTS / f"peer-cpu-{dt.date.today().isoformat()}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1) + "\n")
+    print(f"\nwrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,244 @@
+"""The static decoder-step engine (``fastvocab.decoding.engine``): the same ``h`` as the Hugging Face decoder,
+the same search output as ``generate``, row selection, cache growth, refusals and int8."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import synthetic_sentences
+
+from fastvocab.decoding import Seq2SeqAdapter, beam_search, greedy_search, search
+from fastvocab.decoding.engine import StaticDecoder, StaticState
+from fastvocab.kernels import create_projection
+
+DEMO_MODEL = Path(__file__).resolve().parent.parent / "models" / "demo"
+DEMO_SOURCES = [
+    "GNU C library: shared libraries",
+    "transitional package",
+    "command-line tool to convert images between many formats, with support for scripting",
+    "documentation for the Python 3 standard library",
+    "fast, lightweight web server",
+    "Python bindings for the library",
+]
+
+
+@pytest.fixture(scope="module")
+def static(tiny_model_dir) -> Seq2SeqAdapter:
+    adapter = Seq2SeqAdapter.load(tiny_model_dir, cache_len=4)  # small: the capacity must grow in the tests
+    assert adapter.engine == "static"
+    return adapter
+
+
+@pytest.fixture(scope="module")
+def hf(static) -> Seq2SeqAdapter:
+    adapter = Seq2SeqAdapter(static.model, static.tokenizer, static.path, "cpu", torch.float32, engine="hf")
+    assert adapter.engine == "hf"
+    return adapter
+
+
+@pytest.fixture(scope="module")
+def demo() -> Seq2SeqAdapter:
+    if not (DEMO_MODEL / "config.json").exists():
+        pytest.skip("models/demo is not built yet")
+    return Seq2SeqAdapter.load(DEMO_MODEL)
+
+
+def _generate(adapter, batch, tgt, max_len, **kw) -> list[list[int]]:
+    """``model.generate`` output with the forced prefix, EOS and padding removed."""
+    prefix = adapter.start_tokens(tgt)
+    out = adapter.model.generate(
+        **batch,
+        forced_bos_token_id=prefix[1],
+        do_sample=False,
+        max_new_tokens=max_len + len(prefix) - 1,
+        **kw,
+    )
+    rows = []
+    for row in out.tolist():
+        row = row[len(prefix) :]
+        rows.append(row[: row.index(adapter.eos_id)] if adapter.eos_id in row else row)
+    return rows
+
+
+def _steps(adapter: Seq2SeqAdapter, batch: dict, tokens: torch.Tensor) -> torch.Tensor:
+    """h (rows, T, d) of feeding ``tokens`` (rows, T) one position at a time."""
+    state = adapter.encode(batch)
+    hs = []
+    for t in range(tokens.shape[1]):
+        h, state = adapter.decoder_step(tokens[:, t], state)
+        hs.append(h)
+    return torch.stack(hs, dim=1)
+
+
+def test_step_h_equals_the_hf_decoder(static, hf):
+    """Padded sources, a pad token among the targets (position padding_idx) and more steps than cache_len."""
+    batch = static.encode_texts(synthetic_sentences("en", 6, seed=3), "en")
+    assert len(set(batch["attention_mask"].sum(1).tolist())) > 2  # padding in play
+    gen = torch.Generator().manual_seed(0)
+    prefix = torch.tensor(static.start_tokens("it")).expand(6, -1)
+    body = torch.randint(4, static.n_vocab, (6, 9), generator=gen)
+    body[1, 3] = body[4, 0] = static.pad_id  # HF gives a pad token the zero position row
+    tokens = torch.cat([prefix, body], dim=1)  # (rows, 11) > cache_len=4: the cache doubles twice
+    ours, ref = _steps(static, batch, tokens), _steps(hf, batch, tokens)
+    torch.testing.assert_close(ours, ref, rtol=1e-5, atol=1e-5)
+    # and the model's own forward pass, on rows without a pad token (a full forward pass numbers positions by
+    # a cumulative sum that skips pads; the cached step, like generate, counts them): h W^T are its logits
+    logits = ours @ static.output_weight.T
+    rows = [0, 2, 3, 5]
+    ref_logits = static.reference_logits(batch, tokens)[rows]
+    torch.testing.assert_close(logits[rows], ref_logits, rtol=1e-4, atol=1e-4)
+
+
+def test_reorder_with_and_without_groups(static, hf):
+    batch = static.encode_texts(synthetic_sentences("de", 3, seed=4), "de")
+    prefix = static.start_tokens("fr")
+    k = 2
+    results = []
+    for adapter, group in ((static, k), (static, None), (hf, k)):
+        state = adapter.encode(batch)
+        for t in prefix:
+            _, state = adapter.decoder_step(torch.full((3,), t), state)
+        state = adapter.reorder(state, torch.arange(3).repeat_interleave(k), group=group)  # beam expansion
+        _, state = adapter.decoder_step(torch.tensor([5, 6, 7, 8, 9, 10]), state)
+        # beams swapped within sentences 0 and 2, sentence 1 dropped
+        state = adapter.reorder(state, torch.tensor([1, 0, 4, 4]), group=group)
+        if adapter is static and group is not None:
+            assert state.cache.group == k and state.cache.cross_kv.shape[2] == 2  # K/V per sentence
+        h, _ = adapter.decoder_step(torch.tensor([11, 12, 13, 14]), state)
+        results.append(h)
+    torch.testing.assert_close(results[0], results[2], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(results[1], results[2], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize(("src", "tgt"), [("en", "it"), ("fr", "de")])
+def test_tiny_greedy_and_beam_equal_generate(static, src, tgt):
+    full = create_projection("full", static.output_weight, static.output_bias)
+    batch = static.encode_texts(synthetic_sentences(src, 7, seed=6), src)
+    assert greedy_search(static, full, batch, src, tgt, max_len=10) == _generate(static, batch, tgt, 10)
+    for beam in (2, 4):
+        ours = beam_search(static, full, batch, src, tgt, beam=beam, max_len=10)
+        assert ours == _generate(static, batch, tgt, 10, num_beams=beam, early_stopping=False)
+
+
+@pytest.mark.parametrize(("src", "tgt"), [("en", "it"), ("en", "de")])
+def test_demo_greedy_and_beam_equal_generate(demo, src, tgt):
+    full = create_projection("full", demo.output_weight, demo.output_bias)
+    batch = demo.encode_texts(DEMO_SOURCES, src)
+    greedy = greedy_search(demo, full, batch, src, tgt, max_len=48)
+    assert greedy == _generate(demo, batch, tgt, 48, num_beams=1)
+    assert any(len(s) < 48 for s in greedy)  # sentences end by themselves: finished rows leave the batch
+    ours = beam_search(demo, full, batch, src, tgt, beam=4, max_len=48)
+    assert ours == _generate(demo, batch, tgt, 48, num_beams=4, early_stopping=False)
+
+
+@pytest.mark.parametrize("fraction", [0.0, 0.5, 1.0])
+def test_greedy_compaction_schedule_does_not_change_outputs(demo, monkeypatch, fraction):
+    full = create_projection("full", demo.output_weight, demo.output_bias)
+    batch = demo.encode_texts(DEMO_SOURCES, "en")
+    expect = greedy_search(demo, full, batch, "en", "it", max_len=48)
+    monkeypatch.setattr(search, "COMPACT_FRACTION", fraction)
+    assert greedy_search(demo, full, batch, "en", "it", max_len=48) == expect
+
+
+def test_engine_choice_and_refusals(static, tmp_path):
+    with pytest.raises(ValueError, match="engine must be one of"):
+        Seq2SeqAdapter(static.model, static.tokenizer, static.path, "cpu", torch.float32, engine="fast")
+    with pytest.raises(ValueError, match="cache_len must be >= 1"):
+        Seq2SeqAdapter(static.model, static.tokenizer, static.path, "cpu", torch.float32, cache_len=0)
+
+
+def test_marian_is_refused_by_static_and_served_by_hf():
+    from transformers import MarianConfig, MarianMTModel
+
+    config = MarianConfig(
+        vocab_size=50,
+        d_model=16,
+        encoder_layers=1,
+        decoder_layers=1,
+        encoder_attention_heads=2,
+        decoder_attention_heads=2,
+        encoder_ffn_dim=32,
+        decoder_ffn_dim=32,
+        max_position_embeddings=32,
+        pad_token_id=1,
+        eos_token_id=0,
+        decoder_start_token_id=1,
+    )
+    model = MarianMTModel(config).eval()
+    with pytest.raises(ValueError, match=r"'marian' models use engine='hf'"):
+        StaticDecoder(model)
+
+
+def test_cache_that_does_not_fit_names_the_sizes(static):
+    engine = static._static
+    enc = static.encode(static.encode_texts(["il pacchetto"], "it"))
+    what = r"self-attention cache \(2, 2, 1, 2, \d+, 16\) = .* MiB.*--max-len"
+    with pytest.raises(MemoryError, match=what):
+        engine.start(enc.hidden, enc.mask, capacity=2**44)
+
+
+def test_state_reports_its_size(static):
+    enc = static.encode(static.encode_texts(["il pacchetto per rete"], "it"))
+    state = static._static.start(enc.hidden, enc.mask, capacity=8)
+    assert isinstance(state, StaticState) and state.rows == 1 and state.capacity == 8
+    s = enc.hidden.shape[1]
+    assert state.cache_bytes() == 4 * (2 * 2 * 32 * 8 + 2 * 2 * 32 * s + s)
+
+
+def test_int8_decoder_stays_close_and_runs_the_search(demo):
+    from fastvocab.decoding.int8 import Int8FullProjection, quantize_projection
+
+    q = Seq2SeqAdapter.load(DEMO_MODEL)
+    q.quantize_int8()
+    assert q.quantized and q.engine == "static"
+    batch = demo.encode_texts(DEMO_SOURCES, "en")
+    tokens = torch.tensor([*demo.start_tokens("it"), 100, 200, 300]).expand(len(DEMO_SOURCES), -1)
+    h32, h8 = _steps(demo, batch, tokens), _steps(q, batch, tokens)
+    # int8 weights: close, not equal (relative error of the final states a few percent)
+    rel = (h8 - h32).norm() / h32.norm()
+    assert 0 < float(rel) < 0.1
+    full = create_projection("full", demo.output_weight, demo.output_bias)
+    proj8 = quantize_projection(full)
+    assert isinstance(proj8, Int8FullProjection) and "dtype:int8" in proj8.signature()
+    logits32 = full(h32[:, -1]).logits
+    logits8 = proj8(h32[:, -1]).logits
+    assert float((logits8 - logits32).abs().max()) < 0.05 * float(logits32.abs().max())
+    out = greedy_search(q, proj8, batch, "en", "it", max_len=48)
+    assert len(out) == len(DEMO_SOURCES) and all(out)
+
+
+def test_translate_cli_threads_and_int8(demo, tmp_path, capsys):
+    """``fastvocab translate --threads N --dtype int8``: runs, sets the threads, refuses int8 off CPU."""
+    from fastvocab.pipeline.cli import main
+
+    inp, out = tmp_path / "in.txt", tmp_path / "out.txt"
+    inp.write_text("\n".join(DEMO_SOURCES[:3]) + "\n", encoding="utf-8")
+    base = ["translate", "--model", str(DEMO_MODEL), "--src-lang", "en", "--tgt-lang", "it", "-i", str(inp)]
+    before = torch.get_num_threads()
+    try:
+        assert main([*base, "-o", str(out), "--threads", "1", "--dtype", "int8", "--no-progress"]) == 0
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
+    lines = out.read_text(encoding="utf-8").splitlines()
+    assert len(lines) == 3 and all(lines)
+    assert main([*base, "-o", str(out), "--dtype", "int8", "--device", "cuda"]) != 0
+    assert "--dtype int8 runs on CPU only" in capsys.readouterr().err
+    assert main([*base, "-o", str(out), "--threads", "0"]) != 0
+    assert "--threads must be >= 1" in capsys.readouterr().err
+
+
+def test_search_sizes_the_cache_once(static, monkeypatch):
+    """The search tells the engine prefix + max_len - 1 positions: the cache never has to grow."""
+
+    def no_growth(self, state):
+        raise AssertionError("the cache grew during a search")
+
+    monkeypatch.setattr(StaticDecoder, "_grow", no_growth)
+    full = create_projection("full", static.output_weight, static.output_bias)
+    batch = static.encode_texts(synthetic_sentences("en", 3, seed=8), "en")
+    assert static._static.capacity == 4  # cache_len=4 < the 11 positions below
+    assert len(greedy_search(static, full, batch, "en", "it", max_len=10)) == 3
+    assert len(beam_search(static, full, batch, "en", "it", beam=2, max_len=10)) == 3
