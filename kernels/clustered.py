@@ -13,6 +13,13 @@ At each decoding step:
    needs none; for beam search use ``inactive_mass="moments"`` (beam-2 search errors on the demo model: 75%
    without an estimate, ~55% ``centroid``, 20-30% ``moments``; see ``clustered_ops.inactive_log_mass``).
 
+4. optionally (``exact_k``) an exactness certificate per row: an upper bound on every logit the row did not
+   compute (``clustered_ops.BoundTables``: the centroid's logits plus ``||w_i|| ||h - C_c||``). A row whose
+   ``exact_k``-th best computed logit beats it has the exact top-``exact_k``; for ``exact_k > 1`` (beam
+   search, which reads log-probs) the bound on the left-out mass must also move its log-normaliser by at most
+   ``exact_tol``. Rows that fail get the full logits in the same call (the output is then dense), so greedy
+   and beam search return what full softmax returns, with no change to the search.
+
 Always-active ids (EOS, language tags) are added to every cluster's set at load time.
 
 Backends, chosen once in ``__init__`` from the weight's device (STYLE habit 3):
@@ -27,6 +34,7 @@ Backends, chosen once in ``__init__`` from the weight's device (STYLE habit 3):
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -62,7 +70,13 @@ class ClusteredProjection(Projection):
     Options: ``cluster_map`` (a :class:`ClusterMap` or a map folder), ``selection`` (union | per-row),
     ``min_count`` (drop (cluster, id) pairs predicted fewer times), ``inactive_mass`` (none | centroid |
     moments), ``backend`` (auto | torch | cupy), ``cache_mb`` (cached per-cluster sub-matrices; None = 512 on
-    CPU, 0 on CUDA).
+    CPU, 0 on CUDA), ``exact_k`` (0 = off; 1 for greedy search, ``2 * beam`` for beam search: rows without an
+    exactness certificate for their top-``exact_k`` get full logits), ``exact_tol`` (for ``exact_k > 1``: the
+    largest change of a certified row's log-normaliser allowed, in nats), ``bound_blocks`` (column blocks of
+    the certificate's bound).
+
+    ``counters`` accumulates, over calls, the rows projected, the columns computed (a fallback row counts
+    its set and N) and the certified rows; :meth:`reset_counters` clears them. They never change an output.
     """
 
     def __init__(
@@ -76,6 +90,9 @@ class ClusteredProjection(Projection):
         inactive_mass: str = "none",
         backend: str = "auto",
         cache_mb: float | None = None,
+        exact_k: int = 0,
+        exact_tol: float = 1e-5,
+        bound_blocks: int = 64,
         **common: Any,  # always_active, fingerprint: see Projection
     ) -> None:
         super().__init__(weight, bias, **common)
@@ -85,6 +102,14 @@ class ClusteredProjection(Projection):
         if isinstance(min_count, bool) or not isinstance(min_count, int) or min_count < 1:
             raise ValueError(f"min_count must be an integer >= 1, got {min_count!r}")
         self.min_count = min_count
+        for name, value in (("exact_k", exact_k), ("bound_blocks", bound_blocks)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
+        if not exact_tol >= 0:
+            raise ValueError(f"exact_tol must be >= 0, got {exact_tol!r}")
+        self.exact_k = exact_k
+        self.exact_tol = float(exact_tol)
+        self.counters = {"rows": 0, "columns": 0, "certified": 0}
 
         cmap = self._load_map(cluster_map)
         self.map_manifest = cmap.manifest
@@ -104,6 +129,9 @@ class ClusteredProjection(Projection):
         self._mass = None
         if self.inactive_mass != "none":
             self._mass = ops.mass_tables(self._map, self.weight, self.bias)
+        self._bounds = None
+        if self.exact_k:
+            self._bounds = ops.bound_tables(self._map, self.weight, self.bias, n_blocks=max(1, bound_blocks))
         if self.backend == "cupy":
             self._indices32 = self._map.indices.to(torch.int32)  # (nnz,) what the kernels read
             if self.bias is not None:
@@ -159,13 +187,29 @@ class ClusteredProjection(Projection):
 
     def options(self) -> dict[str, object]:
         m = self.map_manifest
-        return {
+        opts: dict[str, object] = {
             "selection": self.selection,
             "min_count": self.min_count,
             "inactive_mass": self.inactive_mass,
             "backend": self.backend,
             "map": f"{m.direction}/{m.scope}/r{m.r}/K{m.k}",
         }
+        if self.exact_k:
+            opts["exact_k"] = self.exact_k
+            if self.exact_k > 1:
+                opts["exact_tol"] = self.exact_tol
+        return opts
+
+    def reset_counters(self) -> None:
+        for key in self.counters:
+            self.counters[key] = 0
+
+    @property
+    def certified_fraction(self) -> float | None:
+        """Share of projected rows that had an exactness certificate (None without ``exact_k``)."""
+        if not self.exact_k or not self.counters["rows"]:
+            return None
+        return self.counters["certified"] / self.counters["rows"]
 
     @property
     def active_sets(self) -> list[torch.Tensor]:
@@ -191,7 +235,42 @@ class ClusteredProjection(Projection):
         mass = None
         if self._mass is not None:
             mass = ops.inactive_log_mass(self.inactive_mass, h, logits, clusters, self.n_vocab, self._mass)
-        return ProjectionOutput(logits=logits, ids=ids, n_vocab=self.n_vocab, log_inactive_mass=mass)
+        self.counters["rows"] += rows
+        self.counters["columns"] += self._computed_columns(logits, ids)
+        out = ProjectionOutput(logits=logits, ids=ids, n_vocab=self.n_vocab, log_inactive_mass=mass)
+        if self._bounds is None:
+            return out
+        return self._exact(h, out, clusters)
+
+    def _computed_columns(self, logits: torch.Tensor, ids: torch.Tensor) -> int:
+        if ids.dim() == 1:
+            return logits.shape[0] * ids.numel()
+        return int(torch.isfinite(logits).sum())  # per-row padding holds -inf
+
+    def _exact(self, h: torch.Tensor, out: ProjectionOutput, clusters: torch.Tensor) -> ProjectionOutput:
+        """Certify each row; rows that fail get their full logits, in a dense (rows, N) output."""
+        top, mass = ops.inactive_bounds(h, clusters, self._bounds)
+        log_tol = self.exact_tol if self.exact_k > 1 else None
+        ok = ops.certify(out.logits, top, mass, self.exact_k, log_tol)  # (rows,)
+        n_ok = int(ok.sum())  # the one host sync the certificate adds
+        self.counters["certified"] += n_ok
+        if self.exact_k > 1:
+            # Certified rows' left-out mass moves their log-probs by at most exact_tol: counted as none, so
+            # their log-probs are those of the computed columns, as full softmax's are within rounding.
+            out.log_inactive_mass = None
+        if n_ok == out.rows:
+            return out
+        self.counters["columns"] += (out.rows - n_ok) * self.n_vocab
+        if n_ok == 0:  # every row falls back: the plain full projection, no scatter
+            logits = torch.nn.functional.linear(h, self.weight, self.bias)
+            return ProjectionOutput(logits=logits, ids=None, n_vocab=self.n_vocab)
+        fallback = (~ok).nonzero()[:, 0]  # (f,)
+        dense = out.dense()  # (rows, N), -inf where a certified row computed nothing
+        dense[fallback] = torch.nn.functional.linear(h[fallback], self.weight, self.bias).to(dense.dtype)
+        mass = out.log_inactive_mass
+        if mass is not None:  # an estimate for certified rows (exact_k == 1); fallback rows left out nothing
+            mass = mass.index_fill(0, fallback, -math.inf)
+        return ProjectionOutput(logits=dense, ids=None, n_vocab=self.n_vocab, log_inactive_mass=mass)
 
     def _project_torch(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         clusters = self.assign(h)  # (rows,)

@@ -1,0 +1,330 @@
+"""Fidelity (issue 10): the exactness certificate of the clustered projection, ``exact_k`` decoding identical
+to full softmax (greedy and beam, rows that fall back included), and the forced-decoding scorer.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from fastvocab.kernels import clustered_ops as ops
+from fastvocab.kernels import create_projection
+from tests.conftest import synthetic_sentences
+from tests.test_clustered import (
+    SELECTIONS,
+    decode,
+    fingerprint,
+    make,
+    map_from_sets,
+    map_from_states,
+    random_layer,
+    random_map,
+    rows_near,
+)
+
+# ------------------------------------------------------------------------------------- the bound (property)
+
+
+def inactive_truth(proj, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per row, the exact max and logsumexp of the full logits over the columns its cluster leaves out."""
+    full = torch.nn.functional.linear(h, proj.weight, proj.bias).double()  # (rows, N)
+    clusters = proj.assign(h).tolist()
+    mask = torch.ones_like(full, dtype=torch.bool)
+    for row, c in enumerate(clusters):
+        mask[row, proj.active_sets[c]] = False
+    z = full.masked_fill(~mask, -math.inf)
+    return z.amax(dim=1), torch.logsumexp(z, dim=1)
+
+
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("blocks", [1, 7, 64])
+def test_bound_is_never_violated_on_random_states(bias, blocks):
+    """Many random layers, maps and states, near their centroid and far from it: the max and the mass of the
+    columns a row does not compute stay below the certificate's bounds."""
+    violations, rows = 0, 0
+    for seed in range(25):
+        rng = np.random.default_rng(seed)
+        n_vocab, d = int(rng.integers(40, 400)), int(rng.integers(2, 40))
+        w, b = random_layer(n_vocab, d, seed=seed, bias=bias)
+        w = w * float(rng.uniform(0.1, 3.0))  # varied norms, so the blocks by norm matter
+        r, size = int(rng.integers(1, 12)), int(rng.integers(1, n_vocab // 2))
+        proj = create_projection(
+            "clustered",
+            w,
+            b,
+            cluster_map=random_map(w, b, r=r, size=size, seed=seed),
+            exact_k=1,
+            bound_blocks=blocks,
+            always_active=[0],
+        )
+        for noise in (0.0, 0.1, 1.0, 10.0):
+            cmap_rows = rng.integers(0, r, 16).tolist()
+            h = rows_near_proj(proj, cmap_rows, noise, seed)
+            top, mass = ops.inactive_bounds(h, proj.assign(h), proj._bounds)
+            true_top, true_mass = inactive_truth(proj, h)
+            violations += int((true_top > top.double()).sum()) + int((true_mass > mass.double()).sum())
+            rows += h.shape[0]
+    assert rows == 25 * 4 * 16 and violations == 0
+
+
+def rows_near_proj(proj, clusters: list[int], noise: float, seed: int) -> torch.Tensor:
+    cent = proj._bounds.centroids[clusters]
+    g = torch.Generator().manual_seed(seed)
+    return cent + noise * torch.randn(cent.shape, generator=g)
+
+
+def test_bound_is_tight_at_the_centroid():
+    """At ``h = C_c`` (delta 0) the bound is the largest inactive logit itself (up to the rounding margin)."""
+    w, b = random_layer(300, 16, seed=3)
+    cmap = random_map(w, b, r=6, size=40, seed=3)
+    proj = create_projection("clustered", w, b, cluster_map=cmap, exact_k=1)
+    h = torch.from_numpy(cmap.centroids.astype(np.float32))
+    top, _ = ops.inactive_bounds(h, proj.assign(h), proj._bounds)
+    true_top, _ = inactive_truth(proj, h)
+    torch.testing.assert_close(top.double(), true_top, rtol=0, atol=1e-3)
+
+
+@pytest.mark.parametrize("mode", SELECTIONS)
+@pytest.mark.parametrize("k", [1, 3])
+def test_certified_rows_have_the_exact_top_k(mode, k):
+    w, b = random_layer(300, 16, seed=5)
+    # Each set holds its centroid's own top 60: rows near the centroid can certify their top-k.
+    centroids = 3.0 * np.random.default_rng(5).standard_normal((10, 16))
+    z = torch.nn.functional.linear(torch.from_numpy(centroids).float(), w, b)
+    sets = torch.topk(z, 60, dim=1).indices.tolist()
+    cmap = map_from_sets(centroids, sets, 300, fingerprint(w, b))
+    proj = create_projection("clustered", w, b, cluster_map=cmap, selection=mode, exact_k=k, exact_tol=10.0)
+    h = rows_near(cmap, list(range(10)) * 6, noise=0.02, seed=5)
+    clusters = proj.assign(h)
+    out = proj._project_torch(h)[0]
+    top, mass = ops.inactive_bounds(h, clusters, proj._bounds)
+    ok = ops.certify(out, top, mass, k, None)
+    assert int(ok.sum()) > 0  # the test means something only if rows certify
+    full = torch.nn.functional.linear(h, w, b)
+    got = proj(h).dense()
+    for row in ok.nonzero()[:, 0].tolist():
+        assert torch.topk(got[row], k).indices.tolist() == torch.topk(full[row], k).indices.tolist()
+
+
+@pytest.mark.parametrize("mode", SELECTIONS)
+def test_uncertified_rows_get_full_logits_in_the_same_call(mode):
+    w, b = random_layer(300, 16, seed=6)
+    cmap = random_map(w, b, r=10, size=3, seed=6)  # sets far too small: most rows fall back
+    proj = create_projection("clustered", w, b, cluster_map=cmap, selection=mode, exact_k=2)
+    h = rows_near(cmap, list(range(10)) * 3, noise=0.5, seed=6)
+    out = proj(h)
+    full = torch.nn.functional.linear(h, w, b)
+    assert out.ids is None and out.logits.shape == full.shape
+    torch.testing.assert_close(out.logits, full)
+    assert proj.certified_fraction == 0.0 and proj.counters["rows"] == 30
+
+
+def test_exact_options_are_checked_and_named_in_the_signature():
+    w, b = random_layer()
+    cmap = random_map(w, b)
+    for bad in ({"exact_k": -1}, {"exact_k": 1.5}, {"exact_tol": -1.0}, {"bound_blocks": -2}):
+        with pytest.raises(ValueError):
+            create_projection("clustered", w, b, cluster_map=cmap, **bad)
+    proj = create_projection("clustered", w, b, cluster_map=cmap, exact_k=8)
+    assert "exact_k:8" in proj.signature() and "exact_tol:1e-05" in proj.signature()
+    plain = create_projection("clustered", w, b, cluster_map=cmap)
+    assert "exact" not in plain.signature() and plain.certified_fraction is None
+
+
+# ------------------------------------------------------------------------------- decoding on the tiny model
+
+
+@pytest.fixture(scope="module")
+def adapter(tiny_model_dir):
+    from fastvocab.decoding.hf_adapter import Seq2SeqAdapter
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield Seq2SeqAdapter.load(tiny_model_dir)
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def states(adapter):
+    """The tiny model's own decoder states and top-1 ids (greedy, full projection)."""
+    from fastvocab.decoding.search import greedy_search
+
+    hs, top = [], []
+
+    def hook(rec):
+        hs.append(rec.hidden.float().numpy())
+        top.append(torch.topk(rec.output.logits, 1, dim=-1).indices.numpy())
+
+    batch = adapter.encode_texts(synthetic_sentences("en", 16, seed=21), "en", "it")
+    greedy_search(adapter, make(adapter, "full"), batch, "en", "it", max_len=12, step_hook=hook)
+    return np.concatenate(hs), np.concatenate(top)
+
+
+@pytest.fixture(scope="module")
+def small_map(adapter, states):
+    """Sets from each member's top-1 only: too small for many rows, so the fallback is exercised."""
+    return map_from_states(*states, r=6, n_vocab=adapter.n_vocab, fp=adapter.fingerprint, seed=1)
+
+
+@pytest.fixture(scope="module")
+def mixed_map(adapter, states, small_map):
+    """Even clusters cover the whole vocabulary (their rows always certify, also for beam search's log-probs);
+    odd clusters hold only ids the model never ranked first (their rows must fall back, and decoding without
+    the certificate goes wrong)."""
+    n = adapter.n_vocab
+    seen = set(np.unique(states[1]).tolist()) | set(adapter.always_active_ids())
+    never = [i for i in range(n) if i not in seen][:4]
+    sets = [list(range(n)) if c % 2 == 0 else never for c in range(small_map.manifest.r)]
+    return map_from_sets(small_map.centroids, sets, n, adapter.fingerprint)
+
+
+def exact_decode(adapter, cmap, texts, beam, mode):
+    proj = make(adapter, "clustered", cluster_map=cmap, selection=mode, exact_k=1 if beam == 1 else 2 * beam)
+    return decode(adapter, proj, texts, beam=beam), proj
+
+
+@pytest.mark.parametrize("mode", SELECTIONS)
+@pytest.mark.parametrize("beam", [1, 4])
+def test_exact_decoding_is_identical_to_full_softmax(adapter, small_map, mixed_map, beam, mode):
+    texts = synthetic_sentences("en", 10, seed=5)
+    full = decode(adapter, make(adapter, "full"), texts, beam=beam)
+    fractions = []
+    for cmap in (small_map, mixed_map):
+        got, proj = exact_decode(adapter, cmap, texts, beam, mode)
+        assert got == full
+        fractions.append(proj.certified_fraction)
+    # Both kinds of rows occurred: certified ones and ones that needed the fallback.
+    assert any(0.0 < f < 1.0 for f in fractions), fractions
+    plain = decode(
+        adapter, make(adapter, "clustered", cluster_map=mixed_map, selection=mode), texts, beam=beam
+    )
+    assert plain != full  # without the certificate the deprived clusters do change outputs
+
+
+def test_full_coverage_map_certifies_every_row(adapter, states):
+    n = adapter.n_vocab
+    cmap = map_from_sets(states[0][:3], [list(range(n))] * 3, n, adapter.fingerprint)
+    texts = synthetic_sentences("en", 4, seed=9)
+    got, proj = exact_decode(adapter, cmap, texts, 4, "union")
+    assert got == decode(adapter, make(adapter, "full"), texts, beam=4)
+    assert proj.certified_fraction == 1.0
+    assert proj.counters["columns"] == proj.counters["rows"] * n
+
+
+# ----------------------------------------------------------------------------------------------- the scorer
+
+
+def test_scorer_agrees_with_the_models_own_log_probs(adapter):
+    from fastvocab.decoding.scoring import normalised_score, sequence_log_probs, sequence_scores
+
+    texts = synthetic_sentences("en", 5, seed=13)
+    batch = adapter.encode_texts(texts, "en", "it")
+    full = make(adapter, "full")
+    outputs = decode(adapter, full, texts, beam=2, max_len=12)
+    outputs[1] = outputs[1][:2]  # also sequences no search produced, and an empty one
+    outputs[2] = []
+    ended = [True, True, True, False, True]
+    got = sequence_log_probs(adapter, full, batch, "it", outputs, ended=ended)
+
+    prefix = adapter.start_tokens("it")
+    for i, out in enumerate(outputs):
+        seq = list(out) + ([adapter.eos_id] if ended[i] else [])
+        dec_in = torch.tensor([prefix + seq[:-1]] if seq else [prefix])
+        one = {k: v[i : i + 1] for k, v in batch.items()}
+        logits = adapter.reference_logits(one, dec_in)[0].float()  # (T, N)
+        logp = torch.log_softmax(logits, dim=-1)
+        want = sum(float(logp[len(prefix) - 1 + t, tok]) for t, tok in enumerate(seq))
+        assert got[i] == pytest.approx(want, abs=1e-3), i
+    scores = sequence_scores(adapter, full, batch, "it", outputs, length_penalty=0.7, ended=ended)
+    for i, out in enumerate(outputs):
+        assert scores[i] == pytest.approx(normalised_score(got[i], len(out), ended[i], len(prefix), 0.7))
+    assert normalised_score(-6.0, 3, True, 2, 1.0) == pytest.approx(-6.0 / 5)
+
+
+# ---------------------------------------------------------------------------------------------------- the CLI
+
+
+@pytest.mark.parametrize("beam", ["1", "4"])
+def test_cli_exact_output_equals_full_and_prints_the_certified_share(
+    tiny_model_dir, mixed_map, tmp_path, capsys, beam
+):
+    from fastvocab.artifacts_schema.cluster_map import save_cluster_map
+    from fastvocab.pipeline.cli import main
+
+    save_cluster_map(mixed_map, tmp_path / "maps" / "en-it")
+    inp = tmp_path / "in.txt"
+    inp.write_text("\n".join(synthetic_sentences("en", 6, seed=5)) + "\n", encoding="utf-8")
+    common = [
+        "translate",
+        "--model",
+        str(tiny_model_dir),
+        "--src-lang",
+        "en",
+        "--tgt-lang",
+        "it",
+        "-i",
+        str(inp),
+    ]
+    common += ["--beam", beam, "--max-len", "12", "--no-progress"]
+    assert main([*common, "-o", str(tmp_path / "full.txt")]) == 0
+    clustered = ["--method", "clustered", "--clusters", str(tmp_path / "maps")]
+    capsys.readouterr()
+    assert main([*common, "-o", str(tmp_path / "exact.txt"), *clustered, "--exact"]) == 0
+    err = capsys.readouterr().err
+    assert "% of rows certified exact" in err and "active columns per decoder row" in err
+    assert (tmp_path / "exact.txt").read_text() == (tmp_path / "full.txt").read_text()
+    assert main([*common, "-o", str(tmp_path / "x.txt"), "--exact"]) == 2  # --exact needs --method clustered
+
+
+# -------------------------------------------------------------------------------------------- the yardstick
+
+
+def test_bench_fidelity_runs_on_the_tiny_model(tmp_path, tiny_model_dir, mixed_map):
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from fastvocab.artifacts_schema.cluster_map import save_cluster_map
+    from fastvocab.artifacts_schema.corpus import CORPUS_SCHEMA
+
+    (tmp_path / "corpus" / "en-it").mkdir(parents=True)
+    en, it = synthetic_sentences("en", 5, seed=5), synthetic_sentences("it", 5, seed=5)
+    table = pa.Table.from_pydict(
+        {"id": list(range(5)), "doc_id": [str(i) for i in range(5)], "text1": en, "text2": it},
+        schema=CORPUS_SCHEMA,
+    )
+    pq.write_table(table, tmp_path / "corpus" / "en-it" / "test.parquet")
+    save_cluster_map(mixed_map, tmp_path / "maps" / "en-it")
+    out = tmp_path / "fidelity.json"
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_fidelity.py"
+    argv = [
+        "--model",
+        str(tiny_model_dir),
+        "--maps",
+        str(tmp_path / "maps"),
+        "--corpus",
+        str(tmp_path / "corpus"),
+    ]
+    argv += ["--directions", "en-it", "--beams", "1,2", "--batches", "2", "--max-len", "8", "--threads", "1"]
+    done = subprocess.run(
+        [sys.executable, str(script), *argv, "--out", str(out)], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    data = json.loads(out.read_text())
+    got = {(r["beam"], r["method"]) for r in data["results"]}
+    assert got == {(1, "clustered"), (1, "exact"), (2, "clustered"), (2, "moments"), (2, "exact")}
+    assert (
+        data["meta"]["commit"] and data["meta"]["loadavg_before"] and "bench_fidelity.py" in data["command"]
+    )
+    for r in data["results"]:
+        assert r["sentences"] == 5 and 0.0 <= r["search_errors"] <= 1.0 - r["identical"] + 1e-9
+        if r["method"] == "exact":
+            assert r["identical"] == 1.0 and 0.0 < r["certified"] < 1.0
+            assert r["bleu"] == r["bleu_full"] and r["chrf"] == r["chrf_full"]
