@@ -5,10 +5,16 @@ Columns: ``sent_id int64, step int32, hidden fixed_size_list<float16>[d], topk_i
 direction, schema version, and the plan the shard was made from (``fastvocab.dump_plan``: its sentences'
 digest and the decoding settings), compared on resume. Shards live in
 ``<root>/direction=<src>-<tgt>/part-<i:05d>.parquet`` (hive partitioning), written atomically.
+
+Content checksum: beside each shard, ``_part-<i:05d>.parquet.sha256`` holds the SHA-256 of the shard's bytes
+in ``sha256sum`` format (``sha256sum -c`` checks it; the ``_`` prefix keeps it out of Parquet datasets). The
+plan in the metadata says what a shard was made from; the checksum says its bytes are the ones written, so a
+flipped byte anywhere in the file is found on resume and on read, not only a broken footer.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -105,24 +111,97 @@ def shard_path(root: str | Path, direction: str, index: int) -> Path:
     return direction_dir(root, direction) / part_name(index)
 
 
+def checksum_path(path: str | Path) -> Path:
+    """The shard's checksum file: ``_part-00000.parquet.sha256`` beside ``part-00000.parquet``."""
+    path = Path(path)
+    return path.with_name(f"_{path.name}.sha256")
+
+
+# (path, size, mtime) -> sha256 hex: a shard checked on resume is not hashed again when it is read
+_HASHED: dict[tuple[str, int, int], str] = {}
+
+
+def file_sha256(path: Path) -> str:
+    st = path.stat()
+    key = (str(path.resolve()), st.st_size, st.st_mtime_ns)
+    if key not in _HASHED:
+        h = hashlib.sha256()
+        with path.open("rb") as fh:
+            for block in iter(lambda: fh.read(1 << 20), b""):
+                h.update(block)
+        _HASHED[key] = h.hexdigest()
+    return _HASHED[key]
+
+
 def write_shard(table: pa.Table, plan: dict[str, object], path: Path, row_group_size: int) -> Path:
-    """Write one shard table atomically, with the plan it was made from in its metadata."""
+    """Write one shard table atomically, with the plan it was made from in its metadata, then its checksum.
+
+    The old checksum goes first: a kill between the two writes leaves a shard without a checksum, which is
+    not current (redone), never a new shard beside an old checksum.
+    """
     table = table.replace_schema_metadata(
         {**table.schema.metadata, PLAN_KEY: json.dumps(plan, sort_keys=True)}
     )
+    sidecar = checksum_path(path)
+    sidecar.unlink(missing_ok=True)
     with atomic_path(path) as tmp:
         pq.write_table(table, tmp, row_group_size=row_group_size, compression="zstd")
+        sha = file_sha256(tmp)
+    with atomic_path(sidecar) as tmp:
+        tmp.write_text(f"{sha}  {path.name}\n")
     return path
 
 
-def shard_is_current(path: Path, meta: ShardMeta, plan: dict[str, object]) -> bool:
-    """True when ``path`` exists, validates, and was written for this model and plan.
+def checksum_problem(path: Path) -> str | None:
+    """Why ``path``'s bytes are not the ones written (None when they are); "no checksum" without a file."""
+    sidecar = checksum_path(path)
+    try:
+        want = sidecar.read_text().split()[0]
+    except FileNotFoundError:
+        return "no checksum"
+    except (OSError, IndexError) as exc:
+        return f"unreadable checksum file {sidecar.name} ({exc})"
+    if file_sha256(path) != want:
+        return f"its SHA-256 does not match {sidecar.name} (the file changed after it was written)"
+    return None
 
-    A file that exists but is corrupt raises ArtifactError (one line naming it): the user decides, we do not
-    silently overwrite what might be someone else's data.
-    """
+
+def shard_status(path: Path, meta: ShardMeta, plan: dict[str, object]) -> str:
+    """``current``, ``missing``, ``stale`` (another model, plan or no checksum) or ``corrupt: <why>``."""
     if not path.exists():
-        return False
+        return "missing"
+    problem = checksum_problem(path)
+    if problem == "no checksum":
+        return "stale"  # written before checksums, or killed before its checksum: redone to be sure
+    if problem is not None:
+        return f"corrupt: {problem}"
+    try:
+        return "current" if _meta_and_plan_match(path, meta, plan) else "stale"
+    except ArtifactError as exc:
+        return f"corrupt: {exc}"
+
+
+def shard_is_current(path: Path, meta: ShardMeta, plan: dict[str, object]) -> bool:
+    """True when ``path`` exists, its bytes match its checksum, and it was written for this model and plan.
+
+    A file that exists but is corrupt raises ArtifactError (one line naming it): a worker does not silently
+    overwrite it; the dump stage on the driver (:func:`shard_status`) removes a corrupt shard of its own
+    plan, says so, and has it redone.
+    """
+    status = shard_status(path, meta, plan)
+    if status.startswith("corrupt: "):
+        reason = status.removeprefix("corrupt: ")
+        raise ArtifactError(reason if str(path) in reason else f"corrupt hidden-state shard {path}: {reason}")
+    return status == "current"
+
+
+def remove_shard(path: Path) -> None:
+    """Remove a shard and its checksum."""
+    path.unlink(missing_ok=True)
+    checksum_path(path).unlink(missing_ok=True)
+
+
+def _meta_and_plan_match(path: Path, meta: ShardMeta, plan: dict[str, object]) -> bool:
     found = read_shard_meta(path)
     if found != meta:
         return False
@@ -137,6 +216,17 @@ def stale_shards(root: Path, direction: str, planned: int) -> list[Path]:
     """Shard files of a direction beyond the current plan (left by a run with a larger sample)."""
     keep = {part_name(i) for i in range(planned)}
     return [p for p in sorted(direction_dir(root, direction).glob(SHARD_GLOB)) if p.name not in keep]
+
+
+def verify_checksums(files: list[Path]) -> None:
+    """Raise ArtifactError naming the first shard whose bytes do not match its checksum file.
+
+    Shards without a checksum file (written by other tools, or before checksums) are accepted as they are.
+    """
+    for f in files:
+        problem = checksum_problem(f)
+        if problem is not None and problem != "no checksum":
+            raise ArtifactError(f"corrupt hidden-state shard {f}: {problem}; rerun the dump stage to redo it")
 
 
 def read_shard_meta(path: str | Path) -> ShardMeta:
@@ -160,11 +250,16 @@ def read_shard_meta(path: str | Path) -> ShardMeta:
     return meta
 
 
-def validate_direction(root: str | Path, direction: str, fingerprint: str | None = None) -> list[Path]:
-    """Validate every shard of a direction; return their paths (sorted). Raises ArtifactError."""
+def validate_direction(
+    root: str | Path, direction: str, fingerprint: str | None = None, verify: bool = True
+) -> list[Path]:
+    """Validate every shard of a direction (with ``verify``, their checksums too); return their paths
+    (sorted). Raises ArtifactError."""
     files = sorted(direction_dir(root, direction).glob(SHARD_GLOB))
     if not files:
         raise ArtifactError(f"no hidden-state shards for {direction} under {root}")
+    if verify:
+        verify_checksums(files)
     metas = {read_shard_meta(f) for f in files}
     if len(metas) != 1:
         raise ArtifactError(f"shards of {direction} under {root} disagree on their metadata: {metas}")

@@ -12,7 +12,7 @@ import sys
 
 from fastvocab import __version__
 from fastvocab.artifacts_schema.errors import ArtifactError
-from fastvocab.pipeline.errors import UserError
+from fastvocab.pipeline.errors import Interrupted, UserError
 
 # Subcommand name -> module under fastvocab.pipeline.commands (imported only when used: keeps --help fast).
 COMMANDS = {
@@ -65,6 +65,9 @@ def main(argv: list[str] | None = None) -> int:
     except (UserError, ArtifactError, FileNotFoundError, UnicodeDecodeError) as exc:
         print(f"fastvocab {args.command}: error: {exc}", file=sys.stderr)
         return 2
+    except Interrupted as exc:
+        print(f"fastvocab {args.command}: {exc}; rerun the same command to resume", file=sys.stderr)
+        return exc.exit_code
     except KeyboardInterrupt:
         print(f"fastvocab {args.command}: interrupted", file=sys.stderr)
         return 130

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from fastvocab.pipeline.errors import UserError
 
@@ -23,6 +23,16 @@ if TYPE_CHECKING:
 
 # Per-cluster active fractions are also reported at these K (Amer et al. Fig. 4).
 COMPARE_KS = (1, 3, 5)
+
+
+def parse_direction(direction: str) -> tuple[str, str]:
+    """``"en-it"`` -> ``("en", "it")``; ValueError for anything else, or a source equal to its target."""
+    src, sep, tgt = direction.partition("-")
+    if not sep or not src or not tgt or "-" in tgt or not (src + tgt).replace("_", "").isalnum():
+        raise ValueError(f"direction {direction!r} must look like 'en-it' (source-target language codes)")
+    if src == tgt:
+        raise ValueError(f"direction {direction!r}: source and target are the same language")
+    return src, tgt
 
 
 class _Strict(BaseModel):
@@ -47,6 +57,15 @@ class TranslateConfig(_Strict):
     max_input_tokens: int = Field(256, ge=1)  # longer source lines are an error, not silently cut
     length_penalty: float = 1.0
     device: str = "cpu"
+
+    @field_validator("device")
+    @classmethod
+    def _check_device(cls, value: str) -> str:
+        # the name only: the driver may have no GPU where the workers' nodes do
+        from fastvocab.pipeline.checks import check_device_name
+
+        check_device_name(value, "translate.device")
+        return value
 
     def search(self) -> SearchSettings:
         from fastvocab.tasks.translate import SearchSettings
@@ -147,6 +166,19 @@ class RunConfig(_Strict):
     mlflow_tracking_uri: str | None = None  # None: $MLFLOW_TRACKING_URI, else sqlite:///<work_dir>/mlflow.db
     mlflow_experiment: str = "fastvocab"
 
+    @field_validator("directions")
+    @classmethod
+    def _check_directions(cls, value: list[str]) -> list[str]:
+        # refused here, at load time: nothing may run (not even the corpus stage) for a bad direction
+        if not value:
+            raise ValueError("at least one direction is needed, e.g. [en-it]")
+        for direction in value:
+            parse_direction(direction)
+        dup = sorted({d for d in value if value.count(d) > 1})
+        if dup:
+            raise ValueError(f"{', '.join(dup)} listed more than once")
+        return value
+
 
 def load_config(path: str | Path | None, overrides: dict[str, object] | None = None) -> RunConfig:
     """Load a YAML config (or the defaults when ``path`` is None) and apply dotted-key overrides.
@@ -165,14 +197,36 @@ def load_config(path: str | Path | None, overrides: dict[str, object] | None = N
         if not isinstance(data, dict):
             raise UserError(f"config {path} must be a mapping at the top level")
     for key, value in (overrides or {}).items():
-        node = data
-        *parents, leaf = key.split(".")
-        for p in parents:
-            node = node.setdefault(p, {})
-        node[leaf] = value
+        _set_dotted(data, key, value, str(path or "<defaults>"))
     try:
         return RunConfig.model_validate(data)
     except ValidationError as exc:
         first = exc.errors()[0]
         loc = ".".join(str(x) for x in first["loc"])
-        raise UserError(f"config {path or '<defaults>'}: {loc}: {first['msg']}") from exc
+        msg = first["msg"].removeprefix("Value error, ")
+        raise UserError(f"config {path or '<defaults>'}: {loc}: {msg}") from exc
+
+
+def _set_dotted(data: dict, key: str, value: object, source: str) -> None:
+    """Set ``data[a][b] = value`` for ``key="a.b"``, walking the config models so that a dotted key through
+    a plain value (``work_dir.x``) or an unknown section is a one-line UserError, not a TypeError."""
+    model: type[BaseModel] = RunConfig
+    node = data
+    *parents, leaf = key.split(".")
+    if not all(part.strip() for part in key.split(".")):
+        raise UserError(f"--set {key}: empty key part")
+    for i, part in enumerate(parents):
+        where = ".".join(parents[: i + 1])
+        info = model.model_fields.get(part)
+        if info is None:
+            raise UserError(f"--set {key}: unknown config section {where!r}")
+        sub = info.annotation
+        if not (isinstance(sub, type) and issubclass(sub, BaseModel)):
+            raise UserError(f"--set {key}: {where} is a single value, not a section with keys")
+        child = node.get(part)
+        if child is None:
+            child = node[part] = {}
+        elif not isinstance(child, dict):
+            raise UserError(f"--set {key}: {where} in {source} is not a mapping")
+        node, model = child, sub
+    node[leaf] = value

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from fastvocab.artifacts_schema.errors import ArtifactError
-from fastvocab.pipeline.errors import UserError
+from fastvocab.pipeline.errors import Interrupted, UserError
 
 # An actor process that dies (OOM killer, a lost node) is restarted and its item retried once.
 MAX_RESTARTS = 1
@@ -39,12 +40,25 @@ class RaySession:
         import ray
 
         if not ray.is_initialized():
-            if self.address or os.environ.get("RAY_ADDRESS"):
-                # attaching to a cluster: its resources are its own (num_cpus may not be passed)
-                ray.init(address=self.address, log_to_driver=self.log_to_driver)
-            else:
-                ray.init(num_cpus=self.num_cpus, include_dashboard=False, log_to_driver=self.log_to_driver)
+            try:
+                if self.address or os.environ.get("RAY_ADDRESS"):
+                    # attaching to a cluster: its resources are its own (num_cpus may not be passed)
+                    ray.init(address=self.address, log_to_driver=self.log_to_driver)
+                else:
+                    ray.init(
+                        num_cpus=self.num_cpus, include_dashboard=False, log_to_driver=self.log_to_driver
+                    )
+            except SystemExit as exc:
+                # SIGTERM while Ray starts: its own handler (installed first thing in ray.init) exits
+                if exc.code == signal.SIGTERM:
+                    self._started = ray.is_initialized()
+                    raise Interrupted(signal.SIGTERM) from None
+                raise
             self._started = True
+            # ray.init replaced the SIGTERM handler with sys.exit (a native crash dump mid-call): ours back
+            from fastvocab.pipeline.signals import reinstall
+
+            reinstall()
         return ray
 
     def cpus(self) -> int:
@@ -152,4 +166,12 @@ def _user_errors() -> Iterator[None]:
         cause = getattr(exc, "cause", None)
         if isinstance(cause, USER_ERRORS):
             raise cause from None
+        raise
+    except SystemError:
+        # our SIGTERM/SIGINT handler raised while Ray's Cython code was waiting: it surfaces as this
+        from fastvocab.pipeline.signals import received
+
+        signum = received()
+        if signum is not None:
+            raise Interrupted(signum) from None
         raise

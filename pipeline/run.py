@@ -16,21 +16,32 @@ Work-dir layout::
     maps/<map>/{map.safetensors,manifest.json}          cluster maps (<map>: en-it, or to-it in target scope)
     translations/<src>-<tgt>/<method>.parquet, eval/<src>-<tgt>.json
     mlflow.db, mlartifacts/                             the MLflow store (default)
+    .fastvocab.lock                                     held while a run uses the work dir
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from fastvocab.artifacts_schema.lock import WorkDirLock
 from fastvocab.pipeline.config import RunConfig
 from fastvocab.pipeline.context import StageContext
-from fastvocab.pipeline.errors import UserError
+from fastvocab.pipeline.errors import Interrupted, UserError
 from fastvocab.pipeline.ray_session import RaySession
+from fastvocab.pipeline.signals import stop_on_signals
 from fastvocab.pipeline.stages import STAGES, stage_function
-from fastvocab.pipeline.tracking import NullTracker, StageRecord, Tracker
+from fastvocab.pipeline.tracking import (
+    NullTracker,
+    StageRecord,
+    Tracker,
+    check_tracking_uri,
+    tracking_uri,
+    uri_source,
+)
 
 log = logging.getLogger(__name__)
 
@@ -68,20 +79,65 @@ def run_pipeline(
     log_to_driver: bool = True,
     run_name: str | None = None,
 ) -> PipelineResult:
-    """Run the selected stages (default: all) in order; log a parent MLflow run and a child per record."""
+    """Run the selected stages (default: all) in order; log a parent MLflow run and a child per record.
+
+    Everything that can be refused is checked before anything is written: the stages, the tracking URI
+    (scheme, reachability), the model and the directions' languages. Then the work dir is locked (one run
+    at a time; ``artifacts_schema/lock.py``) and SIGTERM/SIGINT stop it cleanly (``pipeline/signals.py``):
+    workers stopped, the MLflow run closed as KILLED, the lock released, :class:`Interrupted` raised.
+    """
     selected = parse_stages(stages)
     t0 = time.perf_counter()
     ctx = StageContext(
         cfg, RaySession(ray_address or cfg.ray_address, cfg.ray_num_cpus, log_to_driver), progress=progress
     )
-    if tracker is None:
-        tracker = Tracker.for_work_dir(ctx.work_dir, cfg.mlflow_tracking_uri, cfg.mlflow_experiment)
-    ctx.work_dir.mkdir(parents=True, exist_ok=True)
+    if tracker is None and (cfg.mlflow_tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")):
+        check_tracking_uri(
+            tracking_uri(ctx.work_dir, cfg.mlflow_tracking_uri), uri_source(cfg.mlflow_tracking_uri)
+        )
+    ctx.model()  # the model exists and knows every direction's languages: refused before any stage runs
+
+    lock = WorkDirLock(ctx.work_dir)
+    stale = lock.acquire()
+    if stale is not None:
+        log.warning(
+            "work dir %s: taking over the lock of fastvocab %s, which is gone; its unfinished work is redone",
+            ctx.work_dir,
+            stale.describe(),
+        )
+    try:
+        with stop_on_signals():
+            if tracker is None:
+                tracker = Tracker.for_work_dir(ctx.work_dir, cfg.mlflow_tracking_uri, cfg.mlflow_experiment)
+            if stale is not None and isinstance(tracker, Tracker):
+                _close_stale_run(tracker, stale.extra)
+            return _run_stages(ctx, selected, tracker, lock, run_name, t0)
+    finally:
+        lock.release()
+
+
+def _close_stale_run(tracker: Tracker, extra: dict[str, str]) -> None:
+    """A killed (SIGKILL) run cannot close its MLflow run: the run that takes over its lock does."""
+    run_id = extra.get("mlflow_run_id")
+    if run_id and extra.get("mlflow_uri") == tracker.uri and tracker.close_stale(run_id):
+        log.warning("MLflow: run %s of the killed run closed as KILLED", run_id)
+
+
+def _run_stages(
+    ctx: StageContext,
+    selected: list[str],
+    tracker: Tracker | NullTracker,
+    lock: WorkDirLock,
+    run_name: str | None,
+    t0: float,
+) -> PipelineResult:
     tracker.start(
         run_name or f"run {time.strftime('%Y-%m-%d %H:%M:%S')}",
-        cfg.model_dump(mode="json"),
+        ctx.cfg.model_dump(mode="json"),
         {"fastvocab.stages": ",".join(selected), "fastvocab.work_dir": str(ctx.work_dir)},
     )
+    if tracker.parent_id:
+        lock.update(mlflow_run_id=tracker.parent_id, mlflow_uri=tracker.uri)
     records: list[StageRecord] = []
     status = "FAILED"
     try:
@@ -95,11 +151,13 @@ def run_pipeline(
                 tracker.log_stage(rec)
             log.debug("stage %s took %.1f s", name, time.perf_counter() - t_stage)
         status = "FINISHED"
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, Interrupted):
         status = "KILLED"
         raise
     finally:
         seconds = time.perf_counter() - t0
-        tracker.end(status, {"seconds": seconds})
-        ctx.ray.shutdown()
+        try:
+            tracker.end(status, {"seconds": seconds})
+        finally:
+            ctx.ray.shutdown()  # stops the workers (actors, tasks) of a local session
     return PipelineResult(records, tracker.parent_id, tracker.uri, seconds)

@@ -14,6 +14,8 @@ import json
 import logging
 import math
 import os
+import socket
+import sqlite3
 import subprocess
 import tempfile
 import time
@@ -23,12 +25,18 @@ from pathlib import Path
 import numpy as np
 
 from fastvocab import __version__
+from fastvocab.pipeline.errors import UserError
 
 log = logging.getLogger(__name__)
 
 DB_FILE = "mlflow.db"
 ARTIFACTS_DIR = "mlartifacts"
 TRACKING_FILES = (DB_FILE, ARTIFACTS_DIR)  # what a rerun may change in work_dir
+# Schemes of the stores MLflow can log to (``postgresql+psycopg2`` counts as postgresql).
+URI_SCHEMES = ("sqlite", "postgresql", "mysql", "mssql", "file", "http", "https", "databricks")
+CONNECT_TIMEOUT_S = 5.0  # reachability check of a tracking server, before any work
+# MLflow retries an unreachable server 7 times with backoff (about 4 minutes) per call; a run fails sooner.
+HTTP_RETRY_DEFAULTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_TIMEOUT": "30"}
 
 
 @dataclass
@@ -50,6 +58,88 @@ def tracking_uri(work_dir: Path, configured: str | None = None) -> str:
     """Config value, else ``$MLFLOW_TRACKING_URI``, else a SQLite file in the work dir."""
     uri = configured or os.environ.get("MLFLOW_TRACKING_URI")
     return uri or f"sqlite:///{(Path(work_dir) / DB_FILE).resolve()}"
+
+
+def uri_source(configured: str | None) -> str:
+    """Where the tracking URI came from, for error messages."""
+    if configured:
+        return "mlflow_tracking_uri (config)"
+    return "MLFLOW_TRACKING_URI" if os.environ.get("MLFLOW_TRACKING_URI") else "the default store"
+
+
+def check_tracking_uri(uri: str, source: str = "MLflow tracking URI") -> None:
+    """Refuse, in a second and with one line, a tracking URI MLflow cannot use: an unknown scheme, a SQLite
+    file in a missing folder, or an http(s) server that does not accept a connection within a few seconds
+    (MLflow itself would retry for minutes and then print tracebacks)."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(uri)
+    scheme = parts.scheme.split("+", 1)[0].lower()
+    if scheme == "" or (len(scheme) == 1 and os.name == "nt"):
+        return  # a plain path: a file store MLflow creates
+    if scheme not in URI_SCHEMES:
+        raise UserError(
+            f"{source}={uri}: unknown scheme {parts.scheme!r} (use sqlite:///FILE, http(s)://HOST:PORT, "
+            "postgresql://..., file:DIR)"
+        )
+    if scheme == "sqlite":
+        db = uri.split(":///", 1)[1] if ":///" in uri else ""
+        if db and db != ":memory:" and not Path(db).parent.is_dir():
+            raise UserError(f"{source}={uri}: folder {Path(db).parent} does not exist")
+    elif scheme in ("http", "https"):
+        if not parts.hostname:
+            raise UserError(f"{source}={uri}: no host name")
+        port = parts.port or (443 if scheme == "https" else 80)
+        try:
+            with socket.create_connection((parts.hostname, port), timeout=CONNECT_TIMEOUT_S):
+                pass
+        except OSError as exc:
+            reason = "timed out" if isinstance(exc, TimeoutError) else (exc.strerror or str(exc))
+            raise UserError(
+                f"{source}={uri}: MLflow tracking server not reachable ({reason}); start it, fix the URI, "
+                "or run with --no-mlflow"
+            ) from exc
+        for key, value in HTTP_RETRY_DEFAULTS.items():
+            os.environ.setdefault(key, value)
+
+
+def relocate_artifacts(db: Path, artifact_root: Path) -> str | None:
+    """Point the work dir's own MLflow store at its own ``mlartifacts``.
+
+    MLflow stores absolute artifact locations; in a copied (or moved) work dir they still name the original,
+    so new runs would write their artifacts there. Locations under another ``.../mlartifacts`` are rewritten
+    to this work dir's (runs, experiments, logged models). Returns the old root when something changed.
+    """
+    if not db.exists():
+        return None
+    want = artifact_root.resolve().as_uri()
+    suffix = "/" + ARTIFACTS_DIR
+    con = sqlite3.connect(db)
+    try:
+        tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        if "experiments" not in tables:
+            return None
+        old_roots = {
+            loc
+            for (loc,) in con.execute("SELECT artifact_location FROM experiments")
+            if loc and loc.endswith(suffix) and loc != want
+        }
+        for old in old_roots:
+            n = len(old) + 1
+            with con:
+                con.execute(
+                    "UPDATE experiments SET artifact_location=? WHERE artifact_location=?", (want, old)
+                )
+                for table, column in (("runs", "artifact_uri"), ("logged_models", "artifact_location")):
+                    if table in tables:
+                        con.execute(
+                            f"UPDATE {table} SET {column} = ? || substr({column}, ?) "
+                            f"WHERE substr({column}, 1, ?) = ? AND substr({column}, ?, 1) IN ('/', '')",
+                            (want, n, n - 1, old, n),
+                        )
+        return sorted(old_roots)[0] if old_roots else None
+    finally:
+        con.close()
 
 
 def git_commit(cwd: Path | None = None) -> str:
@@ -107,15 +197,20 @@ class Tracker:
 
     def __init__(self, uri: str, experiment: str, artifact_root: Path | None = None) -> None:
         from mlflow import MlflowClient
+        from mlflow.exceptions import MlflowException
 
         self.uri = uri
-        self.client = MlflowClient(tracking_uri=uri)
-        exp = self.client.get_experiment_by_name(experiment)
-        if exp is not None:
-            self.experiment_id = exp.experiment_id
-        else:
-            location = artifact_root.resolve().as_uri() if artifact_root is not None else None
-            self.experiment_id = self.client.create_experiment(experiment, artifact_location=location)
+        try:
+            self.client = MlflowClient(tracking_uri=uri)
+            exp = self.client.get_experiment_by_name(experiment)
+            if exp is not None:
+                self.experiment_id = exp.experiment_id
+            else:
+                location = artifact_root.resolve().as_uri() if artifact_root is not None else None
+                self.experiment_id = self.client.create_experiment(experiment, artifact_location=location)
+        except (MlflowException, OSError, ValueError) as exc:
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise UserError(f"MLflow tracking URI {uri}: {first[:300]}") from exc
         self.parent_id: str | None = None
         self.children: list[str] = []
         self._statuses: list[str] = []
@@ -130,7 +225,27 @@ class Tracker:
         )
         if local:
             Path(work_dir).mkdir(parents=True, exist_ok=True)
+            old = relocate_artifacts(Path(work_dir) / DB_FILE, Path(work_dir) / ARTIFACTS_DIR)
+            if old:
+                log.info(
+                    "MLflow: this work dir was copied or moved from %s; artifacts now go to %s",
+                    old,
+                    (Path(work_dir) / ARTIFACTS_DIR).resolve(),
+                )
+        else:
+            check_tracking_uri(uri, uri_source(configured_uri))
         return cls(uri, experiment, Path(work_dir) / ARTIFACTS_DIR if local else None)
+
+    def close_stale(self, run_id: str) -> bool:
+        """Close a parent run left RUNNING by a killed process (its lock was taken over) as KILLED."""
+        try:
+            run = self.client.get_run(run_id)
+        except Exception:  # another store, or a deleted run: nothing to close
+            return False
+        if run.info.status != "RUNNING":
+            return False
+        self.client.set_terminated(run_id, "KILLED")
+        return True
 
     def start(self, run_name: str, config: dict[str, object], tags: dict[str, str]) -> str:
         from mlflow.entities import Param

@@ -96,11 +96,9 @@ def run(args: argparse.Namespace) -> int:
             raise UserError(f"--{name.replace('_', '-')} must be positive, got {value}")
     if args.dropout is not None and not 0 <= args.dropout < 1:
         raise UserError(f"--dropout must be in [0, 1), got {args.dropout}")
-    if args.device.startswith("cuda"):
-        import torch
+    from fastvocab.pipeline.checks import check_device
 
-        if not torch.cuda.is_available():
-            raise UserError(f"--device {args.device}: no CUDA device is available")
+    check_device(args.device, "--device")
     work_dir = args.work_dir or Path("work") / "train-demo" / args.out.name
     cfg = TrainConfig(
         corpus=args.corpus,

@@ -15,9 +15,10 @@ from typing import Any
 from fastvocab.artifacts_schema.errors import ArtifactError
 from fastvocab.artifacts_schema.hidden_states import (
     ShardMeta,
-    shard_is_current,
+    remove_shard,
     shard_path,
     shard_rows,
+    shard_status,
     stale_shards,
 )
 from fastvocab.pipeline.context import StageContext
@@ -66,6 +67,7 @@ def run(ctx: StageContext) -> list[StageRecord]:
     m = ctx.model()
     plans: dict[str, list[ShardSpec]] = {}
     todo: list[ShardSpec] = []
+    corrupt: dict[str, list[str]] = {}  # direction -> shard files found corrupt and redone
     for direction in ctx.cfg.directions:
         specs = dump_specs(ctx, direction)
         if not specs:
@@ -74,13 +76,18 @@ def run(ctx: StageContext) -> list[StageRecord]:
             )
         for stale in stale_shards(ctx.states_root, direction, len(specs)):
             log.warning("removing %s: beyond the current plan of %d shards", stale, len(specs))
-            stale.unlink()
+            remove_shard(stale)
         meta = ShardMeta(model_fingerprint=m.fingerprint, d=m.d, k=cfg.k, direction=direction)
         plans[direction] = specs
         for spec in specs:
-            if not shard_is_current(
-                shard_path(ctx.states_root, direction, spec.index), meta, spec.plan(settings)
-            ):
+            path = shard_path(ctx.states_root, direction, spec.index)
+            status = shard_status(path, meta, spec.plan(settings))
+            if status.startswith("corrupt"):
+                # our own shard (it has our checksum file), damaged after it was written: redo it
+                log.warning("dump %s: %s is corrupt (%s): redoing it", direction, path, status[9:])
+                remove_shard(path)
+                corrupt.setdefault(direction, []).append(path.name)
+            if status != "current":
                 todo.append(spec)
 
     t0 = time.perf_counter()
@@ -119,6 +126,9 @@ def run(ctx: StageContext) -> list[StageRecord]:
                 StageRecord("dump", direction, "skipped", f"{len(files)} shards valid", params, metrics)
             )
             continue
+        redone = corrupt.get(direction, [])
+        if redone:
+            params["corrupt_shards_redone"] = ",".join(redone)
         written = sum(float(r["states"]) for r in ran)
         busy = sum(float(r["seconds"]) for r in ran)
         metrics.update(
@@ -134,7 +144,8 @@ def run(ctx: StageContext) -> list[StageRecord]:
                 direction,
                 "ran",
                 f"{len(ran)} of {len(files)} shards written, {int(written)} states, "
-                f"{metrics['states_per_s_per_worker']:.0f} states/s per worker",
+                f"{metrics['states_per_s_per_worker']:.0f} states/s per worker"
+                + (f"; corrupt shards redone: {', '.join(redone)}" if redone else ""),
                 params,
                 metrics,
             )

@@ -20,7 +20,7 @@ from fastvocab.pipeline.stages.dump import decode_on_workers, stream_specs
 from fastvocab.pipeline.stages.kmeans import group_files
 from fastvocab.pipeline.tracking import StageRecord
 from fastvocab.tasks.dump import ShardSpec
-from fastvocab.tasks.maps import MapParams, maps_job
+from fastvocab.tasks.maps import MapParams, map_name, maps_job
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +60,9 @@ def run(ctx: StageContext) -> list[StageRecord]:
         }
         map_dir = ctx.maps_root / name
         mf = _current_manifest(map_dir)
+        if mf is not None and mf.direction != map_name(params.scope, directions):
+            log.warning("rebuilding %s: it was built for %s", map_dir, mf.direction)
+            mf = None
         if mf is not None and _map_current(mf, params, info, m.fingerprint, extra):
             af = mf.active_fraction
             msg = f"map valid (r={mf.r}, K={mf.k}, mean active {100 * af['mean']:.2f}%)"

@@ -1,0 +1,94 @@
+"""Checks of user input that must pass before any work starts: devices, output paths, a map's direction.
+
+Each raises :class:`~fastvocab.pipeline.errors.UserError` (or ``ArtifactError`` for an artifact) with one
+line naming the input and the problem; ``pipeline/cli.py`` turns that into exit code 2.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+from fastvocab.artifacts_schema.errors import ArtifactError
+from fastvocab.pipeline.errors import UserError
+
+DEVICE_TYPES = ("cpu", "cuda", "mps")
+
+
+def check_device_name(device: str, what: str = "--device") -> str:
+    """The device type of ``device`` (cpu, cuda, cuda:N, mps), without importing torch or asking for one.
+
+    For a config read on a Ray driver that may have no GPU itself: the workers' nodes may.
+    """
+    kind, sep, index = device.partition(":")
+    if kind not in DEVICE_TYPES or (sep and not (kind == "cuda" and index.isdigit())):
+        raise UserError(f"{what} {device}: not a device this runs on (use cpu, cuda, cuda:N or mps)")
+    return kind
+
+
+def check_device(device: str, what: str = "--device") -> None:
+    """``device`` must name a device type we support and that this machine has (one line otherwise)."""
+    kind = check_device_name(device, what)
+    if kind == "cpu":
+        return
+    import torch
+
+    if kind == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            raise UserError(f"{what} {device}: no CUDA GPU is available on this machine (use --device cpu)")
+        index = int(device.partition(":")[2] or 0)
+        if index >= count:
+            raise UserError(
+                f"{what} {device}: this machine has {count} CUDA GPU(s), cuda:0..cuda:{count - 1}"
+            )
+    elif kind == "mps" and not torch.backends.mps.is_available():
+        raise UserError(
+            f"{what} {device}: no Apple MPS device is available on this machine (use --device cpu)"
+        )
+
+
+def check_output_file(path: Path, what: str = "--output") -> None:
+    """``path`` must be a file name we can create: not a folder, inside a folder we may write to.
+
+    Checked before any work, so a long translation never fails at its very end. Nothing is left behind: the
+    probe file is removed, and missing parent folders are only checked, not created.
+    """
+    path = Path(path)
+    if path.is_dir():
+        raise UserError(f"{what} {path} is a folder; give the output file's name (e.g. {path}/out.txt)")
+    parent = path.parent
+    existing = parent
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise UserError(f"{what} {path}: {existing} is not a folder")
+    if existing != parent:
+        # the writer creates the missing folders: they must be creatable here
+        if not os.access(existing, os.W_OK | os.X_OK):
+            raise UserError(f"{what} {path}: cannot create folders in {existing} (permission denied)")
+        return
+    try:
+        with tempfile.TemporaryFile(dir=parent, prefix=f".{path.name}.probe"):
+            pass
+    except OSError as exc:
+        raise UserError(f"{what} {path}: cannot write in {parent} ({exc.strerror or exc})") from exc
+
+
+def map_direction_matches(map_direction: str, src: str, tgt: str) -> bool:
+    """A map of ``en-it`` serves en->it only; a target-scope map ``*-it`` serves any source into ``it``."""
+    return map_direction in (f"{src}-{tgt}", f"*-{tgt}")
+
+
+def check_map_direction(map_dir: str | Path, src: str, tgt: str) -> None:
+    """Refuse a cluster map built for another direction (its manifest's ``direction``): its active sets
+    hold the wrong language's tokens, so decoding with it writes garbage."""
+    from fastvocab.artifacts_schema.cluster_map import load_manifest
+
+    manifest = load_manifest(map_dir)
+    if not map_direction_matches(manifest.direction, src, tgt):
+        raise ArtifactError(
+            f"cluster map {map_dir} was built for {manifest.direction}, not {src}-{tgt}: "
+            f"use the map of {src}-{tgt} (or a target-scope map *-{tgt})"
+        )
