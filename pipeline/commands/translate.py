@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from dataclasses import asdict, fields
 from pathlib import Path
 
 from fastvocab.artifacts_schema.errors import ArtifactError
@@ -144,6 +145,7 @@ def run(args: argparse.Namespace) -> int:
 
     from fastvocab.artifacts_schema.translations import write_translations
     from fastvocab.tasks.translate import (
+        SearchSettings,
         is_parquet,
         make_projection,
         read_parquet_column,
@@ -181,17 +183,15 @@ def run(args: argparse.Namespace) -> int:
             from fastvocab.decoding.int8 import quantize_projection
 
             projection = quantize_projection(projection)
+        # the flags are named as SearchSettings' fields (--beam, --batch-size, ...)
+        search = SearchSettings(**{f.name: getattr(args, f.name) for f in fields(SearchSettings)})
         result = translate(
             adapter,
             projection,
             lines,
             args.src_lang,
             args.tgt_lang,
-            beam=args.beam,
-            batch_size=args.batch_size,
-            max_len=args.max_len,
-            length_penalty=args.length_penalty,
-            max_input_tokens=args.max_input_tokens,
+            **asdict(search),
             progress=not args.no_progress,
         )
     except ArtifactError:  # a missing or mismatched cluster map: the CLI reports it as it is
