@@ -19,35 +19,16 @@ import argparse
 import json
 import logging
 import os
-import platform
 import statistics
-import subprocess
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
+from bench_meta import cpu_name, git_commit
 
 log = logging.getLogger("bench")
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def commit() -> str:
-    out = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=ROOT, capture_output=True, text=True)
-    dirty = subprocess.run(
-        ["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, capture_output=True, text=True
-    )
-    return out.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
-
-
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def load_avg() -> list[float]:
@@ -199,7 +180,7 @@ def main() -> None:
     result: dict[str, object] = {
         "benchmark": "dump throughput and faiss k-means time",
         "date": time.strftime("%Y-%m-%d"),
-        "commit": commit(),
+        "commit": git_commit(),
         "device": f"cpu: {cpu_name()}, {os.cpu_count()} cores",
         "load_average_at_start": load_avg(),
         "quick": args.quick,

@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_projection import device_name, git_commit
+from bench_meta import device_name, git_commit
 
 from fastvocab.artifacts_schema.cluster_map import resolve_map_dir
 from fastvocab.artifacts_schema.corpus import read_direction

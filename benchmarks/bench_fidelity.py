@@ -33,14 +33,13 @@ import argparse
 import datetime as dt
 import json
 import os
-import platform
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import torch
+from bench_meta import device_name, git_commit
 
 from fastvocab.artifacts_schema.cluster_map import load_cluster_map, resolve_map_dir
 from fastvocab.artifacts_schema.corpus import read_direction
@@ -58,28 +57,6 @@ GRIDS = {"quick": ([1, 4], [32]), "full": ([1, 2, 4, 5], [1, 32])}
 # Scores are float32 sums: a differing output counts as a search error only when it is worse by more than
 # rounding (and as "better" only when better by more than rounding).
 SCORE_TOL = 1e-5
-
-
-def git_commit() -> str:
-    try:
-        head = subprocess.run(
-            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True, cwd=ROOT
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no", "--", "kernels", "decoding"],
-            capture_output=True,
-            text=True,
-            cwd=ROOT,
-        ).stdout.strip()
-        return head + ("+dirty" if dirty else "")
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-
-
-def device_name(device: str) -> str:
-    if device.startswith("cuda"):
-        return torch.cuda.get_device_name(torch.device(device))
-    return platform.processor() or platform.machine()
 
 
 def method_options(method: str, beam: int, selection: str, maps: object) -> dict:
@@ -318,7 +295,7 @@ def main(argv: list[str] | None = None) -> int:
         "benchmark": "fidelity",
         "command": " ".join([".venv/bin/python", "benchmarks/bench_fidelity.py", *(argv or sys.argv[1:])]),
         "meta": {
-            "commit": git_commit(),
+            "commit": git_commit("kernels", "decoding"),
             "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
             "device": device_name(args.device),
             "torch": torch.__version__,

@@ -28,7 +28,6 @@ import argparse
 import datetime as dt
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -38,35 +37,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
+from bench_meta import cpu_name, git_commit
+
+from fastvocab.tasks.evaluate import score, search_error_rate
 
 RESULTS = Path(__file__).resolve().parent / "results"
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def git_commit() -> str:
-    try:
-        head = subprocess.run(
-            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True, cwd=ROOT
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--", "decoding", "kernels", "benchmarks/bench_peer.py"],
-            capture_output=True,
-            text=True,
-            cwd=ROOT,
-        ).stdout.strip()
-        return head + ("+dirty" if dirty else "")
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-
-
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "cpu"
 
 
 def load_lines(args) -> tuple[list[str], list[str] | None, str]:
@@ -217,20 +193,14 @@ def build_systems(args) -> tuple[dict[str, Callable], dict]:
 
 
 def bleu_chrf(hyps: list[str], refs: list[str]) -> dict:
-    import sacrebleu
-
-    bleu = sacrebleu.metrics.BLEU()
-    chrf = sacrebleu.metrics.CHRF()
+    """BLEU and chrF (``tasks.evaluate.score``), rounded for the table, with their sacrebleu signatures."""
+    s = score(hyps, refs)
     return {
-        "bleu": round(bleu.corpus_score(hyps, [refs]).score, 2),
-        "chrf": round(chrf.corpus_score(hyps, [refs]).score, 2),
-        "bleu_signature": str(bleu.get_signature()),
-        "chrf_signature": str(chrf.get_signature()),
+        "bleu": round(s["bleu"], 2),
+        "chrf": round(s["chrf"], 2),
+        "bleu_signature": s["signatures"]["bleu"],
+        "chrf_signature": s["signatures"]["chrf"],
     }
-
-
-def changed(a: list[str], b: list[str]) -> float:
-    return sum(x != y for x, y in zip(a, b, strict=True)) / max(1, len(a))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -269,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
     result: dict = {
         "benchmark": "bench_peer",
         "date": dt.datetime.now().isoformat(timespec="seconds"),
-        "commit": git_commit(),
+        "commit": git_commit("decoding", "kernels", "benchmarks/bench_peer.py"),
         "command": " ".join([".venv/bin/python", "benchmarks/bench_peer.py", *(argv or sys.argv[1:])]),
         "device": f"{cpu_name()} ({os.cpu_count()} cores visible)",
         "threads": args.threads,
@@ -305,11 +275,11 @@ def main(argv: list[str] | None = None) -> int:
             row: dict = {
                 "seconds_median": round(statistics.median(times[name]), 4),
                 "seconds": [round(t, 4) for t in times[name]],
-                "lines_changed_vs_fastvocab_full_fp32": round(changed(base, outputs[name]), 4),
+                "lines_changed_vs_fastvocab_full_fp32": round(search_error_rate(outputs[name], base), 4),
             }
             if "int8" in name:
                 twin = name.replace("int8", "fp32" if name.startswith("fastvocab") else "float32")
-                row["lines_changed_by_int8"] = round(changed(outputs[twin], outputs[name]), 4)
+                row["lines_changed_by_int8"] = round(search_error_rate(outputs[name], outputs[twin]), 4)
             for peer in ("ct2 float32", "ct2 int8"):
                 if peer in times:
                     ratios = [c / t for c, t in zip(times[peer], times[name], strict=True)]

@@ -28,7 +28,6 @@ import json
 import math
 import platform
 import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -36,6 +35,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from bench_meta import device_name, git_commit
 
 from fastvocab.artifacts_schema.cluster_map import ClusterMap, MapManifest, active_fraction_stats
 from fastvocab.artifacts_schema.fingerprint import projection_fingerprint
@@ -152,29 +152,6 @@ def peak_gbps(device_name: str, override: float | None) -> tuple[float | None, s
         if key in device_name:
             return value, f"nominal for {key}"
     return None, "unknown device: pass --peak-gbps"
-
-
-def git_commit() -> str:
-    try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True)
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--", "kernels"], capture_output=True, text=True
-        )
-        return out.stdout.strip() + ("+dirty-kernels" if dirty.stdout.strip() else "")
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-
-
-def device_name(device: str) -> str:
-    if device.startswith("cuda"):
-        return torch.cuda.get_device_name(torch.device(device))
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip() + f" ({torch.get_num_threads()} threads)"
-    except OSError:
-        pass
-    return platform.processor() or "cpu"
 
 
 # ------------------------------------------------------------------------------------------- one size

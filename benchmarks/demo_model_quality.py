@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 
 import torch
+from bench_meta import git_commit
 
 from fastvocab.artifacts_schema.corpus import available_pairs, read_direction
 from fastvocab.tasks.train_demo import TEST_SCORES_MARKER, load_saved_model, translate
@@ -34,18 +35,6 @@ ROOT = Path(__file__).resolve().parent.parent
 FASTVOCAB = str(Path(sys.executable).with_name("fastvocab"))
 MAIN = ["en-it", "it-en", "en-fr", "fr-en", "en-de", "de-en"]
 EXTRA = ["en-es", "es-en", "en-pt", "pt-en"]
-
-
-def git_commit() -> str:
-    out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=False)
-    dirty = subprocess.run(
-        ["git", "status", "--porcelain", "--", "models/demo"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    return out.stdout.strip() + ("+uncommitted-model" if dirty.stdout.strip() else "")
 
 
 def model_languages(model_dir: Path) -> set[str]:
@@ -160,7 +149,7 @@ def main() -> int:
         directions = [d for d in MAIN + EXTRA if d in pairs and set(d.split("-")) <= langs]
     result: dict = {
         "model": str(args.model.relative_to(ROOT) if args.model.is_absolute() else args.model),
-        "commit": git_commit(),
+        "commit": git_commit("models/demo"),
         "date": dt.date.today().isoformat(),
         "device": f"CPU ({platform.machine()}), 2 torch threads, shared with other jobs",
         "dtype": "float32",
