@@ -46,4 +46,3 @@ class ModelRef:
     fingerprint: str
     d: int
     n_vocab: int
-    languages: tuple[str, ...] = ()

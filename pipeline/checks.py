@@ -9,9 +9,13 @@ from __future__ import annotations
 import os
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from fastvocab.artifacts_schema.errors import ArtifactError
 from fastvocab.pipeline.errors import UserError
+
+if TYPE_CHECKING:
+    from fastvocab.artifacts_schema.cluster_map import MapManifest
 
 DEVICE_TYPES = ("cpu", "cuda", "mps")
 
@@ -81,14 +85,16 @@ def map_direction_matches(map_direction: str, src: str, tgt: str) -> bool:
     return map_direction in (f"{src}-{tgt}", f"*-{tgt}")
 
 
-def check_map_direction(map_dir: str | Path, src: str, tgt: str) -> None:
-    """Refuse a cluster map built for another direction (its manifest's ``direction``): its active sets
-    hold the wrong language's tokens, so decoding with it writes garbage."""
+def check_map_direction(map_dir: str | Path, src: str, tgt: str, fix: str | None = None) -> MapManifest:
+    """The map's manifest; a map built for another direction (its manifest's ``direction``) is refused: its
+    active sets hold the wrong language's tokens, so decoding with it writes garbage. ``fix`` replaces the
+    default advice in the message."""
     from fastvocab.artifacts_schema.cluster_map import load_manifest
 
     manifest = load_manifest(map_dir)
     if not map_direction_matches(manifest.direction, src, tgt):
+        fix = fix or f"use the map of {src}-{tgt} (or a target-scope map *-{tgt})"
         raise ArtifactError(
-            f"cluster map {map_dir} was built for {manifest.direction}, not {src}-{tgt}: "
-            f"use the map of {src}-{tgt} (or a target-scope map *-{tgt})"
+            f"cluster map {map_dir} was built for {manifest.direction}, not {src}-{tgt}: {fix}"
         )
+    return manifest

@@ -76,5 +76,4 @@ def describe_model(path: str | Path, languages: tuple[str, ...] = ()) -> ModelRe
         fingerprint=adapter.fingerprint,
         d=int(adapter.d_model),
         n_vocab=int(adapter.n_vocab),
-        languages=tuple(adapter.languages),
     )

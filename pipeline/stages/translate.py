@@ -10,13 +10,13 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from fastvocab.artifacts_schema.cluster_map import MANIFEST_FILE, load_manifest, map_dir_name
+from fastvocab.artifacts_schema.cluster_map import MANIFEST_FILE, REBUILD_HINT, map_dir_name
 from fastvocab.artifacts_schema.corpus import read_direction
 from fastvocab.artifacts_schema.digest import text_digest
 from fastvocab.artifacts_schema.errors import ArtifactError
 from fastvocab.artifacts_schema.jsonfile import read_json
 from fastvocab.artifacts_schema.translations import sidecar_path
-from fastvocab.pipeline.checks import map_direction_matches
+from fastvocab.pipeline.checks import check_map_direction
 from fastvocab.pipeline.context import StageContext
 from fastvocab.pipeline.tracking import StageRecord
 from fastvocab.tasks.workers import MethodJob, TranslateJob, TranslateWorker
@@ -62,13 +62,8 @@ def _method_plan(
         if not (map_dir / MANIFEST_FILE).exists():
             return f"no cluster map at {map_dir} (run the maps stage)"
         options = {"cluster_map": str(map_dir), "selection": t.selection}
-        manifest = load_manifest(map_dir)
-        if not map_direction_matches(manifest.direction, src, tgt):
-            # a map of another direction (copied into place) decodes with the wrong language's tokens
-            raise ArtifactError(
-                f"cluster map {map_dir} was built for {manifest.direction}, not {direction}: rebuild it with "
-                "`fastvocab run CONFIG --stages kmeans,maps`"
-            )
+        # a map of another direction (copied into place) would decode with the wrong language's tokens
+        manifest = check_map_direction(map_dir, src, tgt, fix=REBUILD_HINT)
         # the manifest names the map's tensors by their digest: no need to read and hash them here
         prov.update(map=map_dir.name, map_digest=manifest.tensors_digest, selection=t.selection)
     elif method != "full":
