@@ -46,3 +46,42 @@ def tiny_model_dir(tmp_path_factory) -> Path:
     model.save_pretrained(out)
     tok.save_pretrained(out)
     return out
+
+
+def write_en_it_split(corpus_dir: Path, split: str, n: int, seed: int) -> Path:
+    """``n`` synthetic en-it pairs as ``<corpus_dir>/en-it/<split>.parquet`` (the corpus layout)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from fastvocab.artifacts_schema.corpus import CORPUS_SCHEMA, split_path
+
+    path = split_path(corpus_dir, "en", "it", split)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    table = pa.table(
+        {
+            "id": list(range(n)),
+            "doc_id": [f"d{i}" for i in range(n)],
+            "text1": synthetic_sentences("en", n, seed=seed),
+            "text2": synthetic_sentences("it", n, seed=seed),
+        },
+        schema=CORPUS_SCHEMA,
+    )
+    pq.write_table(table, path)
+    return path
+
+
+def generate_ids(adapter, batch: dict, tgt: str, max_len: int, **kw) -> list[list[int]]:
+    """``model.generate`` output with the forced prefix, EOS and padding removed (the search's reference)."""
+    prefix = adapter.start_tokens(tgt)
+    out = adapter.model.generate(
+        **batch,
+        forced_bos_token_id=prefix[1],
+        do_sample=False,
+        max_new_tokens=max_len + len(prefix) - 1,
+        **kw,
+    )
+    rows = []
+    for row in out.tolist():
+        row = row[len(prefix) :]
+        rows.append(row[: row.index(adapter.eos_id)] if adapter.eos_id in row else row)
+    return rows

@@ -25,7 +25,7 @@ from fastvocab.kernels import create_projection
 from fastvocab.kernels.clustered import ClusteredProjection
 from fastvocab.kernels.clustered_ops import merged_csr
 from fastvocab.tasks.maps import assign, build_active_sets, centroid_sq_norms
-from tests.conftest import synthetic_sentences
+from tests.conftest import synthetic_sentences, write_en_it_split
 
 # --------------------------------------------------------------------------------------------------- helpers
 
@@ -595,18 +595,7 @@ def test_bench_projection_runs_and_records(tmp_path):
 def test_bench_e2e_runs_on_the_tiny_model(tmp_path, tiny_model_dir, sampled_map):
     import json
 
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    from fastvocab.artifacts_schema.corpus import CORPUS_SCHEMA
-
-    (tmp_path / "corpus" / "en-it").mkdir(parents=True)
-    en, it = synthetic_sentences("en", 6, seed=5), synthetic_sentences("it", 6, seed=5)
-    table = pa.Table.from_pydict(
-        {"id": list(range(6)), "doc_id": [str(i) for i in range(6)], "text1": en, "text2": it},
-        schema=CORPUS_SCHEMA,
-    )
-    pq.write_table(table, tmp_path / "corpus" / "en-it" / "test.parquet")
+    write_en_it_split(tmp_path / "corpus", "test", 6, seed=5)
     save_cluster_map(sampled_map, tmp_path / "maps" / "en-it")
     out = tmp_path / "e2e.json"
     argv = [

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import synthetic_sentences
+from conftest import generate_ids, synthetic_sentences
 
 from fastvocab.decoding import Seq2SeqAdapter, beam_search, greedy_search, search
 from fastvocab.decoding.engine import StaticDecoder, StaticState
@@ -43,23 +43,6 @@ def demo() -> Seq2SeqAdapter:
     if not (DEMO_MODEL / "config.json").exists():
         pytest.skip("models/demo is not built yet")
     return Seq2SeqAdapter.load(DEMO_MODEL)
-
-
-def _generate(adapter, batch, tgt, max_len, **kw) -> list[list[int]]:
-    """``model.generate`` output with the forced prefix, EOS and padding removed."""
-    prefix = adapter.start_tokens(tgt)
-    out = adapter.model.generate(
-        **batch,
-        forced_bos_token_id=prefix[1],
-        do_sample=False,
-        max_new_tokens=max_len + len(prefix) - 1,
-        **kw,
-    )
-    rows = []
-    for row in out.tolist():
-        row = row[len(prefix) :]
-        rows.append(row[: row.index(adapter.eos_id)] if adapter.eos_id in row else row)
-    return rows
 
 
 def _steps(adapter: Seq2SeqAdapter, batch: dict, tokens: torch.Tensor) -> torch.Tensor:
@@ -116,10 +99,10 @@ def test_reorder_with_and_without_groups(static, hf):
 def test_tiny_greedy_and_beam_equal_generate(static, src, tgt):
     full = create_projection("full", static.output_weight, static.output_bias)
     batch = static.encode_texts(synthetic_sentences(src, 7, seed=6), src)
-    assert greedy_search(static, full, batch, src, tgt, max_len=10) == _generate(static, batch, tgt, 10)
+    assert greedy_search(static, full, batch, src, tgt, max_len=10) == generate_ids(static, batch, tgt, 10)
     for beam in (2, 4):
         ours = beam_search(static, full, batch, src, tgt, beam=beam, max_len=10)
-        assert ours == _generate(static, batch, tgt, 10, num_beams=beam, early_stopping=False)
+        assert ours == generate_ids(static, batch, tgt, 10, num_beams=beam, early_stopping=False)
 
 
 @pytest.mark.parametrize(("src", "tgt"), [("en", "it"), ("en", "de")])
@@ -127,10 +110,10 @@ def test_demo_greedy_and_beam_equal_generate(demo, src, tgt):
     full = create_projection("full", demo.output_weight, demo.output_bias)
     batch = demo.encode_texts(DEMO_SOURCES, src)
     greedy = greedy_search(demo, full, batch, src, tgt, max_len=48)
-    assert greedy == _generate(demo, batch, tgt, 48, num_beams=1)
+    assert greedy == generate_ids(demo, batch, tgt, 48, num_beams=1)
     assert any(len(s) < 48 for s in greedy)  # sentences end by themselves: finished rows leave the batch
     ours = beam_search(demo, full, batch, src, tgt, beam=4, max_len=48)
-    assert ours == _generate(demo, batch, tgt, 48, num_beams=4, early_stopping=False)
+    assert ours == generate_ids(demo, batch, tgt, 48, num_beams=4, early_stopping=False)
 
 
 @pytest.mark.parametrize("fraction", [0.0, 0.5, 1.0])

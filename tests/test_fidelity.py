@@ -12,7 +12,7 @@ import torch
 
 from fastvocab.kernels import clustered_ops as ops
 from fastvocab.kernels import create_projection
-from tests.conftest import synthetic_sentences
+from tests.conftest import synthetic_sentences, write_en_it_split
 from tests.test_clustered import (
     SELECTIONS,
     decode,
@@ -288,19 +288,9 @@ def test_bench_fidelity_runs_on_the_tiny_model(tmp_path, tiny_model_dir, mixed_m
     import sys
     from pathlib import Path
 
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
     from fastvocab.artifacts_schema.cluster_map import save_cluster_map
-    from fastvocab.artifacts_schema.corpus import CORPUS_SCHEMA
 
-    (tmp_path / "corpus" / "en-it").mkdir(parents=True)
-    en, it = synthetic_sentences("en", 5, seed=5), synthetic_sentences("it", 5, seed=5)
-    table = pa.Table.from_pydict(
-        {"id": list(range(5)), "doc_id": [str(i) for i in range(5)], "text1": en, "text2": it},
-        schema=CORPUS_SCHEMA,
-    )
-    pq.write_table(table, tmp_path / "corpus" / "en-it" / "test.parquet")
+    write_en_it_split(tmp_path / "corpus", "test", 5, seed=5)
     save_cluster_map(mixed_map, tmp_path / "maps" / "en-it")
     out = tmp_path / "fidelity.json"
     script = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_fidelity.py"

@@ -14,20 +14,18 @@ import shutil
 from pathlib import Path
 
 import numpy as np
-import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import pytest
 import yaml
 
 from fastvocab.artifacts_schema.cluster_map import load_cluster_map
-from fastvocab.artifacts_schema.corpus import CORPUS_SCHEMA, split_path
 from fastvocab.artifacts_schema.hidden_states import validate_direction
 from fastvocab.pipeline.cli import main
 from fastvocab.pipeline.config import load_config
 from fastvocab.pipeline.run import run_pipeline
 from fastvocab.pipeline.tracking import TRACKING_FILES
-from tests.conftest import synthetic_sentences
+from tests.conftest import write_en_it_split
 
 DIRECTIONS = ["en-it", "it-en"]
 STAGES = "corpus,dump,kmeans,maps,translate,evaluate"
@@ -66,19 +64,7 @@ def setup(tmp_path_factory, tiny_model_dir, ray_session):
 
 def _first_run(tmp_path_factory, tiny_model_dir):
     root = tmp_path_factory.mktemp("pipeline")
-    n = 60
-    path = split_path(root / "corpus", "en", "it", "train")
-    path.parent.mkdir(parents=True)
-    table = pa.table(
-        {
-            "id": list(range(n)),
-            "doc_id": [f"d{i}" for i in range(n)],
-            "text1": synthetic_sentences("en", n, seed=1),
-            "text2": synthetic_sentences("it", n, seed=1),
-        },
-        schema=CORPUS_SCHEMA,
-    )
-    pq.write_table(table, path)
+    write_en_it_split(root / "corpus", "train", 60, seed=1)
     cfg = {
         "work_dir": str(root / "work"),
         "model": str(tiny_model_dir),

@@ -18,13 +18,10 @@ import time
 from pathlib import Path
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 import yaml
 
 from fastvocab.artifacts_schema.cluster_map import ClusterMap, MapManifest, save_cluster_map
-from fastvocab.artifacts_schema.corpus import CORPUS_SCHEMA, split_path
 from fastvocab.artifacts_schema.errors import ArtifactError
 from fastvocab.artifacts_schema.hidden_states import (
     ShardMeta,
@@ -39,7 +36,7 @@ from fastvocab.artifacts_schema.hidden_states import (
 from fastvocab.artifacts_schema.lock import LOCK_FILE, WorkDirBusy, WorkDirLock, read_lock
 from fastvocab.pipeline.cli import main
 from fastvocab.pipeline.errors import Interrupted
-from tests.conftest import synthetic_sentences
+from tests.conftest import write_en_it_split
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -58,18 +55,7 @@ def _error_lines(err: str) -> list[str]:
 
 
 def _write_corpus(root: Path, n: int = 40) -> Path:
-    path = split_path(root, "en", "it", "train")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    table = pa.table(
-        {
-            "id": list(range(n)),
-            "doc_id": [f"d{i}" for i in range(n)],
-            "text1": synthetic_sentences("en", n, seed=1),
-            "text2": synthetic_sentences("it", n, seed=1),
-        },
-        schema=CORPUS_SCHEMA,
-    )
-    pq.write_table(table, path)
+    write_en_it_split(root, "train", n, seed=1)
     return root
 
 

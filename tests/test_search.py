@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import TINY_ARCH, synthetic_sentences
+from conftest import TINY_ARCH, generate_ids, synthetic_sentences
 
 from fastvocab.decoding import Seq2SeqAdapter, StepRecord, beam_search, greedy_search
 from fastvocab.kernels import create_projection
@@ -120,23 +120,6 @@ def full(adapter) -> Projection:
     return create_projection("full", adapter.output_weight, adapter.output_bias)
 
 
-def _generate(adapter, batch, tgt, max_len, **kw) -> list[list[int]]:
-    """``model.generate`` output with the forced prefix, EOS and padding removed."""
-    prefix = adapter.start_tokens(tgt)
-    out = adapter.model.generate(
-        **batch,
-        forced_bos_token_id=prefix[1],
-        do_sample=False,
-        max_new_tokens=max_len + len(prefix) - 1,
-        **kw,
-    )
-    rows = []
-    for row in out.tolist():
-        row = row[len(prefix) :]
-        rows.append(row[: row.index(adapter.eos_id)] if adapter.eos_id in row else row)
-    return rows
-
-
 def _sources(src: str, n: int = 12) -> list[str]:
     return synthetic_sentences(src, n, seed=5)
 
@@ -146,7 +129,7 @@ def test_greedy_equals_generate(adapter, full, src, tgt):
     batch = adapter.encode_texts(_sources(src), src)
     assert len(set(batch["attention_mask"].sum(1).tolist())) > 3  # varied input lengths (padding in play)
     ours = greedy_search(adapter, full, batch, src, tgt, max_len=MAX_LEN)
-    ref = _generate(adapter, batch, tgt, MAX_LEN, num_beams=1)
+    ref = generate_ids(adapter, batch, tgt, MAX_LEN, num_beams=1)
     assert ours == ref
     lengths = [len(s) for s in ours]
     assert len(set(lengths)) >= 3 and min(lengths) < MAX_LEN  # EOS at different steps: row dropping used
@@ -157,7 +140,9 @@ def test_beam_equals_generate(adapter, full, beam, lp):
     for src, tgt in DIRECTIONS[:2]:
         batch = adapter.encode_texts(_sources(src), src)
         ours = beam_search(adapter, full, batch, src, tgt, beam=beam, max_len=MAX_LEN, length_penalty=lp)
-        ref = _generate(adapter, batch, tgt, MAX_LEN, num_beams=beam, length_penalty=lp, early_stopping=False)
+        ref = generate_ids(
+            adapter, batch, tgt, MAX_LEN, num_beams=beam, length_penalty=lp, early_stopping=False
+        )
         assert ours == ref, (src, tgt)
 
 
@@ -166,7 +151,7 @@ def test_beam_early_stopping_equals_generate(adapter, full):
         batch = adapter.encode_texts(_sources(src), src)
         kw = dict(beam=4, max_len=MAX_LEN, length_penalty=1.0)
         ours = beam_search(adapter, full, batch, src, tgt, early_stopping=True, **kw)
-        assert ours == _generate(adapter, batch, tgt, MAX_LEN, num_beams=4, early_stopping=True)
+        assert ours == generate_ids(adapter, batch, tgt, MAX_LEN, num_beams=4, early_stopping=True)
 
 
 def test_beam_one_equals_greedy(adapter, full):
@@ -366,7 +351,7 @@ def test_demo_model_greedy_equals_generate(src, tgt):
     texts = [t for t in DEMO_SOURCES[src] if t]
     batch = demo.encode_texts(texts, src)
     ours = greedy_search(demo, proj, batch, src, tgt, max_len=48)
-    assert ours == _generate(demo, batch, tgt, 48, num_beams=1)
+    assert ours == generate_ids(demo, batch, tgt, 48, num_beams=1)
     assert all(ours) and any(len(s) < 48 for s in ours)  # a trained model stops by itself
 
 
