@@ -72,7 +72,7 @@ def _import_builtin_methods() -> None:
     # Importing the modules runs their @register decorators.
     import importlib
 
-    for mod in ("full", "clustered"):
+    for mod in ("full", "clustered", "lsh", "shortlist", "graph"):
         try:
             importlib.import_module(f"fastvocab.kernels.{mod}")
         except ModuleNotFoundError as exc:

@@ -1,0 +1,162 @@
+"""Offline artifacts of the vocabulary-selection methods besides clustering: LSH codes, shortlists, graphs.
+
+One folder per artifact::
+
+    <dir>/index.safetensors   the method's arrays (names chosen by the method; a serialized Faiss or hnswlib
+                              index is stored as a uint8 array)
+    <dir>/manifest.json       schema version, method, model fingerprint, N, d, direction, the method's
+                              parameters, the digest of index.safetensors, build time, ...
+
+``direction`` is ``"en-it"`` for an artifact learned from one direction (a lexical shortlist) and ``"*"``
+for one that depends on the output layer only (LSH codes, a graph over W), which serves every direction.
+Loading checks the schema version, the method, the tensors' digest and, when given, the model fingerprint
+and the direction, so an artifact is never used for a model or direction it was not built for.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from fastvocab import __version__
+from fastvocab.artifacts_schema.atomic import atomic_path
+from fastvocab.artifacts_schema.digest import digest
+from fastvocab.artifacts_schema.errors import ArtifactError
+from fastvocab.artifacts_schema.jsonfile import require_json, write_json
+
+INDEX_SCHEMA_VERSION = 1
+ANY_DIRECTION = "*"
+TENSORS_FILE = "index.safetensors"
+MANIFEST_FILE = "manifest.json"
+
+
+@dataclass
+class IndexManifest:
+    method: str  # the registered output-layer method that reads it: "lsh", "shortlist", "graph"
+    model_fingerprint: str
+    direction: str  # "en-it", or ANY_DIRECTION for an artifact built from the output layer alone
+    n_vocab: int
+    d: int
+    params: dict[str, object] = field(default_factory=dict)  # what the method was built with (k, bits, M...)
+    build_seconds: float = 0.0
+    extra: dict[str, object] = field(default_factory=dict)  # statistics worth reading (sizes, coverage)
+    tensors_digest: str = ""  # digest of index.safetensors, set when saved
+    schema_version: int = INDEX_SCHEMA_VERSION
+    fastvocab_version: str = __version__
+    created: str = field(default_factory=lambda: time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+
+
+@dataclass
+class MethodIndex:
+    manifest: IndexManifest
+    tensors: dict[str, np.ndarray]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(int(a.nbytes) for a in self.tensors.values())
+
+
+def save_method_index(index: MethodIndex, out_dir: str | Path) -> Path:
+    """Write the folder atomically (tensors and manifest appear together or not at all)."""
+    from safetensors.numpy import save
+
+    if not index.tensors:
+        raise ValueError(f"a {index.manifest.method} index needs at least one array")
+    data = save({name: np.ascontiguousarray(a) for name, a in index.tensors.items()})
+    index.manifest.tensors_digest = digest(data)
+    out_dir = Path(out_dir)
+    with atomic_path(out_dir) as tmp:
+        tmp.mkdir()
+        (tmp / TENSORS_FILE).write_bytes(data)
+        write_json(tmp / MANIFEST_FILE, asdict(index.manifest))
+    return out_dir
+
+
+def load_index_manifest(index_dir: str | Path) -> IndexManifest:
+    """An artifact's manifest; ArtifactError for a missing, corrupt or other-version one."""
+    path = Path(index_dir) / MANIFEST_FILE
+    data = require_json(
+        path, "method-index manifest", f"no method index at {index_dir} (missing {MANIFEST_FILE})"
+    )
+    version = data.get("schema_version")
+    if version != INDEX_SCHEMA_VERSION:
+        raise ArtifactError(
+            f"method index {index_dir} has schema version {version}, this fastvocab reads version "
+            f"{INDEX_SCHEMA_VERSION}: rebuild it"
+        )
+    try:
+        return IndexManifest(**data)
+    except TypeError as exc:
+        raise ArtifactError(f"corrupt method-index manifest {path}: {exc}") from exc
+
+
+def load_method_index(
+    index_dir: str | Path,
+    method: str,
+    *,
+    expect_fingerprint: str | None = None,
+    direction: str | None = None,
+    required: tuple[str, ...] = (),
+) -> MethodIndex:
+    """Load and check an artifact for ``method``; refuse one built for another model, method or direction.
+
+    ``direction`` ("en-it"): the direction it will serve; an artifact built for every direction (``"*"``)
+    serves any. ``required``: array names the method reads (a missing one is an ArtifactError).
+    """
+    from safetensors import SafetensorError
+    from safetensors.numpy import load
+
+    index_dir = Path(index_dir)
+    m = load_index_manifest(index_dir)
+    if m.method != method:
+        raise ArtifactError(f"{index_dir} is a {m.method!r} index, not a {method!r} index")
+    if expect_fingerprint is not None and m.model_fingerprint != expect_fingerprint:
+        raise ArtifactError(
+            f"{method} index {index_dir} was built for model {m.model_fingerprint}, "
+            f"but the loaded model is {expect_fingerprint}"
+        )
+    if direction is not None and m.direction not in (ANY_DIRECTION, direction):
+        raise ArtifactError(f"{method} index {index_dir} was built for {m.direction}, not for {direction}")
+    try:
+        data = (index_dir / TENSORS_FILE).read_bytes()
+        if digest(data) != m.tensors_digest:
+            raise ArtifactError(
+                f"corrupt {method} index {index_dir}: {TENSORS_FILE} does not match its manifest digest"
+            )
+        tensors = load(data)
+    except (OSError, SafetensorError) as exc:
+        raise ArtifactError(f"corrupt {method} index tensors in {index_dir}: {exc}") from exc
+    missing = [name for name in required if name not in tensors]
+    if missing:
+        raise ArtifactError(f"{method} index {index_dir} lacks array(s) {', '.join(missing)}")
+    return MethodIndex(m, dict(tensors))
+
+
+def new_index(
+    method: str,
+    *,
+    model_fingerprint: str,
+    direction: str,
+    n_vocab: int,
+    d: int,
+    params: Mapping[str, object],
+    tensors: Mapping[str, np.ndarray],
+    build_seconds: float = 0.0,
+    extra: Mapping[str, object] | None = None,
+) -> MethodIndex:
+    """A :class:`MethodIndex` ready for :func:`save_method_index` (keyword arguments, so call sites read)."""
+    manifest = IndexManifest(
+        method=method,
+        model_fingerprint=model_fingerprint,
+        direction=direction,
+        n_vocab=n_vocab,
+        d=d,
+        params=dict(params),
+        build_seconds=float(build_seconds),
+        extra=dict(extra or {}),
+    )
+    return MethodIndex(manifest, dict(tensors))
