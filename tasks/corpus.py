@@ -21,10 +21,11 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -51,9 +52,9 @@ __all__ = [
     "deduplicate",
     "import_mono",
     "import_parallel",
+    "iter_parallel_parquet",
+    "iter_parallel_tsv",
     "pair_descriptions",
-    "read_parallel_parquet",
-    "read_parallel_tsv",
     "split_rows",
 ]
 
@@ -126,46 +127,136 @@ def deduplicate(rows: Iterable[Row]) -> list[Row]:
     return kept
 
 
-def _doc_rank(seed: int, doc_id: str) -> bytes:
-    # SHA-256, not hash(): Python's str hash is salted per process.
-    return hashlib.sha256(f"{seed}\x00{doc_id}".encode()).digest()
+def _doc_rank(seed: int, doc_id: str) -> int:
+    """A document's place in the split order: the first 8 bytes of a seeded SHA-256 of its id (big-endian,
+    so the number orders as the bytes do). SHA-256, not hash(): Python's str hash is salted per process."""
+    return int.from_bytes(hashlib.sha256(f"{seed}\x00{doc_id}".encode()).digest()[:8], "big")
+
+
+def _line_key(text: str) -> int:
+    """64-bit digest of a text: the de-duplication index holds 8 bytes a row, not the text.
+
+    Two distinct texts share a key with probability ~n^2 / 2^65 (about 1e-5 at 20M rows); the later one is
+    then dropped as a duplicate.
+    """
+    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little")
+
+
+def _first_occurrences(keys: np.ndarray, skip: np.ndarray | None = None) -> np.ndarray:
+    """True at the first index of every distinct key (indices where ``skip`` is True never count)."""
+    candidates = np.arange(len(keys)) if skip is None else np.flatnonzero(~skip)
+    _, first = np.unique(keys[candidates], return_index=True)  # first occurrence of each key
+    keep = np.zeros(len(keys), dtype=bool)
+    keep[candidates[first]] = True
+    return keep
+
+
+RowSource = Callable[[], Iterable[Row]]  # yields the same rows, in id order, every time it is called
+
+
+@dataclass
+class _SplitPlan:
+    """What the split decided after the index pass: held-out rows in memory (bounded by their sizes), and
+    the per-row index (9 bytes a row) that lets the train rows stream past."""
+
+    keep: np.ndarray  # (n,) bool: first copy of its (text1, text2)
+    doc: np.ndarray  # (n,) uint64: the row's document, as its rank
+    held_out_doc: np.ndarray  # (n,) bool: row's document went to test or dev
+    held_texts: set[str]
+    rows: dict[str, list[Row]]  # "test", "dev"
+    stats: dict[str, int]
+
+
+def _plan_split(rows: RowSource, *, dev_size: int, test_size: int, seed: int) -> _SplitPlan:
+    pair_keys, doc_keys = [], []
+    for row in rows():
+        pair_keys.append(_line_key(f"{row[2]}\x00{row[3]}"))
+        doc_keys.append(_doc_rank(seed, row[1]))
+    pair, doc = np.array(pair_keys, dtype=np.uint64), np.array(doc_keys, dtype=np.uint64)
+    del pair_keys, doc_keys
+    keep = _first_occurrences(pair)
+    order, sizes = np.unique(doc[keep], return_counts=True)  # documents in split order, their unique rows
+    # Read the rows of the first documents (enough to fill test and dev unless overlaps drop rows; then
+    # twice as many, and so on): only those are held in memory.
+    wanted = test_size + dev_size
+    m = int(np.searchsorted(np.cumsum(sizes), wanted)) + 1 if wanted else 0
+    while True:
+        m = min(m, len(order))
+        plan = _fill_held_out(rows, keep, doc, order, m, dev_size=dev_size, test_size=test_size)
+        if plan is not None or m == len(order):
+            break
+        m = 2 * m + 1
+    assert plan is not None
+    plan.stats = {"pairs": len(pair), "duplicates_removed": int(len(pair) - keep.sum()), **plan.stats}
+    return plan
+
+
+def _fill_held_out(
+    rows: RowSource,
+    keep: np.ndarray,
+    doc: np.ndarray,
+    order: np.ndarray,
+    m: int,
+    *,
+    dev_size: int,
+    test_size: int,
+) -> _SplitPlan | None:
+    """Fill test, then dev, from the first ``m`` documents; None when they do not suffice."""
+    candidate = keep & np.isin(doc, order[:m])
+    docs: dict[int, list[Row]] = {}
+    for i, row in enumerate(rows()):
+        if candidate[i]:
+            docs.setdefault(int(doc[i]), []).append(row)
+    held: set[str] = set()  # texts of the held-out splits filled so far
+    out: dict[str, list[Row]] = {"test": [], "dev": []}
+    dropped = 0
+    taken = 0
+    for split, size in (("test", test_size), ("dev", dev_size)):
+        while len(out[split]) < size and taken < len(order):
+            if taken == m:
+                return None  # more documents needed than were read
+            for row in docs[int(order[taken])]:
+                if row[2] in held or row[3] in held:
+                    dropped += split == "dev"
+                else:
+                    out[split].append(row)
+            taken += 1
+        held.update(t for row in out[split] for t in row[2:])
+    held_out_doc = np.isin(doc, order[:taken])
+    for part in out.values():
+        part.sort()  # id order, as in the input
+    return _SplitPlan(keep, doc, held_out_doc, held, out, {"dev_dropped_overlap": dropped})
+
+
+def _train_rows(rows: RowSource, plan: _SplitPlan, in_train: np.ndarray | None = None) -> Iterator[Row]:
+    """The train rows, streamed: unique, of no held-out document, sharing no text with test or dev.
+
+    Counts the rows dropped for a shared text in ``plan.stats``; marks the rows yielded in ``in_train``.
+    """
+    plan.stats["train_dropped_overlap"] = 0
+    for i, row in enumerate(rows()):
+        if not plan.keep[i] or plan.held_out_doc[i]:
+            continue
+        if row[2] in plan.held_texts or row[3] in plan.held_texts:
+            plan.stats["train_dropped_overlap"] += 1
+            continue
+        if in_train is not None:
+            in_train[i] = True
+        yield row
 
 
 def split_rows(
     rows: Sequence[Row], *, dev_size: int, test_size: int, seed: int
 ) -> tuple[dict[str, list[Row]], dict[str, int]]:
-    """Split de-duplicated rows by document into train/dev/test (see the module docstring).
+    """Split rows by document into train/dev/test (see the module docstring), all in memory.
 
     Returns the rows of each split (in id order) and the number of pairs dropped from dev and train
-    because one of their texts is held out in an earlier split.
+    because one of their texts is held out in an earlier split. The corpus files are written by the same
+    steps, streamed (:func:`_write_pair`).
     """
-    docs: dict[str, list[Row]] = {}
-    for row in rows:
-        docs.setdefault(row[1], []).append(row)
-    order = iter(sorted(docs, key=lambda d: (_doc_rank(seed, d), d)))
-    held: set[str] = set()  # texts of the held-out splits filled so far
-    out: dict[str, list[Row]] = {"test": [], "dev": [], "train": []}
-    dropped = {"dev": 0, "train": 0}
-
-    def take(split: str, doc: str) -> None:
-        for row in docs[doc]:
-            if row[2] in held or row[3] in held:
-                dropped[split] += 1
-            else:
-                out[split].append(row)
-
-    for split, size in (("test", test_size), ("dev", dev_size)):
-        while len(out[split]) < size:
-            doc = next(order, None)
-            if doc is None:
-                break
-            take(split, doc)
-        held.update(t for row in out[split] for t in row[2:])
-    for doc in order:
-        take("train", doc)
-    for part in out.values():
-        part.sort()
-    stats = {"dev_dropped_overlap": dropped["dev"], "train_dropped_overlap": dropped["train"]}
+    plan = _plan_split(lambda: rows, dev_size=dev_size, test_size=test_size, seed=seed)
+    out = {**plan.rows, "train": list(_train_rows(lambda: rows, plan))}
+    stats = {k: plan.stats[k] for k in ("dev_dropped_overlap", "train_dropped_overlap")}
     return out, stats
 
 
@@ -192,35 +283,63 @@ def _now() -> str:
     return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
 
 
+# Rows per Parquet batch when a file is streamed out: memory holds one batch of text at a time.
+BATCH_ROWS = 100_000
+
+
+def _write_rows(path: Path, rows: Iterable[Row], if_empty: Exception | None = None) -> int:
+    """Stream rows into a split's Parquet file, atomically; returns how many were written.
+
+    With ``if_empty``: no rows raise it, and the file is left as it was.
+    """
+    count = 0
+    with atomic_path(path) as tmp, pq.ParquetWriter(tmp, CORPUS_SCHEMA) as writer:
+        batch: list[Row] = []
+        for row in rows:
+            batch.append(row)
+            if len(batch) == BATCH_ROWS:
+                writer.write_table(pa.table(list(map(list, zip(*batch, strict=True))), schema=CORPUS_SCHEMA))
+                count += len(batch)
+                batch = []
+        columns = list(zip(*batch, strict=True)) or [()] * len(CORPUS_SCHEMA)
+        writer.write_table(pa.table([list(col) for col in columns], schema=CORPUS_SCHEMA))
+        count += len(batch)
+        if not count and if_empty is not None:
+            raise if_empty
+    return count
+
+
 def _write_pair(
     out_dir: Path,
     lang1: str,
     lang2: str,
-    rows: list[Row],
+    rows: RowSource,
     *,
     build: dict,
     source: dict,
     stats: dict[str, int],
 ) -> PairResult:
     """De-duplicate, split (settings from ``build``) and write one pair's three files, then record it in
-    corpus.json."""
-    unique = deduplicate(rows)
+    corpus.json. ``rows`` is read three times (index, held-out documents, train), never held whole: memory
+    is the held-out splits plus ~10 bytes a row."""
     dev_size, test_size = build["dev_size"], build["test_size"]
-    splits, split_stats = split_rows(unique, dev_size=dev_size, test_size=test_size, seed=build["seed"])
-    stats = {**stats, "pairs": len(rows), "duplicates_removed": len(rows) - len(unique), **split_stats}
+    plan = _plan_split(rows, dev_size=dev_size, test_size=test_size, seed=build["seed"])
     name = pair_name(lang1, lang2)
-    if not splits["train"]:
-        raise CorpusError(
-            f"{name}: only {len(unique)} distinct pairs, none left for train after dev ({dev_size}) and test "
-            f"({test_size}); lower --dev-size/--test-size"
-        )
-    for split in SPLITS:
-        columns = list(zip(*splits[split], strict=True)) or [()] * len(CORPUS_SCHEMA)
-        table = pa.table([list(col) for col in columns], schema=CORPUS_SCHEMA)
-        _write_table(split_path(out_dir, lang1, lang2, split), table)
-    counts = {split: len(splits[split]) for split in SPLITS}
-    for split in SPLITS:
-        stats[f"{split}_docs"] = len({row[1] for row in splits[split]})
+    in_train = np.zeros(len(plan.keep), dtype=bool)
+    no_train = CorpusError(
+        f"{name}: only {int(plan.keep.sum())} distinct pairs, none left for train after dev ({dev_size}) "
+        f"and test ({test_size}); lower --dev-size/--test-size"
+    )
+    train = _train_rows(rows, plan, in_train)
+    n_train = _write_rows(split_path(out_dir, lang1, lang2, "train"), train, if_empty=no_train)
+    for split in ("dev", "test"):
+        _write_rows(split_path(out_dir, lang1, lang2, split), plan.rows[split])
+    counts = {"train": n_train, **{split: len(plan.rows[split]) for split in ("dev", "test")}}
+    counts = {split: counts[split] for split in SPLITS}
+    stats = {**stats, **plan.stats}
+    for split in ("dev", "test"):
+        stats[f"{split}_docs"] = len({row[1] for row in plan.rows[split]})
+    stats["train_docs"] = len(np.unique(plan.doc[in_train]))
     record = {"build": build, "source": source, "counts": counts, "stats": stats, "created": _now()}
     update_manifest(out_dir, "pairs", name, record)
     log.info("%s: %s", name, ", ".join(f"{s} {n}" for s, n in counts.items()))
@@ -285,7 +404,9 @@ def build_debian_corpus(
                 "indexes": [p.name for p in used],
                 "release": debian.release_info(used),
             }
-            done[lang] = _write_pair(out_dir, pivot, lang, rows, build=build, source=source, stats=stats)
+            done[lang] = _write_pair(
+                out_dir, pivot, lang, lambda rows=rows: rows, build=build, source=source, stats=stats
+            )
     return [done[lang] for lang in others]
 
 
@@ -313,13 +434,13 @@ def _decoded_lines(path: Path) -> Iterable[tuple[int, str]]:
             yield n, text.removeprefix("\ufeff") if n == 1 else text
 
 
-def read_parallel_tsv(path: str | Path) -> list[Row]:
-    """Rows of a two-column TSV file: ``id`` and ``doc_id`` are the line number (no grouping).
+def iter_parallel_tsv(path: str | Path) -> Iterator[Row]:
+    """Rows of a two-column TSV file, streamed: ``id`` and ``doc_id`` are the line number (no grouping).
 
     Every line must hold exactly one tab and two non-empty columns; the first bad line is an error.
     """
     path = Path(path)
-    rows: list[Row] = []
+    empty = True
     for n, text in _decoded_lines(path):
         tabs = text.count("\t")
         if tabs != 1:
@@ -327,17 +448,17 @@ def read_parallel_tsv(path: str | Path) -> list[Row]:
         src, tgt = (normalise(col) for col in text.split("\t"))
         if not src or not tgt:
             raise CorpusError(f"{path}:{n}: empty {'first' if not src else 'second'} column")
-        rows.append((n, str(n), src, tgt))
-    if not rows:
+        empty = False
+        yield (n, str(n), src, tgt)
+    if empty:
         raise CorpusError(f"{path}: empty file")
-    return rows
 
 
-def read_parallel_parquet(
+def iter_parallel_parquet(
     path: str | Path, src_col: str, tgt_col: str, doc_col: str | None = None
-) -> list[Row]:
-    """Rows of a Parquet file's two text columns: ``id`` is the row index, ``doc_id`` the ``doc_col`` value
-    (documents are kept whole in one split) or the row index."""
+) -> Iterator[Row]:
+    """Rows of a Parquet file's two text columns, streamed batch by batch: ``id`` is the row index,
+    ``doc_id`` the ``doc_col`` value (documents are kept whole in one split) or the row index."""
     path = Path(path)
     if not path.is_file():
         raise CorpusError(f"{path}: no such file")
@@ -355,21 +476,20 @@ def read_parallel_parquet(
             pa.types.is_string(schema.field(col).type) or pa.types.is_large_string(schema.field(col).type)
         ):
             raise CorpusError(f"{path}: column {col!r} is {schema.field(col).type}, not text")
-    rows: list[Row] = []
+    i = -1
     for batch in pf.iter_batches(columns=columns):
         data = batch.to_pydict()
         docs = data[doc_col] if doc_col else [None] * batch.num_rows
         for s, t, d in zip(data[src_col], data[tgt_col], docs, strict=True):
-            i = len(rows)
+            i += 1
             s, t = normalise(s or ""), normalise(t or "")
             if not s or not t:
                 raise CorpusError(f"{path}: row {i}: empty or null {src_col if not s else tgt_col!r}")
             if doc_col and d is None:
                 raise CorpusError(f"{path}: row {i}: null {doc_col!r}")
-            rows.append((i, str(d) if doc_col else str(i), s, t))
-    if not rows:
+            yield (i, str(d) if doc_col else str(i), s, t)
+    if i < 0:
         raise CorpusError(f"{path}: no rows")
-    return rows
 
 
 def import_parallel(
@@ -410,18 +530,36 @@ def import_parallel(
     build.update(_split_build(dev_size, test_size, seed))
     if not force and (result := _up_to_date_pair(out_dir, lang1, lang2, build)):
         return result
-    rows = read_parallel_tsv(path) if fmt == "tsv" else read_parallel_parquet(path, src_col, tgt_col, doc_col)
-    if swap:
-        rows = [(i, d, t, s) for i, d, s, t in rows]
+
+    def rows() -> Iterator[Row]:
+        if fmt == "tsv":
+            read = iter_parallel_tsv(path)
+        else:
+            read = iter_parallel_parquet(path, src_col or "", tgt_col or "", doc_col)
+        return ((i, d, t, s) for i, d, s, t in read) if swap else read
+
     source = {"kind": fmt, "path": str(path.resolve()), "src_lang": src_lang, "tgt_lang": tgt_lang, **columns}
     return _write_pair(out_dir, lang1, lang2, rows, build=build, source=source, stats={})
+
+
+def _mono_first_lines(path: Path, stats: dict[str, int]) -> np.ndarray:
+    """Pass 1 of the monolingual import: a bool per line, True for the first copy of each non-empty line."""
+    keys = np.fromiter(
+        (_line_key(text) if (text := normalise(raw)) else 0 for _, raw in _decoded_lines(path)),
+        dtype=np.uint64,
+    )
+    blank = keys == 0  # an empty line; a text whose key is 0 (p = 2^-64) would be taken for one
+    keep = _first_occurrences(keys, skip=blank)
+    stats.update(lines=len(keys), empty=int(blank.sum()), duplicates_removed=int((~blank).sum() - keep.sum()))
+    return keep
 
 
 def import_mono(out_dir: str | Path, path: str | Path, lang: str, *, force: bool = False) -> MonoResult:
     """Import a monolingual text file (one sentence a line) into ``<out_dir>/mono/<lang>.parquet``.
 
     Lines are whitespace-normalised; empty lines and repeated sentences are left out; ``id`` is the line
-    number.
+    number. Two streaming passes over the file (find first occurrences, then write), so memory holds one
+    batch of lines plus 9 bytes a line, whatever the file's size.
     """
     out_dir, path = Path(out_dir), Path(path)
     lang = check_lang(lang)
@@ -437,27 +575,28 @@ def import_mono(out_dir: str | Path, path: str | Path, lang: str, *, force: bool
         and valid_file(target, MONO_SCHEMA, record.get("count", -1))
     ):
         return MonoResult(lang, record["count"], record.get("stats", {}), skipped=True)
-    ids, texts, seen = [], [], set()
-    stats = {"lines": 0, "empty": 0, "duplicates_removed": 0}
-    for n, raw in _decoded_lines(path):
-        stats["lines"] += 1
-        text = normalise(raw)
-        if not text:
-            stats["empty"] += 1
-        elif text in seen:
-            stats["duplicates_removed"] += 1
-        else:
-            seen.add(text)
-            ids.append(n)
-            texts.append(text)
-    if not texts:
+    stats: dict[str, int] = {}
+    keep = _mono_first_lines(path, stats)
+    count = int(keep.sum())
+    if not count:
         raise CorpusError(f"{path}: no non-empty lines")
-    _write_table(target, pa.table([ids, texts], schema=MONO_SCHEMA))
+    with atomic_path(target) as tmp, pq.ParquetWriter(tmp, MONO_SCHEMA) as writer:
+        ids: list[int] = []
+        texts: list[str] = []
+        for n, raw in _decoded_lines(path):
+            if keep[n - 1]:
+                ids.append(n)
+                texts.append(normalise(raw))
+                if len(ids) == BATCH_ROWS:
+                    writer.write_table(pa.table([ids, texts], schema=MONO_SCHEMA))
+                    ids, texts = [], []
+        if ids:
+            writer.write_table(pa.table([ids, texts], schema=MONO_SCHEMA))
     source = {"kind": "text", "path": str(path.resolve())}
     update_manifest(
         out_dir,
         "mono",
         lang,
-        {"build": build, "source": source, "count": len(texts), "stats": stats, "created": _now()},
+        {"build": build, "source": source, "count": count, "stats": stats, "created": _now()},
     )
-    return MonoResult(lang, len(texts), stats)
+    return MonoResult(lang, count, stats)

@@ -13,11 +13,19 @@ import sys
 import textwrap
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from fastvocab.artifacts_schema.corpus import SPLITS, read_corpus_file, read_direction, read_mono, split_path
+from fastvocab.artifacts_schema.corpus import (
+    SPLITS,
+    mono_path,
+    read_corpus_file,
+    read_direction,
+    read_mono,
+    split_path,
+)
 from fastvocab.pipeline.cli import main
 from fastvocab.tasks import corpus
 from fastvocab.tasks import debian_translations as debian
@@ -242,6 +250,58 @@ def test_split_with_zero_held_out_sizes_puts_everything_in_train():
     rows = synthetic_rows(20)
     splits, _ = corpus.split_rows(rows, dev_size=0, test_size=0, seed=0)
     assert splits["train"] == sorted(rows) and not splits["dev"] and not splits["test"]
+
+
+def _reference_split(rows, dev_size, test_size, seed):
+    """The split of the module docstring, written plainly in memory: the oracle of the streamed one."""
+    import hashlib
+
+    seen, unique = set(), []
+    for row in rows:
+        if (row[2], row[3]) not in seen:
+            seen.add((row[2], row[3]))
+            unique.append(row)
+    docs = {}
+    for row in unique:
+        docs.setdefault(row[1], []).append(row)
+    rank = lambda d: hashlib.sha256(f"{seed}\x00{d}".encode()).digest()  # noqa: E731
+    order = iter(sorted(docs, key=lambda d: (rank(d), d)))
+    held, out = set(), {"test": [], "dev": [], "train": []}
+    for split, size in (("test", test_size), ("dev", dev_size)):
+        while len(out[split]) < size and (doc := next(order, None)) is not None:
+            out[split] += [r for r in docs[doc] if r[2] not in held and r[3] not in held]
+        held |= {t for r in out[split] for t in r[2:]}
+    for doc in order:
+        out["train"] += [r for r in docs[doc] if r[2] not in held and r[3] not in held]
+    return {k: sorted(v) for k, v in out.items()}
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_streamed_split_equals_the_plain_one(seed):
+    """Random documents whose texts recur a lot, so dev often needs more documents than first read."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for i in range(int(rng.integers(5, 200))):
+        src, tgt = f"s{rng.integers(0, 25)}", f"t{rng.integers(0, 25)}"
+        rows.append((i, f"doc{rng.integers(0, 40)}", src, tgt))
+    dev, test = int(rng.integers(0, 15)), int(rng.integers(0, 15))
+    got, _ = corpus.split_rows(rows, dev_size=dev, test_size=test, seed=seed)
+    assert got == _reference_split(rows, dev, test, seed)
+
+
+def test_parallel_import_streams_in_batches_with_the_same_files(tmp_path, monkeypatch):
+    lines = [f"src {i % 17}\ttgt {i % 13}" for i in range(60)]
+    tsv = tmp_path / "x.tsv"
+    tsv.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    kw = {"fmt": "tsv", "dev_size": 5, "test_size": 5}
+    whole = corpus.import_parallel(tmp_path / "one", tsv, "de", "fr", **kw)
+    monkeypatch.setattr(corpus, "BATCH_ROWS", 4)
+    batched = corpus.import_parallel(tmp_path / "two", tsv, "de", "fr", **kw)
+    assert batched.counts == whole.counts and batched.stats == whole.stats
+    for split in SPLITS:
+        one, two = (read_corpus_file(split_path(tmp_path / d, "de", "fr", split)) for d in ("one", "two"))
+        assert one.equals(two) and one.num_rows == whole.counts[split]
+    assert pq.ParquetFile(split_path(tmp_path / "two", "de", "fr", "train")).metadata.num_row_groups > 1
 
 
 # ------------------------------------------------------------------------------------ CLI on fake apt lists
@@ -520,6 +580,22 @@ def test_mono_import(tmp_path, capsys):
     assert "up to date" in capsys.readouterr().out
     with pytest.raises(Exception, match="no monolingual fr file"):
         read_mono(out, "fr")
+
+
+def test_mono_import_streams_in_batches_with_the_same_result(tmp_path, monkeypatch):
+    """Batches of 2 lines (duplicates across batches, an empty last batch) give what one batch gives."""
+    from fastvocab.tasks import corpus
+
+    lines = ["a b", "c", "", "a  b", "d", "c", "e", "f"]
+    text = tmp_path / "x.txt"
+    text.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    whole = corpus.import_mono(tmp_path / "one", text, "it")
+    monkeypatch.setattr(corpus, "BATCH_ROWS", 2)
+    batched = corpus.import_mono(tmp_path / "two", text, "it")
+    assert read_mono(tmp_path / "two", "it") == read_mono(tmp_path / "one", "it")
+    assert read_mono(tmp_path / "two", "it") == ([1, 2, 5, 7, 8], ["a b", "c", "d", "e", "f"])
+    assert batched.stats == whole.stats == {"lines": 8, "empty": 1, "duplicates_removed": 2}
+    assert pq.ParquetFile(mono_path(tmp_path / "two", "it")).metadata.num_row_groups == 3
 
 
 def test_mono_bad_utf8_is_an_error(tmp_path, capsys):
