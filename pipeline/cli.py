@@ -21,6 +21,7 @@ COMMANDS = {
     "translate": "translate",
     "eval": "evaluate",
     "run": "run",
+    "report": "report",
 }
 
 _HELP = {
@@ -29,6 +30,7 @@ _HELP = {
     "translate": "translate a text file or Parquet dataset for one direction (full or clustered projection)",
     "eval": "score hypotheses against references with sacrebleu (BLEU, chrF; signatures printed)",
     "run": "run the pipeline from a config: corpus -> dump -> kmeans -> maps -> translate -> evaluate",
+    "report": "write a self-contained HTML report (tables, embedded figures) of an MLflow run",
 }
 
 
