@@ -1,13 +1,20 @@
 """fastvocab against CTranslate2 on the same lines, threads, beam and batch (issue 16's peer table).
 
     .venv/bin/pip install -e '.[bench]'      # ctranslate2==4.8.5
-    .venv/bin/python benchmarks/bench_peer.py --corpus data/corpus --maps runs/demo/maps
+    make demo                                 # models/demo, data/corpus, runs/demo/maps
+    .venv/bin/python benchmarks/bench_peer.py # issue 16's table (greedy, beam 4)
+
+The defaults are issue 16's settings: the first 200 rows of ``data/corpus``'s en-it test split, the en-it map
+of ``runs/demo/maps``, batch 32, 2 threads, ``--max-len 128``, beams 1 and 4, 5 rounds.
 
 Systems, each timed end to end on the same ``--n`` source lines (tokenizing and detokenizing included, model
 load excluded), interleaved round by round after a warm-up on one batch, median of ``--repeats`` rounds:
 
 - ``fastvocab full fp32`` / ``clustered fp32``: ``tasks.translate.translate`` (what ``fastvocab translate``
-  runs) with the static decoder engine; clustered = union mode with the pipeline's map (``--maps``);
+  runs) with the static decoder engine; full = ``kernels.full`` (on CPU fp32 with W pre-packed for oneDNN);
+  clustered = union mode with the pipeline's map (``--maps``);
+- ``fastvocab full fp32, F.linear on W`` (``--with-unpacked``): full without the pre-packed weights
+  (``prepack=False``), to measure what packing gives in the same rounds;
 - ``fastvocab full int8`` / ``clustered int8``: the same after ``Seq2SeqAdapter.quantize_int8()`` (encoder
   and decoder linears) and, for full, the int8 output projection (``fastvocab.decoding.int8``);
 - ``fastvocab-hf full fp32`` / ``clustered fp32`` (``--with-hf``): the previous engine (Hugging Face
@@ -94,33 +101,6 @@ class Ct2System:
         return time.perf_counter() - t0, out
 
 
-def packed_full_projection(full):
-    """A proposal for ``kernels/full.py``, timed here as its own row (``--proposed-full``): on CPU, keep ``W``
-    pre-packed for oneDNN (``torch.ops.mkldnn._reorder_linear_weight``, as inductor's frozen linears do) and,
-    for fewer than 8 rows, a contiguous ``W^T`` for a plain GEMM. MKL's ``h @ W^T`` on the (N, d) layout was
-    1.3-3x slower for these shapes on this AMD CPU (``benchmarks/README.md``, peer section)."""
-    from fastvocab.kernels.base import ProjectionOutput
-    from fastvocab.kernels.full import FullProjection
-
-    class PackedFull(FullProjection):
-        name = "full"
-
-        def __init__(self, inner) -> None:
-            super().__init__(inner.weight, inner.bias, always_active=tuple(inner.always_active.tolist()))
-            self._fingerprint = inner._fingerprint
-            self._wt = self.weight.t().contiguous()  # (d, N)
-            self._packed = torch.ops.mkldnn._reorder_linear_weight(self.weight)
-
-        def _project(self, h: torch.Tensor) -> ProjectionOutput:
-            if h.shape[0] < 8:
-                logits = h @ self._wt if self.bias is None else torch.addmm(self.bias, h, self._wt)
-            else:
-                logits = torch.ops.mkldnn._linear_pointwise(h, self._packed, self.bias, "none", [], "")
-            return ProjectionOutput(logits=logits, ids=None, n_vocab=self.n_vocab)
-
-    return PackedFull(full)
-
-
 def fastvocab_system(adapter, projection, args) -> Callable[[list[str], int], tuple[float, list[str]]]:
     from fastvocab.tasks.translate import translate
 
@@ -152,15 +132,21 @@ def build_systems(args) -> tuple[dict[str, Callable], dict]:
     a8.quantize_int8(encoder=not args.int8_decoder_only)
     info["engine"] = a32.engine
     full = make_projection(a32, "full")
+    info["full_prepacked"] = full.packed
     systems: dict[str, Callable] = {"fastvocab full fp32": fastvocab_system(a32, full, args)}
     if not args.no_int8:
         systems["fastvocab full int8"] = fastvocab_system(a8, quantize_projection(full), args)
-    if args.proposed_full:
-        systems["fastvocab full fp32, packed W (proposed)"] = fastvocab_system(
-            a32, packed_full_projection(full), args
-        )
-    if args.maps:
+    if args.with_unpacked:
+        plain = make_projection(a32, "full", prepack=False)
+        systems["fastvocab full fp32, F.linear on W"] = fastvocab_system(a32, plain, args)
+    if not args.no_clustered:
         from fastvocab.artifacts_schema.cluster_map import resolve_map_dir
+
+        if not Path(args.maps).exists():
+            raise SystemExit(
+                f"bench_peer: no cluster maps at {args.maps} (make demo builds runs/demo/maps); "
+                "pass --maps DIR or --no-clustered"
+            )
 
         map_dir = resolve_map_dir(args.maps, args.src_lang, args.tgt_lang)
         clustered = make_projection(a32, "clustered", cluster_map=map_dir)  # union selection (default)
@@ -172,7 +158,7 @@ def build_systems(args) -> tuple[dict[str, Callable], dict]:
     if args.with_hf:
         hf = Seq2SeqAdapter.load(args.model, engine="hf")
         systems["fastvocab-hf full fp32"] = fastvocab_system(hf, full, args)
-        if args.maps:
+        if not args.no_clustered:
             systems["fastvocab-hf clustered fp32"] = fastvocab_system(hf, clustered, args)
     if not args.no_ct2:
         ct2_dir = Path(args.ct2_dir) if args.ct2_dir else Path(tempfile.mkdtemp(prefix="ct2-")) / "model"
@@ -185,10 +171,11 @@ def build_systems(args) -> tuple[dict[str, Callable], dict]:
         systems["ct2 float32"] = Ct2System(ct2_dir, "float32", a32, args)
         systems["ct2 int8"] = Ct2System(ct2_dir, "int8", a32, args)
     if a32._static is not None:
-        cfg = a32.config
-        # fp32 self-attention K/V for max_len + prefix positions, per decoder row (batch x beam rows).
-        per_row = 2 * cfg.decoder_layers * cfg.d_model * (args.max_len + 2) * 4
-        info["static_cache_bytes_per_row_at_max_len"] = per_row
+        # fp32 self-attention K/V for prefix + max_len - 1 positions (what the search allocates), per decoder
+        # row (batch x beam rows); the cross-attention K/V come on top, per source sentence.
+        positions = len(a32.start_tokens(args.tgt_lang)) + args.max_len - 1
+        info["static_cache_positions"] = positions
+        info["static_cache_bytes_per_row"] = a32._static.cache_bytes_per_row(positions)
     return systems, info
 
 
@@ -212,7 +199,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--src-lang", default="en")
     p.add_argument("--tgt-lang", default="it")
     p.add_argument("--n", type=int, default=200, help="source lines (default 200)")
-    p.add_argument("--maps", help="cluster map folder (or a folder of them), e.g. runs/demo/maps")
+    p.add_argument(
+        "--maps",
+        default="runs/demo/maps",
+        help="cluster map folder (or a folder of them; default %(default)s)",
+    )
+    p.add_argument("--no-clustered", action="store_true", help="skip the clustered systems")
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--beams", default="1,4", help="comma-separated beam sizes (1 = greedy)")
@@ -223,9 +215,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--int8-decoder-only", action="store_true", help="int8: keep the encoder in fp32")
     p.add_argument("--with-hf", action="store_true", help="also time the previous (Hugging Face) engine")
     p.add_argument(
-        "--proposed-full",
+        "--with-unpacked",
         action="store_true",
-        help="also time full with a packed W (see packed_full_projection)",
+        help="also time full with F.linear on W (prepack=False): what the pre-packed weights give",
     )
     p.add_argument("--no-ct2", action="store_true", help="skip CTranslate2")
     p.add_argument("--ct2-dir", help="converted CTranslate2 model (converted into a temp folder if absent)")
@@ -241,6 +233,7 @@ def main(argv: list[str] | None = None) -> int:
         "date": dt.datetime.now().isoformat(timespec="seconds"),
         "commit": git_commit("decoding", "kernels", "benchmarks/bench_peer.py"),
         "command": " ".join([".venv/bin/python", "benchmarks/bench_peer.py", *(argv or sys.argv[1:])]),
+        "args": vars(args),  # every setting, defaults included
         "device": f"{cpu_name()} ({os.cpu_count()} cores visible)",
         "threads": args.threads,
         "torch": torch.__version__,
@@ -289,6 +282,9 @@ def main(argv: list[str] | None = None) -> int:
             rows[name] = row
         result["runs"][f"beam{beam}"] = {
             "beam": beam,
+            "static_cache_bytes_batch_x_beam": info.get("static_cache_bytes_per_row", 0)
+            * args.batch_size
+            * beam,
             "loadavg_before": [round(x, 2) for x in load_before],
             "loadavg_after": [round(x, 2) for x in load_after],
             "systems": rows,

@@ -1,4 +1,5 @@
-"""A lean static-shape decoder step for M2M100-architecture models (M2M100, NLLB, the demo model).
+"""A lean static-shape decoder step for the supported seq2seq families: M2M100 (NLLB, the demo model),
+Marian and MBart.
 
 Why not the Hugging Face decoder: called eagerly once per target token, ``M2M100Decoder.forward`` builds
 masks, position ids and a ``DynamicCache`` that grows by ``torch.cat`` every step (a copy of the whole cache
@@ -14,9 +15,24 @@ CTranslate2's converters do) into a few small modules whose step is only the ari
   *source sentence*: beam search's k rows of a sentence attend to the same block as one (k, S) matmul, and
   reordering beams never copies them (only dropping finished sentences does);
 - row selection (finished rows, beam reordering) by ``index_select`` of the filled part of the cache only;
-- sinusoidal positions from Hugging Face's own table builder (offset ``padding_idx + 1``; a pad token gets
-  the zero row ``padding_idx``, as ``create_position_ids_from_input_ids`` does), embeddings times
-  ``embed_scale``, pre-norm layers, final layer norm: ``h`` is what ``lm_head`` multiplies.
+- a cache that would not fit (an explicit limit, ``max_cache_bytes`` or ``FASTVOCAB_CACHE_LIMIT_MB``, else
+  the device's free memory for large allocations) is refused with a ``MemoryError`` naming its shape, bytes
+  and the flags to lower, before anything is allocated.
+
+The families differ only around the layers (:class:`_Family`, read from the Hugging Face decoder):
+
+==========  ===================================================  ==============  ==========  ===========
+family      positions                                            embedding norm  layers      final norm
+==========  ===================================================  ==============  ==========  ===========
+M2M100      sinusoidal, offset ``padding_idx + 1``; a pad token   no              pre-norm    yes
+            gets the zero row ``padding_idx`` (HF's own builder)
+Marian      sinusoidal table ``embed_positions.weight``, offset 0  no              post-norm   no
+MBart       learned ``embed_positions.weight``, offset 2          yes             pre-norm    yes
+==========  ===================================================  ==============  ==========  ===========
+
+Embeddings are scaled by the family's ``embed_scale`` (``scale_embedding``); Marian's and MBart's
+``final_logits_bias`` is the output bias, which the adapter hands to the projection (not applied here):
+``h`` is what ``lm_head`` multiplies.
 
 Measured (demo model: d=256, 2 decoder layers; AMD EPYC, 1 thread, 2 cores shared with other jobs, median of
 5 interleaved rounds, 24 steps after the prefix): a step at 1 row 1.12 ms vs 2.71 ms for the Hugging Face
@@ -26,19 +42,25 @@ overhead it removes, and int8 weights (``fastvocab.decoding.int8``) are the next
 ``scaled_dot_product_attention`` instead of plain matmuls for the one-query attention: 1.20 / 6.27 / 15.98 ms
 at 1 / 32 / 128 rows, no better, so the step uses matmuls.
 
+Pre-packed oneDNN weights (``torch.ops.mkldnn._reorder_linear_weight``, which make the full output projection
+1.5-2x faster, ``fastvocab.kernels.full``) do not pay for these layers' small matrices: per call, packed /
+plain time at 1 / 32 / 128 rows (1 thread) was 1.9 / 0.98 / 1.0 (QKV, 768 x 256), 1.6 / 0.97 / 0.89 (fc1),
+1.9 / 0.90 / 1.1 (fc2), 4.0 / 1.4 / 1.15 (out, 256 x 256), and 1.05 for the cross K/V GEMM over 2,048 encoder
+positions; a whole step with every linear packed took 11.7 / 28.9 / 59.2 ms against 9.2 / 30.3 / 60.9 ms
+(measured under heavy load from other jobs: a loss at 1 row, noise at 32-128). So the linears stay
+``nn.Linear``.
+
 ``torch.compile`` (of this step, or of the Hugging Face decoder with a ``StaticCache``) was not tried in
 issue 16's CPU work: in a 1-thread profile of a 32-row step the linears and attention matmuls are ~80% of
 the time, so compiling could only trim the rest, and every row count after finished rows leave would be a
 new shape to compile (or a dynamic-shape graph). On CUDA, where launch overhead dominates, it (or a CUDA
 graph of this fixed-layout step) is the next step.
-
-Marian (post-norm, no offset in its positions) and MBart (learned positions, embedding layer norm) are not
-implemented here: :func:`unsupported_reason` says so, and the adapter serves them with the Hugging Face step.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass
 
 import torch
@@ -47,21 +69,54 @@ from torch import nn
 log = logging.getLogger(__name__)
 
 
+# Hugging Face model types the engine implements, by family.
+FAMILIES = {"m2m_100": "m2m100", "marian": "marian", "mbart": "mbart"}
+
+# Environment variable: cap on one static-cache allocation, in MiB (``StaticDecoder(max_cache_bytes=)``).
+CACHE_LIMIT_ENV = "FASTVOCAB_CACHE_LIMIT_MB"
+# Allocations at least this big are also checked against the device's free memory (a cheap read, but not one
+# to make every step for the small reorders).
+_CHECK_FREE_BYTES = 256 << 20
+
+
 def unsupported_reason(model: nn.Module) -> str | None:
     """None when :class:`StaticDecoder` can run ``model``; otherwise why not (for the error message)."""
     config = model.config
     model_type = getattr(config, "model_type", "")
-    if model_type != "m2m_100":
+    if model_type not in FAMILIES:
         return (
-            f"the static engine implements the M2M100 architecture (M2M100, NLLB, the demo model); "
+            f"the static engine implements M2M100 (NLLB, the demo model), Marian and MBart; "
             f"{model_type!r} models use engine='hf'"
         )
     decoder = model.get_decoder()
-    if not hasattr(decoder, "embed_positions") or not hasattr(decoder.embed_positions, "get_embedding"):
+    if model_type == "m2m_100" and not hasattr(getattr(decoder, "embed_positions", None), "get_embedding"):
         return "the decoder has no sinusoidal position table (not an M2M100 decoder); use engine='hf'"
+    if model_type != "m2m_100" and not isinstance(getattr(decoder, "embed_positions", None), nn.Embedding):
+        return f"the {model_type} decoder has no position table (embed_positions); use engine='hf'"
     if config.d_model % config.decoder_attention_heads:
         return f"d_model {config.d_model} is not a multiple of {config.decoder_attention_heads} heads"
     return None
+
+
+@dataclass(frozen=True)
+class _Family:
+    """What differs between the families around the layers (module docstring's table)."""
+
+    name: str
+    pre_norm: bool  # layer norm before each sublayer (M2M100, MBart) or after the residual add (Marian)
+    pos_offset: int  # table row of target position 0
+    pad_positions: bool  # a pad token takes the zero row padding_idx (M2M100's position ids)
+    extendable: bool  # the position table can be rebuilt longer (sinusoidal, M2M100's builder)
+
+    @staticmethod
+    def of(model: nn.Module) -> _Family:
+        name = FAMILIES[model.config.model_type]
+        if name == "m2m100":
+            return _Family(name, True, int(model.config.pad_token_id) + 1, True, True)
+        if name == "marian":
+            return _Family(name, False, 0, False, False)
+        offset = int(getattr(model.get_decoder().embed_positions, "offset", 2))
+        return _Family(name, True, offset, False, False)
 
 
 @dataclass
@@ -94,13 +149,15 @@ class StaticState:
 
 
 class _Layer(nn.Module):
-    """One pre-norm M2M100 decoder layer with a fused QKV projection (weights taken from the HF layer)."""
+    """One decoder layer with a fused QKV projection (weights taken from the HF layer); pre-norm (M2M100,
+    MBart) or post-norm (Marian)."""
 
-    def __init__(self, hf_layer: nn.Module, heads: int, act: nn.Module) -> None:
+    def __init__(self, hf_layer: nn.Module, heads: int, act: nn.Module, pre_norm: bool) -> None:
         super().__init__()
         sa, ca = hf_layer.self_attn, hf_layer.encoder_attn
         d = sa.q_proj.in_features
         self.heads, self.head_dim = heads, d // heads
+        self.pre_norm = pre_norm
         scaling = self.head_dim**-0.5
         with torch.no_grad():
             # Fused (3d, d): Q rows pre-scaled by 1/sqrt(head_dim), so attention needs no extra multiply.
@@ -118,26 +175,37 @@ class _Layer(nn.Module):
 
     def forward(self, x: torch.Tensor, state: StaticState, i: int) -> torch.Tensor:
         """x (rows, d) -> (rows, d); writes this layer's key/value at position ``state.length``."""
+        if self.pre_norm:  # x + f(ln(x))
+            x = x + self._self_attn(self.ln_self(x), state, i)
+            x = x + self._cross_attn(self.ln_cross(x), state, i)
+            return x + self.fc2(self.act(self.fc1(self.ln_ffn(x))))
+        # post-norm (Marian): ln(x + f(x))
+        x = self.ln_self(x + self._self_attn(x, state, i))
+        x = self.ln_cross(x + self._cross_attn(x, state, i))
+        return self.ln_ffn(x + self.fc2(self.act(self.fc1(x))))
+
+    def _self_attn(self, x: torch.Tensor, state: StaticState, i: int) -> torch.Tensor:
         rows, d = x.shape
         h, hd, pos = self.heads, self.head_dim, state.length
         k_cache, v_cache = state.self_kv[0, i], state.self_kv[1, i]  # (rows, heads, capacity, hd)
-        qkv = self.qkv(self.ln_self(x)).view(rows, 3, h, hd)  # (rows, 3, heads, hd)
+        qkv = self.qkv(x).view(rows, 3, h, hd)  # (rows, 3, heads, hd)
         k_cache[:, :, pos].copy_(qkv[:, 1])
         v_cache[:, :, pos].copy_(qkv[:, 2])
         keys = k_cache[:, :, : pos + 1]  # (rows, heads, n, hd), a view: no copy
         values = v_cache[:, :, : pos + 1]
         q = qkv[:, 0].unsqueeze(2)  # (rows, heads, 1, hd)
         att = torch.softmax(q @ keys.transpose(2, 3), dim=-1)  # (rows, heads, 1, n)
-        x = x + self.out_self((att @ values).view(rows, d))
+        return self.out_self((att @ values).view(rows, d))
 
-        # Cross-attention with rows grouped by source: (sources, heads, group, hd) queries per (S, hd) block.
-        g = state.group
-        q = self.q_cross(self.ln_cross(x)).view(rows // g, g, h, hd).transpose(1, 2)
+    def _cross_attn(self, x: torch.Tensor, state: StaticState, i: int) -> torch.Tensor:
+        # Rows grouped by source: (sources, heads, group, hd) queries per (S, hd) block.
+        rows, d = x.shape
+        h, hd, g = self.heads, self.head_dim, state.group
+        q = self.q_cross(x).view(rows // g, g, h, hd).transpose(1, 2)
         ck, cv = state.cross_kv[0, i], state.cross_kv[1, i]  # (sources, heads, S, hd)
         att = torch.softmax(q @ ck.transpose(2, 3) + state.cross_bias, dim=-1)  # (sources, heads, g, S)
         o = (att @ cv).transpose(1, 2).reshape(rows, d)  # (sources, g, heads, hd) -> (rows, d)
-        x = x + self.out_cross(o)
-        return x + self.fc2(self.act(self.fc1(self.ln_ffn(x))))
+        return self.out_cross(o)
 
 
 def _linear(weight: torch.Tensor, bias: torch.Tensor | None) -> nn.Linear:
@@ -161,14 +229,44 @@ def _cat_bias(parts: list[tuple[nn.Linear, float]]) -> torch.Tensor | None:
     )
 
 
-class StaticDecoder(nn.Module):
-    """The decoder of an M2M100-architecture model as a cached one-token step (see the module docstring).
+def _embed_scale(decoder: nn.Module) -> float:
+    # M2M100/MBart scale inside their embedding module, Marian in the decoder's forward.
+    scale = getattr(decoder.embed_tokens, "embed_scale", None)
+    if scale is None:
+        scale = getattr(decoder, "embed_scale", None)
+    return float(scale or 1.0)
 
-    Built from a loaded ``M2M100ForConditionalGeneration``; shares its layer norms, output and feed-forward
-    linears and embedding matrix (no copy), and owns only the fused QKV / cross-KV weights.
+
+def _size(n: int) -> str:
+    return f"{n / 2**20:.1f} MiB" if n >= 2**17 else f"{n:,} bytes"
+
+
+def _free_bytes(device: torch.device) -> int | None:
+    """Memory that can still be allocated on ``device`` (CPU: MemAvailable), None when unknown."""
+    if device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[0])
+    if device.type == "cpu":
+        try:
+            with open("/proc/meminfo", encoding="ascii") as f:
+                for line in f:
+                    if line.startswith("MemAvailable:"):
+                        return int(line.split()[1]) * 1024
+        except OSError:
+            return None
+    return None
+
+
+class StaticDecoder(nn.Module):
+    """The decoder of a supported model (M2M100/NLLB, Marian, MBart) as a cached one-token step (see the
+    module docstring).
+
+    Built from a loaded Hugging Face ``...ForConditionalGeneration``; shares its layer norms, output and
+    feed-forward linears, embedding matrix and position table (no copy), and owns only the fused QKV /
+    cross-KV weights. ``max_cache_bytes``: refuse any one cache allocation above this (default: the
+    ``FASTVOCAB_CACHE_LIMIT_MB`` environment variable, else only the device's free memory limits it).
     """
 
-    def __init__(self, model: nn.Module, capacity: int = 64) -> None:
+    def __init__(self, model: nn.Module, capacity: int = 64, max_cache_bytes: int | None = None) -> None:
         super().__init__()
         reason = unsupported_reason(model)
         if reason:
@@ -177,20 +275,29 @@ class StaticDecoder(nn.Module):
 
         config = model.config
         dec = model.get_decoder()
+        self.family = _Family.of(model)
         self.d = config.d_model
         self.heads = config.decoder_attention_heads
         self.head_dim = self.d // self.heads
         self.n_layers = len(dec.layers)
         self.pad_id = int(config.pad_token_id)
         self.embed_weight = dec.embed_tokens.weight.detach()  # (N, d), shared with the HF model
-        self.embed_scale = float(getattr(dec.embed_tokens, "embed_scale", 1.0) or 1.0)
-        self._get_embedding = dec.embed_positions.get_embedding
-        self.pos_offset = self.pad_id + 1  # position of target token t is t + padding_idx + 1
+        self.embed_scale = _embed_scale(dec)
+        self.pos_offset = self.family.pos_offset  # table row of target position t is t + pos_offset
         self.capacity = int(capacity)
-        self.positions = self._position_table(config.max_position_embeddings + self.pos_offset)
+        if max_cache_bytes is None and os.environ.get(CACHE_LIMIT_ENV):
+            max_cache_bytes = int(float(os.environ[CACHE_LIMIT_ENV]) * 2**20)
+        self.max_cache_bytes = max_cache_bytes
+        if self.family.extendable:
+            self._get_embedding = dec.embed_positions.get_embedding
+            self.positions = self._position_table(config.max_position_embeddings + self.pos_offset)
+        else:
+            self.positions = dec.embed_positions.weight.detach()  # (max positions (+ offset), d), shared
+        self.ln_embed = getattr(dec, "layernorm_embedding", None)  # MBart
+        self.final_ln = getattr(dec, "layer_norm", None)  # M2M100, MBart; Marian has none
         act = ACT2FN[config.activation_function]
-        self.layers = nn.ModuleList(_Layer(layer, self.heads, act) for layer in dec.layers)
-        self.final_ln = dec.layer_norm
+        pre = self.family.pre_norm
+        self.layers = nn.ModuleList(_Layer(layer, self.heads, act, pre) for layer in dec.layers)
         with torch.no_grad():
             # Cross-attention K and V of every layer in one (layers * 2 * d, d) GEMM over the encoder output.
             kv = [(layer.encoder_attn.k_proj, layer.encoder_attn.v_proj) for layer in dec.layers]
@@ -212,31 +319,51 @@ class StaticDecoder(nn.Module):
         table = self._get_embedding(n, self.d, self.pad_id)
         return table.to(device=self.embed_weight.device, dtype=self.embed_weight.dtype)  # (n, d)
 
+    def cache_bytes_per_row(self, positions: int) -> int:
+        """Self-attention cache bytes per decoder row (batch x beam rows) for ``positions`` positions."""
+        return 2 * self.n_layers * self.d * positions * self.embed_weight.element_size()
+
     # ------------------------------------------------------------------ state
 
     def _alloc(self, shape: tuple[int, ...], what: str) -> torch.Tensor:
+        size = torch.Size(shape).numel() * self.embed_weight.element_size()
+        limit, source = self.max_cache_bytes, "max_cache_bytes / " + CACHE_LIMIT_ENV
+        if size >= _CHECK_FREE_BYTES:
+            free = _free_bytes(self.device)
+            if free is not None and (limit is None or free < limit):
+                limit, source = free, f"free memory on {self.device}"
+        if limit is not None and size > limit:
+            raise MemoryError(self._too_big(shape, what, size, f"the limit is {_size(limit)} ({source})"))
         try:
             return torch.empty(shape, dtype=self.dtype, device=self.device)
         except (RuntimeError, MemoryError) as exc:  # torch.OutOfMemoryError is a RuntimeError
-            size = torch.Size(shape).numel() * torch.empty((), dtype=self.dtype).element_size()
-            raise MemoryError(
-                f"static decoder cache does not fit: {what} {tuple(shape)} = {size / 2**20:.0f} MiB on "
-                f"{self.device} (rows = batch x beam, capacity = target positions); lower --batch-size, "
-                f"--beam or --max-len"
-            ) from exc
+            raise MemoryError(self._too_big(shape, what, size, "the allocation failed")) from exc
+
+    def _too_big(self, shape: tuple[int, ...], what: str, size: int, why: str) -> str:
+        if what == "self-attention cache":
+            layout = "(2, layers, rows, heads, positions, head_dim)"
+            hint = "rows = batch x beam, positions = forced prefix + --max-len - 1"
+        else:
+            layout = "(2, layers, sentences, heads, source tokens, head_dim)"
+            hint = "sentences = batch, source tokens = the longest source line"
+        return (
+            f"static decoder cache does not fit: {what} {tuple(shape)} = {_size(size)} ({layout}, "
+            f"{self.dtype} on {self.device}); {why}. {hint}: lower --batch-size, --beam or --max-len"
+        )
 
     @torch.inference_mode()
     def start(self, enc_hidden: torch.Tensor, enc_mask: torch.Tensor, capacity: int | None = None):
         """State for a new batch: cross K/V from ``enc_hidden`` (rows, S, d), ``enc_mask`` (rows, S)."""
         n, s, _ = enc_hidden.shape
         cap = int(capacity or self.capacity)
+        # Both caches are checked before the cross K/V GEMM runs: a batch that cannot fit fails at once.
+        self_kv = self._alloc((2, self.n_layers, n, self.heads, cap, self.head_dim), "self-attention cache")
+        cross = self._alloc((2, self.n_layers, n, self.heads, s, self.head_dim), "cross-attention cache")
         kv = self.cross_kv(enc_hidden.to(self.dtype))  # (n, S, layers * 2 * d)
         kv = kv.view(n, s, self.n_layers, 2, self.heads, self.head_dim)
-        cross = self._alloc((2, self.n_layers, n, self.heads, s, self.head_dim), "cross-attention cache")
         cross.copy_(kv.permute(3, 2, 0, 4, 1, 5))  # (2, layers, n, heads, S, hd)
         bias = torch.zeros((n, 1, 1, s), dtype=self.dtype, device=self.device)
         bias.masked_fill_(enc_mask[:, None, None, :].to(self.device) == 0, torch.finfo(self.dtype).min)
-        self_kv = self._alloc((2, self.n_layers, n, self.heads, cap, self.head_dim), "self-attention cache")
         return StaticState(self_kv, cross, bias, group=1, length=0)
 
     def _grow(self, state: StaticState) -> None:
@@ -279,20 +406,37 @@ class StaticDecoder(nn.Module):
 
     # ------------------------------------------------------------------ step
 
+    def _ensure_positions(self, pos: int) -> None:
+        row = pos + self.pos_offset
+        if row < self.positions.shape[0]:
+            return
+        if self.family.extendable:  # HF extends its sinusoidal table the same way
+            self.positions = self._position_table(2 * (row + 1))
+            return
+        raise ValueError(
+            f"target position {pos} is beyond the {self.family.name} model's position table "
+            f"({self.positions.shape[0] - self.pos_offset} positions: max_position_embeddings); "
+            "lower --max-len"
+        )
+
     @torch.inference_mode()
     def step(self, tokens: torch.Tensor, state: StaticState) -> torch.Tensor:
         """Feed one token per row (rows,); returns ``h`` (rows, d) and advances ``state`` in place."""
         pos = state.length
         if pos >= state.capacity:
             self._grow(state)
-        if pos + self.pos_offset >= self.positions.shape[0]:  # HF extends its table the same way
-            self.positions = self._position_table(2 * (pos + self.pos_offset + 1))
+        self._ensure_positions(pos)
         tokens = tokens.to(self.device)
         x = nn.functional.embedding(tokens, self.embed_weight) * self.embed_scale  # (rows, d)
-        # create_position_ids_from_input_ids: a pad token sits at padding_idx (a zero row), others count on.
-        pos_ids = torch.where(tokens == self.pad_id, self.pad_id, pos + self.pos_offset)  # (rows,)
-        x = x + self.positions.index_select(0, pos_ids)
+        if self.family.pad_positions:
+            # create_position_ids_from_input_ids: a pad token sits at padding_idx (zero row), others count on.
+            pos_ids = torch.where(tokens == self.pad_id, self.pad_id, pos + self.pos_offset)  # (rows,)
+            x = x + self.positions.index_select(0, pos_ids)
+        else:
+            x = x + self.positions[pos + self.pos_offset]  # (d,): every row is at the same position
+        if self.ln_embed is not None:
+            x = self.ln_embed(x)
         for i, layer in enumerate(self.layers):
             x = layer(x, state, i)
         state.length = pos + 1
-        return self.final_ln(x)
+        return x if self.final_ln is None else self.final_ln(x)

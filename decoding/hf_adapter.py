@@ -13,9 +13,10 @@ into the pieces the search loop needs:
 The output projection itself is *not* applied here: the search hands ``h`` to a ``kernels`` projection.
 
 Two decoder-step engines (``engine=``): ``"static"``, the lean preallocated-cache step of
-``fastvocab.decoding.engine`` (M2M100 architecture: M2M100, NLLB, the demo model), and ``"hf"``, the Hugging
-Face decoder called eagerly with a dynamic cache (every family). ``"auto"`` (the default) picks ``"static"``
-where it is implemented. Both give the same ``h`` (fp32 rounding) and the same search output.
+``fastvocab.decoding.engine`` (M2M100, NLLB, the demo model, Marian, MBart), and ``"hf"``, the Hugging Face
+decoder called eagerly with a dynamic cache. ``"auto"`` (the default) picks ``"static"`` where it is
+implemented (every supported family today; a variant it does not recognise falls back to ``"hf"``). Both give
+the same ``h`` (fp32 rounding) and the same search output.
 """
 
 from __future__ import annotations
@@ -82,7 +83,9 @@ class Seq2SeqAdapter:
 
     ``engine``: "auto" (static where implemented, else hf), "static" (an error for a family it does not
     implement) or "hf"; see the module docstring. ``cache_len``: target positions the static engine's
-    self-attention cache holds at first (it doubles when a sentence runs longer).
+    self-attention cache holds at first (it doubles when a sentence runs longer). ``max_cache_bytes``: the
+    static engine refuses a cache allocation above this (default: ``FASTVOCAB_CACHE_LIMIT_MB``, else the
+    device's free memory), with an error naming the sizes.
     """
 
     def __init__(
@@ -96,6 +99,7 @@ class Seq2SeqAdapter:
         *,
         engine: str = "auto",
         cache_len: int = 64,
+        max_cache_bytes: int | None = None,
     ):
         self.model = model
         self.tokenizer = tokenizer
@@ -144,9 +148,9 @@ class Seq2SeqAdapter:
             self.languages = [lang for lang in self.languages if lang in set(trained)]
         self.quantized = False
         self._static = None  # fastvocab.decoding.engine.StaticDecoder when engine resolves to "static"
-        self.engine = self._pick_engine(engine, cache_len)
+        self.engine = self._pick_engine(engine, cache_len, max_cache_bytes)
 
-    def _pick_engine(self, engine: str, cache_len: int) -> str:
+    def _pick_engine(self, engine: str, cache_len: int, max_cache_bytes: int | None) -> str:
         from fastvocab.decoding.engine import StaticDecoder, unsupported_reason
 
         if engine not in ENGINES:
@@ -161,7 +165,7 @@ class Seq2SeqAdapter:
                 raise ValueError(f"engine 'static' cannot run {self.path}: {reason}")
             log.debug("engine auto -> hf for %s: %s", self.path, reason)
             return "hf"
-        self._static = StaticDecoder(self.model, capacity=cache_len)
+        self._static = StaticDecoder(self.model, capacity=cache_len, max_cache_bytes=max_cache_bytes)
         return "static"
 
     def quantize_int8(self, encoder: bool = True) -> None:
@@ -195,11 +199,12 @@ class Seq2SeqAdapter:
         *,
         engine: str = "auto",
         cache_len: int = 64,
+        max_cache_bytes: int | None = None,
     ) -> Seq2SeqAdapter:
         """Load a model folder (never a hub name: ``local_files_only=True``).
 
         ``fingerprint``: the model's known fingerprint (from a ``ModelRef``), so it is not computed again.
-        ``engine``, ``cache_len``: the decoder-step engine (see the class).
+        ``engine``, ``cache_len``, ``max_cache_bytes``: the decoder-step engine (see the class).
         """
         from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
@@ -211,7 +216,17 @@ class Seq2SeqAdapter:
         tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
         model = AutoModelForSeq2SeqLM.from_pretrained(path, local_files_only=True, dtype=dtype)
         model = model.to(device).eval()
-        adapter = cls(model, tokenizer, path, device, dtype, fingerprint, engine=engine, cache_len=cache_len)
+        adapter = cls(
+            model,
+            tokenizer,
+            path,
+            device,
+            dtype,
+            fingerprint,
+            engine=engine,
+            cache_len=cache_len,
+            max_cache_bytes=max_cache_bytes,
+        )
         log.debug(
             "loaded %s (%s, N=%d, d=%d, engine %s)",
             path,

@@ -50,7 +50,7 @@ class Int8FullProjection(FullProjection):
     name = "full"
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, **kwargs: object) -> None:
-        super().__init__(weight, bias, **kwargs)
+        super().__init__(weight, bias, prepack=False, **kwargs)  # W is read once, into the int8 layer
         if weight.device.type != "cpu":
             raise ValueError(f"int8 projection runs on CPU only, W is on {weight.device}")
         lin = nn.Linear(self.d, self.n_vocab, bias=bias is not None)

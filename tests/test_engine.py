@@ -132,10 +132,11 @@ def test_engine_choice_and_refusals(static, tmp_path):
         Seq2SeqAdapter(static.model, static.tokenizer, static.path, "cpu", torch.float32, cache_len=0)
 
 
-def test_marian_is_refused_by_static_and_served_by_hf():
-    from transformers import MarianConfig, MarianMTModel
+def test_unsupported_family_is_refused_by_static():
+    """Marian and MBart run on the static engine (tests/test_engine_families.py); BART does not."""
+    from transformers import BartConfig, BartForConditionalGeneration
 
-    config = MarianConfig(
+    config = BartConfig(
         vocab_size=50,
         d_model=16,
         encoder_layers=1,
@@ -145,12 +146,9 @@ def test_marian_is_refused_by_static_and_served_by_hf():
         encoder_ffn_dim=32,
         decoder_ffn_dim=32,
         max_position_embeddings=32,
-        pad_token_id=1,
-        eos_token_id=0,
-        decoder_start_token_id=1,
     )
-    model = MarianMTModel(config).eval()
-    with pytest.raises(ValueError, match=r"'marian' models use engine='hf'"):
+    model = BartForConditionalGeneration(config).eval()
+    with pytest.raises(ValueError, match=r"'bart' models use engine='hf'"):
         StaticDecoder(model)
 
 

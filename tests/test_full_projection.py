@@ -1,0 +1,96 @@
+"""The full projection's pre-packed CPU path (``fastvocab.kernels.full``): same logits as ``F.linear`` (to
+float rounding) on every row-count path, ``self.weight`` kept, pickling, and the F.linear fallback."""
+
+from __future__ import annotations
+
+import copy
+import logging
+import pickle
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from fastvocab.kernels import create_projection
+from fastvocab.kernels import full as full_mod
+from fastvocab.kernels.full import FullProjection, prepack_unavailable
+
+needs_prepack = pytest.mark.skipif(
+    prepack_unavailable(torch.zeros(1, 1)) is not None, reason="torch.ops.mkldnn linear ops unavailable"
+)
+
+
+@pytest.fixture(autouse=True)
+def pack_small_w(monkeypatch):
+    """The test matrices are far below PREPACK_MIN_BYTES: pack them anyway (unless a test says otherwise)."""
+    monkeypatch.setattr(full_mod, "PREPACK_MIN_BYTES", 0)
+
+
+def _wb(n: int = 300, d: int = 24, bias: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
+    gen = torch.Generator().manual_seed(0)
+    w = torch.randn(n, d, generator=gen)
+    return w, (torch.randn(n, generator=gen) if bias else None)
+
+
+@needs_prepack
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("rows", [0, 1, full_mod.SMALL_ROWS - 1, full_mod.SMALL_ROWS, 33])
+def test_packed_logits_equal_f_linear(rows, bias):
+    w, b = _wb(bias=bias)
+    proj = create_projection("full", w, b)
+    assert proj.packed and proj.weight.shape == (300, 24)
+    torch.testing.assert_close(proj.weight, w)  # other users (fingerprint, fallbacks) read W as (N, d)
+    h = torch.randn(rows, 24)
+    out = proj(h)
+    assert out.ids is None and out.logits.shape == (rows, 300)
+    torch.testing.assert_close(out.logits, F.linear(h, w, b), rtol=1e-5, atol=1e-5)
+    with torch.inference_mode():
+        torch.testing.assert_close(proj(h).logits, out.logits)
+
+
+@needs_prepack
+def test_pickle_and_deepcopy_pack_again():
+    w, b = _wb()
+    proj = create_projection("full", w, b, always_active=(2, 5))
+    h = torch.randn(9, 24)
+    for other in (pickle.loads(pickle.dumps(proj)), copy.deepcopy(proj)):
+        assert other.packed
+        torch.testing.assert_close(other(h).logits, proj(h).logits)
+        assert other.signature() == proj.signature()
+
+
+@needs_prepack
+def test_in_place_change_of_w_is_seen():
+    """As with F.linear on W: a row of W edited in place (a test fits the EOS row so) changes the logits."""
+    w, b = _wb()
+    proj = create_projection("full", w, b)
+    h = torch.randn(6, 24)
+    for rows in (1, 6):  # both copies (W^T and the packed W) follow
+        with torch.no_grad():
+            w[7] = torch.randn(24)
+        torch.testing.assert_close(proj(h[:rows]).logits, F.linear(h[:rows], w, b), rtol=1e-5, atol=1e-5)
+
+
+def test_fallback_is_f_linear_and_logged(caplog, monkeypatch):
+    w, b = _wb()
+    monkeypatch.setattr(full_mod, "PREPACK_MIN_BYTES", 4 << 20)
+    with caplog.at_level(logging.DEBUG, logger="fastvocab.kernels.full"):
+        small = FullProjection(w, b)  # 29 KB: F.linear is as fast
+    assert not small.packed and "where packing does not pay" in caplog.text
+    h = torch.randn(5, 24)
+    off = FullProjection(w, b, prepack=False)
+    assert not off.packed
+    assert torch.equal(off(h).logits, F.linear(h, w, b))
+    with caplog.at_level(logging.DEBUG, logger="fastvocab.kernels.full"):
+        half = FullProjection(w.to(torch.bfloat16), b.to(torch.bfloat16))
+    assert not half.packed
+    assert "F.linear on W" in caplog.text and "float32 path" in caplog.text
+    assert prepack_unavailable(torch.zeros(1, 1, device="meta")) is not None
+
+
+def test_int8_projection_does_not_pack():
+    from fastvocab.decoding.int8 import Int8FullProjection
+
+    w, b = _wb()
+    q = Int8FullProjection(w, b)
+    assert not q.packed
