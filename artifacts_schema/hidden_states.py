@@ -3,8 +3,10 @@
 Columns: ``sent_id int64, step int32, hidden fixed_size_list<float16>[d], topk_ids fixed_size_list<int32>[K]``
 (+ optional ``topk_logprobs fixed_size_list<float32>[K]``). Schema metadata: model fingerprint, d, K,
 direction, schema version, and the plan the shard was made from (``fastvocab.dump_plan``: its sentences'
-digest and the decoding settings), compared on resume. Shards live in
-``<root>/direction=<src>-<tgt>/part-<i:05d>.parquet`` (hive partitioning), written atomically.
+digest and the decoding settings, ``beam`` among them for a beam dump), compared on resume. A shard
+dumped along beam search's hypotheses holds several rows per ``(sent_id, step)``: nothing reading shards may
+treat the pair as a key. Shards live in ``<root>/direction=<src>-<tgt>/part-<i:05d>.parquet`` (hive
+partitioning), written atomically.
 
 Content checksum: beside each shard, ``_part-<i:05d>.parquet.sha256`` holds the SHA-256 of the shard's bytes
 in ``sha256sum`` format (``sha256sum -c`` checks it; the ``_`` prefix keeps it out of Parquet datasets). The

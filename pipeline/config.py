@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from fastvocab.pipeline.errors import UserError
 
@@ -84,6 +84,8 @@ class DumpConfig(_Strict):
     max_states: int | None = Field(None, ge=1)  # cap on stored states per direction
     stream_sentences: int = Field(0, ge=0)  # further sentences: counts only, states not stored
     k: int = Field(5, ge=1)  # top-K ids recorded per state
+    # 1: states of the greedy path; > 1: of every live hypothesis of beam search (needs k >= 2 x beam)
+    beam: int = Field(1, ge=1)
     batch_size: int = Field(32, ge=1)
     shard_rows: int = Field(50_000, ge=1)  # Parquet row-group size inside a shard
     split: str = "train"  # corpus split whose source side is decoded ("mono": <corpus>/mono/<src>.parquet)
@@ -93,10 +95,20 @@ class DumpConfig(_Strict):
     max_len: int = Field(128, ge=1)  # max target tokens decoded per sentence
     torch_threads: int | None = Field(None, ge=1)  # per worker; default: Ray CPUs / workers (>= 1)
 
+    @model_validator(mode="after")
+    def _check_k_covers_beam(self) -> DumpConfig:
+        # beam search extends each hypothesis with its 2 x beam best tokens: a map needs at least those ids
+        if self.beam > 1 and self.k < 2 * self.beam:
+            raise ValueError(
+                f"dump.k={self.k} is below 2 x dump.beam = {2 * self.beam}: beam search keeps the "
+                f"2 x beam best tokens of every hypothesis; set dump.k >= {2 * self.beam}"
+            )
+        return self
+
     def settings(self) -> DumpSettings:
         from fastvocab.tasks.dump import DumpSettings
 
-        return DumpSettings(k=self.k, max_len=self.max_len, batch_size=self.batch_size)
+        return DumpSettings(k=self.k, max_len=self.max_len, batch_size=self.batch_size, beam=self.beam)
 
 
 class KMeansConfig(_Strict):

@@ -1,6 +1,11 @@
 """The dump stage: decode unlabelled source sentences with the full projection and record, for every decoder
 step, the hidden state ``h`` that entered the projection and the model's top-K token ids (Amer et al. 2.2).
 
+With ``DumpSettings.beam == 1`` the states are those of the greedy path (the paper's setting). With a beam,
+the sentences are decoded by full-softmax beam search and every live hypothesis's state is recorded: beam
+search visits states the greedy path never reaches, and a map that never saw them misses ids it needs. Such a
+shard holds several rows per ``(sent_id, step)``, one per distinct hypothesis, in beam order.
+
 Work is cut into deterministic shards: shard ``i`` of a direction holds sentences ``[i*S, (i+1)*S)`` of the
 configured sample and is written, atomically, to ``<states>/direction=<src>-<tgt>/part-<i:05d>.parquet``
 (format: ``artifacts_schema.hidden_states``). Each file carries the plan it was made from, so a shard whose
@@ -19,6 +24,7 @@ import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -32,6 +38,9 @@ from fastvocab.artifacts_schema.hidden_states import (
 )
 from fastvocab.tasks.context import RunContext
 
+if TYPE_CHECKING:
+    import torch
+
 log = logging.getLogger(__name__)
 
 OUTPUT_COLUMNS = ("sent_id", "step", "hidden", "topk_ids", "topk_logprobs")
@@ -44,10 +53,19 @@ class DumpSettings:
     k: int = 5  # top-K ids recorded per state
     max_len: int = 128  # max target tokens decoded per sentence
     batch_size: int = 32  # sentences a batch (padding changes float rounding, so it is in the plan)
+    beam: int = 1  # 1: the greedy path; > 1: every live hypothesis of full-softmax beam search
 
     def __post_init__(self) -> None:
-        if min(self.k, self.max_len, self.batch_size) < 1:
+        if min(self.k, self.max_len, self.batch_size, self.beam) < 1:
             raise ValueError(f"dump settings must be >= 1, got {self}")
+        # Beam search extends each hypothesis with its 2 x beam best tokens, so a map must know at least those
+        # ids per state. Refused, not k silently raised: k is in every shard's plan and bounds maps.k, so the
+        # user should see (and log) the k the states were actually recorded with.
+        if self.beam > 1 and self.k < 2 * self.beam:
+            raise ValueError(
+                f"dump k={self.k} is below 2 x beam = {2 * self.beam}: beam search keeps the 2 x beam best "
+                f"tokens of every hypothesis, so record at least k={2 * self.beam} ids per state"
+            )
 
 
 @dataclass(frozen=True)
@@ -71,7 +89,7 @@ class ShardSpec:
     def plan(self, settings: DumpSettings) -> dict[str, object]:
         """What the shard's content depends on besides the model: compared on resume."""
         lines = "".join(f"{i}\t{t}\n" for i, t in zip(self.sent_ids, self.texts, strict=True))
-        return {
+        plan: dict[str, object] = {
             "direction": self.direction,
             "index": self.index,
             "sentences": len(self.sent_ids),
@@ -81,6 +99,11 @@ class ShardSpec:
             "max_len": settings.max_len,
             "batch_size": settings.batch_size,
         }
+        # Only a beam dump names its beam: greedy plans (and so the bytes of greedy shards, and their resume
+        # against shards written before the beam setting existed) stay as they were.
+        if settings.beam > 1:
+            plan["beam"] = settings.beam
+        return plan
 
 
 def plan_shards(
@@ -109,11 +132,12 @@ def plan_shards(
 
 
 class DumpActor:
-    """Greedy decoding with the full projection, recording every step's ``h`` and top-K ids.
+    """Greedy (or beam) decoding with the full projection, recording every step's ``h`` and top-K ids.
 
     ``__call__`` takes ``{"sent_id": (n,), "text": (n,), "src_lang": (n,), "tgt_lang": (n,)}`` and returns
     ``{"sent_id", "step", "hidden" (rows, d) fp16, "topk_ids" (rows, K) int32, "topk_logprobs" (rows, K)}``,
-    rows ordered by (input row, step). Rows of different directions may be mixed in one batch.
+    rows ordered by (input row, step), and with a beam by hypothesis (best first) within a step. Rows of
+    different directions may be mixed in one batch.
     """
 
     def __init__(self, ctx: RunContext, settings: DumpSettings) -> None:
@@ -122,6 +146,7 @@ class DumpActor:
         self.ctx = ctx
         self.settings = settings
         self.k, self.max_len, self.batch_size = settings.k, settings.max_len, settings.batch_size
+        self.beam = settings.beam
         self.adapter = ctx.load_adapter()
         self.projection = create_projection(
             "full", self.adapter.output_weight, self.adapter.output_bias, fingerprint=ctx.model.fingerprint
@@ -153,7 +178,7 @@ class DumpActor:
             return self._empty()
         row = np.concatenate([p["row"] for p in parts])
         step = np.concatenate([p["step"] for p in parts])
-        order = np.lexsort((step, row))  # by input row, then step
+        order = np.lexsort((step, row))  # by input row, then step; stable: hypotheses keep beam order
         return {
             "sent_id": sent_ids[row[order]],
             "step": step[order].astype(np.int32),
@@ -172,29 +197,48 @@ class DumpActor:
         }
 
     def _decode(self, texts: list[str], src_lang: str, tgt_lang: str) -> dict[str, np.ndarray]:
-        from fastvocab.decoding.search import greedy_search
+        from fastvocab.decoding.search import beam_search, greedy_search
 
         rec: dict[str, list[np.ndarray]] = {
             k: [] for k in ("row", "step", "hidden", "topk_ids", "topk_logprobs")
         }
 
         def hook(r) -> None:
+            row_ids, hidden = r.row_ids, r.hidden  # (rows,), (rows, d)
             logp, ids = r.output.topk(self.k)  # (rows, K) best first
-            rec["row"].append(r.row_ids.cpu().numpy())
-            rec["step"].append(np.full(len(r.row_ids), r.step, dtype=np.int32))
-            rec["hidden"].append(r.hidden.float().cpu().numpy().astype(np.float16))  # (rows, d)
+            if self.beam > 1:
+                keep = distinct_hypotheses(row_ids, hidden)
+                row_ids, hidden, logp, ids = row_ids[keep], hidden[keep], logp[keep], ids[keep]
+            rec["row"].append(row_ids.cpu().numpy())
+            rec["step"].append(np.full(len(row_ids), r.step, dtype=np.int32))
+            rec["hidden"].append(hidden.float().cpu().numpy().astype(np.float16))  # (rows, d)
             rec["topk_ids"].append(ids.cpu().numpy().astype(np.int32))
             rec["topk_logprobs"].append(logp.float().cpu().numpy())
 
         batch = self.adapter.encode_texts(texts, src_lang, tgt_lang)
-        greedy_search(self.adapter, self.projection, batch, src_lang, tgt_lang, self.max_len, step_hook=hook)
+        if self.beam == 1:
+            greedy_search(
+                self.adapter, self.projection, batch, src_lang, tgt_lang, self.max_len, step_hook=hook
+            )
+        else:
+            beam_search(
+                self.adapter,
+                self.projection,
+                batch,
+                src_lang,
+                tgt_lang,
+                beam=self.beam,
+                max_len=self.max_len,
+                step_hook=hook,
+            )
         return {k: np.concatenate(v) for k, v in rec.items()}
 
     def decode_shard(self, spec: ShardSpec) -> dict[str, np.ndarray]:
         """All state rows of a shard, capped at ``spec.max_states``.
 
         Sentences are decoded in order of length (less padding, fewer wasted steps) and rows come back in
-        sentence order. Padding can change float rounding, so the batch size is part of the shard's plan.
+        sentence order. Padding can change float rounding, so the batch size is part of the shard's plan. With
+        a beam a sentence has several rows per step, so the same cap covers fewer sentences.
         """
         order = sorted(range(len(spec.texts)), key=lambda i: (len(spec.texts[i]), i))
         n = len(order)
@@ -213,6 +257,21 @@ class DumpActor:
         if spec.max_states is not None and len(cols["sent_id"]) > spec.max_states:
             cols = {k: v[: spec.max_states] for k, v in cols.items()}
         return cols
+
+
+def distinct_hypotheses(row_ids: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+    """Boolean mask (rows,) that drops a row equal to the row before it in the same sentence.
+
+    Beam search starts every sentence with ``beam`` copies of the same prefix (only the first one expands) and
+    keeps a sentence's hypotheses adjacent: a copy adds no state the map lacks, only weight in k-means.
+    """
+    import torch
+
+    keep = torch.ones(len(row_ids), dtype=torch.bool, device=row_ids.device)
+    if len(row_ids) > 1:
+        same = (row_ids[1:] == row_ids[:-1]) & (hidden[1:] == hidden[:-1]).all(dim=1)
+        keep[1:] = ~same
+    return keep
 
 
 def run_dump_shard(

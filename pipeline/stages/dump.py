@@ -1,4 +1,5 @@
-"""The dump stage: decode each direction's sample with full softmax and store states + top-K per step.
+"""The dump stage: decode each direction's sample with full softmax and store states + top-K per step
+(along the greedy path, or along every live hypothesis with ``dump.beam`` > 1).
 
 Plans deterministic shards on the driver, skips those whose file matches the plan, and sends the rest to a
 pool of :class:`~fastvocab.tasks.workers.DecoderWorker` actors. The streaming part of the sample
@@ -107,6 +108,7 @@ def run(ctx: StageContext) -> list[StageRecord]:
             "model_fingerprint": m.fingerprint,
             "direction": direction,
             "k": cfg.k,
+            "beam": cfg.beam,
             "sentences": n_sent,
             "max_states": cfg.max_states,
             "shard_sentences": cfg.shard_sentences,
