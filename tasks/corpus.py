@@ -144,11 +144,16 @@ def _line_key(text: str) -> int:
 
 
 def _first_occurrences(keys: np.ndarray, skip: np.ndarray | None = None) -> np.ndarray:
-    """True at the first index of every distinct key (indices where ``skip`` is True never count)."""
-    candidates = np.arange(len(keys)) if skip is None else np.flatnonzero(~skip)
-    _, first = np.unique(keys[candidates], return_index=True)  # first occurrence of each key
+    """True at the first index of every distinct key, False where ``skip`` is True.
+
+    Skipped rows take part in the search (no compacted copy of ``keys``: the index is the memory that grows
+    with the file): give them one shared key, so they never hide a row that is kept.
+    """
+    _, first = np.unique(keys, return_index=True)  # first occurrence of each key
     keep = np.zeros(len(keys), dtype=bool)
-    keep[candidates[first]] = True
+    keep[first] = True
+    if skip is not None:
+        keep &= ~skip
     return keep
 
 
@@ -544,10 +549,11 @@ def import_parallel(
 
 def _mono_first_lines(path: Path, stats: dict[str, int]) -> np.ndarray:
     """Pass 1 of the monolingual import: a bool per line, True for the first copy of each non-empty line."""
-    keys = np.fromiter(
-        (_line_key(text) if (text := normalise(raw)) else 0 for _, raw in _decoded_lines(path)),
-        dtype=np.uint64,
-    )
+    buf = array.array("Q")  # 8 bytes a line, over-allocating little as it grows
+    for _, raw in _decoded_lines(path):
+        text = normalise(raw)
+        buf.append(_line_key(text) if text else 0)
+    keys = np.frombuffer(buf, dtype=np.uint64)
     blank = keys == 0  # an empty line; a text whose key is 0 (p = 2^-64) would be taken for one
     keep = _first_occurrences(keys, skip=blank)
     stats.update(lines=len(keys), empty=int(blank.sum()), duplicates_removed=int((~blank).sum() - keep.sum()))
