@@ -3,7 +3,11 @@
 Folder layout (DESIGN.md, Formats)::
 
     <map_dir>/map.safetensors   centroids [r, d] f32, centroid_sq_norms [r] f32,
-                                indptr [r+1] i64, indices [nnz] i32, counts [nnz] i32  (CSR, ids sorted)
+                                indptr [r+1] i64, indices [nnz] i32, counts [nnz] i32  (CSR, ids sorted),
+                                and the normaliser of the columns outside each set (version 3):
+                                normaliser_lse [r] f32, normaliser_grad [r, d] f32,
+                                normaliser_basis [d, k] f32, normaliser_curv [r, k, k] f32,
+                                normaliser_resid [r] f32
     <map_dir>/manifest.json     schema version, model fingerprint, direction, scope, r, K, niter, seed,
                                 the digest of map.safetensors, ...
 
@@ -11,6 +15,10 @@ A map's *scope* says which decoder states fed it (Amer et al. Sec. 2.2): ``direc
 known: one map per direction) or ``target`` (target only: one map per target language). Loading checks the
 schema version, the tensors' digest, shapes, finite centroids, CSR invariants and (when given) the model
 fingerprint.
+
+The normaliser (``kernels/clustered_ops.NormaliserTables``) is computed for each set plus the model's
+always-active ids, which the manifest records (``normaliser``: rank, always_active); a map may lack it (a
+hand-made map), and the clustered projection then computes it at load time.
 """
 
 from __future__ import annotations
@@ -28,7 +36,9 @@ from fastvocab.artifacts_schema.errors import ArtifactError
 from fastvocab.artifacts_schema.jsonfile import require_json, write_json
 
 # Version 2: the map's scope is named ``scope`` (was ``mode``) and the manifest records ``tensors_digest``.
-MAP_SCHEMA_VERSION = 2
+# Version 3: the per-cluster normaliser of the inactive columns (``normaliser_*`` tensors and the manifest's
+# ``normaliser``).
+MAP_SCHEMA_VERSION = 3
 MAP_SCOPES = ("direction", "target")  # source+target known / target-only (Amer et al. Sec. 2.2)
 REBUILD_HINT = "rebuild it with `fastvocab run CONFIG --stages kmeans,maps`"
 TENSORS_FILE = "map.safetensors"
@@ -50,9 +60,39 @@ class MapManifest:
     active_fraction: dict[str, float] = field(default_factory=dict)  # mean, max, min, p50 over clusters
     extra: dict[str, object] = field(default_factory=dict)
     tensors_digest: str = ""  # digest of map.safetensors, set when the map is saved
+    # {"rank": k, "always_active": [ids]} when the map holds a normaliser (empty when it does not)
+    normaliser: dict[str, object] = field(default_factory=dict)
     schema_version: int = MAP_SCHEMA_VERSION
     fastvocab_version: str = __version__
     created: str = field(default_factory=lambda: time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+
+
+@dataclass
+class Normaliser:
+    """Per-cluster expansion of the log-mass of the columns outside each set, around the centroid
+    (see ``kernels/clustered_ops.NormaliserTables``, which computes it)."""
+
+    lse: np.ndarray  # (r,) float32
+    grad: np.ndarray  # (r, d) float32
+    basis: np.ndarray  # (d, k) float32
+    curv: np.ndarray  # (r, k, k) float32
+    resid: np.ndarray  # (r,) float32
+
+    def shape_problems(self, r: int, d: int) -> list[str]:
+        k = self.basis.shape[1] if self.basis.ndim == 2 else -1
+        want = {"lse": (r,), "grad": (r, d), "basis": (d, k), "curv": (r, k, k), "resid": (r,)}
+        problems = [
+            f"normaliser_{name} shape {getattr(self, name).shape} != {shape}"
+            for name, shape in want.items()
+            if getattr(self, name).shape != shape
+        ]
+        finite = [self.grad, self.basis, self.curv, self.resid]
+        if not problems and not all(np.isfinite(a).all() for a in finite):
+            problems.append("normaliser contains NaN or inf")
+        return problems
+
+
+NORMALISER_FIELDS = ("lse", "grad", "basis", "curv", "resid")
 
 
 @dataclass
@@ -63,6 +103,7 @@ class ClusterMap:
     indptr: np.ndarray  # (r+1,) int64
     indices: np.ndarray  # (nnz,) int32, sorted within each cluster
     counts: np.ndarray  # (nnz,) int32, how many member states predicted the id
+    normaliser: Normaliser | None = None  # for these sets + manifest.normaliser["always_active"]
 
     def active_ids(self, cluster: int) -> np.ndarray:
         return self.indices[self.indptr[cluster] : self.indptr[cluster + 1]]
@@ -71,8 +112,13 @@ class ClusterMap:
         return np.diff(self.indptr).astype(np.float64) / self.manifest.n_vocab
 
     def pruned(self, min_count: int) -> ClusterMap:
-        """Drop (cluster, id) pairs predicted fewer than ``min_count`` times."""
+        """Drop (cluster, id) pairs predicted fewer than ``min_count`` times.
+
+        The normaliser describes the unpruned sets: a pruned map has none (it is computed at load time).
+        """
         keep = self.counts >= min_count
+        if keep.all():
+            return self
         r = len(self.indptr) - 1
         cluster_of = np.repeat(np.arange(r), np.diff(self.indptr))  # (nnz,) cluster of each entry
         sizes = np.bincount(cluster_of[keep], minlength=r)
@@ -115,6 +161,10 @@ def validate(cmap: ClusterMap, where: str = "cluster map") -> None:
         problems.append(f"unknown scope {m.scope!r}")
     if cmap.centroids.size and not np.isfinite(cmap.centroids).all():
         problems.append("centroids contain NaN or inf")
+    if cmap.normaliser is not None:
+        problems += cmap.normaliser.shape_problems(m.r, m.d)
+        if m.normaliser.get("rank") != cmap.normaliser.basis.shape[-1]:
+            problems.append(f"manifest normaliser {m.normaliser} does not match its tensors")
     if m.schema_version != MAP_SCHEMA_VERSION:
         problems.append(f"schema version {m.schema_version}, expected {MAP_SCHEMA_VERSION}")
     if problems:
@@ -130,15 +180,19 @@ def save_cluster_map(cmap: ClusterMap, map_dir: str | Path) -> Path:
     from safetensors.numpy import save
 
     validate(cmap)
-    data = save(
-        {
-            "centroids": np.ascontiguousarray(cmap.centroids, dtype=np.float32),
-            "centroid_sq_norms": np.ascontiguousarray(cmap.centroid_sq_norms, dtype=np.float32),
-            "indptr": np.ascontiguousarray(cmap.indptr, dtype=np.int64),
-            "indices": np.ascontiguousarray(cmap.indices, dtype=np.int32),
-            "counts": np.ascontiguousarray(cmap.counts, dtype=np.int32),
-        }
-    )
+    tensors = {
+        "centroids": np.ascontiguousarray(cmap.centroids, dtype=np.float32),
+        "centroid_sq_norms": np.ascontiguousarray(cmap.centroid_sq_norms, dtype=np.float32),
+        "indptr": np.ascontiguousarray(cmap.indptr, dtype=np.int64),
+        "indices": np.ascontiguousarray(cmap.indices, dtype=np.int32),
+        "counts": np.ascontiguousarray(cmap.counts, dtype=np.int32),
+    }
+    if cmap.normaliser is not None:
+        for name in NORMALISER_FIELDS:
+            tensors[f"normaliser_{name}"] = np.ascontiguousarray(
+                getattr(cmap.normaliser, name), dtype=np.float32
+            )
+    data = save(tensors)
     cmap.manifest.tensors_digest = digest(data)
     map_dir = Path(map_dir)
     with atomic_path(map_dir) as tmp:
@@ -188,8 +242,17 @@ def load_cluster_map(map_dir: str | Path, expect_fingerprint: str | None = None)
     except (OSError, SafetensorError) as exc:
         raise ArtifactError(f"corrupt cluster map tensors in {map_dir}: {exc}") from exc
     try:
+        normaliser = None
+        if manifest.normaliser:
+            normaliser = Normaliser(**{name: t[f"normaliser_{name}"] for name in NORMALISER_FIELDS})
         cmap = ClusterMap(
-            manifest, t["centroids"], t["centroid_sq_norms"], t["indptr"], t["indices"], t["counts"]
+            manifest,
+            t["centroids"],
+            t["centroid_sq_norms"],
+            t["indptr"],
+            t["indices"],
+            t["counts"],
+            normaliser,
         )
     except KeyError as exc:
         raise ArtifactError(f"cluster map {map_dir} lacks tensor {exc}") from exc

@@ -10,8 +10,13 @@ At each decoding step:
    not pay for the union of 40 sets;
 3. optionally an estimate of the probability mass of the columns not computed
    (``ProjectionOutput.log_inactive_mass``), so beam scores stay comparable across hypotheses. Greedy search
-   needs none; for beam search use ``inactive_mass="moments"`` (beam-2 search errors on the demo model: 75%
-   without an estimate, ~55% ``centroid``, 20-30% ``moments``; see ``clustered_ops.inactive_log_mass``).
+   needs none. ``inactive_mass="normaliser"`` expands the log-mass around the row's centroid to second order
+   from tables stored in the map (exact at the centroid; ``clustered_ops.NormaliserTables``);
+   ``centroid`` and ``moments`` estimate it from statistics computed at load time
+   (``clustered_ops.inactive_log_mass``). Mean error of the log-normaliser on the demo model's greedy
+   states: 1.16 nats without an estimate, 0.10-0.13 ``centroid``, 0.020-0.023 ``moments``, 0.002
+   ``normaliser`` (rank 32); on beam-4 states (twice as far from their centroid) 0.05 ``moments``, 0.02
+   ``normaliser``. Beam-4 search errors: ``BEAM_INACTIVE_MASS``.
 
 4. optionally (``exact_k``) an exactness certificate per row: an upper bound on every logit the row did not
    compute (``clustered_ops.BoundTables``: the centroid's logits plus ``||w_i|| ||h - C_c||``). A row whose
@@ -50,11 +55,37 @@ from fastvocab.kernels.base import Projection, ProjectionOutput, register
 log = logging.getLogger(__name__)
 
 SELECTIONS = ("union", "per-row")  # which columns each row gets: the batch's union, or its own cluster's
-INACTIVE_MASS = ("none", "centroid", "moments")
+INACTIVE_MASS = ("none", "centroid", "moments", "normaliser")
+DEFAULT_NORMALISER_RANK = 32  # when a map has no normaliser for the sets in use and it is computed here
 BACKENDS = ("auto", "torch", "cupy")
 # Cached sub-matrices on CPU by default (MB). Measured on 2 cores (benchmarks/README.md): a cached cluster
 # turns the per-step gather (a copy of the active rows) into a plain GEMV, 2-10x faster at 1-2 rows.
 DEFAULT_CPU_CACHE_MB = 512.0
+
+
+# ``inactive_mass="auto"`` of the CLI and the pipeline: greedy search reads logits only; for beam search the
+# estimator with the fewest search errors measured (benchmarks/results/fidelity-cpu-2026-11-23-normaliser-*).
+BEAM_INACTIVE_MASS = "normaliser"
+
+
+def auto_inactive_mass(beam: int) -> str:
+    """The inactive-mass estimator ``auto`` stands for at this beam size."""
+    return "none" if beam == 1 else BEAM_INACTIVE_MASS
+
+
+def exact_k_for(beam: int) -> int:
+    """``exact_k`` that makes a search exact: greedy needs the top-1 certified, beam search the 2 x beam
+    candidates it keeps per row."""
+    return 1 if beam == 1 else 2 * beam
+
+
+def clustered_options(selection: str, inactive_mass: str, exact: bool, beam: int) -> dict[str, object]:
+    """Projection options from the CLI's and the pipeline's settings (``inactive_mass`` may be ``auto``)."""
+    mass = auto_inactive_mass(beam) if inactive_mass == "auto" else inactive_mass
+    options: dict[str, object] = {"selection": selection, "inactive_mass": mass}
+    if exact:
+        options["exact_k"] = exact_k_for(beam)
+    return options
 
 
 def _choice(name: str, value: str, valid: Sequence[str]) -> str:
@@ -69,11 +100,13 @@ class ClusteredProjection(Projection):
 
     Options: ``cluster_map`` (a :class:`ClusterMap` or a map folder), ``selection`` (union | per-row),
     ``min_count`` (drop (cluster, id) pairs predicted fewer times), ``inactive_mass`` (none | centroid |
-    moments), ``backend`` (auto | torch | cupy), ``cache_mb`` (cached per-cluster sub-matrices; None = 512 on
-    CPU, 0 on CUDA), ``exact_k`` (0 = off; 1 for greedy search, ``2 * beam`` for beam search: rows without an
-    exactness certificate for their top-``exact_k`` get full logits), ``exact_tol`` (for ``exact_k > 1``: the
-    largest change of a certified row's log-normaliser allowed, in nats), ``bound_blocks`` (column blocks of
-    the certificate's bound).
+    moments | normaliser: the map's stored normaliser when it was built for the sets in use, that is
+    without ``min_count`` pruning and with the same always-active ids; otherwise it is computed here, at
+    load time, for the pruned sets), ``backend`` (auto | torch | cupy), ``cache_mb`` (cached per-cluster
+    sub-matrices; None = 512 on CPU, 0 on CUDA), ``exact_k`` (0 = off; 1 for greedy search, ``2 * beam``
+    for beam search: rows without an exactness certificate for their top-``exact_k`` get full logits),
+    ``exact_tol`` (for ``exact_k > 1``: the largest change of a certified row's log-normaliser allowed, in
+    nats), ``bound_blocks`` (column blocks of the certificate's bound).
 
     ``counters`` accumulates, over calls, the rows projected, the columns computed (a fallback row counts
     its set and N) and the certified rows; :meth:`reset_counters` clears them. They never change an output.
@@ -114,7 +147,7 @@ class ClusteredProjection(Projection):
         cmap = self._load_map(cluster_map)
         self.map_manifest = cmap.manifest
         if min_count > 1:
-            cmap = cmap.pruned(min_count)
+            cmap = cmap.pruned(min_count)  # drops the normaliser when it removes anything
         self.backend = self._pick_backend(backend)
         if cache_mb is None:
             cache_mb = DEFAULT_CPU_CACHE_MB if self.device.type == "cpu" else 0.0
@@ -126,8 +159,11 @@ class ClusteredProjection(Projection):
         self._map = ops.prepare_map(
             cmap, self.weight, self.bias, self.always_active.tolist(), cache_bytes=int(cache_mb * 2**20)
         )
-        self._mass = None
-        if self.inactive_mass != "none":
+        self._mass: ops.MassTables | ops.NormaliserTables | None = None
+        self.normaliser_source: str | None = None  # "map" or "computed at load"
+        if self.inactive_mass == "normaliser":
+            self._mass = self._normaliser(cmap)
+        elif self.inactive_mass != "none":
             self._mass = ops.mass_tables(self._map, self.weight, self.bias)
         self._bounds = None
         if self.exact_k:
@@ -167,6 +203,38 @@ class ClusteredProjection(Projection):
                 f"the model's output layer has N={self.n_vocab}, d={self.d}"
             )
         return cmap
+
+    def _normaliser(self, cmap: ClusterMap) -> ops.NormaliserTables:
+        """The map's stored normaliser when it describes the sets in use, else one computed now."""
+        stored = cmap.normaliser
+        aa = sorted(self.always_active.tolist())
+        if stored is not None and cmap.manifest.normaliser.get("always_active") == aa:
+            self.normaliser_source = "map"
+            dev = self.device
+
+            def t(a: np.ndarray) -> torch.Tensor:
+                return torch.from_numpy(np.ascontiguousarray(a, dtype=np.float32)).to(dev)
+
+            return ops.NormaliserTables(
+                lse=t(stored.lse),
+                grad=t(stored.grad),
+                basis=t(stored.basis),
+                curv=t(stored.curv),
+                resid=t(stored.resid),
+                centroids=t(cmap.centroids),
+            )
+        why = (
+            "pruned by min_count"
+            if stored is None and cmap.manifest.normaliser
+            else "not stored for these sets"
+        )
+        log.info("clustered projection: computing the normaliser at load time (%s)", why)
+        self.normaliser_source = "computed at load"
+        rank = int(cmap.manifest.normaliser.get("rank", DEFAULT_NORMALISER_RANK))
+        pm = self._map
+        return ops.normaliser_tables(
+            torch.from_numpy(cmap.centroids), self.weight, self.bias, pm.indptr, pm.indices, min(rank, self.d)
+        )
 
     def _pick_backend(self, backend: str) -> str:
         if self.device.type != "cuda":
@@ -233,7 +301,9 @@ class ClusteredProjection(Projection):
         else:
             logits, ids, clusters = self._project_torch(h)
         mass = None
-        if self._mass is not None:
+        if isinstance(self._mass, ops.NormaliserTables):
+            mass = ops.normaliser_log_mass(h, logits, ids, clusters, self._map, self._mass)
+        elif self._mass is not None:
             mass = ops.inactive_log_mass(self.inactive_mass, h, logits, clusters, self.n_vocab, self._mass)
         self.counters["rows"] += rows
         self.counters["columns"] += self._computed_columns(logits, ids)

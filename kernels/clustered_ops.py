@@ -352,6 +352,141 @@ def inactive_log_mass(
     raise ValueError(f"unknown inactive-mass estimator {method!r}")
 
 
+@dataclass
+class NormaliserTables:
+    """A second-order expansion, around each centroid, of the log-mass of the columns outside its set.
+
+    With ``I_c`` the columns outside cluster ``c``'s set, ``p`` the softmax over ``I_c`` of the logits at
+    the centroid ``C_c`` and ``dh = h - C_c``::
+
+        log sum_{i in I_c} exp z_i(h) ~= lse[c] + grad[c]·dh + 1/2 dh^T Sigma_c dh
+
+    ``lse[c]`` is exact at the centroid; ``grad[c] = sum_i p_i w_i`` (the gradient there, (r, d)) and
+    ``Sigma_c = sum_i p_i (w_i - grad[c])(w_i - grad[c])^T`` (the Hessian). ``Sigma_c`` (d x d per cluster)
+    is kept as ``curv[c] = U^T Sigma_c U`` in a basis ``U`` (d, k) shared by all clusters (the top
+    eigenvectors of the clusters' mean ``Sigma``), plus ``resid[c]``, its mean variance outside ``U``: r k^2
+    numbers instead of r d^2, O(k d) per row. Built once per map (``tasks/maps.py``) and stored in it.
+    """
+
+    lse: torch.Tensor  # (r,) float32, -inf for a cluster whose set covers every column
+    grad: torch.Tensor  # (r, d) float32
+    basis: torch.Tensor  # (d, k) float32
+    curv: torch.Tensor  # (r, k, k) float32
+    resid: torch.Tensor  # (r,) float32
+    centroids: torch.Tensor  # (r, d) float32
+
+    @property
+    def rank(self) -> int:
+        return self.basis.shape[1]
+
+
+def normaliser_tables(
+    centroids: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    indptr: torch.Tensor,
+    indices: torch.Tensor,
+    rank: int,
+    chunk_bytes: int = 1 << 28,
+) -> NormaliserTables:
+    """Compute :class:`NormaliserTables` for the sets ``(indptr, indices)`` (CSR on ``weight``'s device, the
+    always-active ids already merged in: :func:`merged_csr`).
+
+    Two passes over the centroids' full logits ``z(C_c) = W C_c + b`` (float32, ``chunk_bytes`` of clusters
+    at a time): the first gives ``lse``, ``grad``, the trace of each ``Sigma_c`` and their mean, whose top
+    ``rank`` eigenvectors are the basis; the second projects each ``Sigma_c`` on it.
+    """
+    device = weight.device
+    n_vocab, d = weight.shape
+    if not 0 <= rank <= d:
+        raise ValueError(f"normaliser rank must be in [0, {d}], got {rank}")
+    cent = centroids.to(device=device, dtype=torch.float32).contiguous()  # (r, d)
+    r = cent.shape[0]
+    w = weight.float()
+    b = None if bias is None else bias.float()
+    sizes = torch.diff(indptr)
+    sq = (w * w).sum(dim=1)  # (N,) ||w_i||^2
+    step = max(1, chunk_bytes // (4 * n_vocab * max(1, rank)))
+
+    def softmax_chunk(lo: int, hi: int) -> tuple[torch.Tensor, torch.Tensor]:
+        z = F.linear(cent[lo:hi], w, b)  # (chunk, N)
+        seg = torch.repeat_interleave(torch.arange(hi - lo, device=device), sizes[lo:hi])
+        z[seg, indices[indptr[lo] : indptr[hi]]] = -math.inf  # only the columns outside the set
+        lse = torch.logsumexp(z, dim=1)  # (chunk,)
+        p = torch.exp(z - lse[:, None]).nan_to_num_(0.0)  # (chunk, N); a full set leaves nothing: p = 0
+        return lse, p
+
+    lse = torch.empty(r, dtype=torch.float32, device=device)
+    grad = torch.empty((r, d), dtype=torch.float32, device=device)
+    trace = torch.empty(r, dtype=torch.float32, device=device)
+    p_sum = torch.zeros(n_vocab, dtype=torch.float32, device=device)
+    for lo in range(0, r, step):
+        hi = min(r, lo + step)
+        lse[lo:hi], p = softmax_chunk(lo, hi)
+        grad[lo:hi] = p @ w
+        trace[lo:hi] = p @ sq - (grad[lo:hi] ** 2).sum(dim=1)
+        p_sum += p.sum(dim=0)
+    # Mean Hessian over the clusters: its top eigenvectors carry most of every cluster's curvature.
+    mean_sigma = (w.T * (p_sum / r)) @ w - (grad.T @ grad) / r  # (d, d)
+    _, vecs = torch.linalg.eigh(mean_sigma.double())  # ascending eigenvalues
+    basis = vecs[:, d - rank :].float().contiguous()  # (d, k)
+    wu = w @ basis  # (N, k)
+    gu = grad @ basis  # (r, k)
+    curv = torch.empty((r, rank, rank), dtype=torch.float32, device=device)
+    if rank:
+        for lo in range(0, r, step):
+            hi = min(r, lo + step)
+            _, p = softmax_chunk(lo, hi)
+            curv[lo:hi] = (p[:, :, None] * wu[None]).transpose(1, 2) @ wu  # (chunk, k, k)
+        curv -= gu[:, :, None] * gu[:, None, :]
+    inside = torch.diagonal(curv, dim1=1, dim2=2).sum(dim=1)  # (r,)
+    resid = ((trace - inside) / (d - rank)).clamp(min=0.0) if rank < d else torch.zeros_like(trace)
+    return NormaliserTables(lse=lse, grad=grad, basis=basis, curv=curv, resid=resid, centroids=cent)
+
+
+def normaliser_log_mass(
+    h: torch.Tensor,
+    logits: torch.Tensor,
+    ids: torch.Tensor,
+    clusters: torch.Tensor,
+    pm: PreparedMap,
+    tables: NormaliserTables,
+) -> torch.Tensor:
+    """``logsumexp`` over the columns a row did not compute, (rows,) float32, from :class:`NormaliserTables`.
+
+    The expansion gives the mass outside the row's *own* cluster's set. A row of a union batch computed
+    more columns than that: their mass (exact, in ``logits``) is taken off the estimate; where the
+    estimate is below it, nothing is left out (``-inf``).
+    """
+    dh = h.float() - tables.centroids[clusters]  # (rows, d)
+    y = dh @ tables.basis  # (rows, k)
+    quad = (torch.bmm(y[:, None, :], tables.curv[clusters]).squeeze(1) * y).sum(dim=1)  # (rows,)
+    outside = ((dh * dh).sum(dim=1) - (y * y).sum(dim=1)).clamp(min=0.0)
+    est = (
+        tables.lse[clusters]
+        + (tables.grad[clusters] * dh).sum(dim=1)
+        + 0.5 * (quad + tables.resid[clusters] * outside)
+    )
+    if ids.dim() != 1 or logits.shape[1] == 0:
+        return est  # per-row ids: each row computed exactly its own set
+    uniq, inverse = torch.unique(clusters, return_inverse=True)
+    if uniq.numel() == 1:
+        return est  # one cluster: the union is its own set
+    # (clusters in the batch, C): which computed columns belong to each cluster's own set
+    own = torch.zeros((uniq.numel(), ids.numel()), dtype=torch.bool, device=ids.device)
+    cl = uniq.tolist()
+    pos = torch.searchsorted(ids, torch.cat([pm.ids[c] for c in cl]))
+    seg = torch.repeat_interleave(
+        torch.arange(len(cl), device=ids.device),
+        torch.tensor([pm.sizes[c] for c in cl], device=ids.device),
+    )
+    own[seg, pos] = True
+    extra = torch.logsumexp(logits.float().masked_fill(own[inverse], -math.inf), dim=1)  # (rows,)
+    gap = (extra - est).clamp(max=0.0)
+    left = est + torch.log(-torch.expm1(gap))  # log(exp(est) - exp(extra)); -inf when extra >= est
+    return torch.where(torch.isneginf(extra), est, left)
+
+
 # ------------------------------------------------------------------------------------------- certificate
 
 

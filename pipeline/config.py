@@ -138,6 +138,8 @@ class MapsConfig(_Strict):
     scope: Literal["direction", "target"] = "direction"
     k: int | None = Field(None, ge=1)  # top-K used for the active sets (<= dump.k); default dump.k
     min_count: int = Field(1, ge=1)
+    # basis of the stored normaliser's curvature (inactive_mass: normaliser); 0 = isotropic only
+    normaliser_rank: int = Field(32, ge=0)
 
     def params(self, dump_k: int) -> MapParams:
         from fastvocab.tasks.maps import MapParams
@@ -151,6 +153,7 @@ class MapsConfig(_Strict):
             scope=self.scope,
             k=k,
             min_count=self.min_count,
+            normaliser_rank=self.normaliser_rank,
             compare_ks=tuple(c for c in COMPARE_KS if c < k),
         )
 

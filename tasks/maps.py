@@ -1,6 +1,7 @@
 """Cluster maps from recorded states: assignment (Eq. 2) and per-cluster active-token sets (Amer et al. 2.2).
 
-Pure numpy: no Ray, no Faiss. The active set of a cluster is the union of the top-K ids predicted for its
+Pure numpy (no Ray, no Faiss), except the map's normaliser (:func:`attach_normaliser`), which reads the
+model's output layer with torch. The active set of a cluster is the union of the top-K ids predicted for its
 member states; we keep, for every (cluster, token) pair, how many members predicted it, so rare members can be
 pruned later (``min_count``).
 
@@ -18,11 +19,13 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from fastvocab.artifacts_schema.cluster_map import (
     MAP_SCOPES,
     ClusterMap,
     MapManifest,
+    Normaliser,
     active_fraction_stats,
     map_dir_name,
     save_cluster_map,
@@ -35,6 +38,7 @@ from fastvocab.artifacts_schema.hidden_states import (
 )
 from fastvocab.artifacts_schema.kmeans_result import load_kmeans
 from fastvocab.artifacts_schema.stream_counts import read_stream_arrays
+from fastvocab.tasks.context import RunContext
 
 log = logging.getLogger(__name__)
 
@@ -263,6 +267,36 @@ def make_cluster_map(
     return ClusterMap(manifest, centroids, centroid_sq_norms(centroids), indptr, indices, counts)
 
 
+def attach_normaliser(
+    cmap: ClusterMap,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    always_active: Sequence[int],
+    rank: int,
+) -> ClusterMap:
+    """Compute the map's normaliser (for its sets plus ``always_active``, the ids every set gets at decode
+    time) from the model's output layer; record the ids and rank in the manifest. Returns ``cmap``."""
+    from fastvocab.kernels import clustered_ops as ops
+
+    aa = np.asarray(sorted({int(i) for i in always_active}), dtype=np.int64)
+    indptr, indices = ops.merged_csr(cmap.indptr, cmap.indices, cmap.manifest.n_vocab, aa)
+    rank = min(rank, cmap.manifest.d)
+    with torch.inference_mode():
+        t = ops.normaliser_tables(
+            torch.from_numpy(cmap.centroids),
+            weight,
+            bias,
+            torch.from_numpy(indptr).to(weight.device),
+            torch.from_numpy(indices).to(weight.device),
+            rank,
+        )
+    cmap.normaliser = Normaliser(
+        **{name: getattr(t, name).cpu().numpy() for name in ("lse", "grad", "basis", "curv", "resid")}
+    )
+    cmap.manifest.normaliser = {"rank": rank, "always_active": aa.tolist()}
+    return cmap
+
+
 @dataclass(frozen=True)
 class MapParams:
     """How the active sets of a map are built from its states."""
@@ -271,12 +305,13 @@ class MapParams:
     k: int = 5  # top-K ids of each state that enter its cluster's set (<= the dump's K)
     min_count: int = 1  # drop (cluster, id) pairs predicted fewer times
     compare_ks: tuple[int, ...] = ()  # also report per-cluster fractions at these K (Fig. 4)
+    normaliser_rank: int = 32  # curvature basis of the stored normaliser (clustered_ops.NormaliserTables)
 
     def __post_init__(self) -> None:
         if self.scope not in MAP_SCOPES:
             raise ValueError(f"unknown map scope {self.scope!r}; valid: {', '.join(MAP_SCOPES)}")
-        if self.k < 1 or self.min_count < 1:
-            raise ValueError(f"k and min_count must be >= 1, got {self}")
+        if self.k < 1 or self.min_count < 1 or self.normaliser_rank < 0:
+            raise ValueError(f"k and min_count must be >= 1, normaliser_rank >= 0, got {self}")
 
 
 def map_name(scope: str, directions: Iterable[str]) -> str:
@@ -315,17 +350,17 @@ def maps_job(
     params: MapParams,
     *,
     directions: Sequence[str],
-    n_vocab: int,
-    model_fingerprint: str,
+    run_ctx: RunContext,
     extra: dict[str, object] | None = None,
 ) -> dict[str, object]:
     """The maps stage for one map (a Ray task in the pipeline; a plain function here).
 
     Assigns every stored state of ``files`` to the centroids in ``kmeans_dir``, adds the streamed partial
-    counts, writes the map to ``out_dir`` (atomically) and returns its manifest and per-cluster active
-    fractions; ``params.compare_ks`` adds the per-cluster fractions the stored states give at other K
-    (Fig. 4).
+    counts, computes the normaliser from the model of ``run_ctx`` (loaded on its device), writes the map to
+    ``out_dir`` (atomically) and returns its manifest and per-cluster active fractions;
+    ``params.compare_ks`` adds the per-cluster fractions the stored states give at other K (Fig. 4).
     """
+    n_vocab, model_fingerprint = run_ctx.model.n_vocab, run_ctx.model.fingerprint
     t0 = time.perf_counter()
     k = params.k
     centroids, info = load_kmeans(kmeans_dir)
@@ -359,6 +394,12 @@ def maps_job(
             **(extra or {}),
         },
     )
+    adapter = run_ctx.load_adapter()
+    t1 = time.perf_counter()
+    attach_normaliser(
+        cmap, adapter.output_weight, adapter.output_bias, adapter.always_active_ids(), params.normaliser_rank
+    )
+    normaliser_seconds = time.perf_counter() - t1
     save_cluster_map(cmap, out_dir)
     fractions = {
         c: np.diff(cnt.to_csr(params.min_count)[0]).astype(np.float64) / n_vocab
@@ -366,4 +407,9 @@ def maps_job(
         if c != k
     }
     fractions[k] = cmap.active_fractions()
-    return {"manifest": asdict(cmap.manifest), "fractions": fractions, "seconds": time.perf_counter() - t0}
+    return {
+        "manifest": asdict(cmap.manifest),
+        "fractions": fractions,
+        "seconds": time.perf_counter() - t0,
+        "normaliser_seconds": normaliser_seconds,
+    }

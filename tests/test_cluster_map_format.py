@@ -6,6 +6,7 @@ import pytest
 from fastvocab.artifacts_schema.cluster_map import (
     ClusterMap,
     MapManifest,
+    Normaliser,
     load_cluster_map,
     save_cluster_map,
 )
@@ -67,15 +68,47 @@ def test_manifest_names_the_tensors_and_a_changed_tensor_file_is_refused(tmp_pat
         load_cluster_map(tmp_path / "m")
 
 
-def test_a_map_of_an_older_format_is_refused_naming_the_rebuild_command(tmp_path):
+@pytest.mark.parametrize("version", [1, 2])
+def test_a_map_of_an_older_format_is_refused_naming_the_rebuild_command(tmp_path, version):
+    """Version 1 named the scope ``mode``; version 2 has no normaliser."""
     save_cluster_map(_map([0, 3, 5, 5], [2, 4, 6, 8, 9], [1, 2, 3, 1, 1]), tmp_path / "m")
     path = tmp_path / "m" / "manifest.json"
     old = json.loads(path.read_text())
-    old["schema_version"] = 1
-    old["mode"] = old.pop("scope")
+    old["schema_version"] = version
+    del old["normaliser"]
+    if version == 1:
+        old["mode"] = old.pop("scope")
     path.write_text(json.dumps(old))
-    with pytest.raises(ArtifactError, match=r"schema version 1.*fastvocab run CONFIG --stages kmeans,maps"):
+    match = rf"schema version {version}, this fastvocab reads version 3: .*--stages kmeans,maps"
+    with pytest.raises(ArtifactError, match=match):
         load_cluster_map(tmp_path / "m")
+
+
+def _normaliser(r: int, d: int, k: int) -> Normaliser:
+    rng = np.random.default_rng(0)
+    return Normaliser(
+        lse=rng.standard_normal(r).astype(np.float32),
+        grad=rng.standard_normal((r, d)).astype(np.float32),
+        basis=rng.standard_normal((d, k)).astype(np.float32),
+        curv=rng.standard_normal((r, k, k)).astype(np.float32),
+        resid=rng.random(r).astype(np.float32),
+    )
+
+
+def test_normaliser_round_trip_and_bad_shapes_refused(tmp_path):
+    cmap = _map([0, 3, 5, 5], [2, 4, 6, 8, 9], [1, 2, 3, 1, 1])
+    cmap.normaliser = _normaliser(3, 2, 1)
+    cmap.manifest.normaliser = {"rank": 1, "always_active": [0]}
+    save_cluster_map(cmap, tmp_path / "m")
+    back = load_cluster_map(tmp_path / "m")
+    for name in ("lse", "grad", "basis", "curv", "resid"):
+        np.testing.assert_array_equal(getattr(back.normaliser, name), getattr(cmap.normaliser, name))
+    assert back.manifest.normaliser == {"rank": 1, "always_active": [0]}
+    assert load_cluster_map(tmp_path / "m").pruned(1).normaliser is not None  # nothing pruned: still valid
+    assert back.pruned(2).normaliser is None  # pruned sets: the stored normaliser does not describe them
+    cmap.normaliser = _normaliser(4, 2, 1)
+    with pytest.raises(ArtifactError, match="normaliser_lse shape"):
+        save_cluster_map(cmap, tmp_path / "bad")
 
 
 def test_non_finite_centroids_are_refused(tmp_path):

@@ -177,3 +177,40 @@ def test_count_shards_rejects_k_above_recorded(tmp_path):
     f, _, _ = write_shard(tmp_path, "en-it", 0, 10)
     with pytest.raises(ValueError, match="exceeds the K=3"):
         count_shards([f], np.zeros((2, 8), np.float32), k=5, n_vocab=40)
+
+
+def test_stored_normaliser_is_the_logsumexp_of_the_inactive_logits_at_the_centroid(tmp_path):
+    """attach_normaliser (the maps stage) stores per cluster, for the columns outside its set and the
+    always-active ids: the logsumexp of their logits at the centroid and its gradient there (the
+    softmax-weighted mean of their rows of W); both survive a save and load."""
+    import math
+
+    import torch
+
+    from fastvocab.tasks.maps import attach_normaliser
+
+    rng = np.random.default_rng(3)
+    n_vocab, d, r = 60, 8, 4
+    w = torch.from_numpy(rng.standard_normal((n_vocab, d)).astype(np.float32))
+    b = torch.from_numpy(rng.standard_normal(n_vocab).astype(np.float32))
+    centroids = rng.standard_normal((r, d)).astype(np.float32)
+    counter = ActiveSetCounter(r, n_vocab)
+    counter.add(np.arange(r).repeat(3), rng.integers(0, n_vocab, (3 * r, 4)))
+    cmap = make_cluster_map(
+        centroids, counter, model_fingerprint="fp", name="en-it", scope="direction", k=4, niter=1, seed=0
+    )
+    attach_normaliser(cmap, w, b, always_active=[0, 5], rank=3)
+    save_cluster_map(cmap, tmp_path / "m")
+    back = load_cluster_map(tmp_path / "m")
+    assert back.manifest.normaliser == {"rank": 3, "always_active": [0, 5]}
+    z = (torch.from_numpy(centroids).double() @ w.double().T + b.double()).numpy()  # (r, N)
+    for c in range(r):
+        inactive = np.ones(n_vocab, bool)
+        inactive[cmap.active_ids(c)] = False
+        inactive[[0, 5]] = False
+        zi = z[c, inactive]
+        lse = zi.max() + math.log(np.exp(zi - zi.max()).sum())
+        p = np.exp(zi - lse)
+        assert back.normaliser.lse[c] == pytest.approx(lse, abs=1e-4)
+        np.testing.assert_allclose(back.normaliser.grad[c], p @ w.double().numpy()[inactive], atol=1e-5)
+    assert back.normaliser.basis.shape == (d, 3) and back.normaliser.curv.shape == (r, 3, 3)

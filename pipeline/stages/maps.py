@@ -56,6 +56,7 @@ def run(ctx: StageContext) -> list[StageRecord]:
             "niter": info.niter,
             "seed": info.seed,
             "min_count": params.min_count,
+            "normaliser_rank": params.normaliser_rank,
             "stream_sentences": extra["stream_sentences"],
         }
         map_dir = ctx.maps_root / name
@@ -81,8 +82,8 @@ def run(ctx: StageContext) -> list[StageRecord]:
         )
         kwargs = {
             "directions": directions,
-            "n_vocab": m.n_vocab,
-            "model_fingerprint": m.fingerprint,
+            # the normaliser reads the model's output layer: one CPU thread, as the task's num_cpus
+            "run_ctx": ctx.run_context("cpu", 1),
             "extra": extra,
         }
         calls[name] = ((*args, params), kwargs)
@@ -113,6 +114,7 @@ def run(ctx: StageContext) -> list[StageRecord]:
             streamed_states=mf["extra"]["streamed_states"],
             empty_clusters=mf["extra"]["empty_clusters"],
             maps_seconds=res["seconds"],
+            normaliser_seconds=res["normaliser_seconds"],
             stream_seconds=sum(float(r.get("seconds", 0.0)) for r in streamed),
         )
         for kk, frac in res["fractions"].items():
@@ -145,4 +147,5 @@ def _map_current(mf, params: MapParams, info, fingerprint: str, extra: dict[str,
         info.seed,
     )
     same = same and mf.extra.get("min_count") == params.min_count
+    same = same and mf.normaliser.get("rank") == min(params.normaliser_rank, mf.d)
     return same and all(mf.extra.get(key) == v for key, v in extra.items())
