@@ -1,9 +1,11 @@
 """Greedy and beam search over any output-layer method (``fastvocab.kernels.base.Projection``).
 
 The search never touches the model's ``lm_head``: each step it asks the adapter for ``h`` (rows, d), calls
-``projection(h)`` and works with what comes back, a dense (rows, N) block for the full projection or a subset
-of columns with their vocabulary ids (shared (C,) or per row (rows, C)) for candidate-set methods. Column
-positions are always mapped back with ``ProjectionOutput.to_vocab_ids``.
+``projection(h)`` (a projection that depends on the source sentence, a lexical shortlist, is bound to the
+batch first and also gets each row's sentence: ``_bind``) and works with what comes back, a dense (rows, N)
+block for the full projection or a subset of columns with their vocabulary ids (shared (C,) or per row
+(rows, C)) for candidate-set methods. Column positions are always mapped back with
+``ProjectionOutput.to_vocab_ids``.
 
 Semantics follow Hugging Face ``generate`` so the full projection reproduces it token for token:
 
@@ -71,6 +73,22 @@ def _banned_ids(adapter, device: torch.device) -> torch.Tensor | None:
     return torch.tensor(ids, dtype=torch.int64, device=device) if ids else None
 
 
+Project = Callable[[torch.Tensor, torch.Tensor], ProjectionOutput]
+
+
+def _bind(projection: Projection, batch: dict) -> Project:
+    """``(h, row_ids) -> output`` for this batch; ``row_ids`` (rows,) is the source sentence of each row.
+
+    A projection whose candidates depend on the source (a lexical shortlist) has ``for_batch(input_ids,
+    attention_mask)``: it is bound here to the batch's sources, a fresh object per batch, and told at every
+    step which sentence each row decodes. Every other projection only sees ``h``.
+    """
+    for_batch = getattr(projection, "for_batch", None)
+    if for_batch is None:
+        return lambda h, row_ids: projection(h)
+    return for_batch(batch["input_ids"], batch.get("attention_mask"))
+
+
 def _start(adapter, batch: dict, tgt_lang: str, max_len: int):
     """Encode the batch and feed the forced prefix; returns (h (rows, d), state, len(prefix))."""
     prefix = adapter.start_tokens(tgt_lang)
@@ -114,6 +132,7 @@ def greedy_search(
     device = adapter.device
     banned = _banned_ids(adapter, device)
     forced_eos = getattr(adapter, "forced_eos_id", None)
+    project = _bind(projection, batch)
     h, state, _ = _start(adapter, batch, tgt_lang, max_len)
     alive = torch.arange(n, device=device)  # (rows,) source index of each row still in the batch
     finished = torch.zeros(n, dtype=torch.bool, device=device)  # (rows,) row has emitted EOS
@@ -126,7 +145,7 @@ def greedy_search(
         fraction = 0.0
     check_every = 1 if device.type == "cpu" else SYNC_EVERY
     for step in range(max_len):
-        out = projection(h)
+        out = project(h, alive)
         if step_hook is not None:
             step_hook(StepRecord(row_ids=alive, step=step, hidden=h, output=out))
         if step == max_len - 1 and forced_eos is not None:
@@ -185,6 +204,7 @@ def beam_search(
     forced_eos = getattr(adapter, "forced_eos_id", None)
     k, k2 = beam, 2 * beam  # live beams; candidates kept per step (room for k live ones after EOS)
 
+    project = _bind(projection, batch)
     h, state, prefix_len = _start(adapter, batch, tgt_lang, max_len)
     # Expand to k rows per sentence only now: the prefix is the same for every beam.
     state = adapter.reorder(state, torch.arange(n, device=device).repeat_interleave(k), group=k)
@@ -202,9 +222,10 @@ def beam_search(
 
     for step in range(max_len):
         nb = sent.shape[0]
-        out = projection(h)  # rows = nb * k
+        row_ids = sent.repeat_interleave(k)  # (nb*k,) k rows per live sentence, in order
+        out = project(h, row_ids)
         if step_hook is not None:
-            step_hook(StepRecord(row_ids=sent.repeat_interleave(k), step=step, hidden=h, output=out))
+            step_hook(StepRecord(row_ids=row_ids, step=step, hidden=h, output=out))
         last = step == max_len - 1
         if last and forced_eos is not None:
             # generate's forced_eos_token_id: at the length limit EOS gets log-prob 0, everything else -inf.

@@ -22,6 +22,7 @@ COMMANDS = {
     "eval": "evaluate",
     "run": "run",
     "report": "report",
+    "bench": "bench",
 }
 
 _HELP = {
@@ -31,6 +32,7 @@ _HELP = {
     "eval": "score hypotheses against references with sacrebleu (BLEU, chrF; signatures printed)",
     "run": "run the pipeline from a config: corpus -> dump -> kmeans -> maps -> translate -> evaluate",
     "report": "write a self-contained HTML report (tables, embedded figures) of an MLflow run",
+    "bench": "benchmarks: fidelity (clustered vs full softmax), methods (every output-layer method)",
 }
 
 

@@ -16,9 +16,12 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from fastvocab.pipeline.errors import UserError
 
 if TYPE_CHECKING:
+    from fastvocab.kernels.graph import GraphParams
+    from fastvocab.kernels.lsh import LshParams
     from fastvocab.tasks.dump import DumpSettings
     from fastvocab.tasks.kmeans import KMeansParams
     from fastvocab.tasks.maps import MapParams
+    from fastvocab.tasks.shortlist import ShortlistParams
     from fastvocab.tasks.translate import SearchSettings
 
 # Per-cluster active fractions are also reported at these K (Amer et al. Fig. 4).
@@ -51,6 +54,10 @@ class CorpusConfig(_Strict):
 
 class TranslateConfig(_Strict):
     selection: Literal["union", "per-row"] = "union"  # clustered: rows share the union of their sets, or not
+    # clustered: estimate of the mass of the columns not computed (auto: none for greedy, the measured best
+    # for beam search: kernels/clustered.py BEAM_INACTIVE_MASS)
+    inactive_mass: Literal["auto", "none", "centroid", "moments", "normaliser"] = "auto"
+    exact: bool = False  # clustered: rows without an exactness certificate get the full projection
     beam: int = Field(1, ge=1)
     batch_size: int = Field(32, ge=1)
     max_len: int = Field(128, ge=1)  # max target tokens per sentence
@@ -164,6 +171,86 @@ class EvalConfig(_Strict):
     methods: list[str] = ["full", "clustered"]
 
 
+class LshIndexConfig(_Strict):
+    """The ``lsh`` artifact: SimHash codes of W (kernels/lsh.py)."""
+
+    bits: int = Field(256, ge=1)  # c, hash bits per vector
+    seed: int = 0  # of the random rotation
+    rotate: bool | None = None  # None: rotate when bits != d (Marian, Faiss IndexLSH)
+
+    def params(self) -> LshParams:
+        from fastvocab.kernels.lsh import LshParams
+
+        return LshParams(bits=self.bits, seed=self.seed, rotate=self.rotate)
+
+
+class GraphIndexConfig(_Strict):
+    """The ``graph`` artifact: HNSW over FGD's inner-product-preserving transform of W and b."""
+
+    m: int = Field(32, ge=2)  # neighbours per node (FGD's M)
+    ef_construction: int = Field(200, ge=1)
+    threads: int = Field(1, ge=1)  # Faiss threads (= Ray CPUs) while building; 1: a reproducible graph
+
+    def params(self) -> GraphParams:
+        from fastvocab.kernels.graph import GraphParams
+
+        return GraphParams(m=self.m, ef_construction=self.ef_construction, threads=self.threads)
+
+
+class ShortlistIndexConfig(_Strict):
+    """The ``shortlist`` artifacts: one lexical table per direction, learned (IBM Model 1) from the corpus's
+    train split with the model's tokenizer (tasks/shortlist.py)."""
+
+    k: int = Field(100, ge=1)  # target subwords kept per source subword, by p(t | s)
+    frequent: int = Field(100, ge=0)  # most frequent target subwords, candidates of every sentence
+    iterations: int = Field(5, ge=1)  # IBM-1 EM iterations
+    max_tokens: int = Field(128, ge=1)  # pairs longer than this (subwords) on either side are skipped
+    max_sentences: int | None = Field(None, ge=1)  # the first pairs of the train split only (None: all)
+    min_prob: float = Field(0.0, ge=0.0, lt=1.0)  # table entries below this probability are dropped
+
+    def params(self) -> ShortlistParams:
+        from fastvocab.tasks.shortlist import ShortlistParams
+
+        return ShortlistParams(
+            k=self.k,
+            frequent=self.frequent,
+            iterations=self.iterations,
+            max_tokens=self.max_tokens,
+            max_sentences=self.max_sentences,
+            min_prob=self.min_prob,
+        )
+
+
+class MethodsConfig(_Strict):
+    """Offline artifacts of the other output-layer methods, built by the ``methods`` stage (default: none)."""
+
+    build: list[str] = []  # methods whose artifacts are built: lsh, graph, shortlist
+    lsh: LshIndexConfig = LshIndexConfig()
+    graph: GraphIndexConfig = GraphIndexConfig()
+    shortlist: ShortlistIndexConfig = ShortlistIndexConfig()
+
+    @field_validator("build")
+    @classmethod
+    def _check_build(cls, value: list[str]) -> list[str]:
+        from fastvocab.tasks.methods import BUILDERS
+
+        unknown = [m for m in value if m not in BUILDERS]
+        if unknown:
+            valid = ", ".join(sorted(BUILDERS))
+            raise ValueError(f"no offline artifact for {', '.join(unknown)}; valid: {valid}")
+        dup = sorted({m for m in value if value.count(m) > 1})
+        if dup:
+            raise ValueError(f"{', '.join(dup)} listed more than once")
+        return value
+
+    def params(self, method: str) -> object:
+        """The typed parameters of ``method``'s artifact (its section's ``params()``)."""
+        section = getattr(self, method, None)
+        if section is None or not hasattr(section, "params"):
+            raise UserError(f"methods.build names {method!r}, but the config has no methods.{method} section")
+        return section.params()
+
+
 class RunConfig(_Strict):
     """A whole pipeline run (``fastvocab run CONFIG``)."""
 
@@ -176,6 +263,7 @@ class RunConfig(_Strict):
     maps: MapsConfig = MapsConfig()
     translate: TranslateConfig = TranslateConfig()
     eval: EvalConfig = EvalConfig()
+    methods: MethodsConfig = MethodsConfig()
     ray_address: str | None = None  # None: local ray.init(); "auto" or "ray://host:port" for a cluster
     ray_num_cpus: int | None = Field(None, ge=1)  # CPUs of a local Ray session; default os.cpu_count()
     mlflow_tracking_uri: str | None = None  # None: $MLFLOW_TRACKING_URI, else sqlite:///<work_dir>/mlflow.db

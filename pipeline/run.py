@@ -1,5 +1,5 @@
-"""The pipeline driver: corpus -> dump -> kmeans -> maps -> translate -> evaluate for the configured
-directions.
+"""The pipeline driver: corpus -> dump -> kmeans -> maps -> methods -> translate -> evaluate for the
+configured directions (``methods`` builds the other methods' artifacts when ``methods.build`` names any).
 
 Every stage (``pipeline/stages/<name>.py``) is idempotent: it checks its outputs first and skips what exists
 and validates (shard by shard for dump and streaming), writes atomically, and returns one
@@ -14,6 +14,7 @@ Work-dir layout::
     kmeans/<map>/{centroids.safetensors,kmeans.json}    centroids per map
     stream/<map>/direction=<src>-<tgt>/part-NNNNN.safetensors   streamed partial counts
     maps/<map>/{map.safetensors,manifest.json}          cluster maps (<map>: en-it, or to-it in target scope)
+    methods/<method>/{all,<src>-<tgt>}/                 LSH codes and graphs (all), shortlists (per direction)
     translations/<src>-<tgt>/<method>.parquet, eval/<src>-<tgt>.json
     mlflow.db, mlartifacts/                             the MLflow store (default)
     .fastvocab.lock                                     held while a run uses the work dir

@@ -309,7 +309,7 @@ def test_bench_fidelity_runs_on_the_tiny_model(tmp_path, tiny_model_dir, mixed_m
     assert done.returncode == 0, done.stderr[-2000:]
     data = json.loads(out.read_text())
     got = {(r["beam"], r["method"]) for r in data["results"]}
-    assert got == {(1, "clustered"), (1, "exact"), (2, "clustered"), (2, "moments"), (2, "exact")}
+    assert got == {(1, "clustered"), (1, "exact"), (2, "clustered"), (2, "normaliser"), (2, "exact")}
     assert (
         data["meta"]["commit"] and data["meta"]["loadavg_before"] and "bench_fidelity.py" in data["command"]
     )
@@ -318,3 +318,29 @@ def test_bench_fidelity_runs_on_the_tiny_model(tmp_path, tiny_model_dir, mixed_m
         if r["method"] == "exact":
             assert r["identical"] == 1.0 and 0.0 < r["certified"] < 1.0
             assert r["bleu"] == r["bleu_full"] and r["chrf"] == r["chrf_full"]
+
+
+def test_fastvocab_bench_fidelity_writes_the_record_and_prints_the_table(
+    tmp_path, tiny_model_dir, mixed_map, capsys
+):
+    import json
+
+    from fastvocab.artifacts_schema.cluster_map import save_cluster_map
+    from fastvocab.pipeline.cli import main
+
+    write_en_it_split(tmp_path / "corpus", "test", 3, seed=5)
+    save_cluster_map(mixed_map, tmp_path / "maps" / "en-it")
+    out = tmp_path / "fidelity.json"
+    argv = ["bench", "fidelity", "--model", str(tiny_model_dir), "--maps", str(tmp_path / "maps")]
+    argv += ["--corpus", str(tmp_path / "corpus"), "--directions", "en-it", "--beams", "2", "--batches", "3"]
+    argv += ["--methods", "clustered,normaliser", "--max-len", "6", "--threads", "1", "--out", str(out)]
+    assert main(argv) == 0
+    table = capsys.readouterr().out
+    assert "search" not in table.split("\n")[0] and "s.err" in table and "normaliser" in table
+    data = json.loads(out.read_text())
+    assert data["benchmark"] == "fidelity" and data["command"].startswith("fastvocab bench fidelity")
+    assert [(r["beam"], r["method"]) for r in data["results"]] == [(2, "clustered"), (2, "normaliser")]
+    for r in data["results"]:
+        assert r["sentences"] == 3 and 0.0 <= r["search_errors"] <= 1.0 - r["identical"] + 1e-9
+        assert r["active_columns_per_row"] > 0
+    assert main([*argv[:-2], "--methods", "guess", "--out", str(out)]) == 2  # unknown method: a usage error

@@ -334,3 +334,46 @@ def test_cli_clustered_refuses_foreign_or_missing_map(model_dir, adapter, tmp_pa
         capsys, *_translate_args(model_dir, inp, out, "--method", "clustered", "--clusters", str(tmp_path))
     )
     assert rc == 2 and "no cluster map for en-it" in err and not out.exists()
+
+
+@pytest.mark.parametrize(
+    ("flags", "want"),
+    [
+        ((), {"inactive_mass": "none"}),  # greedy reads logits only
+        (("--beam", "4"), {"inactive_mass": "normaliser"}),  # the measured best for beam search
+        (("--beam", "4", "--inactive-mass", "moments"), {"inactive_mass": "moments"}),
+        (("--beam", "4", "--exact"), {"inactive_mass": "normaliser", "exact_k": 8}),
+        (("--exact",), {"inactive_mass": "none", "exact_k": 1}),
+    ],
+)
+def test_cli_inactive_mass_auto_and_exact_options(adapter, tmp_path, flags, want):
+    """What the translate flags hand the clustered projection; the pipeline's translate section maps to the
+    same options (kernels.clustered.clustered_options)."""
+    from fastvocab.kernels.clustered import clustered_options
+    from fastvocab.pipeline.cli import build_parser
+    from fastvocab.pipeline.commands.translate import _projection_options
+    from fastvocab.pipeline.config import TranslateConfig
+
+    maps = tmp_path / "maps"
+    _save_map(adapter, maps, [list(range(adapter.n_vocab))])
+    argv = [
+        "translate",
+        "--src-lang",
+        "en",
+        "--tgt-lang",
+        "it",
+        "-i",
+        "x",
+        "-o",
+        "y",
+        "--method",
+        "clustered",
+    ]
+    args = build_parser("translate").parse_args([*argv, "--clusters", str(maps), *flags])
+    got = _projection_options(args)
+    assert got == {"cluster_map": maps / "en-it", "selection": "union", **want}
+    cfg = TranslateConfig(beam=args.beam, inactive_mass=args.inactive_mass, exact=args.exact)
+    assert clustered_options(cfg.selection, cfg.inactive_mass, cfg.exact, cfg.beam) == {
+        "selection": "union",
+        **want,
+    }

@@ -22,7 +22,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--stages",
         default=None,
-        help="comma-separated stages to run (default: all): corpus,dump,kmeans,maps,translate,evaluate",
+        help="comma-separated stages to run (default: all): "
+        "corpus,dump,kmeans,maps,methods,translate,evaluate",
     )
     parser.add_argument(
         "--ray-address",

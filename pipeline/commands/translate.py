@@ -18,15 +18,26 @@ from fastvocab.pipeline.checks import check_device, check_map_direction, check_o
 from fastvocab.pipeline.config import TranslateConfig
 from fastvocab.pipeline.errors import UserError
 
-HELP = "translate a text file or Parquet dataset for one direction (full or clustered projection)"
+HELP = "translate a text file or Parquet dataset for one direction (full, clustered, lsh, graph, shortlist)"
 
 log = logging.getLogger(__name__)
 
 _DTYPES = ("float32", "float16", "bfloat16", "int8")
+INDEXED = ("lsh", "graph", "shortlist")  # methods with an offline artifact (the pipeline's methods stage)
+# option -> the methods it applies to
+_METHOD_FLAGS = {
+    "index": INDEXED,
+    "candidates": INDEXED,
+    "bits": ("lsh",),
+    "ef_search": ("graph",),
+    "frequent": ("shortlist",),
+    "scope": ("shortlist",),
+}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from fastvocab.kernels import available_projections
+    from fastvocab.kernels.clustered import BEAM_INACTIVE_MASS, INACTIVE_MASS
 
     d = TranslateConfig()
     p.add_argument(
@@ -53,6 +64,38 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--clusters", type=Path, metavar="DIR", help="cluster map folder, or a folder of them")
     p.add_argument(
+        "--index",
+        type=Path,
+        metavar="DIR",
+        help="lsh, graph, shortlist: the method's offline artifact: its folder (manifest.json), or a methods "
+        "root (<DIR>/<method>/all for lsh and graph, <DIR>/shortlist/<src>-<tgt>), or a pipeline work dir "
+        "(its methods/ root; built with methods.build). Required for shortlist; without it lsh hashes W "
+        "and graph builds its HNSW index in memory at start (graph: tens of seconds)",
+    )
+    p.add_argument(
+        "--candidates",
+        type=int,
+        metavar="K",
+        help="lsh: vocabulary entries per decoder row by Hamming distance (128); graph: top-K of the graph "
+        "search (10); shortlist: target subwords per source subword, at most what the table holds (all)",
+    )
+    p.add_argument(
+        "--bits", type=int, metavar="C", help="lsh without --index: hash bits (256; an index fixes them)"
+    )
+    p.add_argument("--ef-search", type=int, metavar="N", help="graph: HNSW search queue, >= K is used (64)")
+    p.add_argument(
+        "--frequent",
+        type=int,
+        metavar="N",
+        help="shortlist: most frequent target subwords always candidates, at most the table's (all)",
+    )
+    p.add_argument(
+        "--scope",
+        choices=("sentence", "batch"),
+        help="shortlist: each row picks only from its own sentence's candidates (sentence, default), or "
+        "from the batch's union (batch: Marian's and CTranslate2's behaviour)",
+    )
+    p.add_argument(
         "--selection",
         default=d.selection,
         choices=["union", "per-row"],
@@ -61,10 +104,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--inactive-mass",
-        default="auto",
-        choices=["auto", "none", "centroid", "moments"],
+        default=d.inactive_mass,
+        choices=["auto", *INACTIVE_MASS],
         help="clustered: estimate of the probability mass of the columns not computed, so beam scores stay "
-        "comparable (auto: moments for --beam > 1, the fewest search errors measured; none for greedy)",
+        f"comparable (auto: {BEAM_INACTIVE_MASS} for --beam > 1, the fewest search errors measured, from "
+        "the normaliser stored in the map; none for greedy, which reads logits only)",
     )
     p.add_argument(
         "--exact",
@@ -106,6 +150,21 @@ def _check_args(args: argparse.Namespace) -> None:
         raise UserError("--method clustered needs --clusters (a cluster map folder, or a folder of them)")
     if args.exact and args.method != "clustered":
         raise UserError(f"--exact applies to --method clustered, not --method {args.method}")
+    for flag, methods in _METHOD_FLAGS.items():
+        if getattr(args, flag) is not None and args.method not in methods:
+            name = "--" + flag.replace("_", "-")
+            raise UserError(f"{name} applies to --method {' or '.join(methods)}, not --method {args.method}")
+    for flag in ("candidates", "bits", "ef_search", "frequent"):
+        value = getattr(args, flag)
+        if value is not None and value < (0 if flag == "frequent" else 1):
+            raise UserError(
+                f"--{flag.replace('_', '-')} must be >= {0 if flag == 'frequent' else 1}, got {value}"
+            )
+    if args.method == "shortlist" and args.index is None:
+        raise UserError(
+            "--method shortlist needs --index (a shortlist table of this model and direction: build it with "
+            "fastvocab run, methods.build: [shortlist])"
+        )
     if args.output.resolve() == args.input.resolve():
         raise UserError(f"--output {args.output} would overwrite the input")
     check_output_file(args.output, "--output")
@@ -117,6 +176,35 @@ def _check_args(args: argparse.Namespace) -> None:
         check_map_direction(
             resolve_map_dir(args.clusters, args.src_lang, args.tgt_lang), args.src_lang, args.tgt_lang
         )
+    if args.method in INDEXED and args.index is not None:
+        resolve_index(args.index, args.method, f"{args.src_lang}-{args.tgt_lang}")
+
+
+def resolve_index(path: Path, method: str, direction: str) -> Path:
+    """The artifact folder ``--index`` names for ``method`` and ``direction``: the folder itself when it
+    holds a manifest, else the pipeline's layout under it (``tasks.methods.index_dir``) or under its
+    ``methods/``. Only the manifest is read: another method or direction is an ArtifactError before the
+    model loads."""
+    from fastvocab.artifacts_schema.method_index import ANY_DIRECTION, MANIFEST_FILE, load_index_manifest
+    from fastvocab.tasks.methods import METHODS_DIR, MODEL_WIDE, index_dir
+
+    unit = ANY_DIRECTION if method in MODEL_WIDE else direction
+    tried = [path, index_dir(path, method, unit), index_dir(path / METHODS_DIR, method, unit)]
+    found = next((p for p in tried if (p / MANIFEST_FILE).is_file()), None)
+    if found is None:
+        raise UserError(
+            f"--index {path}: no {method} artifact there "
+            f"(looked for {', '.join(str(p / MANIFEST_FILE) for p in tried)}); "
+            f"build one with fastvocab run (methods.build: [{method}])"
+        )
+    m = load_index_manifest(found)
+    if m.method != method:
+        raise ArtifactError(
+            f"--index {found} is a {m.method} artifact, not a {method} one (--method {method})"
+        )
+    if m.direction not in (ANY_DIRECTION, direction):
+        raise ArtifactError(f"--index {found} is a {method} artifact for {m.direction}, not for {direction}")
+    return found
 
 
 def torch_device_type(device: str) -> str:
@@ -125,18 +213,34 @@ def torch_device_type(device: str) -> str:
 
 
 def _projection_options(args: argparse.Namespace) -> dict[str, object]:
+    direction = f"{args.src_lang}-{args.tgt_lang}"
+    if args.method in INDEXED:
+        opts: dict[str, object] = {}
+        if args.index is not None:
+            opts["index"] = resolve_index(args.index, args.method, direction)
+        if args.candidates is not None:
+            opts["k"] = args.candidates
+        if args.method == "lsh" and args.bits is not None:
+            opts["bits"] = args.bits
+        if args.method == "graph" and args.ef_search is not None:
+            opts["ef_search"] = args.ef_search
+        if args.method == "shortlist":
+            opts["direction"] = direction
+            if args.frequent is not None:
+                opts["frequent"] = args.frequent
+            if args.scope is not None:
+                opts["scope"] = args.scope
+        return opts
     if args.method != "clustered":
         return {}
     from fastvocab.artifacts_schema.cluster_map import resolve_map_dir
+    from fastvocab.kernels.clustered import clustered_options
 
     map_dir = resolve_map_dir(args.clusters, args.src_lang, args.tgt_lang)
-    mass = args.inactive_mass
-    if mass == "auto":
-        mass = "moments" if args.beam > 1 else "none"
-    options: dict[str, object] = {"cluster_map": map_dir, "selection": args.selection, "inactive_mass": mass}
-    if args.exact:  # greedy needs the top-1 certified; beam search the 2 x beam candidates it keeps per row
-        options["exact_k"] = 1 if args.beam == 1 else 2 * args.beam
-    return options
+    return {
+        "cluster_map": map_dir,
+        **clustered_options(args.selection, args.inactive_mass, args.exact, args.beam),
+    }
 
 
 def run(args: argparse.Namespace) -> int:
@@ -144,6 +248,7 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from fastvocab.artifacts_schema.translations import write_translations
+    from fastvocab.tasks.fidelity import projection_stats
     from fastvocab.tasks.translate import (
         SearchSettings,
         is_parquet,
@@ -194,7 +299,7 @@ def run(args: argparse.Namespace) -> int:
             **asdict(search),
             progress=not args.no_progress,
         )
-    except ArtifactError:  # a missing or mismatched cluster map: the CLI reports it as it is
+    except ArtifactError:  # a missing or mismatched map or index: the CLI reports it as it is
         raise
     except ValueError as exc:  # unknown language, bad method options, over-long line
         raise UserError(str(exc)) from exc
@@ -214,12 +319,12 @@ def run(args: argparse.Namespace) -> int:
         f"{args.device}] -> {args.output}",
         file=sys.stderr,
     )
-    counters = getattr(projection, "counters", None)
-    if counters and counters.get("rows"):
-        line = f"clustered: {counters['columns'] / counters['rows']:.0f} active columns per decoder row"
-        if getattr(projection, "certified_fraction", None) is not None:
+    stats = projection_stats(projection)
+    if stats["active_columns_per_row"] is not None:
+        line = f"clustered: {stats['active_columns_per_row']:.0f} active columns per decoder row"
+        if stats["certified_fraction"] is not None:
             line += (
-                f", {100 * projection.certified_fraction:.1f}% of rows certified exact "
+                f", {100 * stats['certified_fraction']:.1f}% of rows certified exact "
                 "(the others used the full projection)"
             )
         print(line, file=sys.stderr)

@@ -23,12 +23,14 @@ from fastvocab.tasks.workers import MethodJob, TranslateJob, TranslateWorker
 
 log = logging.getLogger(__name__)
 
+INDEXED_METHODS = ("lsh", "graph", "shortlist")  # their artifacts: the methods stage (methods.build)
 PROVENANCE_KEYS = (
     "method",
     "map",
     "map_digest",
     "selection",
     "options",
+    "index_digest",
     "model_fingerprint",
     "sources_digest",
 )
@@ -61,15 +63,48 @@ def _method_plan(
         map_dir = ctx.maps_root / map_dir_name(src, tgt, ctx.cfg.maps.scope)
         if not (map_dir / MANIFEST_FILE).exists():
             return f"no cluster map at {map_dir} (run the maps stage)"
-        options = {"cluster_map": str(map_dir), "selection": t.selection}
+        from fastvocab.kernels.clustered import clustered_options
+
+        clustered = clustered_options(t.selection, t.inactive_mass, t.exact, t.beam)
+        options = {"cluster_map": str(map_dir), **clustered}
         # a map of another direction (copied into place) would decode with the wrong language's tokens
         manifest = check_map_direction(map_dir, src, tgt, fix=REBUILD_HINT)
         # the manifest names the map's tensors by their digest: no need to read and hash them here
-        prov.update(map=map_dir.name, map_digest=manifest.tensors_digest, selection=t.selection)
+        prov.update(
+            map=map_dir.name, map_digest=manifest.tensors_digest, selection=t.selection, options=clustered
+        )
+    elif method in INDEXED_METHODS:
+        plan = _indexed_plan(ctx, direction, method)
+        if isinstance(plan, str):
+            return plan
+        options, index_digest = plan
+        # the projection's own defaults for k (lsh, graph) or the table's (shortlist)
+        prov.update(options="defaults", index_digest=index_digest)
     elif method != "full":
         # Other methods take options the pipeline does not know yet: they run with their defaults.
         prov["options"] = "defaults"
     return options, prov
+
+
+def _indexed_plan(ctx: StageContext, direction: str, method: str) -> tuple[dict[str, Any], str] | str:
+    """(projection options, the artifact's digest) of lsh, graph or shortlist from the methods stage's
+    artifact in the work dir, or the reason it cannot run."""
+    from fastvocab.artifacts_schema.method_index import ANY_DIRECTION, load_index_manifest
+    from fastvocab.artifacts_schema.method_index import MANIFEST_FILE as INDEX_MANIFEST
+    from fastvocab.tasks.methods import METHODS_DIR, MODEL_WIDE, index_dir
+
+    folder = index_dir(
+        ctx.work_dir / METHODS_DIR, method, ANY_DIRECTION if method in MODEL_WIDE else direction
+    )
+    if not (folder / INDEX_MANIFEST).exists():
+        return f"no {method} artifact at {folder} (add {method} to methods.build)"
+    manifest = load_index_manifest(folder)
+    if manifest.direction not in (ANY_DIRECTION, direction):
+        return f"{folder} holds a {method} artifact for {manifest.direction}, not {direction}"
+    options: dict[str, Any] = {"index": str(folder)}
+    if method == "shortlist":
+        options["direction"] = direction
+    return options, manifest.tensors_digest
 
 
 def run(ctx: StageContext) -> list[StageRecord]:
@@ -89,6 +124,8 @@ def run(ctx: StageContext) -> list[StageRecord]:
             "batch_size": t.batch_size,
             "max_len": t.max_len,
             "selection": t.selection,
+            "inactive_mass": t.inactive_mass,
+            "exact": t.exact,
             "device": t.device,
         }
         unavailable: list[str] = []
@@ -163,6 +200,9 @@ def run(ctx: StageContext) -> list[StageRecord]:
                     f"seconds_{meth}": r["seconds"],
                 }
             )
+            # how close to exact a clustered run was (None for methods without these counters: not logged)
+            rec.metrics[f"active_columns_per_row_{meth}"] = r.get("active_columns_per_row")
+            rec.metrics[f"certified_fraction_{meth}"] = r.get("certified_fraction")
             rec.params[f"signature_{meth}"] = r["signature"]
         done = ", ".join(f"{r['method']} {r['tokens_per_s']:.0f} tok/s" for r in res)
         rec.message = f"{done}{rec.message}"

@@ -1,0 +1,213 @@
+"""Graph-search vocabulary selection: FGD (Zhang et al. 2018), the inner-product-preserving transform + HNSW.
+
+Offline (the paper's Algorithm 1, FGD-P): each output embedding and its bias are fused, ``x~_i = [w_i; b_i]``,
+and lifted to D+2 dimensions, ``x-_i = [w_i; b_i; sqrt(U^2 - ||x~_i||^2)]`` with ``U = max_i ||x~_i||`` (so
+every ``x-_i`` has norm U); a query is ``h- = [h; 1; 0]``. Then ``||h- - x-_i||^2 = ||h||^2 + 1 + U^2 - 2 (w_i
+h + b_i)``: the K nearest neighbours of ``h-`` in L2 are exactly the K largest logits, bias included (Lemma
+3.1), unlike LSH. The lifted vectors go into a Faiss ``IndexHNSWFlat`` (M neighbours per node,
+``ef_construction``); the serialized index is the artifact (``MethodIndex`` "graph", every direction,
+array ``faiss_index`` uint8).
+
+At each step (FGD-I, Algorithm 2): every row's top-K by graph search (``ef_search`` = the paper's efSearch,
+the length of the candidate queue), per-row ids (rows, K). The paper turns the returned distances back into
+logits (line 7); here the logits of the K candidates are recomputed exactly from W and b instead, because
+``(||h-||^2 + U^2 - D^2) / 2`` cancels catastrophically in float32 when U and ||h|| are large. The softmax is
+normalised over the K candidates only, as in the paper (line 8): ``log_inactive_mass`` is None.
+
+Faiss is imported only when an index is built or loaded (the lent GPU machines have none). The search runs
+on the CPU; on a CUDA device the states are copied to the host and the candidates back, and the logits are
+computed on the device.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from fastvocab.artifacts_schema.method_index import ANY_DIRECTION, MethodIndex, new_index
+from fastvocab.kernels.base import Projection, ProjectionOutput, register
+from fastvocab.kernels.lsh import (
+    candidate_logits,
+    check_int,
+    load_index,
+    manifest_params,
+    with_always_active,
+)
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class GraphParams:
+    """What the HNSW graph is built with (the artifact's parameters)."""
+
+    m: int = 32  # neighbours per node (the paper's M)
+    ef_construction: int = 200  # candidate queue while inserting
+    threads: int = 1  # Faiss OpenMP threads while building; 1 makes the graph reproducible
+
+    def __post_init__(self) -> None:
+        check_int("m", self.m, 2)
+        check_int("ef_construction", self.ef_construction, 1)
+        check_int("threads", self.threads, 1)
+
+
+def _faiss():
+    try:
+        import faiss
+    except ImportError as exc:
+        raise ImportError(
+            "the graph output-layer method needs Faiss (pip install faiss-cpu); it is not installed here"
+        ) from exc
+    return faiss
+
+
+def ippt(weight: np.ndarray, bias: np.ndarray | None) -> tuple[np.ndarray, float]:
+    """The inner-product-preserving transform of the output layer: (N, D+2) float32, and U."""
+    w = np.asarray(weight, dtype=np.float32)
+    b = np.zeros(w.shape[0], np.float32) if bias is None else np.asarray(bias, dtype=np.float32)
+    sq = np.einsum("nd,nd->n", w, w, dtype=np.float64) + b.astype(np.float64) ** 2  # ||[w; b]||^2
+    u2 = float(sq.max())
+    delta = np.sqrt(np.maximum(u2 - sq, 0.0)).astype(np.float32)
+    return np.concatenate([w, b[:, None], delta[:, None]], axis=1), float(np.sqrt(u2))
+
+
+def lift_queries(h: np.ndarray) -> np.ndarray:
+    """``[h; 1; 0]`` per row, (rows, D+2) float32."""
+    h = np.asarray(h, dtype=np.float32)
+    out = np.zeros((h.shape[0], h.shape[1] + 2), dtype=np.float32)
+    out[:, :-2] = h
+    out[:, -2] = 1.0
+    return out
+
+
+def build_graph_index(
+    weight: torch.Tensor | np.ndarray,
+    bias: torch.Tensor | np.ndarray | None,
+    params: GraphParams,
+    *,
+    fingerprint: str,
+    direction: str = ANY_DIRECTION,
+) -> MethodIndex:
+    """FGD-P: the HNSW graph over the lifted output layer, serialized: the "graph" artifact."""
+    faiss = _faiss()
+    t0 = time.perf_counter()
+    w = weight.detach().float().cpu().numpy() if isinstance(weight, torch.Tensor) else np.asarray(weight)
+    b = bias.detach().float().cpu().numpy() if isinstance(bias, torch.Tensor) else bias
+    lifted, u = ippt(w, b)
+    index = faiss.IndexHNSWFlat(lifted.shape[1], params.m)
+    index.hnsw.efConstruction = params.ef_construction
+    before = faiss.omp_get_max_threads()
+    faiss.omp_set_num_threads(params.threads)
+    try:
+        index.add(lifted)
+    finally:
+        faiss.omp_set_num_threads(before)
+    blob = faiss.serialize_index(index)  # uint8 array
+    return new_index(
+        "graph",
+        model_fingerprint=fingerprint,
+        direction=direction,
+        n_vocab=w.shape[0],
+        d=w.shape[1],
+        params=asdict(params),
+        tensors={"faiss_index": np.asarray(blob, dtype=np.uint8)},
+        build_seconds=time.perf_counter() - t0,
+        extra={"u_max": u, "max_level": int(index.hnsw.max_level), "faiss_version": faiss.__version__},
+    )
+
+
+@register("graph")
+class GraphProjection(Projection):
+    """FGD over this model's W and b (refuses an index built for another model).
+
+    Options: ``k`` (K, candidates per row from the graph; always-active ids come on top), ``ef_search``
+    (the search's candidate queue; Faiss uses at least K), ``m`` / ``ef_construction`` (the graph; taken
+    from ``index`` when one is given, where a different value is an error), ``index`` (a
+    :class:`MethodIndex` or an index folder; None: the graph is built in memory, which takes seconds to
+    minutes: ~N * M * ef_construction distance computations), ``threads`` (Faiss search threads; None:
+    Faiss's default).
+    """
+
+    def __init__(
+        self,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+        *,
+        k: int = 10,
+        ef_search: int = 64,
+        m: int | None = None,
+        ef_construction: int | None = None,
+        index: MethodIndex | str | Path | None = None,
+        threads: int | None = None,
+        **common: Any,  # always_active, fingerprint: see Projection
+    ) -> None:
+        super().__init__(weight, bias, **common)
+        self.k = min(check_int("k", k, 1), self.n_vocab)
+        self.ef_search = check_int("ef_search", ef_search, 1)
+        self.threads = None if threads is None else check_int("threads", threads, 1)
+        faiss = _faiss()
+        given = {"m": m, "ef_construction": ef_construction}
+        if index is None:
+            defaults = GraphParams()
+            self.params = GraphParams(
+                m=defaults.m if m is None else m,
+                ef_construction=defaults.ef_construction if ef_construction is None else ef_construction,
+            )
+            idx = build_graph_index(self.weight, self.bias, self.params, fingerprint=self.fingerprint)
+            self.index_digest = None
+        else:
+            idx = load_index(index, "graph", self.fingerprint, self.n_vocab, self.d, ("faiss_index",))
+            self.params = manifest_params(GraphParams, idx)
+            for name, value in given.items():
+                if value is not None and value != getattr(self.params, name):
+                    raise ValueError(
+                        f"{name}={value!r} differs from the index's {name}={getattr(self.params, name)!r}: "
+                        "leave it out, or build an index with it"
+                    )
+            self.index_digest = idx.manifest.tensors_digest
+        self._index = faiss.deserialize_index(np.ascontiguousarray(idx.tensors["faiss_index"]))
+        if (self._index.ntotal, self._index.d) != (self.n_vocab, self.d + 2):
+            raise ValueError(
+                f"graph index holds {self._index.ntotal} vectors of dimension {self._index.d}; "
+                f"expected {self.n_vocab} of {self.d + 2}"
+            )
+        # Per-call search parameters: the shared index is never mutated by a call.
+        self._search_params = faiss.SearchParametersHNSW(efSearch=self.ef_search)
+
+    def options(self) -> dict[str, object]:
+        return {
+            "k": self.k,
+            "ef_search": self.ef_search,
+            "m": self.params.m,
+            "ef_construction": self.params.ef_construction,
+        }
+
+    def candidates(self, h: torch.Tensor) -> torch.Tensor:
+        """Top-K ids per row by graph search, (rows, K) int64, nearest first; -1 where fewer were found."""
+        faiss = _faiss()
+        q = lift_queries(h.detach().float().cpu().numpy())
+        before = faiss.omp_get_max_threads()
+        if self.threads is not None:
+            faiss.omp_set_num_threads(self.threads)
+        try:
+            _, ids = self._index.search(q, self.k, params=self._search_params)
+        finally:
+            if self.threads is not None:
+                faiss.omp_set_num_threads(before)
+        return torch.from_numpy(ids).to(h.device)
+
+    def _project(self, h: torch.Tensor) -> ProjectionOutput:
+        if h.shape[0] == 0:
+            empty = h.new_empty((0, self.k))
+            return ProjectionOutput(
+                empty, torch.zeros((0, self.k), dtype=torch.int64, device=h.device), self.n_vocab
+            )
+        ids, pad = with_always_active(self.candidates(h), self.always_active, self.n_vocab)
+        logits = candidate_logits(h, self.weight, self.bias, ids, pad)
+        return ProjectionOutput(logits=logits, ids=ids, n_vocab=self.n_vocab)

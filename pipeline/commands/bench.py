@@ -1,0 +1,408 @@
+"""``fastvocab bench``: measurements a user can rerun on their own model and maps.
+
+``fastvocab bench fidelity``: the fidelity yardstick of ``tasks/fidelity.py`` (issue 10), which
+``benchmarks/bench_fidelity.py`` also runs: decode a direction's test sentences with full softmax and with
+clustered methods, same search and settings, and report per direction, beam, batch and method the
+identical-output rate, the search error rate, BLEU, active columns per row, the certified share and speed.
+
+``fastvocab bench methods``: every output-layer method (full, clustered union and per-row, lsh, graph,
+shortlist) over a grid of its parameters (``tasks/bench_methods.py``, which reuses the yardstick's decoding
+and scoring): speed, projection time, candidates per row, search errors, BLEU/chrF, peak RSS, offline build
+time and artifact size; writes a JSON record and a PNG (speed ratio against search error rate, Pareto front
+marked) and logs both to MLflow with ``--mlflow`` or ``--work-dir``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import logging
+import os
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from fastvocab.pipeline.errors import UserError
+
+HELP = "measure output-layer methods against full softmax (fidelity yardstick; all methods side by side)"
+
+log = logging.getLogger(__name__)
+
+FIDELITY_HELP = "decode with full softmax and clustered methods; report search errors, BLEU, speed"
+
+FIDELITY_DESCRIPTION = """\
+Decode the first --sentences sentences of the --split of each direction with the full projection and with
+each clustered method, same search and settings (beam, batch, length penalty), in one process, and report
+against full softmax:
+
+  identical      share of sentences whose output equals full softmax's output
+  search_errors  share whose output scores lower under the full model than full softmax's output
+                 (Hoang et al.; forced decoding with the full projection, the search's length penalty)
+  BLEU, chrF     of full softmax and of the method, against the references
+  cols/row       vocabulary columns computed per decoder row (a row sent to the full projection counts N)
+  certified      share of rows with an exactness certificate (method exact)
+  speed          sentences/s and tokens/s of full and the method (median over --repeats) and their ratio
+
+Methods: clustered (no inactive-mass estimate), normaliser, moments, centroid (that --inactive-mass of
+fastvocab translate; beam > 1 only), exact (--exact), per-row (--selection per-row).
+Writes the JSON record (command, meta, one result per row) to --out and prints the table.
+"""
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    sub = p.add_subparsers(dest="bench", metavar="BENCHMARK", required=True)
+    fp = sub.add_parser(
+        "fidelity",
+        help=FIDELITY_HELP,
+        description=FIDELITY_DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_fidelity_arguments(fp)
+    mp = sub.add_parser(
+        "methods",
+        help=METHODS_HELP,
+        description=METHODS_DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_methods_arguments(mp)
+
+
+def fidelity_parser(description: str) -> argparse.ArgumentParser:
+    """A standalone parser with the fidelity options (the benchmark script's)."""
+    p = argparse.ArgumentParser(description=description)
+    add_fidelity_arguments(p)
+    return p
+
+
+def add_fidelity_arguments(p: argparse.ArgumentParser) -> None:
+    from fastvocab.tasks.fidelity import DEFAULT_METHODS, GRIDS, METHODS, FidelitySettings
+
+    d = FidelitySettings()
+    p.add_argument("--model", type=Path, default=Path("models/demo"), help="model folder (models/demo)")
+    p.add_argument(
+        "--maps", type=Path, default=Path("runs/demo/maps"), help="maps root or a map folder (runs/demo/maps)"
+    )
+    p.add_argument("--corpus", type=Path, default=Path("data/corpus"), help="corpus folder (data/corpus)")
+    p.add_argument("--split", default=d.split, help=f"corpus split ({d.split})")
+    p.add_argument("--directions", default="en-it,it-en", help="comma-separated (en-it,it-en)")
+    grids = "; ".join(f"{k}: beams {v[0]} x batches {v[1]}" for k, v in GRIDS.items())
+    p.add_argument("--grid", choices=sorted(GRIDS), default="quick", help=f"beams x batches preset ({grids})")
+    p.add_argument("--beams", help="comma-separated beam sizes (overrides --grid)")
+    p.add_argument("--batches", help="comma-separated batch sizes (overrides --grid)")
+    p.add_argument(
+        "--methods",
+        default=",".join(DEFAULT_METHODS),
+        help=f"comma-separated, of {', '.join(METHODS)} ({','.join(DEFAULT_METHODS)})",
+    )
+    p.add_argument(
+        "--selection", default=d.selection, choices=("union", "per-row"), help="clustered selection"
+    )
+    p.add_argument(
+        "--sentences",
+        type=int,
+        default=d.sentences,
+        help=f"first N sentences of the split, 0 = all ({d.sentences})",
+    )
+    p.add_argument("--max-len", type=int, default=d.max_len, help=f"max target tokens ({d.max_len})")
+    p.add_argument("--length-penalty", type=float, default=d.length_penalty, help="beam length penalty (1.0)")
+    p.add_argument(
+        "--repeats", type=int, default=d.repeats, help="timed runs per method, median reported (1)"
+    )
+    p.add_argument("--threads", type=int, help="CPU threads for torch (torch's default)")
+    p.add_argument("--device", default="cpu", help="torch device (cpu)")
+    p.add_argument("--out", type=Path, help="JSON results file (default fidelity-<date>.json here)")
+
+
+def _ints(text: str | None, default: tuple[int, ...], flag: str) -> tuple[int, ...]:
+    if text is None:
+        return default
+    try:
+        return tuple(int(x) for x in text.split(",") if x)
+    except ValueError as exc:
+        raise UserError(f"{flag} takes comma-separated integers, got {text!r}") from exc
+
+
+def run_fidelity_command(
+    args: argparse.Namespace, command: str, extra_meta: Callable[[], dict[str, object]] | None = None
+) -> int:
+    """Run the yardstick as ``args`` say, write the record, print the table. ``extra_meta`` is called
+    after the thread count is set (a device name may read it)."""
+    import torch
+
+    from fastvocab.artifacts_schema.jsonfile import write_json
+    from fastvocab.decoding.hf_adapter import Seq2SeqAdapter
+    from fastvocab.tasks.fidelity import (
+        GRIDS,
+        TABLE_HEADER,
+        FidelitySettings,
+        fidelity_record,
+        format_row,
+        run_fidelity,
+    )
+
+    beams = _ints(args.beams, GRIDS[args.grid][0], "--beams")
+    batches = _ints(args.batches, GRIDS[args.grid][1], "--batches")
+    try:
+        settings = FidelitySettings(
+            beams=beams,
+            batches=batches,
+            methods=tuple(m for m in args.methods.split(",") if m),
+            selection=args.selection,
+            sentences=args.sentences,
+            split=args.split,
+            max_len=args.max_len,
+            length_penalty=args.length_penalty,
+            repeats=args.repeats,
+        )
+    except ValueError as exc:
+        raise UserError(str(exc)) from exc
+    directions = [d for d in args.directions.split(",") if d]
+    out = args.out or Path(f"fidelity-{dt.date.today().isoformat()}.json")
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    load_before = os.getloadavg()
+    t0 = time.perf_counter()
+    adapter = Seq2SeqAdapter.load(args.model, device=args.device)
+    print(TABLE_HEADER, file=sys.stderr, flush=True)
+    try:
+        results = run_fidelity(
+            adapter,
+            args.corpus,
+            args.maps,
+            directions,
+            settings,
+            on_row=lambda row: print(format_row(row), file=sys.stderr, flush=True),
+        )
+    except ValueError as exc:  # an unknown language
+        raise UserError(str(exc)) from exc
+    record = fidelity_record(
+        results,
+        command=command,
+        adapter=adapter,
+        settings=settings,
+        model=str(args.model),
+        maps=str(args.maps),
+        directions=directions,
+        device=args.device,
+        threads=torch.get_num_threads(),
+        seconds=time.perf_counter() - t0,
+        load_before=load_before,
+        extra_meta=None if extra_meta is None else extra_meta(),
+    )
+    out.parent.mkdir(parents=True, exist_ok=True)
+    write_json(out, record)
+    print(TABLE_HEADER)
+    for row in results:
+        print(format_row(row))
+    print(f"wrote {out}", file=sys.stderr)
+    return 0
+
+
+def _command_line(args: argparse.Namespace, bench: str = "fidelity") -> str:
+    """The command with every option spelled out, so the record says exactly how to rerun it."""
+    skip = {"bench", "command", "verbose", "_module"}
+    parts = ["fastvocab", "bench", bench]
+    for key, value in sorted(vars(args).items()):
+        if key in skip or value is None or value is False:
+            continue
+        parts += [f"--{key.replace('_', '-')}"] + ([] if value is True else [str(value)])
+    return " ".join(parts)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.bench == "fidelity":
+        return run_fidelity_command(args, _command_line(args))
+    if args.bench == "methods":
+        return run_methods_command(args, _command_line(args, "methods"))
+    raise UserError(f"unknown benchmark {args.bench!r}")
+
+
+# ------------------------------------------------------------------------------------------- bench methods
+
+METHODS_HELP = "every output-layer method over a parameter grid: speed vs search errors, memory, build cost"
+
+METHODS_DESCRIPTION = """\
+Decode the first --sentences sentences of the --split of each direction with full softmax and with every
+point of a parameter grid of each method, same search and settings, in one process (tasks/bench_methods.py;
+the decoding and scoring are the fidelity yardstick's), and record per point:
+
+  identical, search_errors  against full softmax's output (Hoang et al.: the output scores lower under
+                            the full model)
+  BLEU, chrF                of the method, against the references (and of full)
+  candidates_per_row        vocabulary columns computed per decoder row
+  sent/s, ratio             sentences/s and the ratio to full (median over --repeats), cpu_ratio likewise
+  projection_seconds/ratio  time inside the output layer while decoding (selection included), ratio to full
+  rss_peak_mib              peak RSS while the method alone decodes the warm-up sentences (VmHWM, reset
+                            through /proc/self/clear_refs; else ru_maxrss, a process-lifetime peak)
+  build_seconds, bytes      the method's offline artifact (built here, or read from --methods-dir)
+
+Methods: full, clustered (union selection; --maps), per-row (clustered, per-row selection), lsh (SimHash,
+points: k), graph (FGD/HNSW, points: k, ef_search), shortlist (lexical, points: k per source subword,
+frequent). --grid quick: 30 sentences and 2 points per indexed method; full: 100 sentences, 5-6 points.
+Writes the JSON record (command, meta with load average, rows, Pareto front) to --out and a PNG of speed
+ratio against search error rate beside it; --mlflow URI or --work-dir DIR also logs them to MLflow (one
+parent run, one child run per point).
+"""
+
+
+def add_methods_arguments(p: argparse.ArgumentParser) -> None:
+    from fastvocab.tasks.bench_methods import GRIDS, METHODS, SENTENCES, BenchSettings
+
+    d = BenchSettings()
+    p.add_argument("--model", type=Path, default=Path("models/demo"), help="model folder (models/demo)")
+    p.add_argument(
+        "--maps",
+        type=Path,
+        help="cluster maps root or a map folder, for clustered and per-row (default: <work-dir>/maps, "
+        "else runs/demo/maps)",
+    )
+    p.add_argument(
+        "--methods-dir",
+        type=Path,
+        metavar="DIR",
+        help="artifacts of lsh/graph/shortlist as the methods stage lays them out (<DIR>/<method>/all, "
+        "<DIR>/shortlist/<direction>); those not there are built now (default: <work-dir>/methods)",
+    )
+    p.add_argument(
+        "--work-dir",
+        type=Path,
+        metavar="DIR",
+        help="a pipeline work dir: its maps, its methods artifacts and its MLflow store (mlflow.db)",
+    )
+    p.add_argument("--corpus", type=Path, default=Path("data/corpus"), help="corpus folder (data/corpus)")
+    p.add_argument("--split", default=d.split, help=f"corpus split ({d.split})")
+    p.add_argument("--directions", default="en-it,it-en", help="comma-separated (en-it,it-en)")
+    sizes = ", ".join(f"{k}: {SENTENCES[k]} sentences" for k in GRIDS)
+    p.add_argument("--grid", choices=sorted(GRIDS), default=d.grid, help=f"parameter grid ({sizes})")
+    p.add_argument("--quick", action="store_true", help="--grid quick (the default)")
+    p.add_argument("--methods", default=",".join(METHODS), help=f"comma-separated, of {', '.join(METHODS)}")
+    p.add_argument("--beams", default="1,4", help="comma-separated beam sizes (1,4)")
+    p.add_argument("--batch-size", type=int, default=d.batch_size, help=f"sentences a batch ({d.batch_size})")
+    p.add_argument("--sentences", type=int, help="first N sentences of the split, 0 = all (the grid's)")
+    p.add_argument("--max-len", type=int, default=d.max_len, help=f"max target tokens ({d.max_len})")
+    p.add_argument("--length-penalty", type=float, default=d.length_penalty, help="beam length penalty (1.0)")
+    p.add_argument("--repeats", type=int, default=d.repeats, help="timed passes, median reported (1)")
+    p.add_argument("--threads", type=int, help="CPU threads for torch (torch's default)")
+    p.add_argument("--device", default="cpu", help="torch device (cpu)")
+    p.add_argument(
+        "--out", type=Path, help="JSON record (default benchmarks/results/methods-<dev>-<date>.json)"
+    )
+    p.add_argument("--plot", type=Path, help="PNG plot (default: the JSON's name with .png)")
+    p.add_argument("--mlflow", metavar="URI", help="log params, metrics, the JSON and the PNG to this store")
+    p.add_argument("--experiment", default="fastvocab-bench", help="MLflow experiment (fastvocab-bench)")
+
+
+def _default_out(device: str) -> Path:
+    base = Path("benchmarks/results")
+    kind = "cpu" if device == "cpu" else "gpu"
+    name = f"methods-{kind}-{dt.date.today().isoformat()}.json"
+    return base / name if base.is_dir() else Path(name)
+
+
+def run_methods_command(
+    args: argparse.Namespace, command: str, extra_meta: Callable[[], dict[str, object]] | None = None
+) -> int:
+    """Run ``bench methods`` as ``args`` say: the record, the plot, the table, MLflow when asked."""
+    import torch
+
+    from fastvocab.artifacts_schema.jsonfile import write_json
+    from fastvocab.decoding.hf_adapter import Seq2SeqAdapter
+    from fastvocab.tasks import bench_methods as bm
+    from fastvocab.tasks.fidelity import device_description
+
+    work = args.work_dir
+    maps = args.maps or (work / "maps" if work else Path("runs/demo/maps"))
+    methods_dir = args.methods_dir or (work / "methods" if work else None)
+    try:
+        settings = bm.BenchSettings(
+            grid="quick" if args.quick else args.grid,
+            methods=tuple(m for m in args.methods.split(",") if m),
+            beams=_ints(args.beams, (1, 4), "--beams"),
+            batch_size=args.batch_size,
+            sentences=args.sentences,
+            split=args.split,
+            max_len=args.max_len,
+            length_penalty=args.length_penalty,
+            repeats=args.repeats,
+        )
+    except ValueError as exc:
+        raise UserError(str(exc)) from exc
+    directions = [d for d in args.directions.split(",") if d]
+    tracker = None
+    if args.mlflow or work is not None:  # open the store first: a bad URI fails before the work
+        from fastvocab.pipeline.tracking import Tracker
+
+        tracker = Tracker.for_work_dir(work or Path("."), args.mlflow, args.experiment)
+    out = args.out or _default_out(args.device)
+    png = args.plot or out.with_suffix(".png")
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    load_before = os.getloadavg()
+    t0 = time.perf_counter()
+    adapter = Seq2SeqAdapter.load(args.model, device=args.device)
+    print(bm.TABLE_HEADER, file=sys.stderr, flush=True)
+    try:
+        results = bm.run_bench(
+            adapter,
+            args.corpus,
+            maps,
+            directions,
+            settings,
+            methods_dir=methods_dir,
+            on_row=lambda row: print(bm.format_row(row), file=sys.stderr, flush=True),
+            on_note=lambda msg: log.info("%s", msg),
+        )
+    except ValueError as exc:  # an unknown language, a missing --maps
+        raise UserError(str(exc)) from exc
+    meta = {
+        "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "device": device_description(args.device),
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "loadavg_before": [round(x, 2) for x in load_before],
+        "loadavg_after": [round(x, 2) for x in os.getloadavg()],
+        "model": str(args.model),
+        "model_fingerprint": adapter.fingerprint,
+        "n_vocab": adapter.n_vocab,
+        "d": adapter.d_model,
+        "dtype": str(adapter.dtype),
+        "maps": str(maps),
+        "methods_dir": None if methods_dir is None else str(methods_dir),
+        "corpus": str(args.corpus),
+        "directions": directions,
+        "seconds_total": round(time.perf_counter() - t0, 1),
+        "speed_note": "wall-clock ratios on a shared machine: see loadavg; cpu_ratio is steadier",
+        **(extra_meta() if extra_meta is not None else {}),
+    }
+    record = bm.bench_record(results, command=command, meta=meta, settings=settings)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    write_json(out, record)
+    bm.plot_speed_vs_errors(results, png, title=f"{args.model} on {meta['device']}: {command[:120]}")
+    print(bm.TABLE_HEADER)
+    for row in results:
+        print(bm.format_row(row))
+    print(f"wrote {out} and {png}", file=sys.stderr)
+    if tracker is not None:
+        _log_methods_to_mlflow(tracker, record, out, png)
+    return 0
+
+
+def _log_methods_to_mlflow(tracker, record: dict, out: Path, png: Path) -> None:
+    """One parent run (the settings as params, the JSON and PNG as artifacts), one child run per point."""
+    from fastvocab.pipeline.tracking import StageRecord
+    from fastvocab.tasks.bench_methods import numeric_metrics
+
+    meta = record["meta"]
+    config = {k: v for k, v in meta.items() if k not in ("points", "artifact_params")}
+    tags = {"fastvocab.benchmark": "methods"}
+    tracker.start("bench-methods", {"command": record["command"], **config}, tags)
+    for row in record["results"]:
+        params = {k: row[k] for k in ("direction", "beam", "batch", "method", "label", "artifact")}
+        params["options"] = row["options"]
+        unit = f"{row['direction']}:beam{row['beam']}:{row['label']}"
+        tracker.log_stage(StageRecord("bench-methods", unit, "ran", "", params, numeric_metrics(row)))
+    tracker.client.log_artifact(tracker.parent_id, str(out))
+    tracker.client.log_artifact(tracker.parent_id, str(png))
+    tracker.end()
+    print(f"MLflow: run {tracker.parent_id} in {tracker.uri}", file=sys.stderr)

@@ -1,0 +1,371 @@
+"""The fidelity yardstick (issue 10): how far clustered decoding is from full softmax, per search setting.
+
+Behind ``fastvocab bench fidelity`` and ``benchmarks/bench_fidelity.py``. For every direction (the test split
+of a corpus), beam size and batch size it decodes the same sentences with the full projection and with each
+method of :data:`METHODS`, in the same process (token ids, not text), and records against full softmax with
+the same search and settings:
+
+- ``identical``: share of sentences whose output token sequence equals full softmax's;
+- ``search_errors``: Hoang et al.'s search error rate, the share of sentences whose output scores *lower*
+  under the full model than full softmax's output (both scored by forced decoding with the full projection,
+  ``decoding/scoring.py``, the search's length penalty); ``better``: differing outputs that score higher
+  (full softmax's own beam search erred there);
+- BLEU and chrF of full and of the method against the references (``tasks.evaluate.score``);
+- active columns per decoder row (computed columns / rows, over every projection call; a row the exact
+  method sends to the full projection counts its set plus N) and, for ``exact``, the certified fraction;
+- sentences/s and target tokens/s of full and the method (decoding only: tokenization and model load
+  excluded), every method run on each batch in turn (so load changes on a shared machine hit all alike),
+  the median over ``repeats`` passes, and their ratio; also the ratio of process CPU time, steadier than
+  wall time when other jobs share the cores.
+
+Methods: ``clustered`` (the paper's union selection, no inactive-mass estimate), ``moments``, ``centroid``
+and ``normaliser`` (the same with that ``inactive_mass``; beam > 1 only: greedy search reads logits only),
+``exact`` (the certificate, ``exact_k`` = 1 for greedy and 2 x beam for beam search), ``per-row`` (per-row
+selection). Plain functions: no Ray, no MLflow; the callers print and write.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import platform
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from fastvocab import __version__
+from fastvocab.artifacts_schema.cluster_map import ClusterMap, load_cluster_map, resolve_map_dir
+from fastvocab.artifacts_schema.corpus import read_direction
+from fastvocab.decoding.hf_adapter import Seq2SeqAdapter
+from fastvocab.decoding.scoring import sequence_scores
+from fastvocab.decoding.search import beam_search, greedy_search
+from fastvocab.kernels.base import Projection
+from fastvocab.kernels.clustered import exact_k_for
+from fastvocab.tasks.evaluate import score
+from fastvocab.tasks.translate import make_projection
+
+METHODS = ("clustered", "moments", "centroid", "normaliser", "exact", "per-row")
+MASS_METHODS = ("moments", "centroid", "normaliser")  # an inactive-mass estimate: beam search only
+GRIDS = {"quick": ((1, 4), (32,)), "full": ((1, 2, 4, 5), (1, 32))}
+DEFAULT_METHODS = ("clustered", "normaliser", "exact")
+# Scores are float32 sums: a differing output counts as a search error only when it is worse by more than
+# rounding (and as "better" only when better by more than rounding).
+SCORE_TOL = 1e-5
+
+
+@dataclass(frozen=True)
+class FidelitySettings:
+    """What one yardstick run measures."""
+
+    beams: tuple[int, ...] = GRIDS["quick"][0]
+    batches: tuple[int, ...] = GRIDS["quick"][1]
+    methods: tuple[str, ...] = DEFAULT_METHODS
+    selection: str = "union"
+    sentences: int = 50  # first N sentences of the split (0 = all)
+    split: str = "test"
+    max_len: int = 128
+    length_penalty: float = 1.0
+    repeats: int = 1  # timed passes per method (median reported)
+
+    def __post_init__(self) -> None:
+        bad = [m for m in self.methods if m not in METHODS]
+        if bad:
+            raise ValueError(f"unknown methods {bad}; valid: {', '.join(METHODS)}")
+        if not self.beams or not self.batches or min(*self.beams, *self.batches) < 1:
+            raise ValueError(f"beam and batch sizes must be >= 1, got {self.beams} and {self.batches}")
+        if self.repeats < 1 or self.sentences < 0 or self.max_len < 1:
+            raise ValueError(f"repeats and max_len must be >= 1, sentences >= 0: {self}")
+
+
+def method_options(method: str, beam: int, selection: str, cluster_map: ClusterMap) -> dict[str, object]:
+    """The clustered projection's options for a yardstick method."""
+    opts: dict[str, object] = {"cluster_map": cluster_map, "selection": selection}
+    if method == "per-row":
+        opts["selection"] = "per-row"
+    elif method in MASS_METHODS:
+        opts["inactive_mass"] = method
+    elif method == "exact":
+        opts["exact_k"] = exact_k_for(beam)
+    return opts
+
+
+def projection_stats(projection: Projection) -> dict[str, float | None]:
+    """Active columns per decoder row and certified share of rows of a projection's counters so far
+    (None where the method keeps no such counter)."""
+    counters = getattr(projection, "counters", None)
+    if not counters or not counters.get("rows"):
+        return {"active_columns_per_row": None, "certified_fraction": None}
+    return {
+        "active_columns_per_row": counters["columns"] / counters["rows"],
+        "certified_fraction": getattr(projection, "certified_fraction", None),
+    }
+
+
+def decode_all(
+    adapter: Seq2SeqAdapter,
+    projs: dict[str, Projection],
+    seqs: Sequence[list[int]],
+    src: str,
+    tgt: str,
+    beam: int,
+    batch_size: int,
+    max_len: int,
+    length_penalty: float,
+) -> tuple[dict[str, list[list[int]]], dict[str, float], dict[str, float]]:
+    """Every projection on every batch, interleaved batch by batch (so a change of machine load hits all
+    methods alike). Returns per method: outputs (token ids, prefix and EOS excluded) in input order, wall
+    seconds and process CPU seconds of decoding (padding included, tokenization excluded)."""
+    order = sorted(range(len(seqs)), key=lambda j: -len(seqs[j]))  # as tasks.translate: longest first
+    outs: dict[str, list[list[int]]] = {name: [[] for _ in seqs] for name in projs}
+    wall = dict.fromkeys(projs, 0.0)
+    cpu = dict.fromkeys(projs, 0.0)
+    with torch.inference_mode():
+        for lo in range(0, len(order), batch_size):
+            chunk = order[lo : lo + batch_size]
+            for name, proj in projs.items():
+                t0, c0 = time.perf_counter(), time.process_time()
+                batch = adapter.pad([seqs[j] for j in chunk])
+                if beam == 1:
+                    res = greedy_search(adapter, proj, batch, src, tgt, max_len=max_len)
+                else:
+                    res = beam_search(
+                        adapter,
+                        proj,
+                        batch,
+                        src,
+                        tgt,
+                        beam=beam,
+                        max_len=max_len,
+                        length_penalty=length_penalty,
+                    )
+                wall[name] += time.perf_counter() - t0
+                cpu[name] += time.process_time() - c0
+                for j, r in zip(chunk, res, strict=True):
+                    outs[name][j] = r
+    return outs, wall, cpu
+
+
+class Scorer:
+    """Full-model scores of outputs, cached per (sentence, output): each distinct output is scored once."""
+
+    def __init__(
+        self,
+        adapter: Seq2SeqAdapter,
+        full: Projection,
+        seqs: Sequence[list[int]],
+        tgt: str,
+        max_len: int,
+        length_penalty: float,
+        batch_size: int = 32,
+    ) -> None:
+        self.adapter, self.full, self.seqs, self.tgt = adapter, full, seqs, tgt
+        self.max_len, self.lp, self.batch_size = max_len, length_penalty, batch_size
+        self.cache: dict[tuple[int, tuple[int, ...]], float] = {}
+
+    def scores(self, outputs: Sequence[Sequence[int]]) -> list[float]:
+        todo = sorted({(i, tuple(o)) for i, o in enumerate(outputs)} - self.cache.keys())
+        for lo in range(0, len(todo), self.batch_size):
+            part = todo[lo : lo + self.batch_size]
+            batch = self.adapter.pad([self.seqs[i] for i, _ in part])
+            outs = [list(o) for _, o in part]
+            ended = [len(o) < self.max_len for o in outs]  # an output cut at max_len has no EOS
+            vals = sequence_scores(
+                self.adapter, self.full, batch, self.tgt, outs, length_penalty=self.lp, ended=ended
+            )
+            self.cache.update(zip(part, vals, strict=True))
+        return [self.cache[(i, tuple(o))] for i, o in enumerate(outputs)]
+
+
+def measure_setting(
+    adapter: Seq2SeqAdapter,
+    full: Projection,
+    cmap: ClusterMap,
+    seqs: Sequence[list[int]],
+    refs: Sequence[str],
+    src: str,
+    tgt: str,
+    beam: int,
+    batch_size: int,
+    settings: FidelitySettings,
+    scorer: Scorer,
+) -> list[dict[str, object]]:
+    """One row per method of ``settings`` at this beam and batch size (see the module's docstring)."""
+    projs: dict[str, Projection] = {}
+    for m in settings.methods:
+        if m in MASS_METHODS and beam == 1:
+            continue  # greedy reads logits only: an inactive-mass estimate changes nothing
+        projs[m] = make_projection(adapter, "clustered", **method_options(m, beam, settings.selection, cmap))
+    everything = {"full": full, **projs}
+    args = (src, tgt, beam, batch_size, settings.max_len, settings.length_penalty)
+    # Warm-up on a few sentences (first-call allocations, the static engine's cache growth).
+    decode_all(adapter, everything, seqs[: min(len(seqs), batch_size, 8)], *args)
+    times: dict[str, list[float]] = {name: [] for name in everything}
+    cpu_times: dict[str, list[float]] = {name: [] for name in everything}
+    outputs: dict[str, list[list[int]]] = {}
+    unstable: list[str] = []
+    for rep in range(settings.repeats):
+        for p in projs.values():
+            p.reset_counters()
+        outs, wall, cpu = decode_all(adapter, everything, seqs, *args)
+        for name in everything:
+            times[name].append(wall[name])
+            cpu_times[name].append(cpu[name])
+            if rep == 0:
+                outputs[name] = outs[name]
+            elif outs[name] != outputs[name]:
+                unstable.append(name)
+    full_out = outputs["full"]
+    full_scores = scorer.scores(full_out)
+    full_q = score(adapter.decode_ids(full_out), refs, tgt)
+    full_sec = statistics.median(times["full"])
+    full_cpu = statistics.median(cpu_times["full"])
+    full_tokens = sum(len(o) for o in full_out)
+    rows = []
+    for name, p in projs.items():
+        out = outputs[name]
+        sc = scorer.scores(out)
+        differ = [a != b for a, b in zip(out, full_out, strict=True)]
+        worse = [d and s < f - SCORE_TOL for d, s, f in zip(differ, sc, full_scores, strict=True)]
+        better = [d and s > f + SCORE_TOL for d, s, f in zip(differ, sc, full_scores, strict=True)]
+        q = score(adapter.decode_ids(out), refs, tgt)
+        sec = statistics.median(times[name])
+        n = len(out)
+        stats = projection_stats(p)
+        cols, cert = stats["active_columns_per_row"], stats["certified_fraction"]
+        rows.append(
+            {
+                "direction": f"{src}-{tgt}",
+                "beam": beam,
+                "batch": batch_size,
+                "method": name,
+                "options": p.options(),
+                "sentences": n,
+                "identical": round(1 - sum(differ) / n, 4),
+                "search_errors": round(sum(worse) / n, 4),
+                "better": round(sum(better) / n, 4),
+                "bleu_full": round(full_q["bleu"], 2),
+                "bleu": round(q["bleu"], 2),
+                "chrf_full": round(full_q["chrf"], 2),
+                "chrf": round(q["chrf"], 2),
+                "active_columns_per_row": None if cols is None else round(cols, 1),
+                "certified": None if cert is None else round(cert, 4),
+                "sent_per_s_full": round(n / full_sec, 2),
+                "sent_per_s": round(n / sec, 2),
+                "tok_per_s_full": round(full_tokens / full_sec, 1),
+                "tok_per_s": round(sum(len(o) for o in out) / sec, 1),
+                "speed_ratio": round(full_sec / sec, 3),
+                "cpu_ratio": round(full_cpu / statistics.median(cpu_times[name]), 3),
+                "seconds_full": [round(t, 3) for t in times["full"]],
+                "seconds": [round(t, 3) for t in times[name]],
+                "cpu_seconds_full": [round(t, 3) for t in cpu_times["full"]],
+                "cpu_seconds": [round(t, 3) for t in cpu_times[name]],
+                "unstable_across_repeats": name in unstable,
+            }
+        )
+    return rows
+
+
+def run_fidelity(
+    adapter: Seq2SeqAdapter,
+    corpus: str | Path,
+    maps: str | Path,
+    directions: Sequence[str],
+    settings: FidelitySettings,
+    on_row: Callable[[dict[str, object]], None] | None = None,
+) -> list[dict[str, object]]:
+    """Every direction x beam x batch x method of ``settings``; ``on_row`` sees each row as it is done."""
+    full = make_projection(adapter, "full")
+    results: list[dict[str, object]] = []
+    for direction in directions:
+        src, _, tgt = direction.partition("-")
+        limit = settings.sentences or None
+        _, sources, refs = read_direction(corpus, src, tgt, settings.split, limit=limit)
+        keep = [i for i, s in enumerate(sources) if s.strip()]
+        sources, refs = [sources[i] for i in keep], [refs[i] for i in keep]
+        cmap = load_cluster_map(resolve_map_dir(maps, src, tgt), expect_fingerprint=adapter.fingerprint)
+        seqs = adapter.tokenize(sources, src, tgt)
+        for beam in settings.beams:
+            for batch_size in settings.batches:
+                scorer = Scorer(adapter, full, seqs, tgt, settings.max_len, settings.length_penalty)
+                rows = measure_setting(
+                    adapter, full, cmap, seqs, refs, src, tgt, beam, batch_size, settings, scorer
+                )
+                for row in rows:
+                    if on_row is not None:
+                        on_row(row)
+                results += rows
+    return results
+
+
+def format_row(row: dict[str, object]) -> str:
+    """One line of the results table (see :data:`TABLE_HEADER`)."""
+    cols = row["active_columns_per_row"]
+    cert = row["certified"]
+    return (
+        f"{row['direction']:<6} {row['beam']:>4} {row['batch']:>5} {row['method']:<10} "
+        f"{row['identical']:>9.3f} {row['search_errors']:>7.3f} "
+        f"{row['bleu_full']:>6.2f} {row['bleu']:>6.2f} "
+        f"{'-' if cols is None else f'{cols:.0f}':>9} {'-' if cert is None else f'{cert:.3f}':>6} "
+        f"{row['sent_per_s_full']:>7.2f} {row['sent_per_s']:>7.2f} {row['speed_ratio']:>6.2f}"
+    )
+
+
+TABLE_HEADER = (
+    f"{'dir':<6} {'beam':>4} {'batch':>5} {'method':<10} {'identical':>9} {'s.err':>7} "
+    f"{'BLEU_f':>6} {'BLEU':>6} {'cols/row':>9} {'cert':>6} {'sent/s_f':>7} {'sent/s':>7} {'ratio':>6}"
+)
+
+
+def fidelity_record(
+    results: list[dict[str, object]],
+    *,
+    command: str,
+    adapter: Seq2SeqAdapter,
+    settings: FidelitySettings,
+    model: str,
+    maps: str,
+    directions: Sequence[str],
+    device: str,
+    threads: int,
+    seconds: float,
+    load_before: Sequence[float],
+    extra_meta: dict[str, object] | None = None,
+) -> dict[str, object]:
+    """The JSON record of a yardstick run: command, meta (device, model, settings, load) and results."""
+    return {
+        "benchmark": "fidelity",
+        "command": command,
+        "meta": {
+            "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "fastvocab_version": __version__,
+            "device": device_description(device),
+            "torch": torch.__version__,
+            "threads": threads,
+            "cpu_count": os.cpu_count(),
+            "loadavg_before": [round(x, 2) for x in load_before],
+            "loadavg_after": [round(x, 2) for x in os.getloadavg()],
+            "model": model,
+            "model_fingerprint": adapter.fingerprint,
+            "n_vocab": adapter.n_vocab,
+            "d": adapter.d_model,
+            "dtype": str(adapter.dtype),
+            "maps": maps,
+            "directions": list(directions),
+            **asdict(settings),
+            "seconds_total": round(seconds, 1),
+            "score_tolerance": SCORE_TOL,
+            **(extra_meta or {}),
+        },
+        "results": results,
+    }
+
+
+def device_description(device: str) -> str:
+    """The GPU's name for a CUDA device, else the CPU's architecture and torch's thread count."""
+    if device.startswith("cuda"):
+        return torch.cuda.get_device_name(torch.device(device))
+    return f"{platform.processor() or platform.machine()} ({torch.get_num_threads()} threads)"
