@@ -8,11 +8,12 @@ Empty lines become empty outputs without touching the model.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import sys
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
@@ -139,6 +140,88 @@ def translate(
     return TranslationResult(hypotheses, tokens, seconds, len(todo))
 
 
+# --------------------------------------------------------------------------- long inputs, in chunks
+
+CHUNK_LINES = 10_000  # lines a chunk: the unit of memory, of progress kept after a kill, and of resume
+
+
+def translate_text_file(
+    adapter: Seq2SeqAdapter,
+    projection: Projection,
+    input_path: str | Path,
+    output: str | Path,
+    src_lang: str,
+    tgt_lang: str,
+    *,
+    search: SearchSettings,
+    setting: str,
+    method: str,
+    chunk_lines: int = CHUNK_LINES,
+    progress: bool = True,
+) -> TranslationResult:
+    """Translate a text file of any length in chunks of ``chunk_lines`` lines, in bounded memory.
+
+    Each finished chunk is written as a part beside ``output`` (``artifacts_schema.translations``); a rerun
+    after a kill skips the parts whose plan (``setting``: what else decides the output, e.g. the projection's
+    signature and dtype; the search settings; the chunk's lines) matches, and redoes a corrupt one. The output
+    appears, atomically, only when every chunk is done (``method`` names the method in a Parquet output). The
+    input must have been validated (UTF-8) before; the hypotheses are not returned (they are in ``output``).
+    """
+    from tqdm.auto import tqdm
+
+    from fastvocab.artifacts_schema.digest import text_digest
+    from fastvocab.artifacts_schema.translations import (
+        assemble_parts,
+        part_path,
+        parts_dir,
+        read_part,
+        write_part,
+    )
+
+    if chunk_lines < 1:
+        raise ValueError(f"chunk_lines must be >= 1, got {chunk_lines}")
+    parts = parts_dir(output)
+    total = sum(1 for _ in iter_text_lines(input_path))
+    paths, plans = [], []
+    tokens, sentences, seconds, reused = 0, 0, 0.0, 0
+    bar = tqdm(
+        total=total,
+        unit="line",
+        desc=f"{src_lang}-{tgt_lang}",
+        disable=not progress or not sys.stderr.isatty(),
+        file=sys.stderr,
+    )
+    lines = iter_text_lines(input_path)
+    with bar:
+        for index, start in enumerate(range(0, total, chunk_lines)):
+            chunk = list(itertools.islice(lines, chunk_lines))
+            plan = f"{setting}|{search}|{src_lang}-{tgt_lang}|lines {start}+{len(chunk)}|{text_digest(chunk)}"
+            path = part_path(parts, index)
+            paths.append(path)
+            plans.append(plan)
+            if path.exists() and read_part(path, plan) is not None:
+                reused += 1
+            else:
+                res = translate(
+                    adapter, projection, chunk, src_lang, tgt_lang, **asdict(search), progress=False
+                )
+                write_part(path, range(start, start + len(chunk)), chunk, res.hypotheses, plan)
+                tokens, sentences, seconds = (
+                    tokens + res.target_tokens,
+                    sentences + res.sentences,
+                    seconds + res.seconds,
+                )
+            bar.update(len(chunk))
+    if reused:
+        log.info("%s: %d of %d chunks were done by an earlier run", output, reused, len(paths))
+    if not paths:  # an empty input: one empty part, so the output is assembled the same way
+        paths.append(part_path(parts, 0))
+        plans.append("empty")
+        write_part(paths[0], [], [], [], "empty")
+    assemble_parts(output, paths, plans, direction=f"{src_lang}-{tgt_lang}", method=method)
+    return TranslationResult([], tokens, seconds, sentences)
+
+
 # --------------------------------------------------------------------------- file formats
 
 
@@ -148,26 +231,29 @@ def is_parquet(path: str | Path) -> bool:
     return path.suffix == ".parquet" or path.is_dir()
 
 
-def read_text_lines(path: str | Path) -> list[str]:
-    """A UTF-8 text file as lines (no line ends). Invalid UTF-8 is a ``ValueError`` naming file and line."""
+def iter_text_lines(path: str | Path) -> Iterator[str]:
+    """A UTF-8 text file's lines (no line ends), streamed. Invalid UTF-8 is a ``ValueError`` naming file and
+    line (raised when the iteration reaches it)."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"input file not found: {path}")
-    raw = path.read_bytes()
-    if raw.startswith(b"\xef\xbb\xbf"):  # UTF-8 byte-order mark
-        raw = raw[3:]
-    parts = raw.split(b"\n")
-    if parts and parts[-1] == b"":  # final newline ends the last line, it does not start a new one
-        parts.pop()
-    lines = []
-    for n, part in enumerate(parts, start=1):
-        try:
-            lines.append(part.decode("utf-8").removesuffix("\r"))
-        except UnicodeDecodeError as exc:
-            raise ValueError(
-                f"{path}: line {n}: invalid UTF-8 (byte 0x{part[exc.start]:02x} at column {exc.start + 1})"
-            ) from None
-    return lines
+    with path.open("rb") as f:
+        for n, raw in enumerate(f, start=1):
+            if n == 1 and raw.startswith(b"\xef\xbb\xbf"):  # UTF-8 byte-order mark
+                raw = raw[3:]
+            part = raw.removesuffix(b"\n")  # the final newline ends the last line, it starts none
+            try:
+                yield part.decode("utf-8").removesuffix("\r")
+            except UnicodeDecodeError as exc:
+                byte, column = part[exc.start], exc.start + 1
+                raise ValueError(
+                    f"{path}: line {n}: invalid UTF-8 (byte 0x{byte:02x} at column {column})"
+                ) from None
+
+
+def read_text_lines(path: str | Path) -> list[str]:
+    """A UTF-8 text file as lines (no line ends); see :func:`iter_text_lines`."""
+    return list(iter_text_lines(path))
 
 
 def read_parquet_column(

@@ -377,3 +377,99 @@ def test_cli_inactive_mass_auto_and_exact_options(adapter, tmp_path, flags, want
         "selection": "union",
         **want,
     }
+
+
+# ------------------------------------------------------------------------- long inputs: chunks and resume
+
+
+def _stream(adapter, inp, out, chunk_lines=3, beam=1):
+    from fastvocab.tasks.translate import SearchSettings, translate_text_file
+
+    projection = make_projection(adapter)
+    return translate_text_file(
+        adapter,
+        projection,
+        inp,
+        out,
+        "en",
+        "it",
+        search=SearchSettings(beam=beam, batch_size=4, max_len=MAX_LEN),
+        setting=projection.signature(),
+        method="full",
+        chunk_lines=chunk_lines,
+        progress=False,
+    )
+
+
+@pytest.fixture
+def long_input(adapter, tmp_path):
+    lines = _lines()
+    inp = tmp_path / "in.txt"
+    inp.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    expect = translate(
+        adapter, make_projection(adapter), lines, "en", "it", batch_size=4, max_len=MAX_LEN, progress=False
+    ).hypotheses
+    return inp, expect
+
+
+def test_chunks_give_the_whole_file_translation_in_order(adapter, long_input, tmp_path):
+    from fastvocab.artifacts_schema.translations import parts_dir
+
+    inp, expect = long_input
+    out = tmp_path / "out.txt"
+    res = _stream(adapter, inp, out, chunk_lines=3)
+    assert out.read_text(encoding="utf-8").split("\n")[:-1] == expect
+    assert res.sentences == 7 and not parts_dir(out).exists()
+    _stream(adapter, inp, tmp_path / "out.parquet")
+    table = pq.read_table(tmp_path / "out.parquet")
+    assert table.schema.equals(TRANSLATIONS_SCHEMA, check_metadata=False)
+    assert table.column("id").to_pylist() == list(range(len(expect)))
+    assert table.column("hypothesis").to_pylist() == expect
+
+
+def test_a_killed_run_resumes_after_its_last_finished_chunk(adapter, long_input, tmp_path, monkeypatch):
+    from fastvocab.artifacts_schema.translations import part_path, parts_dir
+    from fastvocab.tasks import translate as task
+
+    inp, expect = long_input
+    out = tmp_path / "out.txt"
+    calls = []
+    real = task.translate
+
+    def dies_on_third_chunk(*args, **kwargs):
+        calls.append(len(args[2]))
+        if len(calls) == 3:
+            raise KeyboardInterrupt  # what a kill leaves: the chunks before, nothing after
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(task, "translate", dies_on_third_chunk)
+    with pytest.raises(KeyboardInterrupt):
+        _stream(adapter, inp, out)
+    assert not out.exists() and sorted(p.name for p in parts_dir(out).iterdir()) == [
+        "part-00000.parquet",
+        "part-00001.parquet",
+    ]
+    calls.clear()
+    monkeypatch.setattr(task, "translate", lambda *a, **k: calls.append(len(a[2])) or real(*a, **k))
+    # A part whose hypotheses no longer match their digest is redone, not reused.
+    first = pq.read_table(part_path(parts_dir(out), 0))
+    bad = first.set_column(2, "hypothesis", pa.array(["x"] * first.num_rows)).replace_schema_metadata(
+        first.schema.metadata
+    )
+    pq.write_table(bad, part_path(parts_dir(out), 0))
+    _stream(adapter, inp, out)
+    assert calls == [3, 3, 2]  # chunks 0 (corrupt), 2 and 3; chunk 1 reused
+    assert out.read_text(encoding="utf-8").split("\n")[:-1] == expect
+    calls.clear()
+    _stream(adapter, inp, out, beam=2)  # other settings: nothing reused
+    assert calls == [3, 3, 3, 2]
+
+
+def test_cli_chunked_equals_unchunked(model_dir, long_input, tmp_path, capsys):
+    inp, expect = long_input
+    out = tmp_path / "out.txt"
+    rc, _, err = _cli(
+        capsys, *_translate_args(model_dir, inp, out, "--batch-size", "4", "--chunk-lines", "2")
+    )
+    assert rc == 0, err
+    assert out.read_text(encoding="utf-8").split("\n")[:-1] == expect

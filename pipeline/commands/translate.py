@@ -3,6 +3,8 @@
 Input: UTF-8 text (one sentence a line) or Parquet (a file or a dataset folder; column ``source``, optional
 ``id``). Output: Parquet with the translations schema when it ends in ``.parquet``, else text with one line
 per input line. The output is written atomically at the end: on any error no output file is left behind.
+A text input is streamed in chunks (``--chunk-lines``): memory holds one chunk, finished chunks wait in
+``OUTPUT.parts/``, and a rerun of the same command after a kill translates only the chunks not yet done.
 """
 
 from __future__ import annotations
@@ -133,6 +135,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--input-column", default="source", help="Parquet input: text column (default source)")
     p.add_argument("--id-column", default="id", help="Parquet input: id column, used when present (id)")
+    p.add_argument(
+        "--chunk-lines",
+        type=int,
+        default=None,
+        metavar="N",
+        help="text input: translate N lines at a time (default 10000); memory holds one chunk, each "
+        "finished chunk is kept beside the output (OUTPUT.parts/), and a rerun after a kill resumes there",
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
@@ -252,19 +262,21 @@ def run(args: argparse.Namespace) -> int:
     from fastvocab.tasks.translate import (
         SearchSettings,
         is_parquet,
+        iter_text_lines,
         make_projection,
         read_parquet_column,
-        read_text_lines,
         translate,
+        translate_text_file,
     )
 
-    # Read the input first: bad input fails in a second, before the model loads.
-    ids = None
+    # Read (Parquet) or check (text, streamed) the input first: bad input fails before the model loads.
+    ids, lines = None, None
     try:
         if is_parquet(args.input):
             lines, ids = read_parquet_column(args.input, args.input_column, args.id_column)
+            n_lines = len(lines)
         else:
-            lines = read_text_lines(args.input)
+            n_lines = sum(1 for _ in iter_text_lines(args.input))
     except ValueError as exc:
         raise UserError(str(exc)) from exc
 
@@ -290,30 +302,45 @@ def run(args: argparse.Namespace) -> int:
             projection = quantize_projection(projection)
         # the flags are named as SearchSettings' fields (--beam, --batch-size, ...)
         search = SearchSettings(**{f.name: getattr(args, f.name) for f in fields(SearchSettings)})
-        result = translate(
-            adapter,
-            projection,
-            lines,
-            args.src_lang,
-            args.tgt_lang,
-            **asdict(search),
-            progress=not args.no_progress,
-        )
+        if lines is None:  # text: streamed in chunks, resumable
+            result = translate_text_file(
+                adapter,
+                projection,
+                args.input,
+                args.output,
+                args.src_lang,
+                args.tgt_lang,
+                search=search,
+                setting=f"{projection.signature()}|dtype:{args.dtype}",
+                method=args.method,
+                progress=not args.no_progress,
+                **({"chunk_lines": args.chunk_lines} if args.chunk_lines is not None else {}),
+            )
+        else:
+            result = translate(
+                adapter,
+                projection,
+                lines,
+                args.src_lang,
+                args.tgt_lang,
+                **asdict(search),
+                progress=not args.no_progress,
+            )
+            write_translations(
+                args.output,
+                result.hypotheses,
+                sources=lines,
+                ids=ids,
+                direction=f"{args.src_lang}-{args.tgt_lang}",
+                method=args.method,
+            )
     except ArtifactError:  # a missing or mismatched map or index: the CLI reports it as it is
         raise
     except ValueError as exc:  # unknown language, bad method options, over-long line
         raise UserError(str(exc)) from exc
 
-    write_translations(
-        args.output,
-        result.hypotheses,
-        sources=lines,
-        ids=ids,
-        direction=f"{args.src_lang}-{args.tgt_lang}",
-        method=args.method,
-    )
     print(
-        f"translated {len(lines)} lines ({result.sentences} non-empty, {result.target_tokens} target tokens) "
+        f"translated {n_lines} lines ({result.sentences} non-empty, {result.target_tokens} target tokens) "
         f"in {result.seconds:.2f} s: {result.sentences_per_second:.1f} sentences/s, "
         f"{result.tokens_per_second:.0f} tokens/s [{args.method}, beam {args.beam}, batch {args.batch_size}, "
         f"{args.device}] -> {args.output}",
