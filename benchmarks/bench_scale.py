@@ -1,6 +1,12 @@
 """Scale (issue 11, item 6): corpus ingestion of generated files of millions of lines in bounded memory.
 
     .venv/bin/python benchmarks/bench_scale.py --lines 2000000,20000000
+    .venv/bin/python benchmarks/bench_scale.py --lines 0 --translate 2000,8000 --tag translate
+
+With ``--translate``, ``fastvocab translate`` (demo model, full softmax, greedy, ``--max-len 32``,
+``--chunk-lines 1000``, 1 thread) runs on text files of that many lines (the en-it test split of
+``data/corpus`` repeated), recording peak RSS and lines/s: memory is flat in the line count when the input
+streams in chunks.
 
 For each size it generates a monolingual text file and a parallel TSV file of that many lines (synthetic
 sentences over a 5,000-word vocabulary, ~2% repeated lines, 1% empty lines in the monolingual file), then
@@ -64,6 +70,34 @@ def run_child(argv: list[str]) -> dict[str, float]:
     return {"seconds": round(seconds, 2), "peak_rss_mb": round(usage.ru_maxrss / 1024, 1)}
 
 
+def translate_rows(sizes: list[int], workdir: str | None) -> list[dict]:
+    from fastvocab.artifacts_schema.corpus import read_direction
+
+    _, sources, _ = read_direction(ROOT / "data" / "corpus", "en", "it", "test")
+    rows = []
+    with tempfile.TemporaryDirectory(dir=workdir) as tmp:
+        for n in sizes:
+            src = Path(tmp) / f"in-{n}.txt"
+            src.write_text("".join(sources[i % len(sources)] + "\n" for i in range(n)), encoding="utf-8")
+            out = Path(tmp) / f"out-{n}.txt"
+            argv = [str(FASTVOCAB), "translate", "--model", str(ROOT / "models" / "demo"), "--src-lang", "en",
+                    "--tgt-lang", "it", "-i", str(src), "-o", str(out), "--max-len", "32",
+                    "--chunk-lines", "1000", "--threads", "1", "--no-progress"]  # fmt: skip
+            res = run_child(argv)
+            row = {
+                "command": " ".join(["fastvocab", *argv[1:]])
+                .replace(tmp, "$TMP")
+                .replace(str(ROOT) + "/", ""),
+                "kind": "translate",
+                "lines": n,
+                **res,
+                "lines_per_second": round(n / res["seconds"], 1),
+            }
+            print(json.dumps(row), flush=True)
+            rows.append(row)
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -71,8 +105,9 @@ def main() -> None:
     parser.add_argument("--lines", default="2000000,20000000", help="comma-separated line counts")
     parser.add_argument("--workdir", default=None, help="where the generated files go (default: a temp dir)")
     parser.add_argument("--tag", default="", help="suffix of the result file name")
+    parser.add_argument("--translate", default="", help="comma-separated line counts for fastvocab translate")
     args = parser.parse_args()
-    sizes = [int(x) for x in args.lines.split(",")]
+    sizes = [int(x) for x in args.lines.split(",") if int(x) > 0]
     rows = []
     with tempfile.TemporaryDirectory(dir=args.workdir) as tmp:
         tmp = Path(tmp)
@@ -104,6 +139,8 @@ def main() -> None:
                 print(json.dumps(row), flush=True)
                 rows.append(row)
                 src.unlink()
+    if args.translate:
+        rows += translate_rows([int(x) for x in args.translate.split(",")], args.workdir)
     meta = {
         "commit": git_commit("tasks", "artifacts_schema", "pipeline"),
         "cpu": cpu_name(),

@@ -322,7 +322,7 @@ def test_vmap_lists_always_allowed_tokens_first_then_one_row_per_source_token(ad
 
 
 def test_ctranslate2_translates_with_the_exported_vmap(adapter, index, tiny_model_dir, tmp_path):
-    ctranslate2 = pytest.importorskip("ctranslate2")
+    import ctranslate2  # requirements.txt pins it: the peer engine
     from ctranslate2.converters import TransformersConverter
 
     vmap = export_vmap(index, vocabulary_tokens(adapter), tmp_path / "vmap.txt", k=2, frequent=3)
