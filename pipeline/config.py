@@ -282,6 +282,18 @@ class RunConfig(_Strict):
             raise ValueError(f"{', '.join(dup)} listed more than once")
         return value
 
+    @model_validator(mode="after")
+    def _check_maps_keep_the_beams_ids(self) -> RunConfig:
+        # states dumped along beam hypotheses carry their 2 x beam best ids: a map that keeps fewer drops what
+        # the beam dump was for
+        beam, k = self.dump.beam, self.maps.k
+        if beam > 1 and k is not None and k < 2 * beam:
+            raise ValueError(
+                f"maps.k={k} is below 2 x dump.beam = {2 * beam}: the maps would drop ids beam search needs; "
+                f"set maps.k >= {2 * beam} (or leave it unset: dump.k)"
+            )
+        return self
+
 
 def load_config(path: str | Path | None, overrides: dict[str, object] | None = None) -> RunConfig:
     """Load a YAML config (or the defaults when ``path`` is None) and apply dotted-key overrides.

@@ -165,6 +165,13 @@ def test_k_below_two_beams_is_refused(k, beam, ok, tmp_path):
         load_config(None, {"dump.k": k, "dump.beam": beam})
 
 
+def test_maps_k_below_two_beams_is_refused():
+    assert load_config(None, {"dump.k": 8, "dump.beam": 4}).maps.k is None  # unset: dump.k
+    assert load_config(None, {"dump.k": 8, "dump.beam": 4, "maps.k": 8}).maps.k == 8
+    with pytest.raises(UserError, match=r"maps\.k=5 is below 2 x dump\.beam = 8"):
+        load_config(None, {"dump.k": 8, "dump.beam": 4, "maps.k": 5})
+
+
 def test_distinct_hypotheses_drops_adjacent_copies_of_a_sentence_only():
     from fastvocab.tasks.dump import distinct_hypotheses
 
