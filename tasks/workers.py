@@ -25,7 +25,8 @@ log = logging.getLogger(__name__)
 
 
 class DecoderWorker:
-    """Greedy full-softmax decoding for the dump and stream stages (a :class:`DumpActor` per worker)."""
+    """Full-softmax decoding (greedy, or beam with ``dump.beam``) for the dump and stream stages (a
+    :class:`DumpActor` per worker)."""
 
     def __init__(self, ctx: RunContext, settings: DumpSettings) -> None:
         self.actor = DumpActor(ctx, settings)
