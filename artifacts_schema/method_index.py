@@ -94,6 +94,28 @@ def load_index_manifest(index_dir: str | Path) -> IndexManifest:
         raise ArtifactError(f"corrupt method-index manifest {path}: {exc}") from exc
 
 
+def _check_manifest(
+    m: IndexManifest, method: str, where: str, expect_fingerprint: str | None, direction: str | None
+) -> None:
+    if m.method != method:
+        raise ArtifactError(f"{where} is a {m.method!r} index, not a {method!r} index")
+    if expect_fingerprint is not None and m.model_fingerprint != expect_fingerprint:
+        raise ArtifactError(
+            f"{method} index {where} was built for model {m.model_fingerprint}, "
+            f"but the loaded model is {expect_fingerprint}"
+        )
+    if direction is not None and m.direction not in (ANY_DIRECTION, direction):
+        raise ArtifactError(f"{method} index {where} was built for {m.direction}, not for {direction}")
+
+
+def _check_arrays(
+    tensors: Mapping[str, np.ndarray], required: tuple[str, ...], method: str, where: str
+) -> None:
+    missing = [name for name in required if name not in tensors]
+    if missing:
+        raise ArtifactError(f"{method} index {where} lacks array(s) {', '.join(missing)}")
+
+
 def load_method_index(
     index_dir: str | Path,
     method: str,
@@ -112,15 +134,7 @@ def load_method_index(
 
     index_dir = Path(index_dir)
     m = load_index_manifest(index_dir)
-    if m.method != method:
-        raise ArtifactError(f"{index_dir} is a {m.method!r} index, not a {method!r} index")
-    if expect_fingerprint is not None and m.model_fingerprint != expect_fingerprint:
-        raise ArtifactError(
-            f"{method} index {index_dir} was built for model {m.model_fingerprint}, "
-            f"but the loaded model is {expect_fingerprint}"
-        )
-    if direction is not None and m.direction not in (ANY_DIRECTION, direction):
-        raise ArtifactError(f"{method} index {index_dir} was built for {m.direction}, not for {direction}")
+    _check_manifest(m, method, str(index_dir), expect_fingerprint, direction)
     try:
         data = (index_dir / TENSORS_FILE).read_bytes()
         if digest(data) != m.tensors_digest:
@@ -130,10 +144,39 @@ def load_method_index(
         tensors = load(data)
     except (OSError, SafetensorError) as exc:
         raise ArtifactError(f"corrupt {method} index tensors in {index_dir}: {exc}") from exc
-    missing = [name for name in required if name not in tensors]
-    if missing:
-        raise ArtifactError(f"{method} index {index_dir} lacks array(s) {', '.join(missing)}")
+    _check_arrays(tensors, required, method, str(index_dir))
     return MethodIndex(m, dict(tensors))
+
+
+def method_index_for(
+    index: MethodIndex | str | Path,
+    method: str,
+    *,
+    fingerprint: str,
+    n_vocab: int,
+    d: int,
+    direction: str | None = None,
+    required: tuple[str, ...] = (),
+) -> MethodIndex:
+    """The artifact a projection reads, given as a folder (loaded and checked) or in memory (checked):
+    built for ``method``, this model (fingerprint, N, d) and, when given, ``direction``."""
+    if isinstance(index, (str, Path)):
+        idx = load_method_index(
+            index, method, expect_fingerprint=fingerprint, direction=direction, required=required
+        )
+        where = str(index)
+    elif isinstance(index, MethodIndex):
+        idx, where = index, f"in-memory {index.manifest.method} index"
+        _check_manifest(idx.manifest, method, where, fingerprint, direction)
+        _check_arrays(idx.tensors, required, method, where)
+    else:
+        raise ValueError(f"index must be a MethodIndex or an index folder, got {type(index).__name__}")
+    m = idx.manifest
+    if (m.n_vocab, m.d) != (n_vocab, d):
+        raise ArtifactError(
+            f"{where} has N={m.n_vocab}, d={m.d}; the model's output layer has N={n_vocab}, d={d}"
+        )
+    return idx
 
 
 def new_index(

@@ -30,12 +30,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from fastvocab.artifacts_schema.method_index import ANY_DIRECTION, MethodIndex, new_index
+from fastvocab.artifacts_schema.method_index import ANY_DIRECTION, MethodIndex, method_index_for, new_index
 from fastvocab.kernels.base import Projection, ProjectionOutput, register
 from fastvocab.kernels.lsh import (
     candidate_logits,
     check_int,
-    load_index,
     manifest_params,
     with_always_active,
 )
@@ -162,14 +161,15 @@ class GraphProjection(Projection):
             idx = build_graph_index(self.weight, self.bias, self.params, fingerprint=self.fingerprint)
             self.index_digest = None
         else:
-            idx = load_index(index, "graph", self.fingerprint, self.n_vocab, self.d, ("faiss_index",))
-            self.params = manifest_params(GraphParams, idx)
-            for name, value in given.items():
-                if value is not None and value != getattr(self.params, name):
-                    raise ValueError(
-                        f"{name}={value!r} differs from the index's {name}={getattr(self.params, name)!r}: "
-                        "leave it out, or build an index with it"
-                    )
+            idx = method_index_for(
+                index,
+                "graph",
+                fingerprint=self.fingerprint,
+                n_vocab=self.n_vocab,
+                d=self.d,
+                required=("faiss_index",),
+            )
+            self.params = manifest_params(GraphParams, idx, given)
             self.index_digest = idx.manifest.tensors_digest
         self._index = faiss.deserialize_index(np.ascontiguousarray(idx.tensors["faiss_index"]))
         if (self._index.ntotal, self._index.d) != (self.n_vocab, self.d + 2):

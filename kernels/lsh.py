@@ -42,12 +42,7 @@ import torch
 import torch.nn.functional as F
 
 from fastvocab.artifacts_schema.errors import ArtifactError
-from fastvocab.artifacts_schema.method_index import (
-    ANY_DIRECTION,
-    MethodIndex,
-    load_method_index,
-    new_index,
-)
+from fastvocab.artifacts_schema.method_index import ANY_DIRECTION, MethodIndex, method_index_for, new_index
 from fastvocab.kernels.base import Projection, ProjectionOutput, register
 
 log = logging.getLogger(__name__)
@@ -264,47 +259,21 @@ def bias_spread_ratio(weight: torch.Tensor, bias: torch.Tensor | None, h: torch.
     return math.inf if spread == 0.0 else b_std / spread
 
 
-def load_index(
-    index: MethodIndex | str | Path,
-    method: str,
-    fingerprint: str,
-    n_vocab: int,
-    d: int,
-    required: tuple[str, ...],
-) -> MethodIndex:
-    """A method's artifact for this model: loaded and checked (folder) or checked (in memory)."""
-    if isinstance(index, (str, Path)):
-        idx = load_method_index(index, method, expect_fingerprint=fingerprint, required=required)
-        where = str(index)
-    elif isinstance(index, MethodIndex):
-        idx, where = index, f"in-memory {index.manifest.method} index"
-        if idx.manifest.method != method:
-            raise ArtifactError(f"{where} is a {idx.manifest.method!r} index, not a {method!r} index")
-        if idx.manifest.model_fingerprint != fingerprint:
-            raise ArtifactError(
-                f"{method} index was built for model {idx.manifest.model_fingerprint}, "
-                f"but the loaded model is {fingerprint}"
-            )
-        missing = [r for r in required if r not in idx.tensors]
-        if missing:
-            raise ArtifactError(f"{where} lacks array(s) {', '.join(missing)}")
-    else:
-        raise ValueError(f"index must be a MethodIndex or an index folder, got {type(index).__name__}")
-    m = idx.manifest
-    if (m.n_vocab, m.d) != (n_vocab, d):
-        raise ArtifactError(
-            f"{where} has N={m.n_vocab}, d={m.d}; the model's output layer has N={n_vocab}, d={d}"
-        )
-    return idx
-
-
-def manifest_params(cls: type[P], idx: MethodIndex) -> P:
-    """The index's build parameters as ``cls``; ArtifactError when its manifest does not fit them."""
+def manifest_params(cls: type[P], idx: MethodIndex, given: dict[str, object]) -> P:
+    """The index's build parameters as ``cls``; ArtifactError when its manifest does not fit them, ValueError
+    when an option the caller ``given`` (not None) contradicts them."""
     raw: dict[str, Any] = dict(idx.manifest.params)
     try:
-        return cls(**raw)
+        params = cls(**raw)
     except (TypeError, ValueError) as exc:
         raise ArtifactError(f"{idx.manifest.method} index: bad parameters {raw}: {exc}") from exc
+    for name, value in given.items():
+        if value is not None and value != getattr(params, name):
+            raise ValueError(
+                f"{name}={value!r} differs from the index's {name}={getattr(params, name)!r}: "
+                "leave it out, or build an index with it"
+            )
+    return params
 
 
 def check_int(name: str, value: object, low: int) -> int:
@@ -387,14 +356,15 @@ class LshProjection(Projection):
             self.index_digest = None
             idx = build_lsh_index(self.weight, self.params, fingerprint=self.fingerprint)
         else:
-            idx = load_index(index, "lsh", self.fingerprint, self.n_vocab, self.d, ("projection", "codes"))
-            self.params = manifest_params(LshParams, idx)
-            for name, value in given.items():
-                if value is not None and value != getattr(self.params, name):
-                    raise ValueError(
-                        f"{name}={value!r} differs from the index's {name}={getattr(self.params, name)!r}: "
-                        "leave it out, or build an index with it"
-                    )
+            idx = method_index_for(
+                index,
+                "lsh",
+                fingerprint=self.fingerprint,
+                n_vocab=self.n_vocab,
+                d=self.d,
+                required=("projection", "codes"),
+            )
+            self.params = manifest_params(LshParams, idx, given)
             self.index_digest = idx.manifest.tensors_digest
         proj = np.asarray(idx.tensors["projection"], dtype=np.float32)
         words = n_words(self.params.bits)

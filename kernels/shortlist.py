@@ -32,7 +32,7 @@ import torch
 
 from fastvocab.artifacts_schema.digest import digest
 from fastvocab.artifacts_schema.errors import ArtifactError
-from fastvocab.artifacts_schema.method_index import MethodIndex, load_method_index
+from fastvocab.artifacts_schema.method_index import MethodIndex, method_index_for
 from fastvocab.kernels.base import Projection, ProjectionOutput, register
 
 log = logging.getLogger(__name__)
@@ -115,35 +115,15 @@ class ShortlistProjection(Projection):
         )
 
     def _load(self, index: MethodIndex | str | Path, direction: str | None) -> MethodIndex:
-        if isinstance(index, MethodIndex):
-            m = index.manifest
-            if m.method != "shortlist":
-                raise ArtifactError(f"a {m.method!r} index is not a shortlist")
-            if m.model_fingerprint != self.fingerprint:
-                raise ArtifactError(
-                    f"shortlist was built for model {m.model_fingerprint}, but the loaded model is "
-                    f"{self.fingerprint}"
-                )
-            if direction is not None and m.direction != direction:
-                raise ArtifactError(f"shortlist was built for {m.direction}, not for {direction}")
-            missing = [a for a in TABLE_ARRAYS if a not in index.tensors]
-            if missing:
-                raise ArtifactError(f"shortlist index lacks array(s) {', '.join(missing)}")
-            table = index
-        else:
-            table = load_method_index(
-                index,
-                "shortlist",
-                expect_fingerprint=self.fingerprint,
-                direction=direction,
-                required=TABLE_ARRAYS,
-            )
-        if (table.manifest.n_vocab, table.manifest.d) != (self.n_vocab, self.d):
-            raise ArtifactError(
-                f"shortlist was built for N={table.manifest.n_vocab}, d={table.manifest.d}; "
-                f"the model has N={self.n_vocab}, d={self.d}"
-            )
-        return table
+        return method_index_for(
+            index,
+            "shortlist",
+            fingerprint=self.fingerprint,
+            n_vocab=self.n_vocab,
+            d=self.d,
+            direction=direction,
+            required=TABLE_ARRAYS,
+        )
 
     def options(self) -> dict[str, object]:
         m = self.index_manifest
