@@ -289,3 +289,33 @@ def beam_search(
         state = adapter.reorder(state, rows, group=k)  # k rows per sentence, sentences in order
         h, state = adapter.decoder_step(tokens[keep].reshape(-1), state)
     return results
+
+
+def decode(
+    adapter,
+    projection: Projection,
+    batch: dict,
+    src_lang: str,
+    tgt_lang: str,
+    *,
+    beam: int = 1,
+    max_len: int = 128,
+    length_penalty: float = 1.0,
+    step_hook: StepHook | None = None,
+) -> list[list[int]]:
+    """Greedy search for ``beam == 1``, else beam search (translation, the dump and the benchmarks)."""
+    if beam == 1:
+        return greedy_search(
+            adapter, projection, batch, src_lang, tgt_lang, max_len=max_len, step_hook=step_hook
+        )
+    return beam_search(
+        adapter,
+        projection,
+        batch,
+        src_lang,
+        tgt_lang,
+        beam=beam,
+        max_len=max_len,
+        length_penalty=length_penalty,
+        step_hook=step_hook,
+    )

@@ -197,7 +197,7 @@ class DumpActor:
         }
 
     def _decode(self, texts: list[str], src_lang: str, tgt_lang: str) -> dict[str, np.ndarray]:
-        from fastvocab.decoding.search import beam_search, greedy_search
+        from fastvocab.decoding.search import decode
 
         rec: dict[str, list[np.ndarray]] = {
             k: [] for k in ("row", "step", "hidden", "topk_ids", "topk_logprobs")
@@ -216,21 +216,16 @@ class DumpActor:
             rec["topk_logprobs"].append(logp.float().cpu().numpy())
 
         batch = self.adapter.encode_texts(texts, src_lang, tgt_lang)
-        if self.beam == 1:
-            greedy_search(
-                self.adapter, self.projection, batch, src_lang, tgt_lang, self.max_len, step_hook=hook
-            )
-        else:
-            beam_search(
-                self.adapter,
-                self.projection,
-                batch,
-                src_lang,
-                tgt_lang,
-                beam=self.beam,
-                max_len=self.max_len,
-                step_hook=hook,
-            )
+        decode(
+            self.adapter,
+            self.projection,
+            batch,
+            src_lang,
+            tgt_lang,
+            beam=self.beam,
+            max_len=self.max_len,
+            step_hook=hook,
+        )
         return {k: np.concatenate(v) for k, v in rec.items()}
 
     def decode_shard(self, spec: ShardSpec) -> dict[str, np.ndarray]:

@@ -42,7 +42,7 @@ from fastvocab.artifacts_schema.cluster_map import ClusterMap, load_cluster_map,
 from fastvocab.artifacts_schema.corpus import read_direction
 from fastvocab.decoding.hf_adapter import Seq2SeqAdapter
 from fastvocab.decoding.scoring import sequence_scores
-from fastvocab.decoding.search import beam_search, greedy_search
+from fastvocab.decoding.search import decode
 from fastvocab.kernels.base import Projection
 from fastvocab.kernels.clustered import exact_k_for
 from fastvocab.tasks.evaluate import score
@@ -129,19 +129,9 @@ def decode_all(
             for name, proj in projs.items():
                 t0, c0 = time.perf_counter(), time.process_time()
                 batch = adapter.pad([seqs[j] for j in chunk])
-                if beam == 1:
-                    res = greedy_search(adapter, proj, batch, src, tgt, max_len=max_len)
-                else:
-                    res = beam_search(
-                        adapter,
-                        proj,
-                        batch,
-                        src,
-                        tgt,
-                        beam=beam,
-                        max_len=max_len,
-                        length_penalty=length_penalty,
-                    )
+                res = decode(
+                    adapter, proj, batch, src, tgt, beam=beam, max_len=max_len, length_penalty=length_penalty
+                )
                 wall[name] += time.perf_counter() - t0
                 cpu[name] += time.process_time() - c0
                 for j, r in zip(chunk, res, strict=True):

@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from fastvocab.decoding.hf_adapter import Seq2SeqAdapter
-from fastvocab.decoding.search import beam_search, greedy_search
+from fastvocab.decoding.search import decode
 from fastvocab.kernels import create_projection
 from fastvocab.kernels.base import Projection
 
@@ -118,19 +118,16 @@ def translate(
         for start in range(0, len(order), batch_size):
             chunk = order[start : start + batch_size]
             batch = adapter.pad([seqs[j] for j in chunk])
-            if beam == 1:
-                out = greedy_search(adapter, projection, batch, src_lang, tgt_lang, max_len=max_len)
-            else:
-                out = beam_search(
-                    adapter,
-                    projection,
-                    batch,
-                    src_lang,
-                    tgt_lang,
-                    beam=beam,
-                    max_len=max_len,
-                    length_penalty=length_penalty,
-                )
+            out = decode(
+                adapter,
+                projection,
+                batch,
+                src_lang,
+                tgt_lang,
+                beam=beam,
+                max_len=max_len,
+                length_penalty=length_penalty,
+            )
             tokens += sum(len(s) for s in out)
             for j, text in zip(chunk, adapter.decode_ids(out), strict=True):
                 hypotheses[todo[j]] = text
