@@ -56,7 +56,7 @@ from fastvocab.artifacts_schema.method_index import (
 from fastvocab.decoding.hf_adapter import Seq2SeqAdapter
 from fastvocab.kernels.base import Projection, ProjectionOutput
 from fastvocab.tasks.evaluate import score
-from fastvocab.tasks.fidelity import SCORE_TOL, Scorer, decode_all
+from fastvocab.tasks.fidelity import Scorer, agreement, decode_all
 from fastvocab.tasks.translate import make_projection
 
 METHODS = ("full", "clustered", "per-row", "lsh", "graph", "shortlist")
@@ -401,9 +401,6 @@ def measure_beam(
     for name, (method, point, p) in projs.items():
         out = outputs[name]
         sc = scorer.scores(out)
-        differ = [a != b for a, b in zip(out, full_out, strict=True)]
-        worse = [d and s < f - SCORE_TOL for d, s, f in zip(differ, sc, full_scores, strict=True)]
-        better = [d and s > f + SCORE_TOL for d, s, f in zip(differ, sc, full_scores, strict=True)]
         q = full_q if name == full_name else score(adapter.decode_ids(out), refs, tgt)
         n = len(out)
         sec, psec = _median(wall[name]), _median(proj_s[name])
@@ -419,9 +416,7 @@ def measure_beam(
                 "point": point,
                 "options": p.options(),
                 "sentences": n,
-                "identical": round(1 - sum(differ) / n, 4),
-                "search_errors": round(sum(worse) / n, 4),
-                "better": round(sum(better) / n, 4),
+                **agreement(out, full_out, sc, full_scores),
                 "bleu_full": round(full_q["bleu"], 2),
                 "bleu": round(q["bleu"], 2),
                 "chrf_full": round(full_q["chrf"], 2),

@@ -57,6 +57,24 @@ DEFAULT_METHODS = ("clustered", "normaliser", "exact")
 SCORE_TOL = 1e-5
 
 
+def agreement(
+    out: Sequence[Sequence[int]],
+    full_out: Sequence[Sequence[int]],
+    scores: Sequence[float],
+    full_scores: Sequence[float],
+) -> dict[str, float]:
+    """``identical``, ``search_errors`` (Hoang et al.: differs and scores lower under the full model) and
+    ``better`` (differs and scores higher) as shares of the sentences; scores from :class:`Scorer`."""
+    differ = [a != b for a, b in zip(out, full_out, strict=True)]
+    pairs = list(zip(differ, scores, full_scores, strict=True))
+    n = len(differ)
+    return {
+        "identical": round(1 - sum(differ) / n, 4),
+        "search_errors": round(sum(d and s < f - SCORE_TOL for d, s, f in pairs) / n, 4),
+        "better": round(sum(d and s > f + SCORE_TOL for d, s, f in pairs) / n, 4),
+    }
+
+
 @dataclass(frozen=True)
 class FidelitySettings:
     """What one yardstick run measures."""
@@ -218,9 +236,6 @@ def measure_setting(
     for name, p in projs.items():
         out = outputs[name]
         sc = scorer.scores(out)
-        differ = [a != b for a, b in zip(out, full_out, strict=True)]
-        worse = [d and s < f - SCORE_TOL for d, s, f in zip(differ, sc, full_scores, strict=True)]
-        better = [d and s > f + SCORE_TOL for d, s, f in zip(differ, sc, full_scores, strict=True)]
         q = score(adapter.decode_ids(out), refs, tgt)
         sec = statistics.median(times[name])
         n = len(out)
@@ -234,9 +249,7 @@ def measure_setting(
                 "method": name,
                 "options": p.options(),
                 "sentences": n,
-                "identical": round(1 - sum(differ) / n, 4),
-                "search_errors": round(sum(worse) / n, 4),
-                "better": round(sum(better) / n, 4),
+                **agreement(out, full_out, sc, full_scores),
                 "bleu_full": round(full_q["bleu"], 2),
                 "bleu": round(q["bleu"], 2),
                 "chrf_full": round(full_q["chrf"], 2),
