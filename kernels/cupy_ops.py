@@ -393,9 +393,11 @@ def mark_active(
     if rows:
         gx = max(1, min(64, -(-max_set // 256)))
         with _on(clusters):
-            _fn(clusters, "fv_mark_active")(
-                (gx, rows), (256,), (_p(clusters), _p(indptr), _p(indices), _p(mask))
-            )
+            for lo in range(0, rows, 65_535):  # rows are grid y, which holds at most 65,535 blocks
+                part = clusters[lo : lo + 65_535]
+                _fn(clusters, "fv_mark_active")(
+                    (gx, part.shape[0]), (256,), (_p(part), _p(indptr), _p(indices), _p(mask))
+                )
     return mask
 
 

@@ -18,7 +18,9 @@ pytestmark = pytest.mark.skipif(
     reason="needs a CUDA GPU: checks the CuPy kernels of the clustered projection",
 )
 if torch.cuda.is_available():
-    pytest.importorskip("cupy", reason="needs CuPy on the GPU machine (pip install cupy-cuda12x)")
+    pytest.importorskip(
+        "cupy", reason="needs CuPy on the GPU machine (the gpu extra: cupy-cuda13x for a cu13x torch)"
+    )
 
 from fastvocab.artifacts_schema.cluster_map import ClusterMap, MapManifest, active_fraction_stats  # noqa: E402
 from fastvocab.artifacts_schema.fingerprint import projection_fingerprint  # noqa: E402
@@ -283,3 +285,136 @@ def test_cupy_backend_takes_strided_and_offset_hidden_states():
         want = fast(h).dense()
         for variant in (wide, offset):
             torch.testing.assert_close(fast(variant).dense(), want, rtol=0, atol=0)
+
+
+# ------------------------------------------------------------------- issue 8 item 3: the CuPy path end to end
+
+
+def rows_near_centroids(cmap, rows, seed, dtype):
+    rng = np.random.default_rng(seed)
+    which = rng.integers(0, len(cmap.centroids), rows)
+    h = cmap.centroids[which] + 0.05 * rng.standard_normal((rows, cmap.centroids.shape[1])).astype(np.float32)
+    return torch.from_numpy(h).to(DEV, dtype)
+
+
+@pytest.mark.parametrize("dtype", HALF)
+@pytest.mark.parametrize("mode", ["union", "per-row"])
+def test_cupy_path_assign_equals_torch_assign(dtype, mode):
+    # The projection's public assign() is the torch one; the CuPy step assigns with cupy_ops.assign.
+    needs_mma()
+    w, b = layer(dtype=dtype, seed=4)
+    cmap = make_map(w, b, random_sets(3000, 300, [20, 200], seed=4), seed=4)
+    fast = create_projection("clustered", w, b, cluster_map=cmap, selection=mode, backend="cupy")
+    for rows in (1, 40, 200):
+        h = rows_near_centroids(cmap, rows, rows, dtype)
+        _, _, clusters = fast._project_cupy(h)
+        assert torch.equal(clusters, ops.assign_clusters(h, fast._map.centroids_t, fast._map.sq_norms))
+
+
+@pytest.mark.parametrize("dtype", HALF)
+@pytest.mark.parametrize("mode", ["union", "per-row"])
+def test_cupy_outputs_equal_full_logits_on_their_columns(dtype, mode):
+    needs_mma()
+    w, b = layer(dtype=dtype, seed=5)
+    sets = random_sets(3000, 30, [10, 100, 700], seed=5)
+    cmap = make_map(w, b, sets, seed=5)
+    fast = create_projection("clustered", w, b, cluster_map=cmap, selection=mode, backend="cupy")
+    for rows in (1, 9, 40):
+        h = rows_near_centroids(cmap, rows, 50 + rows, dtype)
+        out = fast(h)
+        dense = out.dense()  # (rows, N), -inf where nothing was computed
+        clusters = fast.assign(h).tolist()
+        for i, c in enumerate(clusters):  # the columns: the row's own set, or the batch's union
+            want = set(sets[c]) if mode == "per-row" else set().union(*(set(sets[k]) for k in clusters))
+            assert set(torch.isfinite(dense[i]).nonzero()[:, 0].tolist()) == want
+        full = torch.nn.functional.linear(h.float(), w.float(), b.float())  # fp32 reference
+        fin = torch.isfinite(dense)
+        torch.testing.assert_close(dense[fin].float(), full[fin], **TOL[dtype])
+
+
+def _torch_twin(w, b, cmap, mode):
+    return create_projection("clustered", w, b, cluster_map=cmap, selection=mode, backend="torch")
+
+
+def _same_as_torch_or_raises(proj, ref, h, match):
+    """The unsupported input either gives the torch path's numbers or a clear ValueError, never others."""
+    try:
+        got = proj(h)
+    except ValueError as exc:
+        assert match in str(exc), f"unclear error: {exc}"
+        return "raised"
+    want = ref(h)
+    da, dw = got.dense(), want.dense()
+    assert torch.equal(torch.isfinite(da), torch.isfinite(dw))
+    fin = torch.isfinite(dw)
+    torch.testing.assert_close(da[fin].float(), dw[fin].float(), rtol=2e-3, atol=2e-3)
+    return "computed"
+
+
+@pytest.mark.parametrize("mode", ["union", "per-row"])
+def test_bias_dtype_differing_from_weight(mode):
+    needs_mma()
+    w, b = layer(seed=6)
+    cmap = make_map(w, b, random_sets(3000, 10, [100], seed=6), seed=6)
+    b32 = b.float()  # the same values in float32: the same fingerprint
+    proj = create_projection("clustered", w, b32, cluster_map=cmap, selection=mode)
+    ref = _torch_twin(w, b32, cmap, mode)
+    _same_as_torch_or_raises(proj, ref, rows_near_centroids(cmap, 5, 6, torch.float16), "bias")
+
+
+@pytest.mark.parametrize("mode", ["union", "per-row"])
+def test_weight_not_16_byte_aligned(mode):
+    needs_mma()
+    w, b = layer(seed=7)
+    buf = torch.empty(w.numel() + 1, dtype=w.dtype, device=DEV)
+    w_off = buf[1:].view_as(w)  # contiguous, 2 bytes off a 16-byte boundary
+    w_off.copy_(w)
+    assert w_off.data_ptr() % 16
+    cmap = make_map(w, b, random_sets(3000, 10, [100], seed=7), seed=7)
+    proj = create_projection("clustered", w_off, b, cluster_map=cmap, selection=mode)
+    ref = _torch_twin(w, b, cmap, mode)
+    _same_as_torch_or_raises(proj, ref, rows_near_centroids(cmap, 5, 7, torch.float16), "aligned")
+
+
+def test_d_not_multiple_of_32_takes_the_torch_path():
+    w, b = layer(d=100, seed=8)
+    cmap = make_map(w, b, random_sets(3000, 10, [100], seed=8), seed=8)
+    auto = create_projection("clustered", w, b, cluster_map=cmap)
+    assert auto.backend == "torch"
+    with pytest.raises(ValueError, match="d % 32"):
+        create_projection("clustered", w, b, cluster_map=cmap, backend="cupy")
+    h = rows_near_centroids(cmap, 4, 8, torch.float16)
+    torch.testing.assert_close(auto(h).dense(), _torch_twin(w, b, cmap, "union")(h).dense())
+
+
+@pytest.mark.parametrize("mode", ["union", "per-row"])
+def test_more_than_65535_rows(mode):
+    # CUDA grids hold at most 65,535 blocks in y: fv_mark_active puts the rows there (union), per-row mode
+    # hands batches over 1,024 rows to torch. Either the right numbers or a clear error.
+    needs_mma()
+    w, b = layer(seed=9)
+    cmap = make_map(w, b, random_sets(3000, 8, [30, 60], seed=9), seed=9)
+    proj = create_projection("clustered", w, b, cluster_map=cmap, selection=mode, backend="cupy")
+    ref = _torch_twin(w, b, cmap, mode)
+    h = rows_near_centroids(cmap, 70_000, 9, torch.float16)
+    _same_as_torch_or_raises(proj, ref, h, "rows")
+
+
+@pytest.mark.parametrize("mode", ["union", "per-row"])
+def test_sets_narrower_than_the_beams_candidates(mode):
+    # beam 4 asks every row for its 2k = 8 best: sets of 1-3 ids (always-active ids included) have fewer.
+    needs_mma()
+    w, b = layer(seed=10)
+    cmap = make_map(w, b, random_sets(3000, 12, [1, 2], seed=10), seed=10)
+    kw = dict(cluster_map=cmap, selection=mode, always_active=[2])
+    fast = create_projection("clustered", w, b, backend="cupy", **kw)
+    ref = create_projection("clustered", w, b, backend="torch", **kw)
+    for rows in (1, 8):
+        h = rows_near_centroids(cmap, rows, 10 + rows, torch.float16)
+        va, ia = fast(h).topk(8)
+        vr, ir = ref(h).topk(8)
+        assert va.shape == vr.shape
+        assert torch.equal(torch.isfinite(va), torch.isfinite(vr))  # padding never gets a finite score
+        fin = torch.isfinite(vr)
+        assert torch.equal(ia[fin], ir[fin])
+        torch.testing.assert_close(va[fin], vr[fin], rtol=2e-3, atol=2e-3)

@@ -1,0 +1,674 @@
+"""The Python half of the GPU campaign (``benchmarks/gpu/campaign.sh``): one subcommand per step.
+
+    python benchmarks/gpu/steps.py env     --out DIR [--smoke]
+    python benchmarks/gpu/steps.py static  --out DIR [--smoke]   # static-capacity union step, graph replay
+    python benchmarks/gpu/steps.py e2e     --out DIR [--smoke]   # M2M100-418M-shaped random fp16 model
+    python benchmarks/gpu/steps.py dump    --out DIR [--smoke]   # dump throughput of the demo model
+
+Each writes ``DIR/gpu-<step>.json`` (``meta`` + results) and prints a short table last. Only the core is
+imported (kernels, decoding, artifacts_schema, tasks.dump/context): no Ray, Faiss, MLflow or pydantic, which
+the lent GPU image lacks. ``--smoke`` runs tiny sizes on the CPU (or the GPU if one is there) in seconds, to
+check the script before device time is spent on it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from bench_meta import device_name, git_commit  # noqa: E402
+
+# --------------------------------------------------------------------------------------------- common
+
+
+def pick_device(smoke: bool) -> str:
+    if torch.cuda.is_available():
+        return "cuda"
+    if not smoke:
+        raise SystemExit("no CUDA device: run with --smoke on a CPU machine")
+    return "cpu"
+
+
+def meta(device: str, args: argparse.Namespace, **extra: object) -> dict:
+    """What every result records: device, driver, CUDA, torch, CuPy, commit, load, the command."""
+    out: dict[str, object] = {
+        "device": device,
+        "device_name": device_name(device),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "commit": os.environ.get("FV_COMMIT") or git_commit(),
+        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "host": platform.node(),
+        "loadavg": list(os.getloadavg()),
+        "command": " ".join([Path(sys.executable).name, *sys.argv]),
+        "smoke": bool(args.smoke),
+    }
+    try:
+        import cupy
+
+        out["cupy"] = cupy.__version__
+    except Exception as exc:  # missing, or a CuPy that cannot load its CUDA libraries
+        out["cupy"] = f"unavailable: {type(exc).__name__}: {exc}"[:200]
+    if device == "cuda":
+        out["driver"] = _smi("driver_version")
+        out["gpu_memory_MiB"] = _smi("memory.total")
+    out.update(extra)
+    return out
+
+
+def _smi(field: str) -> str | None:
+    try:
+        res = subprocess.run(
+            ["nvidia-smi", f"--query-gpu={field}", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        return res.stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def write(out_dir: Path, step: str, payload: dict) -> Path:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / f"gpu-{step}.json"
+    path.write_text(json.dumps(payload, indent=1, default=str) + "\n")
+    print(f"wrote {path}")
+    return path
+
+
+def sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def timed(fn: Callable[[], object], device: str, inner: int = 1) -> float:
+    """Seconds per call over ``inner`` calls (CUDA events on GPU, perf_counter on CPU)."""
+    if device == "cuda":
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        for _ in range(inner):
+            fn()
+        b.record()
+        b.synchronize()
+        return a.elapsed_time(b) / 1e3 / inner
+    t0 = time.perf_counter()
+    for _ in range(inner):
+        fn()
+    return (time.perf_counter() - t0) / inner
+
+
+def copy_bandwidth_gbps(device: str, mb: int) -> float:
+    """Device-to-device copy, bytes read + written per second (the byte floor's bandwidth)."""
+    x = torch.randn(mb * 2**20 // 4, device=device)
+    y = torch.empty_like(x)
+    y.copy_(x)
+    sync(device)
+    t = min(timed(lambda: y.copy_(x), device, 5) for _ in range(5))
+    return 2 * x.numel() * 4 / t / 1e9
+
+
+def matmul_tflops(device: str, n: int, dtype: torch.dtype) -> float:
+    a = torch.randn(n, n, device=device).to(dtype)
+    b = torch.randn(n, n, device=device).to(dtype)
+    a @ b
+    sync(device)
+    t = min(timed(lambda: a @ b, device, 3) for _ in range(3))
+    return 2 * n**3 / t / 1e12
+
+
+def synthetic_map(centroids: np.ndarray, n_vocab: int, fraction: float, set_ratio: float, fp: str, seed=0):
+    """A ClusterMap over given centroids: each set a random ``set_ratio`` share of one pool of
+    ``fraction * N`` ids (as ``bench_projection.synthetic_map``), Zipf populations."""
+    from fastvocab.artifacts_schema.cluster_map import ClusterMap, MapManifest, active_fraction_stats
+
+    rng = np.random.default_rng(seed)
+    r, d = centroids.shape
+    pool = rng.choice(n_vocab, max(1, round(fraction * n_vocab)), replace=False)
+    size = max(1, round(set_ratio * len(pool)))
+    sets = [np.sort(rng.choice(pool, size, replace=False)) for _ in range(r)]
+    indptr = np.zeros(r + 1, dtype=np.int64)
+    np.cumsum([len(s) for s in sets], out=indptr[1:])
+    zipf = np.maximum(1, np.round(1000 / np.arange(1, r + 1))).astype(np.int32)
+    counts = np.concatenate([np.full(len(s), zipf[c], dtype=np.int32) for c, s in enumerate(sets)])
+    c = np.ascontiguousarray(centroids, dtype=np.float32)
+    manifest = MapManifest(
+        model_fingerprint=fp,
+        direction="xx-yy",
+        scope="direction",
+        r=r,
+        k=5,
+        d=d,
+        n_vocab=n_vocab,
+        niter=0,
+        seed=seed,
+        states_used=0,
+        active_fraction=active_fraction_stats(indptr, n_vocab),
+    )
+    return ClusterMap(manifest, c, (c * c).sum(1), indptr, np.concatenate(sets).astype(np.int32), counts)
+
+
+# --------------------------------------------------------------------------------------------- env
+
+
+def step_env(args: argparse.Namespace) -> dict:
+    device = pick_device(args.smoke)
+    res: dict[str, object] = {"python": sys.version.split()[0], "platform": platform.platform()}
+    for mod in ("transformers", "pyarrow", "numpy", "safetensors", "sentencepiece", "sacrebleu", "triton"):
+        try:
+            res[mod] = __import__(mod).__version__
+        except Exception as exc:
+            res[mod] = f"unavailable: {exc}"[:120]
+    for mod in ("ray", "faiss", "mlflow", "pydantic"):  # absent on the lent image: the steps avoid them
+        try:
+            __import__(mod)
+            res[mod] = "importable"
+        except Exception:
+            res[mod] = "absent"
+    if device == "cuda":
+        p = torch.cuda.get_device_properties(0)
+        res.update(
+            sm=f"{p.major}.{p.minor}",
+            multiprocessors=p.multi_processor_count,
+            memory_GiB=round(p.total_memory / 2**30, 1),
+            l2_MB=round(getattr(p, "L2_cache_size", 0) / 1e6, 1),
+        )
+        res["nvidia_smi"] = subprocess.run(["nvidia-smi"], capture_output=True, text=True).stdout[-3000:]
+    mb = 8 if args.smoke else 1024
+    res["copy_GBps"] = copy_bandwidth_gbps(device, mb)
+    n = 256 if args.smoke else 8192
+    dt = torch.float32 if device == "cpu" else torch.bfloat16
+    res["matmul_TFLOPs"] = {"n": n, "dtype": str(dt), "value": matmul_tflops(device, n, dt)}
+    if device == "cuda":
+        res["matmul_TFLOPs_fp16"] = matmul_tflops(device, n, torch.float16)
+        try:  # CuPy kernels compile (NVRTC) and run: the gpu extra's point
+            from fastvocab.kernels import cupy_ops
+
+            d = torch.randn(4, 64, device="cuda", dtype=torch.float16)
+            got = cupy_ops.assign(d, torch.zeros(64, device="cuda"))
+            res["cupy_kernels"] = "ok" if torch.equal(got, (-2.0 * d.float()).argmin(1)) else "WRONG"
+        except Exception as exc:
+            res["cupy_kernels"] = f"failed: {type(exc).__name__}: {exc}"[:300]
+    payload = {"meta": meta(device, args), "env": res}
+    print(f"# {payload['meta']['device_name']}  torch {torch.__version__}  cupy {payload['meta']['cupy']}")
+    print(f"copy {res['copy_GBps']:.0f} GB/s   matmul {res['matmul_TFLOPs']['value']:.1f} TFLOP/s")
+    if "cupy_kernels" in res:
+        print(f"cupy kernels: {res['cupy_kernels']}")
+    write(args.out, "env", payload)
+    return payload
+
+
+# --------------------------------------------------------------------------------------------- static
+
+
+def step_static(args: argparse.Namespace) -> dict:
+    """The static-capacity union step against today's union mode and full: eager and CUDA-graph replay.
+
+    Paper shapes (d=1024, N=128,112), fp16, r=2000, rows 1/5/40/128, 10% active; capacity = the union's
+    measured size rounded up to a multiple of 256 (a tight configured capacity) and the overflow-free bound.
+    """
+    from fastvocab.kernels import create_projection
+    from fastvocab.kernels.clustered_static import StaticUnion
+
+    device = pick_device(args.smoke)
+    cuda = device == "cuda"
+    n_vocab, d, r = (4000, 64, 50) if args.smoke else (128_112, 1024, 2000)
+    dtype = torch.float16 if cuda else torch.float32
+    rows_list = [1, 5, 40] if args.smoke else [1, 5, 40, 128]
+    fractions = [0.1] if args.smoke else [0.05, 0.1, 0.2]
+    repeats, inner = (3, 2) if args.smoke else (15, 20)
+    g = torch.Generator().manual_seed(0)
+    w = (torch.randn(n_vocab, d, generator=g) / math.sqrt(d)).to(device, dtype)
+    b = (0.1 * torch.randn(n_vocab, generator=g)).to(device, dtype)
+    full = create_projection("full", w, b, fingerprint="synthetic")
+    rng = np.random.default_rng(0)
+    records = []
+    for frac in fractions:
+        cent = rng.standard_normal((r, d)).astype(np.float32)
+        cmap = synthetic_map(cent, n_vocab, frac, 0.5, "synthetic", seed=int(frac * 100))
+        kw = dict(cluster_map=cmap, selection="union", fingerprint="synthetic")
+        union = {"union/torch": create_projection("clustered", w, b, backend="torch", cache_mb=0, **kw)}
+        if cuda:
+            try:
+                union["union/cupy"] = create_projection("clustered", w, b, backend="cupy", **kw)
+            except ValueError as exc:
+                print(f"  skip union/cupy: {exc}")
+        ref = union["union/torch"]
+        for rows in rows_list:
+            which = np.repeat(rng.integers(0, r, -(-rows // 2)), 2)[:rows]  # 2 beams per cluster
+            h = torch.from_numpy(cent[which] + 0.01 * rng.standard_normal((rows, d)).astype(np.float32))
+            h = h.to(device, dtype)
+            c = ref(h).ids.numel()
+            fns: dict[str, Callable[[], object]] = {"full": lambda h=h: full(h)}
+            for name, p in union.items():
+                fns[name] = lambda p=p, h=h: p(h)
+            caps = {"tight": min(n_vocab, -(-c // 256) * 256), "bound": None}
+            statics = {}
+            for cap_name, cap in caps.items():
+                su = StaticUnion(ref, capacity=cap, rows=rows, grow=False)
+                statics[cap_name] = su
+                fns[f"static/{cap_name}/eager"] = lambda su=su, h=h: su.step(h)
+                if cuda:
+                    fns[f"static/{cap_name}/graph"] = _graphed(su, h)
+            for fn in fns.values():
+                fn()
+            sync(device)
+            times: dict[str, list[float]] = {k: [] for k in fns}
+            for _ in range(repeats):
+                for k, fn in fns.items():
+                    times[k].append(timed(fn, device, inner))
+            t_full = statistics.median(times["full"])
+            for k, ts in times.items():
+                t = statistics.median(ts)
+                cap = statics[k.split("/")[1]].capacity if k.startswith("static/") else None
+                records.append(
+                    {
+                        "N": n_vocab,
+                        "d": d,
+                        "r": r,
+                        "rows": rows,
+                        "active_fraction": frac,
+                        "union_columns": c,
+                        "capacity": cap,
+                        "variant": k,
+                        "time_us": t * 1e6,
+                        "time_us_all": [round(x * 1e6, 2) for x in ts],
+                        "ratio_vs_full": t_full / t,
+                    }
+                )
+    payload = {"meta": meta(device, args, dtype=str(dtype)), "results": records}
+    print(f"{'rows':>4} {'act':>4} {'C':>6} {'variant':<22} {'us':>9} {'vs full':>7}")
+    for rec in records:
+        print(
+            f"{rec['rows']:>4} {rec['active_fraction']:>4} {rec['union_columns']:>6} {rec['variant']:<22} "
+            f"{rec['time_us']:>9.1f} {rec['ratio_vs_full']:>7.2f}"
+        )
+    write(args.out, "static", payload)
+    return payload
+
+
+def _graphed(su, h: torch.Tensor) -> Callable[[], object]:
+    """Capture ``su.step`` on a static copy of ``h``; the returned callable replays the graph."""
+    static_h = h.clone()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            su.step(static_h)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        su.step(static_h)
+    return graph.replay
+
+
+# --------------------------------------------------------------------------------------------- e2e
+
+
+M2M100_418M = dict(
+    vocab_size=128_112,
+    d_model=1024,
+    encoder_layers=12,
+    decoder_layers=12,
+    encoder_attention_heads=16,
+    decoder_attention_heads=16,
+    encoder_ffn_dim=4096,
+    decoder_ffn_dim=4096,
+)
+SMOKE_ARCH = dict(
+    vocab_size=2048,
+    d_model=64,
+    encoder_layers=2,
+    decoder_layers=2,
+    encoder_attention_heads=4,
+    decoder_attention_heads=4,
+    encoder_ffn_dim=128,
+    decoder_ffn_dim=128,
+)
+
+
+def random_model(arch: dict, device: str, dtype: torch.dtype):
+    """An M2M100 with random weights built from a config (nothing downloaded), eval mode, on ``device``."""
+    from transformers import M2M100Config, M2M100ForConditionalGeneration
+
+    cfg = M2M100Config(
+        **arch,
+        max_position_embeddings=1024,
+        dropout=0.0,
+        attention_dropout=0.0,
+        activation_dropout=0.0,
+        encoder_layerdrop=0.0,
+        decoder_layerdrop=0.0,
+        scale_embedding=True,
+        pad_token_id=1,
+        bos_token_id=0,
+        eos_token_id=2,
+        decoder_start_token_id=2,
+        tie_word_embeddings=True,
+    )
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = M2M100ForConditionalGeneration(cfg)
+    return model.to(dtype).eval()
+
+
+def demo_tokenizer():
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(ROOT / "models" / "demo", local_files_only=True)
+
+
+def fixed_decode(adapter, project, src: torch.Tensor, beam: int, steps: int) -> None:
+    """``steps`` decoder steps for every row, no early stop (full and clustered do the same work):
+    greedy (beam 1) or beam search's per-step work (top-2k per row, top-k per sentence, cache reorder)."""
+    batch = {"input_ids": src, "attention_mask": torch.ones_like(src)}
+    n = src.shape[0]
+    state = adapter.encode(batch)
+    dev = src.device
+    tok = torch.full((n * beam,), adapter.decoder_start_id, dtype=torch.long, device=dev)
+    if beam > 1:
+        state = adapter.reorder(state, torch.arange(n, device=dev).repeat_interleave(beam), group=beam)
+    scores = torch.zeros(n, beam, device=dev)
+    base = (torch.arange(n, device=dev) * beam)[:, None]
+    for _ in range(steps):
+        h, state = adapter.decoder_step(tok, state)
+        out = project(h)
+        if beam == 1:
+            tok = out.to_vocab_ids(out.logits.argmax(dim=1, keepdim=True))[:, 0]
+            continue
+        vals, cols = out.topk(2 * beam)  # (n*beam, 2k) log-probs, vocabulary ids
+        total = (vals.view(n, beam, -1) + scores[:, :, None]).view(n, -1)
+        scores, flat = torch.topk(total, beam, dim=1)  # (n, beam)
+        src_beam = flat // (2 * beam)
+        tok = cols.view(n, -1).gather(1, flat).reshape(-1)
+        state = adapter.reorder(state, (base + src_beam).reshape(-1), group=beam)
+
+
+def step_e2e(args: argparse.Namespace) -> dict:
+    from fastvocab.decoding.hf_adapter import Seq2SeqAdapter
+    from fastvocab.kernels import create_projection
+
+    device = pick_device(args.smoke)
+    cuda = device == "cuda"
+    dtype = torch.float16 if cuda else torch.float32
+    arch = SMOKE_ARCH if args.smoke else M2M100_418M
+    steps = 4 if args.smoke else args.steps
+    src_len = 8 if args.smoke else 32
+    settings = [(1, 1), (2, 4)] if args.smoke else [(1, 1), (2, 20), (4, 64)]  # (beam, batch)
+    fractions = [0.1] if args.smoke else [0.05, 0.1, 0.2]
+    repeats = 2 if args.smoke else args.repeats
+    t0 = time.perf_counter()
+    model = random_model(arch, device, dtype)
+    tok = demo_tokenizer()
+    adapters = {
+        eng: Seq2SeqAdapter(model, tok, "random-m2m100", device, dtype, "synthetic", engine=eng, cache_len=64)
+        for eng in ("hf", "static")
+    }
+    load_s = time.perf_counter() - t0
+    ad = adapters["static"]
+    w, b = ad.output_weight, ad.output_bias
+    n_vocab, d = w.shape
+    full = create_projection("full", w, b, fingerprint="synthetic")
+    # Centroids: hidden states of a short full-softmax decode (random weights: no trained clusters exist).
+    g = torch.Generator().manual_seed(1)
+    src = torch.randint(4, n_vocab, (64, src_len), generator=g).to(device)
+    seen: list[torch.Tensor] = []
+
+    def record(h):
+        seen.append(h.float().cpu())
+        return full(h)
+
+    with torch.inference_mode():
+        fixed_decode(ad, record, src, 1, 8)
+    states = torch.cat(seen).numpy()
+    r = min(args.r, len(states))
+    cent = states[np.random.default_rng(0).choice(len(states), r, replace=False)]
+    variants: dict[str, tuple[str, Callable]] = {
+        "full/hf": ("hf", full),
+        "full/static": ("static", full),
+    }
+    maps = {}
+    for frac in fractions:
+        cmap = synthetic_map(cent, n_vocab, frac, 0.5, "synthetic", seed=int(frac * 100))
+        maps[frac] = cmap
+        kw = dict(cluster_map=cmap, fingerprint="synthetic")
+        # per-row/torch groups rows in Python (6.6 ms a call at 128 rows on an H100): CuPy only on CUDA
+        modes = (
+            {"cupy": ("union", "per-row"), "torch": ("union",)} if cuda else {"torch": ("union", "per-row")}
+        )
+        for be, be_modes in modes.items():
+            for mode in be_modes:
+                try:
+                    p = create_projection("clustered", w, b, selection=mode, backend=be, **kw)
+                except ValueError as exc:
+                    print(f"  skip {mode}/{be}: {exc}")
+                    continue
+                variants[f"{mode}/{be}/{frac}"] = ("static", p)
+        ref = create_projection("clustered", w, b, selection="union", backend="torch", cache_mb=0, **kw)
+        variants[f"union-static/{frac}"] = ("static", _StaticProject(ref))
+    results = []
+    for beam, batch in settings:
+        src = torch.randint(4, n_vocab, (batch, src_len), generator=g).to(device)
+        for p in variants.values():
+            if isinstance(p[1], _StaticProject):
+                p[1].size_for(batch * beam)
+        times: dict[str, list[float]] = {k: [] for k in variants}
+        proj_only: dict[str, list[float]] = {}
+
+        def run(eng, p, src=src, beam=beam):
+            return lambda: fixed_decode(adapters[eng], p, src, beam, steps)
+
+        with torch.inference_mode():
+            for eng, p in variants.values():  # warm-up (CuPy compilation, cuBLAS handles)
+                fixed_decode(adapters[eng], p, src, beam, 2)
+            hs = torch.randn(batch * beam, d, device=device).to(dtype)
+            for _ in range(repeats):
+                for k, (eng, p) in variants.items():
+                    times[k].append(timed(run(eng, p), device))
+                for k, (_, p) in variants.items():  # the output layer alone, on the same rows
+                    if k != "full/hf":
+                        proj_only.setdefault(k, []).append(timed(lambda p=p, hs=hs: p(hs), device, 10))
+                if beam == 1:  # the decoder alone (a stand-in projection): the rest of a greedy step
+                    t_dec = timed(run("static", _Noop(n_vocab)), device)
+                    times.setdefault("decoder-only/static", []).append(t_dec)
+        t_full = statistics.median(times["full/static"])
+        tokens = batch * beam * steps
+        for k, ts in times.items():
+            t = statistics.median(ts)
+            results.append(
+                {
+                    "beam": beam,
+                    "batch": batch,
+                    "steps": steps,
+                    "variant": k,
+                    "time_s": t,
+                    "tokens_per_s": tokens / t,
+                    "speedup_vs_full_static": t_full / t,
+                    "times_s": ts,
+                }
+            )
+        t_dec = statistics.median(times["decoder-only/static"]) if beam == 1 else None
+        # share = 1 - decoder-only / full: what removing the output layer entirely would save
+        share = None if t_dec is None else max(0.0, 1 - t_dec / t_full)
+        results.append(
+            {
+                "beam": beam,
+                "batch": batch,
+                "variant": "projection-alone",
+                "per_call_us": {k: statistics.median(v) * 1e6 for k, v in proj_only.items()},
+                "projection_share_of_full_static_step": share,
+            }
+        )
+    # issue 16 item 5: the full projection's share of a greedy static-engine step at several batch sizes
+    for batch in [2] if args.smoke else [1, 5, 40, 128]:
+        src = torch.randint(4, n_vocab, (batch, src_len), generator=g).to(device)
+        t = {"full": [], "decoder-only": []}
+        with torch.inference_mode():
+            fixed_decode(ad, full, src, 1, 2)
+            for _ in range(repeats):
+                t["full"].append(timed(lambda src=src: fixed_decode(ad, full, src, 1, steps), device))
+                t["decoder-only"].append(
+                    timed(lambda src=src: fixed_decode(ad, _Noop(n_vocab), src, 1, steps), device)
+                )
+        tf, td = statistics.median(t["full"]), statistics.median(t["decoder-only"])
+        results.append(
+            {
+                "beam": 1,
+                "batch": batch,
+                "variant": "projection-share",
+                "full_step_ms": tf / steps * 1e3,
+                "decoder_only_step_ms": td / steps * 1e3,
+                "projection_share_of_full_static_step": max(0.0, 1 - td / tf),
+                "times_s": t,
+            }
+        )
+        share = max(0.0, 1 - td / tf)
+        print(f"   batch {batch:>3} greedy: full step {tf / steps * 1e3:.2f} ms, share {share:.2f}")
+    payload = {
+        "meta": meta(
+            device,
+            args,
+            dtype=str(dtype),
+            arch=arch,
+            steps=steps,
+            src_len=src_len,
+            r=r,
+            model_build_s=load_s,
+            maps={f: {"set_size": int(np.diff(m.indptr)[0])} for f, m in maps.items()},
+        ),
+        "results": results,
+    }
+    print(f"{'beam':>4} {'batch':>5} {'variant':<26} {'tok/s':>10} {'x full/static':>13}")
+    for rec in results:
+        if "tokens_per_s" in rec:
+            print(
+                f"{rec['beam']:>4} {rec['batch']:>5} {rec['variant']:<26} {rec['tokens_per_s']:>10.0f} "
+                f"{rec['speedup_vs_full_static']:>13.2f}"
+            )
+        elif rec["projection_share_of_full_static_step"] is not None:
+            share = rec["projection_share_of_full_static_step"]
+            print(f"   projection share of a full static step: {share:.2f}")
+    write(args.out, "e2e", payload)
+    return payload
+
+
+class _StaticProject:
+    """The static-capacity union step as a search's ``project`` (eager, falls back on overflow)."""
+
+    def __init__(self, ref) -> None:
+        self.ref = ref
+        self.su = None
+
+    def size_for(self, rows: int) -> None:
+        from fastvocab.kernels.clustered_static import StaticUnion
+
+        self.su = StaticUnion(self.ref, rows=rows)
+
+    def __call__(self, h):
+        return self.su.project(h)
+
+
+class _Noop:
+    """A projection stand-in that costs one tiny op: the decoder step's time without the output layer."""
+
+    def __init__(self, n_vocab: int) -> None:
+        self.n_vocab = n_vocab
+
+    def __call__(self, h):
+        from fastvocab.kernels.base import ProjectionOutput
+
+        logits = h[:, :1]
+        return ProjectionOutput(logits=logits, ids=torch.zeros(1, dtype=torch.long, device=h.device),
+                                n_vocab=self.n_vocab)  # fmt: skip
+
+
+# --------------------------------------------------------------------------------------------- dump
+
+
+def step_dump(args: argparse.Namespace) -> dict:
+    """States/s of the dump (greedy, full projection, fp16 on GPU) for the demo model, by batch size."""
+    from fastvocab.tasks.context import RunContext, describe_model
+    from fastvocab.tasks.dump import DumpActor, DumpSettings
+
+    device = pick_device(args.smoke)
+    dtype = "float16" if device == "cuda" else "float32"
+    texts = _dump_texts(args.sentences if not args.smoke else 16)
+    ref = describe_model(ROOT / "models" / "demo")
+    ctx = RunContext(ref, device=device, dtype=dtype)
+    results = []
+    batches = [8] if args.smoke else [32, 128]
+    max_len = 16 if args.smoke else 128
+    for bs in batches:
+        actor = DumpActor(ctx, DumpSettings(k=8, max_len=max_len, batch_size=bs))
+        cols = {
+            "sent_id": np.arange(len(texts)),
+            "text": np.array(texts, dtype=object),
+            "src_lang": np.array(["en"] * len(texts), dtype=object),
+            "tgt_lang": np.array(["it"] * len(texts), dtype=object),
+        }
+        actor({k: v[: min(len(texts), bs)] for k, v in cols.items()})  # warm-up
+        sync(device)
+        t0 = time.perf_counter()
+        out = actor(cols)
+        sync(device)
+        t = time.perf_counter() - t0
+        n = len(out["sent_id"])
+        results.append(
+            {"batch_size": bs, "sentences": len(texts), "states": n, "seconds": t, "states_per_s": n / t}
+        )
+        print(f"batch {bs:>4}: {n} states in {t:.1f} s = {n / t:,.0f} states/s")
+    payload = {"meta": meta(device, args, dtype=dtype, model="models/demo", k=8), "results": results}
+    write(args.out, "dump", payload)
+    return payload
+
+
+def _dump_texts(n: int) -> list[str]:
+    """English source sentences: the corpus's test split when carried (data/corpus/en-it/test.parquet),
+    else the demo model card's lines (a fallback so the step runs without the corpus; recorded)."""
+    path = ROOT / "data" / "corpus" / "en-it" / "test.parquet"
+    if path.exists():
+        import pyarrow.parquet as pq
+
+        texts = [t for t in pq.read_table(path, columns=["text1"]).column("text1").to_pylist() if t.strip()]
+        print(f"texts: {min(n, len(texts))} from {path}")
+        return texts[:n]
+    lines = [ln.strip("#-* ").strip() for ln in (ROOT / "README.md").read_text().splitlines() if len(ln) > 40]
+    print(f"texts: {path} not carried; {min(n, len(lines))} README lines instead")
+    return (lines * (1 + n // max(1, len(lines))))[:n]
+
+
+# --------------------------------------------------------------------------------------------- main
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("step", choices=["env", "static", "e2e", "dump"])
+    p.add_argument("--out", type=Path, required=True, help="folder for gpu-<step>.json")
+    p.add_argument("--smoke", action="store_true", help="tiny sizes, CPU allowed: checks the script")
+    p.add_argument("--steps", type=int, default=32, help="e2e: decoder steps per run")
+    p.add_argument("--repeats", type=int, default=5, help="e2e: timed rounds (median)")
+    p.add_argument("--r", type=int, default=2000, help="e2e: clusters of the synthetic maps")
+    p.add_argument("--sentences", type=int, default=1000, help="dump: source sentences")
+    args = p.parse_args(argv)
+    torch.set_num_threads(2 if args.smoke else min(16, os.cpu_count() or 1))
+    {"env": step_env, "static": step_static, "e2e": step_e2e, "dump": step_dump}[args.step](args)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

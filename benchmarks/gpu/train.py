@@ -1,0 +1,250 @@
+"""GPU training of the demo model in resumable steps of under 10 minutes (issue 8 item 7), for
+``campaign.sh train-N``.
+
+    python benchmarks/gpu/train.py N --out DIR [--minutes 6.5] [--resume-from FOLDER] [--smoke]
+
+Step N trains until ``N * --minutes`` minutes of training in total (``train_demo`` counts the budget over
+sessions), then writes to ``DIR`` (at most 5 files, each under 16 MiB, as the device tool brings back):
+
+- ``train-N-model.tar.partNN``: a tar, split in 15 MiB parts, of the saved fp16 model folder (what
+  ``fastvocab train-demo`` writes, model card included);
+- ``train-N-resume.tar``: the resume state (the SentencePiece model and ``state.pt``, the checkpoint without
+  the weights and the optimizer), ~1 MiB;
+- ``gpu-train-N.json``: steps, minutes, tokens, dev BLEU/chrF, the checkpoint history;
+- ``train-N.log``: the training log.
+
+Resume: step N > 1 continues from ``--work``'s checkpoint when the device machine still has it (a call
+right after the last one, the machine still warm), else from the parts of step N-1 carried back in
+``--resume-from`` (default ``work/gpu-carry``): its resume tar, and the weights from its model parts or from
+``--weights DIR`` (e.g. ``models/demo`` after it was replaced by step N-1's model: the tree plus the corpus
+plus a second 27 MB copy of the weights would exceed the 64 MiB a call carries). The weights are the fp16
+ones (the fp32 master weights lose their low bits) and AdamW's moments start again from zero (the
+checkpoint's optimizer state is ~2x the weights in fp32 and does not fit what comes back). The schedule,
+data position and RNG states are restored exactly.
+
+Architecture: ``--preset cpu`` (default), the committed model's (32K vocabulary, d_model 256, 4+2 layers,
+13.5M parameters, 27 MB in fp16: the tree's 40 MB budget for models/ holds it; ``base`` is 80 MB in fp16);
+GPU hyperparameters by default (16K-token batches, dropout 0.1). Only the core and ``tasks.train_demo`` are
+imported: no pydantic (``pipeline``), Ray or MLflow.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import logging
+import os
+import shutil
+import sys
+import tarfile
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+PART_BYTES = 15 * 2**20  # the device tool brings back files of at most 16 MiB
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("n", type=int, help="step number: 1 starts a run, N > 1 resumes it")
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--smoke", action="store_true", help="micro model, 2,000 pairs, CPU: checks the script")
+    p.add_argument("--minutes", type=float, default=5.5, help="training minutes per step (budget N x this)")
+    p.add_argument("--work", type=Path, default=Path("/tmp/fv-train"), help="checkpoint and SentencePiece")
+    p.add_argument(
+        "--resume-from",
+        type=Path,
+        default=ROOT / "work" / "gpu-carry",
+        help="folder with train-<N-1>.tar.part* files (default: work/gpu-carry, carried)",
+    )
+    p.add_argument("--weights", type=Path, default=None, help="model folder holding step N-1's weights")
+    p.add_argument("--corpus", type=Path, default=ROOT / "data" / "corpus")
+    p.add_argument("--preset", default="cpu")
+    p.add_argument("--batch-tokens", type=int, default=16384)
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--warmup", type=int, default=1000)
+    p.add_argument("--dropout", type=float, default=0.1)
+    p.add_argument("--dev-sentences", type=int, default=200)
+    return p.parse_args(argv)
+
+
+def smoke_corpus(src: Path, dst: Path, rows: int = 2000) -> Path:
+    """The first ``rows`` pairs of each split of every pair in ``src`` (a smoke run's corpus)."""
+    import pyarrow.parquet as pq
+
+    for sub in sorted(src.glob("*-*")):
+        if (sub / "train.parquet").exists():
+            (dst / sub.name).mkdir(parents=True, exist_ok=True)
+            for split in ("train", "dev", "test"):
+                if (sub / f"{split}.parquet").exists():
+                    t = pq.read_table(sub / f"{split}.parquet")
+                    pq.write_table(
+                        t.slice(0, rows if split == "train" else 50), dst / sub.name / f"{split}.parquet"
+                    )
+    return dst
+
+
+def restore_from_parts(parts_dir: Path, work: Path, n_prev: int, weights: Path | None) -> None:
+    """Rebuild ``work/checkpoint.pt`` (and ``work/spm``) from step ``n_prev``'s carried files: its resume
+    tar and its model parts, or ``weights`` (a model folder holding exactly step ``n_prev``'s weights, e.g.
+    ``models/demo`` once replaced by them: then only the 1 MiB resume tar has to be carried)."""
+    from transformers import M2M100ForConditionalGeneration
+
+    from fastvocab.tasks.train_demo.checkpoint import CHECKPOINT, save_checkpoint
+
+    resume_tar = parts_dir / f"train-{n_prev}-resume.tar"
+    parts = sorted(parts_dir.glob(f"train-{n_prev}-model.tar.part*"))
+    if not resume_tar.exists() or not (parts or weights):
+        raise SystemExit(
+            f"train-{n_prev + 1}: no checkpoint in {work} (a fresh machine), and {parts_dir} lacks "
+            f"train-{n_prev}-resume.tar or the weights (train-{n_prev}-model.tar.part*, or --weights DIR): "
+            "carry them (see benchmarks/README.md, 'Running the GPU campaign')"
+        )
+    restore = work / "restore"
+    shutil.rmtree(restore, ignore_errors=True)
+    with tarfile.open(resume_tar) as tar:
+        tar.extractall(restore, filter="data")
+    if parts:
+        blob = b"".join(p.read_bytes() for p in parts)
+        with tarfile.open(fileobj=io.BytesIO(blob)) as tar:
+            tar.extractall(restore, filter="data")
+        weights = restore / "model"
+    state = torch.load(restore / "resume" / "state.pt", map_location="cpu", weights_only=False)
+    model = M2M100ForConditionalGeneration.from_pretrained(weights, local_files_only=True).float()
+    # AdamW's moments start from zero (they are not brought back); train_demo sets this session's lr
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.98), eps=1e-8, fused=True)
+    shutil.rmtree(work / "spm", ignore_errors=True)
+    shutil.copytree(restore / "resume" / "spm", work / "spm")
+    save_checkpoint(work / CHECKPOINT, {**state, "model": model.state_dict(), "optimizer": opt.state_dict()})
+    print(f"restored step {state['progress']['step']} from {resume_tar} and {weights}")
+
+
+def write_parts(out_dir: Path, n: int, model_dir: Path, work: Path) -> list[str]:
+    """``train-N-resume.tar`` (SentencePiece + the checkpoint without weights and optimizer, ~1 MiB) and
+    ``train-N-model.tar.partNN`` (the saved model folder, in parts of at most ``PART_BYTES``)."""
+    from fastvocab.tasks.train_demo.checkpoint import CHECKPOINT
+
+    ckpt = torch.load(work / CHECKPOINT, map_location="cpu", weights_only=False)
+    small = {k: v for k, v in ckpt.items() if k not in ("model", "optimizer")}
+    buf = io.BytesIO()
+    torch.save(small, buf)
+    with tarfile.open(out_dir / f"train-{n}-resume.tar", mode="w") as tar:
+        for f in sorted((work / "spm").iterdir()):
+            if f.name in ("spm.model", "spm.vocab", "meta.json"):
+                tar.add(f, arcname=f"resume/spm/{f.name}")
+        info = tarfile.TarInfo("resume/state.pt")
+        info.size = buf.getbuffer().nbytes
+        buf.seek(0)
+        tar.addfile(info, buf)
+    blob = io.BytesIO()
+    with tarfile.open(fileobj=blob, mode="w") as tar:
+        for f in sorted(model_dir.iterdir()):
+            tar.add(f, arcname=f"model/{f.name}")
+    data = blob.getvalue()
+    names = [f"train-{n}-resume.tar"]
+    for i in range(0, len(data), PART_BYTES):
+        name = f"train-{n}-model.tar.part{i // PART_BYTES:02d}"
+        (out_dir / name).write_bytes(data[i : i + PART_BYTES])
+        names.append(name)
+    return names
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from bench_meta import git_commit
+
+    from fastvocab.tasks.train_demo import TrainConfig, train_demo
+    from fastvocab.tasks.train_demo.checkpoint import CHECKPOINT
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    log_path = args.out / f"train-{args.n}.log"
+    logging.basicConfig(
+        level=logging.INFO,
+        format="%(asctime)s %(name)s %(message)s",
+        handlers=[logging.FileHandler(log_path), logging.StreamHandler()],
+        force=True,
+    )
+    cuda = torch.cuda.is_available()
+    if not cuda and not args.smoke:
+        raise SystemExit("no CUDA device: run with --smoke on a CPU machine")
+    device = "cuda" if cuda else "cpu"
+    if cuda:  # TF32 tensor cores for the fp32 training matmuls (train_demo trains in fp32): 2-4x on Hopper
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+    work = args.work / "work"
+    corpus = args.corpus
+    extra: dict[str, object] = {}
+    if args.smoke:
+        corpus = smoke_corpus(args.corpus, args.work / "corpus")
+        extra = dict(
+            arch=dict(vocab=400, d_model=32, ffn=64, heads=2, enc_layers=1, dec_layers=1),
+            spm_sentences=2000,
+            dev_loss_sentences=10,
+            max_len=48,
+        )
+        args.minutes, args.batch_tokens, args.warmup, args.dev_sentences = 0.1, 1024, 10, 10
+    if args.n == 1:  # a fresh run: no checkpoint of an earlier one (SentencePiece is reused if it fits)
+        (work / CHECKPOINT).unlink(missing_ok=True)
+    elif not (work / CHECKPOINT).exists():
+        restore_from_parts(args.resume_from, work, args.n - 1, args.weights)
+    if not corpus.is_dir():
+        raise SystemExit(f"no corpus at {corpus}: carry data/corpus/<pair>/ (see benchmarks/README.md)")
+    model_dir = args.work / "model"
+    cfg = TrainConfig(
+        corpus=corpus,
+        out=model_dir,
+        work_dir=work,
+        preset=args.preset,
+        max_minutes=args.n * args.minutes,
+        batch_tokens=args.batch_tokens,
+        lr=args.lr,
+        warmup=args.warmup,
+        dropout=args.dropout,
+        device=device,
+        threads=min(16, os.cpu_count() or 1) if cuda else 2,
+        dev_sentences=args.dev_sentences,
+        checkpoint_minutes=2.0,
+        resume=args.n > 1,
+        command=" ".join(["benchmarks/gpu/train.py", *(argv if argv is not None else sys.argv[1:])]),
+        **extra,  # type: ignore[arg-type]
+    )
+    t0 = time.perf_counter()
+    result = train_demo(cfg)
+    wall = time.perf_counter() - t0
+    parts = write_parts(args.out, args.n, model_dir, work)
+    payload = {
+        "meta": {
+            "device": device,
+            "device_name": torch.cuda.get_device_name(0) if cuda else "cpu",
+            "torch": torch.__version__,
+            "commit": os.environ.get("FV_COMMIT") or git_commit(),
+            "loadavg": list(os.getloadavg()),
+            "command": cfg.command,
+            "smoke": args.smoke,
+            "preset": args.preset,
+            "tf32": cuda,
+        },
+        "step": args.n,
+        "wall_s": wall,
+        "steps": result.steps,
+        "train_tokens": result.train_tokens,
+        "train_minutes_total": result.minutes,
+        "params": result.params,
+        "dev": result.dev,
+        "history": result.history,
+        "parts": parts,
+    }
+    (args.out / f"gpu-train-{args.n}.json").write_text(json.dumps(payload, indent=1, default=str) + "\n")
+    print(f"train-{args.n}: {result.steps} steps, {result.minutes:.1f} min trained, {wall:.0f} s wall")
+    for d, s in result.dev.items():
+        print(f"dev {d}: BLEU {s['bleu']:.1f} chrF {s['chrf']:.1f}")
+    print(f"parts: {', '.join(parts)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,178 @@
+"""Union-mode clustered projection with a static capacity: no device-to-host sync, so a CUDA graph (or
+``torch.compile(fullgraph=True)``) can hold the whole step (issue 16, item 3).
+
+Today's union mode (``ClusteredProjection(selection="union")``) reads the union's column count back to the
+host every step (``cupy_ops.compact``, the ``nonzero`` of ``union_columns``): the GEMM's shape depends on it.
+Here the shape is fixed in advance to a capacity ``C`` and the count stays on the device:
+
+1. cluster of each row: ``clustered_ops.assign_clusters`` (one GEMM + argmin, no sync);
+2. mark: every row's CSR range expanded to a static (rows, max_size) grid of candidate ids (positions past a
+   row's set point to a dump slot ``N``) and scattered into a mask over ``N + 1``;
+3. compact: inclusive ``cumsum`` of the mask gives each marked id its slot; ids whose slot is ``>= C`` (and
+   unmarked ids) go to a dump slot ``C``, so one ``scatter_`` of ``arange(N)`` writes the sorted union into
+   ``ids[:count]`` with static shapes (the same scan + scatter as ``cupy_ops.compact``, without reading C);
+4. logits of the C columns (gather + GEMM), the padded columns ``[count, C)`` set to ``-inf`` and their ids
+   repeating the first union id (``ProjectionOutput``'s padding convention).
+
+Overflow: ``count > C`` cannot be represented. The step then keeps the first C union columns *and* raises a
+device flag (``StaticUnionOutput.overflow``); a caller must not use such an output as is.
+:meth:`StaticUnion.project` (eager) reads the flag once and returns the full logits for that step (and grows
+the capacity when asked); a captured decoding loop passes ``overflow_acc`` (a sticky device flag) and checks
+it where the search syncs anyway (its stop check), redoing those steps on the eager path. ``capacity=None``
+takes the sum of the ``rows`` largest sets (capped at N): the union can never exceed it, so no overflow is
+possible, at the cost of computing padded columns when sets overlap. The GEMM always reads C rows of W, so a
+capacity close to the unions decoding sees (a configured one) is what keeps the cost near today's union mode.
+
+Only logits (greedy search, or beam search without an inactive-mass estimate): the estimators and the
+exactness certificate of ``ClusteredProjection`` are not wired here.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from fastvocab.kernels.base import ProjectionOutput
+from fastvocab.kernels.clustered_ops import PreparedMap, assign_clusters
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class StaticUnionOutput:
+    """One static-capacity union step; every field stays on the device.
+
+    logits: (rows, C) in the weight's dtype, ``-inf`` at padded positions ``[count, C)``.
+    ids: (C,) int64, the sorted union in ``[0, min(count, C))``, then the first union id repeated.
+    count: 0-d int64, the union's size (may exceed C: then ``overflow``).
+    overflow: 0-d bool, ``count > C``: the output lacks columns and must not be used.
+    clusters: (rows,) int64, each row's cluster.
+    """
+
+    logits: torch.Tensor
+    ids: torch.Tensor
+    count: torch.Tensor
+    overflow: torch.Tensor
+    clusters: torch.Tensor
+
+
+def union_capacity(sizes: list[int], rows: int, n_vocab: int) -> int:
+    """The smallest capacity a union of ``rows`` sets can never exceed: the ``rows`` largest sizes, summed
+    (capped at ``n_vocab``)."""
+    if rows < 1:
+        raise ValueError(f"rows must be >= 1, got {rows}")
+    return min(n_vocab, sum(sorted(sizes, reverse=True)[:rows]))
+
+
+def static_union_columns(
+    clusters: torch.Tensor,
+    indptr: torch.Tensor,
+    indices: torch.Tensor,
+    n_vocab: int,
+    max_size: int,
+    capacity: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Sorted union of the rows' sets in a fixed-size buffer, with device ops only.
+
+    Returns ``(ids, valid, count, overflow)``: ids (C,) int64 (padding repeats the first union id), valid (C,)
+    bool (position < count), count 0-d int64, overflow 0-d bool (count > C).
+    """
+    dev = clusters.device
+    offs = torch.arange(max_size, device=dev)  # (S,)
+    start = indptr[clusters]  # (rows,)
+    size = indptr[clusters + 1] - start  # (rows,)
+    in_set = offs[None, :] < size[:, None]  # (rows, S)
+    pos = torch.where(in_set, start[:, None] + offs[None, :], 0)  # (rows, S), a valid address everywhere
+    cand = torch.where(in_set, indices[pos], n_vocab)  # (rows, S); past a row's set: the dump slot N
+    mark = torch.zeros(n_vocab + 1, dtype=torch.int32, device=dev)
+    mark.index_fill_(0, cand.reshape(-1), 1)
+    mark = mark[:n_vocab]  # (N,)
+    slot = torch.cumsum(mark, 0) - 1  # (N,) int64: the output position of each marked id
+    count = slot[-1] + 1  # 0-d, on the device
+    target = torch.where((mark > 0) & (slot < capacity), slot, capacity)  # unmarked / beyond C: dump slot C
+    ids = torch.zeros(capacity + 1, dtype=torch.int64, device=dev)
+    ids.scatter_(0, target, torch.arange(n_vocab, device=dev))
+    ids = ids[:capacity]  # (C,)
+    valid = torch.arange(capacity, device=dev) < count  # (C,)
+    ids = torch.where(valid, ids, ids[:1])  # padding repeats the first union id (count >= 1 always)
+    return ids, valid, count, count > capacity
+
+
+def static_union_logits(
+    h: torch.Tensor,
+    pm: PreparedMap,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    capacity: int,
+    overflow_acc: torch.Tensor | None = None,
+) -> StaticUnionOutput:
+    """The whole union step at a static capacity ``C`` (see the module docstring); no host sync.
+
+    ``overflow_acc``: a 0-d bool device tensor OR-ed in place with this step's overflow (a captured loop
+    checks it once at its next host sync).
+    """
+    clusters = assign_clusters(h, pm.centroids_t, pm.sq_norms)  # (rows,)
+    ids, valid, count, overflow = static_union_columns(
+        clusters, pm.indptr, pm.indices, weight.shape[0], pm.max_size, capacity
+    )
+    w = weight.index_select(0, ids)  # (C, d)
+    b = None if bias is None else bias.index_select(0, ids)
+    logits = F.linear(h, w, b).masked_fill_(~valid[None, :], -math.inf)  # (rows, C)
+    if overflow_acc is not None:
+        overflow_acc.logical_or_(overflow)
+    return StaticUnionOutput(logits=logits, ids=ids, count=count, overflow=overflow, clusters=clusters)
+
+
+class StaticUnion:
+    """A static-capacity union step over a clustered projection's prepared map.
+
+    ``StaticUnion(proj, capacity=None, rows=...)``: ``proj`` is a ``ClusteredProjection`` (its map, W and
+    b are shared, not copied); ``capacity`` the column budget C, or None for the overflow-free bound of
+    ``rows`` rows (:func:`union_capacity`). :meth:`step` is the capturable step; :meth:`project` the eager
+    one, which returns a ``ProjectionOutput`` and never drops a column (full logits on overflow).
+    """
+
+    def __init__(
+        self, proj: object, *, capacity: int | None = None, rows: int | None = None, grow: bool = True
+    ) -> None:
+        pm: PreparedMap = proj._map  # type: ignore[attr-defined]
+        self.map = pm
+        self.weight: torch.Tensor = proj.weight  # type: ignore[attr-defined]
+        self.bias: torch.Tensor | None = proj.bias  # type: ignore[attr-defined]
+        self.n_vocab = int(self.weight.shape[0])
+        h_dtype = self.weight.dtype
+        if h_dtype not in (torch.float16, torch.bfloat16, torch.float32):
+            raise ValueError(f"unsupported weight dtype {h_dtype}")
+        if capacity is None:
+            if rows is None:
+                raise ValueError("give capacity, or rows to size the overflow-free capacity")
+            capacity = union_capacity(pm.sizes, rows, self.n_vocab)
+        if not 1 <= capacity <= self.n_vocab:
+            raise ValueError(f"capacity must be in [1, {self.n_vocab}], got {capacity}")
+        self.capacity = int(capacity)
+        self.grow = grow
+        self.fallbacks = 0  # eager steps that overflowed and returned full logits
+
+    def step(self, h: torch.Tensor, overflow_acc: torch.Tensor | None = None) -> StaticUnionOutput:
+        """The step with static shapes and no host sync (CUDA-graph capturable)."""
+        return static_union_logits(
+            h.to(self.weight.dtype), self.map, self.weight, self.bias, self.capacity, overflow_acc
+        )
+
+    def project(self, h: torch.Tensor) -> ProjectionOutput:
+        """Eager step: one host read of the overflow flag; full logits for an overflowing step (and, with
+        ``grow``, a capacity that holds this union from the next step on)."""
+        out = self.step(h)
+        if not bool(out.overflow):  # the one sync, eager path only
+            return ProjectionOutput(logits=out.logits, ids=out.ids, n_vocab=self.n_vocab)
+        self.fallbacks += 1
+        if self.grow:
+            need = int(out.count)
+            self.capacity = min(self.n_vocab, 1 << (need - 1).bit_length())
+            log.info("static union: %d columns > capacity; capacity grown to %d", need, self.capacity)
+        logits = F.linear(h.to(self.weight.dtype), self.weight, self.bias)
+        return ProjectionOutput(logits=logits, ids=None, n_vocab=self.n_vocab)
