@@ -1,0 +1,398 @@
+"""``fastvocab tune``: the clustered map's settings that decode fastest within a search-error budget.
+
+The search itself is ``tasks/tune.py`` (plain functions); this module parses the options, finds the stored
+states of a work dir, saves the chosen map, writes the record (JSON, CSV, Markdown), prints the choice with
+the config keys that reproduce it, and logs the search to MLflow (one parent run, one child run per tried
+configuration).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import logging
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+
+from fastvocab.pipeline.errors import UserError
+
+log = logging.getLogger(__name__)
+
+DESCRIPTION = """\
+Choose, for one direction, the clustered map (r centroids, top-K per state, pruning min_count) and the
+selection mode (union / per-row) that decode fastest while the search error rate on the corpus' dev split
+stays within --budget (default 1%: at most 1 sentence in 100 whose output scores lower under the full model
+than full softmax's own output, Hoang et al.), at your --beam and --batch-size.
+
+Candidate maps are built from the stored states of a pipeline work dir (<work-dir>/states, written by
+`fastvocab run`'s dump stage): Faiss k-means per r, one assignment pass per r for every K. Full softmax and
+the candidates decode the same dev sentences in one process, batch by batch in turn (the fidelity yardstick of
+`fastvocab bench fidelity`), so their speed ratios share the machine's load.
+
+Search: successive halving. Rung 1 decodes the first n1 dev sentences with every candidate (--quick: 36
+candidates, 30 sentences). A candidate whose erroneous sentences already exceed what the last rung allows
+(floor(budget x n_last)) is dropped; of the rest the fastest 1/--eta go on to the next rung (more sentences),
+plus the fastest error-free one. The last rung (--quick: 100 sentences) decides: the fastest candidate within
+the budget. The choice is then decoded on the test split (--test-sentences, default the last rung's count) and
+its search error rate there reported: whether the budget held on sentences the choice never saw.
+
+Grids (--grid; --r, --k, --min-count, --selection, --rungs override single axes):
+  quick  r 100,200,500   K 1,3,5  min_count 1,2    union,per-row  rungs 30,100
+  full   r 100..2000 (5) K 1,3,5  min_count 1,2,3  union,per-row  rungs 60,200,600
+
+Writes <out>/<direction>-beam<B>/: map/ (the chosen map: use it with `fastvocab translate --method clustered
+--clusters DIR`), tune.json (every measured row, the choice, the test check), tune.csv and tune.md; prints the
+map's path and the config keys (configs/demo.yaml) that make the pipeline build and use the same settings.
+Logs to MLflow (<work-dir>/mlflow.db unless --mlflow URI or --no-mlflow): a parent run with the settings, the
+choice and the tables, a child run per tried configuration. Exits 2 with the lowest error rate measured when
+no configuration meets the budget.
+"""
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    from fastvocab.tasks.kmeans import KMeansParams
+    from fastvocab.tasks.tune import GRIDS, RANK_BY, TuneSettings
+
+    p.description = DESCRIPTION
+    p.formatter_class = argparse.RawDescriptionHelpFormatter
+    d, km = TuneSettings(), KMeansParams()
+    p.add_argument("--direction", default="en-it", help="the direction to tune, e.g. en-it (en-it)")
+    p.add_argument("--work-dir", type=Path, default=Path("runs/demo"), help="pipeline work dir (runs/demo)")
+    p.add_argument("--states", type=Path, help="hidden-state shards root (default <work-dir>/states)")
+    p.add_argument("--model", type=Path, default=Path("models/demo"), help="model folder (models/demo)")
+    p.add_argument("--corpus", type=Path, default=Path("data/corpus"), help="corpus with dev and test splits")
+    p.add_argument(
+        "--budget",
+        default="1%",
+        help="largest dev search error rate: a share (0.01) or a percentage (1%%) (default 1%%)",
+    )
+    p.add_argument("--beam", type=int, default=d.beam, help=f"beam size; 1 = greedy ({d.beam})")
+    p.add_argument("--batch-size", type=int, default=d.batch_size, help=f"sentences a batch ({d.batch_size})")
+    p.add_argument("--grid", choices=sorted(GRIDS), default=d.grid, help=f"candidate grid ({d.grid})")
+    p.add_argument("--quick", action="store_true", help="--grid quick (the default)")
+    p.add_argument("--r", dest="rs", metavar="R,R", help="centroid counts (comma-separated)")
+    p.add_argument("--k", dest="ks", metavar="K,K", help="top-K ids per state in the sets")
+    p.add_argument("--min-count", dest="min_counts", metavar="M,M", help="pruning: min (cluster, id) count")
+    p.add_argument("--selection", dest="selections", metavar="S,S", help="union and/or per-row")
+    p.add_argument("--rungs", metavar="N,N", help="dev sentences per rung, growing (the last decides)")
+    p.add_argument("--eta", type=int, default=d.eta, help=f"keep the fastest 1/eta per rung ({d.eta})")
+    p.add_argument(
+        "--rank-by",
+        choices=sorted(RANK_BY),
+        default=d.rank_by,
+        help="speed ratio to maximise: wall time, or process CPU time (steadier on a shared machine)",
+    )
+    p.add_argument("--test-sentences", type=int, help="test sentences for the check (the last rung's count)")
+    p.add_argument("--max-len", type=int, default=d.max_len, help=f"max target tokens ({d.max_len})")
+    p.add_argument("--length-penalty", type=float, default=d.length_penalty, help="beam length penalty (1.0)")
+    p.add_argument(
+        "--inactive-mass",
+        default=d.inactive_mass,
+        choices=("auto", "none", "centroid", "moments", "normaliser"),
+        help="as fastvocab translate (auto)",
+    )
+    p.add_argument("--repeats", type=int, default=d.repeats, help="timed passes per rung, median (1)")
+    p.add_argument("--niter", type=int, default=km.niter, help=f"k-means iterations ({km.niter})")
+    p.add_argument("--seed", type=int, default=km.seed, help=f"k-means seed ({km.seed})")
+    p.add_argument("--threads", type=int, help="CPU threads for torch and Faiss (torch's default)")
+    p.add_argument("--device", default="cpu", help="torch device (cpu)")
+    p.add_argument("--out", type=Path, help="output root (default <work-dir>/tune)")
+    p.add_argument("--json", type=Path, metavar="FILE", help="also write the JSON record here")
+    p.add_argument("--mlflow", metavar="URI", help="MLflow tracking URI (default <work-dir>/mlflow.db)")
+    p.add_argument("--no-mlflow", action="store_true", help="log nothing to MLflow")
+    p.add_argument("--experiment", default="fastvocab-tune", help="MLflow experiment (fastvocab-tune)")
+
+
+def _ints(text: str | None, flag: str) -> tuple[int, ...] | None:
+    if text is None:
+        return None
+    try:
+        return tuple(int(x) for x in text.split(",") if x)
+    except ValueError as exc:
+        raise UserError(f"{flag} takes comma-separated integers, got {text!r}") from exc
+
+
+def parse_budget(text: str) -> float:
+    """``1%`` or ``0.01`` -> 0.01."""
+    try:
+        return float(text[:-1]) / 100 if text.endswith("%") else float(text)
+    except ValueError as exc:
+        raise UserError(f"--budget takes a share (0.01) or a percentage (1%), got {text!r}") from exc
+
+
+def _command_line(args: argparse.Namespace) -> str:
+    skip = {"command", "verbose", "_module"}
+    parts = ["fastvocab", "tune"]
+    for key, value in sorted(vars(args).items()):
+        if key in skip or value is None or value is False:
+            continue
+        parts += [f"--{key.replace('_', '-')}"] + ([] if value is True else [str(value)])
+    return " ".join(parts)
+
+
+def settings_from(args: argparse.Namespace):
+    from fastvocab.tasks.kmeans import KMeansParams
+    from fastvocab.tasks.tune import TuneSettings
+
+    try:
+        return TuneSettings(
+            budget=parse_budget(args.budget),
+            beam=args.beam,
+            batch_size=args.batch_size,
+            grid="quick" if args.quick else args.grid,
+            rs=_ints(args.rs, "--r"),
+            ks=_ints(args.ks, "--k"),
+            min_counts=_ints(args.min_counts, "--min-count"),
+            selections=tuple(s for s in args.selections.split(",") if s) if args.selections else None,
+            rungs=_ints(args.rungs, "--rungs"),
+            eta=args.eta,
+            rank_by=args.rank_by,
+            test_sentences=args.test_sentences,
+            max_len=args.max_len,
+            length_penalty=args.length_penalty,
+            inactive_mass=args.inactive_mass,
+            repeats=args.repeats,
+            kmeans=KMeansParams(niter=args.niter, seed=args.seed, threads=args.threads),
+        )
+    except ValueError as exc:
+        raise UserError(str(exc)) from exc
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from fastvocab.artifacts_schema.cluster_map import save_cluster_map
+    from fastvocab.artifacts_schema.errors import ArtifactError
+    from fastvocab.artifacts_schema.hidden_states import validate_direction
+    from fastvocab.artifacts_schema.jsonfile import write_json
+    from fastvocab.decoding.hf_adapter import Seq2SeqAdapter
+    from fastvocab.pipeline.tracking import git_commit
+    from fastvocab.tasks import tune as tt
+    from fastvocab.tasks.fidelity import device_description
+
+    settings = settings_from(args)
+    direction = args.direction
+    src, sep, tgt = direction.partition("-")
+    if not sep or not src or not tgt:
+        raise UserError(f"--direction must look like en-it, got {direction!r}")
+    states = args.states or args.work_dir / "states"
+    out_dir = (args.out or args.work_dir / "tune") / f"{direction}-beam{settings.beam}"
+    tracker = None
+    if not args.no_mlflow:  # open the store first: a bad URI fails before the work
+        from fastvocab.pipeline.tracking import Tracker
+
+        tracker = Tracker.for_work_dir(args.work_dir, args.mlflow, args.experiment)
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    load_before = os.getloadavg()
+    t0 = time.perf_counter()
+    adapter = Seq2SeqAdapter.load(args.model, device=args.device)
+    try:
+        files = validate_direction(states, direction, fingerprint=adapter.fingerprint)
+    except ArtifactError as exc:
+        raise UserError(f"{exc} (run `fastvocab run` with a dump stage first, or pass --states)") from exc
+    command = _command_line(args)
+    print(
+        f"{'rung':>4} {'configuration':<34} {'sent':>5} {'s.err':>6} {'ident':>6} {'wall x':>6} "
+        f"{'cpu x':>6} decided",
+        file=sys.stderr,
+        flush=True,
+    )
+
+    def show(row: dict[str, object]) -> None:
+        print(
+            f"{row['rung'] + 1:>4} {row['label']:<34} {row['sentences']:>5} {row['search_errors']:>6.3f} "
+            f"{row['identical']:>6.3f} {row['speed_ratio']:>6.2f} {row['cpu_ratio']:>6.2f} {row['decided']}",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    meta = {
+        "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "commit": git_commit(),
+        "device": device_description(args.device),
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "cpu_count": os.cpu_count(),
+        "loadavg_before": [round(x, 2) for x in load_before],
+        "model": str(args.model),
+        "model_fingerprint": adapter.fingerprint,
+        "n_vocab": adapter.n_vocab,
+        "d": adapter.d_model,
+        "dtype": str(adapter.dtype),
+        "states": str(states),
+        "corpus": str(args.corpus),
+        "direction": direction,
+        **settings.describe(),
+    }
+    out_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        result = tt.run_tune(
+            adapter,
+            args.corpus,
+            files,
+            direction,
+            settings,
+            on_row=show,
+            on_note=lambda msg: log.info("%s", msg),
+        )
+    except tt.BudgetNotMet as exc:
+        rows = getattr(exc, "rows", [])
+        meta.update(_closing_meta(t0))
+        record = {
+            "benchmark": "tune",
+            "command": command,
+            "meta": meta,
+            "chosen": None,
+            "error": str(exc),
+            "rows": rows,
+        }
+        write_json(out_dir / "tune.json", record)
+        tt.write_csv(rows, out_dir / "tune.csv")
+        if args.json:
+            _copy(out_dir / "tune.json", args.json)
+        if tracker is not None:
+            _log(tracker, record, rows, None, [out_dir / "tune.json", out_dir / "tune.csv"])
+        raise UserError(str(exc)) from exc
+    except ValueError as exc:  # a K or r the states cannot give, an unknown language
+        raise UserError(str(exc)) from exc
+
+    cand = result["chosen_candidate"]
+    map_dir = out_dir / "map"
+    save_cluster_map(result["chosen_map"], map_dir)
+    meta.update(_closing_meta(t0))
+    keys = cand.config_keys(settings.beam)
+    record = {
+        "benchmark": "tune",
+        "command": command,
+        "meta": meta,
+        "chosen": {**result["chosen"], "config_keys": keys},
+        "map_path": str(map_dir.resolve()),
+        "test": result["test"],
+        "within_budget_on_test": result["within_budget_on_test"],
+        "candidates": result["candidates"],
+        "rungs": result["rungs"],
+        "allowed_error_sentences": result["allowed_error_sentences"],
+        "recorded_k": result["recorded_k"],
+        "map_info": result["map_info"],
+        "rows": result["rows"],
+    }
+    write_json(out_dir / "tune.json", record)
+    tt.write_csv(result["rows"], out_dir / "tune.csv")
+    (out_dir / "tune.md").write_text(tt.markdown(result, settings, direction), encoding="utf-8")
+    if args.json:
+        _copy(out_dir / "tune.json", args.json)
+        _copy(out_dir / "tune.md", args.json.with_suffix(".md"))
+    if tracker is not None:
+        _log(
+            tracker,
+            record,
+            result["rows"],
+            result,
+            [out_dir / n for n in ("tune.json", "tune.csv", "tune.md")],
+        )
+    _print_choice(record, settings, args, map_dir)
+    return 0
+
+
+def _closing_meta(t0: float) -> dict[str, object]:
+    return {
+        "loadavg_after": [round(x, 2) for x in os.getloadavg()],
+        "seconds_total": round(time.perf_counter() - t0, 1),
+        "speed_note": "wall-clock ratios on a shared machine: see loadavg; cpu_ratio is steadier",
+    }
+
+
+def _copy(src: Path, dst: Path) -> None:
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(src, dst)
+
+
+def _print_choice(record: dict, settings, args: argparse.Namespace, map_dir: Path) -> None:
+    ch, test = record["chosen"], record["test"]
+    budget = 100 * settings.budget
+    print(
+        f"chosen: {ch['label']} (dev: {100 * ch['search_errors']:.1f}% search errors on {ch['sentences']} "
+        f"sentences, {ch['speed_ratio']}x full softmax; cpu {ch['cpu_ratio']}x)"
+    )
+    if record["within_budget_on_test"]:
+        print(
+            f"test:   {100 * test['search_errors']:.1f}% search errors on {test['sentences']} sentences: "
+            f"within the {budget:g}% budget ({test['speed_ratio']}x full softmax)"
+        )
+    else:
+        print(
+            f"test:   BUDGET NOT MET on the test split: {100 * test['search_errors']:.1f}% search errors on "
+            f"{test['sentences']} sentences, above the {budget:g}% budget; tune with more dev sentences "
+            "(--rungs) or a lower --budget"
+        )
+    if ch["speed_ratio"] < 1.0:
+        print("note:   the fastest configuration within the budget is slower than full softmax here")
+    print(f"map:    {map_dir.resolve()}")
+    keys = ch["config_keys"]
+    print("config keys (configs/demo.yaml), same states and k-means settings:")
+    sections: dict[str, list[str]] = {}
+    for key, value in keys.items():
+        section, name = key.split(".", 1)
+        sections.setdefault(section, []).append(f"  {name}: {value}")
+    for section, lines in sections.items():
+        print(f"{section}:")
+        print("\n".join(lines))
+    sets = " ".join(f"--set {k}={v}" for k, v in keys.items())
+    print(f"  e.g. fastvocab run configs/demo.yaml {sets}")
+    print("  (the pipeline's maps also count dump.stream_sentences' states, so its sets can only grow)")
+    src, _, tgt = args.direction.partition("-")
+    print(
+        f"or: fastvocab translate --model {args.model} --src-lang {src} --tgt-lang {tgt} --method clustered "
+        f"--clusters {map_dir.resolve()} --selection {keys['translate.selection']} --beam {settings.beam} "
+        "-i IN -o OUT"
+    )
+
+
+def _log(tracker, record: dict, rows: list[dict], result: dict | None, artifacts: list[Path]) -> None:
+    """One parent run (settings as params; the choice and test check as metrics; the tables as artifacts),
+    one child run per tried configuration (its last rung's metrics; per-rung values as metric steps)."""
+    from fastvocab.pipeline.tracking import StageRecord
+    from fastvocab.tasks.bench_methods import numeric_metrics
+
+    meta = record["meta"]
+    direction = meta["direction"]
+    tags = {"fastvocab.tune": "chosen" if result is not None else "no-configuration-within-budget"}
+    tracker.start(f"tune:{direction}:beam{meta['beam']}", {"command": record["command"], **meta}, tags)
+    by_label: dict[str, list[dict]] = {}
+    for row in rows:
+        by_label.setdefault(str(row["label"]), []).append(row)
+    chosen = record["chosen"]["label"] if record.get("chosen") else None
+    for label, mine in by_label.items():
+        last = mine[-1]
+        params = {k: last[k] for k in ("direction", "beam", "batch", "r", "k", "min_count", "selection")}
+        params["options"] = last["options"]
+        params["decided"] = "chosen" if label == chosen else last["decided"]
+        metrics = numeric_metrics(last)
+        series = {
+            f"{name}_by_rung": [float(r[name]) for r in mine]
+            for name in ("search_errors", "speed_ratio", "cpu_ratio", "sentences")
+        }
+        tracker.log_stage(StageRecord("tune", label, "ran", "", params, metrics, series))
+    for path in artifacts:
+        tracker.client.log_artifact(tracker.parent_id, str(path))
+    final: dict[str, float] = {}
+    if result is not None:
+        test = record["test"]
+        final = {
+            "chosen_dev_search_errors": float(record["chosen"]["search_errors"]),
+            "chosen_dev_speed_ratio": float(record["chosen"]["speed_ratio"]),
+            "chosen_test_search_errors": float(test["search_errors"]),
+            "chosen_test_speed_ratio": float(test["speed_ratio"]),
+            "chosen_test_cpu_ratio": float(test["cpu_ratio"]),
+            "chosen_test_identical": float(test["identical"]),
+            "within_budget_on_test": float(record["within_budget_on_test"]),
+        }
+        for key, value in record["chosen"]["config_keys"].items():
+            tracker.client.set_tag(tracker.parent_id, f"fastvocab.tune.{key}", str(value))
+        tracker.client.set_tag(tracker.parent_id, "fastvocab.tune.map_path", record["map_path"])
+    tracker.end(metrics=final)
+    print(f"MLflow: run {tracker.parent_id} in {tracker.uri}", file=sys.stderr)

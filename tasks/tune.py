@@ -1,0 +1,522 @@
+"""Tuning a clustered map for one direction: the fastest settings within a search-error budget (issue 13).
+
+Behind ``fastvocab tune``. A *candidate* is (r, K, min_count, selection): r centroids (Faiss k-means,
+``tasks/kmeans.py``), the top-K ids of every member state in its cluster's set, (cluster, id) pairs seen
+fewer than ``min_count`` times pruned (``tasks/maps.py``; the pipeline's ``maps.min_count``), and the
+selection at decode time (``union`` of the rows' sets, or ``per-row``). Every candidate map is built from
+the stored states of a pipeline work dir (``<work_dir>/states``: one k-means per r, one assignment pass per r
+for every K), never from the corpus' dev or test text.
+
+Candidates are measured with the fidelity yardstick's pieces (``tasks/fidelity.py``: ``decode_all`` runs
+full softmax and every candidate on each batch in turn, ``Scorer`` scores outputs under the full model,
+``agreement`` gives the identical-output and search error rates) on the corpus' **dev** split, at the user's
+beam and batch size, by successive halving over *rungs* of growing size (the first n_i dev sentences; the
+rungs' sentence lists are prefixes of each other):
+
+1. every candidate decodes the first rung's sentences;
+2. a candidate whose erroneous sentences already outnumber what the last rung allows
+   (``floor(budget * n_last)``) is dropped (errors on a prefix of the final sentences rarely vanish when
+   more sentences are added; batches are formed anew, so this is a rule of thumb, not a proof); of the
+   others the fastest ``ceil(n / eta)`` go on, plus the fastest one without any error (a fallback);
+3. the last rung decides: the fastest candidate (``rank_by``: wall-time or CPU-time ratio to full softmax
+   measured in the same pass) whose search error rate is at most the budget.
+
+The choice is then checked on the **test** split (full softmax and the chosen map, same settings):
+``within_budget_on_test`` says whether the budget held there. Plain functions: no Ray, no MLflow; the
+command (``pipeline/commands/tune.py``) prints, saves the map and logs.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+from fastvocab.artifacts_schema.cluster_map import ClusterMap
+from fastvocab.artifacts_schema.corpus import read_direction
+from fastvocab.artifacts_schema.hidden_states import read_shard_meta, shard_rows
+from fastvocab.decoding.hf_adapter import Seq2SeqAdapter
+from fastvocab.kernels.base import Projection
+from fastvocab.kernels.clustered import SELECTIONS, clustered_options
+from fastvocab.tasks.evaluate import score
+from fastvocab.tasks.fidelity import Scorer, agreement, decode_all, projection_stats
+from fastvocab.tasks.kmeans import KMeansParams, sample_states, train_kmeans
+from fastvocab.tasks.maps import ActiveSetCounter, attach_normaliser, count_shards_by_k, make_cluster_map
+from fastvocab.tasks.translate import make_projection
+
+
+@dataclass(frozen=True)
+class TuneGrid:
+    """The candidates tried: every combination of these values."""
+
+    rs: tuple[int, ...]
+    ks: tuple[int, ...]
+    min_counts: tuple[int, ...]
+    selections: tuple[str, ...]
+    rungs: tuple[int, ...]  # dev sentences per rung of successive halving (the last decides)
+
+
+GRIDS = {
+    # 3 x 3 x 2 x 2 = 36 candidates; 30 then 100 dev sentences
+    "quick": TuneGrid((100, 200, 500), (1, 3, 5), (1, 2), SELECTIONS, (30, 100)),
+    # 5 x 3 x 3 x 2 = 90 candidates (r as the paper's Fig. 3); 60, 200, then 600 dev sentences
+    "full": TuneGrid((100, 200, 500, 1000, 2000), (1, 3, 5), (1, 2, 3), SELECTIONS, (60, 200, 600)),
+}
+RANK_BY = {"wall": "speed_ratio", "cpu": "cpu_ratio"}
+
+
+class BudgetNotMet(ValueError):
+    """No candidate stayed within the search-error budget on the dev split."""
+
+
+@dataclass(frozen=True)
+class Candidate:
+    r: int
+    k: int
+    min_count: int
+    selection: str
+
+    @property
+    def label(self) -> str:
+        return f"r={self.r} K={self.k} min_count={self.min_count} {self.selection}"
+
+    @property
+    def map_key(self) -> tuple[int, int, int]:
+        return (self.r, self.k, self.min_count)
+
+    def config_keys(self, beam: int) -> dict[str, object]:
+        """The pipeline config keys (configs/demo.yaml) that build and use this map."""
+        return {
+            "kmeans.r": self.r,
+            "maps.k": self.k,
+            "maps.min_count": self.min_count,
+            "translate.selection": self.selection,
+            "translate.beam": beam,
+        }
+
+
+@dataclass(frozen=True)
+class TuneSettings:
+    """What one tuning run searches and how it measures."""
+
+    budget: float = 0.01  # largest search error rate allowed on the dev split (a share of sentences)
+    beam: int = 1
+    batch_size: int = 32
+    grid: str = "quick"
+    rs: tuple[int, ...] | None = None  # None: the grid's
+    ks: tuple[int, ...] | None = None
+    min_counts: tuple[int, ...] | None = None
+    selections: tuple[str, ...] | None = None
+    rungs: tuple[int, ...] | None = None
+    eta: int = 3  # keep the fastest 1/eta of the candidates within reach of the budget at each rung
+    rank_by: str = "wall"  # wall | cpu: the speed ratio the choice maximises
+    test_sentences: int | None = None  # test sentences for the check (default: the last rung's count)
+    max_len: int = 128
+    length_penalty: float = 1.0
+    inactive_mass: str = "auto"  # as translate.inactive_mass (auto: none greedy, normaliser beam search)
+    repeats: int = 1  # timed passes per rung (median)
+    kmeans: KMeansParams = field(default_factory=KMeansParams)  # niter, seed, points; r comes from the grid
+    normaliser_rank: int = 32
+
+    def __post_init__(self) -> None:
+        if self.grid not in GRIDS:
+            raise ValueError(f"unknown grid {self.grid!r}; valid: {', '.join(sorted(GRIDS))}")
+        if not 0.0 <= self.budget < 1.0:
+            raise ValueError(f"budget is a share of sentences in [0, 1), got {self.budget}")
+        if self.rank_by not in RANK_BY:
+            raise ValueError(f"rank_by must be one of {', '.join(RANK_BY)}, got {self.rank_by!r}")
+        bad = [s for s in self.selections or () if s not in SELECTIONS]
+        if bad:
+            raise ValueError(f"unknown selections {bad}; valid: {', '.join(SELECTIONS)}")
+        ints = [*(self.rs or ()), *(self.ks or ()), *(self.min_counts or ()), *(self.rungs or ())]
+        if min([self.beam, self.batch_size, self.eta, self.repeats, self.max_len, *ints]) < 1:
+            raise ValueError(
+                f"beam, batch size, eta, repeats, r, K, min_count and rungs must be >= 1: {self}"
+            )
+        if list(self.resolved_rungs) != sorted(set(self.resolved_rungs)):
+            raise ValueError(f"rungs must grow, got {self.resolved_rungs}")
+
+    def _pick(self, name: str) -> tuple:
+        own = getattr(self, name)
+        return tuple(own) if own else getattr(GRIDS[self.grid], name)
+
+    @property
+    def resolved_rungs(self) -> tuple[int, ...]:
+        return self._pick("rungs")
+
+    def candidates(self, recorded_k: int) -> list[Candidate]:
+        """Every combination of the grid (K above what the dump recorded left out)."""
+        ks = [k for k in self._pick("ks") if k <= recorded_k]
+        if not ks:
+            raise ValueError(f"every K of {self._pick('ks')} exceeds the K={recorded_k} the dump recorded")
+        return [
+            Candidate(r, k, mc, sel)
+            for r in sorted(self._pick("rs"))
+            for k in sorted(ks)
+            for mc in sorted(self._pick("min_counts"))
+            for sel in self._pick("selections")
+        ]
+
+    def describe(self) -> dict[str, object]:
+        d = asdict(self)
+        d.update(
+            rs=list(self._pick("rs")),
+            ks=list(self._pick("ks")),
+            min_counts=list(self._pick("min_counts")),
+            selections=list(self._pick("selections")),
+            rungs=list(self.resolved_rungs),
+        )
+        return d
+
+
+# ------------------------------------------------------------------------------------------------ the maps
+
+
+def build_candidate_maps(
+    adapter: Seq2SeqAdapter,
+    files: Sequence[Path],
+    direction: str,
+    candidates: Sequence[Candidate],
+    settings: TuneSettings,
+    on_note: Callable[[str], None] | None = None,
+) -> tuple[dict[tuple[int, int, int], ClusterMap], dict[int, dict[str, float]]]:
+    """Every map the candidates need, keyed by (r, K, min_count), built from the stored states ``files``:
+    one k-means per r (``tasks.kmeans``), one assignment pass per r for all K (``tasks.maps``). With beam
+    search and the normaliser estimate the maps get their normaliser. Also per r: k-means seconds etc."""
+    note = on_note or (lambda _msg: None)
+    p = settings.kmeans
+    threads = p.threads if p.threads is not None else torch.get_num_threads()
+    needed = sorted({c.map_key for c in candidates})
+    total = sum(shard_rows(list(files)))
+    mass = clustered_options("union", settings.inactive_mass, False, settings.beam)["inactive_mass"]
+    maps: dict[tuple[int, int, int], ClusterMap] = {}
+    info: dict[int, dict[str, float]] = {}
+    for r in sorted({key[0] for key in needed}):
+        if total < r:
+            raise ValueError(f"k-means with r={r} needs at least {r} stored states, {direction} has {total}")
+        t0 = time.perf_counter()
+        x, _ = sample_states(files, r * p.max_points_per_centroid, p.seed)
+        centroids, km = train_kmeans(
+            x,
+            r,
+            niter=p.niter,
+            seed=p.seed,
+            max_points_per_centroid=p.max_points_per_centroid,
+            gpu=p.gpu,
+            threads=threads,
+        )
+        del x
+        ks = sorted({key[1] for key in needed if key[0] == r})
+        counters = count_shards_by_k(files, centroids, {k: ActiveSetCounter(r, adapter.n_vocab) for k in ks})
+        for _, k, mc in (key for key in needed if key[0] == r):
+            cmap = make_cluster_map(
+                centroids,
+                counters[k],
+                model_fingerprint=adapter.fingerprint,
+                name=direction,
+                scope="direction",
+                k=k,
+                niter=p.niter,
+                seed=p.seed,
+                min_count=mc,
+                extra={"directions": [direction], "stored_states": counters[k].states, "tuned": True},
+            )
+            if mass == "normaliser":
+                attach_normaliser(
+                    cmap,
+                    adapter.output_weight,
+                    adapter.output_bias,
+                    adapter.always_active_ids(),
+                    settings.normaliser_rank,
+                )
+            maps[(r, k, mc)] = cmap
+        info[r] = {
+            "kmeans_seconds": round(km.seconds, 2),
+            "maps_seconds": round(time.perf_counter() - t0 - km.seconds, 2),
+            "states": total,
+            "kmeans_objective": km.objective[-1] if km.objective else float("nan"),
+        }
+        note(f"{direction}: r={r}: k-means {km.seconds:.1f} s on {km.n_train} states; maps for K={ks}")
+    return maps, info
+
+
+def finish_map(adapter: Seq2SeqAdapter, cmap: ClusterMap, normaliser_rank: int) -> ClusterMap:
+    """The map as the pipeline's maps stage writes it: with its normaliser (any beam can use it)."""
+    if cmap.normaliser is None:
+        attach_normaliser(
+            cmap, adapter.output_weight, adapter.output_bias, adapter.always_active_ids(), normaliser_rank
+        )
+    return cmap
+
+
+# ------------------------------------------------------------------------------------------------ measuring
+
+
+def projection_for(
+    adapter: Seq2SeqAdapter, cand: Candidate, cmap: ClusterMap, settings: TuneSettings
+) -> Projection:
+    """The clustered projection ``fastvocab translate`` would use with this map and these settings."""
+    opts = clustered_options(cand.selection, settings.inactive_mass, False, settings.beam)
+    return make_projection(adapter, "clustered", cluster_map=cmap, **opts)
+
+
+def measure_candidates(
+    adapter: Seq2SeqAdapter,
+    full: Projection,
+    projs: dict[Candidate, Projection],
+    seqs: Sequence[list[int]],
+    refs: Sequence[str],
+    src: str,
+    tgt: str,
+    settings: TuneSettings,
+    scorer: Scorer,
+) -> list[dict[str, object]]:
+    """Full softmax and every candidate on the same sentences, batch by batch in turn (the yardstick's
+    ``decode_all``); one row per candidate with the yardstick's agreement, BLEU/chrF and speed ratios."""
+    everything: dict[str, Projection] = {"full": full, **{c.label: p for c, p in projs.items()}}
+    args = (src, tgt, settings.beam, settings.batch_size, settings.max_len, settings.length_penalty)
+    decode_all(adapter, everything, seqs[: min(len(seqs), settings.batch_size, 8)], *args)  # warm-up
+    wall: dict[str, list[float]] = {n: [] for n in everything}
+    cpu: dict[str, list[float]] = {n: [] for n in everything}
+    outputs: dict[str, list[list[int]]] = {}
+    for rep in range(settings.repeats):
+        for p in projs.values():
+            p.reset_counters()
+        outs, w, c = decode_all(adapter, everything, seqs, *args)
+        for name in everything:
+            wall[name].append(w[name])
+            cpu[name].append(c[name])
+            if rep == 0:
+                outputs[name] = outs[name]
+    full_out = outputs["full"]
+    full_scores = scorer.scores(full_out)
+    full_q = score(adapter.decode_ids(full_out), refs, tgt)
+    full_sec, full_cpu = statistics.median(wall["full"]), statistics.median(cpu["full"])
+    rows = []
+    for cand, p in projs.items():
+        out = outputs[cand.label]
+        q = score(adapter.decode_ids(out), refs, tgt)
+        sec = statistics.median(wall[cand.label])
+        n = len(out)
+        cols = projection_stats(p)["active_columns_per_row"]
+        acc = agreement(out, full_out, scorer.scores(out), full_scores)
+        rows.append(
+            {
+                "direction": f"{src}-{tgt}",
+                "beam": settings.beam,
+                "batch": settings.batch_size,
+                "label": cand.label,
+                **asdict(cand),
+                "options": p.options(),
+                "sentences": n,
+                **acc,
+                "search_error_sentences": round(acc["search_errors"] * n),
+                "bleu_full": round(full_q["bleu"], 2),
+                "bleu": round(q["bleu"], 2),
+                "chrf_full": round(full_q["chrf"], 2),
+                "chrf": round(q["chrf"], 2),
+                "active_columns_per_row": None if cols is None else round(cols, 1),
+                "sent_per_s_full": round(n / full_sec, 2),
+                "sent_per_s": round(n / sec, 2),
+                "speed_ratio": round(full_sec / sec, 3),
+                "cpu_ratio": round(full_cpu / statistics.median(cpu[cand.label]), 3),
+                "seconds_full": [round(t, 3) for t in wall["full"]],
+                "seconds": [round(t, 3) for t in wall[cand.label]],
+            }
+        )
+    return rows
+
+
+def _sentences(corpus: str | Path, src: str, tgt: str, split: str, n: int) -> tuple[list[str], list[str]]:
+    _, sources, refs = read_direction(corpus, src, tgt, split, limit=n)
+    keep = [i for i, s in enumerate(sources) if s.strip()]
+    return [sources[i] for i in keep], [refs[i] for i in keep]
+
+
+def survivors(
+    rows: Sequence[dict[str, object]], allowed: int, eta: int, rank_key: str
+) -> tuple[list[str], list[str]]:
+    """Successive halving's cut after a rung: (labels kept, labels dropped for errors). Kept: the fastest
+    ``ceil(n / eta)`` of those with at most ``allowed`` erroneous sentences, plus the fastest error-free."""
+    reach = [r for r in rows if int(r["search_error_sentences"]) <= allowed]
+    over = [str(r["label"]) for r in rows if int(r["search_error_sentences"]) > allowed]
+    by_speed = sorted(reach, key=lambda r: -float(r[rank_key]))
+    keep = [str(r["label"]) for r in by_speed[: math.ceil(len(rows) / eta)]]
+    clean = [r for r in by_speed if int(r["search_error_sentences"]) == 0]
+    if clean and str(clean[0]["label"]) not in keep:
+        keep.append(str(clean[0]["label"]))
+    return keep, over
+
+
+def choose(rows: Sequence[dict[str, object]], budget: float, rank_key: str) -> dict[str, object]:
+    """The fastest row (``rank_key``) whose search error rate is at most ``budget``; BudgetNotMet if none."""
+    within = [r for r in rows if float(r["search_errors"]) <= budget + 1e-12]
+    if not within:
+        best = min(rows, key=lambda r: (float(r["search_errors"]), -float(r[rank_key])))
+        raise BudgetNotMet(
+            f"no configuration is within the search-error budget of {100 * budget:g}% on the dev split: "
+            f"the lowest measured is {100 * float(best['search_errors']):.1f}% ({best['label']}, "
+            f"{best['sentences']} sentences); raise --budget, add larger K / lower min_count to the grid, "
+            "or dump more states"
+        )
+    return max(within, key=lambda r: float(r[rank_key]))
+
+
+def run_tune(
+    adapter: Seq2SeqAdapter,
+    corpus: str | Path,
+    files: Sequence[Path],
+    direction: str,
+    settings: TuneSettings,
+    on_row: Callable[[dict[str, object]], None] | None = None,
+    on_note: Callable[[str], None] | None = None,
+) -> dict[str, object]:
+    """Tune one direction (see the module's docstring). Returns ``{"rows": every measured row (with its
+    ``rung``), "chosen": the chosen dev row, "chosen_map": its ClusterMap (normaliser attached),
+    "test": the test-split row of the choice, "within_budget_on_test", "map_info", "candidates"}``.
+    Raises BudgetNotMet (with the rows measured so far in ``.rows``) when nothing meets the budget."""
+    note = on_note or (lambda _msg: None)
+    src, _, tgt = direction.partition("-")
+    recorded_k = read_shard_meta(files[0]).k
+    cands = settings.candidates(recorded_k)
+    rank_key = RANK_BY[settings.rank_by]
+    rungs = settings.resolved_rungs
+    sources, refs = _sentences(corpus, src, tgt, "dev", rungs[-1])
+    if not sources:
+        raise ValueError(f"the dev split of {direction} under {corpus} has no sentences")
+    rungs = tuple(dict.fromkeys(min(n, len(sources)) for n in rungs))  # a small dev split: fewer rungs
+    seqs = adapter.tokenize(sources, src, tgt)
+    maps, map_info = build_candidate_maps(adapter, files, direction, cands, settings, note)
+    full = make_projection(adapter, "full")
+    scorer = Scorer(adapter, full, seqs, tgt, settings.max_len, settings.length_penalty)
+    allowed = math.floor(settings.budget * rungs[-1] + 1e-9)
+    alive = list(cands)
+    rows: list[dict[str, object]] = []
+    last: list[dict[str, object]] = []
+    for i, n in enumerate(rungs):
+        note(f"{direction}: rung {i + 1}/{len(rungs)}: {len(alive)} candidates on {n} dev sentences")
+        projs = {c: projection_for(adapter, c, maps[c.map_key], settings) for c in alive}
+        last = measure_candidates(adapter, full, projs, seqs[:n], refs[:n], src, tgt, settings, scorer)
+        final = i == len(rungs) - 1
+        if not final:
+            keep, over = survivors(last, allowed, settings.eta, rank_key)
+        for row in last:
+            row["rung"] = i
+            row["decided"] = (
+                "final"
+                if final
+                else ("kept" if row["label"] in keep else ("errors" if row["label"] in over else "slower"))
+            )
+            if on_row is not None:
+                on_row(row)
+        rows += last
+        if not final:
+            if not keep:
+                break  # nothing within reach of the budget: choose() below says so with the best seen
+            alive = [c for c in alive if c.label in keep]
+    try:
+        chosen = choose(last, settings.budget, rank_key)
+    except BudgetNotMet as exc:
+        exc.rows = rows  # type: ignore[attr-defined]
+        raise
+    cand = next(c for c in cands if c.label == chosen["label"])
+    cmap = finish_map(adapter, maps[cand.map_key], settings.normaliser_rank)
+
+    # The test split: does the budget hold on sentences the choice never saw?
+    n_test = settings.test_sentences or rungs[-1]
+    t_sources, t_refs = _sentences(corpus, src, tgt, "test", n_test)
+    t_seqs = adapter.tokenize(t_sources, src, tgt)
+    t_scorer = Scorer(adapter, full, t_seqs, tgt, settings.max_len, settings.length_penalty)
+    note(f"{direction}: checking {cand.label} on {len(t_seqs)} test sentences")
+    (test,) = measure_candidates(
+        adapter,
+        full,
+        {cand: projection_for(adapter, cand, cmap, settings)},
+        t_seqs,
+        t_refs,
+        src,
+        tgt,
+        settings,
+        t_scorer,
+    )
+    test["split"] = "test"
+    return {
+        "rows": rows,
+        "chosen": chosen,
+        "chosen_candidate": cand,
+        "chosen_map": cmap,
+        "test": test,
+        "within_budget_on_test": float(test["search_errors"]) <= settings.budget + 1e-12,
+        "map_info": {str(r): v for r, v in map_info.items()},
+        "candidates": len(cands),
+        "rungs": list(rungs),
+        "allowed_error_sentences": allowed,
+        "recorded_k": recorded_k,
+    }
+
+
+# ------------------------------------------------------------------------------------------------ reporting
+
+TABLE_COLUMNS = (
+    "rung",
+    "sentences",
+    "r",
+    "k",
+    "min_count",
+    "selection",
+    "identical",
+    "search_errors",
+    "bleu",
+    "active_columns_per_row",
+    "sent_per_s",
+    "speed_ratio",
+    "cpu_ratio",
+    "decided",
+)
+
+
+def table_rows(rows: Sequence[dict[str, object]]) -> list[list[object]]:
+    return [[row.get(c) for c in TABLE_COLUMNS] for row in rows]
+
+
+def write_csv(rows: Sequence[dict[str, object]], path: str | Path) -> Path:
+    import csv
+
+    path = Path(path)
+    with path.open("w", newline="", encoding="utf-8") as f:
+        w = csv.writer(f)
+        w.writerow(TABLE_COLUMNS)
+        w.writerows(table_rows(rows))
+    return path
+
+
+def markdown(result: dict[str, object], settings: TuneSettings, direction: str) -> str:
+    """The search as a Markdown page: the choice, the test check, every measured row."""
+    ch, test = result["chosen"], result["test"]
+    budget = 100 * settings.budget
+    verdict = "within" if result["within_budget_on_test"] else "**ABOVE**"
+    lines = [
+        f"# fastvocab tune: {direction}, beam {settings.beam}, batch {settings.batch_size}",
+        "",
+        f"Budget: search error rate <= {budget:g}% on the dev split. Rungs (dev sentences): "
+        f"{result['rungs']}; {result['candidates']} candidates; ranked by {settings.rank_by}-time ratio.",
+        "",
+        f"Chosen: **{ch['label']}**: dev search errors {100 * float(ch['search_errors']):.1f}% "
+        f"({ch['sentences']} sentences), speed {ch['speed_ratio']}x full (cpu {ch['cpu_ratio']}x).",
+        "",
+        f"Test split ({test['sentences']} sentences): search errors {100 * float(test['search_errors']):.1f}%"
+        f" ({verdict} the budget), identical {100 * float(test['identical']):.1f}%, speed "
+        f"{test['speed_ratio']}x full (cpu {test['cpu_ratio']}x), BLEU {test['bleu']} "
+        f"(full {test['bleu_full']}).",
+        "",
+        "| " + " | ".join(TABLE_COLUMNS) + " |",
+        "|" + "---|" * len(TABLE_COLUMNS),
+    ]
+    for row in table_rows(result["rows"]):
+        lines.append("| " + " | ".join("-" if v is None else str(v) for v in row) + " |")
+    return "\n".join(lines) + "\n"

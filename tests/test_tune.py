@@ -1,0 +1,151 @@
+"""``fastvocab tune`` on the tiny model: states dumped by the dump task, candidate maps built with Faiss
+k-means, successive halving on the dev split, the test-split check, the record, MLflow; the choice is within
+the budget on the dev split and the fastest of those within it as measured; an unmeetable budget is a
+one-line error."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from fastvocab.pipeline.cli import main
+from tests.conftest import synthetic_sentences, write_en_it_split
+
+pytest.importorskip("faiss")
+
+# min_count 100000 prunes every set to nothing: those candidates make search errors, the others need not
+GRID = (
+    "--r",
+    "3,6",
+    "--k",
+    "1,3",
+    "--min-count",
+    "1,100000",
+    "--selection",
+    "union,per-row",
+    "--rungs",
+    "4,8",
+)
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory, tiny_model_dir) -> Path:
+    """A work dir with en-it states (top-3 per step) from the dump task, and a corpus with dev and test."""
+    from fastvocab.tasks.context import RunContext, describe_model
+    from fastvocab.tasks.dump import DumpActor, DumpSettings, plan_shards, run_dump_shard
+
+    root = tmp_path_factory.mktemp("tune")
+    threads = torch.get_num_threads()
+    actor = DumpActor(
+        RunContext(describe_model(tiny_model_dir), torch_threads=1),
+        DumpSettings(k=3, max_len=8, batch_size=8),
+    )
+    texts = synthetic_sentences("en", 40, seed=3)
+    for spec in plan_shards("en-it", list(range(len(texts))), texts, shard_sentences=20):
+        run_dump_shard(actor, spec, root / "work" / "states")
+    torch.set_num_threads(threads)
+    write_en_it_split(root / "corpus", "dev", 8, seed=11)
+    write_en_it_split(root / "corpus", "test", 6, seed=12)
+    return root
+
+
+def _tune(capsys, work: Path, tiny_model_dir: Path, *extra: str) -> tuple[int, str, str]:
+    argv = ["tune", "--model", str(tiny_model_dir), "--work-dir", str(work / "work")]
+    argv += ["--corpus", str(work / "corpus"), "--direction", "en-it", "--max-len", "8", "--batch-size", "4"]
+    argv += ["--threads", "1", *GRID, *extra]
+    rc = main(argv)
+    cap = capsys.readouterr()
+    return rc, cap.out, cap.err
+
+
+def test_tune_picks_the_fastest_configuration_within_the_budget(work, tiny_model_dir, tmp_path, capsys):
+    rc, out, err = _tune(capsys, work, tiny_model_dir, "--budget", "0.25", "--json", str(tmp_path / "t.json"))
+    assert rc == 0, err
+    record = json.loads((tmp_path / "t.json").read_text())
+    assert record == json.loads((work / "work" / "tune" / "en-it-beam1" / "tune.json").read_text())
+    rows, chosen = record["rows"], record["chosen"]
+    assert record["candidates"] == 16 and {r["rung"] for r in rows} == {0, 1}
+    first = [r for r in rows if r["rung"] == 0]
+    assert len(first) == 16  # every candidate tried on the first rung
+    # the empty sets' errors (more than the final rung's budget of 2 sentences) end them on the first rung
+    assert record["allowed_error_sentences"] == 2
+    for r in first:
+        assert (r["decided"] == "errors") == (r["search_error_sentences"] > 2)
+    assert any(r["decided"] == "errors" for r in first)
+    final = [r for r in rows if r["rung"] == 1]
+    assert 1 <= len(final) <= 7  # the fastest third, and the fastest error-free one
+    # within the budget on the dev split, and the fastest of those within it as measured
+    assert chosen["rung"] == 1 and chosen["sentences"] == 8 and chosen["search_errors"] <= 0.25
+    within = [r for r in final if r["search_errors"] <= 0.25]
+    assert chosen["speed_ratio"] == max(r["speed_ratio"] for r in within)
+    # every row: the yardstick's agreement, within its bounds
+    for r in rows:
+        assert 0 <= r["search_errors"] <= 1 - r["identical"] + 1e-9 and r["sent_per_s"] > 0
+    # the test split was decoded with the choice and judged against the budget
+    test = record["test"]
+    assert test["split"] == "test" and test["label"] == chosen["label"] and test["sentences"] == 6
+    assert record["within_budget_on_test"] == (test["search_errors"] <= 0.25)
+    # the chosen map: saved, loadable for this model, with the chosen r and K, usable by translate
+    from fastvocab.artifacts_schema.cluster_map import load_cluster_map
+    from fastvocab.decoding.hf_adapter import Seq2SeqAdapter
+
+    adapter = Seq2SeqAdapter.load(tiny_model_dir)
+    cmap = load_cluster_map(record["map_path"], expect_fingerprint=adapter.fingerprint)
+    assert (cmap.manifest.r, cmap.manifest.k) == (chosen["r"], chosen["k"]) and cmap.normaliser is not None
+    keys = chosen["config_keys"]
+    assert keys == {
+        "kmeans.r": chosen["r"],
+        "maps.k": chosen["k"],
+        "maps.min_count": chosen["min_count"],
+        "translate.selection": chosen["selection"],
+        "translate.beam": 1,
+    }
+    assert f"map:    {record['map_path']}" in out and f"--set kmeans.r={chosen['r']}" in out
+    assert f"chosen: {chosen['label']}" in out
+    # the table artifacts and MLflow: one parent run, one child run per tried configuration
+    folder = Path(record["map_path"]).parent
+    assert (folder / "tune.csv").read_text().count("\n") == len(rows) + 1
+    assert chosen["label"] in (folder / "tune.md").read_text()
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{work / 'work' / 'mlflow.db'}")
+    runs = client.search_runs([client.get_experiment_by_name("fastvocab-tune").experiment_id])
+    parents = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
+    assert len(parents) == 1 and len(runs) == 1 + 16
+    parent = parents[0]
+    assert parent.data.tags["fastvocab.tune.kmeans.r"] == str(chosen["r"])
+    assert parent.data.metrics["chosen_dev_search_errors"] == chosen["search_errors"]
+    assert {a.path for a in client.list_artifacts(parent.info.run_id)} >= {"tune.json", "tune.csv", "tune.md"}
+    children = {r.data.params["decided"] for r in runs if r.info.run_id != parent.info.run_id}
+    assert "chosen" in children
+
+
+def test_a_budget_nothing_meets_is_a_clear_error(work, tiny_model_dir, tmp_path, capsys):
+    from fastvocab.tasks.tune import BudgetNotMet, choose
+
+    rows = [
+        {"label": "a", "search_errors": 0.2, "speed_ratio": 2.0, "sentences": 10},
+        {"label": "b", "search_errors": 0.1, "speed_ratio": 1.5, "sentences": 10},
+    ]
+    with pytest.raises(BudgetNotMet, match=r"lowest measured is 10\.0% \(b, 10 sentences\)"):
+        choose(rows, 0.05, "speed_ratio")
+    assert choose(rows, 0.15, "speed_ratio")["label"] == "b"
+    assert choose(rows, 0.2, "speed_ratio")["label"] == "a"
+    # on the model: sets pruned to nothing (min_count far above any count) cannot meet a budget of 0
+    argv = ("--min-count", "100000", "--budget", "0", "--no-mlflow", "--out", str(tmp_path), "--k", "1")
+    rc, out, err = _tune(capsys, work, tiny_model_dir, *argv)
+    assert rc == 2 and "no configuration is within the search-error budget of 0%" in err
+    assert "map:" not in out
+    record = json.loads((tmp_path / "en-it-beam1" / "tune.json").read_text())
+    assert record["chosen"] is None and record["rows"]
+
+
+def test_bad_options_are_one_line_errors(work, tiny_model_dir, capsys):
+    assert _tune(capsys, work, tiny_model_dir, "--budget", "lots", "--no-mlflow")[0] == 2
+    rc, _, err = _tune(capsys, work, tiny_model_dir, "--k", "9", "--no-mlflow")
+    assert rc == 2 and "exceeds the K=3 the dump recorded" in err
+    rc, _, err = _tune(capsys, work, tiny_model_dir, "--states", str(work / "nowhere"), "--no-mlflow")
+    assert rc == 2 and "no hidden-state shards" in err
