@@ -21,9 +21,19 @@ load excluded), interleaved round by round after a warm-up on one batch, median 
   decoder, dynamic cache);
 - ``ct2 float32`` / ``ct2 int8``: CTranslate2's ``Translator.translate_batch`` on the model converted from
   the same local folder (``ct2-transformers-converter``; int8 = ``compute_type="int8"`` at load), with
-  ``max_batch_size`` = ``--batch-size``, ``intra_threads`` = ``--threads``, target prefix = the language tag.
+  ``max_batch_size`` = ``--batch-size``, ``intra_threads`` = ``--threads``, target prefix = the language tag;
+- ``ct2 float32 + vmap`` / ``ct2 int8 + vmap`` (``--shortlist DIR`` or ``--vmap FILE``): the same with
+  CTranslate2's vocabulary map (``use_vmap=True``): the shortlist method's table (``tasks/shortlist.py``,
+  built by the methods stage or ``build_shortlist``) exported with ``export_vmap`` (``--vmap-k``,
+  ``--vmap-frequent``), placed as ``vmap.txt`` in a folder beside the converted model (its other files
+  linked, the converted model itself untouched). CTranslate2 4.8.5 keeps stale id mappings from one batch's
+  candidate set to the next (DESIGN.md; one call over several batches raises ``IndexError`` here), so the
+  vmap systems call ``translate_batch`` once per batch of ``--batch-size`` lines, each after one
+  full-vocabulary call of one step on one line that resets the decoder's mapping (timed with the rest;
+  ``--vmap-no-reset`` leaves it out, to see the bug).
 
 Quality per system: lines that differ from fastvocab full fp32 and, for int8, from its own fp32 counterpart;
+for a vmap system, from the same CTranslate2 compute type without the vmap (``lines_changed_vs_own_full``);
 BLEU and chrF against the references when the lines come from a corpus split. Speed ratios are medians of
 per-round ratios (paired rounds, so load drift on a shared machine cancels). The load average is recorded.
 Writes ``benchmarks/results/peer-<device>-<date>.json`` (``--out``) and prints a Markdown table.
@@ -74,13 +84,13 @@ def convert_ct2(model: Path, out: Path) -> None:
 class Ct2System:
     """CTranslate2 with the adapter's tokenizer: source pieces in, target pieces out, decoded alike."""
 
-    def __init__(self, ct2_dir: Path, compute_type: str, adapter, args) -> None:
+    def __init__(self, ct2_dir: Path, compute_type: str, adapter, args, use_vmap: bool = False) -> None:
         import ctranslate2
 
         self.tr = ctranslate2.Translator(
             str(ct2_dir), device="cpu", compute_type=compute_type, intra_threads=args.threads, inter_threads=1
         )
-        self.adapter, self.args = adapter, args
+        self.adapter, self.args, self.use_vmap = adapter, args, use_vmap
         self.tag = adapter.tokenizer.convert_ids_to_tokens(adapter.lang_id(args.tgt_lang))
 
     def __call__(self, lines: list[str], beam: int) -> tuple[float, list[str]]:
@@ -88,7 +98,12 @@ class Ct2System:
         t0 = time.perf_counter()
         ids = self.adapter.tokenize(lines, self.args.src_lang, self.args.tgt_lang)
         src = [tok.convert_ids_to_tokens(x) for x in ids]
-        res = self.tr.translate_batch(
+        res = self._translate_vmap(src, beam) if self.use_vmap else self._translate(src, beam)
+        out = self.adapter.decode_ids([tok.convert_tokens_to_ids(r.hypotheses[0]) for r in res])
+        return time.perf_counter() - t0, out
+
+    def _translate(self, src: list[list[str]], beam: int, **kw) -> list:
+        return self.tr.translate_batch(
             src,
             target_prefix=[[self.tag]] * len(src),
             beam_size=beam,
@@ -96,9 +111,26 @@ class Ct2System:
             batch_type="examples",
             max_decoding_length=self.args.max_len + 1,  # + the forced language tag
             length_penalty=1.0,
+            **kw,
         )
-        out = self.adapter.decode_ids([tok.convert_tokens_to_ids(r.hypotheses[0]) for r in res])
-        return time.perf_counter() - t0, out
+
+    def _translate_vmap(self, src: list[list[str]], beam: int) -> list:
+        """One call per batch (CTranslate2 sorts a call's lines by length within it: the batches are
+        formed here the same way), each after a one-step full-vocabulary call (the stale-map bug)."""
+        order = sorted(range(len(src)), key=lambda i: -len(src[i]))
+        res: list = [None] * len(src)
+        bs = self.args.batch_size
+        for lo in range(0, len(order), bs):
+            chunk = order[lo : lo + bs]
+            if not self.args.vmap_no_reset:  # also before the first: the previous call's batch is stale too
+                self.tr.translate_batch(
+                    src[:1], target_prefix=[[self.tag]], beam_size=1, max_decoding_length=2, use_vmap=False
+                )
+            for i, r in zip(
+                chunk, self._translate([src[i] for i in chunk], beam, use_vmap=True), strict=True
+            ):
+                res[i] = r
+        return res
 
 
 def fastvocab_system(adapter, projection, args) -> Callable[[list[str], int], tuple[float, list[str]]]:
@@ -170,6 +202,10 @@ def build_systems(args) -> tuple[dict[str, Callable], dict]:
         info["ct2_model"] = str(ct2_dir)
         systems["ct2 float32"] = Ct2System(ct2_dir, "float32", a32, args)
         systems["ct2 int8"] = Ct2System(ct2_dir, "int8", a32, args)
+        if args.shortlist or args.vmap:
+            vmap_dir = vmap_model_dir(ct2_dir, a32, args, info)
+            systems["ct2 float32 + vmap"] = Ct2System(vmap_dir, "float32", a32, args, use_vmap=True)
+            systems["ct2 int8 + vmap"] = Ct2System(vmap_dir, "int8", a32, args, use_vmap=True)
     if a32._static is not None:
         # fp32 self-attention K/V for prefix + max_len - 1 positions (what the search allocates), per decoder
         # row (batch x beam rows); the cross-attention K/V come on top, per source sentence.
@@ -177,6 +213,48 @@ def build_systems(args) -> tuple[dict[str, Callable], dict]:
         info["static_cache_positions"] = positions
         info["static_cache_bytes_per_row"] = a32._static.cache_bytes_per_row(positions)
     return systems, info
+
+
+def vmap_model_dir(ct2_dir: Path, adapter, args, info: dict) -> Path:
+    """A folder with the converted model's files linked and the vocabulary map as ``vmap.txt`` (what
+    ``ct2-transformers-converter --vocab_mapping`` would add), so ``ct2_dir`` itself stays as it is."""
+    out = Path(tempfile.mkdtemp(prefix="ct2-vmap-")) / "model"
+    out.mkdir()
+    for f in ct2_dir.iterdir():
+        if f.name != "vmap.txt":
+            (out / f.name).symlink_to(f.resolve())
+    if args.vmap:
+        import shutil
+
+        shutil.copyfile(args.vmap, out / "vmap.txt")
+        info["vmap"] = {"source": str(args.vmap)}
+    else:
+        from fastvocab.artifacts_schema.method_index import load_method_index
+        from fastvocab.tasks.shortlist import export_vmap, vocabulary_tokens
+
+        index = load_method_index(
+            args.shortlist,
+            "shortlist",
+            expect_fingerprint=adapter.fingerprint,
+            direction=f"{args.src_lang}-{args.tgt_lang}",
+        )
+        export_vmap(
+            index, vocabulary_tokens(adapter), out / "vmap.txt", k=args.vmap_k, frequent=args.vmap_frequent
+        )
+        info["vmap"] = {
+            "source": str(args.shortlist),
+            "shortlist_params": index.manifest.params,
+            "k": args.vmap_k,
+            "frequent": args.vmap_frequent,
+        }
+    lines = (out / "vmap.txt").read_text(encoding="utf-8").splitlines()
+    info["vmap"].update(
+        rows=len(lines) - 1,
+        always_allowed=len(lines[0].split("\t", 1)[1].split()) if lines and lines[0].startswith("\t") else 0,
+        reset_between_batches=not args.vmap_no_reset,
+        model_dir=str(out),
+    )
+    return out
 
 
 def bleu_chrf(hyps: list[str], refs: list[str]) -> dict:
@@ -221,6 +299,21 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--no-ct2", action="store_true", help="skip CTranslate2")
     p.add_argument("--ct2-dir", help="converted CTranslate2 model (converted into a temp folder if absent)")
+    p.add_argument(
+        "--shortlist",
+        help="a shortlist table folder of this direction (methods stage: <work>/methods/shortlist/<dir>): "
+        "adds the CTranslate2 + vmap rows, its vmap exported with export_vmap",
+    )
+    p.add_argument("--vmap", help="a CTranslate2 vocabulary map file instead of --shortlist")
+    p.add_argument("--vmap-k", type=int, help="--shortlist: target tokens per source token (the table's)")
+    p.add_argument(
+        "--vmap-frequent", type=int, help="--shortlist: always-allowed frequent tokens (the table's)"
+    )
+    p.add_argument(
+        "--vmap-no-reset",
+        action="store_true",
+        help="vmap: no full-vocabulary call between batches (CTranslate2 4.8.5 then keeps stale mappings)",
+    )
     p.add_argument("--out", help="result JSON (default benchmarks/results/peer-cpu-<date>.json)")
     args = p.parse_args(argv)
 
@@ -273,6 +366,16 @@ def main(argv: list[str] | None = None) -> int:
             if "int8" in name:
                 twin = name.replace("int8", "fp32" if name.startswith("fastvocab") else "float32")
                 row["lines_changed_by_int8"] = round(search_error_rate(outputs[name], outputs[twin]), 4)
+            if name.endswith(" + vmap"):
+                own = outputs[name.removesuffix(" + vmap")]
+                row["lines_changed_vs_own_full"] = round(search_error_rate(outputs[name], own), 4)
+                row["identical_vs_own_full"] = round(1 - row["lines_changed_vs_own_full"], 4)
+                row["speed_vs_own_full"] = round(
+                    statistics.median(
+                        [c / t for c, t in zip(times[name.removesuffix(" + vmap")], times[name], strict=True)]
+                    ),
+                    3,
+                )
             for peer in ("ct2 float32", "ct2 int8"):
                 if peer in times:
                     ratios = [c / t for c, t in zip(times[peer], times[name], strict=True)]
