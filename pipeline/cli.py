@@ -23,6 +23,8 @@ COMMANDS = {
     "run": "run",
     "report": "report",
     "bench": "bench",
+    "experiment": "experiment",
+    "tune": "tune",
 }
 
 _HELP = {
@@ -33,6 +35,8 @@ _HELP = {
     "run": "run the pipeline from a config: corpus -> dump -> kmeans -> maps -> translate -> evaluate",
     "report": "write a self-contained HTML report (tables, embedded figures) of an MLflow run",
     "bench": "benchmarks: fidelity (clustered vs full softmax), methods (every output-layer method)",
+    "experiment": "experiments of Amer et al. on your model (tables and figures logged to MLflow)",
+    "tune": "choose the clustered map's settings that decode fastest within a search-error budget",
 }
 
 
