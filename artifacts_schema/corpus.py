@@ -68,10 +68,8 @@ def available_pairs(corpus_dir: str | Path) -> list[tuple[str, str]]:
     return pairs
 
 
-def read_direction(
-    corpus_dir: str | Path, src_lang: str, tgt_lang: str, split: str, limit: int | None = None
-) -> tuple[list[int], list[str], list[str]]:
-    """Return (ids, sources, targets) of a direction's split, reading whichever pair file holds it."""
+def direction_file(corpus_dir: str | Path, src_lang: str, tgt_lang: str, split: str) -> tuple[Path, bool]:
+    """The pair file holding a direction's split, and whether its columns are swapped (source in text2)."""
     forward = split_path(corpus_dir, src_lang, tgt_lang, split)
     backward = split_path(corpus_dir, tgt_lang, src_lang, split)
     swap = not forward.exists() and backward.exists()
@@ -81,6 +79,14 @@ def read_direction(
         raise ArtifactError(
             f"no {split} split for {src_lang}-{tgt_lang} in {corpus_dir} (language pairs present: {have})"
         )
+    return path, swap
+
+
+def read_direction(
+    corpus_dir: str | Path, src_lang: str, tgt_lang: str, split: str, limit: int | None = None
+) -> tuple[list[int], list[str], list[str]]:
+    """Return (ids, sources, targets) of a direction's split, reading whichever pair file holds it."""
+    path, swap = direction_file(corpus_dir, src_lang, tgt_lang, split)
     table = read_corpus_file(path, limit)
     ids = table.column("id").to_pylist()
     a, b = table.column("text1").to_pylist(), table.column("text2").to_pylist()
@@ -108,12 +114,18 @@ def mono_path(corpus_dir: str | Path, lang: str) -> Path:
     return Path(corpus_dir) / "mono" / f"{lang}.parquet"
 
 
-def read_mono(corpus_dir: str | Path, lang: str, limit: int | None = None) -> tuple[list[int], list[str]]:
-    """Return (ids, texts) of a language's monolingual source file."""
+def mono_file(corpus_dir: str | Path, lang: str) -> Path:
+    """A language's monolingual source file; ArtifactError naming the languages present when it is missing."""
     path = mono_path(corpus_dir, lang)
     if not path.exists():
         have = ", ".join(sorted(p.stem for p in path.parent.glob("*.parquet"))) or "none"
         raise ArtifactError(f"no monolingual {lang} file in {corpus_dir} (languages present: {have})")
+    return path
+
+
+def read_mono(corpus_dir: str | Path, lang: str, limit: int | None = None) -> tuple[list[int], list[str]]:
+    """Return (ids, texts) of a language's monolingual source file."""
+    path = mono_file(corpus_dir, lang)
     table = _read_table(path, MONO_SCHEMA, "monolingual file", limit)
     return table.column("id").to_pylist(), table.column("text").to_pylist()
 

@@ -22,13 +22,13 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class StageContext:
-    """Config, paths, the Ray session, the model's identity and the source samples per direction."""
+    """Config, paths, the Ray session and the model's identity (dump shards are planned as row ranges of the
+    corpus file: :mod:`fastvocab.pipeline.stages.dump`)."""
 
     cfg: RunConfig
     ray: RaySession
     progress: bool = True
     _model: ModelRef | None = None
-    _samples: dict[str, tuple[list[int], list[str]]] = field(default_factory=dict)
     _shards: dict[str, list[Path]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -58,26 +58,6 @@ class StageContext:
 
     def run_context(self, device: str = "cpu", torch_threads: int | None = None) -> RunContext:
         return RunContext(self.model(), device=device, torch_threads=torch_threads)
-
-    def sample(self, direction: str) -> tuple[list[int], list[str]]:
-        """Source sentences of a direction: the stored sample then the streamed ones, in corpus order."""
-        if direction not in self._samples:
-            from fastvocab.artifacts_schema import corpus
-
-            src, _, tgt = direction.partition("-")
-            want = self.cfg.dump.sentences + self.cfg.dump.stream_sentences
-            if self.cfg.dump.split == "mono":
-                ids, texts = corpus.read_mono(self.corpus_dir, src, limit=want)
-            else:
-                ids, texts, _ = corpus.read_direction(
-                    self.corpus_dir, src, tgt, self.cfg.dump.split, limit=want
-                )
-            if len(texts) < want:
-                log.warning(
-                    "%s: the corpus has %d source sentences, %d asked for", direction, len(texts), want
-                )
-            self._samples[direction] = (list(ids), list(texts))
-        return self._samples[direction]
 
     def shard_files(self, direction: str) -> list[Path]:
         """The direction's hidden-state shards, validated against the model once per run (then cached)."""

@@ -18,6 +18,7 @@ from fastvocab.artifacts_schema.translations import sidecar_path, write_translat
 from fastvocab.tasks.context import RunContext
 from fastvocab.tasks.dump import DumpActor, DumpSettings, ShardSpec, run_dump_shard
 from fastvocab.tasks.fidelity import projection_stats
+from fastvocab.tasks.row_shards import RowRangeSpec, as_shard_spec
 from fastvocab.tasks.stream import run_stream_shard
 from fastvocab.tasks.translate import SearchSettings, make_projection, translate
 
@@ -31,13 +32,17 @@ class DecoderWorker:
     def __init__(self, ctx: RunContext, settings: DumpSettings) -> None:
         self.actor = DumpActor(ctx, settings)
 
-    def dump(self, spec: ShardSpec, states_root: str, row_group_size: int) -> dict[str, object]:
-        """Decode one shard and write its states (unless current)."""
-        return run_dump_shard(self.actor, spec, Path(states_root), row_group_size)
+    def dump(
+        self, spec: ShardSpec | RowRangeSpec, states_root: str, row_group_size: int
+    ) -> dict[str, object]:
+        """Decode one shard and write its states (unless current); a row-range shard's rows are read here."""
+        return run_dump_shard(self.actor, as_shard_spec(spec), Path(states_root), row_group_size)
 
-    def stream(self, spec: ShardSpec, centroids: np.ndarray, k: int, path: str) -> dict[str, object]:
+    def stream(
+        self, spec: ShardSpec | RowRangeSpec, centroids: np.ndarray, k: int, path: str
+    ) -> dict[str, object]:
         """Decode one shard and write its partial (cluster, token) counts (unless current)."""
-        return run_stream_shard(self.actor, spec, centroids, k, Path(path))
+        return run_stream_shard(self.actor, as_shard_spec(spec), centroids, k, Path(path))
 
 
 @dataclass(frozen=True)

@@ -186,3 +186,158 @@ def test_stream_counts_file_is_byte_identical_across_processes(tmp_path):
     for out in outs:
         subprocess.run([sys.executable, "-c", code, str(out)], check=True)
     assert len({p.read_bytes() for p in outs}) == 1
+
+
+# --------------------------------------------------------------------------- shards as row ranges
+
+
+def _corpus_file(path: Path, ids, text1, text2, row_group_size: int):
+    import pyarrow as pa
+
+    from fastvocab.artifacts_schema.corpus import CORPUS_SCHEMA
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    table = pa.table(
+        {"id": ids, "doc_id": [f"d{i}" for i in ids], "text1": text1, "text2": text2}, schema=CORPUS_SCHEMA
+    )
+    pq.write_table(table, path, row_group_size=row_group_size)
+    return path
+
+
+@pytest.fixture
+def row_corpus(tmp_path, monkeypatch):
+    """An en-it train split of 23 rows in row groups of 5, read in batches of 4 (shards straddle both)."""
+    from fastvocab.tasks import row_shards
+
+    monkeypatch.setattr(row_shards, "READ_BATCH_ROWS", 4)
+    en = synthetic_sentences("en", 23, seed=5)
+    en[3], en[7], en[11] = "", "caffè ünïcode\ttab", "  spaces  "  # edge cases of the "id\ttext\n" lines
+    it = synthetic_sentences("it", 23, seed=5)
+    ids = [1000 + 3 * i for i in range(23)]  # ids are not row numbers
+    _corpus_file(tmp_path / "corpus" / "en-it" / "train.parquet", ids, en, it, row_group_size=5)
+    return tmp_path / "corpus", ids, en, it
+
+
+@pytest.mark.parametrize(("direction", "start", "stop", "cap"), [("en-it", 0, 17, None), ("it-en", 6, 40, 9)])
+def test_row_range_plans_equal_in_memory_plans(row_corpus, direction, start, stop, cap):
+    """A row-range shard's plan is the in-memory ShardSpec's plan of the same rows: shards written before
+    row-range planning stay current, and the plan still names the sentences' content."""
+    from fastvocab.tasks.row_shards import plan_row_shards, sample_file
+
+    corpus, ids, en, it = row_corpus
+    texts = en if direction == "en-it" else it  # it-en reads the en-it file's text2 column
+    source = sample_file(corpus, direction, "train")
+    assert source.rows == 23 and source.text_column == ("text1" if direction == "en-it" else "text2")
+    specs = plan_row_shards(source, direction, start, stop, shard_sentences=3, max_states=cap)
+    stop = min(stop, 23)
+    old = plan_shards(direction, ids[start:stop], texts[start:stop], 3, cap)
+    assert [(s.start, s.stop) for s in specs] == [(lo, min(lo + 3, stop)) for lo in range(start, stop, 3)]
+    settings = DumpSettings(k=K, max_len=MAX_LEN, batch_size=4)
+    assert [s.plan(settings) for s in specs] == [o.plan(settings) for o in old]
+    # the worker's view: the rows read back are the in-memory spec
+    assert [s.load() for s in specs] == old
+
+
+def test_row_range_spec_holds_no_text(row_corpus):
+    """What the driver sends a worker does not grow with the shard's text: a path, a range and a digest."""
+    import pickle
+
+    from fastvocab.tasks.row_shards import RowRangeSpec, plan_row_shards, sample_file
+
+    corpus, ids, en, _ = row_corpus
+    path = corpus / "en-it" / "train.parquet"
+    long = [t * 200 for t in en]  # sentences 200x longer: the specs keep their size
+    small = plan_row_shards(sample_file(corpus, "en-it", "train"), "en-it", 0, 20, 10)
+    _corpus_file(path, ids, long, long, row_group_size=5)
+    big = plan_row_shards(sample_file(corpus, "en-it", "train"), "en-it", 0, 20, 10)
+    assert all(isinstance(s, RowRangeSpec) and not hasattr(s, "texts") for s in big)
+    assert [len(pickle.dumps(s)) for s in big] == [len(pickle.dumps(s)) for s in small]
+    assert [s.sentences_digest for s in big] != [s.sentences_digest for s in small]
+    assert big[1].load().texts == tuple(long[10:20])
+
+
+def test_worker_reads_its_rows_and_writes_the_in_memory_shard(row_corpus, tiny_model_dir, tmp_path):
+    """DecoderWorker given a row range writes byte for byte the shard of the in-memory spec; a shard of the
+    old (in-memory) planning is current under the row-range plan, so a run resumes over it."""
+    from fastvocab.artifacts_schema.hidden_states import shard_status
+    from fastvocab.tasks.row_shards import plan_row_shards, sample_file
+    from fastvocab.tasks.workers import DecoderWorker
+
+    corpus, ids, en, _ = row_corpus
+    settings = DumpSettings(k=K, max_len=MAX_LEN, batch_size=4)
+    worker = DecoderWorker(RunContext(describe_model(tiny_model_dir), torch_threads=1), settings)
+    rows = plan_row_shards(sample_file(corpus, "en-it", "train"), "en-it", 0, 8, 4)
+    old = plan_shards("en-it", ids[:8], en[:8], 4)
+    got = worker.dump(rows[1], str(tmp_path / "new"), 1000)
+    want = run_dump_shard(worker.actor, old[1], tmp_path / "old")
+    assert not got["skipped"] and got["states"] == want["states"] > 0
+    assert Path(got["path"]).read_bytes() == Path(want["path"]).read_bytes()
+    meta = worker.actor.shard_meta("en-it")
+    assert shard_status(Path(want["path"]), meta, rows[1].plan(settings)) == "current"
+    assert worker.dump(rows[1], str(tmp_path / "old"), 1000)["skipped"]
+
+
+def test_worker_refuses_rows_changed_since_planning(row_corpus):
+    from fastvocab.tasks.row_shards import plan_row_shards, sample_file
+
+    corpus, ids, en, it = row_corpus
+    specs = plan_row_shards(sample_file(corpus, "en-it", "train"), "en-it", 0, 23, 10)
+    en = list(en)
+    en[12] = en[12] + " changed"
+    _corpus_file(corpus / "en-it" / "train.parquet", ids, en, it, row_group_size=5)
+    assert specs[0].load().texts == tuple(en[:10])  # rows 0-10 are as planned
+    with pytest.raises(ArtifactError, match=r"train\.parquet: rows 10-20 .* changed since"):
+        specs[1].load()
+    _corpus_file(corpus / "en-it" / "train.parquet", ids[:21], en[:21], it[:21], row_group_size=5)
+    with pytest.raises(ArtifactError, match=r"rows 20-23 .*\(1 rows read"):
+        specs[2].load()
+
+
+def test_sample_file_names_what_is_missing(row_corpus):
+    from fastvocab.tasks.row_shards import sample_file
+
+    corpus, *_ = row_corpus
+    with pytest.raises(ArtifactError, match=r"no test split for en-it .*present: en-it"):
+        sample_file(corpus, "en-it", "test")
+    with pytest.raises(ArtifactError, match=r"no monolingual en file"):
+        sample_file(corpus, "en-it", "mono")
+
+
+def test_the_dump_stage_plans_row_ranges_without_loading_the_sample(row_corpus, monkeypatch):
+    """The stage's planning on the driver goes through the row-range planner only: the in-memory corpus
+    readers (what held the sample's texts before) are never called; dumped and streamed rows follow on."""
+    from fastvocab.artifacts_schema import corpus as corpus_schema
+    from fastvocab.pipeline.config import load_config
+    from fastvocab.pipeline.context import StageContext
+    from fastvocab.pipeline.stages.dump import dump_specs, stream_specs
+
+    corpus, ids, _, it = row_corpus
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the driver read the sample into memory")
+
+    for name in ("read_direction", "read_mono", "read_corpus_file"):
+        monkeypatch.setattr(corpus_schema, name, refuse)
+    cfg = load_config(
+        None,
+        {
+            "corpus.out_dir": str(corpus),
+            "directions": ["it-en"],
+            "dump.sentences": 10,
+            "dump.stream_sentences": 20,  # more than the 13 rows left: the stream part is cut there
+            "dump.shard_sentences": 4,
+        },
+    )
+    ctx = StageContext(cfg, ray=None, progress=False)
+    dump, stream = dump_specs(ctx, "it-en"), stream_specs(ctx, "it-en")
+    assert [(s.start, s.stop, s.index) for s in dump] == [(0, 4, 0), (4, 8, 1), (8, 10, 2)]
+    assert [(s.start, s.stop, s.index) for s in stream] == [
+        (10, 14, 0),
+        (14, 18, 1),
+        (18, 22, 2),
+        (22, 23, 3),
+    ]
+    settings = cfg.dump.settings()
+    assert [s.plan(settings) for s in stream] == [
+        o.plan(settings) for o in plan_shards("it-en", ids[10:], it[10:], 4)
+    ]

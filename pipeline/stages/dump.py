@@ -2,7 +2,9 @@
 (along the greedy path, or along every live hypothesis with ``dump.beam`` > 1).
 
 Plans deterministic shards on the driver, skips those whose file matches the plan, and sends the rest to a
-pool of :class:`~fastvocab.tasks.workers.DecoderWorker` actors. The streaming part of the sample
+pool of :class:`~fastvocab.tasks.workers.DecoderWorker` actors. A shard is a range of rows of the corpus file
+(:mod:`fastvocab.tasks.row_shards`): the driver streams the file once to digest each range and never holds
+the sample's texts; each worker reads its own rows. The streaming part of the sample
 (``dump.stream_sentences``) is planned here too, and decoded by the maps stage (it needs the centroids).
 """
 
@@ -11,39 +13,76 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from fastvocab.artifacts_schema.errors import ArtifactError
 from fastvocab.artifacts_schema.hidden_states import (
     ShardMeta,
+    read_shard_meta,
     remove_shard,
     shard_path,
     shard_rows,
     shard_status,
     stale_shards,
+    validate_direction,
 )
 from fastvocab.pipeline.context import StageContext
+from fastvocab.pipeline.errors import UserError
 from fastvocab.pipeline.tracking import StageRecord
-from fastvocab.tasks.dump import ShardSpec, plan_shards
+from fastvocab.tasks.row_shards import RowRangeSpec, SampleFile, plan_row_shards, sample_file
 from fastvocab.tasks.workers import DecoderWorker
 
 log = logging.getLogger(__name__)
 
 
-def dump_specs(ctx: StageContext, direction: str) -> list[ShardSpec]:
+def sample_source(ctx: StageContext, direction: str) -> SampleFile:
+    """The corpus file of a direction's sample (its first ``dump.sentences + dump.stream_sentences`` rows);
+    warns when it has fewer rows than that."""
     cfg = ctx.cfg.dump
-    ids, texts = ctx.sample(direction)
-    n = min(cfg.sentences, len(texts))
-    return plan_shards(direction, ids[:n], texts[:n], cfg.shard_sentences, cfg.max_states)
+    source = sample_file(ctx.corpus_dir, direction, cfg.split)
+    want = cfg.sentences + cfg.stream_sentences
+    if source.rows < want:
+        log.warning("%s: the corpus has %d source sentences, %d asked for", direction, source.rows, want)
+    return source
 
 
-def stream_specs(ctx: StageContext, direction: str) -> list[ShardSpec]:
+def dump_specs(ctx: StageContext, direction: str) -> list[RowRangeSpec]:
+    """The direction's dump shards: rows ``[0, dump.sentences)`` of its sample file, as row ranges."""
     cfg = ctx.cfg.dump
-    ids, texts = ctx.sample(direction)
-    n = min(cfg.sentences, len(texts))
-    if cfg.stream_sentences == 0 or len(texts) <= n:
+    source = sample_source(ctx, direction)
+    return plan_row_shards(source, direction, 0, cfg.sentences, cfg.shard_sentences, cfg.max_states)
+
+
+def stream_specs(ctx: StageContext, direction: str) -> list[RowRangeSpec]:
+    """The direction's stream shards: the ``dump.stream_sentences`` rows after the dumped ones."""
+    cfg = ctx.cfg.dump
+    if cfg.stream_sentences == 0:
         return []
-    return plan_shards(direction, ids[n:], texts[n:], cfg.shard_sentences)
+    source = sample_source(ctx, direction)
+    n = min(cfg.sentences, source.rows)
+    return plan_row_shards(source, direction, n, n + cfg.stream_sentences, cfg.shard_sentences)
+
+
+def extra_state_files(ctx: StageContext, directions: Sequence[str], k: int | None = None) -> list[Path]:
+    """The shards of ``maps.extra_states`` for these directions (k-means and the maps read them with the run's
+    own): validated against the model and, with ``k``, recording at least the ``k`` ids per state the maps
+    keep."""
+    files: list[Path] = []
+    fingerprint = ctx.model().fingerprint
+    for root in ctx.cfg.maps.extra_states:
+        for d in directions:
+            try:
+                found = validate_direction(root, d, fingerprint=fingerprint)
+            except ArtifactError as exc:
+                raise UserError(f"maps.extra_states: {exc}") from exc
+            dumped_k = read_shard_meta(found[0]).k
+            if k is not None and dumped_k < k:
+                raise UserError(
+                    f"maps.extra_states: {root} recorded K={dumped_k} ids per state for {d}, below maps.k={k}"
+                )
+            files += found
+    return files
 
 
 def decode_on_workers(
@@ -66,8 +105,8 @@ def run(ctx: StageContext) -> list[StageRecord]:
     cfg = ctx.cfg.dump
     settings = cfg.settings()
     m = ctx.model()
-    plans: dict[str, list[ShardSpec]] = {}
-    todo: list[ShardSpec] = []
+    plans: dict[str, list[RowRangeSpec]] = {}
+    todo: list[RowRangeSpec] = []
     corrupt: dict[str, list[str]] = {}  # direction -> shard files found corrupt and redone
     for direction in ctx.cfg.directions:
         specs = dump_specs(ctx, direction)
@@ -103,7 +142,7 @@ def run(ctx: StageContext) -> list[StageRecord]:
         if ran:
             ctx.forget_shards(direction)
         files = ctx.shard_files(direction)
-        n_sent = sum(len(s.sent_ids) for s in specs)
+        n_sent = sum(s.sentences for s in specs)
         params: dict[str, Any] = {
             "model_fingerprint": m.fingerprint,
             "direction": direction,

@@ -11,6 +11,7 @@ from fastvocab.artifacts_schema.hidden_states import shard_rows
 from fastvocab.artifacts_schema.kmeans_result import INFO_FILE, KMeansInfo, load_kmeans_info
 from fastvocab.pipeline.context import StageContext
 from fastvocab.pipeline.errors import UserError
+from fastvocab.pipeline.stages.dump import extra_state_files
 from fastvocab.pipeline.tracking import StageRecord
 from fastvocab.tasks.kmeans import kmeans_job
 
@@ -29,7 +30,7 @@ def run(ctx: StageContext) -> list[StageRecord]:
     jobs: dict[str, tuple[list[Path], str]] = {}  # map name -> (files, inputs digest)
     records: dict[str, StageRecord] = {}
     for name, directions in ctx.groups().items():
-        files = group_files(ctx, directions)
+        files = group_files(ctx, directions) + extra_state_files(ctx, directions)  # maps.extra_states
         available = sum(shard_rows(files))
         if available < cfg.r:
             raise UserError(

@@ -16,11 +16,11 @@ from fastvocab.artifacts_schema.errors import ArtifactError
 from fastvocab.artifacts_schema.kmeans_result import load_kmeans
 from fastvocab.artifacts_schema.stream_counts import read_stream_arrays, stream_meta, stream_path
 from fastvocab.pipeline.context import StageContext
-from fastvocab.pipeline.stages.dump import decode_on_workers, stream_specs
+from fastvocab.pipeline.stages.dump import decode_on_workers, extra_state_files, stream_specs
 from fastvocab.pipeline.stages.kmeans import group_files
 from fastvocab.pipeline.tracking import StageRecord
-from fastvocab.tasks.dump import ShardSpec
 from fastvocab.tasks.maps import MapParams, map_name, maps_job
+from fastvocab.tasks.row_shards import RowRangeSpec
 
 log = logging.getLogger(__name__)
 
@@ -31,11 +31,11 @@ def run(ctx: StageContext) -> list[StageRecord]:
     m = ctx.model()
     records: dict[str, StageRecord] = {}
     calls: dict[str, tuple[tuple, dict[str, Any]]] = {}
-    pending_streams: list[tuple[ShardSpec, str, str]] = []  # (spec, map name, out path)
+    pending_streams: list[tuple[RowRangeSpec, str, str]] = []  # (spec, map name, out path)
     centroids_of: dict[str, Any] = {}
     for name, directions in ctx.groups().items():
         centroids, info = load_kmeans(ctx.kmeans_root / name)
-        files = group_files(ctx, directions)
+        files = group_files(ctx, directions) + extra_state_files(ctx, directions, params.k)
         streams = [
             (spec, stream_path(ctx.stream_root, name, d, spec.index))
             for d in directions
@@ -44,7 +44,7 @@ def run(ctx: StageContext) -> list[StageRecord]:
         extra = {
             "inputs_digest": footer_digest(files),
             "centroids_digest": array_digest(centroids),
-            "stream_sentences": sum(len(s.sent_ids) for s, _ in streams),
+            "stream_sentences": sum(s.sentences for s, _ in streams),
         }
         rec_params = {
             "model_fingerprint": m.fingerprint,
@@ -58,6 +58,7 @@ def run(ctx: StageContext) -> list[StageRecord]:
             "min_count": params.min_count,
             "normaliser_rank": params.normaliser_rank,
             "stream_sentences": extra["stream_sentences"],
+            "extra_states": ",".join(ctx.cfg.maps.extra_states),
         }
         map_dir = ctx.maps_root / name
         mf = _current_manifest(map_dir)

@@ -1,0 +1,207 @@
+"""Dump and stream shards planned as row ranges of the corpus file: the driver never holds the sample's texts.
+
+A direction's sample is the first ``dump.sentences`` (+ ``dump.stream_sentences``) rows of one Parquet file
+(a pair's split, or a language's monolingual file; ``artifacts_schema.corpus``), so shard ``i`` is the row
+range ``[start, stop)`` of that file. The driver streams the file once, a batch at a time, to compute each
+range's ``sentences_digest`` (the same digest :meth:`~fastvocab.tasks.dump.ShardSpec.plan` takes over the
+shard's ``id<TAB>text`` lines), and sends workers a :class:`RowRangeSpec`: path, columns, range and digest,
+a few hundred bytes whatever the shard's text. The worker reads its rows itself (:meth:`RowRangeSpec.load`),
+checks them against the digest, and decodes the resulting :class:`~fastvocab.tasks.dump.ShardSpec`.
+
+The plan a shard records is the one an in-memory :class:`ShardSpec` of the same rows gives, so shards
+written before row-range planning are current under it and resume as they are. Memory on the driver: one
+batch of the file plus one small spec per shard.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from fastvocab.artifacts_schema.corpus import direction_file, mono_file
+from fastvocab.artifacts_schema.digest import Digest
+from fastvocab.artifacts_schema.errors import ArtifactError
+from fastvocab.tasks.dump import DumpSettings, ShardSpec
+
+READ_BATCH_ROWS = 65_536  # rows the driver (and a worker) decodes from the file at a time
+
+
+@dataclass(frozen=True)
+class SampleFile:
+    """Where a direction's source sentences are: a Parquet file, its id and text columns, its row count."""
+
+    path: Path
+    id_column: str
+    text_column: str
+    rows: int
+
+
+def sample_file(corpus_dir: str | Path, direction: str, split: str) -> SampleFile:
+    """The file holding ``direction``'s source sentences of ``split`` (``mono``: the monolingual file).
+
+    Only the Parquet footer is read. ArtifactError naming what is present when the file is missing.
+    """
+    src, _, tgt = direction.partition("-")
+    if split == "mono":
+        path, text = mono_file(corpus_dir, src), "text"
+    else:
+        path, swap = direction_file(corpus_dir, src, tgt, split)
+        text = "text2" if swap else "text1"
+    try:
+        meta = pq.ParquetFile(path).metadata
+    except (OSError, pa.ArrowException) as exc:
+        raise ArtifactError(f"corrupt corpus file {path}: {exc}") from exc
+    return SampleFile(Path(path).resolve(), "id", text, meta.num_rows)
+
+
+@dataclass(frozen=True)
+class RowRangeSpec:
+    """One unit of dump (or stream) work as rows ``[start, stop)`` of a corpus file (no texts)."""
+
+    direction: str
+    index: int
+    path: str  # the corpus Parquet file, as the workers see it (a shared volume on a cluster)
+    id_column: str
+    text_column: str
+    start: int
+    stop: int
+    sentences_digest: str  # digest of the rows' "id<TAB>text<LF>" lines, as ShardSpec.plan computes it
+    max_states: int | None = None
+
+    @property
+    def sentences(self) -> int:
+        return self.stop - self.start
+
+    def plan(self, settings: DumpSettings) -> dict[str, object]:
+        """The shard's plan, compared on resume: what :meth:`ShardSpec.plan` gives for the same rows."""
+        # ShardSpec.plan stays the one definition of a plan; only its sentences come from the rows here
+        plan = ShardSpec(self.direction, self.index, (), (), self.max_states).plan(settings)
+        plan.update(sentences=self.sentences, sentences_digest=self.sentences_digest)
+        return plan
+
+    def load(self) -> ShardSpec:
+        """Read the rows (on the worker) and return the in-memory spec; ArtifactError when the file changed
+        since the shard was planned (other rows, or fewer)."""
+        ids, texts = read_rows(Path(self.path), self.id_column, self.text_column, self.start, self.stop)
+        d = Digest()
+        d.update(_lines_bytes(pa.array(ids, pa.int64()), pa.array(texts, pa.string())))
+        if len(ids) != self.sentences or d.value != self.sentences_digest:
+            raise ArtifactError(
+                f"{self.path}: rows {self.start}-{self.stop} of column {self.text_column} changed since the "
+                f"{self.direction} dump was planned ({len(ids)} rows read, digest {d.value}, planned "
+                f"{self.sentences_digest}); rerun the stage to plan again"
+            )
+        return ShardSpec(self.direction, self.index, tuple(ids), tuple(texts), self.max_states)
+
+
+def as_shard_spec(spec: ShardSpec | RowRangeSpec) -> ShardSpec:
+    """The in-memory spec a worker decodes: a row-range spec is read from its file, a ShardSpec is itself."""
+    return spec.load() if isinstance(spec, RowRangeSpec) else spec
+
+
+def _lines_bytes(ids: pa.Array, texts: pa.Array) -> memoryview:
+    """UTF-8 bytes of ``"".join(f"{i}\\t{t}\\n")`` over the rows, built by Arrow (no Python strings)."""
+    if len(ids) == 0:
+        return memoryview(b"")
+    lines = pc.binary_join_element_wise(pc.cast(ids, pa.string()), texts, "\t")
+    lines = pc.binary_join_element_wise(lines, "", "\n")  # "" then the separator: each line ends in LF
+    if lines.null_count:
+        raise ArtifactError("null text in a corpus file")
+    lines = lines.cast(pa.large_string())  # 64-bit offsets whatever the input's string type
+    offsets = np.frombuffer(lines.buffers()[1], dtype=np.int64)[lines.offset : lines.offset + len(lines) + 1]
+    return memoryview(lines.buffers()[2])[int(offsets[0]) : int(offsets[-1])]
+
+
+def _iter_rows(path: Path, columns: list[str], start: int, stop: int) -> Iterator[tuple[int, pa.RecordBatch]]:
+    """``(first row, batch)`` covering rows ``[start, stop)`` of ``path`` (row groups before ``start`` are
+    skipped from the footer, batches are cut to the range); one batch in memory at a time."""
+    try:
+        pf = pq.ParquetFile(path)
+        missing = [c for c in columns if c not in pf.schema_arrow.names]
+        if missing:
+            raise ArtifactError(f"corpus file {path} lacks columns {missing}")
+        groups, first, offset = [], 0, 0  # row groups overlapping the range; the first one's first row
+        for g in range(pf.metadata.num_row_groups):
+            n = pf.metadata.row_group(g).num_rows
+            if offset + n > start and offset < stop:
+                first = first if groups else offset
+                groups.append(g)
+            offset += n
+        if not groups:
+            return
+        row = first
+        # one row group at a time: asked for many, Arrow pre-buffers all their column chunks (the whole file)
+        for g in groups:
+            for batch in pf.iter_batches(batch_size=READ_BATCH_ROWS, row_groups=[g], columns=columns):
+                lo, hi = max(start - row, 0), min(stop - row, batch.num_rows)
+                if lo < hi:
+                    yield row + lo, batch.slice(lo, hi - lo)
+                row += batch.num_rows
+                if row >= stop:
+                    return
+    except (OSError, pa.ArrowException) as exc:
+        raise ArtifactError(f"corrupt corpus file {path}: {exc}") from exc
+
+
+def read_rows(
+    path: Path, id_column: str, text_column: str, start: int, stop: int
+) -> tuple[list[int], list[str]]:
+    """(ids, texts) of rows ``[start, stop)`` of a corpus file (fewer when the file is shorter)."""
+    ids: list[int] = []
+    texts: list[str] = []
+    for _, batch in _iter_rows(path, [id_column, text_column], start, stop):
+        ids += batch.column(0).to_pylist()
+        texts += batch.column(1).to_pylist()
+    return ids, texts
+
+
+def plan_row_shards(
+    source: SampleFile,
+    direction: str,
+    start: int,
+    stop: int,
+    shard_sentences: int,
+    max_states: int | None = None,
+) -> list[RowRangeSpec]:
+    """Cut rows ``[start, stop)`` of ``source`` into shards of ``shard_sentences`` rows, numbered from 0; a
+    state cap is split evenly over them (as :func:`~fastvocab.tasks.dump.plan_shards` does).
+
+    Streams the rows once to digest each shard's lines: memory holds one batch, never the sample.
+    """
+    if shard_sentences < 1:
+        raise ValueError(f"shard_sentences must be >= 1, got {shard_sentences}")
+    stop = min(stop, source.rows)
+    n = max(stop - start, 0)
+    n_shards = -(-n // shard_sentences)
+    cap = None if max_states is None else -(-max_states // max(n_shards, 1))
+    digests = [Digest() for _ in range(n_shards)]
+    cols = [source.id_column, source.text_column]
+    for row, batch in _iter_rows(source.path, cols, start, stop):
+        # a batch may straddle shard borders: digest each shard's piece of it
+        pos = 0
+        while pos < batch.num_rows:
+            shard = (row + pos - start) // shard_sentences
+            take = min(start + (shard + 1) * shard_sentences - (row + pos), batch.num_rows - pos)
+            piece = batch.slice(pos, take)
+            digests[shard].update(_lines_bytes(piece.column(0), piece.column(1)))
+            pos += take
+    return [
+        RowRangeSpec(
+            direction,
+            i,
+            str(source.path),
+            source.id_column,
+            source.text_column,
+            start + i * shard_sentences,
+            min(start + (i + 1) * shard_sentences, stop),
+            digests[i].value,
+            cap,
+        )
+        for i in range(n_shards)
+    ]
