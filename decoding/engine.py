@@ -50,11 +50,26 @@ positions; a whole step with every linear packed took 11.7 / 28.9 / 59.2 ms agai
 (measured under heavy load from other jobs: a loss at 1 row, noise at 32-128). So the linears stay
 ``nn.Linear``.
 
-``torch.compile`` (of this step, or of the Hugging Face decoder with a ``StaticCache``) was not tried in
-issue 16's CPU work: in a 1-thread profile of a 32-row step the linears and attention matmuls are ~80% of
-the time, so compiling could only trim the rest, and every row count after finished rows leave would be a
-new shape to compile (or a dynamic-shape graph). On CUDA, where launch overhead dominates, it (or a CUDA
-graph of this fixed-layout step) is the next step.
+The encoder (:class:`PackedEncoder`, used with this engine): the Hugging Face encoder runs every layer on
+the padded (rows, S) grid; sorting lines by length leaves much padding where lengths spread (issue 16's 200
+en-it test lines, batch 32: 10,944 grid positions for 5,552 tokens, one 214-token line sets the first
+batch's width). The packed encoder runs its linears, norms and FFN on the real tokens only and attention per
+sentence (``scaled_dot_product_attention`` on a padded view), and the cross-attention K/V GEMM of
+:meth:`StaticDecoder.start` skips padded positions too. Its states equal the HF encoder's bit for bit on the
+demo model (1/sqrt(64) folded into Q is exact); the encoder of that run took 0.88 s instead of 1.80 s of
+CPU time (1 thread, loaded machine).
+
+Greedy search takes its argmax through :func:`argmax_rows` (torch's CPU argmax over 32K columns was ~8% of a
+full-softmax greedy run).
+
+``torch.compile`` (inductor, CPU, ``freezing=True``) of this step was tried (issue 16, CPU part) and left
+out: with ``dynamic=True`` the step still specialised on the cache position and recompiled every step until
+the recompile limit; 3 steps took 371 s of compilation on this 2-core machine (g++ per kernel), the outputs
+moved in the last bits (frozen linears are oneDNN GEMMs: 1.5e-6 on ``h``), and after falling back the step
+was slower (19-28 ms against 8-9 ms at 32 rows under the same load). A step compiled once per shape would
+need a fixed-capacity attention with a mask and the row count padded to buckets; in a 1-thread profile the
+linears and the attention matmuls are ~70% of a 32-row step, so the dispatch overhead it removes is at most
+the rest. On CUDA, where launch overhead dominates, a CUDA graph of this fixed-layout step is the next step.
 """
 
 from __future__ import annotations
@@ -256,6 +271,172 @@ def _free_bytes(device: torch.device) -> int | None:
     return None
 
 
+def encoder_unsupported_reason(model: nn.Module) -> str | None:
+    """None when :class:`PackedEncoder` can run ``model``'s encoder; otherwise why not."""
+    reason = unsupported_reason(model)
+    if reason:
+        return reason
+    config, enc = model.config, model.get_encoder()
+    if config.d_model % config.encoder_attention_heads:
+        return f"d_model {config.d_model} is not a multiple of {config.encoder_attention_heads} heads"
+    pos = getattr(enc, "embed_positions", None)
+    if config.model_type == "m2m_100" and not hasattr(pos, "get_embedding"):
+        return "the encoder has no sinusoidal position table (not an M2M100 encoder)"
+    if config.model_type != "m2m_100" and not isinstance(pos, nn.Embedding):
+        return f"the {config.model_type} encoder has no position table (embed_positions)"
+    return None
+
+
+class _EncoderLayer(nn.Module):
+    """One encoder layer over the *packed* real tokens (T, d): fused QKV (Q pre-scaled), attention per
+    sentence on a padded (rows, heads, S, hd) view, everything else per token; weights shared with the HF
+    layer except the fused QKV."""
+
+    def __init__(self, hf_layer: nn.Module, heads: int, act: nn.Module, pre_norm: bool) -> None:
+        super().__init__()
+        sa = hf_layer.self_attn
+        d = sa.q_proj.in_features
+        self.heads, self.head_dim, self.pre_norm = heads, d // heads, pre_norm
+        scaling = self.head_dim**-0.5
+        with torch.no_grad():
+            self.qkv = _linear(
+                torch.cat([sa.q_proj.weight * scaling, sa.k_proj.weight, sa.v_proj.weight]),
+                _cat_bias([(sa.q_proj, scaling), (sa.k_proj, 1.0), (sa.v_proj, 1.0)]),
+            )
+        self.out = sa.out_proj
+        self.ln_attn, self.ln_ffn = hf_layer.self_attn_layer_norm, hf_layer.final_layer_norm
+        self.fc1, self.fc2, self.act = hf_layer.fc1, hf_layer.fc2, act
+
+    def forward(self, x: torch.Tensor, where: torch.Tensor, key_mask: torch.Tensor) -> torch.Tensor:
+        """x (T, d) packed tokens; ``where`` (T,) their flat index in the (rows * S) grid; ``key_mask``
+        (rows, 1, 1, S) True on real tokens."""
+        if self.pre_norm:
+            x = x + self._attn(self.ln_attn(x), where, key_mask)
+            return x + self.fc2(self.act(self.fc1(self.ln_ffn(x))))
+        x = self.ln_attn(x + self._attn(x, where, key_mask))  # post-norm (Marian)
+        return self.ln_ffn(x + self.fc2(self.act(self.fc1(x))))
+
+    def _attn(self, x: torch.Tensor, where: torch.Tensor, key_mask: torch.Tensor) -> torch.Tensor:
+        rows, s = key_mask.shape[0], key_mask.shape[-1]
+        d = x.shape[1]
+        h, hd = self.heads, self.head_dim
+        grid = x.new_zeros((rows * s, 3 * d))  # padding stays 0: finite keys/values, masked anyway
+        grid.index_copy_(0, where, self.qkv(x))  # (T, 3d) -> (rows * S, 3d)
+        q, k, v = grid.view(rows, s, 3, h, hd).permute(2, 0, 3, 1, 4)  # each (rows, heads, S, hd)
+        o = nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=key_mask, scale=1.0)
+        o = o.transpose(1, 2).reshape(rows * s, d).index_select(0, where)  # (T, d)
+        return self.out(o)
+
+
+class PackedEncoder(nn.Module):
+    """The encoder of a supported model without computing padding: the linears, layer norms and FFN run on
+    the batch's real tokens only (T rows instead of rows x S), attention per sentence on a padded view.
+
+    Sorting lines by length does not remove padding where lengths spread: on the demo run's 200 en-it test
+    lines (batch 32, longest first) the padded grid held 10,944 positions for 5,552 tokens (one 214-token
+    line sets the first batch's width). Positions, embedding scale, layer order and final norm follow the HF
+    encoder of each family (the ``_Family`` table); outputs at padded positions are zero (the decoder's
+    cross-attention masks them). Same values as the HF encoder up to fp32 rounding (another GEMM row count,
+    scaling folded into Q).
+    """
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        reason = encoder_unsupported_reason(model)
+        if reason:
+            raise ValueError(reason)
+        from transformers.activations import ACT2FN
+
+        config, enc = model.config, model.get_encoder()
+        self.family = _Family.of(model)
+        self.d = config.d_model
+        self.pad_id = int(config.pad_token_id)
+        self.embed_weight = enc.embed_tokens.weight.detach()  # (N, d), shared
+        self.embed_scale = _embed_scale(enc)
+        if self.family.extendable:
+            self._get_embedding = enc.embed_positions.get_embedding
+            self.positions = self._position_table(config.max_position_embeddings + self.family.pos_offset)
+        else:
+            self.positions = enc.embed_positions.weight.detach()  # (positions (+ offset), d), shared
+        self.ln_embed = getattr(enc, "layernorm_embedding", None)  # MBart
+        self.final_ln = getattr(enc, "layer_norm", None)  # M2M100, MBart
+        act = ACT2FN[config.activation_function]
+        heads = config.encoder_attention_heads
+        self.layers = nn.ModuleList(_EncoderLayer(x, heads, act, self.family.pre_norm) for x in enc.layers)
+
+    def _position_table(self, n: int) -> torch.Tensor:
+        table = self._get_embedding(n, self.d, self.pad_id)
+        return table.to(device=self.embed_weight.device, dtype=self.embed_weight.dtype)
+
+    @torch.inference_mode()
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """(rows, S) ids and mask (1 = real token) -> hidden states (rows, S, d), zero at padding."""
+        rows, s = input_ids.shape
+        fam = self.family
+        if fam.pad_positions:  # create_position_ids_from_input_ids: real tokens count on from padding_idx + 1
+            real = (input_ids != self.pad_id).long()
+            pos_ids = torch.cumsum(real, dim=1) * real + self.pad_id  # (rows, S)
+        else:
+            pos_ids = torch.arange(s, device=input_ids.device).expand(rows, s) + fam.pos_offset
+        need = int(pos_ids.max()) + 1 if s else 0
+        if need > self.positions.shape[0]:
+            if not fam.extendable:
+                raise ValueError(
+                    f"source of {s} tokens is beyond the {fam.name} model's position table "
+                    f"({self.positions.shape[0] - fam.pos_offset} positions: max_position_embeddings)"
+                )
+            self.positions = self._position_table(2 * need)
+        where = attention_mask.reshape(-1).nonzero()[:, 0]  # (T,) flat index of each real token
+        ids, pos = input_ids.reshape(-1)[where], pos_ids.reshape(-1)[where]
+        x = nn.functional.embedding(ids, self.embed_weight) * self.embed_scale  # (T, d)
+        x = x + self.positions.index_select(0, pos)
+        if self.ln_embed is not None:
+            x = self.ln_embed(x)
+        key_mask = (attention_mask != 0)[:, None, None, :]  # (rows, 1, 1, S)
+        for layer in self.layers:
+            x = layer(x, where, key_mask)
+            if x.dtype == torch.float16:  # HF clamps fp16 overflow the same way after every layer
+                big = torch.finfo(x.dtype).max - 1000
+                x = x.clamp(-big, big)
+        if self.final_ln is not None:
+            x = self.final_ln(x)
+        out = x.new_zeros((rows * s, self.d))
+        out.index_copy_(0, where, x)
+        return out.view(rows, s, self.d)
+
+
+# argmax_rows: block width of the first pass (the winning block is searched again, 2 x this per row).
+_ARGMAX_BLOCK = 1024
+
+
+def argmax_rows(scores: torch.Tensor) -> torch.Tensor:
+    """``scores.argmax(dim=-1, keepdim=True)`` (rows, 1), the first maximum on ties, faster on CPU.
+
+    torch's CPU ``argmax`` over the last dimension is ~10x slower than ``amax`` (1 thread, 32 x 32,108 fp32:
+    1.5 ms against 0.16 ms), and greedy search calls it on the full logits every step (~8% of a full-softmax
+    greedy run). So: the maximum of each block of ``_ARGMAX_BLOCK`` columns by ``amax``, the first block
+    holding the row's maximum, then ``argmax`` inside that block only. Same index as ``argmax`` (ties go to
+    the first maximum in both passes); rows with NaN take ``argmax`` itself. Elsewhere (an accelerator, few
+    columns, fewer than 4 rows) it is ``argmax``.
+    """
+    rows, n = scores.shape
+    # One row: argmax's contiguous full reduction is fast already (32,108 columns: 42 us against 115 us).
+    if scores.device.type != "cpu" or rows < 4 or n < 4 * _ARGMAX_BLOCK or not scores.is_floating_point():
+        return scores.argmax(dim=-1, keepdim=True)
+    scores = scores.contiguous()
+    b = _ARGMAX_BLOCK
+    full = n // b * b
+    block_max = scores[:, :full].view(rows, -1, b).amax(dim=-1)  # (rows, blocks)
+    if full < n:  # the tail as one more (shorter) block
+        block_max = torch.cat([block_max, scores[:, full:].amax(dim=-1, keepdim=True)], dim=1)
+    if bool(block_max.isnan().any()):
+        return scores.argmax(dim=-1, keepdim=True)
+    best = block_max.argmax(dim=-1, keepdim=True)  # (rows, 1) first block with the row's maximum
+    start = (best * b).clamp(max=max(n - b, 0))  # a tail block is read as the last b columns
+    cols = start + torch.arange(b, device=scores.device)  # (rows, b)
+    return start + scores.gather(1, cols).argmax(dim=-1, keepdim=True)
+
+
 class StaticDecoder(nn.Module):
     """The decoder of a supported model (M2M100/NLLB, Marian, MBart) as a cached one-token step (see the
     module docstring).
@@ -359,11 +540,18 @@ class StaticDecoder(nn.Module):
         # Both caches are checked before the cross K/V GEMM runs: a batch that cannot fit fails at once.
         self_kv = self._alloc((2, self.n_layers, n, self.heads, cap, self.head_dim), "self-attention cache")
         cross = self._alloc((2, self.n_layers, n, self.heads, s, self.head_dim), "cross-attention cache")
-        kv = self.cross_kv(enc_hidden.to(self.dtype))  # (n, S, layers * 2 * d)
+        mask = enc_mask.to(self.device)
+        where = mask.reshape(-1).nonzero()[:, 0]  # (T,) real source tokens
+        flat = enc_hidden.to(self.dtype).reshape(n * s, self.d)
+        if where.shape[0] == n * s:
+            kv = self.cross_kv(flat)  # (n * S, layers * 2 * d)
+        else:  # only the real tokens: padding keeps zero keys/values, masked by cross_bias anyway
+            kv = flat.new_zeros((n * s, self.cross_kv.out_features))
+            kv.index_copy_(0, where, self.cross_kv(flat.index_select(0, where)))
         kv = kv.view(n, s, self.n_layers, 2, self.heads, self.head_dim)
         cross.copy_(kv.permute(3, 2, 0, 4, 1, 5))  # (2, layers, n, heads, S, hd)
         bias = torch.zeros((n, 1, 1, s), dtype=self.dtype, device=self.device)
-        bias.masked_fill_(enc_mask[:, None, None, :].to(self.device) == 0, torch.finfo(self.dtype).min)
+        bias.masked_fill_(mask[:, None, None, :] == 0, torch.finfo(self.dtype).min)
         return StaticState(self_kv, cross, bias, group=1, length=0)
 
     def _grow(self, state: StaticState) -> None:

@@ -14,9 +14,10 @@ The output projection itself is *not* applied here: the search hands ``h`` to a 
 
 Two decoder-step engines (``engine=``): ``"static"``, the lean preallocated-cache step of
 ``fastvocab.decoding.engine`` (M2M100, NLLB, the demo model, Marian, MBart), and ``"hf"``, the Hugging Face
-decoder called eagerly with a dynamic cache. ``"auto"`` (the default) picks ``"static"`` where it is
-implemented (every supported family today; a variant it does not recognise falls back to ``"hf"``). Both give
-the same ``h`` (fp32 rounding) and the same search output.
+decoder called eagerly with a dynamic cache; ``"static"`` also swaps in the padding-free encoder
+(``engine.PackedEncoder``: same states, no work on padding). ``"auto"`` (the default) picks ``"static"``
+where it is implemented (every supported family today; a variant it does not recognise falls back to
+``"hf"``). Both give the same ``h`` (fp32 rounding) and the same search output.
 """
 
 from __future__ import annotations
@@ -151,7 +152,12 @@ class Seq2SeqAdapter:
         self.engine = self._pick_engine(engine, cache_len, max_cache_bytes)
 
     def _pick_engine(self, engine: str, cache_len: int, max_cache_bytes: int | None) -> str:
-        from fastvocab.decoding.engine import StaticDecoder, unsupported_reason
+        from fastvocab.decoding.engine import (
+            PackedEncoder,
+            StaticDecoder,
+            encoder_unsupported_reason,
+            unsupported_reason,
+        )
 
         if engine not in ENGINES:
             raise ValueError(f"engine must be one of {', '.join(ENGINES)}; got {engine!r}")
@@ -166,6 +172,8 @@ class Seq2SeqAdapter:
             log.debug("engine auto -> hf for %s: %s", self.path, reason)
             return "hf"
         self._static = StaticDecoder(self.model, capacity=cache_len, max_cache_bytes=max_cache_bytes)
+        if encoder_unsupported_reason(self.model) is None:
+            self._encoder = PackedEncoder(self.model)  # padding-free encoder (engine module docstring)
         return "static"
 
     def quantize_int8(self, encoder: bool = True) -> None:
@@ -361,7 +369,8 @@ class Seq2SeqAdapter:
     def encode(self, batch: dict) -> EncoderState:
         mask = batch["attention_mask"].to(self.device)
         out = self._encoder(input_ids=batch["input_ids"].to(self.device), attention_mask=mask)
-        return EncoderState(hidden=out.last_hidden_state, mask=mask)  # (rows, S, d), (rows, S)
+        hidden = out if isinstance(out, torch.Tensor) else out.last_hidden_state  # PackedEncoder: a tensor
+        return EncoderState(hidden=hidden, mask=mask)  # (rows, S, d), (rows, S)
 
     @torch.inference_mode()
     def decoder_step(

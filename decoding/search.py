@@ -31,6 +31,7 @@ from dataclasses import dataclass
 
 import torch
 
+from fastvocab.decoding.engine import argmax_rows
 from fastvocab.kernels.base import Projection, ProjectionOutput
 
 # Score given to impossible beams, as in transformers (finite, so sums stay ordered).
@@ -152,7 +153,7 @@ def greedy_search(
             tokens = torch.full_like(alive, forced_eos)  # generate's forced_eos_token_id at the length limit
         else:
             scores = _suppress(out, out.logits, banned)  # (rows, C); argmax(logits) == argmax(log-probs)
-            cols = scores.argmax(dim=-1, keepdim=True)  # (rows, 1)
+            cols = argmax_rows(scores)  # (rows, 1) == scores.argmax(-1, keepdim=True), faster on CPU
             tokens = out.to_vocab_ids(cols)[:, 0]  # (rows,)
         # A finished row still in the batch keeps emitting EOS: out_tokens holds EOS there already.
         tokens = tokens.masked_fill(finished, adapter.eos_id)

@@ -10,7 +10,7 @@ import torch
 from conftest import generate_ids, synthetic_sentences
 
 from fastvocab.decoding import Seq2SeqAdapter, beam_search, greedy_search, search
-from fastvocab.decoding.engine import StaticDecoder, StaticState
+from fastvocab.decoding.engine import PackedEncoder, StaticDecoder, StaticState, argmax_rows
 from fastvocab.kernels import create_projection
 
 DEMO_MODEL = Path(__file__).resolve().parent.parent / "models" / "demo"
@@ -72,6 +72,42 @@ def test_step_h_equals_the_hf_decoder(static, hf):
     rows = [0, 2, 3, 5]
     ref_logits = static.reference_logits(batch, tokens)[rows]
     torch.testing.assert_close(logits[rows], ref_logits, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("lengths", ["spread", "equal"])
+def test_packed_encoder_equals_the_hf_encoder(static, lengths):
+    """The padding-free encoder (M2M100: pad-aware positions), with padding and without any, and a source
+    longer than the position table (both extend it)."""
+    assert isinstance(static._encoder, PackedEncoder)
+    gen = torch.Generator().manual_seed(11)
+    n_pos = static.config.max_position_embeddings
+    sizes = [3, 9, 1, 6, n_pos + 5] if lengths == "spread" else [7, 7, 7]
+    seqs = [[*torch.randint(4, 200, (n,), generator=gen).tolist(), static.eos_id] for n in sizes]
+    batch = static.pad(seqs)
+    mask = batch["attention_mask"].bool()
+    ours = static.encode(batch).hidden
+    with torch.inference_mode():
+        ref = static.model.get_encoder()(**batch).last_hidden_state
+    torch.testing.assert_close(ours[mask], ref[mask], rtol=1e-5, atol=1e-5)
+    assert not ours[~mask].any()
+
+
+@pytest.mark.parametrize("n", [4096, 5000, 32108])
+@pytest.mark.parametrize("rows", [1, 4, 33])
+@pytest.mark.parametrize("case", ["random", "ties", "max in the tail", "all -inf", "nan"])
+def test_argmax_rows_equals_argmax(n, rows, case):
+    """The blocked argmax of greedy search: the same (first) index as torch.argmax, ties and NaN included."""
+    gen = torch.Generator().manual_seed(n + rows)
+    x = torch.randn(rows, n, generator=gen)
+    if case == "ties":
+        x = torch.randint(0, 3, (rows, n), generator=gen).float()  # every row has many tied maxima
+    elif case == "max in the tail":
+        x[:, -3:] = 50.0
+    elif case == "all -inf":
+        x[:] = -torch.inf
+    elif case == "nan":
+        x[0, 11] = torch.nan
+    assert torch.equal(argmax_rows(x), x.argmax(dim=-1, keepdim=True))
 
 
 def test_reorder_with_and_without_groups(static, hf):

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from fastvocab.decoding import Seq2SeqAdapter, beam_search, greedy_search
-from fastvocab.decoding.engine import CACHE_LIMIT_ENV, StaticDecoder, unsupported_reason
+from fastvocab.decoding.engine import CACHE_LIMIT_ENV, PackedEncoder, StaticDecoder, unsupported_reason
 from fastvocab.kernels import create_projection
 
 VOCAB = 96
@@ -173,6 +173,19 @@ def test_step_h_equals_the_hf_decoder(static, hf, family):
     # and the model's own logits from a full forward pass: h W^T + b
     logits = ours @ static.output_weight.T + static.output_bias
     torch.testing.assert_close(logits, static.reference_logits(batch, tokens), rtol=1e-4, atol=1e-4)
+
+
+def test_packed_encoder_equals_the_hf_encoder(static, family):
+    """The padding-free encoder: the HF encoder's states on every real token, zeros on padding."""
+    assert isinstance(static._encoder, PackedEncoder)
+    batch = _batch(static, 6, seed=9)
+    mask = batch["attention_mask"].bool()
+    assert len(set(mask.sum(1).tolist())) > 2 and not mask.all()  # padding in play
+    ours = static.encode(batch).hidden
+    with torch.inference_mode():
+        ref = static.model.get_encoder()(**batch).last_hidden_state
+    torch.testing.assert_close(ours[mask], ref[mask], rtol=1e-5, atol=1e-5)
+    assert not ours[~mask].any()
 
 
 @pytest.mark.parametrize("max_len", [5, 14])
