@@ -16,7 +16,9 @@ At each decoding step:
    (``clustered_ops.inactive_log_mass``). Mean error of the log-normaliser on the demo model's greedy
    states: 1.16 nats without an estimate, 0.10-0.13 ``centroid``, 0.020-0.023 ``moments``, 0.002
    ``normaliser`` (rank 32); on beam-4 states (twice as far from their centroid) 0.05 ``moments``, 0.02
-   ``normaliser``. Beam-4 search errors: ``BEAM_INACTIVE_MASS``.
+   ``normaliser``. Beam-4 search errors: ``BEAM_INACTIVE_MASS``. ``mass_radius`` sends rows farther than it
+   from their centroid (where the expansion errs most) to the full projection; ``ORACLE_MASS`` is the exact
+   mass, a diagnostic (benchmarks/README.md, issue 10).
 
 4. optionally (``exact_k``) an exactness certificate per row: an upper bound on every logit the row did not
    compute (``clustered_ops.BoundTables``: the centroid's logits plus ``||w_i|| ||h - C_c||``). A row whose
@@ -56,6 +58,10 @@ log = logging.getLogger(__name__)
 
 SELECTIONS = ("union", "per-row")  # which columns each row gets: the batch's union, or its own cluster's
 INACTIVE_MASS = ("none", "centroid", "moments", "normaliser")
+# A diagnostic, not a method (no CLI choice): the exact log-mass of the columns not computed, from the full
+# logits of every row. It separates search errors due to the sets from those due to the estimate of their
+# mass (tasks/fidelity.py, issue 10); it costs more than the full projection.
+ORACLE_MASS = "oracle"
 DEFAULT_NORMALISER_RANK = 32  # when a map has no normaliser for the sets in use and it is computed here
 BACKENDS = ("auto", "torch", "cupy")
 # Cached sub-matrices on CPU by default (MB). Measured on 2 cores (benchmarks/README.md): a cached cluster
@@ -106,7 +112,9 @@ class ClusteredProjection(Projection):
     sub-matrices; None = 512 on CPU, 0 on CUDA), ``exact_k`` (0 = off; 1 for greedy search, ``2 * beam``
     for beam search: rows without an exactness certificate for their top-``exact_k`` get full logits),
     ``exact_tol`` (for ``exact_k > 1``: the largest change of a certified row's log-normaliser allowed, in
-    nats), ``bound_blocks`` (column blocks of the certificate's bound).
+    nats), ``bound_blocks`` (column blocks of the certificate's bound), ``mass_radius`` (None = off; with an
+    ``inactive_mass`` estimate and no ``exact_k``: rows with ``||h - C_c||`` above it get full logits, counted
+    in ``counters["far"]``).
 
     ``counters`` accumulates, over calls, the rows projected, the columns computed (a fallback row counts
     its set and N) and the certified rows; :meth:`reset_counters` clears them. They never change an output.
@@ -126,11 +134,12 @@ class ClusteredProjection(Projection):
         exact_k: int = 0,
         exact_tol: float = 1e-5,
         bound_blocks: int = 64,
+        mass_radius: float | None = None,
         **common: Any,  # always_active, fingerprint: see Projection
     ) -> None:
         super().__init__(weight, bias, **common)
         self.selection = _choice("selection", selection, SELECTIONS)
-        self.inactive_mass = _choice("inactive_mass", inactive_mass, INACTIVE_MASS)
+        self.inactive_mass = _choice("inactive_mass", inactive_mass, (*INACTIVE_MASS, ORACLE_MASS))
         _choice("backend", backend, BACKENDS)
         if isinstance(min_count, bool) or not isinstance(min_count, int) or min_count < 1:
             raise ValueError(f"min_count must be an integer >= 1, got {min_count!r}")
@@ -142,7 +151,12 @@ class ClusteredProjection(Projection):
             raise ValueError(f"exact_tol must be >= 0, got {exact_tol!r}")
         self.exact_k = exact_k
         self.exact_tol = float(exact_tol)
-        self.counters = {"rows": 0, "columns": 0, "certified": 0}
+        if mass_radius is not None and not mass_radius > 0:
+            raise ValueError(f"mass_radius must be > 0 (or None), got {mass_radius!r}")
+        if mass_radius is not None and (inactive_mass == "none" or exact_k):
+            raise ValueError("mass_radius needs an inactive_mass estimate and no exact_k")
+        self.mass_radius = None if mass_radius is None else float(mass_radius)
+        self.counters = {"rows": 0, "columns": 0, "certified": 0, "far": 0}
 
         cmap = self._load_map(cluster_map)
         self.map_manifest = cmap.manifest
@@ -163,7 +177,7 @@ class ClusteredProjection(Projection):
         self.normaliser_source: str | None = None  # "map" or "computed at load"
         if self.inactive_mass == "normaliser":
             self._mass = self._normaliser(cmap)
-        elif self.inactive_mass != "none":
+        elif self.inactive_mass not in ("none", ORACLE_MASS):
             self._mass = ops.mass_tables(self._map, self.weight, self.bias)
         self._bounds = None
         if self.exact_k:
@@ -262,6 +276,8 @@ class ClusteredProjection(Projection):
             "backend": self.backend,
             "map": f"{m.direction}/{m.scope}/r{m.r}/K{m.k}",
         }
+        if self.mass_radius is not None:
+            opts["mass_radius"] = self.mass_radius
         if self.exact_k:
             opts["exact_k"] = self.exact_k
             if self.exact_k > 1:
@@ -303,14 +319,40 @@ class ClusteredProjection(Projection):
         mass = None
         if isinstance(self._mass, ops.NormaliserTables):
             mass = ops.normaliser_log_mass(h, logits, ids, clusters, self._map, self._mass)
+        elif self.inactive_mass == ORACLE_MASS:
+            mass = _oracle_log_mass(h, logits, ids, self.weight, self.bias)
         elif self._mass is not None:
             mass = ops.inactive_log_mass(self.inactive_mass, h, logits, clusters, self.n_vocab, self._mass)
         self.counters["rows"] += rows
         self.counters["columns"] += self._computed_columns(logits, ids)
         out = ProjectionOutput(logits=logits, ids=ids, n_vocab=self.n_vocab, log_inactive_mass=mass)
+        if self.mass_radius is not None:
+            return self._full_far_rows(h, out, clusters)
         if self._bounds is None:
             return out
         return self._exact(h, out, clusters)
+
+    def _full_far_rows(
+        self, h: torch.Tensor, out: ProjectionOutput, clusters: torch.Tensor
+    ) -> ProjectionOutput:
+        """Rows farther than ``mass_radius`` from their centroid get full logits (a dense output): the
+        normaliser's expansion errs most there (its error grows with the cube of the distance), and a beam
+        search compares their scores with those of rows near a centroid."""
+        cent = self._map.centroids_t.T[clusters].float()  # (rows, d)
+        far = (h.float() - cent).norm(dim=1) > self.mass_radius
+        n_far = int(far.sum())  # one host sync
+        self.counters["far"] += n_far
+        if n_far == 0:
+            return out
+        self.counters["columns"] += n_far * self.n_vocab
+        if n_far == out.rows:
+            logits = torch.nn.functional.linear(h, self.weight, self.bias)
+            return ProjectionOutput(logits=logits, ids=None, n_vocab=self.n_vocab)
+        idx = far.nonzero()[:, 0]
+        dense = out.dense()
+        dense[idx] = torch.nn.functional.linear(h[idx], self.weight, self.bias).to(dense.dtype)
+        mass = out.log_inactive_mass.index_fill(0, idx, -math.inf)  # those rows left nothing out
+        return ProjectionOutput(logits=dense, ids=None, n_vocab=self.n_vocab, log_inactive_mass=mass)
 
     def _computed_columns(self, logits: torch.Tensor, ids: torch.Tensor) -> int:
         if ids.dim() == 1:
@@ -374,6 +416,16 @@ class ClusteredProjection(Projection):
             h, self.weight, self.bias, clusters, pm.indptr, self._indices32, width=pm.max_size
         )  # (rows, W) each, W = largest set of the map: static, so no host sync
         return logits, ids, clusters
+
+
+def _oracle_log_mass(
+    h: torch.Tensor, logits: torch.Tensor, ids: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
+) -> torch.Tensor:
+    """Exact ``logsumexp`` of the logits a row did not compute, (rows,) float32 (``ORACLE_MASS``)."""
+    full = torch.nn.functional.linear(h, weight, bias).float()  # (rows, N)
+    # per-row padding repeats an id with -inf; dense() keeps the real logit: only computed columns are finite
+    computed = torch.isfinite(ProjectionOutput(logits, ids, full.shape[1]).dense())
+    return torch.logsumexp(full.masked_fill(computed, -math.inf), dim=1)
 
 
 def _cupy_unsupported(weight: torch.Tensor) -> str | None:

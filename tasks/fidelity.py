@@ -20,8 +20,11 @@ the same search and settings:
 
 Methods: ``clustered`` (the paper's union selection, no inactive-mass estimate), ``moments``, ``centroid``
 and ``normaliser`` (the same with that ``inactive_mass``; beam > 1 only: greedy search reads logits only),
-``exact`` (the certificate, ``exact_k`` = 1 for greedy and 2 x beam for beam search), ``per-row`` (per-row
-selection). Plain functions: no Ray, no MLflow; the callers print and write.
+``oracle`` (a diagnostic: the exact mass of the columns not computed, from the full logits, so its search
+errors are those of the sets alone), ``exact`` (the certificate, ``exact_k`` = 1 for greedy and 2 x beam
+for beam search), ``per-row`` (per-row selection); a mass method with ``@R`` (``normaliser@8``) sends rows
+farther than R from their centroid to the full projection (``mass_radius``). Plain functions: no Ray, no
+MLflow; the callers print and write.
 """
 
 from __future__ import annotations
@@ -48,8 +51,9 @@ from fastvocab.kernels.clustered import exact_k_for
 from fastvocab.tasks.evaluate import score
 from fastvocab.tasks.translate import make_projection
 
-METHODS = ("clustered", "moments", "centroid", "normaliser", "exact", "per-row")
-MASS_METHODS = ("moments", "centroid", "normaliser")  # an inactive-mass estimate: beam search only
+METHODS = ("clustered", "moments", "centroid", "normaliser", "oracle", "exact", "per-row")
+# an inactive-mass estimate (or the exact mass, ``oracle``: a diagnostic): beam search only
+MASS_METHODS = ("moments", "centroid", "normaliser", "oracle")
 GRIDS = {"quick": ((1, 4), (32,)), "full": ((1, 2, 4, 5), (1, 32))}
 DEFAULT_METHODS = ("clustered", "normaliser", "exact")
 # Scores are float32 sums: a differing output counts as a search error only when it is worse by more than
@@ -90,7 +94,7 @@ class FidelitySettings:
     repeats: int = 1  # timed passes per method (median reported)
 
     def __post_init__(self) -> None:
-        bad = [m for m in self.methods if m not in METHODS]
+        bad = [m for m in self.methods if method_base(m) not in METHODS]
         if bad:
             raise ValueError(f"unknown methods {bad}; valid: {', '.join(METHODS)}")
         if not self.beams or not self.batches or min(*self.beams, *self.batches) < 1:
@@ -99,9 +103,26 @@ class FidelitySettings:
             raise ValueError(f"repeats and max_len must be >= 1, sentences >= 0: {self}")
 
 
+def method_base(method: str) -> str:
+    """``normaliser@8`` -> ``normaliser``: a mass method with ``@R`` sends rows farther than R from their
+    centroid to the full projection (``mass_radius``)."""
+    base, _, radius = method.partition("@")
+    if radius:
+        try:
+            ok = base in MASS_METHODS and float(radius) > 0
+        except ValueError:
+            ok = False
+        if not ok:
+            return method  # not a method: refused by the caller
+    return base
+
+
 def method_options(method: str, beam: int, selection: str, cluster_map: ClusterMap) -> dict[str, object]:
     """The clustered projection's options for a yardstick method."""
     opts: dict[str, object] = {"cluster_map": cluster_map, "selection": selection}
+    method, _, radius = method.partition("@")
+    if radius:
+        opts["mass_radius"] = float(radius)
     if method == "per-row":
         opts["selection"] = "per-row"
     elif method in MASS_METHODS:
@@ -116,10 +137,12 @@ def projection_stats(projection: Projection) -> dict[str, float | None]:
     (None where the method keeps no such counter)."""
     counters = getattr(projection, "counters", None)
     if not counters or not counters.get("rows"):
-        return {"active_columns_per_row": None, "certified_fraction": None}
+        return {"active_columns_per_row": None, "certified_fraction": None, "far_fraction": None}
+    far = counters.get("far", 0) / counters["rows"] if getattr(projection, "mass_radius", None) else None
     return {
         "active_columns_per_row": counters["columns"] / counters["rows"],
         "certified_fraction": getattr(projection, "certified_fraction", None),
+        "far_fraction": far,
     }
 
 
@@ -204,7 +227,7 @@ def measure_setting(
     """One row per method of ``settings`` at this beam and batch size (see the module's docstring)."""
     projs: dict[str, Projection] = {}
     for m in settings.methods:
-        if m in MASS_METHODS and beam == 1:
+        if method_base(m) in MASS_METHODS and beam == 1:
             continue  # greedy reads logits only: an inactive-mass estimate changes nothing
         projs[m] = make_projection(adapter, "clustered", **method_options(m, beam, settings.selection, cmap))
     everything = {"full": full, **projs}
@@ -256,6 +279,7 @@ def measure_setting(
                 "chrf": round(q["chrf"], 2),
                 "active_columns_per_row": None if cols is None else round(cols, 1),
                 "certified": None if cert is None else round(cert, 4),
+                "full_rows_far": None if stats["far_fraction"] is None else round(stats["far_fraction"], 4),
                 "sent_per_s_full": round(n / full_sec, 2),
                 "sent_per_s": round(n / sec, 2),
                 "tok_per_s_full": round(full_tokens / full_sec, 1),
@@ -307,7 +331,7 @@ def run_fidelity(
 def format_row(row: dict[str, object]) -> str:
     """One line of the results table (see :data:`TABLE_HEADER`)."""
     cols = row["active_columns_per_row"]
-    cert = row["certified"]
+    cert = row["certified"] if row["certified"] is not None else row.get("full_rows_far")  # exact | R
     return (
         f"{row['direction']:<6} {row['beam']:>4} {row['batch']:>5} {row['method']:<10} "
         f"{row['identical']:>9.3f} {row['search_errors']:>7.3f} "

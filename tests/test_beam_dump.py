@@ -178,3 +178,46 @@ def test_distinct_hypotheses_drops_adjacent_copies_of_a_sentence_only():
     h = torch.tensor([[1.0, 2.0], [1.0, 2.0], [1.0, 2.0], [3.0, 4.0], [1.0, 2.0]])
     rows = torch.tensor([0, 0, 1, 1, 1])
     assert distinct_hypotheses(rows, h).tolist() == [True, False, True, True, True]
+
+
+def test_maps_extra_states_feed_greedy_and_beam_shards_into_one_map(greedy, beamed, tmp_path):
+    """``maps.extra_states``: a beam dump's shards are validated and counted with the run's own."""
+    from types import SimpleNamespace
+
+    from fastvocab.pipeline.stages.dump import extra_state_files as extra_files
+
+    texts = synthetic_sentences("en", 4, seed=3)
+    (spec,) = plan_shards("en-it", list(range(4)), texts, shard_sentences=4)
+    run_dump_shard(greedy, spec, tmp_path / "greedy")
+    run_dump_shard(beamed, spec, tmp_path / "beam")
+    model = SimpleNamespace(fingerprint=beamed.fingerprint)
+
+    def ctx(roots):
+        cfg = SimpleNamespace(maps=SimpleNamespace(extra_states=roots))
+        return SimpleNamespace(cfg=cfg, model=lambda: model)
+
+    own = validate_direction(tmp_path / "greedy", "en-it", fingerprint=greedy.fingerprint)
+    extra = extra_files(ctx([str(tmp_path / "beam")]), ["en-it"], K)
+    assert extra == validate_direction(tmp_path / "beam", "en-it")
+    centroids = np.random.default_rng(2).standard_normal((3, beamed.d)).astype(np.float32)
+    both = count_shards(own + extra, centroids, k=K, n_vocab=beamed.n_vocab)
+    alone = [count_shards(f, centroids, k=K, n_vocab=beamed.n_vocab) for f in (own, extra)]
+    assert both.states == alone[0].states + alone[1].states
+    merged = alone[0]
+    merged.merge(alone[1])
+    for a, b in zip(both.to_csr(), merged.to_csr(), strict=True):
+        np.testing.assert_array_equal(a, b)
+    # every greedy and every beam (cluster, id) pair is in the joint map
+    indptr, indices, _ = both.to_csr()
+    joint = {(c, int(i)) for c in range(3) for i in indices[indptr[c] : indptr[c + 1]]}
+    for part in alone[1:]:
+        p_indptr, p_indices, _ = part.to_csr()
+        assert {(c, int(i)) for c in range(3) for i in p_indices[p_indptr[c] : p_indptr[c + 1]]} <= joint
+
+    with pytest.raises(UserError, match=r"below maps\.k=9"):
+        extra_files(ctx([str(tmp_path / "beam")]), ["en-it"], K + 3)
+    with pytest.raises(UserError, match=r"maps\.extra_states: no hidden-state shards for it-en"):
+        extra_files(ctx([str(tmp_path / "beam")]), ["it-en"], K)
+    model.fingerprint = "sha256:other"
+    with pytest.raises(UserError, match=r"dumped from model"):
+        extra_files(ctx([str(tmp_path / "beam")]), ["en-it"], K)

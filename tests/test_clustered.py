@@ -22,6 +22,7 @@ from fastvocab.artifacts_schema.cluster_map import (
 from fastvocab.artifacts_schema.errors import ArtifactError
 from fastvocab.artifacts_schema.fingerprint import projection_fingerprint
 from fastvocab.kernels import create_projection
+from fastvocab.kernels.base import ProjectionOutput
 from fastvocab.kernels.clustered import ClusteredProjection
 from fastvocab.kernels.clustered_ops import merged_csr
 from fastvocab.tasks.maps import assign, build_active_sets, centroid_sq_norms
@@ -445,6 +446,52 @@ def test_inactive_mass_vanishes_with_full_coverage(estimator):
     out = create_projection("clustered", w, b, cluster_map=cmap, inactive_mass=estimator)(h)
     assert (out.log_inactive_mass == -math.inf).all()
     torch.testing.assert_close(out.log_probs(), torch.log_softmax(torch.nn.functional.linear(h, w, b), -1))
+
+
+@pytest.mark.parametrize("mode", SELECTIONS)
+def test_oracle_mass_is_the_exact_mass_of_the_columns_not_computed(mode):
+    """The fidelity diagnostic ``oracle``: the computed columns' log-probs are exactly full softmax's."""
+    w, b, cmap, h = lm_like_case(3)
+    out = create_projection("clustered", w, b, cluster_map=cmap, selection=mode, inactive_mass="oracle")(h)
+    full = torch.nn.functional.linear(h, w, b)
+    true = torch.logsumexp(full.masked_fill(torch.isfinite(out.dense()), -math.inf), dim=1)
+    torch.testing.assert_close(out.log_inactive_mass, true)
+    computed = torch.isfinite(out.dense())
+    assert (computed.sum(dim=1) < w.shape[0]).all()  # something was left out: the mass matters
+    want = torch.log_softmax(full, dim=1)[computed]
+    got = ProjectionOutput(out.log_probs(), out.ids, out.n_vocab).dense()[computed]
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("mode", SELECTIONS)
+def test_mass_radius_sends_only_far_rows_to_the_full_projection(mode):
+    w, b, cmap, h = lm_like_case(4)
+    h = h.clone()
+    h[1] = torch.from_numpy(cmap.centroids[3]) + 0.01  # near its centroid
+    h[2] = torch.from_numpy(cmap.centroids[3]) + 3.0  # far from it
+    full = torch.log_softmax(torch.nn.functional.linear(h, w, b), dim=1)
+
+    opts = {"cluster_map": cmap, "selection": mode, "inactive_mass": "normaliser"}
+
+    def run(radius):
+        proj = create_projection("clustered", w, b, **opts, mass_radius=radius)
+        return proj(h), proj
+
+    plain = create_projection("clustered", w, b, **opts)(h)
+    out, proj = run(1.0)
+    far = proj.counters["far"]
+    assert 0 < far < 4 and proj.options()["mass_radius"] == 1.0
+    lp = ProjectionOutput(out.log_probs(), out.ids, out.n_vocab).dense()
+    torch.testing.assert_close(lp[2], full[2], rtol=0, atol=1e-5)  # the far row: full softmax
+    assert torch.isneginf(out.log_inactive_mass[2]) and torch.isfinite(out.log_inactive_mass[1])
+    near = ProjectionOutput(plain.log_probs(), plain.ids, plain.n_vocab).dense()
+    torch.testing.assert_close(lp[1], near[1])  # the near row: as without a radius
+    out, proj = run(1e-6)  # every row is far: the full projection
+    torch.testing.assert_close(out.log_probs(), full, rtol=0, atol=1e-5)
+    out, proj = run(1e6)  # no row is far
+    assert proj.counters["far"] == 0 and out.ids is not None
+    with pytest.raises(ValueError, match="mass_radius"):
+        create_projection("clustered", w, b, cluster_map=cmap, mass_radius=1.0)  # no estimate to correct
 
 
 def normaliser_truth(proj, h: torch.Tensor) -> torch.Tensor:

@@ -344,3 +344,27 @@ def test_fastvocab_bench_fidelity_writes_the_record_and_prints_the_table(
         assert r["sentences"] == 3 and 0.0 <= r["search_errors"] <= 1.0 - r["identical"] + 1e-9
         assert r["active_columns_per_row"] > 0
     assert main([*argv[:-2], "--methods", "guess", "--out", str(out)]) == 2  # unknown method: a usage error
+
+
+def test_radius_and_oracle_methods_of_the_yardstick(tmp_path, adapter, mixed_map):
+    """``normaliser@R`` (far rows to full softmax) and the ``oracle`` diagnostic, in process."""
+    from fastvocab.artifacts_schema.cluster_map import save_cluster_map
+    from fastvocab.tasks.fidelity import FidelitySettings, method_options, run_fidelity
+
+    for bad in ("clustered@8", "normaliser@x", "normaliser@0", "exact@2"):
+        with pytest.raises(ValueError, match="unknown methods"):
+            FidelitySettings(methods=(bad,))
+    assert method_options("normaliser@8.5", 2, "union", mixed_map)["mass_radius"] == 8.5
+    assert "mass_radius" not in method_options("normaliser", 2, "union", mixed_map)
+
+    write_en_it_split(tmp_path / "corpus", "test", 5, seed=5)
+    save_cluster_map(mixed_map, tmp_path / "maps" / "en-it")
+    settings = FidelitySettings(
+        beams=(1, 2), batches=(2,), methods=("normaliser@1e-6", "oracle"), sentences=5, max_len=8
+    )
+    rows = run_fidelity(adapter, tmp_path / "corpus", tmp_path / "maps", ["en-it"], settings)
+    got = {(r["beam"], r["method"]): r for r in rows}
+    assert set(got) == {(2, "normaliser@1e-6"), (2, "oracle")}  # mass methods: beam > 1 only
+    far = got[(2, "normaliser@1e-6")]
+    assert far["full_rows_far"] == 1.0 and far["identical"] == 1.0  # every row went to full softmax
+    assert got[(2, "oracle")]["full_rows_far"] is None
