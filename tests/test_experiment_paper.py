@@ -188,3 +188,20 @@ def test_load_states_sentence_budget(tmp_path):
     assert two.sentences == 2 and len(two.hidden) == 5 and two.topk[-1].tolist() == [12, 13, 14]
     every = load_states([path])
     assert every.sentences == 3 and len(every.hidden) == 9
+
+
+def test_pool_without_source_text_is_refused_before_any_work(tiny_model_dir, corpus, work, tmp_path, capsys):
+    """Figure 2's pool names a direction with no stored states and no text (es-en): one-line error naming
+    it and the fix, exit 2, nothing written (the tables, minutes to hours, never ran)."""
+    out = tmp_path / "out"
+    argv = [
+        "experiment", "paper", "--quick",
+        "--model", str(tiny_model_dir), "--corpus", str(corpus), "--work-dir", str(work),
+        "--directions", "it-en", "--fig-direction", "it-en", "--fig2-pool", "fr-en,es-en",
+        "--states-cache", str(tmp_path / "cache"), "--no-mlflow", "--out", str(out),
+    ]  # fmt: skip
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    named = err.split("no source text for ", 1)[1].split(" in ", 1)[0]
+    assert named == "es-en" and "--pool-corpus" in err  # fr-en has text (the corpus' mono/fr.parquet)
+    assert not out.exists() and not (tmp_path / "cache").exists()
