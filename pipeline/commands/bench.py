@@ -23,6 +23,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from fastvocab.pipeline.commands import command_line, int_list
 from fastvocab.pipeline.errors import UserError
 
 HELP = "measure output-layer methods against full softmax (fidelity yardstick; all methods side by side)"
@@ -114,15 +115,6 @@ def add_fidelity_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", type=Path, help="JSON results file (default fidelity-<date>.json here)")
 
 
-def _ints(text: str | None, default: tuple[int, ...], flag: str) -> tuple[int, ...]:
-    if text is None:
-        return default
-    try:
-        return tuple(int(x) for x in text.split(",") if x)
-    except ValueError as exc:
-        raise UserError(f"{flag} takes comma-separated integers, got {text!r}") from exc
-
-
 def run_fidelity_command(
     args: argparse.Namespace, command: str, extra_meta: Callable[[], dict[str, object]] | None = None
 ) -> int:
@@ -141,8 +133,8 @@ def run_fidelity_command(
         run_fidelity,
     )
 
-    beams = _ints(args.beams, GRIDS[args.grid][0], "--beams")
-    batches = _ints(args.batches, GRIDS[args.grid][1], "--batches")
+    beams = int_list(args.beams, "--beams") or GRIDS[args.grid][0]
+    batches = int_list(args.batches, "--batches") or GRIDS[args.grid][1]
     try:
         settings = FidelitySettings(
             beams=beams,
@@ -199,22 +191,11 @@ def run_fidelity_command(
     return 0
 
 
-def _command_line(args: argparse.Namespace, bench: str = "fidelity") -> str:
-    """The command with every option spelled out, so the record says exactly how to rerun it."""
-    skip = {"bench", "command", "verbose", "_module"}
-    parts = ["fastvocab", "bench", bench]
-    for key, value in sorted(vars(args).items()):
-        if key in skip or value is None or value is False:
-            continue
-        parts += [f"--{key.replace('_', '-')}"] + ([] if value is True else [str(value)])
-    return " ".join(parts)
-
-
 def run(args: argparse.Namespace) -> int:
     if args.bench == "fidelity":
-        return run_fidelity_command(args, _command_line(args))
+        return run_fidelity_command(args, command_line(args, "bench", "fidelity", skip=("bench",)))
     if args.bench == "methods":
-        return run_methods_command(args, _command_line(args, "methods"))
+        return run_methods_command(args, command_line(args, "bench", "methods", skip=("bench",)))
     raise UserError(f"unknown benchmark {args.bench!r}")
 
 
@@ -318,7 +299,7 @@ def run_methods_command(
         settings = bm.BenchSettings(
             grid="quick" if args.quick else args.grid,
             methods=tuple(m for m in args.methods.split(",") if m),
-            beams=_ints(args.beams, (1, 4), "--beams"),
+            beams=int_list(args.beams, "--beams") or (1, 4),
             batch_size=args.batch_size,
             sentences=args.sentences,
             split=args.split,

@@ -17,6 +17,7 @@ import sys
 import time
 from pathlib import Path
 
+from fastvocab.pipeline.commands import command_line, int_list
 from fastvocab.pipeline.errors import UserError
 
 HELP = "experiments of Amer et al. on your model (tables and figures logged to MLflow)"
@@ -135,15 +136,6 @@ def add_paper_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--experiment-name", default=EXPERIMENT, help=f"MLflow experiment ({EXPERIMENT})")
 
 
-def _ints(text: str | None, flag: str) -> tuple[int, ...] | None:
-    if text is None:
-        return None
-    try:
-        return tuple(int(x) for x in text.split(",") if x.strip())
-    except ValueError as exc:
-        raise UserError(f"{flag} takes comma-separated integers, got {text!r}") from exc
-
-
 def _names(text: str | None) -> tuple[str, ...] | None:
     return None if text is None else tuple(x.strip() for x in text.split(",") if x.strip())
 
@@ -159,13 +151,13 @@ def paper_settings(args: argparse.Namespace):
         "set2_sentences": args.set2_sentences,
         "fig_direction": args.fig_direction,
         "fig2_pool": _names(args.fig2_pool),
-        "fig2_rs": _ints(args.fig2_rs, "--fig2-rs"),
+        "fig2_rs": int_list(args.fig2_rs, "--fig2-rs"),
         "fig2_sentences": args.fig2_sentences,
-        "fig3_rs": _ints(args.fig3_rs, "--fig3-rs"),
+        "fig3_rs": int_list(args.fig3_rs, "--fig3-rs"),
         "fig3_sentences": args.fig3_sentences,
         "fig_state_sentences": args.fig_state_sentences,
         "fig4_r": args.fig4_r,
-        "ks": _ints(args.ks, "--ks"),
+        "ks": int_list(args.ks, "--ks"),
         "niter": args.niter,
         "inactive_mass": args.inactive_mass,
         "max_len": args.max_len,
@@ -177,17 +169,6 @@ def paper_settings(args: argparse.Namespace):
         return dataclasses.replace(base, **{k: v for k, v in over.items() if v is not None})
     except ValueError as exc:
         raise UserError(str(exc)) from exc
-
-
-def _command_line(args: argparse.Namespace) -> str:
-    """The command with every option given spelled out (the record says how to rerun it)."""
-    skip = {"command", "experiment", "verbose", "_module"}
-    parts = ["fastvocab", "experiment", args.experiment]
-    for key, value in sorted(vars(args).items()):
-        if key in skip or value is None or value is False:
-            continue
-        parts += [f"--{key.replace('_', '-')}"] + ([] if value is True else [str(value)])
-    return " ".join(parts)
 
 
 def _tracker(args: argparse.Namespace, work: Path):
@@ -234,7 +215,7 @@ def run_paper_command(args: argparse.Namespace) -> int:
         raise UserError(f"no maps at {maps}: run the pipeline (fastvocab run) or pass --maps")
     tracker = None if args.no_mlflow else _tracker(args, work)  # a bad store fails before the work
     out = args.out or _default_out(args.device, args.quick)
-    command = _command_line(args)
+    command = command_line(args, "experiment", args.experiment, skip=("experiment",))
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     load_before = os.getloadavg()

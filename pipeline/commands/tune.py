@@ -17,6 +17,7 @@ import sys
 import time
 from pathlib import Path
 
+from fastvocab.pipeline.commands import command_line, int_list
 from fastvocab.pipeline.errors import UserError
 
 log = logging.getLogger(__name__)
@@ -106,31 +107,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--experiment", default="fastvocab-tune", help="MLflow experiment (fastvocab-tune)")
 
 
-def _ints(text: str | None, flag: str) -> tuple[int, ...] | None:
-    if text is None:
-        return None
-    try:
-        return tuple(int(x) for x in text.split(",") if x)
-    except ValueError as exc:
-        raise UserError(f"{flag} takes comma-separated integers, got {text!r}") from exc
-
-
 def parse_budget(text: str) -> float:
     """``1%`` or ``0.01`` -> 0.01."""
     try:
         return float(text[:-1]) / 100 if text.endswith("%") else float(text)
     except ValueError as exc:
         raise UserError(f"--budget takes a share (0.01) or a percentage (1%), got {text!r}") from exc
-
-
-def _command_line(args: argparse.Namespace) -> str:
-    skip = {"command", "verbose", "_module"}
-    parts = ["fastvocab", "tune"]
-    for key, value in sorted(vars(args).items()):
-        if key in skip or value is None or value is False:
-            continue
-        parts += [f"--{key.replace('_', '-')}"] + ([] if value is True else [str(value)])
-    return " ".join(parts)
 
 
 def settings_from(args: argparse.Namespace):
@@ -143,11 +125,11 @@ def settings_from(args: argparse.Namespace):
             beam=args.beam,
             batch_size=args.batch_size,
             grid="quick" if args.quick else args.grid,
-            rs=_ints(args.rs, "--r"),
-            ks=_ints(args.ks, "--k"),
-            min_counts=_ints(args.min_counts, "--min-count"),
+            rs=int_list(args.rs, "--r"),
+            ks=int_list(args.ks, "--k"),
+            min_counts=int_list(args.min_counts, "--min-count"),
             selections=tuple(s for s in args.selections.split(",") if s) if args.selections else None,
-            rungs=_ints(args.rungs, "--rungs"),
+            rungs=int_list(args.rungs, "--rungs"),
             eta=args.eta,
             rank_by=args.rank_by,
             test_sentences=args.test_sentences,
@@ -194,7 +176,7 @@ def run(args: argparse.Namespace) -> int:
         files = validate_direction(states, direction, fingerprint=adapter.fingerprint)
     except ArtifactError as exc:
         raise UserError(f"{exc} (run `fastvocab run` with a dump stage first, or pass --states)") from exc
-    command = _command_line(args)
+    command = command_line(args, "tune")
     print(
         f"{'rung':>4} {'configuration':<34} {'sent':>5} {'s.err':>6} {'ident':>6} {'wall x':>6} "
         f"{'cpu x':>6} decided",
