@@ -56,7 +56,7 @@ from fastvocab.artifacts_schema.method_index import (
 from fastvocab.decoding.hf_adapter import Seq2SeqAdapter
 from fastvocab.kernels.base import Projection, ProjectionOutput
 from fastvocab.tasks.evaluate import score
-from fastvocab.tasks.fidelity import Scorer, agreement, decode_all
+from fastvocab.tasks.fidelity import Scorer, agreement, decode_all, decode_passes
 from fastvocab.tasks.translate import make_projection
 
 METHODS = ("full", "clustered", "per-row", "lsh", "graph", "shortlist")
@@ -371,25 +371,29 @@ def measure_beam(
     for name, (_, _, p) in projs.items():  # each method alone: warm-up and its memory peak
         memory[name] = measure_peak(lambda p=p, name=name: decode_all(adapter, {name: p}, warm, *args))
     everything = {name: p for name, (_, _, p) in projs.items()}
-    wall: dict[str, list[float]] = {n: [] for n in projs}
-    cpu: dict[str, list[float]] = {n: [] for n in projs}
     proj_s: dict[str, list[float]] = {n: [] for n in projs}
     counts: dict[str, tuple[float | None, int]] = {}
-    outputs: dict[str, list[list[int]]] = {}
-    unstable: set[str] = set()
-    for rep in range(settings.repeats):
-        for p in everything.values():
-            p.reset()
-        outs, w, c = decode_all(adapter, everything, seqs, *args)
+
+    def read_meters(rep: int) -> None:
         for name, p in everything.items():
-            wall[name].append(w[name])
-            cpu[name].append(c[name])
             proj_s[name].append(p.seconds)
             if rep == 0:
-                outputs[name] = outs[name]
                 counts[name] = (p.per_row, p.calls)
-            elif outs[name] != outputs[name]:
-                unstable.add(name)
+
+    def reset_meters() -> None:  # before each pass, so the counters describe one pass
+        for p in everything.values():
+            p.reset()
+
+    passes = decode_passes(
+        adapter,
+        everything,
+        seqs,
+        args,
+        settings.repeats,
+        reset_meters,
+        read_meters,
+    )
+    outputs, wall, cpu, unstable = passes.outputs, passes.wall, passes.cpu, passes.unstable
     full_name = next(n for n, (m, _, _) in projs.items() if m == "full")
     full_out = outputs[full_name]
     full_scores = scorer.scores(full_out)

@@ -180,6 +180,44 @@ def decode_all(
     return outs, wall, cpu
 
 
+@dataclass
+class Passes:
+    """What :func:`decode_passes` measured: the first pass's outputs, every pass's wall and process CPU
+    seconds per projection, and the projections whose outputs changed between passes."""
+
+    outputs: dict[str, list[list[int]]]
+    wall: dict[str, list[float]]
+    cpu: dict[str, list[float]]
+    unstable: set[str]
+
+
+def decode_passes(
+    adapter: Seq2SeqAdapter,
+    projs: dict[str, Projection],
+    seqs: Sequence[list[int]],
+    args: tuple[str, str, int, int, int, float],
+    repeats: int,
+    before_pass: Callable[[], None] = lambda: None,
+    after_pass: Callable[[int], None] = lambda rep: None,
+) -> Passes:
+    """``repeats`` passes of :func:`decode_all` over ``seqs`` (``args``: its src, tgt, beam, batch_size,
+    max_len, length_penalty), every projection interleaved batch by batch. ``before_pass`` runs before each
+    pass (reset counters, so they describe one pass), ``after_pass(rep)`` after it (read them)."""
+    res = Passes({}, {n: [] for n in projs}, {n: [] for n in projs}, set())
+    for rep in range(repeats):
+        before_pass()
+        outs, wall, cpu = decode_all(adapter, projs, seqs, *args)
+        for name in projs:
+            res.wall[name].append(wall[name])
+            res.cpu[name].append(cpu[name])
+            if rep == 0:
+                res.outputs[name] = outs[name]
+            elif outs[name] != res.outputs[name]:
+                res.unstable.add(name)
+        after_pass(rep)
+    return res
+
+
 class Scorer:
     """Full-model scores of outputs, cached per (sentence, output): each distinct output is scored once."""
 
@@ -234,21 +272,20 @@ def measure_setting(
     args = (src, tgt, beam, batch_size, settings.max_len, settings.length_penalty)
     # Warm-up on a few sentences (first-call allocations, the static engine's cache growth).
     decode_all(adapter, everything, seqs[: min(len(seqs), batch_size, 8)], *args)
-    times: dict[str, list[float]] = {name: [] for name in everything}
-    cpu_times: dict[str, list[float]] = {name: [] for name in everything}
-    outputs: dict[str, list[list[int]]] = {}
-    unstable: list[str] = []
-    for rep in range(settings.repeats):
+
+    def reset_counters() -> None:  # before each pass, so the counters describe one pass
         for p in projs.values():
             p.reset_counters()
-        outs, wall, cpu = decode_all(adapter, everything, seqs, *args)
-        for name in everything:
-            times[name].append(wall[name])
-            cpu_times[name].append(cpu[name])
-            if rep == 0:
-                outputs[name] = outs[name]
-            elif outs[name] != outputs[name]:
-                unstable.append(name)
+
+    passes = decode_passes(
+        adapter,
+        everything,
+        seqs,
+        args,
+        settings.repeats,
+        reset_counters,
+    )
+    outputs, times, cpu_times, unstable = passes.outputs, passes.wall, passes.cpu, passes.unstable
     full_out = outputs["full"]
     full_scores = scorer.scores(full_out)
     full_q = score(adapter.decode_ids(full_out), refs, tgt)

@@ -44,7 +44,7 @@ from fastvocab.decoding.hf_adapter import Seq2SeqAdapter
 from fastvocab.kernels.base import Projection
 from fastvocab.kernels.clustered import SELECTIONS, clustered_options
 from fastvocab.tasks.evaluate import score
-from fastvocab.tasks.fidelity import Scorer, agreement, decode_all, projection_stats
+from fastvocab.tasks.fidelity import Scorer, agreement, decode_all, decode_passes, projection_stats
 from fastvocab.tasks.kmeans import KMeansParams, sample_states, train_kmeans
 from fastvocab.tasks.maps import ActiveSetCounter, attach_normaliser, count_shards_by_k, make_cluster_map
 from fastvocab.tasks.translate import make_projection
@@ -281,18 +281,20 @@ def measure_candidates(
     everything: dict[str, Projection] = {"full": full, **{c.label: p for c, p in projs.items()}}
     args = (src, tgt, settings.beam, settings.batch_size, settings.max_len, settings.length_penalty)
     decode_all(adapter, everything, seqs[: min(len(seqs), settings.batch_size, 8)], *args)  # warm-up
-    wall: dict[str, list[float]] = {n: [] for n in everything}
-    cpu: dict[str, list[float]] = {n: [] for n in everything}
-    outputs: dict[str, list[list[int]]] = {}
-    for rep in range(settings.repeats):
+
+    def reset_counters() -> None:  # before each pass, so the counters describe one pass
         for p in projs.values():
             p.reset_counters()
-        outs, w, c = decode_all(adapter, everything, seqs, *args)
-        for name in everything:
-            wall[name].append(w[name])
-            cpu[name].append(c[name])
-            if rep == 0:
-                outputs[name] = outs[name]
+
+    passes = decode_passes(
+        adapter,
+        everything,
+        seqs,
+        args,
+        settings.repeats,
+        reset_counters,
+    )
+    outputs, wall, cpu = passes.outputs, passes.wall, passes.cpu
     full_out = outputs["full"]
     full_scores = scorer.scores(full_out)
     full_q = score(adapter.decode_ids(full_out), refs, tgt)
