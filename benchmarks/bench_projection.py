@@ -114,34 +114,29 @@ def synthetic_rows(cmap: ClusterMap, rows: int, per_cluster: int, seed: int = 0)
 # ------------------------------------------------------------------------------------------- timing
 
 
-class Timer:
+def timed(fn: Callable[[], object], device: str, inner: int = 1) -> float:
     """Seconds per call of ``fn``, timed over a block of ``inner`` calls (perf_counter or CUDA events)."""
-
-    def __init__(self, device: str) -> None:
-        self.cuda = device.startswith("cuda")
-
-    def __call__(self, fn: Callable[[], object], inner: int) -> float:
-        if self.cuda:
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            for _ in range(inner):
-                fn()
-            end.record()
-            end.synchronize()
-            return start.elapsed_time(end) / 1e3 / inner
-        t0 = time.perf_counter()
+    if device.startswith("cuda"):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
         for _ in range(inner):
             fn()
-        return (time.perf_counter() - t0) / inner
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) / 1e3 / inner
+    t0 = time.perf_counter()
+    for _ in range(inner):
+        fn()
+    return (time.perf_counter() - t0) / inner
 
 
-def copy_bandwidth_gbps(device: str, mb: int = 256) -> float:
-    """Measured device copy bandwidth (read + write), a sanity reference next to the nominal peak."""
+def copy_bandwidth_gbps(device: str, mb: int = 256, rounds: int = 3) -> float:
+    """Measured device copy bandwidth (read + write), a sanity reference next to the nominal peak: the best
+    of ``rounds`` blocks of ``rounds`` copies."""
     x = torch.empty(mb * 2**20 // 4, dtype=torch.float32, device=device)
     y = torch.empty_like(x)
-    timer = Timer(device)
     y.copy_(x)
-    t = min(timer(lambda: y.copy_(x), 3) for _ in range(3))
+    t = min(timed(lambda: y.copy_(x), device, rounds) for _ in range(rounds))
     return 2 * x.numel() * 4 / t / 1e9
 
 
@@ -178,7 +173,6 @@ def bench_size(n_vocab: int, d: int, rows_list: list[int], args, meta: dict) -> 
     w, b, fp = synthetic_weights(n_vocab, d, dtype, device)
     full = create_projection("full", w, b)
     itemsize = w.element_size()
-    timer = Timer(device)
     ratios = args.set_ratios if n_vocab <= 64_000 else args.set_ratios[:1]
     cases = []  # (fraction, set_ratio, cmap, {label: projection})
     for frac in args.fractions:
@@ -211,7 +205,7 @@ def bench_size(n_vocab: int, d: int, rows_list: list[int], args, meta: dict) -> 
         times: dict[tuple, list[float]] = {key: [] for key in fns}
         for _ in range(args.repeats):
             for key, fn in fns.items():  # interleaved: every variant once per round
-                times[key].append(timer(fn, inner))
+                times[key].append(timed(fn, device, inner))
         t_full = statistics.median(times[("full", None, None)])
         full_bytes = n_vocab * (d + 1) * itemsize
         t_all = times[("full", None, None)]

@@ -32,6 +32,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from bench_meta import device_name, git_commit  # noqa: E402
+from bench_projection import copy_bandwidth_gbps, timed  # noqa: E402
 
 # --------------------------------------------------------------------------------------------- common
 
@@ -95,32 +96,6 @@ def write(out_dir: Path, step: str, payload: dict) -> Path:
 def sync(device: str) -> None:
     if device == "cuda":
         torch.cuda.synchronize()
-
-
-def timed(fn: Callable[[], object], device: str, inner: int = 1) -> float:
-    """Seconds per call over ``inner`` calls (CUDA events on GPU, perf_counter on CPU)."""
-    if device == "cuda":
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        for _ in range(inner):
-            fn()
-        b.record()
-        b.synchronize()
-        return a.elapsed_time(b) / 1e3 / inner
-    t0 = time.perf_counter()
-    for _ in range(inner):
-        fn()
-    return (time.perf_counter() - t0) / inner
-
-
-def copy_bandwidth_gbps(device: str, mb: int) -> float:
-    """Device-to-device copy, bytes read + written per second (the byte floor's bandwidth)."""
-    x = torch.randn(mb * 2**20 // 4, device=device)
-    y = torch.empty_like(x)
-    y.copy_(x)
-    sync(device)
-    t = min(timed(lambda: y.copy_(x), device, 5) for _ in range(5))
-    return 2 * x.numel() * 4 / t / 1e9
 
 
 def matmul_tflops(device: str, n: int, dtype: torch.dtype) -> float:
@@ -190,7 +165,7 @@ def step_env(args: argparse.Namespace) -> dict:
         )
         res["nvidia_smi"] = subprocess.run(["nvidia-smi"], capture_output=True, text=True).stdout[-3000:]
     mb = 8 if args.smoke else 1024
-    res["copy_GBps"] = copy_bandwidth_gbps(device, mb)
+    res["copy_GBps"] = copy_bandwidth_gbps(device, mb, rounds=5)
     n = 256 if args.smoke else 8192
     dt = torch.float32 if device == "cpu" else torch.bfloat16
     res["matmul_TFLOPs"] = {"n": n, "dtype": str(dt), "value": matmul_tflops(device, n, dt)}
