@@ -769,6 +769,18 @@ def _plt():
     return plt
 
 
+def _finish(plt, fig, ax, path: Path, title: str) -> Path:
+    """Grid, legend and title on ``ax``; ``fig`` written to ``path`` (PNG) and closed."""
+    ax.grid(True, alpha=0.3)
+    ax.legend()
+    ax.set_title(title, fontsize=9)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def plot_figure2(rows: Sequence[dict[str, object]], path: Path, title: str = "") -> Path:
     """Maximum active percentage against the number of clusters, one line per way of building the maps."""
     plt = _plt()
@@ -778,14 +790,7 @@ def plot_figure2(rows: Sequence[dict[str, object]], path: Path, title: str = "")
         ax.plot([r["r"] for r in sub], [r["max_active_pct"] for r in sub], marker="o", label=scope)
     ax.set_xlabel("number of clusters r")
     ax.set_ylabel("max active columns (% of vocabulary)")
-    ax.grid(True, alpha=0.3)
-    ax.legend()
-    ax.set_title(title, fontsize=9)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _finish(plt, fig, ax, path, title)
 
 
 def plot_figure3(rows: Sequence[dict[str, object]], path: Path, title: str = "") -> Path:
@@ -798,11 +803,4 @@ def plot_figure3(rows: Sequence[dict[str, object]], path: Path, title: str = "")
     ax.axhline(0.0, color="grey", linewidth=0.6)
     ax.set_xlabel("number of centroids r")
     ax.set_ylabel("speed vs full softmax (tokens/s, %)")
-    ax.grid(True, alpha=0.3)
-    ax.legend()
-    ax.set_title(title, fontsize=9)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _finish(plt, fig, ax, path, title)
