@@ -59,8 +59,8 @@ sentence (``scaled_dot_product_attention`` on a padded view), and the cross-atte
 demo model (1/sqrt(64) folded into Q is exact); the encoder of that run took 0.88 s instead of 1.80 s of
 CPU time (1 thread, loaded machine).
 
-Greedy search takes its argmax through :func:`argmax_rows` (torch's CPU argmax over 32K columns was ~8% of a
-full-softmax greedy run).
+Greedy search takes its argmax, beam search its per-row top-k, through ``fastvocab.decoding.rowwise``
+(torch's CPU argmax over 32K columns was ~8% of a full-softmax greedy run, its top-k ~9% of a beam-4 run).
 
 ``torch.compile`` (inductor, CPU, ``freezing=True``) of this step was tried (issue 16, CPU part) and left
 out: with ``dynamic=True`` the step still specialised on the cache position and recompiled every step until
@@ -142,6 +142,10 @@ class StaticState:
     up to ``length``. ``cross_kv`` (2, layers, sources, heads, S, head_dim): cross-attention keys/values per
     source sentence; row ``r`` reads source ``r // group``. ``cross_bias`` (sources, 1, 1, S): 0 on real
     source tokens, the dtype's minimum on padding.
+
+    ``self_kv`` is the first ``rows`` rows of ``buffer``; ``spare`` is a second buffer of the same layout
+    that :meth:`StaticDecoder.reorder` gathers into (the two then swap), so beam search's per-step reorder
+    allocates nothing.
     """
 
     self_kv: torch.Tensor
@@ -149,6 +153,8 @@ class StaticState:
     cross_bias: torch.Tensor
     group: int  # consecutive rows sharing one source sentence (beam size after expansion, else 1)
     length: int  # target tokens consumed so far (positions 0..length-1 of self_kv are filled)
+    buffer: torch.Tensor | None = None  # what self_kv views (None: self_kv itself)
+    spare: torch.Tensor | None = None  # (2, layers, >= rows, heads, capacity, head_dim) or None
 
     @property
     def rows(self) -> int:
@@ -159,8 +165,11 @@ class StaticState:
         return self.self_kv.shape[4]
 
     def cache_bytes(self) -> int:
-        """Bytes held by the self- and cross-attention caches."""
-        return sum(t.numel() * t.element_size() for t in (self.self_kv, self.cross_kv, self.cross_bias))
+        """Bytes held by the self- and cross-attention caches (both self-attention buffers)."""
+        held = [self.buffer if self.buffer is not None else self.self_kv, self.cross_kv, self.cross_bias]
+        if self.spare is not None:
+            held.append(self.spare)
+        return sum(t.numel() * t.element_size() for t in held)
 
 
 class _Layer(nn.Module):
@@ -405,38 +414,6 @@ class PackedEncoder(nn.Module):
         return out.view(rows, s, self.d)
 
 
-# argmax_rows: block width of the first pass (the winning block is searched again, 2 x this per row).
-_ARGMAX_BLOCK = 1024
-
-
-def argmax_rows(scores: torch.Tensor) -> torch.Tensor:
-    """``scores.argmax(dim=-1, keepdim=True)`` (rows, 1), the first maximum on ties, faster on CPU.
-
-    torch's CPU ``argmax`` over the last dimension is ~10x slower than ``amax`` (1 thread, 32 x 32,108 fp32:
-    1.5 ms against 0.16 ms), and greedy search calls it on the full logits every step (~8% of a full-softmax
-    greedy run). So: the maximum of each block of ``_ARGMAX_BLOCK`` columns by ``amax``, the first block
-    holding the row's maximum, then ``argmax`` inside that block only. Same index as ``argmax`` (ties go to
-    the first maximum in both passes); rows with NaN take ``argmax`` itself. Elsewhere (an accelerator, few
-    columns, fewer than 4 rows) it is ``argmax``.
-    """
-    rows, n = scores.shape
-    # One row: argmax's contiguous full reduction is fast already (32,108 columns: 42 us against 115 us).
-    if scores.device.type != "cpu" or rows < 4 or n < 4 * _ARGMAX_BLOCK or not scores.is_floating_point():
-        return scores.argmax(dim=-1, keepdim=True)
-    scores = scores.contiguous()
-    b = _ARGMAX_BLOCK
-    full = n // b * b
-    block_max = scores[:, :full].view(rows, -1, b).amax(dim=-1)  # (rows, blocks)
-    if full < n:  # the tail as one more (shorter) block
-        block_max = torch.cat([block_max, scores[:, full:].amax(dim=-1, keepdim=True)], dim=1)
-    if bool(block_max.isnan().any()):
-        return scores.argmax(dim=-1, keepdim=True)
-    best = block_max.argmax(dim=-1, keepdim=True)  # (rows, 1) first block with the row's maximum
-    start = (best * b).clamp(max=max(n - b, 0))  # a tail block is read as the last b columns
-    cols = start + torch.arange(b, device=scores.device)  # (rows, b)
-    return start + scores.gather(1, cols).argmax(dim=-1, keepdim=True)
-
-
 class StaticDecoder(nn.Module):
     """The decoder of a supported model (M2M100/NLLB, Marian, MBart) as a cached one-token step (see the
     module docstring).
@@ -560,10 +537,11 @@ class StaticDecoder(nn.Module):
         log.debug("static decoder cache: capacity %d -> %d", state.capacity, new_cap)
         bigger = self._alloc((*state.self_kv.shape[:4], new_cap, self.head_dim), "self-attention cache")
         bigger[..., : state.length, :].copy_(state.self_kv[..., : state.length, :])
-        state.self_kv = bigger
+        state.self_kv, state.buffer, state.spare = bigger, None, None
 
     def reorder(self, state: StaticState, index: torch.Tensor, group: int | None = None) -> StaticState:
-        """Rows ``index`` (rows',) of ``state`` in that order. Returns a new state; ``state`` is not reused.
+        """Rows ``index`` (rows',) of ``state`` in that order. Returns a new state; ``state`` must not be used
+        again (its self-attention buffer becomes the new state's spare, overwritten by the next reorder).
 
         ``group``: the caller guarantees that rows ``[i*group, (i+1)*group)`` of the result share one
         source sentence and that sources appear in increasing order, none twice (beam search's layout):
@@ -571,12 +549,19 @@ class StaticDecoder(nn.Module):
         every row gets its own copy of its source's cross K/V (``group`` becomes 1).
         """
         index = index.to(self.device)
-        n = state.length
-        self_kv = self._alloc(
-            (*state.self_kv.shape[:2], index.shape[0], *state.self_kv.shape[3:]), "self-attention cache"
-        )
+        n, rows = state.length, index.shape[0]
+        # Into the spare buffer when it is big enough: a fresh allocation of this size costs more than the
+        # copy itself on CPU (page faults on first touch; beam 4 x batch 32 on the demo model: 68 MB a step).
+        spare = state.spare
+        if spare is None or spare.shape[2] < rows or spare.shape[4] != state.capacity:
+            spare = self._alloc(
+                (*state.self_kv.shape[:2], rows, *state.self_kv.shape[3:]), "self-attention cache"
+            )
+        self_kv = spare[:, :, :rows]
         # Only the filled positions: copying the whole capacity would cost as much as a long sentence does.
         torch.index_select(state.self_kv[..., :n, :], 2, index, out=self_kv[..., :n, :])
+        old = state.buffer if state.buffer is not None else state.self_kv
+        buffers = {"buffer": spare, "spare": old}
         g_old = state.group
         if group is not None and index.shape[0] % group == 0:
             sources = index[::group] // g_old  # (sources',)
@@ -587,10 +572,10 @@ class StaticDecoder(nn.Module):
             cross, bias = state.cross_kv, state.cross_bias
             if not same:
                 cross, bias = cross.index_select(2, sources), bias.index_select(0, sources)
-            return StaticState(self_kv, cross, bias, group, n)
+            return StaticState(self_kv, cross, bias, group, n, **buffers)
         sources = index // g_old if g_old > 1 else index  # (rows',)
         cross = state.cross_kv.index_select(2, sources)
-        return StaticState(self_kv, cross, state.cross_bias.index_select(0, sources), 1, n)
+        return StaticState(self_kv, cross, state.cross_bias.index_select(0, sources), 1, n, **buffers)
 
     # ------------------------------------------------------------------ step
 

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import torch
 
-from fastvocab.decoding.engine import argmax_rows
+from fastvocab.decoding.rowwise import argmax_rows, topk_rows
 from fastvocab.kernels.base import Projection, ProjectionOutput
 
 # Score given to impossible beams, as in transformers (finite, so sums stay ordered).
@@ -237,7 +237,7 @@ def beam_search(
             logp = _suppress(out, out.log_probs(), banned)  # (nb*k, C)
             # Per-row top-k2 first: the sentence's global top-k2 over k*C continuations lies within them.
             kk = min(k2, logp.shape[1])
-            row_vals, row_cols = torch.topk(logp, kk, dim=-1)  # (nb*k, kk)
+            row_vals, row_cols = topk_rows(logp, kk)  # (nb*k, kk) == torch.topk(logp, kk, dim=-1)
             row_toks = out.to_vocab_ids(row_cols)  # (nb*k, kk)
         total = (row_vals.view(nb, k, kk) + run_scores[:, :, None]).view(nb, k * kk)
         cand_scores, flat = torch.topk(total, min(k2, k * kk), dim=-1)  # (nb, k2)

@@ -10,7 +10,8 @@ import torch
 from conftest import generate_ids, synthetic_sentences
 
 from fastvocab.decoding import Seq2SeqAdapter, beam_search, greedy_search, search
-from fastvocab.decoding.engine import PackedEncoder, StaticDecoder, StaticState, argmax_rows
+from fastvocab.decoding.engine import PackedEncoder, StaticDecoder, StaticState
+from fastvocab.decoding.rowwise import argmax_rows, topk_rows
 from fastvocab.kernels import create_projection
 
 DEMO_MODEL = Path(__file__).resolve().parent.parent / "models" / "demo"
@@ -108,6 +109,28 @@ def test_argmax_rows_equals_argmax(n, rows, case):
     elif case == "nan":
         x[0, 11] = torch.nan
     assert torch.equal(argmax_rows(x), x.argmax(dim=-1, keepdim=True))
+
+
+@pytest.mark.parametrize("n", [8192, 8200, 32108])
+@pytest.mark.parametrize("rows", [1, 5, 33])
+@pytest.mark.parametrize("case", ["random", "best in the tail", "best in one block", "-inf", "nan"])
+@pytest.mark.parametrize("k", [2, 8])
+def test_topk_rows_equals_topk(n, rows, case, k):
+    """Beam search's blocked top-k: torch.topk's values and (without ties) its columns."""
+    gen = torch.Generator().manual_seed(n + rows + k)
+    x = torch.randn(rows, n, generator=gen)
+    if case == "best in the tail":
+        x[:, -3:] = 50.0 + torch.arange(3.0)
+    elif case == "best in one block":  # all k winners share one block: the other blocks hold none of them
+        x[:, 300 : 300 + k] = 40.0 + torch.arange(float(k))
+    elif case == "-inf":  # suppressed columns, as the search's banned ids are
+        x[:, ::2] = -torch.inf
+    elif case == "nan":
+        x[0, 11] = torch.nan
+    values, cols = topk_rows(x, k)
+    want_values, want_cols = torch.topk(x, k, dim=-1)
+    torch.testing.assert_close(values, want_values, rtol=0, atol=0, equal_nan=True)
+    assert torch.equal(cols, want_cols)
 
 
 def test_reorder_with_and_without_groups(static, hf):
