@@ -32,6 +32,13 @@ load excluded), interleaved round by round after a warm-up on one batch, median 
   full-vocabulary call of one step on one line that resets the decoder's mapping (timed with the rest;
   ``--vmap-no-reset`` leaves it out, to see the bug).
 
+Threads (``--parallel``): ``workers`` (default) runs ``--threads`` batches at once on one thread each, on
+both sides: fastvocab's ``translate`` on CPU (``tasks.translate.decode_workers``) and CTranslate2 with
+``inter_threads`` = threads, ``intra_threads`` = 1; ``intra`` runs one batch at a time on all threads
+(``translate(workers=1)``; CTranslate2 ``intra_threads`` = threads, the tables before 2026-11-23 evening).
+Building a ``ctranslate2.Translator`` sets the calling thread's OpenMP thread count to its ``intra_threads``,
+so each fastvocab run sets torch's thread count again first.
+
 Quality per system: lines that differ from fastvocab full fp32 and, for int8, from its own fp32 counterpart;
 for a vmap system, from the same CTranslate2 compute type without the vmap (``lines_changed_vs_own_full``);
 BLEU and chrF against the references when the lines come from a corpus split. Speed ratios are medians of
@@ -87,8 +94,15 @@ class Ct2System:
     def __init__(self, ct2_dir: Path, compute_type: str, adapter, args, use_vmap: bool = False) -> None:
         import ctranslate2
 
+        # --parallel workers: batches on 1-thread workers, as fastvocab's translate runs them on CPU. The vmap
+        # systems call translate_batch once per batch (below), which leaves inter_threads nothing to share.
+        workers = args.parallel == "workers" and not use_vmap
         self.tr = ctranslate2.Translator(
-            str(ct2_dir), device="cpu", compute_type=compute_type, intra_threads=args.threads, inter_threads=1
+            str(ct2_dir),
+            device="cpu",
+            compute_type=compute_type,
+            intra_threads=1 if workers else args.threads,
+            inter_threads=args.threads if workers else 1,
         )
         self.adapter, self.args, self.use_vmap = adapter, args, use_vmap
         self.tag = adapter.tokenizer.convert_ids_to_tokens(adapter.lang_id(args.tgt_lang))
@@ -137,6 +151,9 @@ def fastvocab_system(adapter, projection, args) -> Callable[[list[str], int], tu
     from fastvocab.tasks.translate import translate
 
     def run(lines: list[str], beam: int) -> tuple[float, list[str]]:
+        # Creating a ctranslate2.Translator sets the calling thread's OpenMP thread count to its
+        # intra_threads (torch.get_num_threads() reads 1 after one with intra_threads=1): set it back.
+        torch.set_num_threads(args.threads)
         r = translate(
             adapter,
             projection,
@@ -147,6 +164,7 @@ def fastvocab_system(adapter, projection, args) -> Callable[[list[str], int], tu
             batch_size=args.batch_size,
             max_len=args.max_len,
             progress=False,
+            workers=None if args.parallel == "workers" else 1,
         )
         return r.seconds, r.hypotheses
 
@@ -288,6 +306,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--beams", default="1,4", help="comma-separated beam sizes (1 = greedy)")
     p.add_argument("--max-len", type=int, default=128)
     p.add_argument("--repeats", type=int, default=5)
+    p.add_argument(
+        "--parallel",
+        choices=["workers", "intra"],
+        default="workers",
+        help="how every system uses --threads: 'workers' = that many batches at once on 1 thread each "
+        "(fastvocab translate's CPU default; CTranslate2 inter_threads), 'intra' = one batch at a time on "
+        "all threads (CTranslate2 intra_threads)",
+    )
     p.add_argument("--engine", default="auto", choices=["auto", "static", "hf"])
     p.add_argument("--no-int8", action="store_true", help="skip the fastvocab int8 systems")
     p.add_argument("--int8-decoder-only", action="store_true", help="int8: keep the encoder in fp32")
@@ -324,7 +350,7 @@ def main(argv: list[str] | None = None) -> int:
     result: dict = {
         "benchmark": "bench_peer",
         "date": dt.datetime.now().isoformat(timespec="seconds"),
-        "commit": git_commit("decoding", "kernels", "benchmarks/bench_peer.py"),
+        "commit": git_commit("decoding", "kernels", "tasks", "benchmarks/bench_peer.py"),
         "command": " ".join([".venv/bin/python", "benchmarks/bench_peer.py", *(argv or sys.argv[1:])]),
         "args": vars(args),  # every setting, defaults included
         "device": f"{cpu_name()} ({os.cpu_count()} cores visible)",
@@ -392,7 +418,10 @@ def main(argv: list[str] | None = None) -> int:
             "loadavg_after": [round(x, 2) for x in load_after],
             "systems": rows,
         }
-        print(f"\nbeam {beam}, batch {args.batch_size}, {args.threads} threads, load {load_before[0]:.1f}")
+        print(
+            f"\nbeam {beam}, batch {args.batch_size}, {args.threads} threads ({args.parallel}), "
+            f"load {load_before[0]:.1f}"
+        )
         print("| system | median s | vs ct2 float32 | vs ct2 int8 | changed vs full | int8 changed | BLEU |")
         print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
         for name, r in rows.items():

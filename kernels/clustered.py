@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import logging
 import math
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -55,6 +56,7 @@ from fastvocab.kernels import clustered_ops as ops
 from fastvocab.kernels.base import Projection, ProjectionOutput, register
 
 log = logging.getLogger(__name__)
+_COUNTERS_LOCK = threading.Lock()  # guards every projection's counters (rare, tiny updates)
 
 SELECTIONS = ("union", "per-row")  # which columns each row gets: the batch's union, or its own cluster's
 INACTIVE_MASS = ("none", "centroid", "moments", "normaliser")
@@ -284,6 +286,12 @@ class ClusteredProjection(Projection):
                 opts["exact_tol"] = self.exact_tol
         return opts
 
+    def _count(self, **added: int) -> None:
+        # translate() may call one projection from several worker threads: += on a dict is not atomic.
+        with _COUNTERS_LOCK:
+            for key, value in added.items():
+                self.counters[key] += value
+
     def reset_counters(self) -> None:
         for key in self.counters:
             self.counters[key] = 0
@@ -323,8 +331,7 @@ class ClusteredProjection(Projection):
             mass = _oracle_log_mass(h, logits, ids, self.weight, self.bias)
         elif self._mass is not None:
             mass = ops.inactive_log_mass(self.inactive_mass, h, logits, clusters, self.n_vocab, self._mass)
-        self.counters["rows"] += rows
-        self.counters["columns"] += self._computed_columns(logits, ids)
+        self._count(rows=rows, columns=self._computed_columns(logits, ids))
         out = ProjectionOutput(logits=logits, ids=ids, n_vocab=self.n_vocab, log_inactive_mass=mass)
         if self.mass_radius is not None:
             return self._full_far_rows(h, out, clusters)
@@ -341,10 +348,10 @@ class ClusteredProjection(Projection):
         cent = self._map.centroids_t.T[clusters].float()  # (rows, d)
         far = (h.float() - cent).norm(dim=1) > self.mass_radius
         n_far = int(far.sum())  # one host sync
-        self.counters["far"] += n_far
+        self._count(far=n_far)
         if n_far == 0:
             return out
-        self.counters["columns"] += n_far * self.n_vocab
+        self._count(columns=n_far * self.n_vocab)
         if n_far == out.rows:
             logits = torch.nn.functional.linear(h, self.weight, self.bias)
             return ProjectionOutput(logits=logits, ids=None, n_vocab=self.n_vocab)
@@ -365,14 +372,14 @@ class ClusteredProjection(Projection):
         log_tol = self.exact_tol if self.exact_k > 1 else None
         ok = ops.certify(out.logits, top, mass, self.exact_k, log_tol)  # (rows,)
         n_ok = int(ok.sum())  # the one host sync the certificate adds
-        self.counters["certified"] += n_ok
+        self._count(certified=n_ok)
         if self.exact_k > 1:
             # Certified rows' left-out mass moves their log-probs by at most exact_tol: counted as none, so
             # their log-probs are those of the computed columns, as full softmax's are within rounding.
             out.log_inactive_mass = None
         if n_ok == out.rows:
             return out
-        self.counters["columns"] += (out.rows - n_ok) * self.n_vocab
+        self._count(columns=(out.rows - n_ok) * self.n_vocab)
         if n_ok == 0:  # every row falls back: the plain full projection, no scatter
             logits = torch.nn.functional.linear(h, self.weight, self.bias)
             return ProjectionOutput(logits=logits, ids=None, n_vocab=self.n_vocab)

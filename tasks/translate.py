@@ -4,6 +4,12 @@
 validate the languages, tokenize everything once (a line longer than ``max_input_tokens`` is an error, never
 silently cut), sort by length so batches waste little padding, decode batch by batch, restore input order.
 Empty lines become empty outputs without touching the model.
+
+On CPU the batches are decoded by parallel workers, one per torch thread (``decode_workers``): a decoder
+step is many small ops that torch's intra-op threads share poorly. Demo model, 200 en-it test lines, batch
+32, 2 threads (AMD EPYC, same outputs): two workers of one thread against one batch at a time on two
+threads, greedy full 3.83 -> 3.03 s, beam 4 full 8.81 -> 7.23 s, clustered int8 2.21 -> 1.61 s and 3.34 ->
+2.65 s. CTranslate2 offers the same choice (``inter_threads``).
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ import logging
 import sys
 import time
 from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -78,12 +85,14 @@ def translate(
     length_penalty: float = 1.0,
     max_input_tokens: int = 256,
     progress: bool = True,
+    workers: int | None = None,
 ) -> TranslationResult:
     """Translate ``lines`` (one sentence each): one output per line, in input order, with counts and timing.
 
     Languages are validated first (``ValueError`` naming the valid codes); empty or whitespace-only lines map
     to ``""`` without decoding; a line longer than ``max_input_tokens`` tokens is a ``ValueError`` naming its
-    (1-based) line number. ``beam=1`` is greedy search.
+    (1-based) line number. ``beam=1`` is greedy search. ``workers``: batches decoded at once, sharing
+    ``torch.get_num_threads()`` threads (None: :func:`decode_workers`); the outputs do not depend on it.
     """
     adapter.check_language(src_lang)
     adapter.check_language(tgt_lang)
@@ -114,27 +123,50 @@ def translate(
         disable=not progress or not sys.stderr.isatty(),
         file=sys.stderr,
     )
-    with bar, torch.inference_mode():
-        for start in range(0, len(order), batch_size):
-            chunk = order[start : start + batch_size]
-            batch = adapter.pad([seqs[j] for j in chunk])
-            out = decode(
+    chunks = [order[start : start + batch_size] for start in range(0, len(order), batch_size)]
+    threads = torch.get_num_threads()
+    workers = decode_workers(adapter, len(chunks), threads) if workers is None else max(1, workers)
+    intra = max(1, threads // workers)
+
+    def run(chunk: list[int]) -> list[list[int]]:
+        if workers > 1:
+            torch.set_num_threads(intra)  # this thread's share (OpenMP's thread count is per thread)
+        with torch.inference_mode():  # thread-local: a worker thread must enter it itself
+            return decode(
                 adapter,
                 projection,
-                batch,
+                adapter.pad([seqs[j] for j in chunk]),
                 src_lang,
                 tgt_lang,
                 beam=beam,
                 max_len=max_len,
                 length_penalty=length_penalty,
             )
-            tokens += sum(len(s) for s in out)
-            for j, text in zip(chunk, adapter.decode_ids(out), strict=True):
-                hypotheses[todo[j]] = text
-            bar.update(len(chunk))
+
+    # Tokenizer calls stay on this thread; the workers only decode ids. map() yields in submission order.
+    pool = ThreadPoolExecutor(workers) if workers > 1 else None
+    outputs = pool.map(run, chunks) if pool else map(run, chunks)
+    try:
+        with bar:
+            for chunk, out in zip(chunks, outputs, strict=True):
+                tokens += sum(len(s) for s in out)
+                for j, text in zip(chunk, adapter.decode_ids(out), strict=True):
+                    hypotheses[todo[j]] = text
+                bar.update(len(chunk))
+    finally:
+        if pool:
+            pool.shutdown(cancel_futures=True)  # after an error, batches not yet started are dropped
+            torch.set_num_threads(threads)  # MKL's thread count is process-wide: a worker's setting leaks
     seconds = time.perf_counter() - t0
     log.debug("translated %d lines (%d decoded) in %.2fs", len(lines), len(todo), seconds)
     return TranslationResult(hypotheses, tokens, seconds, len(todo))
+
+
+def decode_workers(adapter: Seq2SeqAdapter, batches: int, threads: int) -> int:
+    """How many batches to decode at once: one per thread on CPU (at most one per batch), else 1."""
+    if adapter.device.type != "cpu":
+        return 1  # an accelerator runs one batch's kernels at a time anyway
+    return max(1, min(threads, batches))
 
 
 # --------------------------------------------------------------------------- long inputs, in chunks

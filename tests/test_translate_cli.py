@@ -97,6 +97,37 @@ def test_translate_keeps_order_and_empty_lines(adapter):
     assert len({h for h in got if h}) > 2  # outputs differ by source, so the order check means something
 
 
+@pytest.mark.parametrize("beam", [1, 3])
+def test_translate_workers_do_not_change_outputs(adapter, beam):
+    """Batches decoded by parallel workers (CPU): the same outputs, in input order, as one at a time."""
+    lines = _lines()
+    proj = make_projection(adapter, "full")
+    kw = dict(beam=beam, batch_size=2, max_len=MAX_LEN, progress=False)
+    threads = torch.get_num_threads()
+    one = translate(adapter, proj, lines, "en", "it", workers=1, **kw)
+    three = translate(adapter, proj, lines, "en", "it", workers=3, **kw)
+    assert three.hypotheses == one.hypotheses and three.target_tokens == one.target_tokens
+    assert len({h for h in one.hypotheses if h}) > 2
+    assert torch.get_num_threads() == threads  # a worker's thread setting does not leak
+
+
+def test_translate_worker_error_propagates(adapter, monkeypatch):
+    import fastvocab.tasks.translate as tr
+
+    real = tr.decode
+
+    def failing(adapter_, projection, batch, *args, **kwargs):
+        if batch["input_ids"].shape[0] == 1:  # the last, short batch
+            raise MemoryError("static decoder cache does not fit")
+        return real(adapter_, projection, batch, *args, **kwargs)
+
+    monkeypatch.setattr(tr, "decode", failing)
+    lines = [x for x in _lines() if x.strip()][:5]
+    proj = make_projection(adapter, "full")
+    with pytest.raises(MemoryError, match="does not fit"):
+        translate(adapter, proj, lines, "en", "it", batch_size=2, max_len=MAX_LEN, progress=False, workers=2)
+
+
 def test_translate_beam_and_errors(adapter):
     proj = make_projection(adapter, "full")
     lines = _lines()

@@ -131,7 +131,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--threads",
         type=int,
         metavar="N",
-        help="CPU threads for torch (torch.set_num_threads; torch's default)",
+        help="CPU threads (default: torch's). On CPU, N batches are decoded at once on one thread each "
+        "(faster than N threads on one batch; each batch in flight holds its own decoder cache)",
     )
     p.add_argument("--input-column", default="source", help="Parquet input: text column (default source)")
     p.add_argument("--id-column", default="id", help="Parquet input: id column, used when present (id)")
