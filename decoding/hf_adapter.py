@@ -302,6 +302,13 @@ class Seq2SeqAdapter:
         tags = (self._lang_ids[lang] for lang in self.languages if lang in self._lang_ids)
         return sorted({self.eos_id, *tags})
 
+    @property
+    def early_stopping(self) -> bool | str:
+        """Beam search's stopping rule from the model's generation config, as ``generate`` reads it: True
+        (M2M100/NLLB checkpoints), False (the transformers default) or "never"."""
+        value = getattr(self.model.generation_config, "early_stopping", False)
+        return value if value in (True, "never") else False
+
     def suppressed_ids(self) -> list[int]:
         """Ids ``generate`` never emits for this model (single-token ``bad_words_ids``, ``suppress_tokens``).
 

@@ -185,14 +185,18 @@ def beam_search(
     max_len: int = 128,
     length_penalty: float = 1.0,
     step_hook: StepHook | None = None,
-    early_stopping: bool = False,
+    early_stopping: bool | str = False,
 ) -> list[list[int]]:
     """Batched beam search; returns the best hypothesis per sentence (prefix and EOS excluded).
 
-    ``early_stopping=True`` ends a sentence as soon as ``beam`` hypotheses are finished (``generate``'s
-    ``early_stopping=True``, set in the M2M100/NLLB checkpoints' generation configs); the default is the
-    heuristic described in the module docstring.
+    ``early_stopping`` as in ``generate`` (:func:`decode` passes the model's generation config): ``True``
+    ends a sentence as soon as ``beam`` hypotheses are finished (set in the M2M100/NLLB checkpoints'
+    generation configs); ``False`` (the default) is the heuristic described in the module docstring;
+    ``"never"`` is that heuristic with the best live beam normalised at the maximum length when
+    ``length_penalty > 0`` (canonical beam search).
     """
+    if early_stopping not in (True, False, "never"):
+        raise ValueError(f"early_stopping must be True, False or 'never', got {early_stopping!r}")
     _check(adapter, src_lang, tgt_lang, max_len)
     if beam < 1:
         raise ValueError(f"beam must be >= 1, got {beam}")
@@ -273,8 +277,11 @@ def beam_search(
             # Sentence done when all k slots hold finished hypotheses and the best live beam, normalised at
             # its current length, is no better than the worst of them (generate's early_stopping=False rule).
             done = fin_any.all(dim=1)
-            if not early_stopping:
-                best_live = run_scores[:, 0] / (float(length) ** length_penalty)
+            if early_stopping is not True:
+                best_len = length
+                if early_stopping == "never" and length_penalty > 0:
+                    best_len = prefix_len + max_len - 1  # the longest a hypothesis can get
+                best_live = run_scores[:, 0] / (float(best_len) ** length_penalty)
                 done &= best_live <= fin_scores.min(dim=1).values
         if bool(done.any()):
             idx = done.nonzero()[:, 0].tolist()
@@ -304,7 +311,8 @@ def decode(
     length_penalty: float = 1.0,
     step_hook: StepHook | None = None,
 ) -> list[list[int]]:
-    """Greedy search for ``beam == 1``, else beam search (translation, the dump and the benchmarks)."""
+    """Greedy search for ``beam == 1``, else beam search (translation, the dump and the benchmarks), with the
+    stopping rule of the model's generation config (``adapter.early_stopping``, as ``generate`` reads it)."""
     if beam == 1:
         return greedy_search(
             adapter, projection, batch, src_lang, tgt_lang, max_len=max_len, step_hook=step_hook
@@ -319,4 +327,5 @@ def decode(
         max_len=max_len,
         length_penalty=length_penalty,
         step_hook=step_hook,
+        early_stopping=getattr(adapter, "early_stopping", False),
     )

@@ -154,6 +154,28 @@ def test_beam_early_stopping_equals_generate(adapter, full):
         assert ours == generate_ids(adapter, batch, tgt, MAX_LEN, num_beams=4, early_stopping=True)
 
 
+@pytest.mark.parametrize("rule", [True, "never"])
+def test_decode_reads_early_stopping_from_generation_config(adapter, full, rule):
+    """decode() stops beams by the model's generation config, as generate() does (NLLB/M2M100 set True)."""
+    from fastvocab.decoding.search import decode
+
+    gc = adapter.model.generation_config
+    saved = gc.early_stopping
+    gc.early_stopping = rule
+    try:
+        assert adapter.early_stopping == rule
+        for src, tgt in DIRECTIONS[:2]:
+            batch = adapter.encode_texts(_sources(src), src)
+            ours = decode(adapter, full, batch, src, tgt, beam=3, max_len=MAX_LEN, length_penalty=1.5)
+            assert ours == generate_ids(
+                adapter, batch, tgt, MAX_LEN, num_beams=3, length_penalty=1.5, early_stopping=rule
+            )
+    finally:
+        gc.early_stopping = saved
+    with pytest.raises(ValueError, match="early_stopping must be"):
+        beam_search(adapter, full, adapter.encode_texts(["a"], "en"), "en", "it", early_stopping="sometimes")
+
+
 def test_beam_one_equals_greedy(adapter, full):
     batch = adapter.encode_texts(_sources("en"), "en")
     greedy = greedy_search(adapter, full, batch, "en", "it", max_len=MAX_LEN)
