@@ -14,7 +14,9 @@ CTranslate2's converters do) into a few small modules whose step is only the ari
 - cross-attention keys/values of every layer from one GEMM over the encoder output, once per batch, stored per
   *source sentence*: beam search's k rows of a sentence attend to the same block as one (k, S) matmul, and
   reordering beams never copies them (only dropping finished sentences does);
-- row selection (finished rows, beam reordering) by ``index_select`` of the filled part of the cache only;
+- row selection (finished rows, beam reordering) by ``index_select`` of the filled part of the cache only,
+  into a second buffer that then swaps with the first (a fresh allocation every beam step cost more than
+  the copy on CPU: page faults);
 - a cache that would not fit (an explicit limit, ``max_cache_bytes`` or ``FASTVOCAB_CACHE_LIMIT_MB``, else
   the device's free memory for large allocations) is refused with a ``MemoryError`` naming its shape, bytes
   and the flags to lower, before anything is allocated.
