@@ -19,8 +19,10 @@ Semantics follow Hugging Face ``generate`` so the full projection reproduces it 
   length, cannot beat the worst of them (``generate``'s default ``early_stopping=False`` heuristic).
 
 Finished rows (greedy) leave the batch every step on CPU and in buckets on an accelerator
-(``COMPACT_FRACTION``; every step whenever a ``step_hook`` is given), finished sentences (beam) at once, so
-the cost of a step shrinks as sentences end.
+(``COMPACT_FRACTION``; every step whenever a ``step_hook`` is given), finished sentences (beam) at the next
+host read, so the cost of a step shrinks as sentences end. The search reads its stop decision back to the
+host every step on CPU and every ``SYNC_EVERY`` steps on an accelerator (``_sync_every``); in between, the
+per-step work (top-k, finished pool, beam reorder) stays on the device and waits for nothing.
 """
 
 from __future__ import annotations
@@ -42,8 +44,12 @@ _NEG = -1.0e9
 # of the search time (demo model, 200 test lines, batch 32), less than carrying a finished row for one step
 # costs. On an accelerator in buckets (0.25): fewer shape changes and host syncs.
 COMPACT_FRACTION: float | None = None
-# On an accelerator, how often (in steps) greedy reads the finished count back to the host.
+# How often (in steps) the search reads its stop decision back to the host: on an accelerator every SYNC_EVERY
+# steps (a read waits for the device; rows and sentences that finish in between stay in the batch, their
+# results frozen), on CPU every CPU_SYNC_EVERY steps (1: a read is free there; tests raise it to run the
+# accelerator's schedule on CPU), and every step whenever a step_hook is given (records hold live rows only).
 SYNC_EVERY = 4
+CPU_SYNC_EVERY = 1
 
 
 @dataclass
@@ -57,6 +63,12 @@ class StepRecord:
 
 
 StepHook = Callable[[StepRecord], None]
+
+
+def _sync_every(device: torch.device, step_hook: StepHook | None) -> int:
+    if step_hook is not None:
+        return 1
+    return CPU_SYNC_EVERY if device.type == "cpu" else SYNC_EVERY
 
 
 def _suppress(out: ProjectionOutput, scores: torch.Tensor, banned: torch.Tensor | None) -> torch.Tensor:
@@ -144,7 +156,7 @@ def greedy_search(
         fraction = 0.0 if device.type == "cpu" else 0.25
     if step_hook is not None:
         fraction = 0.0
-    check_every = 1 if device.type == "cpu" else SYNC_EVERY
+    check_every = _sync_every(device, step_hook)
     for step in range(max_len):
         out = project(h, alive)
         if step_hook is not None:
@@ -224,6 +236,11 @@ def beam_search(
     fin_any = torch.zeros((n, k), dtype=torch.bool, device=device)  # slot holds a real finished hyp
     results: list[list[int]] = [[] for _ in range(n)]
     top_k_mask = torch.arange(k2, device=device) < k  # (k2,) only the best k candidates may finish
+    # Sentences found done since the last host read: they stay in the batch until the next one, their
+    # finished hypotheses frozen (generate adds none to a done sentence either).
+    frozen = torch.zeros(n, dtype=torch.bool, device=device)  # (nb,)
+    sync_every = _sync_every(device, step_hook)
+    on_cpu = device.type == "cpu"
 
     for step in range(max_len):
         nb = sent.shape[0]
@@ -252,9 +269,10 @@ def beam_search(
         length = prefix_len + step  # generated tokens incl. the forced tag and this one (generate's count)
         done_cand = torch.ones_like(cand_toks, dtype=torch.bool) if last else cand_toks == eos  # (nb, k2)
 
-        # Finished candidates among the best k enter the pool of finished hypotheses.
-        new_fin = done_cand & top_k_mask[: cand_toks.shape[1]]
-        if bool(new_fin.any()):
+        # Finished candidates among the best k enter the pool of finished hypotheses (on CPU only when there
+        # are any: the test is free there; an accelerator merges every step rather than wait for the answer).
+        new_fin = done_cand & top_k_mask[: cand_toks.shape[1]] & ~frozen[:, None]
+        if not on_cpu or bool(new_fin.any()):
             norm = cand_scores / (float(length) ** length_penalty)
             norm = norm + (~new_fin).to(norm.dtype) * _NEG
             m_scores = torch.cat([fin_scores, norm], dim=1)  # (nb, k + k2)
@@ -283,19 +301,24 @@ def beam_search(
                     best_len = prefix_len + max_len - 1  # the longest a hypothesis can get
                 best_live = run_scores[:, 0] / (float(best_len) ** length_penalty)
                 done &= best_live <= fin_scores.min(dim=1).values
-        if bool(done.any()):
+            done |= frozen
+        rows = torch.arange(nb, device=device)[:, None] * k + beam_of  # (nb, k) cache row of each new beam
+        if (last or (step + 1) % sync_every == 0) and bool(done.any()):  # the host read
             idx = done.nonzero()[:, 0].tolist()
             best = fin_seqs[idx, 0].tolist()
             for i, seq in zip(idx, best, strict=True):
                 results[int(sent[i])] = _strip(seq, eos)
             if bool(done.all()):
                 break
-        keep = (~done).nonzero()[:, 0]  # (nb',)
-        rows = (torch.arange(nb, device=device)[:, None] * k + beam_of)[keep].reshape(-1)  # (nb'*k,)
-        sent, run_scores, run_seqs = sent[keep], run_scores[keep], run_seqs[keep]
-        fin_scores, fin_seqs, fin_any = fin_scores[keep], fin_seqs[keep], fin_any[keep]
-        state = adapter.reorder(state, rows, group=k)  # k rows per sentence, sentences in order
-        h, state = adapter.decoder_step(tokens[keep].reshape(-1), state)
+            keep = (~done).nonzero()[:, 0]  # (nb',)
+            rows, tokens, sent, run_scores, run_seqs = (
+                t[keep] for t in (rows, tokens, sent, run_scores, run_seqs)
+            )
+            fin_scores, fin_seqs, fin_any = fin_scores[keep], fin_seqs[keep], fin_any[keep]
+            done = done[keep]
+        frozen = done
+        state = adapter.reorder(state, rows.reshape(-1), group=k)  # k rows per sentence, sentences in order
+        h, state = adapter.decoder_step(tokens.reshape(-1), state)
     return results
 
 

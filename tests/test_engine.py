@@ -175,6 +175,22 @@ def test_demo_greedy_and_beam_equal_generate(demo, src, tgt):
     assert ours == generate_ids(demo, batch, tgt, 48, num_beams=4, early_stopping=False)
 
 
+@pytest.mark.parametrize("every", [3, 5])
+def test_accelerator_sync_schedule_does_not_change_outputs(demo, monkeypatch, every):
+    """Reading the stop decision back every few steps (an accelerator's schedule, run here on CPU): rows and
+    sentences that finish in between stay in the batch, frozen, and the outputs stay generate's."""
+    full = create_projection("full", demo.output_weight, demo.output_bias)
+    src, tgt = "en", "it"
+    batch = demo.encode_texts(DEMO_SOURCES, src)
+    monkeypatch.setattr(search, "CPU_SYNC_EVERY", every)
+    assert greedy_search(demo, full, batch, src, tgt, max_len=48) == generate_ids(
+        demo, batch, tgt, 48, num_beams=1
+    )
+    for beam, rule in ((4, False), (3, True)):
+        ours = beam_search(demo, full, batch, src, tgt, beam=beam, max_len=48, early_stopping=rule)
+        assert ours == generate_ids(demo, batch, tgt, 48, num_beams=beam, early_stopping=rule)
+
+
 @pytest.mark.parametrize("fraction", [0.0, 0.5, 1.0])
 def test_greedy_compaction_schedule_does_not_change_outputs(demo, monkeypatch, fraction):
     full = create_projection("full", demo.output_weight, demo.output_bias)
