@@ -71,7 +71,12 @@ moved in the last bits (frozen linears are oneDNN GEMMs: 1.5e-6 on ``h``), and a
 was slower (19-28 ms against 8-9 ms at 32 rows under the same load). A step compiled once per shape would
 need a fixed-capacity attention with a mask and the row count padded to buckets; in a 1-thread profile the
 linears and the attention matmuls are ~70% of a 32-row step, so the dispatch overhead it removes is at most
-the rest. On CUDA, where launch overhead dominates, a CUDA graph of this fixed-layout step is the next step.
+the rest. On CUDA, where launch overhead dominates, a CUDA graph of the step is the way:
+:meth:`StaticDecoder.step_fixed` is the step with every shape fixed (the position on the device, attention
+over the whole capacity with later positions masked), equal to :meth:`step` on CPU (tests) and captured and
+replayed in ``tests/gpu/test_engine_graph.py``; the GPU campaign's e2e step times a greedy loop of it
+(``benchmarks/gpu/steps.py``, ``graphed_greedy``). The search does not use it yet: beam search's per-step
+reorder swaps cache buffers, which a graph must not see move.
 """
 
 from __future__ import annotations
@@ -174,6 +179,14 @@ class StaticState:
         return sum(t.numel() * t.element_size() for t in held)
 
 
+@dataclass
+class _Fixed:
+    """What :meth:`StaticDecoder.step_fixed` hands its layers: the position and the mask, on the device."""
+
+    pos: torch.Tensor  # (1,) int64: where this step's keys/values go
+    mask: torch.Tensor  # (capacity,) 0 up to pos, the dtype's minimum after it
+
+
 class _Layer(nn.Module):
     """One decoder layer with a fused QKV projection (weights taken from the HF layer); pre-norm (M2M100,
     MBart) or post-norm (Marian)."""
@@ -199,22 +212,33 @@ class _Layer(nn.Module):
         self.ln_ffn = hf_layer.final_layer_norm
         self.fc1, self.fc2, self.act = hf_layer.fc1, hf_layer.fc2, act
 
-    def forward(self, x: torch.Tensor, state: StaticState, i: int) -> torch.Tensor:
-        """x (rows, d) -> (rows, d); writes this layer's key/value at position ``state.length``."""
+    def forward(
+        self, x: torch.Tensor, state: StaticState, i: int, fixed: _Fixed | None = None
+    ) -> torch.Tensor:
+        """x (rows, d) -> (rows, d); writes this layer's key/value at position ``state.length`` (or at
+        ``fixed``'s device-side position, :meth:`StaticDecoder.step_fixed`)."""
         if self.pre_norm:  # x + f(ln(x))
-            x = x + self._self_attn(self.ln_self(x), state, i)
+            x = x + self._self_attn(self.ln_self(x), state, i, fixed)
             x = x + self._cross_attn(self.ln_cross(x), state, i)
             return x + self.fc2(self.act(self.fc1(self.ln_ffn(x))))
         # post-norm (Marian): ln(x + f(x))
-        x = self.ln_self(x + self._self_attn(x, state, i))
+        x = self.ln_self(x + self._self_attn(x, state, i, fixed))
         x = self.ln_cross(x + self._cross_attn(x, state, i))
         return self.ln_ffn(x + self.fc2(self.act(self.fc1(x))))
 
-    def _self_attn(self, x: torch.Tensor, state: StaticState, i: int) -> torch.Tensor:
+    def _self_attn(self, x: torch.Tensor, state: StaticState, i: int, fixed: _Fixed | None) -> torch.Tensor:
         rows, d = x.shape
         h, hd, pos = self.heads, self.head_dim, state.length
         k_cache, v_cache = state.self_kv[0, i], state.self_kv[1, i]  # (rows, heads, capacity, hd)
         qkv = self.qkv(x).view(rows, 3, h, hd)  # (rows, 3, heads, hd)
+        if fixed is not None:  # the whole capacity, later positions masked: no shape depends on the position
+            k_cache.index_copy_(2, fixed.pos, qkv[:, 1].unsqueeze(2))
+            v_cache.index_copy_(2, fixed.pos, qkv[:, 2].unsqueeze(2))
+            q = qkv[:, 0].unsqueeze(2)  # (rows, heads, 1, hd)
+            att = torch.softmax(
+                q @ k_cache.transpose(2, 3) + fixed.mask, dim=-1
+            )  # (rows, heads, 1, capacity)
+            return self.out_self((att @ v_cache).view(rows, d))
         k_cache[:, :, pos].copy_(qkv[:, 1])
         v_cache[:, :, pos].copy_(qkv[:, 2])
         keys = k_cache[:, :, : pos + 1]  # (rows, heads, n, hd), a view: no copy
@@ -613,4 +637,42 @@ class StaticDecoder(nn.Module):
         for i, layer in enumerate(self.layers):
             x = layer(x, state, i)
         state.length = pos + 1
+        return x if self.final_ln is None else self.final_ln(x)
+
+    # ------------------------------------------------------------------ fixed-shape step (CUDA graphs)
+
+    def prepare_fixed(self, state: StaticState, last_position: int) -> None:
+        """Make ``state`` ready for :meth:`step_fixed` up to target position ``last_position``: capacity and
+        position table that cover it, and the unfilled positions zeroed (``step_fixed`` reads the whole
+        capacity; masked positions get weight 0, but uninitialised memory may hold NaN, and 0 x NaN is NaN).
+        """
+        while state.capacity <= last_position:
+            self._grow(state)
+        self._ensure_positions(last_position)
+        state.self_kv[..., state.length :, :].zero_()
+
+    @torch.inference_mode()
+    def step_fixed(self, tokens: torch.Tensor, state: StaticState, pos: torch.Tensor) -> torch.Tensor:
+        """:meth:`step` with every shape fixed by the state (rows, capacity) and the position on the device.
+
+        ``pos`` (1,) int64 is this token's position: its keys/values are written there and attention reads
+        the whole capacity with the later positions masked. No host value enters, so a CUDA graph captured
+        around it replays at every position (the caller advances ``pos`` and ``state.length``, after
+        :meth:`prepare_fixed`). Same ``h`` as :meth:`step` up to float rounding (tested); on CPU
+        :meth:`step` is the faster one, as it reads only the filled positions.
+        """
+        tokens = tokens.to(self.device)
+        x = nn.functional.embedding(tokens, self.embed_weight) * self.embed_scale  # (rows, d)
+        row = pos + self.pos_offset  # (1,)
+        if self.family.pad_positions:
+            x = x + self.positions.index_select(0, torch.where(tokens == self.pad_id, self.pad_id, row))
+        else:
+            x = x + self.positions.index_select(0, row)  # (1, d)
+        if self.ln_embed is not None:
+            x = self.ln_embed(x)
+        later = torch.arange(state.capacity, device=self.device) > pos  # (capacity,)
+        mask = torch.zeros(state.capacity, dtype=self.dtype, device=self.device)
+        fixed = _Fixed(pos, mask.masked_fill(later, torch.finfo(self.dtype).min))
+        for i, layer in enumerate(self.layers):
+            x = layer(x, state, i, fixed)
         return x if self.final_ln is None else self.final_ln(x)

@@ -303,6 +303,12 @@ class Seq2SeqAdapter:
         return sorted({self.eos_id, *tags})
 
     @property
+    def static_decoder(self):
+        """The :class:`~fastvocab.decoding.engine.StaticDecoder` of the static engine (None with engine="hf"),
+        for callers that drive its fixed-shape step themselves (a CUDA graph, the GPU campaign)."""
+        return self._static
+
+    @property
     def early_stopping(self) -> bool | str:
         """Beam search's stopping rule from the model's generation config, as ``generate`` reads it: True
         (M2M100/NLLB checkpoints), False (the transformers default) or "never"."""

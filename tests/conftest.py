@@ -85,3 +85,27 @@ def generate_ids(adapter, batch: dict, tgt: str, max_len: int, **kw) -> list[lis
         row = row[len(prefix) :]
         rows.append(row[: row.index(adapter.eos_id)] if adapter.eos_id in row else row)
     return rows
+
+
+def decoder_steps(adapter, batch: dict, tokens, fixed: bool = False):
+    """``h`` (rows, T, d) of feeding ``tokens`` (rows, T) one position at a time: through
+    ``adapter.decoder_step``, or (``fixed``) the static engine's fixed-shape step over a cache that starts
+    too small (``prepare_fixed`` grows it) with the position as a device tensor."""
+    import torch
+
+    state = adapter.encode(batch)
+    hs = []
+    if not fixed:
+        for t in range(tokens.shape[1]):
+            h, state = adapter.decoder_step(tokens[:, t], state)
+            hs.append(h)
+        return torch.stack(hs, dim=1)
+    dec = adapter.static_decoder
+    cache = dec.start(state.hidden, state.mask, capacity=2)
+    dec.prepare_fixed(cache, tokens.shape[1] - 1)
+    pos = torch.zeros(1, dtype=torch.long, device=adapter.device)
+    for t in range(tokens.shape[1]):
+        hs.append(dec.step_fixed(tokens[:, t], cache, pos))
+        cache.length += 1
+        pos += 1
+    return torch.stack(hs, dim=1)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import generate_ids, synthetic_sentences
+from conftest import decoder_steps, generate_ids, synthetic_sentences
 
 from fastvocab.decoding import Seq2SeqAdapter, beam_search, greedy_search, search
 from fastvocab.decoding.engine import PackedEncoder, StaticDecoder, StaticState
@@ -46,16 +46,6 @@ def demo() -> Seq2SeqAdapter:
     return Seq2SeqAdapter.load(DEMO_MODEL)
 
 
-def _steps(adapter: Seq2SeqAdapter, batch: dict, tokens: torch.Tensor) -> torch.Tensor:
-    """h (rows, T, d) of feeding ``tokens`` (rows, T) one position at a time."""
-    state = adapter.encode(batch)
-    hs = []
-    for t in range(tokens.shape[1]):
-        h, state = adapter.decoder_step(tokens[:, t], state)
-        hs.append(h)
-    return torch.stack(hs, dim=1)
-
-
 def test_step_h_equals_the_hf_decoder(static, hf):
     """Padded sources, a pad token among the targets (position padding_idx) and more steps than cache_len."""
     batch = static.encode_texts(synthetic_sentences("en", 6, seed=3), "en")
@@ -65,8 +55,10 @@ def test_step_h_equals_the_hf_decoder(static, hf):
     body = torch.randint(4, static.n_vocab, (6, 9), generator=gen)
     body[1, 3] = body[4, 0] = static.pad_id  # HF gives a pad token the zero position row
     tokens = torch.cat([prefix, body], dim=1)  # (rows, 11) > cache_len=4: the cache doubles twice
-    ours, ref = _steps(static, batch, tokens), _steps(hf, batch, tokens)
+    ours, ref = decoder_steps(static, batch, tokens), decoder_steps(hf, batch, tokens)
     torch.testing.assert_close(ours, ref, rtol=1e-5, atol=1e-5)
+    # the fixed-shape step (what a CUDA graph captures), pad positions included
+    torch.testing.assert_close(decoder_steps(static, batch, tokens, fixed=True), ours, rtol=1e-5, atol=1e-5)
     # and the model's own forward pass, on rows without a pad token (a full forward pass numbers positions by
     # a cumulative sum that skips pads; the cached step, like generate, counts them): h W^T are its logits
     logits = ours @ static.output_weight.T
@@ -251,7 +243,7 @@ def test_int8_decoder_stays_close_and_runs_the_search(demo):
     assert q.quantized and q.engine == "static"
     batch = demo.encode_texts(DEMO_SOURCES, "en")
     tokens = torch.tensor([*demo.start_tokens("it"), 100, 200, 300]).expand(len(DEMO_SOURCES), -1)
-    h32, h8 = _steps(demo, batch, tokens), _steps(q, batch, tokens)
+    h32, h8 = decoder_steps(demo, batch, tokens), decoder_steps(q, batch, tokens)
     # int8 weights: close, not equal (relative error of the final states a few percent)
     rel = (h8 - h32).norm() / h32.norm()
     assert 0 < float(rel) < 0.1

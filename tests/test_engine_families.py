@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import decoder_steps
 
 from fastvocab.decoding import Seq2SeqAdapter, beam_search, greedy_search
 from fastvocab.decoding.engine import CACHE_LIMIT_ENV, PackedEncoder, StaticDecoder, unsupported_reason
@@ -114,15 +115,6 @@ def _batch(adapter: Seq2SeqAdapter, rows: int, seed: int) -> dict:
     return adapter.pad(seqs)
 
 
-def _steps(adapter: Seq2SeqAdapter, batch: dict, tokens: torch.Tensor) -> torch.Tensor:
-    state = adapter.encode(batch)
-    hs = []
-    for t in range(tokens.shape[1]):
-        h, state = adapter.decoder_step(tokens[:, t], state)
-        hs.append(h)
-    return torch.stack(hs, dim=1)  # (rows, T, d)
-
-
 def _generate(adapter: Seq2SeqAdapter, batch: dict, tgt: str, max_len: int, beam: int) -> list[list[int]]:
     """``model.generate`` with the adapter's forced prefix; prefix, EOS and pads removed."""
     prefix = adapter.start_tokens(tgt)
@@ -168,11 +160,21 @@ def test_step_h_equals_the_hf_decoder(static, hf, family):
     body = torch.randint(3, VOCAB, (5, 9), generator=gen)
     body[1, 2] = static.pad_id
     tokens = torch.cat([prefix, body], dim=1)
-    ours, ref = _steps(static, batch, tokens), _steps(hf, batch, tokens)
+    ours, ref = decoder_steps(static, batch, tokens), decoder_steps(hf, batch, tokens)
     torch.testing.assert_close(ours, ref, rtol=1e-5, atol=1e-5)
     # and the model's own logits from a full forward pass: h W^T + b
     logits = ours @ static.output_weight.T + static.output_bias
     torch.testing.assert_close(logits, static.reference_logits(batch, tokens), rtol=1e-4, atol=1e-4)
+
+
+def test_fixed_shape_step_equals_step(static, family):
+    """step_fixed (whole capacity, masked; what a CUDA graph captures) gives step's h."""
+    batch = _batch(static, 4, seed=5)
+    gen = torch.Generator().manual_seed(6)
+    prefix = torch.tensor(static.start_tokens(TGT[family])).expand(4, -1)
+    tokens = torch.cat([prefix, torch.randint(3, VOCAB, (4, 7), generator=gen)], dim=1)
+    want = decoder_steps(static, batch, tokens)
+    torch.testing.assert_close(decoder_steps(static, batch, tokens, fixed=True), want, rtol=1e-5, atol=1e-5)
 
 
 def test_packed_encoder_equals_the_hf_encoder(static, family):
@@ -209,7 +211,7 @@ def test_position_table_end_is_an_error(static, family):
     with pytest.raises(
         ValueError, match=r"target position 40 is beyond the .* position table \(40 positions"
     ):
-        _steps(static, batch, tokens)
+        decoder_steps(static, batch, tokens)
 
 
 def test_cache_limit_names_the_sizes(static, family, monkeypatch):

@@ -451,10 +451,26 @@ def step_e2e(args: argparse.Namespace) -> dict:
         with torch.inference_mode():
             for eng, p in variants.values():  # warm-up (CuPy compilation, cuBLAS handles)
                 fixed_decode(adapters[eng], p, src, beam, 2)
+            # Greedy: the whole step (fixed-shape decoder step, projection, argmax) as one CUDA graph
+            graphed: dict[str, Callable[[], None]] = {}
+            if beam == 1:
+                graphed["full/static-graph"] = graphed_greedy(
+                    ad, lambda h: full(h).logits.argmax(dim=1), src, steps
+                )
+                for k, (_, p) in variants.items():
+                    if isinstance(p, _StaticProject):
+                        su = p.su
+                        pick = lambda h, su=su: (o := su.step(h)).ids[o.logits.argmax(dim=1)]  # noqa: E731
+                        graphed[k.replace("union-static", "union-static-graph")] = graphed_greedy(
+                            ad, pick, src, steps
+                        )
+                times.update({k: [] for k in graphed})
             hs = torch.randn(batch * beam, d, device=device).to(dtype)
             for _ in range(repeats):
                 for k, (eng, p) in variants.items():
                     times[k].append(timed(run(eng, p), device))
+                for k, fn in graphed.items():
+                    times[k].append(timed(fn, device))
                 for k, (_, p) in variants.items():  # the output layer alone, on the same rows
                     if k != "full/hf":
                         proj_only.setdefault(k, []).append(timed(lambda p=p, hs=hs: p(hs), device, 10))
@@ -540,6 +556,57 @@ def step_e2e(args: argparse.Namespace) -> dict:
             print(f"   projection share of a full static step: {share:.2f}")
     write(args.out, "e2e", payload)
     return payload
+
+
+def graphed_greedy(adapter, pick: Callable, src: torch.Tensor, steps: int) -> Callable[[], None]:
+    """``steps`` greedy steps like :func:`fixed_decode`'s (encoder included), the step captured once.
+
+    The step is the static engine's fixed-shape step (``StaticDecoder.step_fixed``: the position lives on the
+    device and attention reads the whole capacity, masked), then ``pick(h) -> (rows,)`` token ids, then the
+    position advanced, all inside one CUDA graph; a call encodes the batch eagerly into the captured cache
+    and replays the graph ``steps`` times, with no host work between steps. Without CUDA (``--smoke``) the
+    same body runs eagerly, which checks the code."""
+    dec = adapter.static_decoder
+    batch = {"input_ids": src, "attention_mask": torch.ones_like(src)}
+    n, dev = src.shape[0], src.device
+
+    def start():
+        enc = adapter.encode(batch)
+        return dec.start(enc.hidden, enc.mask, capacity=steps + 1)
+
+    cache = start()
+    dec.prepare_fixed(cache, steps)
+    tok = torch.full((n,), adapter.decoder_start_id, dtype=torch.long, device=dev)
+    pos = torch.zeros(1, dtype=torch.long, device=dev)
+
+    def body():
+        tok.copy_(pick(dec.step_fixed(tok, cache, pos)))
+        pos.add_(1)
+
+    replay = body
+    if dev.type == "cuda":
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # warm-up off the capture stream, as torch.cuda.graph asks
+            for _ in range(2):
+                body()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            body()
+        replay = graph.replay
+
+    def run():
+        fresh = start()  # this call's encoder work, written into the captured cache
+        cache.cross_kv.copy_(fresh.cross_kv)
+        cache.cross_bias.copy_(fresh.cross_bias)
+        cache.self_kv.zero_()
+        tok.fill_(adapter.decoder_start_id)
+        pos.zero_()
+        for _ in range(steps):
+            replay()
+
+    return run
 
 
 class _StaticProject:

@@ -1,0 +1,92 @@
+"""The static engine's fixed-shape decoder step (``StaticDecoder.step_fixed``) on a GPU: no host sync, and
+captured once in a CUDA graph, replayed at every position with the same ``h`` as the eager ``step``.
+
+Skipped with a reason without a CUDA GPU. On a GPU machine:
+
+    python -m pytest -q tests/gpu/test_engine_graph.py
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.skipif(
+    not torch.cuda.is_available(),
+    reason="needs a CUDA GPU: captures the decoder step in a CUDA graph",
+)
+
+from fastvocab.decoding.engine import StaticDecoder  # noqa: E402
+
+DEV = "cuda"
+STEPS = 9
+TOL = {torch.float32: dict(rtol=1e-4, atol=1e-4), torch.float16: dict(rtol=2e-2, atol=2e-2)}
+
+
+def model(dtype):
+    from transformers import M2M100Config, M2M100ForConditionalGeneration
+
+    cfg = M2M100Config(
+        vocab_size=512,
+        d_model=64,
+        encoder_layers=2,
+        decoder_layers=2,
+        encoder_attention_heads=4,
+        decoder_attention_heads=4,
+        encoder_ffn_dim=128,
+        decoder_ffn_dim=128,
+        max_position_embeddings=64,
+        dropout=0.0,
+        pad_token_id=1,
+        bos_token_id=0,
+        eos_token_id=2,
+        decoder_start_token_id=2,
+    )
+    torch.manual_seed(0)
+    return M2M100ForConditionalGeneration(cfg).to(DEV, dtype).eval()
+
+
+def inputs(m, rows=5, src_len=7):
+    gen = torch.Generator().manual_seed(1)
+    src = torch.randint(3, 500, (rows, src_len), generator=gen).to(DEV)
+    mask = torch.ones_like(src)
+    mask[0, -2:] = 0  # some padding in the source
+    with torch.inference_mode():
+        enc = m.get_encoder()(input_ids=src, attention_mask=mask).last_hidden_state
+    tokens = torch.randint(3, 500, (rows, STEPS), generator=gen).to(DEV)
+    tokens[2, 4] = 1  # a pad token among the targets (position row padding_idx)
+    return enc, mask, tokens
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_graph_replay_equals_eager_step(dtype):
+    m = model(dtype)
+    dec = StaticDecoder(m, capacity=4)
+    enc, mask, tokens = inputs(m)
+    with torch.inference_mode():
+        state = dec.start(enc, mask, capacity=4)
+        want = [dec.step(tokens[:, t], state) for t in range(STEPS)]  # the cache grows on the way
+
+        fixed = dec.start(enc, mask, capacity=4)
+        dec.prepare_fixed(fixed, STEPS - 1)
+        tok = torch.empty(tokens.shape[0], dtype=torch.long, device=DEV)
+        pos = torch.zeros(1, dtype=torch.long, device=DEV)
+        tok.copy_(tokens[:, 0])
+        dec.step_fixed(tok, fixed, pos)  # warm-up (cuBLAS handles) on position 0, rewritten below
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            dec.step_fixed(tok, fixed, pos)  # no host read anywhere in the step
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            h = dec.step_fixed(tok, fixed, pos)
+            pos.add_(1)
+        pos.zero_()
+        got = []
+        for t in range(STEPS):
+            tok.copy_(tokens[:, t])
+            graph.replay()
+            got.append(h.clone())
+    torch.testing.assert_close(torch.stack(got), torch.stack(want), **TOL[dtype])
