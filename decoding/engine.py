@@ -74,9 +74,10 @@ linears and the attention matmuls are ~70% of a 32-row step, so the dispatch ove
 the rest. On CUDA, where launch overhead dominates, a CUDA graph of the step is the way:
 :meth:`StaticDecoder.step_fixed` is the step with every shape fixed (the position on the device, attention
 over the whole capacity with later positions masked), equal to :meth:`step` on CPU (tests) and captured and
-replayed in ``tests/gpu/test_engine_graph.py``; the GPU campaign's e2e step times a greedy loop of it
-(``benchmarks/gpu/steps.py``, ``graphed_greedy``). The search does not use it yet: beam search's per-step
-reorder swaps cache buffers, which a graph must not see move.
+replayed in ``tests/gpu/test_engine_graph.py``. ``fastvocab.decoding.graphed`` runs greedy search with the
+whole step (token choice included) in one graph; the GPU campaign's e2e step times it against the eager
+search. Beam search does not use it yet: its per-step reorder swaps cache buffers, which a graph must not
+see move.
 """
 
 from __future__ import annotations

@@ -290,3 +290,62 @@ def test_search_sizes_the_cache_once(static, monkeypatch):
     assert static._static.capacity == 4  # cache_len=4 < the 11 positions below
     assert len(greedy_search(static, full, batch, "en", "it", max_len=10)) == 3
     assert len(beam_search(static, full, batch, "en", "it", beam=2, max_len=10)) == 3
+
+
+# --------------------------------------------------------------------------- graphed greedy (CUDA graphs)
+
+
+@pytest.mark.parametrize("max_len", [48, 5])
+def test_graphed_greedy_equals_greedy(demo, monkeypatch, max_len):
+    """The step a CUDA graph captures (run eagerly here, with the accelerator's sync schedule)."""
+    from fastvocab.decoding.graphed import greedy_search_graphed
+
+    full = create_projection("full", demo.output_weight, demo.output_bias)
+    batch = demo.encode_texts(DEMO_SOURCES, "en")
+    want = greedy_search(demo, full, batch, "en", "it", max_len=max_len)
+    assert want == generate_ids(demo, batch, "it", max_len, num_beams=1)
+    lengths = {len(s) for s in want}
+    assert len(lengths) > 1 if max_len == 48 else lengths == {max_len}  # rows end apart / at the limit
+    monkeypatch.setattr(search, "CPU_SYNC_EVERY", 3)
+    got = greedy_search_graphed(demo, full, batch, "en", "it", max_len=max_len, capture=False)
+    assert got == want
+
+
+def test_graphed_greedy_static_union_equals_union_mode(demo):
+    """A static-capacity union in the graphed step gives the eager union mode's outputs (a map built from
+    the model's own greedy states and their top-8 tokens, as the pipeline's maps are)."""
+    from fastvocab.decoding.graphed import greedy_search_graphed
+    from fastvocab.kernels.clustered_static import StaticUnion
+    from tests.test_clustered import map_from_sets
+
+    full = create_projection("full", demo.output_weight, demo.output_bias)
+    batch = demo.encode_texts(DEMO_SOURCES, "en")
+    records = []
+    greedy_search(demo, full, batch, "en", "it", max_len=48, step_hook=records.append)
+    h = torch.cat([r.hidden for r in records])  # (states, d)
+    top = torch.cat([r.output.logits.topk(8, dim=1).indices for r in records])  # (states, 8)
+    cent = h[:: max(1, len(h) // 24)][:24]  # 24 of the states as centroids
+    near = torch.cdist(h, cent).argmin(dim=1)
+    sets = [sorted({*top[near == c].flatten().tolist(), demo.eos_id}) for c in range(len(cent))]
+    cmap = map_from_sets(cent.numpy(), sets, demo.n_vocab, full.fingerprint)
+    union = create_projection(
+        "clustered", demo.output_weight, demo.output_bias, cluster_map=cmap, selection="union",
+        always_active=demo.always_active_ids(),
+    )  # fmt: skip
+    want = greedy_search(demo, union, batch, "en", "it", max_len=48)
+    su = StaticUnion(union, rows=batch["input_ids"].shape[0])
+    assert su.capacity < demo.n_vocab  # the graphed step computes a subset, not every column
+    assert greedy_search_graphed(demo, su, batch, "en", "it", max_len=48, capture=False) == want
+
+
+def test_graphed_greedy_refuses_what_it_cannot_capture(demo, static):
+    from fastvocab.decoding.graphed import greedy_search_graphed
+
+    batch = demo.encode_texts(DEMO_SOURCES[:2], "en")
+    lsh = object()
+    with pytest.raises(ValueError, match="no capturable token choice"):
+        greedy_search_graphed(demo, lsh, batch, "en", "it", max_len=4)
+    hf = Seq2SeqAdapter(static.model, static.tokenizer, static.path, "cpu", torch.float32, engine="hf")
+    full = create_projection("full", hf.output_weight, hf.output_bias)
+    with pytest.raises(ValueError, match="needs the static engine"):
+        greedy_search_graphed(hf, full, hf.encode_texts(["a b"], "en"), "en", "it", max_len=4)

@@ -306,7 +306,7 @@ M2M100_418M = dict(
     decoder_ffn_dim=4096,
 )
 SMOKE_ARCH = dict(
-    vocab_size=2048,
+    vocab_size=32_768,  # above the demo tokenizer's ids: its language tags exist in the model (the searches)
     d_model=64,
     encoder_layers=2,
     decoder_layers=2,
@@ -451,19 +451,16 @@ def step_e2e(args: argparse.Namespace) -> dict:
         with torch.inference_mode():
             for eng, p in variants.values():  # warm-up (CuPy compilation, cuBLAS handles)
                 fixed_decode(adapters[eng], p, src, beam, 2)
-            # Greedy: the whole step (fixed-shape decoder step, projection, argmax) as one CUDA graph
-            graphed: dict[str, Callable[[], None]] = {}
+            # Greedy through the searches themselves (max_len = steps; random weights: no row ends early),
+            # eager (decoding.search) and with the whole step in one CUDA graph (decoding.graphed)
+            graphed: dict[str, Callable[[], object]] = {}
             if beam == 1:
-                graphed["full/static-graph"] = graphed_greedy(
-                    ad, lambda h: full(h).logits.argmax(dim=1), src, steps
-                )
+                graphed["full/search"] = searched(ad, full, src, steps, graph=False)
+                graphed["full/search-graph"] = searched(ad, full, src, steps, graph=True)
                 for k, (_, p) in variants.items():
                     if isinstance(p, _StaticProject):
-                        su = p.su
-                        pick = lambda h, su=su: (o := su.step(h)).ids[o.logits.argmax(dim=1)]  # noqa: E731
-                        graphed[k.replace("union-static", "union-static-graph")] = graphed_greedy(
-                            ad, pick, src, steps
-                        )
+                        graphed[f"{k}/search"] = searched(ad, p, src, steps, graph=False)
+                        graphed[f"{k}/search-graph"] = searched(ad, p.su, src, steps, graph=True)
                 times.update({k: [] for k in graphed})
             hs = torch.randn(batch * beam, d, device=device).to(dtype)
             for _ in range(repeats):
@@ -558,55 +555,17 @@ def step_e2e(args: argparse.Namespace) -> dict:
     return payload
 
 
-def graphed_greedy(adapter, pick: Callable, src: torch.Tensor, steps: int) -> Callable[[], None]:
-    """``steps`` greedy steps like :func:`fixed_decode`'s (encoder included), the step captured once.
+def searched(adapter, projection, src: torch.Tensor, steps: int, graph: bool) -> Callable[[], object]:
+    """A greedy search of ``steps`` tokens over ``src``: ``decoding.search.greedy_search`` (eager), or
+    ``decoding.graphed.greedy_search_graphed`` (the step captured in a CUDA graph once per call: the
+    capture is timed too, as a translation pays it once per batch). Without CUDA the graphed search runs
+    its step eagerly (``--smoke`` checks the code)."""
+    from fastvocab.decoding.graphed import greedy_search_graphed
+    from fastvocab.decoding.search import greedy_search
 
-    The step is the static engine's fixed-shape step (``StaticDecoder.step_fixed``: the position lives on the
-    device and attention reads the whole capacity, masked), then ``pick(h) -> (rows,)`` token ids, then the
-    position advanced, all inside one CUDA graph; a call encodes the batch eagerly into the captured cache
-    and replays the graph ``steps`` times, with no host work between steps. Without CUDA (``--smoke``) the
-    same body runs eagerly, which checks the code."""
-    dec = adapter.static_decoder
     batch = {"input_ids": src, "attention_mask": torch.ones_like(src)}
-    n, dev = src.shape[0], src.device
-
-    def start():
-        enc = adapter.encode(batch)
-        return dec.start(enc.hidden, enc.mask, capacity=steps + 1)
-
-    cache = start()
-    dec.prepare_fixed(cache, steps)
-    tok = torch.full((n,), adapter.decoder_start_id, dtype=torch.long, device=dev)
-    pos = torch.zeros(1, dtype=torch.long, device=dev)
-
-    def body():
-        tok.copy_(pick(dec.step_fixed(tok, cache, pos)))
-        pos.add_(1)
-
-    replay = body
-    if dev.type == "cuda":
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):  # warm-up off the capture stream, as torch.cuda.graph asks
-            for _ in range(2):
-                body()
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            body()
-        replay = graph.replay
-
-    def run():
-        fresh = start()  # this call's encoder work, written into the captured cache
-        cache.cross_kv.copy_(fresh.cross_kv)
-        cache.cross_bias.copy_(fresh.cross_bias)
-        cache.self_kv.zero_()
-        tok.fill_(adapter.decoder_start_id)
-        pos.zero_()
-        for _ in range(steps):
-            replay()
-
-    return run
+    fn = greedy_search_graphed if graph else greedy_search
+    return lambda: fn(adapter, projection, batch, "en", "it", max_len=steps)
 
 
 class _StaticProject:

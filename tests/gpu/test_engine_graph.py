@@ -90,3 +90,20 @@ def test_graph_replay_equals_eager_step(dtype):
             graph.replay()
             got.append(h.clone())
     torch.testing.assert_close(torch.stack(got), torch.stack(want), **TOL[dtype])
+
+
+def test_graphed_greedy_search_equals_eager_on_the_demo_model():
+    """The whole greedy step captured (decoding.graphed) against the eager search, on the GPU, fp32."""
+    from pathlib import Path
+
+    from fastvocab.decoding import Seq2SeqAdapter, greedy_search
+    from fastvocab.decoding.graphed import greedy_search_graphed
+    from fastvocab.kernels import create_projection
+
+    demo = Seq2SeqAdapter.load(Path(__file__).resolve().parents[2] / "models" / "demo", device=DEV)
+    full = create_projection("full", demo.output_weight, demo.output_bias)
+    lines = ["GNU C library: shared libraries", "transitional package", "fast, lightweight web server"]
+    batch = demo.encode_texts(lines, "en")
+    want = greedy_search(demo, full, batch, "en", "it", max_len=40)
+    got = greedy_search_graphed(demo, full, batch, "en", "it", max_len=40, capture=True)
+    assert got == want and any(want)
