@@ -49,9 +49,11 @@ Writes ``benchmarks/results/peer-<device>-<date>.json`` (``--out``) and prints a
 from __future__ import annotations
 
 import argparse
+import atexit
 import datetime as dt
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -211,7 +213,7 @@ def build_systems(args) -> tuple[dict[str, Callable], dict]:
         if not args.no_clustered:
             systems["fastvocab-hf clustered fp32"] = fastvocab_system(hf, clustered, args)
     if not args.no_ct2:
-        ct2_dir = Path(args.ct2_dir) if args.ct2_dir else Path(tempfile.mkdtemp(prefix="ct2-")) / "model"
+        ct2_dir = Path(args.ct2_dir) if args.ct2_dir else _scratch("ct2-") / "model"
         if not (ct2_dir / "model.bin").exists():
             convert_ct2(Path(args.model), ct2_dir)
         import ctranslate2
@@ -233,17 +235,22 @@ def build_systems(args) -> tuple[dict[str, Callable], dict]:
     return systems, info
 
 
+def _scratch(prefix: str) -> Path:
+    """A temporary folder removed when the benchmark exits."""
+    path = Path(tempfile.mkdtemp(prefix=prefix))
+    atexit.register(shutil.rmtree, path, True)
+    return path
+
+
 def vmap_model_dir(ct2_dir: Path, adapter, args, info: dict) -> Path:
     """A folder with the converted model's files linked and the vocabulary map as ``vmap.txt`` (what
     ``ct2-transformers-converter --vocab_mapping`` would add), so ``ct2_dir`` itself stays as it is."""
-    out = Path(tempfile.mkdtemp(prefix="ct2-vmap-")) / "model"
+    out = _scratch("ct2-vmap-") / "model"
     out.mkdir()
     for f in ct2_dir.iterdir():
         if f.name != "vmap.txt":
             (out / f.name).symlink_to(f.resolve())
     if args.vmap:
-        import shutil
-
         shutil.copyfile(args.vmap, out / "vmap.txt")
         info["vmap"] = {"source": str(args.vmap)}
     else:
