@@ -9,7 +9,9 @@ compaction: a new row count would need a new graph), and keep emitting EOS.
 
 The token choice must not read the host either, so only projections with a capturable choice run here
 (:func:`graph_pick`): the full projection (argmax over N) and the static-capacity union
-(``kernels.clustered_static.StaticUnion``; today's union mode reads its column count back every step).
+(``kernels.clustered_static.StaticUnion``; today's union mode reads its column count back every step). A
+union that outgrows the static capacity sets a device flag; read at the next host read, it sends the batch
+to the eager search, where such a step gets the full logits: a column is never dropped silently.
 
 Without CUDA (or with ``capture=False``) the same step runs eagerly: that is how the CPU tests check that
 the outputs equal :func:`~fastvocab.decoding.search.greedy_search`'s, hence ``generate``'s. Not yet the
@@ -18,6 +20,7 @@ default on CUDA: ``tests/gpu/test_engine_graph.py`` and the GPU campaign check i
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Callable
 
@@ -26,13 +29,19 @@ import torch
 from fastvocab.decoding import search
 from fastvocab.kernels.base import Projection
 
+log = logging.getLogger(__name__)
+
 Pick = Callable[[torch.Tensor], torch.Tensor]  # h (rows, d) -> greedy token ids (rows,), no host read
 
 
-def graph_pick(projection: object, banned: torch.Tensor | None = None) -> Pick | None:
+def graph_pick(
+    projection: object, banned: torch.Tensor | None = None, overflow: torch.Tensor | None = None
+) -> Pick | None:
     """The greedy choice of ``projection`` as a capturable function, or None when it has none.
 
-    ``banned``: vocabulary ids never chosen (the search's suppressed ids).
+    ``banned``: vocabulary ids never chosen (the search's suppressed ids). ``overflow``: a 0-d bool device
+    tensor that a static-capacity union ORs with "this step's union did not fit" (its choice is then not to
+    be trusted; the caller reads the flag at its next host read).
     """
     from fastvocab.kernels.clustered_static import StaticUnion
     from fastvocab.kernels.full import FullProjection
@@ -49,7 +58,7 @@ def graph_pick(projection: object, banned: torch.Tensor | None = None) -> Pick |
     if isinstance(projection, StaticUnion):
 
         def pick_union(h: torch.Tensor) -> torch.Tensor:
-            out = projection.step(h)  # capacity sized so that the union cannot overflow (rows=...)
+            out = projection.step(h, overflow)
             logits = out.logits
             if banned is not None:
                 logits = logits.masked_fill(torch.isin(out.ids, banned)[None, :], -math.inf)
@@ -75,7 +84,8 @@ def greedy_search_graphed(
     dec = adapter.static_decoder
     if dec is None:
         raise ValueError("graphed greedy search needs the static engine (engine='static')")
-    pick = graph_pick(projection, search._banned_ids(adapter, adapter.device))
+    overflow = torch.zeros((), dtype=torch.bool, device=adapter.device)
+    pick = graph_pick(projection, search._banned_ids(adapter, adapter.device), overflow)
     if pick is None:
         raise ValueError(
             f"{type(projection).__name__} has no capturable token choice: use the full projection or a "
@@ -123,6 +133,7 @@ def greedy_search_graphed(
         with torch.cuda.graph(graph):
             body()
         # The warm-up ran one real step: put every buffer back (capture itself runs nothing).
+        overflow.zero_()
         h_buf.copy_(saved[0])
         out_tokens.copy_(saved[1])
         finished.copy_(saved[2])
@@ -135,7 +146,7 @@ def greedy_search_graphed(
     for step in range(last):
         replay()
         cache.length += 1
-        if (step + 1) % sync_every == 0 and bool(finished.all()):  # the host read
+        if (step + 1) % sync_every == 0 and bool(finished.all() | overflow):  # the host read
             break
     else:
         if forced_eos is not None:  # generate's forced_eos_token_id at the length limit
@@ -143,4 +154,11 @@ def greedy_search_graphed(
             out_tokens[:, last] = tokens
         else:
             choose()
+    if bool(overflow):
+        # A union outgrew the static capacity: never serve a choice made without all its columns. The batch
+        # is decoded again eagerly, where an overflowing step gets the full logits (StaticUnion.project).
+        log.info(
+            "graphed greedy: a union outgrew capacity %d; batch decoded again eagerly", projection.capacity
+        )
+        return search.greedy_search(adapter, projection.project, batch, src_lang, tgt_lang, max_len=max_len)
     return [search._strip(row, eos) for row in out_tokens.tolist()]

@@ -336,6 +336,12 @@ def test_graphed_greedy_static_union_equals_union_mode(demo):
     su = StaticUnion(union, rows=batch["input_ids"].shape[0])
     assert su.capacity < demo.n_vocab  # the graphed step computes a subset, not every column
     assert greedy_search_graphed(demo, su, batch, "en", "it", max_len=48, capture=False) == want
+    # a capacity the unions outgrow: flagged on the device, the batch redone eagerly with full logits there
+    small = StaticUnion(union, capacity=8, grow=False)
+    got = greedy_search_graphed(demo, small, batch, "en", "it", max_len=48, capture=False)
+    assert small.fallbacks > 0
+    eager = StaticUnion(union, capacity=8, grow=False)
+    assert got == greedy_search(demo, eager.project, batch, "en", "it", max_len=48)
 
 
 def test_graphed_greedy_refuses_what_it_cannot_capture(demo, static):
