@@ -642,6 +642,7 @@ class StaticDecoder(nn.Module):
 
     # ------------------------------------------------------------------ fixed-shape step (CUDA graphs)
 
+    @torch.inference_mode()
     def prepare_fixed(self, state: StaticState, last_position: int) -> None:
         """Make ``state`` ready for :meth:`step_fixed` up to target position ``last_position``: capacity and
         position table that cover it, and the unfilled positions zeroed (``step_fixed`` reads the whole

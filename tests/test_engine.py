@@ -355,3 +355,38 @@ def test_graphed_greedy_refuses_what_it_cannot_capture(demo, static):
     full = create_projection("full", hf.output_weight, hf.output_bias)
     with pytest.raises(ValueError, match="needs the static engine"):
         greedy_search_graphed(hf, full, hf.encode_texts(["a b"], "en"), "en", "it", max_len=4)
+
+
+def test_graphed_step_dispatches_no_host_read(demo):
+    """What a CUDA graph captures must not read a value back to the host (capture would fail on the GPU):
+    checked here on CPU at the dispatcher, for the fixed-shape step and both capturable token choices."""
+    from fastvocab.decoding.graphed import graph_pick
+    from fastvocab.kernels.clustered_static import StaticUnion
+    from tests.test_clustered import map_from_sets
+    from tests.test_clustered_static import SYNC_OPS, RecordOps
+
+    full = create_projection("full", demo.output_weight, demo.output_bias)
+    rng = torch.Generator().manual_seed(0)
+    cent = torch.randn(4, demo.output_weight.shape[1], generator=rng)
+    sets = [torch.randint(0, demo.n_vocab, (30,), generator=rng).tolist() for _ in range(4)]
+    union = create_projection(
+        "clustered", demo.output_weight, demo.output_bias,
+        cluster_map=map_from_sets(cent.numpy(), sets, demo.n_vocab, full.fingerprint),
+    )  # fmt: skip
+    batch = demo.encode_texts(DEMO_SOURCES, "en")
+    enc = demo.encode(batch)
+    dec = demo.static_decoder
+    cache = dec.start(enc.hidden, enc.mask, capacity=8)
+    dec.prepare_fixed(cache, 7)
+    tok = torch.full((len(DEMO_SOURCES),), demo.decoder_start_id)
+    pos = torch.zeros(1, dtype=torch.long)
+    banned = torch.tensor([demo.pad_id])
+    picks = [
+        graph_pick(full, banned),
+        graph_pick(StaticUnion(union, rows=len(DEMO_SOURCES)), banned, torch.zeros((), dtype=torch.bool)),
+    ]
+    for pick in picks:
+        with RecordOps() as rec:
+            pick(dec.step_fixed(tok, cache, pos))
+        assert {"index_copy_", "softmax", "_softmax"} & set(rec.names), rec.names  # it saw the step
+        assert not set(rec.names) & set(SYNC_OPS), set(rec.names) & set(SYNC_OPS)
