@@ -7,9 +7,9 @@ Empty lines become empty outputs without touching the model.
 
 On CPU the batches are decoded by parallel workers, one per torch thread (``decode_workers``): a decoder
 step is many small ops that torch's intra-op threads share poorly. Demo model, 200 en-it test lines, batch
-32, 2 threads (AMD EPYC, same outputs): two workers of one thread against one batch at a time on two
-threads, greedy full 3.83 -> 3.03 s, beam 4 full 8.81 -> 7.23 s, clustered int8 2.21 -> 1.61 s and 3.34 ->
-2.65 s. CTranslate2 offers the same choice (``inter_threads``).
+32, 2 threads (AMD EPYC, same outputs; benchmarks/results/engine-cpu-2026-11-23-evening.json): two workers
+of one thread against one batch at a time on two threads, greedy full fp32 1.31x, beam 4 1.17x; clustered
+int8 1.08x and 1.35x. CTranslate2 offers the same choice (``inter_threads``).
 """
 
 from __future__ import annotations
