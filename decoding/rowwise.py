@@ -1,9 +1,10 @@
 """Row-wise argmax and top-k over wide score rows (the search's per-step choice), faster on CPU than torch's.
 
 Both read the row once by ``amax`` over blocks of columns, then search only the blocks that can hold the
-answer. Measured on the demo model's 32,108 columns, 1 thread (AMD EPYC): ``argmax`` 1.5 ms against 0.16 ms
-at 32 rows; ``topk(8)`` 2.37 / 9.68 ms against 0.53 / 2.96 ms at 32 / 128 rows. On an accelerator, and where
-the rows are too short for blocks to pay, they are torch's own.
+answer. Measured on the demo model's 32,108 columns, 1 thread (AMD EPYC;
+benchmarks/results/rowwise-reorder-cpu-2026-11-23.json): ``argmax`` 1.06 / 9.68 ms against 0.28 / 2.30 ms at
+32 / 128 rows; ``topk(8)`` 1.45 / 7.15 ms against 0.41 / 3.96 ms. On an accelerator, and where the rows are
+too short for blocks to pay, they are torch's own.
 """
 
 from __future__ import annotations
