@@ -316,18 +316,15 @@ def test_graphed_greedy_static_union_equals_union_mode(demo):
     the model's own greedy states and their top-8 tokens, as the pipeline's maps are)."""
     from fastvocab.decoding.graphed import greedy_search_graphed
     from fastvocab.kernels.clustered_static import StaticUnion
-    from tests.test_clustered import map_from_sets
+    from tests.test_clustered import map_from_states
 
     full = create_projection("full", demo.output_weight, demo.output_bias)
     batch = demo.encode_texts(DEMO_SOURCES, "en")
     records = []
     greedy_search(demo, full, batch, "en", "it", max_len=48, step_hook=records.append)
-    h = torch.cat([r.hidden for r in records])  # (states, d)
-    top = torch.cat([r.output.logits.topk(8, dim=1).indices for r in records])  # (states, 8)
-    cent = h[:: max(1, len(h) // 24)][:24]  # 24 of the states as centroids
-    near = torch.cdist(h, cent).argmin(dim=1)
-    sets = [sorted({*top[near == c].flatten().tolist(), demo.eos_id}) for c in range(len(cent))]
-    cmap = map_from_sets(cent.numpy(), sets, demo.n_vocab, full.fingerprint)
+    h = torch.cat([r.hidden for r in records]).numpy()  # (states, d)
+    top = torch.cat([r.output.logits.topk(8, dim=1).indices for r in records]).numpy()  # (states, 8)
+    cmap = map_from_states(h, top, 24, demo.n_vocab, full.fingerprint)
     union = create_projection(
         "clustered", demo.output_weight, demo.output_bias, cluster_map=cmap, selection="union",
         always_active=demo.always_active_ids(),
