@@ -8,6 +8,8 @@ Skipped with a reason without a CUDA GPU. On a GPU machine:
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -23,37 +25,24 @@ STEPS = 9
 TOL = {torch.float32: dict(rtol=1e-4, atol=1e-4), torch.float16: dict(rtol=2e-2, atol=2e-2)}
 
 
-def model(dtype):
-    from transformers import M2M100Config, M2M100ForConditionalGeneration
+DEMO = Path(__file__).resolve().parents[2] / "models" / "demo"
 
-    cfg = M2M100Config(
-        vocab_size=512,
-        d_model=64,
-        encoder_layers=2,
-        decoder_layers=2,
-        encoder_attention_heads=4,
-        decoder_attention_heads=4,
-        encoder_ffn_dim=128,
-        decoder_ffn_dim=128,
-        max_position_embeddings=64,
-        dropout=0.0,
-        pad_token_id=1,
-        bos_token_id=0,
-        eos_token_id=2,
-        decoder_start_token_id=2,
-    )
-    torch.manual_seed(0)
-    return M2M100ForConditionalGeneration(cfg).to(DEV, dtype).eval()
+
+def model(dtype):
+    """The committed demo model (M2M100 family: d 256, 2 decoder layers, 32,108 tokens) on the GPU."""
+    from transformers import AutoModelForSeq2SeqLM
+
+    return AutoModelForSeq2SeqLM.from_pretrained(DEMO, local_files_only=True).to(DEV, dtype).eval()
 
 
 def inputs(m, rows=5, src_len=7):
     gen = torch.Generator().manual_seed(1)
-    src = torch.randint(3, 500, (rows, src_len), generator=gen).to(DEV)
+    src = torch.randint(4, 30_000, (rows, src_len), generator=gen).to(DEV)
     mask = torch.ones_like(src)
     mask[0, -2:] = 0  # some padding in the source
     with torch.inference_mode():
         enc = m.get_encoder()(input_ids=src, attention_mask=mask).last_hidden_state
-    tokens = torch.randint(3, 500, (rows, STEPS), generator=gen).to(DEV)
+    tokens = torch.randint(4, 30_000, (rows, STEPS), generator=gen).to(DEV)
     tokens[2, 4] = 1  # a pad token among the targets (position row padding_idx)
     return enc, mask, tokens
 
@@ -94,13 +83,11 @@ def test_graph_replay_equals_eager_step(dtype):
 
 def test_graphed_greedy_search_equals_eager_on_the_demo_model():
     """The whole greedy step captured (decoding.graphed) against the eager search, on the GPU, fp32."""
-    from pathlib import Path
-
     from fastvocab.decoding import Seq2SeqAdapter, greedy_search
     from fastvocab.decoding.graphed import greedy_search_graphed
     from fastvocab.kernels import create_projection
 
-    demo = Seq2SeqAdapter.load(Path(__file__).resolve().parents[2] / "models" / "demo", device=DEV)
+    demo = Seq2SeqAdapter.load(DEMO, device=DEV)
     full = create_projection("full", demo.output_weight, demo.output_bias)
     lines = ["GNU C library: shared libraries", "transitional package", "fast, lightweight web server"]
     batch = demo.encode_texts(lines, "en")
