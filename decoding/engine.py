@@ -161,8 +161,12 @@ class StaticState:
     cross_bias: torch.Tensor
     group: int  # consecutive rows sharing one source sentence (beam size after expansion, else 1)
     length: int  # target tokens consumed so far (positions 0..length-1 of self_kv are filled)
-    buffer: torch.Tensor | None = None  # what self_kv views (None: self_kv itself)
+    buffer: torch.Tensor | None = None  # what self_kv views (given as None: self_kv itself)
     spare: torch.Tensor | None = None  # (2, layers, >= rows, heads, capacity, head_dim) or None
+
+    def __post_init__(self) -> None:
+        if self.buffer is None:
+            self.buffer = self.self_kv
 
     @property
     def rows(self) -> int:
@@ -174,7 +178,7 @@ class StaticState:
 
     def cache_bytes(self) -> int:
         """Bytes held by the self- and cross-attention caches (both self-attention buffers)."""
-        held = [self.buffer if self.buffer is not None else self.self_kv, self.cross_kv, self.cross_bias]
+        held = [self.buffer, self.cross_kv, self.cross_bias]
         if self.spare is not None:
             held.append(self.spare)
         return sum(t.numel() * t.element_size() for t in held)
@@ -564,7 +568,7 @@ class StaticDecoder(nn.Module):
         log.debug("static decoder cache: capacity %d -> %d", state.capacity, new_cap)
         bigger = self._alloc((*state.self_kv.shape[:4], new_cap, self.head_dim), "self-attention cache")
         bigger[..., : state.length, :].copy_(state.self_kv[..., : state.length, :])
-        state.self_kv, state.buffer, state.spare = bigger, None, None
+        state.self_kv, state.buffer, state.spare = bigger, bigger, None
 
     def reorder(self, state: StaticState, index: torch.Tensor, group: int | None = None) -> StaticState:
         """Rows ``index`` (rows',) of ``state`` in that order. Returns a new state; ``state`` must not be used
@@ -587,8 +591,7 @@ class StaticDecoder(nn.Module):
         self_kv = spare[:, :, :rows]
         # Only the filled positions: copying the whole capacity would cost as much as a long sentence does.
         torch.index_select(state.self_kv[..., :n, :], 2, index, out=self_kv[..., :n, :])
-        old = state.buffer if state.buffer is not None else state.self_kv
-        buffers = {"buffer": spare, "spare": old}
+        buffers = {"buffer": spare, "spare": state.buffer}
         g_old = state.group
         if group is not None and index.shape[0] % group == 0:
             sources = index[::group] // g_old  # (sources',)
