@@ -129,8 +129,6 @@ def translate(
     intra = max(1, threads // workers)
 
     def run(chunk: list[int]) -> list[list[int]]:
-        if workers > 1:
-            torch.set_num_threads(intra)  # this thread's share (OpenMP's thread count is per thread)
         with torch.inference_mode():  # thread-local: a worker thread must enter it itself
             return decode(
                 adapter,
@@ -144,7 +142,12 @@ def translate(
             )
 
     # Tokenizer calls stay on this thread; the workers only decode ids. map() yields in submission order.
-    pool = ThreadPoolExecutor(workers) if workers > 1 else None
+    # Each worker thread takes its share of the threads once (OpenMP's thread count is per thread).
+    pool = (
+        ThreadPoolExecutor(workers, initializer=torch.set_num_threads, initargs=(intra,))
+        if workers > 1
+        else None
+    )
     outputs = pool.map(run, chunks) if pool else map(run, chunks)
     try:
         with bar:
