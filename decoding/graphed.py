@@ -68,6 +68,22 @@ def graph_pick(
     return None
 
 
+def capture(fn: Callable[[], object], warmups: int = 1) -> Callable[[], None]:
+    """``fn`` run ``warmups`` times on a side stream (lazy inits, cuBLAS handles: as ``torch.cuda.graph``
+    asks), then captured in a CUDA graph; returns the graph's ``replay``. The warm-up runs are real: the
+    caller restores what they changed."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(warmups):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph.replay
+
+
 @torch.inference_mode()
 def greedy_search_graphed(
     adapter,
@@ -124,14 +140,7 @@ def greedy_search_graphed(
     replay = body
     if capture and last > 0:
         saved = (h_buf.clone(), out_tokens.clone(), finished.clone(), cache.self_kv.clone())
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):  # warm-up off the capture stream (cuBLAS handles, lazy inits)
-            body()
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            body()
+        replay = capture(body)
         # The warm-up ran one real step: put every buffer back (capture itself runs nothing).
         overflow.zero_()
         h_buf.copy_(saved[0])
@@ -140,7 +149,6 @@ def greedy_search_graphed(
         cache.self_kv.copy_(saved[3])
         pos.fill_(cache.length)
         step_t.zero_()
-        replay = graph.replay
 
     sync_every = search._sync_every(device, None)
     for step in range(last):

@@ -279,17 +279,10 @@ def step_static(args: argparse.Namespace) -> dict:
 
 def _graphed(su, h: torch.Tensor) -> Callable[[], object]:
     """Capture ``su.step`` on a static copy of ``h``; the returned callable replays the graph."""
+    from fastvocab.decoding.graphed import capture
+
     static_h = h.clone()
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(2):
-            su.step(static_h)
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        su.step(static_h)
-    return graph.replay
+    return capture(lambda: su.step(static_h), warmups=2)
 
 
 # --------------------------------------------------------------------------------------------- e2e
