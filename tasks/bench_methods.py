@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 import resource
 import statistics
 import tempfile
@@ -627,7 +626,7 @@ def bench_record(
     return {
         "benchmark": "methods",
         "command": command,
-        "meta": {**meta, **settings.describe(), "cpu_count": os.cpu_count()},
+        "meta": {**meta, **settings.describe()},
         "pareto_front": front,
         "results": results,
     }

@@ -404,19 +404,9 @@ def fidelity_record(
         "benchmark": "fidelity",
         "command": command,
         "meta": {
-            "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            **run_meta(adapter, device, load_before, threads=threads),
             "fastvocab_version": __version__,
-            "device": device_description(device),
-            "torch": torch.__version__,
-            "threads": threads,
-            "cpu_count": os.cpu_count(),
-            "loadavg_before": [round(x, 2) for x in load_before],
-            "loadavg_after": [round(x, 2) for x in os.getloadavg()],
             "model": model,
-            "model_fingerprint": adapter.fingerprint,
-            "n_vocab": adapter.n_vocab,
-            "d": adapter.d_model,
-            "dtype": str(adapter.dtype),
             "maps": maps,
             "directions": list(directions),
             **asdict(settings),
@@ -425,6 +415,35 @@ def fidelity_record(
             **(extra_meta or {}),
         },
         "results": results,
+    }
+
+
+def run_meta(
+    adapter: Seq2SeqAdapter,
+    device: str,
+    load_before: Sequence[float],
+    *,
+    threads: int | None = None,
+    finished: bool = True,
+) -> dict[str, object]:
+    """The meta every benchmark record starts with: when, on what (device, torch, threads, load average
+    before and, once ``finished``, after the run) and which model (fingerprint, vocabulary, width, dtype)."""
+    meta: dict[str, object] = {
+        "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "device": device_description(device),
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads() if threads is None else threads,
+        "cpu_count": os.cpu_count(),
+        "loadavg_before": [round(x, 2) for x in load_before],
+    }
+    if finished:
+        meta["loadavg_after"] = [round(x, 2) for x in os.getloadavg()]
+    return {
+        **meta,
+        "model_fingerprint": adapter.fingerprint,
+        "n_vocab": adapter.n_vocab,
+        "d": adapter.d_model,
+        "dtype": str(adapter.dtype),
     }
 
 

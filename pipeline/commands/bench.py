@@ -290,7 +290,7 @@ def run_methods_command(
     from fastvocab.artifacts_schema.jsonfile import write_json
     from fastvocab.decoding.hf_adapter import Seq2SeqAdapter
     from fastvocab.tasks import bench_methods as bm
-    from fastvocab.tasks.fidelity import device_description
+    from fastvocab.tasks.fidelity import run_meta
 
     work = args.work_dir
     maps = args.maps or (work / "maps" if work else Path("runs/demo/maps"))
@@ -337,17 +337,8 @@ def run_methods_command(
     except ValueError as exc:  # an unknown language, a missing --maps
         raise UserError(str(exc)) from exc
     meta = {
-        "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "device": device_description(args.device),
-        "torch": torch.__version__,
-        "threads": torch.get_num_threads(),
-        "loadavg_before": [round(x, 2) for x in load_before],
-        "loadavg_after": [round(x, 2) for x in os.getloadavg()],
+        **run_meta(adapter, args.device, load_before),
         "model": str(args.model),
-        "model_fingerprint": adapter.fingerprint,
-        "n_vocab": adapter.n_vocab,
-        "d": adapter.d_model,
-        "dtype": str(adapter.dtype),
         "maps": str(maps),
         "methods_dir": None if methods_dir is None else str(methods_dir),
         "corpus": str(args.corpus),

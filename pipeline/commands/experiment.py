@@ -200,7 +200,7 @@ def run_paper_command(args: argparse.Namespace) -> int:
 
     from fastvocab.decoding.hf_adapter import Seq2SeqAdapter
     from fastvocab.tasks import experiment_paper as ep
-    from fastvocab.tasks.fidelity import device_description
+    from fastvocab.tasks.fidelity import run_meta
 
     settings = paper_settings(args)
     parts = _names(args.parts) or ep.PARTS
@@ -242,18 +242,8 @@ def run_paper_command(args: argparse.Namespace) -> int:
     except ValueError as exc:  # an unknown language, a direction without corpus sentences
         raise UserError(str(exc)) from exc
     meta = {
-        "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "device": device_description(args.device),
-        "torch": torch.__version__,
-        "threads": torch.get_num_threads(),
-        "cpu_count": os.cpu_count(),
-        "loadavg_before": [round(x, 2) for x in load_before],
-        "loadavg_after": [round(x, 2) for x in os.getloadavg()],
+        **run_meta(adapter, args.device, load_before),
         "model": str(args.model),
-        "model_fingerprint": adapter.fingerprint,
-        "n_vocab": adapter.n_vocab,
-        "d": adapter.d_model,
-        "dtype": str(adapter.dtype),
         "corpus": str(args.corpus),
         "pool_corpus": str(args.pool_corpus or args.corpus),
         "maps": str(maps),

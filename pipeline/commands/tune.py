@@ -9,7 +9,6 @@ configuration).
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import logging
 import os
 import shutil
@@ -153,7 +152,7 @@ def run(args: argparse.Namespace) -> int:
     from fastvocab.decoding.hf_adapter import Seq2SeqAdapter
     from fastvocab.pipeline.tracking import git_commit
     from fastvocab.tasks import tune as tt
-    from fastvocab.tasks.fidelity import device_description
+    from fastvocab.tasks.fidelity import run_meta
 
     settings = settings_from(args)
     direction = args.direction
@@ -193,18 +192,9 @@ def run(args: argparse.Namespace) -> int:
         )
 
     meta = {
-        "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        **run_meta(adapter, args.device, load_before, finished=False),  # written before the run
         "commit": git_commit(),
-        "device": device_description(args.device),
-        "torch": torch.__version__,
-        "threads": torch.get_num_threads(),
-        "cpu_count": os.cpu_count(),
-        "loadavg_before": [round(x, 2) for x in load_before],
         "model": str(args.model),
-        "model_fingerprint": adapter.fingerprint,
-        "n_vocab": adapter.n_vocab,
-        "d": adapter.d_model,
-        "dtype": str(adapter.dtype),
         "states": str(states),
         "corpus": str(args.corpus),
         "direction": direction,
