@@ -65,6 +65,23 @@ class StepRecord:
 StepHook = Callable[[StepRecord], None]
 
 
+# Command-line names of beam search's stopping rules (``early_stopping``); "model": the generation config's.
+EARLY_STOPPING_RULES: dict[str, bool | str | None] = {
+    "model": None,
+    "true": True,
+    "false": False,
+    "never": "never",
+}
+
+
+def parse_early_stopping(text: str) -> bool | str | None:
+    """``"true"`` -> True, ``"never"`` -> "never", ``"model"`` -> None, ...; ValueError naming the choices."""
+    try:
+        return EARLY_STOPPING_RULES[text.lower()]
+    except KeyError:
+        raise ValueError(f"{text!r}: choose from {', '.join(EARLY_STOPPING_RULES)}") from None
+
+
 def _sync_every(device: torch.device, step_hook: StepHook | None) -> int:
     if step_hook is not None:
         return 1
@@ -244,11 +261,14 @@ def beam_search(
 
     for step in range(max_len):
         nb = sent.shape[0]
-        row_ids = sent.repeat_interleave(k)  # (nb*k,) k rows per live sentence, in order
-        out = project(h, row_ids)
+        last = step == max_len - 1
+        # At the first step a sentence's k rows are the same state: project one and copy its candidates (as
+        # CTranslate2 does). A step hook still sees every row, as the dump has always recorded them.
+        first = step == 0 and k > 1 and step_hook is None and not (last and forced_eos is not None)
+        row_ids = sent if first else sent.repeat_interleave(k)  # (nb*k,): k rows per live sentence, in order
+        out = project(h[::k].contiguous() if first else h, row_ids)
         if step_hook is not None:
             step_hook(StepRecord(row_ids=row_ids, step=step, hidden=h, output=out))
-        last = step == max_len - 1
         if last and forced_eos is not None:
             # generate's forced_eos_token_id: at the length limit EOS gets log-prob 0, everything else -inf.
             kk = 1
@@ -260,6 +280,8 @@ def beam_search(
             kk = min(k2, logp.shape[1])
             row_vals, row_cols = topk_rows(logp, kk)  # (nb*k, kk) == torch.topk(logp, kk, dim=-1)
             row_toks = out.to_vocab_ids(row_cols)  # (nb*k, kk)
+            if first:
+                row_vals, row_toks = row_vals.repeat_interleave(k, 0), row_toks.repeat_interleave(k, 0)
         total = (row_vals.view(nb, k, kk) + run_scores[:, :, None]).view(nb, k * kk)
         cand_scores, flat = torch.topk(total, min(k2, k * kk), dim=-1)  # (nb, k2)
         cand_beam = flat // kk  # (nb, k2) which live beam each candidate extends
@@ -333,9 +355,13 @@ def decode(
     max_len: int = 128,
     length_penalty: float = 1.0,
     step_hook: StepHook | None = None,
+    early_stopping: bool | str | None = None,
 ) -> list[list[int]]:
-    """Greedy search for ``beam == 1``, else beam search (translation, the dump and the benchmarks), with the
-    stopping rule of the model's generation config (``adapter.early_stopping``, as ``generate`` reads it)."""
+    """Greedy search for ``beam == 1``, else beam search (translation, the dump and the benchmarks).
+
+    ``early_stopping``: beam search's stopping rule (:func:`beam_search`); None takes the model's generation
+    config (``adapter.early_stopping``), as ``generate`` does.
+    """
     if beam == 1:
         return greedy_search(
             adapter, projection, batch, src_lang, tgt_lang, max_len=max_len, step_hook=step_hook
@@ -350,5 +376,7 @@ def decode(
         max_len=max_len,
         length_penalty=length_penalty,
         step_hook=step_hook,
-        early_stopping=getattr(adapter, "early_stopping", False),
+        early_stopping=getattr(adapter, "early_stopping", False)
+        if early_stopping is None
+        else early_stopping,
     )

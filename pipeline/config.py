@@ -63,6 +63,8 @@ class TranslateConfig(_Strict):
     max_len: int = Field(128, ge=1)  # max target tokens per sentence
     max_input_tokens: int = Field(256, ge=1)  # longer source lines are an error, not silently cut
     length_penalty: float = 1.0
+    # beam search's stopping rule (true, false, never), as generate's early_stopping; null: the model's own
+    early_stopping: bool | Literal["never"] | None = None
     device: str = "cpu"
 
     @field_validator("device")
@@ -83,6 +85,7 @@ class TranslateConfig(_Strict):
             max_len=self.max_len,
             length_penalty=self.length_penalty,
             max_input_tokens=self.max_input_tokens,
+            early_stopping=self.early_stopping,
         )
 
 

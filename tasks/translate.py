@@ -54,6 +54,8 @@ class SearchSettings:
     max_len: int = 128  # max target tokens per sentence
     length_penalty: float = 1.0
     max_input_tokens: int = 256  # longer source lines are an error, never cut
+    # beam search's stopping rule: True, False, "never" (decoding.search.beam_search); None: the model's
+    early_stopping: bool | str | None = None
 
 
 @dataclass
@@ -84,6 +86,7 @@ def translate(
     max_len: int = 128,
     length_penalty: float = 1.0,
     max_input_tokens: int = 256,
+    early_stopping: bool | str | None = None,
     progress: bool = True,
     workers: int | None = None,
 ) -> TranslationResult:
@@ -93,7 +96,11 @@ def translate(
     to ``""`` without decoding; a line longer than ``max_input_tokens`` tokens is a ``ValueError`` naming its
     (1-based) line number. ``beam=1`` is greedy search. ``workers``: batches decoded at once, sharing
     ``torch.get_num_threads()`` threads (None: :func:`decode_workers`); the outputs do not depend on it.
+    ``early_stopping``: beam search's stopping rule (True, False, "never"); None takes the model's generation
+    config, as ``generate`` does.
     """
+    if early_stopping not in (None, True, False, "never"):
+        raise ValueError(f"early_stopping must be True, False, 'never' or None, got {early_stopping!r}")
     adapter.check_language(src_lang)
     adapter.check_language(tgt_lang)
     if beam < 1 or batch_size < 1 or max_len < 1 or max_input_tokens < 1:
@@ -139,6 +146,7 @@ def translate(
                 beam=beam,
                 max_len=max_len,
                 length_penalty=length_penalty,
+                early_stopping=early_stopping,
             )
 
     # Tokenizer calls stay on this thread; the workers only decode ids. map() yields in submission order.

@@ -249,6 +249,19 @@ def test_config_device_name_is_checked_at_load(tiny_model_dir, corpus, tmp_path,
     assert rc == 2 and "translate.device" in err and not (tmp_path / "work").exists()
 
 
+def test_config_early_stopping_reaches_the_search_settings(tmp_path):
+    from fastvocab.pipeline.config import load_config
+    from fastvocab.pipeline.errors import UserError
+
+    assert load_config(None).translate.search().early_stopping is None  # the model's own rule
+    cfg = tmp_path / "c.yaml"
+    for text, want in (("true", True), ("false", False), ("never", "never")):
+        cfg.write_text(f"translate:\n  early_stopping: {text}\n")
+        assert load_config(cfg).translate.search().early_stopping == want
+    with pytest.raises(UserError, match=r"translate\.early_stopping"):
+        load_config(None, {"translate.early_stopping": "sometimes"})
+
+
 # ------------------------------------------------------------------------------ 2: work-dir lock
 
 

@@ -164,11 +164,14 @@ def test_decode_reads_early_stopping_from_generation_config(adapter, full, rule)
     kw = dict(beam=3, max_len=MAX_LEN, length_penalty=1.5)
     batches = [(adapter.encode_texts(_sources(src), src), src, tgt) for src, tgt in DIRECTIONS[:2]]
     default = [decode(adapter, full, batch, src, tgt, **kw) for batch, src, tgt in batches]
+    # An explicit rule overrides the config's (translate --early-stopping).
+    explicit = [decode(adapter, full, b, s, t, early_stopping=rule, **kw) for b, s, t in batches]
     gc.early_stopping = rule
     try:
         assert adapter.early_stopping == rule
         ours = [decode(adapter, full, batch, src, tgt, **kw) for batch, src, tgt in batches]
         assert ours != default  # the rule changes some outputs here, so following it is what is tested
+        assert explicit == ours
         for out, (batch, _, tgt) in zip(ours, batches, strict=True):
             assert out == generate_ids(
                 adapter, batch, tgt, MAX_LEN, num_beams=3, length_penalty=1.5, early_stopping=rule

@@ -182,6 +182,33 @@ def test_cli_beam(model_dir, tmp_path, capsys):
     assert rc == 0 and len(out.read_text(encoding="utf-8").splitlines()) == len(_lines())
 
 
+@pytest.mark.parametrize(("flag", "rule"), [("true", True), ("never", "never"), ("model", None)])
+def test_cli_early_stopping_reaches_the_search(model_dir, tmp_path, capsys, monkeypatch, flag, rule):
+    import fastvocab.tasks.translate as task
+
+    seen, real = [], task.decode
+
+    def recording(*a, **kw):
+        seen.append(kw["early_stopping"])
+        return real(*a, **kw)
+
+    monkeypatch.setattr(task, "decode", recording)
+    inp, out = tmp_path / "in.txt", tmp_path / "out.txt"
+    inp.write_text("\n".join(_lines()), encoding="utf-8")
+    rc, _, _ = _cli(capsys, *_translate_args(model_dir, inp, out, "--beam", "2", "--early-stopping", flag))
+    assert rc == 0 and seen and set(seen) == {rule}
+
+
+def test_cli_early_stopping_refuses_an_unknown_rule(model_dir, tmp_path, capsys):
+    inp, out = tmp_path / "in.txt", tmp_path / "out.txt"
+    inp.write_text("the package\n", encoding="utf-8")
+    with pytest.raises(SystemExit) as exc:
+        _cli(capsys, *_translate_args(model_dir, inp, out, "--early-stopping", "sometimes"))
+    assert exc.value.code == 2
+    assert "'sometimes': choose from model, true, false, never" in capsys.readouterr().err
+    assert not out.exists()
+
+
 @pytest.mark.parametrize(
     ("content", "flags", "message"),
     [

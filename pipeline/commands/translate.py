@@ -37,6 +37,15 @@ _METHOD_FLAGS = {
 }
 
 
+def _stopping_rule(value: str) -> bool | str | None:
+    from fastvocab.decoding.search import parse_early_stopping
+
+    try:
+        return parse_early_stopping(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from fastvocab.kernels import available_projections
     from fastvocab.kernels.clustered import BEAM_INACTIVE_MASS, INACTIVE_MASS
@@ -61,6 +70,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help=f"longer source lines are an error, never cut ({d.max_input_tokens})",
     )
     p.add_argument("--length-penalty", type=float, default=d.length_penalty, help="beam length penalty")
+    p.add_argument(
+        "--early-stopping",
+        type=_stopping_rule,
+        default=None,
+        metavar="{model,true,false,never}",
+        help="beam search's stopping rule, as generate's early_stopping: true ends a sentence once --beam "
+        "hypotheses are finished (CTranslate2's rule, fewer steps), false also waits until no live beam "
+        "could beat them, never judges that live beam at --max-len (canonical beam search); model: the "
+        "model's generation config (default)",
+    )
     p.add_argument(
         "--method", default="full", choices=available_projections(), help="output-layer method (full)"
     )

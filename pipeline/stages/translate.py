@@ -123,6 +123,7 @@ def run(ctx: StageContext) -> list[StageRecord]:
             "beam": t.beam,
             "batch_size": t.batch_size,
             "max_len": t.max_len,
+            "early_stopping": t.early_stopping,
             "selection": t.selection,
             "inactive_mass": t.inactive_mass,
             "exact": t.exact,
@@ -145,6 +146,7 @@ def run(ctx: StageContext) -> list[StageRecord]:
                 batch_size=t.batch_size,
                 max_len=t.max_len,
                 length_penalty=t.length_penalty,
+                early_stopping=t.early_stopping,
             )
             out = out_dir / f"{method}.parquet"
             job = MethodJob(method=method, out=str(out), options=options, provenance=prov)
