@@ -54,8 +54,7 @@ from fastvocab.artifacts_schema.method_index import (
 )
 from fastvocab.decoding.hf_adapter import Seq2SeqAdapter
 from fastvocab.kernels.base import Projection, ProjectionOutput
-from fastvocab.tasks.evaluate import score
-from fastvocab.tasks.fidelity import Scorer, agreement, decode_all, decode_passes
+from fastvocab.tasks.fidelity import Reference, Scorer, decode_all, decode_passes
 from fastvocab.tasks.translate import make_projection
 
 METHODS = ("full", "clustered", "per-row", "lsh", "graph", "shortlist")
@@ -176,11 +175,12 @@ class Metered:
     def __init__(self, projection: Projection, sync: bool = False) -> None:
         self.projection = projection
         self.sync = sync
-        self.reset()
+        self.reset_counters()
         if hasattr(projection, "for_batch"):
             self.for_batch = self._for_batch
 
-    def reset(self) -> None:
+    def reset_counters(self) -> None:
+        """Zero the meters (``decode_passes`` calls it before each pass)."""
         self.rows = 0
         self.columns = 0
         self.calls = 0
@@ -379,34 +379,15 @@ def measure_beam(
             if rep == 0:
                 counts[name] = (p.per_row, p.calls)
 
-    def reset_meters() -> None:  # before each pass, so the counters describe one pass
-        for p in everything.values():
-            p.reset()
-
     passes = decode_passes(
-        adapter,
-        everything,
-        seqs,
-        args,
-        settings.repeats,
-        reset_meters,
-        read_meters,
+        adapter, everything, seqs, args, settings.repeats, after_pass=read_meters, warm_up=False
     )
-    outputs, wall, cpu, unstable = passes.outputs, passes.wall, passes.cpu, passes.unstable
     full_name = next(n for n, (m, _, _) in projs.items() if m == "full")
-    full_out = outputs[full_name]
-    full_scores = scorer.scores(full_out)
-    full_q = score(adapter.decode_ids(full_out), refs, tgt)
-    full_sec, full_cpu = _median(wall[full_name]), _median(cpu[full_name])
+    ref = Reference.of(passes, full_name, scorer, adapter, refs)
     full_proj = _median(proj_s[full_name])
-    full_tokens = sum(len(o) for o in full_out)
     rows = []
     for name, (method, point, p) in projs.items():
-        out = outputs[name]
-        sc = scorer.scores(out)
-        q = full_q if name == full_name else score(adapter.decode_ids(out), refs, tgt)
-        n = len(out)
-        sec, psec = _median(wall[name]), _median(proj_s[name])
+        psec = _median(proj_s[name])
         per_row, calls = counts[name]
         art = artifacts.get(method)
         rows.append(
@@ -418,31 +399,19 @@ def measure_beam(
                 "label": name,
                 "point": point,
                 "options": p.options(),
-                "sentences": n,
-                **agreement(out, full_out, sc, full_scores),
-                "bleu_full": round(full_q["bleu"], 2),
-                "bleu": round(q["bleu"], 2),
-                "chrf_full": round(full_q["chrf"], 2),
-                "chrf": round(q["chrf"], 2),
+                "sentences": len(passes.outputs[name]),
+                **ref.compare(passes, name, scorer, adapter, refs),
                 "candidates_per_row": None if per_row is None else round(per_row, 1),
                 "candidate_fraction": None if per_row is None else round(per_row / adapter.n_vocab, 5),
-                "sent_per_s_full": round(n / full_sec, 2),
-                "sent_per_s": round(n / sec, 2),
-                "tok_per_s_full": round(full_tokens / full_sec, 1),
-                "tok_per_s": round(sum(len(o) for o in out) / sec, 1),
-                "speed_ratio": round(full_sec / sec, 3),
-                "cpu_ratio": round(full_cpu / _median(cpu[name]), 3),
                 "projection_seconds_full": round(full_proj, 4),
                 "projection_seconds": round(psec, 4),
                 "projection_ratio": round(full_proj / psec, 3) if psec > 0 else None,
                 "projection_calls": calls,
-                "seconds_full": [round(t, 3) for t in wall[full_name]],
-                "seconds": [round(t, 3) for t in wall[name]],
                 **memory[name],
                 "build_seconds": None if art is None else art.build_seconds,
                 "artifact_bytes": None if art is None else art.nbytes,
                 "artifact": None if art is None else art.source,
-                "unstable_across_repeats": name in unstable,
+                "unstable_across_repeats": name in passes.unstable,
             }
         )
     return rows

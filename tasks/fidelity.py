@@ -199,12 +199,23 @@ def decode_passes(
     repeats: int,
     before_pass: Callable[[], None] = lambda: None,
     after_pass: Callable[[int], None] = lambda rep: None,
+    warm_up: bool = True,
 ) -> Passes:
     """``repeats`` passes of :func:`decode_all` over ``seqs`` (``args``: its src, tgt, beam, batch_size,
-    max_len, length_penalty), every projection interleaved batch by batch. ``before_pass`` runs before each
-    pass (reset counters, so they describe one pass), ``after_pass(rep)`` after it (read them)."""
+    max_len, length_penalty), every projection interleaved batch by batch.
+
+    ``warm_up``: first an untimed pass over a few sentences (first-call allocations, the static engine's
+    cache growth). Before each pass the counters of the projections that keep them (``reset_counters``,
+    the clustered ones) are reset, so they describe one pass; then ``before_pass`` runs, and
+    ``after_pass(rep)`` after the pass (to read other meters).
+    """
+    if warm_up:
+        decode_all(adapter, projs, seqs[: min(len(seqs), args[3], 8)], *args)
     res = Passes({}, {n: [] for n in projs}, {n: [] for n in projs}, set())
     for rep in range(repeats):
+        for p in projs.values():
+            if hasattr(p, "reset_counters"):
+                p.reset_counters()
         before_pass()
         outs, wall, cpu = decode_all(adapter, projs, seqs, *args)
         for name in projs:
@@ -249,6 +260,63 @@ class Scorer:
         return [self.cache[(i, tuple(o))] for i, o in enumerate(outputs)]
 
 
+@dataclass
+class Reference:
+    """Full softmax's side of the comparison rows: its outputs (first pass), their full-model scores and
+    BLEU/chrF, and its median wall and CPU seconds over the passes."""
+
+    name: str
+    outputs: list[list[int]]
+    scores: list[float]
+    quality: dict[str, float]
+    seconds: float
+    cpu_seconds: float
+
+    @classmethod
+    def of(
+        cls, passes: Passes, name: str, scorer: Scorer, adapter: Seq2SeqAdapter, refs: Sequence[str]
+    ) -> Reference:
+        out = passes.outputs[name]
+        return cls(
+            name,
+            out,
+            scorer.scores(out),
+            score(adapter.decode_ids(out), refs, scorer.tgt),
+            statistics.median(passes.wall[name]),
+            statistics.median(passes.cpu[name]),
+        )
+
+    def compare(
+        self,
+        passes: Passes,
+        name: str,
+        scorer: Scorer,
+        adapter: Seq2SeqAdapter,
+        refs: Sequence[str],
+    ) -> dict[str, object]:
+        """The columns every yardstick row has (fidelity, tune, bench methods): agreement with full softmax
+        (:func:`agreement`), BLEU/chrF of both, sentences and tokens per second of both, the speed ratios
+        (wall and process CPU, medians) and every pass's wall seconds."""
+        out = passes.outputs[name]
+        q = self.quality if name == self.name else score(adapter.decode_ids(out), refs, scorer.tgt)
+        sec, n = statistics.median(passes.wall[name]), len(out)
+        return {
+            **agreement(out, self.outputs, scorer.scores(out), self.scores),
+            "bleu_full": round(self.quality["bleu"], 2),
+            "bleu": round(q["bleu"], 2),
+            "chrf_full": round(self.quality["chrf"], 2),
+            "chrf": round(q["chrf"], 2),
+            "sent_per_s_full": round(n / self.seconds, 2),
+            "sent_per_s": round(n / sec, 2),
+            "tok_per_s_full": round(sum(map(len, self.outputs)) / self.seconds, 1),
+            "tok_per_s": round(sum(map(len, out)) / sec, 1),
+            "speed_ratio": round(self.seconds / sec, 3),
+            "cpu_ratio": round(self.cpu_seconds / statistics.median(passes.cpu[name]), 3),
+            "seconds_full": [round(t, 3) for t in passes.wall[self.name]],
+            "seconds": [round(t, 3) for t in passes.wall[name]],
+        }
+
+
 def measure_setting(
     adapter: Seq2SeqAdapter,
     full: Projection,
@@ -270,35 +338,10 @@ def measure_setting(
         projs[m] = make_projection(adapter, "clustered", **method_options(m, beam, settings.selection, cmap))
     everything = {"full": full, **projs}
     args = (src, tgt, beam, batch_size, settings.max_len, settings.length_penalty)
-    # Warm-up on a few sentences (first-call allocations, the static engine's cache growth).
-    decode_all(adapter, everything, seqs[: min(len(seqs), batch_size, 8)], *args)
-
-    def reset_counters() -> None:  # before each pass, so the counters describe one pass
-        for p in projs.values():
-            p.reset_counters()
-
-    passes = decode_passes(
-        adapter,
-        everything,
-        seqs,
-        args,
-        settings.repeats,
-        reset_counters,
-    )
-    outputs, times, cpu_times, unstable = passes.outputs, passes.wall, passes.cpu, passes.unstable
-    full_out = outputs["full"]
-    full_scores = scorer.scores(full_out)
-    full_q = score(adapter.decode_ids(full_out), refs, tgt)
-    full_sec = statistics.median(times["full"])
-    full_cpu = statistics.median(cpu_times["full"])
-    full_tokens = sum(len(o) for o in full_out)
+    passes = decode_passes(adapter, everything, seqs, args, settings.repeats)
+    ref = Reference.of(passes, "full", scorer, adapter, refs)
     rows = []
     for name, p in projs.items():
-        out = outputs[name]
-        sc = scorer.scores(out)
-        q = score(adapter.decode_ids(out), refs, tgt)
-        sec = statistics.median(times[name])
-        n = len(out)
         stats = projection_stats(p)
         cols, cert = stats["active_columns_per_row"], stats["certified_fraction"]
         rows.append(
@@ -308,26 +351,14 @@ def measure_setting(
                 "batch": batch_size,
                 "method": name,
                 "options": p.options(),
-                "sentences": n,
-                **agreement(out, full_out, sc, full_scores),
-                "bleu_full": round(full_q["bleu"], 2),
-                "bleu": round(q["bleu"], 2),
-                "chrf_full": round(full_q["chrf"], 2),
-                "chrf": round(q["chrf"], 2),
+                "sentences": len(passes.outputs[name]),
+                **ref.compare(passes, name, scorer, adapter, refs),
                 "active_columns_per_row": None if cols is None else round(cols, 1),
                 "certified": None if cert is None else round(cert, 4),
                 "full_rows_far": None if stats["far_fraction"] is None else round(stats["far_fraction"], 4),
-                "sent_per_s_full": round(n / full_sec, 2),
-                "sent_per_s": round(n / sec, 2),
-                "tok_per_s_full": round(full_tokens / full_sec, 1),
-                "tok_per_s": round(sum(len(o) for o in out) / sec, 1),
-                "speed_ratio": round(full_sec / sec, 3),
-                "cpu_ratio": round(full_cpu / statistics.median(cpu_times[name]), 3),
-                "seconds_full": [round(t, 3) for t in times["full"]],
-                "seconds": [round(t, 3) for t in times[name]],
-                "cpu_seconds_full": [round(t, 3) for t in cpu_times["full"]],
-                "cpu_seconds": [round(t, 3) for t in cpu_times[name]],
-                "unstable_across_repeats": name in unstable,
+                "cpu_seconds_full": [round(t, 3) for t in passes.cpu["full"]],
+                "cpu_seconds": [round(t, 3) for t in passes.cpu[name]],
+                "unstable_across_repeats": name in passes.unstable,
             }
         )
     return rows

@@ -29,7 +29,6 @@ command (``pipeline/commands/tune.py``) prints, saves the map and logs.
 from __future__ import annotations
 
 import math
-import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -43,8 +42,7 @@ from fastvocab.artifacts_schema.hidden_states import read_shard_meta, shard_rows
 from fastvocab.decoding.hf_adapter import Seq2SeqAdapter
 from fastvocab.kernels.base import Projection
 from fastvocab.kernels.clustered import SELECTIONS, clustered_options
-from fastvocab.tasks.evaluate import score
-from fastvocab.tasks.fidelity import Scorer, agreement, decode_all, decode_passes, projection_stats
+from fastvocab.tasks.fidelity import Reference, Scorer, decode_passes, projection_stats
 from fastvocab.tasks.kmeans import KMeansParams, sample_states, train_kmeans
 from fastvocab.tasks.maps import ActiveSetCounter, attach_normaliser, count_shards_by_k, make_cluster_map
 from fastvocab.tasks.translate import make_projection
@@ -280,33 +278,13 @@ def measure_candidates(
     ``decode_all``); one row per candidate with the yardstick's agreement, BLEU/chrF and speed ratios."""
     everything: dict[str, Projection] = {"full": full, **{c.label: p for c, p in projs.items()}}
     args = (src, tgt, settings.beam, settings.batch_size, settings.max_len, settings.length_penalty)
-    decode_all(adapter, everything, seqs[: min(len(seqs), settings.batch_size, 8)], *args)  # warm-up
-
-    def reset_counters() -> None:  # before each pass, so the counters describe one pass
-        for p in projs.values():
-            p.reset_counters()
-
-    passes = decode_passes(
-        adapter,
-        everything,
-        seqs,
-        args,
-        settings.repeats,
-        reset_counters,
-    )
-    outputs, wall, cpu = passes.outputs, passes.wall, passes.cpu
-    full_out = outputs["full"]
-    full_scores = scorer.scores(full_out)
-    full_q = score(adapter.decode_ids(full_out), refs, tgt)
-    full_sec, full_cpu = statistics.median(wall["full"]), statistics.median(cpu["full"])
+    passes = decode_passes(adapter, everything, seqs, args, settings.repeats)
+    ref = Reference.of(passes, "full", scorer, adapter, refs)
     rows = []
     for cand, p in projs.items():
-        out = outputs[cand.label]
-        q = score(adapter.decode_ids(out), refs, tgt)
-        sec = statistics.median(wall[cand.label])
-        n = len(out)
+        n = len(passes.outputs[cand.label])
         cols = projection_stats(p)["active_columns_per_row"]
-        acc = agreement(out, full_out, scorer.scores(out), full_scores)
+        compared = ref.compare(passes, cand.label, scorer, adapter, refs)
         rows.append(
             {
                 "direction": f"{src}-{tgt}",
@@ -316,19 +294,9 @@ def measure_candidates(
                 **asdict(cand),
                 "options": p.options(),
                 "sentences": n,
-                **acc,
-                "search_error_sentences": round(acc["search_errors"] * n),
-                "bleu_full": round(full_q["bleu"], 2),
-                "bleu": round(q["bleu"], 2),
-                "chrf_full": round(full_q["chrf"], 2),
-                "chrf": round(q["chrf"], 2),
+                **compared,
+                "search_error_sentences": round(compared["search_errors"] * n),
                 "active_columns_per_row": None if cols is None else round(cols, 1),
-                "sent_per_s_full": round(n / full_sec, 2),
-                "sent_per_s": round(n / sec, 2),
-                "speed_ratio": round(full_sec / sec, 3),
-                "cpu_ratio": round(full_cpu / statistics.median(cpu[cand.label]), 3),
-                "seconds_full": [round(t, 3) for t in wall["full"]],
-                "seconds": [round(t, 3) for t in wall[cand.label]],
             }
         )
     return rows
