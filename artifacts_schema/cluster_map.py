@@ -24,16 +24,15 @@ hand-made map), and the clustered projection then computes it at load time.
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from fastvocab import __version__
-from fastvocab.artifacts_schema.atomic import atomic_path
-from fastvocab.artifacts_schema.digest import digest
 from fastvocab.artifacts_schema.errors import ArtifactError
-from fastvocab.artifacts_schema.jsonfile import require_json, write_json
+from fastvocab.artifacts_schema.tensor_folder import MANIFEST_FILE as MANIFEST_FILE
+from fastvocab.artifacts_schema.tensor_folder import read_manifest, read_tensors, write_tensor_folder
 
 # Version 2: the map's scope is named ``scope`` (was ``mode``) and the manifest records ``tensors_digest``.
 # Version 3: the per-cluster normaliser of the inactive columns (``normaliser_*`` tensors and the manifest's
@@ -42,7 +41,6 @@ MAP_SCHEMA_VERSION = 3
 MAP_SCOPES = ("direction", "target")  # source+target known / target-only (Amer et al. Sec. 2.2)
 REBUILD_HINT = "rebuild it with `fastvocab run CONFIG --stages kmeans,maps`"
 TENSORS_FILE = "map.safetensors"
-MANIFEST_FILE = "manifest.json"
 
 
 @dataclass
@@ -177,8 +175,6 @@ def save_cluster_map(cmap: ClusterMap, map_dir: str | Path) -> Path:
     The manifest records the digest of the tensors file, so readers can check it without rehashing anything
     else and provenance records can name the map by it.
     """
-    from safetensors.numpy import save
-
     validate(cmap)
     tensors = {
         "centroids": np.ascontiguousarray(cmap.centroids, dtype=np.float32),
@@ -192,39 +188,16 @@ def save_cluster_map(cmap: ClusterMap, map_dir: str | Path) -> Path:
             tensors[f"normaliser_{name}"] = np.ascontiguousarray(
                 getattr(cmap.normaliser, name), dtype=np.float32
             )
-    data = save(tensors)
-    cmap.manifest.tensors_digest = digest(data)
-    map_dir = Path(map_dir)
-    with atomic_path(map_dir) as tmp:
-        tmp.mkdir()
-        (tmp / TENSORS_FILE).write_bytes(data)
-        write_json(tmp / MANIFEST_FILE, asdict(cmap.manifest))
-    return map_dir
+    return write_tensor_folder(map_dir, TENSORS_FILE, tensors, cmap.manifest)
 
 
 def load_manifest(map_dir: str | Path) -> MapManifest:
     """A map's manifest; ArtifactError for a missing, corrupt or other-version manifest (naming the fix)."""
-    path = Path(map_dir) / MANIFEST_FILE
-    data = require_json(
-        path, "cluster-map manifest", f"no cluster map at {map_dir} (missing {MANIFEST_FILE})"
-    )
-    version = data.get("schema_version")
-    if version != MAP_SCHEMA_VERSION:
-        raise ArtifactError(
-            f"cluster map {map_dir} has schema version {version}, this fastvocab reads version "
-            f"{MAP_SCHEMA_VERSION}: {REBUILD_HINT}"
-        )
-    try:
-        return MapManifest(**data)
-    except TypeError as exc:
-        raise ArtifactError(f"corrupt cluster-map manifest {path}: {exc}") from exc
+    return read_manifest(map_dir, "cluster map", MapManifest, MAP_SCHEMA_VERSION, REBUILD_HINT)
 
 
 def load_cluster_map(map_dir: str | Path, expect_fingerprint: str | None = None) -> ClusterMap:
     """Load and validate a map; with ``expect_fingerprint``, refuse a map built for another model."""
-    from safetensors import SafetensorError
-    from safetensors.numpy import load
-
     map_dir = Path(map_dir)
     manifest = load_manifest(map_dir)
     if expect_fingerprint is not None and manifest.model_fingerprint != expect_fingerprint:
@@ -232,15 +205,7 @@ def load_cluster_map(map_dir: str | Path, expect_fingerprint: str | None = None)
             f"cluster map {map_dir} was built for model {manifest.model_fingerprint}, "
             f"but the loaded model is {expect_fingerprint}"
         )
-    try:
-        data = (map_dir / TENSORS_FILE).read_bytes()
-        if digest(data) != manifest.tensors_digest:
-            raise ArtifactError(
-                f"corrupt cluster map {map_dir}: {TENSORS_FILE} does not match the digest in its manifest"
-            )
-        t = load(data)
-    except (OSError, SafetensorError) as exc:
-        raise ArtifactError(f"corrupt cluster map tensors in {map_dir}: {exc}") from exc
+    t = read_tensors(map_dir, TENSORS_FILE, manifest.tensors_digest, "cluster map")
     try:
         normaliser = None
         if manifest.normaliser:

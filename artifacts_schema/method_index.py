@@ -17,21 +17,19 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from fastvocab import __version__
-from fastvocab.artifacts_schema.atomic import atomic_path
-from fastvocab.artifacts_schema.digest import digest
 from fastvocab.artifacts_schema.errors import ArtifactError
-from fastvocab.artifacts_schema.jsonfile import require_json, write_json
+from fastvocab.artifacts_schema.tensor_folder import MANIFEST_FILE as MANIFEST_FILE
+from fastvocab.artifacts_schema.tensor_folder import read_manifest, read_tensors, write_tensor_folder
 
 INDEX_SCHEMA_VERSION = 1
 ANY_DIRECTION = "*"
 TENSORS_FILE = "index.safetensors"
-MANIFEST_FILE = "manifest.json"
 
 
 @dataclass
@@ -62,36 +60,16 @@ class MethodIndex:
 
 def save_method_index(index: MethodIndex, out_dir: str | Path) -> Path:
     """Write the folder atomically (tensors and manifest appear together or not at all)."""
-    from safetensors.numpy import save
-
     if not index.tensors:
         raise ValueError(f"a {index.manifest.method} index needs at least one array")
-    data = save({name: np.ascontiguousarray(a) for name, a in index.tensors.items()})
-    index.manifest.tensors_digest = digest(data)
-    out_dir = Path(out_dir)
-    with atomic_path(out_dir) as tmp:
-        tmp.mkdir()
-        (tmp / TENSORS_FILE).write_bytes(data)
-        write_json(tmp / MANIFEST_FILE, asdict(index.manifest))
-    return out_dir
+    return write_tensor_folder(
+        out_dir, TENSORS_FILE, {n: np.ascontiguousarray(a) for n, a in index.tensors.items()}, index.manifest
+    )
 
 
 def load_index_manifest(index_dir: str | Path) -> IndexManifest:
     """An artifact's manifest; ArtifactError for a missing, corrupt or other-version one."""
-    path = Path(index_dir) / MANIFEST_FILE
-    data = require_json(
-        path, "method-index manifest", f"no method index at {index_dir} (missing {MANIFEST_FILE})"
-    )
-    version = data.get("schema_version")
-    if version != INDEX_SCHEMA_VERSION:
-        raise ArtifactError(
-            f"method index {index_dir} has schema version {version}, this fastvocab reads version "
-            f"{INDEX_SCHEMA_VERSION}: rebuild it"
-        )
-    try:
-        return IndexManifest(**data)
-    except TypeError as exc:
-        raise ArtifactError(f"corrupt method-index manifest {path}: {exc}") from exc
+    return read_manifest(index_dir, "method index", IndexManifest, INDEX_SCHEMA_VERSION, "rebuild it")
 
 
 def _check_manifest(
@@ -129,23 +107,12 @@ def load_method_index(
     ``direction`` ("en-it"): the direction it will serve; an artifact built for every direction (``"*"``)
     serves any. ``required``: array names the method reads (a missing one is an ArtifactError).
     """
-    from safetensors import SafetensorError
-    from safetensors.numpy import load
-
     index_dir = Path(index_dir)
     m = load_index_manifest(index_dir)
     _check_manifest(m, method, str(index_dir), expect_fingerprint, direction)
-    try:
-        data = (index_dir / TENSORS_FILE).read_bytes()
-        if digest(data) != m.tensors_digest:
-            raise ArtifactError(
-                f"corrupt {method} index {index_dir}: {TENSORS_FILE} does not match its manifest digest"
-            )
-        tensors = load(data)
-    except (OSError, SafetensorError) as exc:
-        raise ArtifactError(f"corrupt {method} index tensors in {index_dir}: {exc}") from exc
+    tensors = read_tensors(index_dir, TENSORS_FILE, m.tensors_digest, f"{method} index")
     _check_arrays(tensors, required, method, str(index_dir))
-    return MethodIndex(m, dict(tensors))
+    return MethodIndex(m, tensors)
 
 
 def method_index_for(

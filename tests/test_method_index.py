@@ -67,7 +67,7 @@ def test_flipped_bytes_and_other_versions_are_refused(tmp_path):
     data = bytearray(path.read_bytes())
     data[-1] ^= 0xFF
     path.write_bytes(bytes(data))
-    with pytest.raises(ArtifactError, match="does not match its manifest digest"):
+    with pytest.raises(ArtifactError, match="does not match the digest in its manifest"):
         load_method_index(tmp_path / "idx", "shortlist")
     manifest = tmp_path / "idx" / MANIFEST_FILE
     record = json.loads(manifest.read_text())
