@@ -32,12 +32,7 @@ import torch
 
 from fastvocab.artifacts_schema.method_index import ANY_DIRECTION, MethodIndex, method_index_for, new_index
 from fastvocab.kernels.base import Projection, ProjectionOutput, register
-from fastvocab.kernels.lsh import (
-    candidate_logits,
-    check_int,
-    manifest_params,
-    with_always_active,
-)
+from fastvocab.kernels.lsh import candidates_output, check_int, manifest_params
 
 log = logging.getLogger(__name__)
 
@@ -203,11 +198,4 @@ class GraphProjection(Projection):
         return torch.from_numpy(ids).to(h.device)
 
     def _project(self, h: torch.Tensor) -> ProjectionOutput:
-        if h.shape[0] == 0:
-            empty = h.new_empty((0, self.k))
-            return ProjectionOutput(
-                empty, torch.zeros((0, self.k), dtype=torch.int64, device=h.device), self.n_vocab
-            )
-        ids, pad = with_always_active(self.candidates(h), self.always_active, self.n_vocab)
-        logits = candidate_logits(h, self.weight, self.bias, ids, pad)
-        return ProjectionOutput(logits=logits, ids=ids, n_vocab=self.n_vocab)
+        return candidates_output(self, h, self.k)

@@ -241,6 +241,18 @@ def candidate_logits(
     return logits.masked_fill(pad, -math.inf)
 
 
+def candidates_output(projection: Projection, h: torch.Tensor, k: int) -> ProjectionOutput:
+    """The output of a method that picks ``k`` candidates per row (``projection.candidates(h)``: LSH, the
+    graph search): their exact logits, with the always-active ids added; no rows give an empty output."""
+    if h.shape[0] == 0:
+        return ProjectionOutput(
+            h.new_empty((0, k)), torch.zeros((0, k), dtype=torch.int64, device=h.device), projection.n_vocab
+        )
+    ids, pad = with_always_active(projection.candidates(h), projection.always_active, projection.n_vocab)
+    logits = candidate_logits(h, projection.weight, projection.bias, ids, pad)
+    return ProjectionOutput(logits=logits, ids=ids, n_vocab=projection.n_vocab)
+
+
 def bias_spread_ratio(weight: torch.Tensor, bias: torch.Tensor | None, h: torch.Tensor) -> float:
     """How much the output bias can reorder the logits that a bias-blind selection ranks.
 
@@ -421,11 +433,4 @@ class LshProjection(Projection):
                     "expect search errors: use a model trained without output bias, or another method",
                     self.bias_ratio,
                 )
-        if h.shape[0] == 0:
-            empty = h.new_empty((0, self.k))
-            return ProjectionOutput(
-                empty, torch.zeros((0, self.k), dtype=torch.int64, device=h.device), self.n_vocab
-            )
-        ids, pad = with_always_active(self.candidates(h), self.always_active, self.n_vocab)
-        logits = candidate_logits(h, self.weight, self.bias, ids, pad)
-        return ProjectionOutput(logits=logits, ids=ids, n_vocab=self.n_vocab)
+        return candidates_output(self, h, self.k)
