@@ -14,108 +14,34 @@ import pytest
 import torch
 
 from fastvocab.artifacts_schema.cluster_map import (
-    ClusterMap,
-    MapManifest,
-    active_fraction_stats,
     save_cluster_map,
 )
 from fastvocab.artifacts_schema.errors import ArtifactError
-from fastvocab.artifacts_schema.fingerprint import projection_fingerprint
 from fastvocab.kernels import create_projection
 from fastvocab.kernels.base import ProjectionOutput
-from fastvocab.kernels.clustered import ClusteredProjection
+from fastvocab.kernels.clustered import SELECTIONS, ClusteredProjection
 from fastvocab.kernels.clustered_ops import merged_csr
-from fastvocab.tasks.maps import assign, build_active_sets, centroid_sq_norms
 from tests.conftest import synthetic_sentences, write_en_it_split
+from tests.layers import (
+    decode,
+    fingerprint,
+    make,
+    map_from_sets,
+    map_from_states,
+    paper_case,
+    random_layer,
+    random_map,
+    rows_near,
+)
 
 # --------------------------------------------------------------------------------------------------- helpers
-
-
-def fingerprint(weight: torch.Tensor, bias: torch.Tensor | None) -> str:
-    b = None if bias is None else bias.float().numpy()
-    return projection_fingerprint(weight.float().numpy(), b)
-
-
-def map_from_sets(
-    centroids: np.ndarray, sets: list[list[int]], n_vocab: int, fp: str, counts: list[list[int]] | None = None
-) -> ClusterMap:
-    """A ClusterMap from explicit centroids and active sets (ids sorted per cluster)."""
-    sets = [sorted(s) for s in sets]
-    indptr = np.zeros(len(sets) + 1, dtype=np.int64)
-    np.cumsum([len(s) for s in sets], out=indptr[1:])
-    indices = np.array([i for s in sets for i in s], dtype=np.int32)
-    cnt = (
-        np.ones(len(indices), np.int32)
-        if counts is None
-        else np.array([n for c in counts for n in c], np.int32)
-    )
-    c = np.asarray(centroids, dtype=np.float32)
-    manifest = MapManifest(
-        model_fingerprint=fp,
-        direction="en-it",
-        scope="direction",
-        r=len(sets),
-        k=3,
-        d=c.shape[1],
-        n_vocab=n_vocab,
-        niter=0,
-        seed=0,
-        states_used=0,
-        active_fraction=active_fraction_stats(indptr, n_vocab),
-    )
-    return ClusterMap(manifest, c, centroid_sq_norms(c), indptr, indices, cnt)
-
-
-def map_from_states(states: np.ndarray, topk: np.ndarray, r: int, n_vocab: int, fp: str, seed: int = 0):
-    """Centroids = r sampled states (no k-means needed for a test), sets from the members' top-K ids."""
-    rng = np.random.default_rng(seed)
-    centroids = states[rng.choice(len(states), r, replace=False)].astype(np.float32)
-    cluster_ids = assign(states, centroids)
-    indptr, indices, counts = build_active_sets(cluster_ids, topk, r, n_vocab)
-    sets = [indices[indptr[c] : indptr[c + 1]].tolist() for c in range(r)]
-    cnts = [counts[indptr[c] : indptr[c + 1]].tolist() for c in range(r)]
-    return map_from_sets(centroids, sets, n_vocab, fp, cnts)
-
-
-def random_layer(n_vocab=300, d=16, seed=0, dtype=torch.float32, bias=True):
-    g = torch.Generator().manual_seed(seed)
-    w = torch.randn(n_vocab, d, generator=g).to(dtype)
-    b = torch.randn(n_vocab, generator=g).to(dtype) if bias else None
-    return w, b
-
-
-def random_map(w, b, r=12, size=30, seed=0, extra_empty=0):
-    rng = np.random.default_rng(seed)
-    n_vocab, d = w.shape
-    centroids = 3.0 * rng.standard_normal((r + extra_empty, d))
-    sets = [rng.choice(n_vocab, size, replace=False).tolist() for _ in range(r)] + [[]] * extra_empty
-    return map_from_sets(centroids, sets, n_vocab, fingerprint(w, b))
-
-
-def rows_near(cmap: ClusterMap, clusters: list[int], noise=0.05, seed=0, dtype=torch.float32):
-    rng = np.random.default_rng(seed)
-    h = cmap.centroids[clusters] + noise * rng.standard_normal((len(clusters), cmap.centroids.shape[1]))
-    return torch.from_numpy(h.astype(np.float32)).to(dtype)
 
 
 def own_set(proj: ClusteredProjection, c: int) -> set[int]:
     return set(proj.active_sets[c].tolist())
 
 
-SELECTIONS = ["union", "per-row"]
-
-
 # --------------------------------------------------------------------------------------- the paper's example
-
-
-def paper_case():
-    """Clusters 0, 1, 2 with active sets {2,4,6}, {2,8,9}, {1,3} over a vocabulary of 10 (Sec. 2.3)."""
-    d, n_vocab = 4, 10
-    w, b = random_layer(n_vocab, d, seed=1)
-    centroids = 10.0 * np.eye(3, d)  # far apart: row i lands in cluster i
-    cmap = map_from_sets(centroids, [[2, 4, 6], [2, 8, 9], [1, 3]], n_vocab, fingerprint(w, b))
-    h = torch.from_numpy(centroids.astype(np.float32))  # (3, d), one row per cluster
-    return w, b, cmap, h
 
 
 def test_paper_example_union_columns_and_logits():
@@ -586,25 +512,6 @@ def adapter(tiny_model_dir):
     torch.set_num_threads(1)  # small GEMMs: one thread is faster and keeps numerics fixed; restored below
     yield Seq2SeqAdapter.load(tiny_model_dir)
     torch.set_num_threads(threads)
-
-
-def decode(adapter, proj, texts, beam=1, max_len=12):
-    from fastvocab.decoding.search import beam_search, greedy_search
-
-    batch = adapter.encode_texts(texts, "en", "it")
-    if beam == 1:
-        return greedy_search(adapter, proj, batch, "en", "it", max_len=max_len)
-    return beam_search(adapter, proj, batch, "en", "it", beam=beam, max_len=max_len)
-
-
-def make(adapter, method, **options):
-    return create_projection(
-        method,
-        adapter.output_weight,
-        adapter.output_bias,
-        always_active=adapter.always_active_ids() if method != "full" else (),
-        **options,
-    )
 
 
 @pytest.fixture(scope="module")

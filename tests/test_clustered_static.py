@@ -15,7 +15,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from fastvocab.kernels import create_projection
 from fastvocab.kernels.clustered_static import StaticUnion, static_union_columns, union_capacity
-from tests.test_clustered import paper_case, random_layer, random_map, rows_near
+from tests.layers import fingerprint, paper_case, random_layer, random_map, rows_near
 
 # Ops that copy a tensor's value to the host (.item(), int(t), .tolist(), bool(t)) or whose output shape
 # depends on the data (a sync on CUDA): none may run inside the step.
@@ -82,8 +82,6 @@ def test_equals_union_mode_on_random_inputs(seed, bias):
 def test_half_precision_matches_union_mode():
     w, b, cmap, h, _ = union_case(3)
     w16, b16 = w.to(torch.bfloat16), b.to(torch.bfloat16)
-    from tests.test_clustered import fingerprint
-
     cmap.manifest.model_fingerprint = fingerprint(w16, b16)
     ref = create_projection("clustered", w16, b16, cluster_map=cmap, selection="union", cache_mb=0)
     want = ref(h.to(torch.bfloat16))

@@ -12,9 +12,9 @@ import torch
 
 from fastvocab.kernels import clustered_ops as ops
 from fastvocab.kernels import create_projection
+from fastvocab.kernels.clustered import SELECTIONS
 from tests.conftest import synthetic_sentences, write_en_it_split
-from tests.test_clustered import (
-    SELECTIONS,
+from tests.layers import (
     decode,
     fingerprint,
     make,

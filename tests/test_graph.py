@@ -9,11 +9,11 @@ import pytest
 import torch
 
 from fastvocab.artifacts_schema.errors import ArtifactError
-from fastvocab.artifacts_schema.fingerprint import projection_fingerprint
 from fastvocab.artifacts_schema.method_index import save_method_index
 from fastvocab.kernels import create_projection
 from fastvocab.kernels.graph import GraphParams, build_graph_index, ippt, lift_queries
 from tests.conftest import synthetic_sentences
+from tests.layers import fingerprint, random_layer, random_states
 
 pytest.importorskip("faiss")  # the kernels import it lazily; a machine without it skips this module
 
@@ -21,18 +21,11 @@ N, D = 400, 24
 
 
 def layer(seed=0, bias_scale=0.0):
-    g = torch.Generator().manual_seed(seed)
-    w = torch.randn(N, D, generator=g)
-    b = bias_scale * torch.randn(N, generator=g) if bias_scale else None
-    return w, b
+    return random_layer(N, D, seed, bias=bias_scale)
 
 
 def states(rows=6, seed=1):
-    return torch.randn(rows, D, generator=torch.Generator().manual_seed(seed))
-
-
-def fingerprint(w, b):
-    return projection_fingerprint(w.float().numpy(), None if b is None else b.float().numpy())
+    return random_states(rows, D, seed)
 
 
 @pytest.fixture(scope="module")
