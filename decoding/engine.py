@@ -75,9 +75,9 @@ the rest. On CUDA, where launch overhead dominates, a CUDA graph of the step is 
 :meth:`StaticDecoder.step_fixed` is the step with every shape fixed (the position on the device, attention
 over the whole capacity with later positions masked), equal to :meth:`step` on CPU (tests) and captured and
 replayed in ``tests/gpu/test_engine_graph.py``. ``fastvocab.decoding.graphed`` runs greedy search with the
-whole step (token choice included) in one graph; the GPU campaign's e2e step times it against the eager
-search. Beam search does not use it yet: its per-step reorder swaps cache buffers, which a graph must not
-see move.
+whole step (token choice included) in one graph, and beam search in two (its cache reorder gathers the whole
+capacity from one buffer into the other, and back in the other graph); the GPU campaign's e2e step times
+them against the eager searches.
 """
 
 from __future__ import annotations

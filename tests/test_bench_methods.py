@@ -62,7 +62,7 @@ def work(tmp_path_factory, adapter, corpus) -> Path:
     from fastvocab.kernels.lsh import LshParams
     from fastvocab.tasks import methods as tm
     from fastvocab.tasks.shortlist import ShortlistParams
-    from tests.test_clustered import map_from_sets
+    from tests.layers import map_from_sets
 
     root = tmp_path_factory.mktemp("work")
     rng = np.random.default_rng(0)

@@ -316,7 +316,7 @@ def test_graphed_greedy_static_union_equals_union_mode(demo):
     the model's own greedy states and their top-8 tokens, as the pipeline's maps are)."""
     from fastvocab.decoding.graphed import greedy_search_graphed
     from fastvocab.kernels.clustered_static import StaticUnion
-    from tests.test_clustered import map_from_states
+    from tests.layers import map_from_states
 
     full = create_projection("full", demo.output_weight, demo.output_bias)
     batch = demo.encode_texts(DEMO_SOURCES, "en")
@@ -359,7 +359,7 @@ def test_graphed_step_dispatches_no_host_read(demo):
     checked here on CPU at the dispatcher, for the fixed-shape step and both capturable token choices."""
     from fastvocab.decoding.graphed import graph_pick
     from fastvocab.kernels.clustered_static import StaticUnion
-    from tests.test_clustered import map_from_sets
+    from tests.layers import map_from_sets
     from tests.test_clustered_static import SYNC_OPS, RecordOps
 
     full = create_projection("full", demo.output_weight, demo.output_bias)
@@ -387,3 +387,93 @@ def test_graphed_step_dispatches_no_host_read(demo):
             pick(dec.step_fixed(tok, cache, pos))
         assert {"index_copy_", "softmax", "_softmax"} & set(rec.names), rec.names  # it saw the step
         assert not set(rec.names) & set(SYNC_OPS), set(rec.names) & set(SYNC_OPS)
+
+
+@pytest.mark.parametrize(
+    ("max_len", "rule"), [(48, False), (48, True), (48, "never"), (5, False), (1, False)]
+)
+def test_graphed_beam_equals_beam(demo, monkeypatch, max_len, rule):
+    """The beam step two CUDA graphs capture (run eagerly here, with the accelerator's sync schedule)."""
+    from fastvocab.decoding.graphed import beam_search_graphed
+
+    full = create_projection("full", demo.output_weight, demo.output_bias)
+    batch = demo.encode_texts(DEMO_SOURCES, "en")
+    kw = dict(beam=3, max_len=max_len, length_penalty=1.3, early_stopping=rule)
+    want = beam_search(demo, full, batch, "en", "it", **kw)
+    if max_len == 48:
+        assert len({len(s) for s in want}) > 1  # sentences end at different steps
+    monkeypatch.setattr(search, "CPU_SYNC_EVERY", 3)
+    assert beam_search_graphed(demo, full, batch, "en", "it", capture=False, **kw) == want
+
+
+def test_graphed_beam_static_union_equals_union_mode(demo, monkeypatch):
+    """A static-capacity union in the graphed beam step gives union mode's outputs. Union mode's columns are
+    the batch's union, so done sentences must stay in the eager batch too (no host read before the end)."""
+    from fastvocab.decoding.graphed import beam_search_graphed
+    from fastvocab.kernels.clustered_static import StaticUnion
+    from tests.layers import map_from_states
+
+    full = create_projection("full", demo.output_weight, demo.output_bias)
+    batch = demo.encode_texts(DEMO_SOURCES, "en")
+    records = []
+    beam_search(demo, full, batch, "en", "it", beam=2, max_len=40, step_hook=records.append)
+    h = torch.cat([r.hidden for r in records]).numpy()
+    top = torch.cat([r.output.logits.topk(8, dim=1).indices for r in records]).numpy()
+    cmap = map_from_states(h, top, 24, demo.n_vocab, full.fingerprint)
+    union = create_projection(
+        "clustered", demo.output_weight, demo.output_bias, cluster_map=cmap, selection="union",
+        always_active=demo.always_active_ids(),
+    )  # fmt: skip
+    monkeypatch.setattr(search, "CPU_SYNC_EVERY", 1000)
+    kw = dict(beam=2, max_len=40)
+    want = beam_search(demo, union, batch, "en", "it", **kw)
+    su = StaticUnion(union, rows=2 * batch["input_ids"].shape[0])
+    assert su.capacity < demo.n_vocab
+    assert beam_search_graphed(demo, su, batch, "en", "it", capture=False, **kw) == want
+    # a capacity the unions outgrow: flagged on the device, the batch redone eagerly with full logits there
+    small = StaticUnion(union, capacity=8, grow=False)
+    got = beam_search_graphed(demo, small, batch, "en", "it", capture=False, **kw)
+    assert small.fallbacks > 0
+    eager = StaticUnion(union, capacity=8, grow=False)
+    assert got == beam_search(demo, eager.project, batch, "en", "it", **kw)
+
+
+def test_graphed_beam_refuses_what_it_cannot_capture(demo, static):
+    from fastvocab.decoding.graphed import beam_search_graphed
+
+    batch = demo.encode_texts(DEMO_SOURCES[:2], "en")
+    with pytest.raises(ValueError, match="no capturable scores"):
+        beam_search_graphed(demo, object(), batch, "en", "it", max_len=4)
+    hf = Seq2SeqAdapter(static.model, static.tokenizer, static.path, "cpu", torch.float32, engine="hf")
+    full = create_projection("full", hf.output_weight, hf.output_bias)
+    with pytest.raises(ValueError, match="needs the static engine"):
+        beam_search_graphed(hf, full, hf.encode_texts(["a b"], "en"), "en", "it", max_len=4)
+
+
+def test_graphed_beam_step_dispatches_no_host_read(demo):
+    """The beam step's choice (scores, candidates, finished pool, stopping rule, rows to continue) reads
+    nothing back to the host, checked at the dispatcher on CPU as for the greedy step; its per-row top-k is
+    torch.topk, as on an accelerator (the CPU's blocked top-k reads a NaN check)."""
+    from fastvocab.decoding.graphed import Beams, graph_scores
+    from fastvocab.kernels.clustered_static import StaticUnion
+    from tests.layers import random_map
+    from tests.test_clustered_static import SYNC_OPS, RecordOps
+
+    full = create_projection("full", demo.output_weight, demo.output_bias)
+    union = create_projection(
+        "clustered", demo.output_weight, demo.output_bias, selection="union",
+        cluster_map=random_map(demo.output_weight, demo.output_bias, size=40),
+    )  # fmt: skip
+    n, k = 3, 2
+    h = torch.randn(n * k, demo.output_weight.shape[1])
+    banned = torch.tensor([demo.pad_id])
+    flag = torch.zeros((), dtype=torch.bool)
+    for proj in (full, StaticUnion(union, rows=n * k)):
+        for rule in (False, True, "never"):
+            beams = Beams(n, k, 6, 2, 1.2, rule, demo.eos_id, None, graph_scores(proj, banned, flag),
+                          torch.device("cpu"), row_topk=lambda x, kk: torch.topk(x, kk, dim=-1))  # fmt: skip
+            with RecordOps() as rec:
+                tokens, rows = beams.choose(h)
+            assert {"topk", "log_softmax", "_log_softmax"} & set(rec.names), rec.names  # it saw the step
+            assert not set(rec.names) & set(SYNC_OPS), (rule, set(rec.names) & set(SYNC_OPS))
+            assert tokens.shape == rows.shape == (n * k,) and int(beams.step) == 1

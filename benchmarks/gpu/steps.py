@@ -279,10 +279,10 @@ def step_static(args: argparse.Namespace) -> dict:
 
 def _graphed(su, h: torch.Tensor) -> Callable[[], object]:
     """Capture ``su.step`` on a static copy of ``h``; the returned callable replays the graph."""
-    from fastvocab.decoding.graphed import capture
+    from fastvocab.decoding.graphed import capture_graph
 
     static_h = h.clone()
-    return capture(lambda: su.step(static_h), warmups=2)
+    return capture_graph(lambda: su.step(static_h), warmups=2)
 
 
 # --------------------------------------------------------------------------------------------- e2e
@@ -444,16 +444,16 @@ def step_e2e(args: argparse.Namespace) -> dict:
         with torch.inference_mode():
             for eng, p in variants.values():  # warm-up (CuPy compilation, cuBLAS handles)
                 fixed_decode(adapters[eng], p, src, beam, 2)
-            # Greedy through the searches themselves (max_len = steps; random weights: no row ends early),
-            # eager (decoding.search) and with the whole step in one CUDA graph (decoding.graphed)
+            # Greedy and beam 2 through the searches themselves (max_len = steps; random weights: no row
+            # ends early), eager (decoding.search) and with the whole step in CUDA graphs (decoding.graphed)
             graphed: dict[str, Callable[[], object]] = {}
-            if beam == 1:
-                graphed["full/search"] = searched(ad, full, src, steps, graph=False)
-                graphed["full/search-graph"] = searched(ad, full, src, steps, graph=True)
+            if beam <= 2:
+                graphed["full/search"] = searched(ad, full, src, steps, False, beam)
+                graphed["full/search-graph"] = searched(ad, full, src, steps, True, beam)
                 for k, (_, p) in variants.items():
                     if isinstance(p, _StaticProject):
-                        graphed[f"{k}/search"] = searched(ad, p, src, steps, graph=False)
-                        graphed[f"{k}/search-graph"] = searched(ad, p.su, src, steps, graph=True)
+                        graphed[f"{k}/search"] = searched(ad, p, src, steps, False, beam)
+                        graphed[f"{k}/search-graph"] = searched(ad, p.su, src, steps, True, beam)
                 times.update({k: [] for k in graphed})
             hs = torch.randn(batch * beam, d, device=device).to(dtype)
             for _ in range(repeats):
@@ -548,17 +548,22 @@ def step_e2e(args: argparse.Namespace) -> dict:
     return payload
 
 
-def searched(adapter, projection, src: torch.Tensor, steps: int, graph: bool) -> Callable[[], object]:
-    """A greedy search of ``steps`` tokens over ``src``: ``decoding.search.greedy_search`` (eager), or
-    ``decoding.graphed.greedy_search_graphed`` (the step captured in a CUDA graph once per call: the
-    capture is timed too, as a translation pays it once per batch). Without CUDA the graphed search runs
-    its step eagerly (``--smoke`` checks the code)."""
-    from fastvocab.decoding.graphed import greedy_search_graphed
-    from fastvocab.decoding.search import greedy_search
+def searched(
+    adapter, projection, src: torch.Tensor, steps: int, graph: bool, beam: int = 1
+) -> Callable[[], object]:
+    """A search of ``steps`` tokens over ``src``, greedy (``beam`` 1) or beam: ``decoding.search``'s
+    (eager), or ``decoding.graphed``'s (the step captured in CUDA graphs once per call: the capture is
+    timed too, as a translation pays it once per batch). Without CUDA the graphed search runs its step
+    eagerly (``--smoke`` checks the code)."""
+    from fastvocab.decoding.graphed import beam_search_graphed, greedy_search_graphed
+    from fastvocab.decoding.search import beam_search, greedy_search
 
     batch = {"input_ids": src, "attention_mask": torch.ones_like(src)}
-    fn = greedy_search_graphed if graph else greedy_search
-    return lambda: fn(adapter, projection, batch, "en", "it", max_len=steps)
+    if beam == 1:
+        fn = greedy_search_graphed if graph else greedy_search
+        return lambda: fn(adapter, projection, batch, "en", "it", max_len=steps)
+    fn = beam_search_graphed if graph else beam_search
+    return lambda: fn(adapter, projection, batch, "en", "it", beam=beam, max_len=steps)
 
 
 class _StaticProject:

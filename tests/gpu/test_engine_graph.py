@@ -94,3 +94,20 @@ def test_graphed_greedy_search_equals_eager_on_the_demo_model():
     want = greedy_search(demo, full, batch, "en", "it", max_len=40)
     got = greedy_search_graphed(demo, full, batch, "en", "it", max_len=40, capture=True)
     assert got == want and any(want)
+
+
+@pytest.mark.parametrize("rule", [False, True])
+def test_graphed_beam_search_equals_eager_on_the_demo_model(rule):
+    """The beam step captured in its two graphs (decoding.graphed) against the eager search, GPU, fp32."""
+    from fastvocab.decoding import Seq2SeqAdapter, beam_search
+    from fastvocab.decoding.graphed import beam_search_graphed
+    from fastvocab.kernels import create_projection
+
+    demo = Seq2SeqAdapter.load(DEMO, device=DEV)
+    full = create_projection("full", demo.output_weight, demo.output_bias)
+    lines = ["GNU C library: shared libraries", "transitional package", "fast, lightweight web server"]
+    batch = demo.encode_texts(lines, "en")
+    kw = dict(beam=3, max_len=40, early_stopping=rule)
+    want = beam_search(demo, full, batch, "en", "it", **kw)
+    got = beam_search_graphed(demo, full, batch, "en", "it", capture=True, **kw)
+    assert got == want and any(want)
