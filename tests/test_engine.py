@@ -477,3 +477,27 @@ def test_graphed_beam_step_dispatches_no_host_read(demo):
             assert {"topk", "log_softmax", "_log_softmax"} & set(rec.names), rec.names  # it saw the step
             assert not set(rec.names) & set(SYNC_OPS), (rule, set(rec.names) & set(SYNC_OPS))
             assert tokens.shape == rows.shape == (n * k,) and int(beams.step) == 1
+
+
+def test_graphed_searches_undo_their_capture_warm_ups(demo, monkeypatch):
+    """With capture on, a graph's warm-up runs real steps that the searches must undo: here a stand-in
+    capture runs the warm-up and then replays the step eagerly, so what the warm-up changed shows."""
+    from fastvocab.decoding import graphed
+
+    calls = []
+
+    def fake_capture(fn, warmups=1):
+        for _ in range(warmups):
+            fn()
+        calls.append(fn)
+        return fn
+
+    monkeypatch.setattr(graphed, "capture_graph", fake_capture)
+    monkeypatch.setattr(search, "CPU_SYNC_EVERY", 3)
+    full = create_projection("full", demo.output_weight, demo.output_bias)
+    batch = demo.encode_texts(DEMO_SOURCES, "en")
+    greedy = graphed.greedy_search_graphed(demo, full, batch, "en", "it", max_len=30, capture=True)
+    assert len(calls) == 1 and greedy == greedy_search(demo, full, batch, "en", "it", max_len=30)
+    kw = dict(beam=3, max_len=30)
+    beams = graphed.beam_search_graphed(demo, full, batch, "en", "it", capture=True, **kw)
+    assert len(calls) == 3 and beams == beam_search(demo, full, batch, "en", "it", **kw)
