@@ -203,6 +203,26 @@ def test_greedy_and_beam_equal_generate(static, family, max_len):
         assert ours == _generate(static, batch, tgt, max_len, beam=beam)
 
 
+@pytest.mark.parametrize("max_len", [5, 14])
+def test_graphed_searches_equal_generate(static, family, max_len, monkeypatch):
+    """The fixed-shape searches CUDA graphs capture (run eagerly here): each family's forced prefix, banned
+    decoder-start pad (Marian) and forced EOS at the length limit (MBart) go through them too."""
+    from fastvocab.decoding import search
+    from fastvocab.decoding.graphed import beam_search_graphed, greedy_search_graphed
+
+    monkeypatch.setattr(search, "CPU_SYNC_EVERY", 2)
+    full = create_projection("full", static.output_weight, static.output_bias)
+    batch = _batch(static, 7, seed=5)
+    src, tgt = SRC[family], TGT[family]
+    got = greedy_search_graphed(static, full, batch, src, tgt, max_len=max_len, capture=False)
+    assert got == _generate(static, batch, tgt, max_len, beam=1)
+    for beam in (2, 4):
+        got = beam_search_graphed(
+            static, full, batch, src, tgt, beam=beam, max_len=max_len, early_stopping=False, capture=False
+        )
+        assert got == _generate(static, batch, tgt, max_len, beam=beam)
+
+
 def test_position_table_end_is_an_error(static, family):
     """Learned/fixed tables end at max_position_embeddings (where HF fails with an index error)."""
     batch = _batch(static, 2, seed=6)
