@@ -366,6 +366,8 @@ def decode(
         return greedy_search(
             adapter, projection, batch, src_lang, tgt_lang, max_len=max_len, step_hook=step_hook
         )
+    if early_stopping is None:
+        early_stopping = getattr(adapter, "early_stopping", False)
     return beam_search(
         adapter,
         projection,
@@ -376,7 +378,5 @@ def decode(
         max_len=max_len,
         length_penalty=length_penalty,
         step_hook=step_hook,
-        early_stopping=getattr(adapter, "early_stopping", False)
-        if early_stopping is None
-        else early_stopping,
+        early_stopping=early_stopping,
     )
