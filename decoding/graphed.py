@@ -337,9 +337,7 @@ def beam_search_graphed(
     search._check(adapter, src_lang, tgt_lang, max_len)
     if beam < 1:
         raise ValueError(f"beam must be >= 1, got {beam}")
-    rule = getattr(adapter, "early_stopping", False) if early_stopping is None else early_stopping
-    if rule not in (True, False, "never"):
-        raise ValueError(f"early_stopping must be True, False or 'never', got {rule!r}")
+    rule = search.stopping_rule(adapter, early_stopping)
     dec = adapter.static_decoder
     if dec is None:
         raise ValueError("graphed beam search needs the static engine (engine='static')")

@@ -82,6 +82,20 @@ def parse_early_stopping(text: str) -> bool | str | None:
         raise ValueError(f"{text!r}: choose from {', '.join(EARLY_STOPPING_RULES)}") from None
 
 
+def check_stopping_rule(rule: object) -> None:
+    """ValueError unless ``rule`` is one of beam search's stopping rules: True, False or "never"."""
+    if rule not in (True, False, "never"):
+        raise ValueError(f"early_stopping must be True, False or 'never', got {rule!r}")
+
+
+def stopping_rule(adapter, early_stopping: bool | str | None = None) -> bool | str:
+    """``early_stopping`` checked, or when None the model's generation config's rule, as ``generate``
+    reads it (``adapter.early_stopping``)."""
+    rule = getattr(adapter, "early_stopping", False) if early_stopping is None else early_stopping
+    check_stopping_rule(rule)
+    return rule
+
+
 def _sync_every(device: torch.device, step_hook: StepHook | None) -> int:
     if step_hook is not None:
         return 1
@@ -224,8 +238,7 @@ def beam_search(
     ``"never"`` is that heuristic with the best live beam normalised at the maximum length when
     ``length_penalty > 0`` (canonical beam search).
     """
-    if early_stopping not in (True, False, "never"):
-        raise ValueError(f"early_stopping must be True, False or 'never', got {early_stopping!r}")
+    check_stopping_rule(early_stopping)
     _check(adapter, src_lang, tgt_lang, max_len)
     if beam < 1:
         raise ValueError(f"beam must be >= 1, got {beam}")
@@ -366,8 +379,6 @@ def decode(
         return greedy_search(
             adapter, projection, batch, src_lang, tgt_lang, max_len=max_len, step_hook=step_hook
         )
-    if early_stopping is None:
-        early_stopping = getattr(adapter, "early_stopping", False)
     return beam_search(
         adapter,
         projection,
@@ -378,5 +389,5 @@ def decode(
         max_len=max_len,
         length_penalty=length_penalty,
         step_hook=step_hook,
-        early_stopping=early_stopping,
+        early_stopping=stopping_rule(adapter, early_stopping),
     )

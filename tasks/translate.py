@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 from fastvocab.decoding.hf_adapter import Seq2SeqAdapter
-from fastvocab.decoding.search import decode
+from fastvocab.decoding.search import check_stopping_rule, decode
 from fastvocab.kernels import create_projection
 from fastvocab.kernels.base import Projection
 
@@ -99,8 +99,8 @@ def translate(
     ``early_stopping``: beam search's stopping rule (True, False, "never"); None takes the model's generation
     config, as ``generate`` does.
     """
-    if early_stopping not in (None, True, False, "never"):
-        raise ValueError(f"early_stopping must be True, False, 'never' or None, got {early_stopping!r}")
+    if early_stopping is not None:
+        check_stopping_rule(early_stopping)
     adapter.check_language(src_lang)
     adapter.check_language(tgt_lang)
     if beam < 1 or batch_size < 1 or max_len < 1 or max_input_tokens < 1:
