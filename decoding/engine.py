@@ -239,18 +239,16 @@ class _Layer(nn.Module):
         if fixed is not None:  # the whole capacity, later positions masked: no shape depends on the position
             k_cache.index_copy_(2, fixed.pos, qkv[:, 1].unsqueeze(2))
             v_cache.index_copy_(2, fixed.pos, qkv[:, 2].unsqueeze(2))
-            q = qkv[:, 0].unsqueeze(2)  # (rows, heads, 1, hd)
-            att = torch.softmax(
-                q @ k_cache.transpose(2, 3) + fixed.mask, dim=-1
-            )  # (rows, heads, 1, capacity)
-            return self.out_self((att @ v_cache).view(rows, d))
-        k_cache[:, :, pos].copy_(qkv[:, 1])
-        v_cache[:, :, pos].copy_(qkv[:, 2])
-        keys = k_cache[:, :, : pos + 1]  # (rows, heads, n, hd), a view: no copy
-        values = v_cache[:, :, : pos + 1]
+            keys, values = k_cache, v_cache
+        else:
+            k_cache[:, :, pos].copy_(qkv[:, 1])
+            v_cache[:, :, pos].copy_(qkv[:, 2])
+            keys, values = k_cache[:, :, : pos + 1], v_cache[:, :, : pos + 1]  # (rows, heads, n, hd) views
         q = qkv[:, 0].unsqueeze(2)  # (rows, heads, 1, hd)
-        att = torch.softmax(q @ keys.transpose(2, 3), dim=-1)  # (rows, heads, 1, n)
-        return self.out_self((att @ values).view(rows, d))
+        scores = q @ keys.transpose(2, 3)  # (rows, heads, 1, n)
+        if fixed is not None:
+            scores = scores + fixed.mask
+        return self.out_self((torch.softmax(scores, dim=-1) @ values).view(rows, d))
 
     def _cross_attn(self, x: torch.Tensor, state: StaticState, i: int) -> torch.Tensor:
         # Rows grouped by source: (sources, heads, group, hd) queries per (S, hd) block.
