@@ -7,18 +7,18 @@ captured once per batch and replayed, with nothing read back to the host except 
 ``SYNC_EVERY`` steps (``fastvocab.decoding.search``'s schedule). Rows that finish stay in the batch (no
 compaction: a new row count would need a new graph), and keep emitting EOS.
 
-The token choice must not read the host either, so only projections with a capturable choice run here
-(:func:`graph_pick`): the full projection (argmax over N) and the static-capacity union
+The token choice must not read the host either, so only projections with a capturable step run here
+(:func:`graph_output`): the full projection and the static-capacity union
 (``kernels.clustered_static.StaticUnion``; today's union mode reads its column count back every step). A
 union that outgrows the static capacity sets a device flag; read at the next host read, it sends the batch
 to the eager search, where such a step gets the full logits: a column is never dropped silently.
 
-Beam search (:func:`beam_search_graphed`) keeps every sentence in the batch too: its state is
-:class:`Beams` (fixed shapes, the finished hypotheses of a done sentence frozen), its scores come from
-:func:`graph_scores` (the same two projections), and its cache reorder gathers the whole self-attention
-capacity from one buffer into the other. So it captures two graphs, A -> B and B -> A, and replays them in
-turn; the first step (one row per sentence, as the eager search scores it) and the last (every candidate
-finishes) run eagerly.
+Beam search (:func:`beam_search_graphed`) keeps every sentence in the batch too. It runs the eager
+search's own step (``search.row_candidates`` and ``search.BeamState``, whose tensors keep their shapes and
+addresses; a done sentence's finished hypotheses stay frozen), and its cache reorder gathers the whole
+self-attention capacity from one buffer into the other. So it captures two graphs, A -> B and B -> A,
+and replays them in turn; the first step (one row per sentence, as the eager search scores it) and the last
+(every candidate finishes) run eagerly.
 
 Without CUDA (or with ``capture=False``) the same steps run eagerly: that is how the CPU tests check that
 the outputs equal :func:`~fastvocab.decoding.search.greedy_search`'s and
@@ -29,52 +29,58 @@ the outputs equal :func:`~fastvocab.decoding.search.greedy_search`'s and
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Callable
 
 import torch
 
 from fastvocab.decoding import search
-from fastvocab.decoding.rowwise import topk_rows
-from fastvocab.kernels.base import Projection
+from fastvocab.kernels.base import Projection, ProjectionOutput
 
 log = logging.getLogger(__name__)
 
 Pick = Callable[[torch.Tensor], torch.Tensor]  # h (rows, d) -> greedy token ids (rows,), no host read
 
 
-def graph_pick(
-    projection: object, banned: torch.Tensor | None = None, overflow: torch.Tensor | None = None
-) -> Pick | None:
-    """The greedy choice of ``projection`` as a capturable function, or None when it has none.
+def graph_output(
+    projection: object, overflow: torch.Tensor | None = None
+) -> Callable[[torch.Tensor], ProjectionOutput] | None:
+    """``projection``'s step as a capturable function ``h (rows, d) -> ProjectionOutput`` (nothing read back
+    to the host), or None when it has none: the full projection, or a static-capacity union
+    (``kernels.clustered_static.StaticUnion``; today's union mode reads its column count back every step).
 
-    ``banned``: vocabulary ids never chosen (the search's suppressed ids). ``overflow``: a 0-d bool device
-    tensor that a static-capacity union ORs with "this step's union did not fit" (its choice is then not to
-    be trusted; the caller reads the flag at its next host read).
+    ``overflow``: a 0-d bool device tensor that the static union ORs with "this step's union did not fit"
+    (its output is then not to be trusted; the caller reads the flag at its next host read).
     """
     from fastvocab.kernels.clustered_static import StaticUnion
     from fastvocab.kernels.full import FullProjection
 
     if isinstance(projection, FullProjection):
-
-        def pick_full(h: torch.Tensor) -> torch.Tensor:
-            logits = projection(h).logits
-            if banned is not None:
-                logits = logits.index_fill(1, banned, -math.inf)
-            return logits.argmax(dim=1)
-
-        return pick_full
+        return projection
     if isinstance(projection, StaticUnion):
 
-        def pick_union(h: torch.Tensor) -> torch.Tensor:
-            out = projection.step(h, overflow)
-            logits = out.logits
-            if banned is not None:
-                logits = logits.masked_fill(torch.isin(out.ids, banned)[None, :], -math.inf)
-            return out.ids[logits.argmax(dim=1)]
+        def union_output(h: torch.Tensor) -> ProjectionOutput:
+            out = projection.step(h, overflow)  # padded columns: -inf logits, ids repeating a real one
+            return ProjectionOutput(logits=out.logits, ids=out.ids, n_vocab=projection.n_vocab)
 
-        return pick_union
+        return union_output
     return None
+
+
+def graph_pick(
+    projection: object, banned: torch.Tensor | None = None, overflow: torch.Tensor | None = None
+) -> Pick | None:
+    """The greedy choice of ``projection`` as a capturable function (:func:`graph_output`), or None when it
+    has none. ``banned``: vocabulary ids never chosen (the search's suppressed ids)."""
+    output = graph_output(projection, overflow)
+    if output is None:
+        return None
+
+    def pick(h: torch.Tensor) -> torch.Tensor:
+        out = output(h)
+        logits = search._suppress(out, out.logits, banned)
+        return out.to_vocab_ids(logits.argmax(dim=1, keepdim=True))[:, 0]
+
+    return pick
 
 
 def capture_graph(fn: Callable[[], object], warmups: int = 1) -> Callable[[], None]:
@@ -183,133 +189,6 @@ def greedy_search_graphed(
 
 # ----------------------------------------------------------------------------------------------- beam search
 
-Scores = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor | None]]
-
-
-def graph_scores(
-    projection: object, banned: torch.Tensor | None = None, overflow: torch.Tensor | None = None
-) -> Scores | None:
-    """Beam search's per-step scores of ``projection`` as a capturable function, or None when it has none:
-    ``h (rows, d) -> (log-probs (rows, C) float32, vocabulary ids (C,) of the columns, None for all N)``,
-    the ``banned`` ids at ``-inf`` after the log-softmax (as the eager search and ``generate`` apply them).
-    ``overflow`` as in :func:`graph_pick`."""
-    from fastvocab.kernels.clustered_static import StaticUnion
-    from fastvocab.kernels.full import FullProjection
-
-    if isinstance(projection, FullProjection):
-
-        def scores_full(h: torch.Tensor) -> tuple[torch.Tensor, None]:
-            logp = torch.log_softmax(projection(h).logits.float(), dim=-1)
-            return (logp if banned is None else logp.index_fill(1, banned, -math.inf)), None
-
-        return scores_full
-    if isinstance(projection, StaticUnion):
-
-        def scores_union(h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-            out = projection.step(h, overflow)
-            logp = torch.log_softmax(out.logits.float(), dim=-1)  # padded columns are -inf: weight 0
-            if banned is not None:
-                logp = logp.masked_fill(torch.isin(out.ids, banned)[None, :], -math.inf)
-            return logp, out.ids
-
-        return scores_union
-    return None
-
-
-class Beams:
-    """The fixed-shape state of a beam search over ``n`` sentences x ``k`` beams, and its step
-    (:meth:`choose`), which reads nothing back to the host: what :func:`beam_search_graphed` captures.
-
-    Mirrors :func:`~fastvocab.decoding.search.beam_search` step for step (the same candidates, finished
-    pool, stopping rule and float32 arithmetic), except that sentences never leave: a sentence found done
-    keeps its finished hypotheses frozen, as the eager search freezes them between host reads.
-    ``row_topk`` is the per-row top-k (the eager search's; ``torch.topk`` on an accelerator).
-    """
-
-    def __init__(
-        self,
-        n: int,
-        k: int,
-        max_len: int,
-        prefix_len: int,
-        length_penalty: float,
-        rule: bool | str,
-        eos: int,
-        forced_eos: int | None,
-        scores: Scores,
-        device: torch.device,
-        row_topk: Callable[[torch.Tensor, int], tuple[torch.Tensor, torch.Tensor]] = topk_rows,
-    ) -> None:
-        self.n, self.k, self.max_len, self.rule = n, k, max_len, rule
-        self.eos, self.forced_eos, self.scores, self.row_topk = eos, forced_eos, scores, row_topk
-        self.lp, self.device, neg = length_penalty, device, search._NEG
-        self.run_scores = torch.full((n, k), neg, device=device)  # cumulative log-prob of the live beams
-        self.run_scores[:, 0] = 0.0  # identical beams at the start: only the first one may expand
-        self.run_seqs = torch.full((n, k, max_len), eos, dtype=torch.long, device=device)
-        self.fin_scores = torch.full((n, k), neg, device=device)  # normalised scores of finished hyps
-        self.fin_seqs = torch.full((n, k, max_len), eos, dtype=torch.long, device=device)
-        self.fin_any = torch.zeros((n, k), dtype=torch.bool, device=device)  # the slot holds a real one
-        self.done = torch.zeros(n, dtype=torch.bool, device=device)  # finished hypotheses frozen
-        self.step = torch.zeros(1, dtype=torch.long, device=device)  # the column of the sequences
-        self.top_k_mask = torch.arange(2 * k, device=device) < k  # only the best k candidates may finish
-        self.sent_rows = torch.arange(n, device=device)[:, None] * k  # (n, 1) first row of each sentence
-        # length ** length_penalty by step, rounded to float32 from the double the eager search divides by
-        self.denoms = torch.tensor(
-            [float(prefix_len + s) ** length_penalty for s in range(max_len)], device=device
-        )
-        self.never_len = float(prefix_len + max_len - 1) ** length_penalty  # "never": judged at the limit
-
-    def tensors(self) -> tuple[torch.Tensor, ...]:
-        """What :meth:`choose` changes (to save and restore around a graph's warm-up)."""
-        return (self.run_scores, self.run_seqs, self.fin_scores, self.fin_seqs, self.fin_any, self.done,
-                self.step)  # fmt: skip
-
-    def choose(
-        self, h: torch.Tensor, final: bool = False, first: bool = False
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """One step on the states ``h`` (n*k, d): returns the tokens (n*k,) and the row each continues.
-        ``final``: the length limit (every candidate finishes); ``first``: a sentence's k rows are one
-        state yet, scored once (the eager search's first step)."""
-        n, k, k2, neg, t = self.n, self.k, 2 * self.k, search._NEG, self.max_len
-        if final and self.forced_eos is not None:  # generate's forced_eos_token_id at the length limit
-            kk = 1
-            row_vals = torch.zeros((n * k, 1), device=self.device)
-            row_toks = torch.full((n * k, 1), self.forced_eos, dtype=torch.long, device=self.device)
-        else:
-            logp, ids = self.scores(h[::k].contiguous() if first else h)
-            kk = min(k2, logp.shape[1])
-            row_vals, row_cols = self.row_topk(logp, kk)  # (rows, kk)
-            row_toks = row_cols if ids is None else ids[row_cols]
-            if first:
-                row_vals, row_toks = row_vals.repeat_interleave(k, 0), row_toks.repeat_interleave(k, 0)
-        total = (row_vals.view(n, k, kk) + self.run_scores[:, :, None]).view(n, k * kk)
-        cand_scores, flat = torch.topk(total, min(k2, k * kk), dim=-1)  # (n, k2)
-        cand_beam = flat // kk
-        cand_toks = row_toks.view(n, k * kk).gather(1, flat)
-        cand_seqs = self.run_seqs.gather(1, cand_beam[:, :, None].expand(-1, -1, t)).clone()
-        cand_seqs.index_copy_(2, self.step, cand_toks[:, :, None])
-        done_cand = torch.ones_like(cand_toks, dtype=torch.bool) if final else cand_toks == self.eos
-        new_fin = done_cand & self.top_k_mask[: cand_toks.shape[1]] & ~self.done[:, None]
-        denom = self.denoms.index_select(0, self.step)  # (1,) (tokens incl. the tag) ** length_penalty
-        norm = cand_scores / denom + (~new_fin).to(cand_scores.dtype) * neg
-        m_scores, sel = torch.topk(torch.cat([self.fin_scores, norm], dim=1), k, dim=1)
-        m_seqs = torch.cat([self.fin_seqs, cand_seqs], dim=1)
-        self.fin_seqs.copy_(m_seqs.gather(1, sel[:, :, None].expand(-1, -1, t)))
-        self.fin_any.copy_(torch.cat([self.fin_any, new_fin], dim=1).gather(1, sel))
-        self.fin_scores.copy_(m_scores)
-        live, pick = torch.topk(cand_scores + done_cand.to(cand_scores.dtype) * neg, k, dim=1)
-        self.run_scores.copy_(live)
-        self.run_seqs.copy_(cand_seqs.gather(1, pick[:, :, None].expand(-1, -1, t)))
-        now = self.fin_any.all(dim=1)
-        if self.rule is not True:  # generate's heuristic: the best live beam cannot beat the worst finished
-            never = self.rule == "never" and self.lp > 0
-            best = self.run_scores[:, 0] / (self.never_len if never else denom)
-            now &= best <= self.fin_scores.min(dim=1).values
-        self.done.logical_or_(now)
-        self.step.add_(1)
-        rows = self.sent_rows + cand_beam.gather(1, pick)  # (n, k)
-        return cand_toks.gather(1, pick).reshape(-1), rows.reshape(-1)
-
 
 @torch.inference_mode()
 def beam_search_graphed(
@@ -343,10 +222,10 @@ def beam_search_graphed(
         raise ValueError("graphed beam search needs the static engine (engine='static')")
     device = adapter.device
     overflow = torch.zeros((), dtype=torch.bool, device=device)
-    scores = graph_scores(projection, search._banned_ids(adapter, device), overflow)
-    if scores is None:
+    output = graph_output(projection, overflow)
+    if output is None:
         raise ValueError(
-            f"{type(projection).__name__} has no capturable scores: use the full projection or a "
+            f"{type(projection).__name__} has no capturable output: use the full projection or a "
             "static-capacity union (kernels.clustered_static.StaticUnion)"
         )
     n = batch["input_ids"].shape[0]
@@ -354,6 +233,7 @@ def beam_search_graphed(
         return []
     capture = device.type == "cuda" if capture is None else capture
     eos, forced_eos = adapter.eos_id, getattr(adapter, "forced_eos_id", None)
+    banned = search._banned_ids(adapter, device)
     k = beam
 
     h, state, prefix_len = search._start(adapter, batch, tgt_lang, max_len)
@@ -365,15 +245,22 @@ def beam_search_graphed(
     buffers = (cache.self_kv.contiguous(), torch.empty_like(cache.self_kv))  # the reorder's ping-pong pair
     cache.self_kv = buffers[0]
 
-    beams = Beams(n, k, max_len, prefix_len, length_penalty, rule, eos, forced_eos, scores, device)
+    beams = search.BeamState(n, k, max_len, prefix_len, length_penalty, rule, eos, device)
     h_buf = h.repeat_interleave(k, dim=0)  # (n*k, d) the states the next choice reads
     pos = torch.full((1,), cache.length, dtype=torch.long, device=device)  # next decoder position
 
+    def choose(final: bool = False, first: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """The search's step on ``h_buf``: tokens (n, k) and the row each continues (no host read)."""
+        if final and forced_eos is not None:
+            return beams.advance(*search.forced_candidates(n * k, forced_eos, device), final=True)
+        out = output(h_buf[::k].contiguous() if first else h_buf)
+        return beams.advance(*search.row_candidates(out, banned, k, first), final=final)
+
     def body(src: torch.Tensor, dst: torch.Tensor, first: bool = False) -> None:
-        tokens, rows = beams.choose(h_buf, first=first)
-        torch.index_select(src, 2, rows, out=dst)
+        tokens, rows = choose(first=first)
+        torch.index_select(src, 2, rows.reshape(-1), out=dst)
         cache.self_kv = dst
-        h_buf.copy_(dec.step_fixed(tokens, cache, pos))
+        h_buf.copy_(dec.step_fixed(tokens.reshape(-1), cache, pos))
         pos.add_(1)
 
     steps = [lambda: body(*buffers), lambda: body(*buffers[::-1])]  # even steps A -> B, odd B -> A
@@ -397,7 +284,7 @@ def beam_search_graphed(
         if (step + 1) % sync_every == 0 and bool(beams.done.all() | overflow):  # the host read
             break
     else:
-        beams.choose(h_buf, final=True, first=last == 0 and k > 1)
+        choose(final=True, first=last == 0 and k > 1)
     if bool(overflow):
         log.info(
             "graphed beam: a union outgrew capacity %d; batch decoded again eagerly", projection.capacity

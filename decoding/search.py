@@ -217,6 +217,138 @@ def greedy_search(
     return [_strip(row, adapter.eos_id) for row in out_tokens.tolist()]
 
 
+class BeamState:
+    """Beam search's state for ``n`` sentences x ``k`` beams and its step (:meth:`advance`): the candidates,
+    the pool of finished hypotheses and the stopping rule, as ``generate`` runs them. Used by
+    :func:`beam_search` (which drops done sentences at its host reads, :meth:`keep`) and by the graphed
+    beam search (``fastvocab.decoding.graphed``: fixed shapes, nothing read back to the host, so sentences
+    stay and a done sentence's finished hypotheses stay frozen).
+
+    ``lazy_merge``: merge finished candidates into the pool only when there are any (a host read: free on
+    CPU, not on an accelerator or in a CUDA graph, which merge every step to the same result).
+    """
+
+    def __init__(
+        self,
+        n: int,
+        k: int,
+        max_len: int,
+        prefix_len: int,
+        length_penalty: float,
+        rule: bool | str,
+        eos: int,
+        device: torch.device,
+        lazy_merge: bool = False,
+    ) -> None:
+        check_stopping_rule(rule)
+        self.k, self.max_len, self.rule, self.eos, self.lp = k, max_len, rule, eos, length_penalty
+        self.lazy_merge = lazy_merge
+        self.run_scores = torch.full((n, k), _NEG, device=device)  # cumulative log-prob of the live beams
+        self.run_scores[:, 0] = 0.0  # identical beams at the start: only the first one may expand
+        self.run_seqs = torch.full((n, k, max_len), eos, dtype=torch.long, device=device)  # (n, k, T)
+        self.fin_scores = torch.full((n, k), _NEG, device=device)  # normalised scores of finished hyps
+        self.fin_seqs = torch.full((n, k, max_len), eos, dtype=torch.long, device=device)
+        self.fin_any = torch.zeros((n, k), dtype=torch.bool, device=device)  # the slot holds a real one
+        # Sentences done (found since the last host read, in beam_search): finished hypotheses frozen, as
+        # generate adds none to a done sentence either.
+        self.done = torch.zeros(n, dtype=torch.bool, device=device)
+        self.step = torch.zeros(1, dtype=torch.long, device=device)  # the column of the sequences
+        self.top_k_mask = torch.arange(2 * k, device=device) < k  # only the best k candidates may finish
+        # (generated tokens incl. the forced tag) ** length_penalty by step: generate's length normalisation
+        self.denoms = torch.tensor(
+            [float(prefix_len + s) ** length_penalty for s in range(max_len)], device=device
+        )
+        self.never_len = float(prefix_len + max_len - 1) ** length_penalty  # "never": judged at the limit
+
+    @property
+    def n(self) -> int:
+        return self.run_scores.shape[0]
+
+    def tensors(self) -> tuple[torch.Tensor, ...]:
+        """What :meth:`advance` changes in place (to save and restore around a CUDA graph's warm-up)."""
+        return (self.run_scores, self.run_seqs, self.fin_scores, self.fin_seqs, self.fin_any, self.done,
+                self.step)  # fmt: skip
+
+    def advance(
+        self, row_vals: torch.Tensor, row_toks: torch.Tensor, final: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One step from each row's best continuations ``row_vals`` / ``row_toks`` (n*k, kk): log-probs
+        and vocabulary ids. Returns the tokens (n, k) the live beams continue with and the row (n, k) of
+        the previous step each continues. ``final``: the length limit, where every candidate finishes and
+        every sentence is done. Updates the state in place (same tensors: a CUDA graph can capture it)."""
+        n, k, k2, t = self.n, self.k, 2 * self.k, self.max_len
+        kk = row_vals.shape[1]
+        total = (row_vals.view(n, k, kk) + self.run_scores[:, :, None]).view(n, k * kk)
+        cand_scores, flat = torch.topk(total, min(k2, k * kk), dim=-1)  # (n, k2)
+        cand_beam = flat // kk  # which live beam each candidate extends
+        cand_toks = row_toks.view(n, k * kk).gather(1, flat)  # (n, k2)
+        cand_seqs = self.run_seqs.gather(1, cand_beam[:, :, None].expand(-1, -1, t)).clone()  # (n, k2, T)
+        cand_seqs.index_copy_(2, self.step, cand_toks[:, :, None])
+        done_cand = torch.ones_like(cand_toks, dtype=torch.bool) if final else cand_toks == self.eos
+        denom = self.denoms.index_select(0, self.step)  # (1,)
+
+        # Finished candidates among the best k enter the pool of finished hypotheses.
+        new_fin = done_cand & self.top_k_mask[: cand_toks.shape[1]] & ~self.done[:, None]
+        if not self.lazy_merge or bool(new_fin.any()):
+            norm = cand_scores / denom + (~new_fin).to(cand_scores.dtype) * _NEG
+            m_scores, sel = torch.topk(torch.cat([self.fin_scores, norm], dim=1), k, dim=1)
+            m_seqs = torch.cat([self.fin_seqs, cand_seqs], dim=1)
+            self.fin_seqs.copy_(m_seqs.gather(1, sel[:, :, None].expand(-1, -1, t)))
+            self.fin_any.copy_(torch.cat([self.fin_any, new_fin], dim=1).gather(1, sel))
+            self.fin_scores.copy_(m_scores)
+
+        # The best k unfinished candidates live on (finished ones pushed to the bottom, as in generate).
+        live, pick = torch.topk(cand_scores + done_cand.to(cand_scores.dtype) * _NEG, k, dim=1)
+        self.run_scores.copy_(live)
+        self.run_seqs.copy_(cand_seqs.gather(1, pick[:, :, None].expand(-1, -1, t)))
+        if final:
+            self.done.fill_(True)
+        else:
+            # Done when all k slots hold finished hypotheses and (unless the rule is True) the best live
+            # beam, normalised at its current length (or at the limit: "never"), is no better than the worst.
+            now = self.fin_any.all(dim=1)
+            if self.rule is not True:
+                best = self.run_scores[:, 0] / (
+                    self.never_len if self.rule == "never" and self.lp > 0 else denom
+                )
+                now &= best <= self.fin_scores.min(dim=1).values
+            self.done.logical_or_(now)
+        self.step.add_(1)
+        rows = torch.arange(n, device=live.device)[:, None] * k + cand_beam.gather(1, pick)  # (n, k)
+        return cand_toks.gather(1, pick), rows
+
+    def keep(self, index: torch.Tensor) -> None:
+        """Keep the sentences ``index`` (n',) only, in that order (beam_search drops the done ones)."""
+        for name in ("run_scores", "run_seqs", "fin_scores", "fin_seqs", "fin_any", "done"):
+            setattr(self, name, getattr(self, name)[index])
+
+
+def row_candidates(
+    out: ProjectionOutput,
+    banned: torch.Tensor | None,
+    k: int,
+    first: bool = False,
+    topk: Callable[[torch.Tensor, int], tuple[torch.Tensor, torch.Tensor]] = topk_rows,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's best ``2k`` continuations (log-probs, vocabulary ids) from a projection's output, the
+    ``banned`` ids at -inf after the log-softmax (as generate's processors): a sentence's best ``2k`` over
+    its ``k`` rows lie within them. ``first``: the rows are one per sentence (the first step), copied to its
+    ``k`` beams. ``topk``: the per-row top-k (the CPU's blocked one; ``torch.topk`` gives the same values)."""
+    logp = _suppress(out, out.log_probs(), banned)  # (rows, C)
+    vals, cols = topk(logp, min(2 * k, logp.shape[1]))
+    toks = out.to_vocab_ids(cols)
+    if first:
+        return vals.repeat_interleave(k, 0), toks.repeat_interleave(k, 0)
+    return vals, toks
+
+
+def forced_candidates(rows: int, token: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """generate's ``forced_eos_token_id`` at the length limit: ``token`` gets log-prob 0, all else -inf."""
+    return torch.zeros((rows, 1), device=device), torch.full(
+        (rows, 1), token, dtype=torch.long, device=device
+    )
+
+
 @torch.inference_mode()
 def beam_search(
     adapter,
@@ -249,7 +381,7 @@ def beam_search(
     eos = adapter.eos_id
     banned = _banned_ids(adapter, device)
     forced_eos = getattr(adapter, "forced_eos_id", None)
-    k, k2 = beam, 2 * beam  # live beams; candidates kept per step (room for k live ones after EOS)
+    k = beam  # live beams; 2k candidates kept per step (room for k live ones after EOS)
 
     project = _bind(projection, batch)
     h, state, prefix_len = _start(adapter, batch, tgt_lang, max_len)
@@ -258,19 +390,19 @@ def beam_search(
     h = h.repeat_interleave(k, dim=0)  # (n*k, d)
 
     sent = torch.arange(n, device=device)  # (nb,) source index of each live sentence
-    run_scores = torch.full((n, k), _NEG, device=device)  # (nb, k) cumulative log-prob of live beams
-    run_scores[:, 0] = 0.0  # identical beams at the start: only the first one may expand
-    run_seqs = torch.full((n, k, max_len), eos, dtype=torch.long, device=device)  # (nb, k, T)
-    fin_scores = torch.full((n, k), _NEG, device=device)  # (nb, k) normalised scores of finished hyps
-    fin_seqs = torch.full((n, k, max_len), eos, dtype=torch.long, device=device)
-    fin_any = torch.zeros((n, k), dtype=torch.bool, device=device)  # slot holds a real finished hyp
+    beams = BeamState(
+        n,
+        k,
+        max_len,
+        prefix_len,
+        length_penalty,
+        early_stopping,
+        eos,
+        device,
+        lazy_merge=device.type == "cpu",
+    )
     results: list[list[int]] = [[] for _ in range(n)]
-    top_k_mask = torch.arange(k2, device=device) < k  # (k2,) only the best k candidates may finish
-    # Sentences found done since the last host read: they stay in the batch until the next one, their
-    # finished hypotheses frozen (generate adds none to a done sentence either).
-    frozen = torch.zeros(n, dtype=torch.bool, device=device)  # (nb,)
     sync_every = _sync_every(device, step_hook)
-    on_cpu = device.type == "cpu"
 
     for step in range(max_len):
         nb = sent.shape[0]
@@ -283,75 +415,21 @@ def beam_search(
         if step_hook is not None:
             step_hook(StepRecord(row_ids=row_ids, step=step, hidden=h, output=out))
         if last and forced_eos is not None:
-            # generate's forced_eos_token_id: at the length limit EOS gets log-prob 0, everything else -inf.
-            kk = 1
-            row_vals = torch.zeros((nb * k, 1), device=device)
-            row_toks = torch.full((nb * k, 1), forced_eos, dtype=torch.long, device=device)
+            row_vals, row_toks = forced_candidates(nb * k, forced_eos, device)
         else:
-            logp = _suppress(out, out.log_probs(), banned)  # (nb*k, C)
-            # Per-row top-k2 first: the sentence's global top-k2 over k*C continuations lies within them.
-            kk = min(k2, logp.shape[1])
-            row_vals, row_cols = topk_rows(logp, kk)  # (nb*k, kk) == torch.topk(logp, kk, dim=-1)
-            row_toks = out.to_vocab_ids(row_cols)  # (nb*k, kk)
-            if first:
-                row_vals, row_toks = row_vals.repeat_interleave(k, 0), row_toks.repeat_interleave(k, 0)
-        total = (row_vals.view(nb, k, kk) + run_scores[:, :, None]).view(nb, k * kk)
-        cand_scores, flat = torch.topk(total, min(k2, k * kk), dim=-1)  # (nb, k2)
-        cand_beam = flat // kk  # (nb, k2) which live beam each candidate extends
-        cand_toks = row_toks.view(nb, k * kk).gather(1, flat)  # (nb, k2)
-        cand_seqs = run_seqs.gather(1, cand_beam[:, :, None].expand(-1, -1, max_len)).clone()  # (nb, k2, T)
-        cand_seqs[:, :, step] = cand_toks
-        length = prefix_len + step  # generated tokens incl. the forced tag and this one (generate's count)
-        done_cand = torch.ones_like(cand_toks, dtype=torch.bool) if last else cand_toks == eos  # (nb, k2)
-
-        # Finished candidates among the best k enter the pool of finished hypotheses (on CPU only when there
-        # are any: the test is free there; an accelerator merges every step rather than wait for the answer).
-        new_fin = done_cand & top_k_mask[: cand_toks.shape[1]] & ~frozen[:, None]
-        if not on_cpu or bool(new_fin.any()):
-            norm = cand_scores / (float(length) ** length_penalty)
-            norm = norm + (~new_fin).to(norm.dtype) * _NEG
-            m_scores = torch.cat([fin_scores, norm], dim=1)  # (nb, k + k2)
-            m_seqs = torch.cat([fin_seqs, cand_seqs], dim=1)
-            m_any = torch.cat([fin_any, new_fin], dim=1)
-            fin_scores, sel = torch.topk(m_scores, k, dim=1)
-            fin_seqs = m_seqs.gather(1, sel[:, :, None].expand(-1, -1, max_len))
-            fin_any = m_any.gather(1, sel)
-
-        # The best k unfinished candidates live on (finished ones pushed to the bottom, as in generate).
-        live_scores = cand_scores + done_cand.to(cand_scores.dtype) * _NEG
-        run_scores, pick = torch.topk(live_scores, k, dim=1)  # (nb, k)
-        beam_of = cand_beam.gather(1, pick)  # (nb, k)
-        run_seqs = cand_seqs.gather(1, pick[:, :, None].expand(-1, -1, max_len))
-        tokens = cand_toks.gather(1, pick)  # (nb, k)
-
-        if last:
-            done = torch.ones(nb, dtype=torch.bool, device=device)
-        else:
-            # Sentence done when all k slots hold finished hypotheses and the best live beam, normalised at
-            # its current length, is no better than the worst of them (generate's early_stopping=False rule).
-            done = fin_any.all(dim=1)
-            if early_stopping is not True:
-                best_len = length
-                if early_stopping == "never" and length_penalty > 0:
-                    best_len = prefix_len + max_len - 1  # the longest a hypothesis can get
-                best_live = run_scores[:, 0] / (float(best_len) ** length_penalty)
-                done &= best_live <= fin_scores.min(dim=1).values
-            done |= frozen
-        rows = torch.arange(nb, device=device)[:, None] * k + beam_of  # (nb, k) cache row of each new beam
+            row_vals, row_toks = row_candidates(out, banned, k, first)
+        tokens, rows = beams.advance(row_vals, row_toks, final=last)  # (nb, k) each
+        done = beams.done
         if (last or (step + 1) % sync_every == 0) and bool(done.any()):  # the host read
             idx = done.nonzero()[:, 0].tolist()
-            best = fin_seqs[idx, 0].tolist()
+            best = beams.fin_seqs[idx, 0].tolist()
             for i, seq in zip(idx, best, strict=True):
                 results[int(sent[i])] = _strip(seq, eos)
             if bool(done.all()):
                 break
             keep = (~done).nonzero()[:, 0]  # (nb',)
-            rows, tokens, sent, run_scores, run_seqs = (
-                t[keep] for t in (rows, tokens, sent, run_scores, run_seqs)
-            )
-            fin_scores, fin_seqs, fin_any = fin_scores[keep], fin_seqs[keep], fin_any[keep]
-            done = done[keep]
-        frozen = done
+            rows, tokens, sent = rows[keep], tokens[keep], sent[keep]
+            beams.keep(keep)
         state = adapter.reorder(state, rows.reshape(-1), group=k)  # k rows per sentence, sentences in order
         h, state = adapter.decoder_step(tokens.reshape(-1), state)
     return results

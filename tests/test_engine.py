@@ -442,7 +442,7 @@ def test_graphed_beam_refuses_what_it_cannot_capture(demo, static):
     from fastvocab.decoding.graphed import beam_search_graphed
 
     batch = demo.encode_texts(DEMO_SOURCES[:2], "en")
-    with pytest.raises(ValueError, match="no capturable scores"):
+    with pytest.raises(ValueError, match="no capturable output"):
         beam_search_graphed(demo, object(), batch, "en", "it", max_len=4)
     hf = Seq2SeqAdapter(static.model, static.tokenizer, static.path, "cpu", torch.float32, engine="hf")
     full = create_projection("full", hf.output_weight, hf.output_bias)
@@ -454,7 +454,8 @@ def test_graphed_beam_step_dispatches_no_host_read(demo):
     """The beam step's choice (scores, candidates, finished pool, stopping rule, rows to continue) reads
     nothing back to the host, checked at the dispatcher on CPU as for the greedy step; its per-row top-k is
     torch.topk, as on an accelerator (the CPU's blocked top-k reads a NaN check)."""
-    from fastvocab.decoding.graphed import Beams, graph_scores
+    from fastvocab.decoding.graphed import graph_output
+    from fastvocab.decoding.search import BeamState, row_candidates
     from fastvocab.kernels.clustered_static import StaticUnion
     from tests.layers import random_map
     from tests.test_clustered_static import SYNC_OPS, RecordOps
@@ -469,14 +470,15 @@ def test_graphed_beam_step_dispatches_no_host_read(demo):
     banned = torch.tensor([demo.pad_id])
     flag = torch.zeros((), dtype=torch.bool)
     for proj in (full, StaticUnion(union, rows=n * k)):
+        output = graph_output(proj, flag)
         for rule in (False, True, "never"):
-            beams = Beams(n, k, 6, 2, 1.2, rule, demo.eos_id, None, graph_scores(proj, banned, flag),
-                          torch.device("cpu"), row_topk=lambda x, kk: torch.topk(x, kk, dim=-1))  # fmt: skip
+            beams = BeamState(n, k, 6, 2, 1.2, rule, demo.eos_id, torch.device("cpu"))
             with RecordOps() as rec:
-                tokens, rows = beams.choose(h)
+                cands = row_candidates(output(h), banned, k, topk=lambda x, kk: torch.topk(x, kk, dim=-1))
+                tokens, rows = beams.advance(*cands)
             assert {"topk", "log_softmax", "_log_softmax"} & set(rec.names), rec.names  # it saw the step
             assert not set(rec.names) & set(SYNC_OPS), (rule, set(rec.names) & set(SYNC_OPS))
-            assert tokens.shape == rows.shape == (n * k,) and int(beams.step) == 1
+            assert tokens.shape == rows.shape == (n, k) and int(beams.step) == 1
 
 
 def test_graphed_searches_undo_their_capture_warm_ups(demo, monkeypatch):
