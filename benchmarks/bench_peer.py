@@ -71,7 +71,7 @@ from pathlib import Path
 import torch
 from bench_meta import cpu_name, git_commit
 
-from fastvocab.decoding.search import parse_early_stopping
+from fastvocab.decoding.search import parse_early_stopping, stopping_rule
 from fastvocab.tasks.evaluate import score, search_error_rate
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -191,9 +191,7 @@ def build_systems(args) -> tuple[dict[str, Callable], dict]:
     a8 = Seq2SeqAdapter.load(args.model, engine=args.engine)
     a8.quantize_int8(encoder=not args.int8_decoder_only)
     info["engine"] = a32.engine
-    info["fastvocab_early_stopping"] = (
-        a32.early_stopping if args.early_stopping is None else args.early_stopping
-    )
+    info["fastvocab_early_stopping"] = stopping_rule(a32, args.early_stopping)
     info["ct2_early_stopping"] = "patience 1: a sentence ends once beam hypotheses are finished"
     full = make_projection(a32, "full")
     info["full_prepacked"] = full.packed
