@@ -197,7 +197,6 @@ def decode_passes(
     seqs: Sequence[list[int]],
     args: tuple[str, str, int, int, int, float],
     repeats: int,
-    before_pass: Callable[[], None] = lambda: None,
     after_pass: Callable[[int], None] = lambda rep: None,
     warm_up: bool = True,
 ) -> Passes:
@@ -206,8 +205,8 @@ def decode_passes(
 
     ``warm_up``: first an untimed pass over a few sentences (first-call allocations, the static engine's
     cache growth). Before each pass the counters of the projections that keep them (``reset_counters``,
-    the clustered ones) are reset, so they describe one pass; then ``before_pass`` runs, and
-    ``after_pass(rep)`` after the pass (to read other meters).
+    the clustered ones) are reset, so they describe one pass; ``after_pass(rep)`` runs after each pass (to
+    read them, or other meters).
     """
     if warm_up:
         decode_all(adapter, projs, seqs[: min(len(seqs), args[3], 8)], *args)
@@ -216,7 +215,6 @@ def decode_passes(
         for p in projs.values():
             if hasattr(p, "reset_counters"):
                 p.reset_counters()
-        before_pass()
         outs, wall, cpu = decode_all(adapter, projs, seqs, *args)
         for name in projs:
             res.wall[name].append(wall[name])
