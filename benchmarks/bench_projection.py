@@ -65,11 +65,21 @@ def synthetic_weights(n_vocab: int, d: int, dtype: torch.dtype, device: str, see
 
 
 def synthetic_map(
-    n_vocab: int, d: int, r: int, fraction: float, set_ratio: float, fingerprint: str, seed: int = 0
+    n_vocab: int,
+    d: int,
+    r: int,
+    fraction: float,
+    set_ratio: float,
+    fingerprint: str,
+    seed: int = 0,
+    centroids: np.ndarray | None = None,
 ) -> ClusterMap:
-    """Random centroids; each cluster a random ``set_ratio`` share of one pool of ``fraction * N`` ids."""
+    """Each cluster a random ``set_ratio`` share of one pool of ``fraction * N`` ids, Zipf populations;
+    ``centroids`` (r, d) random unless given (the GPU e2e step passes k-means-free ones over real states)."""
     rng = np.random.default_rng(seed)
-    centroids = rng.standard_normal((r, d)).astype(np.float32)
+    if centroids is None:
+        centroids = rng.standard_normal((r, d)).astype(np.float32)
+    centroids = np.ascontiguousarray(centroids, dtype=np.float32)
     pool = rng.choice(n_vocab, max(1, round(fraction * n_vocab)), replace=False)
     size = max(1, round(set_ratio * len(pool)))
     sets = [np.sort(rng.choice(pool, size, replace=False)) for _ in range(r)]

@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from bench_meta import device_name, git_commit  # noqa: E402
-from bench_projection import copy_bandwidth_gbps, timed  # noqa: E402
+from bench_projection import copy_bandwidth_gbps, synthetic_map, synthetic_rows, timed  # noqa: E402
 
 # --------------------------------------------------------------------------------------------- common
 
@@ -107,40 +107,6 @@ def matmul_tflops(device: str, n: int, dtype: torch.dtype) -> float:
     return 2 * n**3 / t / 1e12
 
 
-def synthetic_map(centroids: np.ndarray, n_vocab: int, fraction: float, set_ratio: float, fp: str, seed=0):
-    """A ClusterMap over given centroids: each set a random ``set_ratio`` share of one pool of
-    ``fraction * N`` ids (as ``bench_projection.synthetic_map``), Zipf populations."""
-    from fastvocab.artifacts_schema.cluster_map import ClusterMap, MapManifest, active_fraction_stats
-
-    rng = np.random.default_rng(seed)
-    r, d = centroids.shape
-    pool = rng.choice(n_vocab, max(1, round(fraction * n_vocab)), replace=False)
-    size = max(1, round(set_ratio * len(pool)))
-    sets = [np.sort(rng.choice(pool, size, replace=False)) for _ in range(r)]
-    indptr = np.zeros(r + 1, dtype=np.int64)
-    np.cumsum([len(s) for s in sets], out=indptr[1:])
-    zipf = np.maximum(1, np.round(1000 / np.arange(1, r + 1))).astype(np.int32)
-    counts = np.concatenate([np.full(len(s), zipf[c], dtype=np.int32) for c, s in enumerate(sets)])
-    c = np.ascontiguousarray(centroids, dtype=np.float32)
-    manifest = MapManifest(
-        model_fingerprint=fp,
-        direction="xx-yy",
-        scope="direction",
-        r=r,
-        k=5,
-        d=d,
-        n_vocab=n_vocab,
-        niter=0,
-        seed=seed,
-        states_used=0,
-        active_fraction=active_fraction_stats(indptr, n_vocab),
-    )
-    return ClusterMap(manifest, c, (c * c).sum(1), indptr, np.concatenate(sets).astype(np.int32), counts)
-
-
-# --------------------------------------------------------------------------------------------- env
-
-
 def step_env(args: argparse.Namespace) -> dict:
     device = pick_device(args.smoke)
     res: dict[str, object] = {"python": sys.version.split()[0], "platform": platform.platform()}
@@ -211,11 +177,9 @@ def step_static(args: argparse.Namespace) -> dict:
     w = (torch.randn(n_vocab, d, generator=g) / math.sqrt(d)).to(device, dtype)
     b = (0.1 * torch.randn(n_vocab, generator=g)).to(device, dtype)
     full = create_projection("full", w, b, fingerprint="synthetic")
-    rng = np.random.default_rng(0)
     records = []
     for frac in fractions:
-        cent = rng.standard_normal((r, d)).astype(np.float32)
-        cmap = synthetic_map(cent, n_vocab, frac, 0.5, "synthetic", seed=int(frac * 100))
+        cmap = synthetic_map(n_vocab, d, r, frac, 0.5, "synthetic", seed=int(frac * 100))
         kw = dict(cluster_map=cmap, selection="union", fingerprint="synthetic")
         union = {"union/torch": create_projection("clustered", w, b, backend="torch", cache_mb=0, **kw)}
         if cuda:
@@ -225,9 +189,8 @@ def step_static(args: argparse.Namespace) -> dict:
                 print(f"  skip union/cupy: {exc}")
         ref = union["union/torch"]
         for rows in rows_list:
-            which = np.repeat(rng.integers(0, r, -(-rows // 2)), 2)[:rows]  # 2 beams per cluster
-            h = torch.from_numpy(cent[which] + 0.01 * rng.standard_normal((rows, d)).astype(np.float32))
-            h = h.to(device, dtype)
+            states, _ = synthetic_rows(cmap, rows, per_cluster=2)  # 2 beams per cluster
+            h = torch.from_numpy(states).to(device, dtype)
             c = ref(h).ids.numel()
             fns: dict[str, Callable[[], object]] = {"full": lambda h=h: full(h)}
             for name, p in union.items():
@@ -412,7 +375,9 @@ def step_e2e(args: argparse.Namespace) -> dict:
     }
     maps = {}
     for frac in fractions:
-        cmap = synthetic_map(cent, n_vocab, frac, 0.5, "synthetic", seed=int(frac * 100))
+        cmap = synthetic_map(
+            n_vocab, cent.shape[1], r, frac, 0.5, "synthetic", seed=int(frac * 100), centroids=cent
+        )
         maps[frac] = cmap
         kw = dict(cluster_map=cmap, fingerprint="synthetic")
         # per-row/torch groups rows in Python (6.6 ms a call at 128 rows on an H100): CuPy only on CUDA
