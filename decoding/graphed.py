@@ -72,15 +72,32 @@ def graph_pick(
     """The greedy choice of ``projection`` as a capturable function (:func:`graph_output`), or None when it
     has none. ``banned``: vocabulary ids never chosen (the search's suppressed ids)."""
     output = graph_output(projection, overflow)
-    if output is None:
-        return None
+    return None if output is None else _pick(output, banned)
 
+
+def _pick(output: Callable[[torch.Tensor], ProjectionOutput], banned: torch.Tensor | None) -> Pick:
     def pick(h: torch.Tensor) -> torch.Tensor:
         out = output(h)
         logits = search._suppress(out, out.logits, banned)
         return out.to_vocab_ids(logits.argmax(dim=1, keepdim=True))[:, 0]
 
     return pick
+
+
+def _graph_parts(adapter, projection: object, what: str):
+    """The static decoder, a 0-d overflow flag on the device and ``projection``'s capturable output
+    (:func:`graph_output`) for a graphed ``what`` search; a ValueError naming what is missing."""
+    dec = adapter.static_decoder
+    if dec is None:
+        raise ValueError(f"graphed {what} search needs the static engine (engine='static')")
+    overflow = torch.zeros((), dtype=torch.bool, device=adapter.device)
+    output = graph_output(projection, overflow)
+    if output is None:
+        raise ValueError(
+            f"{type(projection).__name__} has no capturable output: use the full projection or a "
+            "static-capacity union (kernels.clustered_static.StaticUnion)"
+        )
+    return dec, overflow, output
 
 
 def capture_graph(fn: Callable[[], object], warmups: int = 1) -> Callable[[], None]:
@@ -112,16 +129,8 @@ def greedy_search_graphed(
     """Greedy decoding of a batch, like :func:`~fastvocab.decoding.search.greedy_search` (same outputs), with
     the step captured in a CUDA graph (``capture``: None = when the model is on CUDA)."""
     search._check(adapter, src_lang, tgt_lang, max_len)
-    dec = adapter.static_decoder
-    if dec is None:
-        raise ValueError("graphed greedy search needs the static engine (engine='static')")
-    overflow = torch.zeros((), dtype=torch.bool, device=adapter.device)
-    pick = graph_pick(projection, search._banned_ids(adapter, adapter.device), overflow)
-    if pick is None:
-        raise ValueError(
-            f"{type(projection).__name__} has no capturable token choice: use the full projection or a "
-            "static-capacity union (kernels.clustered_static.StaticUnion)"
-        )
+    dec, overflow, output = _graph_parts(adapter, projection, "greedy")
+    pick = _pick(output, search._banned_ids(adapter, adapter.device))
     n = batch["input_ids"].shape[0]
     if n == 0:
         return []
@@ -217,17 +226,8 @@ def beam_search_graphed(
     if beam < 1:
         raise ValueError(f"beam must be >= 1, got {beam}")
     rule = search.stopping_rule(adapter, early_stopping)
-    dec = adapter.static_decoder
-    if dec is None:
-        raise ValueError("graphed beam search needs the static engine (engine='static')")
+    dec, overflow, output = _graph_parts(adapter, projection, "beam")
     device = adapter.device
-    overflow = torch.zeros((), dtype=torch.bool, device=device)
-    output = graph_output(projection, overflow)
-    if output is None:
-        raise ValueError(
-            f"{type(projection).__name__} has no capturable output: use the full projection or a "
-            "static-capacity union (kernels.clustered_static.StaticUnion)"
-        )
     n = batch["input_ids"].shape[0]
     if n == 0:
         return []

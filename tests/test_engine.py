@@ -346,7 +346,7 @@ def test_graphed_greedy_refuses_what_it_cannot_capture(demo, static):
 
     batch = demo.encode_texts(DEMO_SOURCES[:2], "en")
     lsh = object()
-    with pytest.raises(ValueError, match="no capturable token choice"):
+    with pytest.raises(ValueError, match="no capturable output"):
         greedy_search_graphed(demo, lsh, batch, "en", "it", max_len=4)
     hf = Seq2SeqAdapter(static.model, static.tokenizer, static.path, "cpu", torch.float32, engine="hf")
     full = create_projection("full", hf.output_weight, hf.output_bias)
