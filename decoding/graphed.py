@@ -59,8 +59,8 @@ def graph_output(
     if isinstance(projection, StaticUnion):
 
         def union_output(h: torch.Tensor) -> ProjectionOutput:
-            out = projection.step(h, overflow)  # padded columns: -inf logits, ids repeating a real one
-            return ProjectionOutput(logits=out.logits, ids=out.ids, n_vocab=projection.n_vocab)
+            # padded columns: -inf logits, ids repeating a real one
+            return projection.step(h, overflow).output(projection.n_vocab)
 
         return union_output
     return None

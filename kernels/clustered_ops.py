@@ -458,15 +458,7 @@ def normaliser_log_mass(
     more columns than that: their mass (exact, in ``logits``) is taken off the estimate; where the
     estimate is below it, nothing is left out (``-inf``).
     """
-    dh = h.float() - tables.centroids[clusters]  # (rows, d)
-    y = dh @ tables.basis  # (rows, k)
-    quad = (torch.bmm(y[:, None, :], tables.curv[clusters]).squeeze(1) * y).sum(dim=1)  # (rows,)
-    outside = ((dh * dh).sum(dim=1) - (y * y).sum(dim=1)).clamp(min=0.0)
-    est = (
-        tables.lse[clusters]
-        + (tables.grad[clusters] * dh).sum(dim=1)
-        + 0.5 * (quad + tables.resid[clusters] * outside)
-    )
+    est = normaliser_estimate(h, clusters, tables)
     if ids.dim() != 1 or logits.shape[1] == 0:
         return est  # per-row ids: each row computed exactly its own set
     uniq, inverse = torch.unique(clusters, return_inverse=True)
@@ -481,7 +473,26 @@ def normaliser_log_mass(
         torch.tensor([pm.sizes[c] for c in cl], device=ids.device),
     )
     own[seg, pos] = True
-    extra = torch.logsumexp(logits.float().masked_fill(own[inverse], -math.inf), dim=1)  # (rows,)
+    return minus_other_sets(est, logits, own[inverse])
+
+
+def normaliser_estimate(h: torch.Tensor, clusters: torch.Tensor, tables: NormaliserTables) -> torch.Tensor:
+    """The expansion itself: ``logsumexp`` over the columns outside each row's own cluster's set, (rows,)."""
+    dh = h.float() - tables.centroids[clusters]  # (rows, d)
+    y = dh @ tables.basis  # (rows, k)
+    quad = (torch.bmm(y[:, None, :], tables.curv[clusters]).squeeze(1) * y).sum(dim=1)  # (rows,)
+    outside = ((dh * dh).sum(dim=1) - (y * y).sum(dim=1)).clamp(min=0.0)
+    return (
+        tables.lse[clusters]
+        + (tables.grad[clusters] * dh).sum(dim=1)
+        + 0.5 * (quad + tables.resid[clusters] * outside)
+    )
+
+
+def minus_other_sets(est: torch.Tensor, logits: torch.Tensor, own: torch.Tensor) -> torch.Tensor:
+    """``est`` less the exact mass of the computed columns outside each row's own set (``own`` (rows, C)
+    marks the row's own columns); ``-inf`` where that mass reaches the estimate. No host read."""
+    extra = torch.logsumexp(logits.float().masked_fill(own, -math.inf), dim=1)  # (rows,)
     gap = (extra - est).clamp(max=0.0)
     left = est + torch.log(-torch.expm1(gap))  # log(exp(est) - exp(extra)); -inf when extra >= est
     return torch.where(torch.isneginf(extra), est, left)

@@ -23,8 +23,11 @@ takes the sum of the ``rows`` largest sets (capped at N): the union can never ex
 possible, at the cost of computing padded columns when sets overlap. The GEMM always reads C rows of W, so a
 capacity close to the unions decoding sees (a configured one) is what keeps the cost near today's union mode.
 
-Only logits (greedy search, or beam search without an inactive-mass estimate): the estimators and the
-exactness certificate of ``ClusteredProjection`` are not wired here.
+The projection's inactive-mass estimate comes along (``centroid``, ``moments``, ``normaliser``: the same
+numbers as union mode's, with static shapes: the normaliser's "columns of the row's own set" mask is
+scattered from the same candidate grid), so beam search scores hypotheses as the eager union does. The
+exactness certificate and ``mass_radius`` give some rows full logits, a shape no static step has: a
+projection with either is refused.
 """
 
 from __future__ import annotations
@@ -32,12 +35,21 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 
 from fastvocab.kernels.base import ProjectionOutput
-from fastvocab.kernels.clustered_ops import PreparedMap, assign_clusters
+from fastvocab.kernels.clustered_ops import (
+    MassTables,
+    NormaliserTables,
+    PreparedMap,
+    assign_clusters,
+    inactive_log_mass,
+    minus_other_sets,
+    normaliser_estimate,
+)
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +63,7 @@ class StaticUnionOutput:
     count: 0-d int64, the union's size (may exceed C: then ``overflow``).
     overflow: 0-d bool, ``count > C``: the output lacks columns and must not be used.
     clusters: (rows,) int64, each row's cluster.
+    log_inactive_mass: (rows,) float32, the projection's estimate of the mass not computed, or None.
     """
 
     logits: torch.Tensor
@@ -58,6 +71,21 @@ class StaticUnionOutput:
     count: torch.Tensor
     overflow: torch.Tensor
     clusters: torch.Tensor
+    log_inactive_mass: torch.Tensor | None = None
+
+    def output(self, n_vocab: int) -> ProjectionOutput:
+        """As a ``ProjectionOutput`` (trustworthy only without ``overflow``)."""
+        return ProjectionOutput(self.logits, self.ids, n_vocab, log_inactive_mass=self.log_inactive_mass)
+
+
+class UnionColumns(NamedTuple):
+    """:func:`static_union_columns`' result; every field on the device."""
+
+    ids: torch.Tensor  # (C,) int64, the sorted union, then the first union id repeated
+    valid: torch.Tensor  # (C,) bool, position < count
+    count: torch.Tensor  # 0-d int64
+    overflow: torch.Tensor  # 0-d bool, count > C
+    own: torch.Tensor | None  # (rows, C) bool, column in the row's own set (only when asked for)
 
 
 def union_capacity(sizes: list[int], rows: int, n_vocab: int) -> int:
@@ -75,12 +103,10 @@ def static_union_columns(
     n_vocab: int,
     max_size: int,
     capacity: int,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Sorted union of the rows' sets in a fixed-size buffer, with device ops only.
-
-    Returns ``(ids, valid, count, overflow)``: ids (C,) int64 (padding repeats the first union id), valid (C,)
-    bool (position < count), count 0-d int64, overflow 0-d bool (count > C).
-    """
+    own: bool = False,
+) -> UnionColumns:
+    """Sorted union of the rows' sets in a fixed-size buffer, with device ops only (:class:`UnionColumns`;
+    ``own``: also each row's mask of its own set's columns, for the normaliser estimate)."""
     dev = clusters.device
     offs = torch.arange(max_size, device=dev)  # (S,)
     start = indptr[clusters]  # (rows,)
@@ -99,7 +125,13 @@ def static_union_columns(
     ids = ids[:capacity]  # (C,)
     valid = torch.arange(capacity, device=dev) < count  # (C,)
     ids = torch.where(valid, ids, ids[:1])  # padding repeats the first union id (count >= 1 always)
-    return ids, valid, count, count > capacity
+    own_mask = None
+    if own:
+        at = slot[cand.clamp(max=n_vocab - 1)]  # (rows, S) each candidate's output position
+        at = torch.where(in_set & (at < capacity), at, capacity)  # past the set or beyond C: dump column C
+        own_mask = torch.zeros((cand.shape[0], capacity + 1), dtype=torch.bool, device=dev)
+        own_mask = own_mask.scatter_(1, at, True)[:, :capacity]
+    return UnionColumns(ids, valid, count, count > capacity, own_mask)
 
 
 def static_union_logits(
@@ -109,36 +141,56 @@ def static_union_logits(
     bias: torch.Tensor | None,
     capacity: int,
     overflow_acc: torch.Tensor | None = None,
+    inactive_mass: str = "none",
+    tables: MassTables | NormaliserTables | None = None,
 ) -> StaticUnionOutput:
     """The whole union step at a static capacity ``C`` (see the module docstring); no host sync.
 
     ``overflow_acc``: a 0-d bool device tensor OR-ed in place with this step's overflow (a captured loop
-    checks it once at its next host sync).
+    checks it once at its next host sync). ``inactive_mass`` / ``tables``: the estimate of the mass not
+    computed, as ``ClusteredProjection`` makes it (``none``: no estimate).
     """
+    n_vocab = weight.shape[0]
     clusters = assign_clusters(h, pm.centroids_t, pm.sq_norms)  # (rows,)
-    ids, valid, count, overflow = static_union_columns(
-        clusters, pm.indptr, pm.indices, weight.shape[0], pm.max_size, capacity
+    normaliser = isinstance(tables, NormaliserTables)
+    cols = static_union_columns(
+        clusters, pm.indptr, pm.indices, n_vocab, pm.max_size, capacity, own=normaliser
     )
-    w = weight.index_select(0, ids)  # (C, d)
-    b = None if bias is None else bias.index_select(0, ids)
-    logits = F.linear(h, w, b).masked_fill_(~valid[None, :], -math.inf)  # (rows, C)
+    w = weight.index_select(0, cols.ids)  # (C, d)
+    b = None if bias is None else bias.index_select(0, cols.ids)
+    logits = F.linear(h, w, b).masked_fill_(~cols.valid[None, :], -math.inf)  # (rows, C)
     if overflow_acc is not None:
-        overflow_acc.logical_or_(overflow)
-    return StaticUnionOutput(logits=logits, ids=ids, count=count, overflow=overflow, clusters=clusters)
+        overflow_acc.logical_or_(cols.overflow)
+    mass = None
+    if normaliser:
+        mass = minus_other_sets(normaliser_estimate(h, clusters, tables), logits, cols.own)
+    elif tables is not None:
+        mass = inactive_log_mass(inactive_mass, h, logits, clusters, n_vocab, tables)
+    return StaticUnionOutput(logits, cols.ids, cols.count, cols.overflow, clusters, log_inactive_mass=mass)
 
 
 class StaticUnion:
     """A static-capacity union step over a clustered projection's prepared map.
 
     ``StaticUnion(proj, capacity=None, rows=...)``: ``proj`` is a ``ClusteredProjection`` (its map, W and
-    b are shared, not copied); ``capacity`` the column budget C, or None for the overflow-free bound of
-    ``rows`` rows (:func:`union_capacity`). :meth:`step` is the capturable step; :meth:`project` the eager
-    one, which returns a ``ProjectionOutput`` and never drops a column (full logits on overflow).
+    b are shared, not copied, and so is its inactive-mass estimate); ``capacity`` the column budget C, or
+    None for the overflow-free bound of ``rows`` rows (:func:`union_capacity`). :meth:`step` is the
+    capturable step; :meth:`project` the eager one, which returns a ``ProjectionOutput`` and never drops a
+    column (full logits on overflow).
     """
 
     def __init__(
         self, proj: object, *, capacity: int | None = None, rows: int | None = None, grow: bool = True
     ) -> None:
+        if getattr(proj, "exact_k", 0) or getattr(proj, "mass_radius", None) is not None:
+            raise ValueError(
+                "a static union cannot certify rows or send far ones to full logits (a shape it cannot "
+                "hold): build the clustered projection without exact_k / mass_radius"
+            )
+        self.inactive_mass: str = getattr(proj, "inactive_mass", "none")
+        if self.inactive_mass not in ("none", "centroid", "moments", "normaliser"):
+            raise ValueError(f"a static union has no {self.inactive_mass!r} inactive-mass estimate")
+        self.tables: MassTables | NormaliserTables | None = getattr(proj, "_mass", None)
         pm: PreparedMap = proj._map  # type: ignore[attr-defined]
         self.map = pm
         self.weight: torch.Tensor = proj.weight  # type: ignore[attr-defined]
@@ -160,7 +212,14 @@ class StaticUnion:
     def step(self, h: torch.Tensor, overflow_acc: torch.Tensor | None = None) -> StaticUnionOutput:
         """The step with static shapes and no host sync (CUDA-graph capturable)."""
         return static_union_logits(
-            h.to(self.weight.dtype), self.map, self.weight, self.bias, self.capacity, overflow_acc
+            h.to(self.weight.dtype),
+            self.map,
+            self.weight,
+            self.bias,
+            self.capacity,
+            overflow_acc,
+            self.inactive_mass,
+            self.tables,
         )
 
     def project(self, h: torch.Tensor) -> ProjectionOutput:
@@ -168,7 +227,7 @@ class StaticUnion:
         ``grow``, a capacity that holds this union from the next step on)."""
         out = self.step(h)
         if not bool(out.overflow):  # the one sync, eager path only
-            return ProjectionOutput(logits=out.logits, ids=out.ids, n_vocab=self.n_vocab)
+            return out.output(self.n_vocab)
         self.fallbacks += 1
         if self.grow:
             need = int(out.count)

@@ -133,9 +133,61 @@ def test_columns_helper_with_capacity_n():
     # capacity == N: any union fits; ids past the count repeat the first one
     indptr = torch.tensor([0, 3, 6])
     indices = torch.tensor([2, 4, 6, 2, 8, 9])
-    ids, valid, count, overflow = static_union_columns(torch.tensor([1, 0, 1]), indptr, indices, 10, 3, 10)
+    ids, valid, count, overflow, own = static_union_columns(
+        torch.tensor([1, 0, 1]), indptr, indices, 10, 3, 10
+    )
     assert ids.tolist() == [2, 4, 6, 8, 9, 2, 2, 2, 2, 2]
     assert valid.tolist() == [True] * 5 + [False] * 5 and int(count) == 5 and not bool(overflow)
+    assert own is None  # only when asked for
+
+
+def test_columns_helper_marks_each_rows_own_set():
+    # union [2, 4, 6, 8, 9]; cluster 0 = {2, 4, 6} at positions 0-2, cluster 1 = {2, 8, 9} at 0, 3, 4
+    indptr = torch.tensor([0, 3, 6])
+    indices = torch.tensor([2, 4, 6, 2, 8, 9])
+    cols = static_union_columns(torch.tensor([1, 0, 1]), indptr, indices, 10, 3, 6, own=True)
+    assert cols.own.tolist() == [
+        [True, False, False, True, True, False],
+        [True, True, True, False, False, False],
+        [True, False, False, True, True, False],
+    ]
+    # over capacity (4 < 5): the id that found no position (9) is in no row's mask, the rest keep theirs
+    cols = static_union_columns(torch.tensor([1, 0]), indptr, indices, 10, 3, 4, own=True)
+    assert bool(cols.overflow)
+    assert cols.own.tolist() == [[True, False, False, True], [True, True, True, False]]
+
+
+@pytest.mark.parametrize("mass", ["centroid", "moments", "normaliser"])
+def test_inactive_mass_equals_union_modes(mass):
+    """The projection's estimate comes along, the same numbers as union mode's, at a tight capacity and at
+    one with padding; the log-probs of the union's columns then agree too (what beam search reads)."""
+    w, b, cmap, h, _ = union_case(4)
+    ref = create_projection(
+        "clustered", w, b, cluster_map=cmap, selection="union", cache_mb=0, inactive_mass=mass
+    )
+    want = ref(h)
+    assert want.log_inactive_mass is not None and len(set(ref.assign(h).tolist())) > 1
+    c = want.ids.numel()
+    for capacity in (c, c + 29):
+        su = StaticUnion(ref, capacity=capacity)
+        out = su.step(h)
+        torch.testing.assert_close(out.log_inactive_mass, want.log_inactive_mass, rtol=1e-5, atol=1e-5)
+        got = su.project(h).log_probs()
+        torch.testing.assert_close(got[:, :c], want.log_probs(), rtol=1e-5, atol=1e-5)
+    # without an estimate there is none
+    assert StaticUnion(union_case(4)[-1], capacity=c).step(h).log_inactive_mass is None
+
+
+def test_what_a_static_shape_cannot_hold_is_refused():
+    w, b, cmap, _, _ = union_case(0)
+    kw = dict(cluster_map=cmap, selection="union", cache_mb=0)
+    with pytest.raises(ValueError, match="exact_k / mass_radius"):
+        StaticUnion(create_projection("clustered", w, b, exact_k=2, **kw), capacity=50)
+    radius = create_projection("clustered", w, b, inactive_mass="moments", mass_radius=1.0, **kw)
+    with pytest.raises(ValueError, match="exact_k / mass_radius"):
+        StaticUnion(radius, capacity=50)
+    with pytest.raises(ValueError, match="no 'oracle' inactive-mass"):
+        StaticUnion(create_projection("clustered", w, b, inactive_mass="oracle", **kw), capacity=50)
 
 
 def test_bad_capacity_is_refused():
@@ -149,8 +201,13 @@ def test_bad_capacity_is_refused():
 # ------------------------------------------------------------------------------------------- no host sync
 
 
-def test_step_dispatches_no_host_read():
-    *_, h, ref = union_case(5)
+@pytest.mark.parametrize("mass", ["none", "moments", "normaliser"])
+def test_step_dispatches_no_host_read(mass):
+    w, b, cmap, h, ref = union_case(5)
+    if mass != "none":
+        ref = create_projection(
+            "clustered", w, b, cluster_map=cmap, selection="union", cache_mb=0, inactive_mass=mass
+        )
     su = StaticUnion(ref, rows=h.shape[0])
     with RecordOps() as rec:
         su.step(h)

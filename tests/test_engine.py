@@ -406,9 +406,11 @@ def test_graphed_beam_equals_beam(demo, monkeypatch, max_len, rule):
     assert beam_search_graphed(demo, full, batch, "en", "it", capture=False, **kw) == want
 
 
-def test_graphed_beam_static_union_equals_union_mode(demo, monkeypatch):
-    """A static-capacity union in the graphed beam step gives union mode's outputs. Union mode's columns are
-    the batch's union, so done sentences must stay in the eager batch too (no host read before the end)."""
+@pytest.mark.parametrize("mass", ["none", "normaliser"])
+def test_graphed_beam_static_union_equals_union_mode(demo, monkeypatch, mass):
+    """A static-capacity union in the graphed beam step gives union mode's outputs, with the projection's
+    inactive-mass estimate too (beam search's default). Union mode's columns are the batch's union, so done
+    sentences must stay in the eager batch too (no host read before the end)."""
     from fastvocab.decoding.graphed import beam_search_graphed
     from fastvocab.kernels.clustered_static import StaticUnion
     from tests.layers import map_from_states
@@ -422,7 +424,7 @@ def test_graphed_beam_static_union_equals_union_mode(demo, monkeypatch):
     cmap = map_from_states(h, top, 24, demo.n_vocab, full.fingerprint)
     union = create_projection(
         "clustered", demo.output_weight, demo.output_bias, cluster_map=cmap, selection="union",
-        always_active=demo.always_active_ids(),
+        always_active=demo.always_active_ids(), inactive_mass=mass,
     )  # fmt: skip
     monkeypatch.setattr(search, "CPU_SYNC_EVERY", 1000)
     kw = dict(beam=2, max_len=40)
