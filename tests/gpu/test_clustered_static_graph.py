@@ -9,7 +9,6 @@ Skipped with a reason without a CUDA GPU. On a GPU machine:
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
 
@@ -20,9 +19,7 @@ pytestmark = pytest.mark.skipif(
 
 from fastvocab.kernels import create_projection  # noqa: E402
 from fastvocab.kernels.clustered_static import StaticUnion  # noqa: E402
-from tests.gpu.test_cupy_kernels import TOL, layer, make_map, random_sets  # noqa: E402
-
-DEV = "cuda"
+from tests.gpu.common import DEV, TOL, layer, make_map, random_sets, rows_near_centroids, without_sync  # noqa: E402
 
 
 def case(dtype, rows=40, seed=0, n_vocab=3000, r=40):
@@ -32,43 +29,39 @@ def case(dtype, rows=40, seed=0, n_vocab=3000, r=40):
     return w, b, cmap, ref
 
 
-def states(cmap, rows, seed, dtype):
-    rng = np.random.default_rng(seed)
-    which = rng.integers(0, len(cmap.centroids), rows)
-    h = cmap.centroids[which] + 0.05 * rng.standard_normal((rows, cmap.centroids.shape[1])).astype(np.float32)
-    return torch.from_numpy(h).to(DEV, dtype)
-
-
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
 def test_step_has_no_host_sync(dtype):
     _, _, cmap, ref = case(dtype)
     su = StaticUnion(ref, rows=40)
-    h = states(cmap, 40, 1, dtype)
+    h = rows_near_centroids(cmap, 40, 1, dtype)
     su.step(h)  # warm-up: lazy init (cuBLAS handles) may sync once
-    torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        out = su.step(h)
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
+    out = without_sync(lambda: su.step(h))
     want = ref(h)
     c = want.ids.numel()
     assert int(out.count) == c and torch.equal(out.ids[:c], want.ids)
     torch.testing.assert_close(out.logits[:, :c], want.logits, **TOL.get(dtype, dict(rtol=1e-5, atol=1e-5)))
 
 
+@pytest.mark.parametrize("mass", ["moments", "normaliser"])
+def test_step_with_inactive_mass_has_no_host_sync(mass):
+    w, b, cmap, _ = case(torch.float32)
+    ref = create_projection(
+        "clustered", w, b, cluster_map=cmap, selection="union", backend="torch", inactive_mass=mass
+    )
+    su = StaticUnion(ref, rows=40)
+    h = rows_near_centroids(cmap, 40, 3, torch.float32)
+    su.step(h)
+    out = without_sync(lambda: su.step(h))
+    torch.testing.assert_close(out.log_inactive_mass, ref(h).log_inactive_mass, rtol=1e-4, atol=1e-4)
+
+
 def test_sync_check_can_fail():
     # today's union mode reads its column count back: the same guard must catch it
     _, _, cmap, ref = case(torch.float16)
-    h = states(cmap, 40, 2, torch.float16)
+    h = rows_near_centroids(cmap, 40, 2, torch.float16)
     ref(h)
-    torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        with pytest.raises(RuntimeError):
-            ref(h)
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
+    with pytest.raises(RuntimeError):
+        without_sync(lambda: ref(h))
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
@@ -76,7 +69,7 @@ def test_sync_check_can_fail():
 def test_cuda_graph_capture_and_replay(dtype, rows):
     _, _, cmap, ref = case(dtype, seed=rows)
     su = StaticUnion(ref, rows=rows)
-    static_h = states(cmap, rows, 0, dtype)
+    static_h = rows_near_centroids(cmap, rows, 0, dtype)
     acc = torch.zeros((), dtype=torch.bool, device=DEV)
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
@@ -88,7 +81,7 @@ def test_cuda_graph_capture_and_replay(dtype, rows):
     with torch.cuda.graph(graph):
         out = su.step(static_h, overflow_acc=acc)
     for seed in range(1, 6):  # new inputs copied into the captured buffer, then replayed
-        h = states(cmap, rows, seed, dtype)
+        h = rows_near_centroids(cmap, rows, seed, dtype)
         static_h.copy_(h)
         graph.replay()
         eager = su.step(h)
@@ -104,7 +97,9 @@ def test_cuda_graph_capture_and_replay(dtype, rows):
 
 def test_cuda_graph_flags_overflow_on_replay():
     _, _, cmap, ref = case(torch.float16, seed=9)
-    h_small = states(cmap, 1, 0, torch.float16).expand(40, -1).contiguous()  # 40 rows, one cluster
+    h_small = (
+        rows_near_centroids(cmap, 1, 0, torch.float16).expand(40, -1).contiguous()
+    )  # 40 rows, one cluster
     su = StaticUnion(ref, capacity=max(ref._map.sizes), grow=False)  # one set fits, 40 distinct ones do not
     static_h = h_small.clone()
     acc = torch.zeros((), dtype=torch.bool, device=DEV)
@@ -115,7 +110,7 @@ def test_cuda_graph_flags_overflow_on_replay():
         out = su.step(static_h, overflow_acc=acc)
     graph.replay()
     assert not bool(out.overflow) and not bool(acc)
-    static_h.copy_(states(cmap, 40, 3, torch.float16))
+    static_h.copy_(rows_near_centroids(cmap, 40, 3, torch.float16))
     graph.replay()
     assert bool(out.overflow) and bool(acc)
     assert int(out.count) == ref(static_h).ids.numel()

@@ -19,6 +19,7 @@ pytestmark = pytest.mark.skipif(
 )
 
 from fastvocab.decoding.engine import StaticDecoder  # noqa: E402
+from tests.gpu.common import without_sync  # noqa: E402
 
 DEV = "cuda"
 STEPS = 9
@@ -62,12 +63,7 @@ def test_graph_replay_equals_eager_step(dtype):
         pos = torch.zeros(1, dtype=torch.long, device=DEV)
         tok.copy_(tokens[:, 0])
         dec.step_fixed(tok, fixed, pos)  # warm-up (cuBLAS handles) on position 0, rewritten below
-        torch.cuda.synchronize()
-        torch.cuda.set_sync_debug_mode("error")
-        try:
-            dec.step_fixed(tok, fixed, pos)  # no host read anywhere in the step
-        finally:
-            torch.cuda.set_sync_debug_mode("default")
+        without_sync(lambda: dec.step_fixed(tok, fixed, pos))  # no host read anywhere in the step
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             h = dec.step_fixed(tok, fixed, pos)
