@@ -35,7 +35,6 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass
-from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -78,7 +77,8 @@ class StaticUnionOutput:
         return ProjectionOutput(self.logits, self.ids, n_vocab, log_inactive_mass=self.log_inactive_mass)
 
 
-class UnionColumns(NamedTuple):
+@dataclass
+class UnionColumns:
     """:func:`static_union_columns`' result; every field on the device."""
 
     ids: torch.Tensor  # (C,) int64, the sorted union, then the first union id repeated
@@ -162,9 +162,9 @@ def static_union_logits(
     if overflow_acc is not None:
         overflow_acc.logical_or_(cols.overflow)
     mass = None
-    if normaliser:
+    if isinstance(tables, NormaliserTables) and cols.own is not None:
         mass = minus_other_sets(normaliser_estimate(h, clusters, tables), logits, cols.own)
-    elif tables is not None:
+    elif isinstance(tables, MassTables):
         mass = inactive_log_mass(inactive_mass, h, logits, clusters, n_vocab, tables)
     return StaticUnionOutput(logits, cols.ids, cols.count, cols.overflow, clusters, log_inactive_mass=mass)
 

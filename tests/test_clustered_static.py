@@ -133,12 +133,10 @@ def test_columns_helper_with_capacity_n():
     # capacity == N: any union fits; ids past the count repeat the first one
     indptr = torch.tensor([0, 3, 6])
     indices = torch.tensor([2, 4, 6, 2, 8, 9])
-    ids, valid, count, overflow, own = static_union_columns(
-        torch.tensor([1, 0, 1]), indptr, indices, 10, 3, 10
-    )
-    assert ids.tolist() == [2, 4, 6, 8, 9, 2, 2, 2, 2, 2]
-    assert valid.tolist() == [True] * 5 + [False] * 5 and int(count) == 5 and not bool(overflow)
-    assert own is None  # only when asked for
+    cols = static_union_columns(torch.tensor([1, 0, 1]), indptr, indices, 10, 3, 10)
+    assert cols.ids.tolist() == [2, 4, 6, 8, 9, 2, 2, 2, 2, 2]
+    assert cols.valid.tolist() == [True] * 5 + [False] * 5 and int(cols.count) == 5
+    assert not bool(cols.overflow) and cols.own is None  # own: only when asked for
 
 
 def test_columns_helper_marks_each_rows_own_set():
