@@ -100,6 +100,23 @@ def _graph_parts(adapter, projection: object, what: str):
     return dec, overflow, output
 
 
+def capturable(projection: object, rows: int) -> object:
+    """``projection`` as the graphed searches take it: one with a capturable step (:func:`graph_output`) as
+    it is; union-mode clustered as a static-capacity union that no ``rows`` rows can outgrow
+    (``StaticUnion(projection, rows=rows)``, the same outputs); anything else a ValueError."""
+    from fastvocab.kernels.clustered import ClusteredProjection
+    from fastvocab.kernels.clustered_static import StaticUnion
+
+    if graph_output(projection) is not None:
+        return projection
+    if isinstance(projection, ClusteredProjection) and projection.selection == "union":
+        return StaticUnion(projection, rows=rows)
+    raise ValueError(
+        f"{type(projection).__name__} has no capturable output: CUDA graphs run the full projection or "
+        "union-mode clustered"
+    )
+
+
 def capture_graph(fn: Callable[[], object], warmups: int = 1) -> Callable[[], None]:
     """``fn`` run ``warmups`` times on a side stream (lazy inits, cuBLAS handles: as ``torch.cuda.graph``
     asks), then captured in a CUDA graph; returns the graph's ``replay``. The warm-up runs are real: the

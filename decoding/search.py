@@ -447,12 +447,36 @@ def decode(
     length_penalty: float = 1.0,
     step_hook: StepHook | None = None,
     early_stopping: bool | str | None = None,
+    graphs: bool = False,
 ) -> list[list[int]]:
     """Greedy search for ``beam == 1``, else beam search (translation, the dump and the benchmarks).
 
     ``early_stopping``: beam search's stopping rule (:func:`beam_search`); None takes the model's generation
-    config (``adapter.early_stopping``), as ``generate`` does.
+    config (``adapter.early_stopping``), as ``generate`` does. ``graphs``: the searches of
+    ``fastvocab.decoding.graphed`` (the whole step in CUDA graphs on CUDA; the same outputs), for the full
+    projection or union-mode clustered (run as a static-capacity union); no ``step_hook`` there.
     """
+    if graphs:
+        from fastvocab.decoding import graphed  # it imports this module
+
+        if step_hook is not None:
+            raise ValueError("a step_hook cannot run inside CUDA graphs (graphs=True)")
+        capturable = graphed.capturable(projection, rows=batch["input_ids"].shape[0] * beam)
+        if beam == 1:
+            return graphed.greedy_search_graphed(
+                adapter, capturable, batch, src_lang, tgt_lang, max_len=max_len
+            )
+        return graphed.beam_search_graphed(
+            adapter,
+            capturable,
+            batch,
+            src_lang,
+            tgt_lang,
+            beam=beam,
+            max_len=max_len,
+            length_penalty=length_penalty,
+            early_stopping=early_stopping,
+        )
     if beam == 1:
         return greedy_search(
             adapter, projection, batch, src_lang, tgt_lang, max_len=max_len, step_hook=step_hook

@@ -89,6 +89,7 @@ def translate(
     early_stopping: bool | str | None = None,
     progress: bool = True,
     workers: int | None = None,
+    graphs: bool = False,
 ) -> TranslationResult:
     """Translate ``lines`` (one sentence each): one output per line, in input order, with counts and timing.
 
@@ -97,7 +98,9 @@ def translate(
     (1-based) line number. ``beam=1`` is greedy search. ``workers``: batches decoded at once, sharing
     ``torch.get_num_threads()`` threads (None: :func:`decode_workers`); the outputs do not depend on it.
     ``early_stopping``: beam search's stopping rule (True, False, "never"); None takes the model's generation
-    config, as ``generate`` does.
+    config, as ``generate`` does. ``graphs``: each batch decoded with its whole step in CUDA graphs
+    (:func:`~fastvocab.decoding.search.decode`; the same outputs; not yet a CLI option: the GPU campaign
+    measures it first).
     """
     if early_stopping is not None:
         check_stopping_rule(early_stopping)
@@ -147,6 +150,7 @@ def translate(
                 max_len=max_len,
                 length_penalty=length_penalty,
                 early_stopping=early_stopping,
+                graphs=graphs,
             )
 
     # Tokenizer calls stay on this thread; the workers only decode ids. map() yields in submission order.

@@ -505,3 +505,39 @@ def test_graphed_searches_undo_their_capture_warm_ups(demo, monkeypatch):
     kw = dict(beam=3, max_len=30)
     beams = graphed.beam_search_graphed(demo, full, batch, "en", "it", capture=True, **kw)
     assert len(calls) == 3 and beams == beam_search(demo, full, batch, "en", "it", **kw)
+
+
+@pytest.mark.parametrize("beam", [1, 2])
+def test_translate_with_graphs_equals_the_eager_search(demo, monkeypatch, beam):
+    """``translate(graphs=True)`` (the graphed searches; on CPU their steps run eagerly) gives the eager
+    search's lines: the full projection as it is, union-mode clustered (with beam search's default
+    inactive-mass estimate) as a static-capacity union. A union is the batch's, and the graphed searches
+    keep finished rows in it, so the eager side keeps them too (no host read before the end)."""
+    from fastvocab.kernels.clustered import clustered_options
+    from fastvocab.tasks.translate import make_projection, translate
+    from tests.layers import map_from_states
+
+    full = make_projection(demo, "full")
+    records = []
+    beam_search(demo, full, demo.encode_texts(DEMO_SOURCES, "en"), "en", "it", beam=2, max_len=40,
+                step_hook=records.append)  # fmt: skip
+    h = torch.cat([r.hidden for r in records]).numpy()
+    top = torch.cat([r.output.logits.topk(8, dim=1).indices for r in records]).numpy()
+    cmap = map_from_states(h, top, 24, demo.n_vocab, full.fingerprint)
+    union = make_projection(
+        demo, "clustered", cluster_map=cmap, **clustered_options("union", "auto", False, beam)
+    )
+    monkeypatch.setattr(search, "CPU_SYNC_EVERY", 1000)
+    kw = dict(beam=beam, batch_size=3, max_len=40, progress=False, workers=1)
+    for proj in (full, union):
+        want = translate(demo, proj, DEMO_SOURCES, "en", "it", **kw)
+        assert any(want.hypotheses)
+        assert (
+            translate(demo, proj, DEMO_SOURCES, "en", "it", graphs=True, **kw).hypotheses == want.hypotheses
+        )
+    per_row = make_projection(demo, "clustered", cluster_map=cmap, selection="per-row")
+    with pytest.raises(ValueError, match="no capturable output"):
+        translate(demo, per_row, DEMO_SOURCES[:2], "en", "it", graphs=True, **kw)
+    with pytest.raises(ValueError, match="step_hook"):
+        search.decode(demo, full, demo.encode_texts(DEMO_SOURCES[:1], "en"), "en", "it", graphs=True,
+                      step_hook=records.append)  # fmt: skip
