@@ -456,32 +456,17 @@ def decode(
     ``fastvocab.decoding.graphed`` (the whole step in CUDA graphs on CUDA; the same outputs), for the full
     projection or union-mode clustered (run as a static-capacity union); no ``step_hook`` there.
     """
+    greedy, beamed, hook = greedy_search, beam_search, {"step_hook": step_hook}
     if graphs:
         from fastvocab.decoding import graphed  # it imports this module
 
         if step_hook is not None:
             raise ValueError("a step_hook cannot run inside CUDA graphs (graphs=True)")
-        capturable = graphed.capturable(projection, rows=batch["input_ids"].shape[0] * beam)
-        if beam == 1:
-            return graphed.greedy_search_graphed(
-                adapter, capturable, batch, src_lang, tgt_lang, max_len=max_len
-            )
-        return graphed.beam_search_graphed(
-            adapter,
-            capturable,
-            batch,
-            src_lang,
-            tgt_lang,
-            beam=beam,
-            max_len=max_len,
-            length_penalty=length_penalty,
-            early_stopping=early_stopping,
-        )
+        projection = graphed.capturable(projection, rows=batch["input_ids"].shape[0] * beam)
+        greedy, beamed, hook = graphed.greedy_search_graphed, graphed.beam_search_graphed, {}
     if beam == 1:
-        return greedy_search(
-            adapter, projection, batch, src_lang, tgt_lang, max_len=max_len, step_hook=step_hook
-        )
-    return beam_search(
+        return greedy(adapter, projection, batch, src_lang, tgt_lang, max_len=max_len, **hook)
+    return beamed(
         adapter,
         projection,
         batch,
@@ -490,6 +475,6 @@ def decode(
         beam=beam,
         max_len=max_len,
         length_penalty=length_penalty,
-        step_hook=step_hook,
         early_stopping=stopping_rule(adapter, early_stopping),
+        **hook,
     )
