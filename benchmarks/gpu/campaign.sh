@@ -4,7 +4,7 @@
 #
 #   bash benchmarks/gpu/campaign.sh [--smoke] STEP [STEP ...]
 #
-# Steps: env | test | bench | bench-bf16 | static | ncu | e2e | dump | train-N (N = 1, 2, ...) | pack
+# Steps: env | test | bench | bench-bf16 | static | ncu | e2e | e2e-demo | dump | train-N (N = 1, 2, ...) | pack
 # (pack runs here, on the CPU side: it only prints what a train/dump call must carry and its size).
 # Results and logs go to $OUT when set (the device tool brings back at most 8 files per command: each step
 # writes 1-5, listed in benchmarks/README.md), else to benchmarks/results/gpu-<step>/. --smoke runs every
@@ -145,6 +145,11 @@ EOF
       timeout 560 "$PY" benchmarks/gpu/steps.py e2e --out "$dir" "${SM[@]}" 2>&1 | tee "$dir/gpu-e2e.log"
       rc=$?
       ;;
+    e2e-demo)
+      # the demo model through tasks.translate, eager vs graphs=True (carry runs/demo/maps/en-it, data/corpus/en-it)
+      timeout 560 "$PY" benchmarks/gpu/steps.py e2e-demo --out "$dir" "${SM[@]}" 2>&1 | tee "$dir/gpu-e2e-demo.log"
+      rc=$?
+      ;;
     dump)
       timeout 540 "$PY" benchmarks/gpu/steps.py dump --out "$dir" "${SM[@]}" 2>&1 | tee "$dir/gpu-dump.log"
       rc=$?
@@ -163,7 +168,7 @@ EOF
       local tree
       tree=$(git ls-files -z | xargs -0 du -cb 2>/dev/null | tail -1 | cut -f1)
       echo "tracked tree: $((tree / 1048576)) MiB (limit 64 MiB with everything carried)"
-      for p in data/corpus/en-it work/gpu-carry; do
+      for p in data/corpus/en-it runs/demo/maps/en-it work/gpu-carry; do
         [ -e "$p" ] && echo "carry candidate $p: $(du -sb "$p" | cut -f1 | awk '{printf "%.1f MiB", $1/1048576}')"
       done
       ;;

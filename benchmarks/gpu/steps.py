@@ -3,12 +3,13 @@
     python benchmarks/gpu/steps.py env     --out DIR [--smoke]
     python benchmarks/gpu/steps.py static  --out DIR [--smoke]   # static-capacity union step, graph replay
     python benchmarks/gpu/steps.py e2e     --out DIR [--smoke]   # M2M100-418M-shaped random fp16 model
+    python benchmarks/gpu/steps.py e2e-demo --out DIR [--smoke]  # the demo model through tasks.translate
     python benchmarks/gpu/steps.py dump    --out DIR [--smoke]   # dump throughput of the demo model
 
 Each writes ``DIR/gpu-<step>.json`` (``meta`` + results) and prints a short table last. Only the core is
-imported (kernels, decoding, artifacts_schema, tasks.dump/context): no Ray, Faiss, MLflow or pydantic, which
-the lent GPU image lacks. ``--smoke`` runs tiny sizes on the CPU (or the GPU if one is there) in seconds, to
-check the script before device time is spent on it.
+imported (kernels, decoding, artifacts_schema, tasks.dump/context/translate): no Ray, Faiss, MLflow or
+pydantic, which the lent GPU image lacks. ``--smoke`` runs tiny sizes on the CPU (or the GPU if one is
+there) in seconds, to check the script before device time is spent on it.
 """
 
 from __future__ import annotations
@@ -561,6 +562,99 @@ class _Noop:
                                 n_vocab=self.n_vocab)  # fmt: skip
 
 
+# ------------------------------------------------------------------------------------- e2e, demo model
+
+
+def step_e2e_demo(args: argparse.Namespace) -> dict:
+    """Issue 8 item 5 on the demo model: ``tasks.translate`` over real test lines, full and clustered (the
+    pipeline's en-it map, carried as runs/demo/maps/en-it; union mode with the CLI's default estimate: none at
+    beam 1, normaliser beyond), each eager and with the whole step in CUDA graphs (``graphs=True``: capture
+    included, once per batch), at beam 1 batch 1, beam 2 batch 20 and beam 4 batch 64, fp16. Full's lines
+    must not change with graphs; clustered's may where the eager search has dropped finished rows from a
+    batch and the graphed one keeps them (a union is the batch's columns), so both counts are recorded."""
+    from fastvocab.artifacts_schema.cluster_map import resolve_map_dir
+    from fastvocab.artifacts_schema.errors import ArtifactError
+    from fastvocab.decoding.hf_adapter import Seq2SeqAdapter
+    from fastvocab.kernels.clustered import clustered_options
+    from fastvocab.tasks.translate import make_projection, translate
+
+    device = pick_device(args.smoke)
+    dtype = torch.float16 if device == "cuda" else torch.float32
+    ad = Seq2SeqAdapter.load(ROOT / "models" / "demo", device=device, dtype=dtype)
+    # (beam, batch, lines)
+    settings = [(1, 1, 6), (2, 4, 8)] if args.smoke else [(1, 1, 64), (2, 20, 200), (4, 64, 256)]
+    max_len = 24 if args.smoke else 128
+    repeats = 1 if args.smoke else 3
+    texts = _dump_texts(max(n for *_, n in settings))
+    try:
+        map_dir: Path | None = resolve_map_dir(ROOT / "runs" / "demo" / "maps", "en", "it")
+    except ArtifactError as exc:
+        map_dir = None
+        print(f"clustered skipped: {exc} (carry runs/demo/maps/en-it)")
+    full = make_projection(ad, "full")
+    results = []
+    for beam, batch, n in settings:
+        lines = texts[:n]
+        projs = {"full": full}
+        if map_dir is not None:
+            opts = clustered_options("union", "auto", False, beam)
+            projs["clustered"] = make_projection(ad, "clustered", cluster_map=map_dir, **opts)
+        kw = dict(beam=beam, batch_size=batch, max_len=max_len, progress=False)
+        base: dict[str, list[str]] = {}
+        for name, proj in projs.items():
+            for graphs in (False, True):
+                variant = f"{name}/{'graph' if graphs else 'eager'}"
+                translate(ad, proj, lines[:batch], "en", "it", graphs=graphs, **kw)  # warm-up
+                runs = []
+                for _ in range(repeats):
+                    sync(device)
+                    runs.append(translate(ad, proj, lines, "en", "it", graphs=graphs, **kw))
+                    sync(device)
+                hyp = runs[-1].hypotheses
+                base.setdefault(name, hyp)
+                t = statistics.median(r.seconds for r in runs)
+                rec = {
+                    "beam": beam,
+                    "batch": batch,
+                    "lines": len(lines),
+                    "variant": variant,
+                    "options": proj.options(),
+                    "seconds": t,
+                    "times_s": [r.seconds for r in runs],
+                    "tokens": runs[-1].target_tokens,
+                    "tokens_per_s": runs[-1].target_tokens / t,
+                    "lines_per_s": len(lines) / t,
+                    "same_lines_as_full_eager": sum(a == b for a, b in zip(hyp, base["full"], strict=True)),
+                    "same_lines_as_eager": sum(a == b for a, b in zip(hyp, base[name], strict=True)),
+                }
+                results.append(rec)
+        t_full = next(r["seconds"] for r in results if r["variant"] == "full/eager" and r["beam"] == beam)
+        for r in results:
+            if r["beam"] == beam:
+                r["speedup_vs_full_eager"] = t_full / r["seconds"]
+    payload = {
+        "meta": meta(
+            device,
+            args,
+            dtype=str(dtype),
+            model="models/demo",
+            engine=ad.engine,
+            map=None if map_dir is None else str(map_dir.relative_to(ROOT)),
+            max_len=max_len,
+            repeats=repeats,
+        ),
+        "results": results,
+    }
+    print(f"{'beam':>4} {'batch':>5} {'variant':<17} {'tok/s':>9} {'x full eager':>12} {'same as eager':>13}")
+    for r in results:
+        print(
+            f"{r['beam']:>4} {r['batch']:>5} {r['variant']:<17} {r['tokens_per_s']:>9.0f} "
+            f"{r['speedup_vs_full_eager']:>12.2f} {r['same_lines_as_eager']:>7}/{r['lines']}"
+        )
+    write(args.out, "e2e-demo", payload)
+    return payload
+
+
 # --------------------------------------------------------------------------------------------- dump
 
 
@@ -621,7 +715,7 @@ def _dump_texts(n: int) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("step", choices=["env", "static", "e2e", "dump"])
+    p.add_argument("step", choices=["env", "static", "e2e", "e2e-demo", "dump"])
     p.add_argument("--out", type=Path, required=True, help="folder for gpu-<step>.json")
     p.add_argument("--smoke", action="store_true", help="tiny sizes, CPU allowed: checks the script")
     p.add_argument("--steps", type=int, default=32, help="e2e: decoder steps per run")
@@ -630,7 +724,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sentences", type=int, default=1000, help="dump: source sentences")
     args = p.parse_args(argv)
     torch.set_num_threads(2 if args.smoke else min(16, os.cpu_count() or 1))
-    {"env": step_env, "static": step_static, "e2e": step_e2e, "dump": step_dump}[args.step](args)
+    steps = {
+        "env": step_env,
+        "static": step_static,
+        "e2e": step_e2e,
+        "e2e-demo": step_e2e_demo,
+        "dump": step_dump,
+    }
+    steps[args.step](args)
     return 0
 
 
