@@ -107,3 +107,19 @@ def test_graphed_beam_search_equals_eager_on_the_demo_model(rule):
     want = beam_search(demo, full, batch, "en", "it", **kw)
     got = beam_search_graphed(demo, full, batch, "en", "it", capture=True, **kw)
     assert got == want and any(want)
+
+
+@pytest.mark.parametrize("beam", [1, 2])
+def test_translate_with_graphs_equals_eager_on_the_demo_model(beam):
+    """``translate(graphs=True)``: batches of different lengths, a graph captured per batch, the same lines
+    as the eager translation (GPU, fp32, full projection)."""
+    from fastvocab.decoding import Seq2SeqAdapter
+    from fastvocab.tasks.translate import make_projection, translate
+
+    demo = Seq2SeqAdapter.load(DEMO, device=DEV)
+    full = make_projection(demo, "full")
+    lines = ["GNU C library: shared libraries", "transitional package", "fast, lightweight web server",
+             "documentation for the Python interpreter", "", "daemon that monitors disks"]  # fmt: skip
+    kw = dict(beam=beam, batch_size=2, max_len=40, progress=False)
+    want = translate(demo, full, lines, "en", "it", **kw).hypotheses
+    assert translate(demo, full, lines, "en", "it", graphs=True, **kw).hypotheses == want and any(want)
