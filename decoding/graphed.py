@@ -35,6 +35,7 @@ import torch
 
 from fastvocab.decoding import search
 from fastvocab.kernels.base import Projection, ProjectionOutput
+from fastvocab.kernels.clustered_static import StaticUnion
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +52,6 @@ def graph_output(
     ``overflow``: a 0-d bool device tensor that the static union ORs with "this step's union did not fit"
     (its output is then not to be trusted; the caller reads the flag at its next host read).
     """
-    from fastvocab.kernels.clustered_static import StaticUnion
     from fastvocab.kernels.full import FullProjection
 
     if isinstance(projection, FullProjection):
@@ -105,7 +105,6 @@ def capturable(projection: object, rows: int) -> object:
     it is; union-mode clustered as a static-capacity union that no ``rows`` rows can outgrow
     (``StaticUnion(projection, rows=rows)``, the same outputs); anything else a ValueError."""
     from fastvocab.kernels.clustered import ClusteredProjection
-    from fastvocab.kernels.clustered_static import StaticUnion
 
     if graph_output(projection) is not None:
         return projection
@@ -204,6 +203,7 @@ def greedy_search_graphed(
         else:
             choose()
     if bool(overflow):
+        assert isinstance(projection, StaticUnion)  # only a static union can overflow
         # A union outgrew the static capacity: never serve a choice made without all its columns. The batch
         # is decoded again eagerly, where an overflowing step gets the full logits (StaticUnion.project).
         log.info(
@@ -303,6 +303,7 @@ def beam_search_graphed(
     else:
         choose(final=True, first=last == 0 and k > 1)
     if bool(overflow):
+        assert isinstance(projection, StaticUnion)  # only a static union can overflow
         log.info(
             "graphed beam: a union outgrew capacity %d; batch decoded again eagerly", projection.capacity
         )

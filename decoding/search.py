@@ -456,19 +456,22 @@ def decode(
     ``fastvocab.decoding.graphed`` (the whole step in CUDA graphs on CUDA; the same outputs), for the full
     projection or union-mode clustered (run as a static-capacity union); no ``step_hook`` there.
     """
-    greedy, beamed, hook = greedy_search, beam_search, {"step_hook": step_hook}
+    greedy: Callable[..., list[list[int]]] = greedy_search
+    beamed: Callable[..., list[list[int]]] = beam_search
+    step: object = projection  # what the search runs: the projection, or its capturable form
+    hook: dict[str, object] = {"step_hook": step_hook}
     if graphs:
         from fastvocab.decoding import graphed  # it imports this module
 
         if step_hook is not None:
             raise ValueError("a step_hook cannot run inside CUDA graphs (graphs=True)")
-        projection = graphed.capturable(projection, rows=batch["input_ids"].shape[0] * beam)
+        step = graphed.capturable(projection, rows=batch["input_ids"].shape[0] * beam)
         greedy, beamed, hook = graphed.greedy_search_graphed, graphed.beam_search_graphed, {}
     if beam == 1:
-        return greedy(adapter, projection, batch, src_lang, tgt_lang, max_len=max_len, **hook)
+        return greedy(adapter, step, batch, src_lang, tgt_lang, max_len=max_len, **hook)
     return beamed(
         adapter,
-        projection,
+        step,
         batch,
         src_lang,
         tgt_lang,
