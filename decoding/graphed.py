@@ -312,3 +312,33 @@ def beam_search_graphed(
             length_penalty=length_penalty, early_stopping=rule,
         )  # fmt: skip
     return [search._strip(row, eos) for row in beams.fin_seqs[:, 0].tolist()]
+
+
+def decode(
+    adapter,
+    projection: Projection,
+    batch: dict,
+    src_lang: str,
+    tgt_lang: str,
+    *,
+    beam: int = 1,
+    max_len: int = 128,
+    length_penalty: float = 1.0,
+    early_stopping: bool | str | None = None,
+) -> list[list[int]]:
+    """:func:`fastvocab.decoding.search.decode` with the step in CUDA graphs (on CUDA; the same outputs):
+    the full projection as it is, union-mode clustered as a static-capacity union (:func:`capturable`)."""
+    step = capturable(projection, rows=batch["input_ids"].shape[0] * beam)
+    if beam == 1:
+        return greedy_search_graphed(adapter, step, batch, src_lang, tgt_lang, max_len=max_len)
+    return beam_search_graphed(
+        adapter,
+        step,
+        batch,
+        src_lang,
+        tgt_lang,
+        beam=beam,
+        max_len=max_len,
+        length_penalty=length_penalty,
+        early_stopping=early_stopping,
+    )

@@ -447,37 +447,26 @@ def decode(
     length_penalty: float = 1.0,
     step_hook: StepHook | None = None,
     early_stopping: bool | str | None = None,
-    graphs: bool = False,
 ) -> list[list[int]]:
     """Greedy search for ``beam == 1``, else beam search (translation, the dump and the benchmarks).
 
     ``early_stopping``: beam search's stopping rule (:func:`beam_search`); None takes the model's generation
-    config (``adapter.early_stopping``), as ``generate`` does. ``graphs``: the searches of
-    ``fastvocab.decoding.graphed`` (the whole step in CUDA graphs on CUDA; the same outputs), for the full
-    projection or union-mode clustered (run as a static-capacity union); no ``step_hook`` there.
+    config (``adapter.early_stopping``), as ``generate`` does. ``fastvocab.decoding.graphed.decode`` is the
+    same with the step in CUDA graphs.
     """
-    greedy: Callable[..., list[list[int]]] = greedy_search
-    beamed: Callable[..., list[list[int]]] = beam_search
-    step: object = projection  # what the search runs: the projection, or its capturable form
-    hook: dict[str, object] = {"step_hook": step_hook}
-    if graphs:
-        from fastvocab.decoding import graphed  # it imports this module
-
-        if step_hook is not None:
-            raise ValueError("a step_hook cannot run inside CUDA graphs (graphs=True)")
-        step = graphed.capturable(projection, rows=batch["input_ids"].shape[0] * beam)
-        greedy, beamed, hook = graphed.greedy_search_graphed, graphed.beam_search_graphed, {}
     if beam == 1:
-        return greedy(adapter, step, batch, src_lang, tgt_lang, max_len=max_len, **hook)
-    return beamed(
+        return greedy_search(
+            adapter, projection, batch, src_lang, tgt_lang, max_len=max_len, step_hook=step_hook
+        )
+    return beam_search(
         adapter,
-        step,
+        projection,
         batch,
         src_lang,
         tgt_lang,
         beam=beam,
         max_len=max_len,
         length_penalty=length_penalty,
+        step_hook=step_hook,
         early_stopping=stopping_rule(adapter, early_stopping),
-        **hook,
     )

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import torch
 
+from fastvocab.decoding import graphed
 from fastvocab.decoding.hf_adapter import Seq2SeqAdapter
 from fastvocab.decoding.search import check_stopping_rule, decode
 from fastvocab.kernels import create_projection
@@ -99,7 +100,7 @@ def translate(
     ``torch.get_num_threads()`` threads (None: :func:`decode_workers`); the outputs do not depend on it.
     ``early_stopping``: beam search's stopping rule (True, False, "never"); None takes the model's generation
     config, as ``generate`` does. ``graphs``: each batch decoded with its whole step in CUDA graphs
-    (:func:`~fastvocab.decoding.search.decode`; the same outputs; not yet a CLI option: the GPU campaign
+    (:func:`fastvocab.decoding.graphed.decode`; the same outputs; not yet a CLI option: the GPU campaign
     measures it first).
     """
     if early_stopping is not None:
@@ -140,7 +141,7 @@ def translate(
 
     def run(chunk: list[int]) -> list[list[int]]:
         with torch.inference_mode():  # thread-local: a worker thread must enter it itself
-            return decode(
+            return (graphed.decode if graphs else decode)(
                 adapter,
                 projection,
                 adapter.pad([seqs[j] for j in chunk]),
@@ -150,7 +151,6 @@ def translate(
                 max_len=max_len,
                 length_penalty=length_penalty,
                 early_stopping=early_stopping,
-                graphs=graphs,
             )
 
     # Tokenizer calls stay on this thread; the workers only decode ids. map() yields in submission order.

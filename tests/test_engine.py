@@ -538,6 +538,3 @@ def test_translate_with_graphs_equals_the_eager_search(demo, monkeypatch, beam):
     per_row = make_projection(demo, "clustered", cluster_map=cmap, selection="per-row")
     with pytest.raises(ValueError, match="no capturable output"):
         translate(demo, per_row, DEMO_SOURCES[:2], "en", "it", graphs=True, **kw)
-    with pytest.raises(ValueError, match="step_hook"):
-        search.decode(demo, full, demo.encode_texts(DEMO_SOURCES[:1], "en"), "en", "it", graphs=True,
-                      step_hook=records.append)  # fmt: skip
