@@ -85,11 +85,16 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
 
 log = logging.getLogger(__name__)
+
+# A loaded Hugging Face model or one of its modules: read by attribute name (config, layers, projections),
+# which ``nn.Module``'s typing cannot follow.
+HFModule = Any
 
 
 # Hugging Face model types the engine implements, by family.
@@ -102,7 +107,7 @@ CACHE_LIMIT_ENV = "FASTVOCAB_CACHE_LIMIT_MB"
 _CHECK_FREE_BYTES = 256 << 20
 
 
-def unsupported_reason(model: nn.Module) -> str | None:
+def unsupported_reason(model: HFModule) -> str | None:
     """None when :class:`StaticDecoder` can run ``model``; otherwise why not (for the error message)."""
     config = model.config
     model_type = getattr(config, "model_type", "")
@@ -132,7 +137,7 @@ class _Family:
     extendable: bool  # the position table can be rebuilt longer (sinusoidal, M2M100's builder)
 
     @staticmethod
-    def of(model: nn.Module) -> _Family:
+    def of(model: HFModule) -> _Family:
         name = FAMILIES[model.config.model_type]
         if name == "m2m100":
             return _Family(name, True, int(model.config.pad_token_id) + 1, True, True)
@@ -178,10 +183,8 @@ class StaticState:
 
     def cache_bytes(self) -> int:
         """Bytes held by the self- and cross-attention caches (both self-attention buffers)."""
-        held = [self.buffer, self.cross_kv, self.cross_bias]
-        if self.spare is not None:
-            held.append(self.spare)
-        return sum(t.numel() * t.element_size() for t in held)
+        held = [self.buffer, self.cross_kv, self.cross_bias, self.spare]
+        return sum(t.numel() * t.element_size() for t in held if t is not None)
 
 
 @dataclass
@@ -196,7 +199,7 @@ class _Layer(nn.Module):
     """One decoder layer with a fused QKV projection (weights taken from the HF layer); pre-norm (M2M100,
     MBart) or post-norm (Marian)."""
 
-    def __init__(self, hf_layer: nn.Module, heads: int, act: nn.Module, pre_norm: bool) -> None:
+    def __init__(self, hf_layer: HFModule, heads: int, act: nn.Module, pre_norm: bool) -> None:
         super().__init__()
         sa, ca = hf_layer.self_attn, hf_layer.encoder_attn
         d = sa.q_proj.in_features
@@ -282,7 +285,7 @@ def _cat_bias(parts: list[tuple[nn.Linear, float]]) -> torch.Tensor | None:
     )
 
 
-def _embed_scale(decoder: nn.Module) -> float:
+def _embed_scale(decoder: HFModule) -> float:
     # M2M100/MBart scale inside their embedding module, Marian in the decoder's forward.
     scale = getattr(decoder.embed_tokens, "embed_scale", None)
     if scale is None:
@@ -309,7 +312,7 @@ def _free_bytes(device: torch.device) -> int | None:
     return None
 
 
-def encoder_unsupported_reason(model: nn.Module) -> str | None:
+def encoder_unsupported_reason(model: HFModule) -> str | None:
     """None when :class:`PackedEncoder` can run ``model``'s encoder; otherwise why not."""
     reason = unsupported_reason(model)
     if reason:
@@ -330,7 +333,7 @@ class _EncoderLayer(nn.Module):
     sentence on a padded (rows, heads, S, hd) view, everything else per token; weights shared with the HF
     layer except the fused QKV."""
 
-    def __init__(self, hf_layer: nn.Module, heads: int, act: nn.Module, pre_norm: bool) -> None:
+    def __init__(self, hf_layer: HFModule, heads: int, act: nn.Module, pre_norm: bool) -> None:
         super().__init__()
         sa = hf_layer.self_attn
         d = sa.q_proj.in_features
@@ -378,7 +381,7 @@ class PackedEncoder(nn.Module):
     scaling folded into Q).
     """
 
-    def __init__(self, model: nn.Module) -> None:
+    def __init__(self, model: HFModule) -> None:
         super().__init__()
         reason = encoder_unsupported_reason(model)
         if reason:
@@ -453,7 +456,7 @@ class StaticDecoder(nn.Module):
     ``FASTVOCAB_CACHE_LIMIT_MB`` environment variable, else only the device's free memory limits it).
     """
 
-    def __init__(self, model: nn.Module, capacity: int = 64, max_cache_bytes: int | None = None) -> None:
+    def __init__(self, model: HFModule, capacity: int = 64, max_cache_bytes: int | None = None) -> None:
         super().__init__()
         reason = unsupported_reason(model)
         if reason:
