@@ -22,8 +22,10 @@ and replays them in turn; the first step (one row per sentence, as the eager sea
 
 Without CUDA (or with ``capture=False``) the same steps run eagerly: that is how the CPU tests check that
 the outputs equal :func:`~fastvocab.decoding.search.greedy_search`'s and
-:func:`~fastvocab.decoding.search.beam_search`'s, hence ``generate``'s. Not yet the default on CUDA:
-``tests/gpu/test_engine_graph.py`` and the GPU campaign check them first.
+:func:`~fastvocab.decoding.search.beam_search`'s, hence ``generate``'s. :func:`decode` is the entry point
+(``tasks.translate(graphs=True)``; union-mode clustered runs as a static-capacity union, :func:`capturable`).
+Not yet the default on CUDA nor a CLI option: ``tests/gpu/test_engine_graph.py`` and the GPU campaign (its
+``e2e`` and ``e2e-demo`` steps) check and time them first.
 """
 
 from __future__ import annotations
