@@ -176,7 +176,7 @@ def save_cluster_map(cmap: ClusterMap, map_dir: str | Path) -> Path:
     else and provenance records can name the map by it.
     """
     validate(cmap)
-    tensors = {
+    tensors: dict[str, np.ndarray] = {
         "centroids": np.ascontiguousarray(cmap.centroids, dtype=np.float32),
         "centroid_sq_norms": np.ascontiguousarray(cmap.centroid_sq_norms, dtype=np.float32),
         "indptr": np.ascontiguousarray(cmap.indptr, dtype=np.int64),

@@ -26,11 +26,14 @@ import logging
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from fastvocab.artifacts_schema.fingerprint import projection_fingerprint
+
+if TYPE_CHECKING:
+    from fastvocab.decoding.engine import StaticDecoder
 
 log = logging.getLogger(__name__)
 
@@ -148,7 +151,7 @@ class Seq2SeqAdapter:
         if trained:  # the demo model records the languages it was trained on (its tokenizer knows 100)
             self.languages = [lang for lang in self.languages if lang in set(trained)]
         self.quantized = False
-        self._static = None  # fastvocab.decoding.engine.StaticDecoder when engine resolves to "static"
+        self._static: StaticDecoder | None = None  # when the engine resolves to "static"
         self.engine = self._pick_engine(engine, cache_len, max_cache_bytes)
 
     def _pick_engine(self, engine: str, cache_len: int, max_cache_bytes: int | None) -> str:
@@ -412,6 +415,7 @@ class Seq2SeqAdapter:
             )
         if tokens.dim() != 1 or tokens.shape[0] != state.rows:
             raise ValueError(f"tokens must be ({state.rows},), got {tuple(tokens.shape)}")
+        assert state.encoder is not None  # the hf engine's state carries the encoder's output
         out = self._decoder(
             input_ids=tokens.to(self.device)[:, None],  # (rows, 1)
             encoder_hidden_states=state.encoder.hidden,
@@ -433,14 +437,14 @@ class Seq2SeqAdapter:
         sentence and does not copy them on a beam reorder. The hf engine ignores it.
         """
         index = index.to(self.device)
-        if isinstance(state, DecoderState) and state.encoder is None:  # static engine
-            return DecoderState(None, self._static.reorder(state.cache, index, group), state.length)
         if isinstance(state, EncoderState):
             hidden, mask = state.hidden.index_select(0, index), state.mask.index_select(0, index)
             return EncoderState(hidden, mask, state.positions)
-        enc = EncoderState(
-            state.encoder.hidden.index_select(0, index), state.encoder.mask.index_select(0, index)
-        )
+        src = state.encoder
+        if src is None:  # static engine
+            assert self._static is not None
+            return DecoderState(None, self._static.reorder(state.cache, index, group), state.length)
+        enc = EncoderState(src.hidden.index_select(0, index), src.mask.index_select(0, index))
         state.cache.reorder_cache(index)
         return DecoderState(enc, state.cache, state.length)
 

@@ -14,12 +14,15 @@ from __future__ import annotations
 
 import copy
 import warnings
+from typing import TypeVar
 
 import torch
 from torch import nn
 
 from fastvocab.kernels.base import Projection, ProjectionOutput
 from fastvocab.kernels.full import FullProjection
+
+M = TypeVar("M", bound=nn.Module)
 
 
 def _quiet():
@@ -31,7 +34,7 @@ def _quiet():
     return ctx
 
 
-def quantize_linears(module: nn.Module) -> nn.Module:
+def quantize_linears(module: M) -> M:
     """A copy of ``module`` whose ``nn.Linear`` layers are dynamic int8 (per-channel weight scales)."""
     from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
 

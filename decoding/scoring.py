@@ -52,6 +52,7 @@ def sequence_log_probs(
     h = None
     for tok in adapter.start_tokens(tgt_lang):
         h, state = adapter.decoder_step(torch.full((n,), tok, dtype=torch.long, device=device), state)
+    assert h is not None  # start_tokens is never empty (the forced prefix)
     for t in range(steps):
         logp = full(h).log_probs()  # (n, N) float32
         picked = logp.gather(1, targets[:, t : t + 1])[:, 0]  # (n,)

@@ -118,9 +118,11 @@ def _banned_ids(adapter, device: torch.device) -> torch.Tensor | None:
 
 
 Project = Callable[[torch.Tensor, torch.Tensor], ProjectionOutput]
+# What the searches take: a projection, or any h (rows, d) -> ProjectionOutput (StaticUnion.project, ...).
+ProjectionLike = Projection | Callable[[torch.Tensor], ProjectionOutput]
 
 
-def _bind(projection: Projection, batch: dict) -> Project:
+def _bind(projection: ProjectionLike, batch: dict) -> Project:
     """``(h, row_ids) -> output`` for this batch; ``row_ids`` (rows,) is the source sentence of each row.
 
     A projection whose candidates depend on the source (a lexical shortlist) has ``for_batch(input_ids,
@@ -161,7 +163,7 @@ def _check(adapter, src_lang: str, tgt_lang: str, max_len: int) -> None:
 @torch.inference_mode()
 def greedy_search(
     adapter,
-    projection: Projection,
+    projection: ProjectionLike,
     batch: dict,
     src_lang: str,
     tgt_lang: str,
@@ -352,7 +354,7 @@ def forced_candidates(rows: int, token: int, device: torch.device) -> tuple[torc
 @torch.inference_mode()
 def beam_search(
     adapter,
-    projection: Projection,
+    projection: ProjectionLike,
     batch: dict,
     src_lang: str,
     tgt_lang: str,
@@ -437,7 +439,7 @@ def beam_search(
 
 def decode(
     adapter,
-    projection: Projection,
+    projection: ProjectionLike,
     batch: dict,
     src_lang: str,
     tgt_lang: str,

@@ -45,7 +45,7 @@ import math
 import threading
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -246,7 +246,7 @@ class ClusteredProjection(Projection):
         )
         log.info("clustered projection: computing the normaliser at load time (%s)", why)
         self.normaliser_source = "computed at load"
-        rank = int(cmap.manifest.normaliser.get("rank", DEFAULT_NORMALISER_RANK))
+        rank = int(cast(int, cmap.manifest.normaliser.get("rank", DEFAULT_NORMALISER_RANK)))
         pm = self._map
         return ops.normaliser_tables(
             torch.from_numpy(cmap.centroids), self.weight, self.bias, pm.indptr, pm.indices, min(rank, self.d)
@@ -337,7 +337,7 @@ class ClusteredProjection(Projection):
             return self._full_far_rows(h, out, clusters)
         if self._bounds is None:
             return out
-        return self._exact(h, out, clusters)
+        return self._exact(h, out, clusters, self._bounds)
 
     def _full_far_rows(
         self, h: torch.Tensor, out: ProjectionOutput, clusters: torch.Tensor
@@ -358,6 +358,7 @@ class ClusteredProjection(Projection):
         idx = far.nonzero()[:, 0]
         dense = out.dense()
         dense[idx] = torch.nn.functional.linear(h[idx], self.weight, self.bias).to(dense.dtype)
+        assert out.log_inactive_mass is not None  # mass_radius comes with an estimate (__init__)
         mass = out.log_inactive_mass.index_fill(0, idx, -math.inf)  # those rows left nothing out
         return ProjectionOutput(logits=dense, ids=None, n_vocab=self.n_vocab, log_inactive_mass=mass)
 
@@ -366,9 +367,11 @@ class ClusteredProjection(Projection):
             return logits.shape[0] * ids.numel()
         return int(torch.isfinite(logits).sum())  # per-row padding holds -inf
 
-    def _exact(self, h: torch.Tensor, out: ProjectionOutput, clusters: torch.Tensor) -> ProjectionOutput:
+    def _exact(
+        self, h: torch.Tensor, out: ProjectionOutput, clusters: torch.Tensor, bounds: ops.BoundTables
+    ) -> ProjectionOutput:
         """Certify each row; rows that fail get their full logits, in a dense (rows, N) output."""
-        top, mass = ops.inactive_bounds(h, clusters, self._bounds)
+        top, mass = ops.inactive_bounds(h, clusters, bounds)
         log_tol = self.exact_tol if self.exact_k > 1 else None
         ok = ops.certify(out.logits, top, mass, self.exact_k, log_tol)  # (rows,)
         n_ok = int(ok.sum())  # the one host sync the certificate adds
@@ -386,10 +389,10 @@ class ClusteredProjection(Projection):
         fallback = (~ok).nonzero()[:, 0]  # (f,)
         dense = out.dense()  # (rows, N), -inf where a certified row computed nothing
         dense[fallback] = torch.nn.functional.linear(h[fallback], self.weight, self.bias).to(dense.dtype)
-        mass = out.log_inactive_mass
-        if mass is not None:  # an estimate for certified rows (exact_k == 1); fallback rows left out nothing
-            mass = mass.index_fill(0, fallback, -math.inf)
-        return ProjectionOutput(logits=dense, ids=None, n_vocab=self.n_vocab, log_inactive_mass=mass)
+        left_out = out.log_inactive_mass
+        if left_out is not None:  # an estimate for certified rows (exact_k == 1); fallback rows: nothing
+            left_out = left_out.index_fill(0, fallback, -math.inf)
+        return ProjectionOutput(logits=dense, ids=None, n_vocab=self.n_vocab, log_inactive_mass=left_out)
 
     def _project_torch(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         clusters = self.assign(h)  # (rows,)

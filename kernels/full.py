@@ -33,6 +33,7 @@ says why.
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import torch
 
@@ -69,7 +70,7 @@ class FullProjection(Projection):
     (module docstring); ignored where that path is unavailable."""
 
     def __init__(
-        self, weight: torch.Tensor, bias: torch.Tensor | None, *, prepack: bool = True, **kwargs: object
+        self, weight: torch.Tensor, bias: torch.Tensor | None, *, prepack: bool = True, **kwargs: Any
     ) -> None:
         super().__init__(weight, bias, **kwargs)
         self.prepack = bool(prepack)
@@ -118,7 +119,7 @@ class FullProjection(Projection):
             # W was changed in place (a tied embedding edited, a fitted row): the copies follow it.
             log.debug("full projection: W changed in place, packing it again")
             self._pack()
-        if self._packed is None:
+        if self._packed is None or self._wt is None:  # (packed together: both or neither)
             logits = torch.nn.functional.linear(h, self.weight, self.bias)  # (rows, N)
         elif h.shape[0] < SMALL_ROWS:
             h = h.contiguous()

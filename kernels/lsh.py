@@ -33,9 +33,10 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 import torch
@@ -241,7 +242,18 @@ def candidate_logits(
     return logits.masked_fill(pad, -math.inf)
 
 
-def candidates_output(projection: Projection, h: torch.Tensor, k: int) -> ProjectionOutput:
+class CandidateSource(Protocol):
+    """What :func:`candidates_output` reads of a candidate-picking projection (LSH, the graph search)."""
+
+    n_vocab: int
+    always_active: torch.Tensor
+    weight: torch.Tensor
+    bias: torch.Tensor | None
+
+    def candidates(self, h: torch.Tensor) -> torch.Tensor: ...
+
+
+def candidates_output(projection: CandidateSource, h: torch.Tensor, k: int) -> ProjectionOutput:
     """The output of a method that picks ``k`` candidates per row (``projection.candidates(h)``: LSH, the
     graph search): their exact logits, with the always-active ids added; no rows give an empty output."""
     if h.shape[0] == 0:
@@ -271,7 +283,7 @@ def bias_spread_ratio(weight: torch.Tensor, bias: torch.Tensor | None, h: torch.
     return math.inf if spread == 0.0 else b_std / spread
 
 
-def manifest_params(cls: type[P], idx: MethodIndex, given: dict[str, object]) -> P:
+def manifest_params(cls: type[P], idx: MethodIndex, given: Mapping[str, object]) -> P:
     """The index's build parameters as ``cls``; ArtifactError when its manifest does not fit them, ValueError
     when an option the caller ``given`` (not None) contradicts them."""
     raw: dict[str, Any] = dict(idx.manifest.params)
