@@ -311,20 +311,31 @@ def test_graphed_greedy_equals_greedy(demo, monkeypatch, max_len):
     assert got == want
 
 
+def map_from_decoding(demo, full, beam: int, max_len: int):
+    """A cluster map (24 clusters, the members' top-8 tokens) over the states of a full-softmax decode of
+    DEMO_SOURCES (greedy for ``beam`` 1), as the pipeline builds its maps."""
+    from tests.layers import map_from_states
+
+    records = []
+    batch = demo.encode_texts(DEMO_SOURCES, "en")
+    if beam == 1:
+        greedy_search(demo, full, batch, "en", "it", max_len=max_len, step_hook=records.append)
+    else:
+        beam_search(demo, full, batch, "en", "it", beam=beam, max_len=max_len, step_hook=records.append)
+    h = torch.cat([r.hidden for r in records]).numpy()  # (states, d)
+    top = torch.cat([r.output.logits.topk(8, dim=1).indices for r in records]).numpy()  # (states, 8)
+    return map_from_states(h, top, 24, demo.n_vocab, full.fingerprint)
+
+
 def test_graphed_greedy_static_union_equals_union_mode(demo):
     """A static-capacity union in the graphed step gives the eager union mode's outputs (a map built from
     the model's own greedy states and their top-8 tokens, as the pipeline's maps are)."""
     from fastvocab.decoding.graphed import greedy_search_graphed
     from fastvocab.kernels.clustered_static import StaticUnion
-    from tests.layers import map_from_states
 
     full = create_projection("full", demo.output_weight, demo.output_bias)
     batch = demo.encode_texts(DEMO_SOURCES, "en")
-    records = []
-    greedy_search(demo, full, batch, "en", "it", max_len=48, step_hook=records.append)
-    h = torch.cat([r.hidden for r in records]).numpy()  # (states, d)
-    top = torch.cat([r.output.logits.topk(8, dim=1).indices for r in records]).numpy()  # (states, 8)
-    cmap = map_from_states(h, top, 24, demo.n_vocab, full.fingerprint)
+    cmap = map_from_decoding(demo, full, beam=1, max_len=48)
     union = create_projection(
         "clustered", demo.output_weight, demo.output_bias, cluster_map=cmap, selection="union",
         always_active=demo.always_active_ids(),
@@ -413,15 +424,10 @@ def test_graphed_beam_static_union_equals_union_mode(demo, monkeypatch, mass):
     sentences must stay in the eager batch too (no host read before the end)."""
     from fastvocab.decoding.graphed import beam_search_graphed
     from fastvocab.kernels.clustered_static import StaticUnion
-    from tests.layers import map_from_states
 
     full = create_projection("full", demo.output_weight, demo.output_bias)
     batch = demo.encode_texts(DEMO_SOURCES, "en")
-    records = []
-    beam_search(demo, full, batch, "en", "it", beam=2, max_len=40, step_hook=records.append)
-    h = torch.cat([r.hidden for r in records]).numpy()
-    top = torch.cat([r.output.logits.topk(8, dim=1).indices for r in records]).numpy()
-    cmap = map_from_states(h, top, 24, demo.n_vocab, full.fingerprint)
+    cmap = map_from_decoding(demo, full, beam=2, max_len=40)
     union = create_projection(
         "clustered", demo.output_weight, demo.output_bias, cluster_map=cmap, selection="union",
         always_active=demo.always_active_ids(), inactive_mass=mass,
@@ -515,15 +521,9 @@ def test_translate_with_graphs_equals_the_eager_search(demo, monkeypatch, beam):
     keep finished rows in it, so the eager side keeps them too (no host read before the end)."""
     from fastvocab.kernels.clustered import clustered_options
     from fastvocab.tasks.translate import make_projection, translate
-    from tests.layers import map_from_states
 
     full = make_projection(demo, "full")
-    records = []
-    beam_search(demo, full, demo.encode_texts(DEMO_SOURCES, "en"), "en", "it", beam=2, max_len=40,
-                step_hook=records.append)  # fmt: skip
-    h = torch.cat([r.hidden for r in records]).numpy()
-    top = torch.cat([r.output.logits.topk(8, dim=1).indices for r in records]).numpy()
-    cmap = map_from_states(h, top, 24, demo.n_vocab, full.fingerprint)
+    cmap = map_from_decoding(demo, full, beam=2, max_len=40)
     union = make_projection(
         demo, "clustered", cluster_map=cmap, **clustered_options("union", "auto", False, beam)
     )
