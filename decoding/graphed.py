@@ -37,7 +37,9 @@ import torch
 
 from fastvocab.decoding import search
 from fastvocab.kernels.base import Projection, ProjectionOutput
+from fastvocab.kernels.clustered import ClusteredProjection
 from fastvocab.kernels.clustered_static import StaticUnion
+from fastvocab.kernels.full import FullProjection
 
 log = logging.getLogger(__name__)
 
@@ -54,8 +56,6 @@ def graph_output(
     ``overflow``: a 0-d bool device tensor that the static union ORs with "this step's union did not fit"
     (its output is then not to be trusted; the caller reads the flag at its next host read).
     """
-    from fastvocab.kernels.full import FullProjection
-
     if isinstance(projection, FullProjection):
         return projection
     if isinstance(projection, StaticUnion):
@@ -106,8 +106,6 @@ def capturable(projection: object, rows: int) -> object:
     """``projection`` as the graphed searches take it: one with a capturable step (:func:`graph_output`) as
     it is; union-mode clustered as a static-capacity union that no ``rows`` rows can outgrow
     (``StaticUnion(projection, rows=rows)``, the same outputs); anything else a ValueError."""
-    from fastvocab.kernels.clustered import ClusteredProjection
-
     if graph_output(projection) is not None:
         return projection
     if isinstance(projection, ClusteredProjection) and projection.selection == "union":
