@@ -31,15 +31,29 @@ def git_commit(*paths: str) -> str:
     return head + ("+dirty" if dirty else "")
 
 
+# /proc/cpuinfo flags that decide which GEMM kernels run (fp32 width, int8 dot products, bf16), by name.
+_ISA_FLAGS = {
+    "avx2": "AVX2",
+    "avx512f": "AVX-512",
+    "avx512_vnni": "VNNI",
+    "avx_vnni": "AVX-VNNI",
+    "avx512_bf16": "BF16",
+    "amx_tile": "AMX",
+}
+
+
 def cpu_name() -> str:
-    """The CPU model from /proc/cpuinfo (``platform.processor()`` elsewhere)."""
+    """The CPU model and its vector extensions from /proc/cpuinfo, e.g. ``AMD EPYC (AVX2, AVX-512, VNNI,
+    BF16)`` (VMs often report only the vendor's family name, so the extensions tell two machines apart);
+    ``platform.processor()`` elsewhere."""
     try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
+        info = Path("/proc/cpuinfo").read_text().splitlines()
     except OSError:
-        pass
-    return platform.processor() or platform.machine() or "cpu"
+        return platform.processor() or platform.machine() or "cpu"
+    model = next((line.split(":", 1)[1].strip() for line in info if line.startswith("model name")), "cpu")
+    flags = next((set(line.split(":", 1)[1].split()) for line in info if line.startswith("flags")), set())
+    isa = [name for flag, name in _ISA_FLAGS.items() if flag in flags]
+    return f"{model} ({', '.join(isa)})" if isa else model
 
 
 def device_name(device: str) -> str:
