@@ -43,14 +43,16 @@ build/package-files.txt: FORCE
 demo: setup
 	$(VENV)/bin/fastvocab run $(CONFIG)
 
-## test: lint, format check, the import contracts (pyproject.toml [tool.importlinter]) and the whole test suite
-## (GPU tests skip with a reason on CPU machines)
+## test: lint, format check, the import contracts (pyproject.toml [tool.importlinter]), the type check and the
+## whole test suite (GPU tests skip with a reason on CPU machines)
 test: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	cd $(LINK_TREE) && $(BIN)/lint-imports --config $(CURDIR)/pyproject.toml --no-cache --no-logo
+	$(MAKE) --no-print-directory typecheck
 	$(PY) -m pytest -q
 
+## typecheck: mypy over every room (pyproject.toml [tool.mypy]; ~50 s from an empty cache on 2 cores)
 typecheck: setup
 	cd $(LINK_TREE) && $(BIN)/mypy --config-file $(CURDIR)/pyproject.toml --cache-dir $(CURDIR)/.mypy_cache
 

@@ -22,7 +22,7 @@ class Digest:
     def __init__(self) -> None:
         self._h = hashlib.sha256()
 
-    def update(self, data: bytes | str) -> Digest:
+    def update(self, data: bytes | memoryview | str) -> Digest:
         self._h.update(data.encode() if isinstance(data, str) else data)
         return self
 

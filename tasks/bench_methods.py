@@ -32,6 +32,7 @@ Plain functions: no Ray, no MLflow; the callers print, write and log.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import resource
 import statistics
@@ -145,7 +146,7 @@ class BenchSettings:
     def artifact(self, method: str) -> Any:
         return self.artifacts.get(method) or artifact_params(self.grid)[method]
 
-    def describe(self) -> dict[str, object]:
+    def describe(self) -> dict[str, Any]:
         """JSON-able summary for the record's meta."""
         return {
             "grid": self.grid,
@@ -176,8 +177,9 @@ class Metered:
         self.projection = projection
         self.sync = sync
         self.reset_counters()
-        if hasattr(projection, "for_batch"):
-            self.for_batch = self._for_batch
+        bind = getattr(projection, "for_batch", None)  # a shortlist's: candidates from the sources
+        if bind is not None:
+            self.for_batch = functools.partial(self._for_batch, bind)
 
     def reset_counters(self) -> None:
         """Zero the meters (``decode_passes`` calls it before each pass)."""
@@ -186,7 +188,7 @@ class Metered:
         self.calls = 0
         self.seconds = 0.0
 
-    def options(self) -> dict[str, object]:
+    def options(self) -> dict[str, Any]:
         return self.projection.options()
 
     def _timed(self, fn: Callable[..., ProjectionOutput], *args: Any) -> ProjectionOutput:
@@ -204,9 +206,11 @@ class Metered:
     def __call__(self, h: torch.Tensor) -> ProjectionOutput:
         return self._timed(self.projection, h)
 
-    def _for_batch(self, input_ids: Any, attention_mask: Any = None) -> Callable[..., ProjectionOutput]:
+    def _for_batch(
+        self, bind: Callable[..., Any], input_ids: Any, attention_mask: Any = None
+    ) -> Callable[..., ProjectionOutput]:
         t0 = time.perf_counter()
-        bound = self.projection.for_batch(input_ids, attention_mask)
+        bound = bind(input_ids, attention_mask)
         self.seconds += time.perf_counter() - t0  # the batch's candidate sets and W gather count too
         return lambda h, row_ids: self._timed(bound, h, row_ids)
 
@@ -234,7 +238,7 @@ def reset_peak_rss() -> bool:
     return _status_kib("VmHWM") is not None
 
 
-def measure_peak(fn: Callable[[], object]) -> dict[str, object]:
+def measure_peak(fn: Callable[[], object]) -> dict[str, Any]:
     """Run ``fn`` and return the process's peak RSS during it (MiB), its delta over the RSS before it, and
     how it was measured."""
     if reset_peak_rss():
@@ -263,7 +267,7 @@ class Artifact:
     build_seconds: float | None
     nbytes: int | None
     source: str  # "built" or the folder it was read from
-    params: dict[str, object] = field(default_factory=dict)
+    params: dict[str, Any] = field(default_factory=dict)
 
 
 def _folder_bytes(folder: Path) -> int:
@@ -300,16 +304,20 @@ def get_artifact(
     inputs = BuildInputs.from_adapter(adapter, unit, corpus)
     with tempfile.TemporaryDirectory(prefix=f"fastvocab-bench-{method}-") as tmp:
         t0 = time.perf_counter()
-        idx: MethodIndex = build_method_index(method, inputs, params, Path(tmp) / "index")
+        built: MethodIndex = build_method_index(method, inputs, params, Path(tmp) / "index")
         seconds = time.perf_counter() - t0
         nbytes = _folder_bytes(Path(tmp) / "index")
-    return Artifact(method, idx, round(seconds, 3), nbytes, "built", dataclasses.asdict(params))
+    return Artifact(method, built, round(seconds, 3), nbytes, "built", dataclasses.asdict(params))
 
 
-def point_options(method: str, point: dict[str, Any], beam: int, artifact: Artifact, direction: str) -> dict:
-    """Projection options of one grid point."""
+def point_options(
+    method: str, point: dict[str, Any], beam: int, artifact: Artifact | None, direction: str
+) -> dict:
+    """Projection options of one grid point (``artifact``: its map or index; None only for full)."""
     if method == "full":
         return {}
+    if artifact is None:
+        raise ValueError(f"{method} needs its artifact (a cluster map or a method index)")
     if method in CLUSTERED:
         from fastvocab.kernels.clustered import clustered_options
 
@@ -362,13 +370,13 @@ def measure_beam(
     beam: int,
     settings: BenchSettings,
     scorer: Scorer,
-) -> list[dict[str, object]]:
+) -> list[dict[str, Any]]:
     """One row per grid point (``projs``: label -> (method, point, metered projection)); ``full`` first."""
     args = (src, tgt, beam, settings.batch_size, settings.max_len, settings.length_penalty)
     warm = seqs[: min(len(seqs), settings.warmup)]
-    memory: dict[str, dict[str, object]] = {}
+    memory: dict[str, dict[str, Any]] = {}
     for name, (_, _, p) in projs.items():  # each method alone: warm-up and its memory peak
-        memory[name] = measure_peak(lambda p=p, name=name: decode_all(adapter, {name: p}, warm, *args))
+        memory[name] = measure_peak(functools.partial(decode_all, adapter, {name: p}, warm, *args))
     everything = {name: p for name, (_, _, p) in projs.items()}
     proj_s: dict[str, list[float]] = {n: [] for n in projs}
     counts: dict[str, tuple[float | None, int]] = {}
@@ -424,9 +432,9 @@ def run_bench(
     directions: Sequence[str],
     settings: BenchSettings,
     methods_dir: str | Path | None = None,
-    on_row: Callable[[dict[str, object]], None] | None = None,
+    on_row: Callable[[dict[str, Any]], None] | None = None,
     on_note: Callable[[str], None] | None = None,
-) -> list[dict[str, object]]:
+) -> list[dict[str, Any]]:
     """Every direction x beam x grid point of ``settings`` (see the module's docstring)."""
     note = on_note or (lambda _msg: None)
     sync = adapter.device.type == "cuda"
@@ -434,7 +442,7 @@ def run_bench(
     if any(m in CLUSTERED for m in methods) and maps is None:
         raise ValueError("clustered and per-row need cluster maps (--maps)")
     model_wide: dict[str, Artifact] = {}
-    results: list[dict[str, object]] = []
+    results: list[dict[str, Any]] = []
     for direction in directions:
         src, _, tgt = direction.partition("-")
         limit = settings.n_sentences or None
@@ -445,6 +453,7 @@ def run_bench(
         artifacts: dict[str, Artifact] = {}
         for m in methods:
             if m in CLUSTERED and "cluster" not in artifacts:
+                assert maps is not None  # checked above
                 folder = resolve_map_dir(maps, src, tgt)
                 cmap = load_cluster_map(folder, expect_fingerprint=adapter.fingerprint)
                 artifacts["cluster"] = Artifact("clustered", cmap, None, _folder_bytes(folder), str(folder))
@@ -491,7 +500,7 @@ TABLE_HEADER = (
 )
 
 
-def format_row(row: dict[str, object]) -> str:
+def format_row(row: dict[str, Any]) -> str:
     def num(v: object, fmt: str) -> str:
         return "-" if v is None else format(v, fmt)
 
@@ -517,7 +526,7 @@ def pareto_front(points: Sequence[tuple[float, float]]) -> list[int]:
     return sorted(front, key=lambda i: points[i])
 
 
-def plot_speed_vs_errors(rows: Sequence[dict[str, object]], path: str | Path, title: str = "") -> Path:
+def plot_speed_vs_errors(rows: Sequence[dict[str, Any]], path: str | Path, title: str = "") -> Path:
     """Speed ratio to full against search error rate, one panel per direction and beam, one curve per
     method, the Pareto front marked. Agg backend (no display)."""
     import matplotlib
@@ -570,7 +579,7 @@ def plot_speed_vs_errors(rows: Sequence[dict[str, object]], path: str | Path, ti
     return path
 
 
-def numeric_metrics(row: dict[str, object]) -> dict[str, float]:
+def numeric_metrics(row: dict[str, Any]) -> dict[str, float]:
     """A row's finite numbers (MLflow metrics)."""
     return {
         k: float(v)
@@ -580,12 +589,12 @@ def numeric_metrics(row: dict[str, object]) -> dict[str, float]:
 
 
 def bench_record(
-    results: list[dict[str, object]],
+    results: list[dict[str, Any]],
     *,
     command: str,
-    meta: dict[str, object],
+    meta: dict[str, Any],
     settings: BenchSettings,
-) -> dict[str, object]:
+) -> dict[str, Any]:
     """The JSON record: command, meta (device, model, settings, load), results, the Pareto front's labels."""
     front: dict[str, list[str]] = {}
     for direction, beam in sorted({(str(r["direction"]), int(r["beam"])) for r in results}):

@@ -173,6 +173,10 @@ class _SplitPlan:
     stats: dict[str, int]
 
 
+def _in_memory(rows: list[Row]) -> RowSource:
+    return lambda: rows
+
+
 def _plan_split(rows: RowSource, *, dev_size: int, test_size: int, seed: int) -> _SplitPlan:
     pair_keys, doc_keys = array.array("Q"), array.array("Q")  # 8 bytes a row (a list of ints takes 36)
     for row in rows():
@@ -386,7 +390,9 @@ def build_debian_corpus(
         "segmentation": debian.SEGMENTATION,
         **_split_build(dev_size, test_size, seed),
     }
-    done = {} if force else {lang: _up_to_date_pair(out_dir, pivot, lang, build) for lang in others}
+    done: dict[str, PairResult | None] = {}
+    if not force:
+        done = {lang: _up_to_date_pair(out_dir, pivot, lang, build) for lang in others}
     todo = [lang for lang in others if done.get(lang) is None]
     if todo:
         lists_dir = Path(lists_dir) if lists_dir is not None else out_dir / "apt-lists"
@@ -410,9 +416,14 @@ def build_debian_corpus(
                 "release": debian.release_info(used),
             }
             done[lang] = _write_pair(
-                out_dir, pivot, lang, lambda rows=rows: rows, build=build, source=source, stats=stats
+                out_dir, pivot, lang, _in_memory(rows), build=build, source=source, stats=stats
             )
-    return [done[lang] for lang in others]
+    pairs = []
+    for lang in others:
+        pair = done[lang]
+        assert pair is not None, lang  # up to date, or written just now
+        pairs.append(pair)
+    return pairs
 
 
 # ---------------------------------------------------------------------------------------- the user's files

@@ -31,9 +31,10 @@ import lzma
 import re
 import shutil
 import subprocess
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +44,7 @@ _INDEX_RE = re.compile(
     r"(?:\.(?P<ext>lz4|gz|xz|bz2|zst|lzma))?$"
 )
 # Compressions Python reads itself; the others go through apt-helper (which also reads these).
-_PY_OPENERS = {"gz": gzip.open, "xz": lzma.open, "bz2": bz2.open}
+_PY_OPENERS: dict[str, Callable[..., Any]] = {"gz": gzip.open, "xz": lzma.open, "bz2": bz2.open}
 _APT_HELPER = "/usr/lib/apt/apt-helper"
 _RELEASE_FIELDS = ("Origin", "Label", "Suite", "Version", "Codename", "Date")
 # Recorded with every Debian pair: a corpus built by another segmentation is rebuilt, not reused.
@@ -127,7 +128,12 @@ def fetch_indexes(lists_dir: str | Path, languages: Iterable[str]) -> None:
 def release_info(index_paths: Iterable[Path]) -> list[dict[str, str]]:
     """Origin/Suite/Codename/Version/Date of the releases the indexes come from (from their InRelease)."""
     infos = []
-    releases = {(p.parent, _INDEX_RE.match(p.name)["release"]) for p in index_paths}
+    releases = set()
+    for p in index_paths:
+        m = _INDEX_RE.match(p.name)
+        if m is None:
+            raise ValueError(f"{p}: not a Translation index file name")
+        releases.add((p.parent, m["release"]))
     for parent, release in sorted(releases):
         for name in (f"{release}_InRelease", f"{release}_Release"):
             path = parent / name

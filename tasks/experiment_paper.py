@@ -126,7 +126,7 @@ class PaperSettings:
     def max_k(self) -> int:
         return max(*self.ks, self.fig2_k)
 
-    def describe(self) -> dict[str, object]:
+    def describe(self) -> dict[str, Any]:
         return {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(self).items()}
 
 
@@ -150,14 +150,12 @@ PRESETS: dict[str, PaperSettings] = {
 class PaperResult:
     """Every part's rows (JSON-able) and the per-cluster fractions Figure 4 plots."""
 
-    tables: dict[str, list[dict[str, object]]] = field(default_factory=dict)
-    bench_rows: list[dict[str, object]] = field(default_factory=list)  # run_bench's rows behind Tables 2-5
-    fig2: list[dict[str, object]] = field(default_factory=list)
-    fig3: list[dict[str, object]] = field(default_factory=list)
+    tables: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    bench_rows: list[dict[str, Any]] = field(default_factory=list)  # run_bench's rows behind Tables 2-5
+    fig2: list[dict[str, Any]] = field(default_factory=list)
+    fig3: list[dict[str, Any]] = field(default_factory=list)
     fig4: dict[int, np.ndarray] = field(default_factory=dict)  # K -> (r,) active fraction per cluster
-    states: dict[str, dict[str, object]] = field(
-        default_factory=dict
-    )  # where each direction's states came from
+    states: dict[str, dict[str, Any]] = field(default_factory=dict)  # where each direction's states came from
     seconds: dict[str, float] = field(default_factory=dict)
 
 
@@ -195,7 +193,7 @@ def run_tables(
     settings: PaperSettings,
     parts: Sequence[str] = TABLE_PARTS,
     note: Note = _quiet,
-) -> list[dict[str, object]]:
+) -> list[dict[str, Any]]:
     """The decoding runs behind Tables 2-5: ``run_bench`` rows tagged with ``set`` (1: test, 2: dev)."""
     runs: list[tuple[int, int, int, str, int]] = []
     if any(p in parts for p in ("table2", "table3", "table5")):
@@ -203,7 +201,7 @@ def run_tables(
     if "table4" in parts:
         b, n = settings.set2_setting
         runs.append((2, b, n, SET2, settings.set2_sentences))
-    rows: list[dict[str, object]] = []
+    rows: list[dict[str, Any]] = []
     for set_no, beam, batch, split, sentences in runs:
         note(f"tables: set {set_no} ({split}), beam {beam}, batch {batch}")
         bs = bench_settings(settings, beam, batch, split, sentences)
@@ -213,7 +211,7 @@ def run_tables(
 
 
 def _pairs(
-    rows: Sequence[dict[str, object]], set_no: int, beam: int, batch: int
+    rows: Sequence[dict[str, Any]], set_no: int, beam: int, batch: int
 ) -> dict[str, tuple[dict, dict]]:
     """direction -> (full row, clustered row) of one decoding run."""
     out: dict[str, tuple[dict, dict]] = {}
@@ -237,14 +235,14 @@ def _per_call_us(row: dict[str, Any]) -> float | None:
     return round(1e6 * float(row["projection_seconds"]) / calls, 1) if calls else None
 
 
-def _averages(rows: list[dict[str, object]], key: str = "direction") -> list[dict[str, object]]:
+def _averages(rows: list[dict[str, Any]], key: str = "direction") -> list[dict[str, Any]]:
     """The paper's EX AVG (from English) and XE AVG (into English) rows, where the table has such rows."""
     out = []
     for name, pick in (("EX AVG", lambda d: d.startswith("en-")), ("XE AVG", lambda d: d.endswith("-en"))):
         sub = [r for r in rows if pick(str(r[key]))]
         if not sub:
             continue
-        avg: dict[str, object] = {key: name}
+        avg: dict[str, Any] = {key: name}
         for col, v in sub[0].items():
             if col != key and isinstance(v, (int, float)) and not isinstance(v, bool):
                 vals = [float(r[col]) for r in sub if isinstance(r.get(col), (int, float))]
@@ -255,7 +253,7 @@ def _averages(rows: list[dict[str, object]], key: str = "direction") -> list[dic
     return out
 
 
-def table2(rows: Sequence[dict[str, object]], settings: PaperSettings) -> list[dict[str, object]]:
+def table2(rows: Sequence[dict[str, Any]], settings: PaperSettings) -> list[dict[str, Any]]:
     """Active percentage and projection time per call, full vs clustered, per direction and search setting."""
     out = []
     for beam, batch in settings.settings:
@@ -278,10 +276,10 @@ def table2(rows: Sequence[dict[str, object]], settings: PaperSettings) -> list[d
     return out
 
 
-def table3(rows: Sequence[dict[str, object]], settings: PaperSettings) -> list[dict[str, object]]:
+def table3(rows: Sequence[dict[str, Any]], settings: PaperSettings) -> list[dict[str, Any]]:
     """BLEU full vs clustered, end-to-end speed-up, identical-output and search error rates, per direction:
     one column group per search setting (set 1)."""
-    by_dir: dict[str, dict[str, object]] = {}
+    by_dir: dict[str, dict[str, Any]] = {}
     for beam, batch in settings.settings:
         tag = f"b{beam}_n{batch}"
         for direction, (full, clus) in _pairs(rows, 1, beam, batch).items():
@@ -291,7 +289,7 @@ def table3(rows: Sequence[dict[str, object]], settings: PaperSettings) -> list[d
     return out + _averages(out)
 
 
-def _quality(full: dict[str, Any], clus: dict[str, Any], tag: str) -> dict[str, object]:
+def _quality(full: dict[str, Any], clus: dict[str, Any], tag: str) -> dict[str, Any]:
     return {
         f"bleu_full_{tag}": clus["bleu_full"],
         f"bleu_clus_{tag}": clus["bleu"],
@@ -302,7 +300,7 @@ def _quality(full: dict[str, Any], clus: dict[str, Any], tag: str) -> dict[str, 
     }
 
 
-def table4(rows: Sequence[dict[str, object]], settings: PaperSettings) -> list[dict[str, object]]:
+def table4(rows: Sequence[dict[str, Any]], settings: PaperSettings) -> list[dict[str, Any]]:
     """Table 3's columns on set 2 (the dev split) at the paper's beam 2, batch 20."""
     beam, batch = settings.set2_setting
     out = []
@@ -311,7 +309,7 @@ def table4(rows: Sequence[dict[str, object]], settings: PaperSettings) -> list[d
     return out + _averages(out)
 
 
-def table5(rows: Sequence[dict[str, object]], settings: PaperSettings) -> list[dict[str, object]]:
+def table5(rows: Sequence[dict[str, Any]], settings: PaperSettings) -> list[dict[str, Any]]:
     """Peak RSS of the process while each method decodes (the harness's warm-up sentences), and the map's
     size on disk, at the last search setting of set 1 (the paper's beam 2, batch 20)."""
     beam, batch = settings.settings[-1]
@@ -486,7 +484,7 @@ def set_fractions(counter: ActiveSetCounter) -> np.ndarray:
 
 def figure2(
     direction_states: States, pooled: States, settings: PaperSettings, n_vocab: int, note: Note = _quiet
-) -> list[dict[str, object]]:
+) -> list[dict[str, Any]]:
     """Largest (and mean) active set against r at K = ``fig2_k``, for both ways of building the maps."""
     rows = []
     for scope, states in (("source+target", direction_states), ("target only", pooled)):
@@ -521,7 +519,7 @@ def figure3_and_4(
     states: States,
     settings: PaperSettings,
     note: Note = _quiet,
-) -> tuple[list[dict[str, object]], dict[int, np.ndarray]]:
+) -> tuple[list[dict[str, Any]], dict[int, np.ndarray]]:
     """Figure 3's rows (speed against r per K, with agreement and BLEU) and Figure 4's per-cluster fractions.
 
     Per r: k-means once, one assignment, a map per K (in memory), then full softmax and the K maps decode the
@@ -545,7 +543,7 @@ def figure3_and_4(
     )
     scorer = Scorer(adapter, full, seqs, tgt, settings.max_len, settings.length_penalty)
     sync = adapter.device.type == "cuda"
-    rows: list[dict[str, object]] = []
+    rows: list[dict[str, Any]] = []
     fig4: dict[int, np.ndarray] = {}
     rs = list(settings.fig3_rs) + ([] if settings.fig4_r in settings.fig3_rs else [settings.fig4_r])
     for r in rs:
@@ -721,7 +719,7 @@ def run_paper(
 # ------------------------------------------------------------------------------------------------ writing
 
 
-def figure4_rows(fractions: dict[int, np.ndarray]) -> list[dict[str, object]]:
+def figure4_rows(fractions: dict[int, np.ndarray]) -> list[dict[str, Any]]:
     """One row per centroid index, a column per K (percent)."""
     ks = sorted(fractions)
     n = len(fractions[ks[0]]) if ks else 0
@@ -731,7 +729,7 @@ def figure4_rows(fractions: dict[int, np.ndarray]) -> list[dict[str, object]]:
     ]
 
 
-def write_table(rows: Sequence[dict[str, object]], stem: Path, title: str = "") -> tuple[Path, Path]:
+def write_table(rows: Sequence[dict[str, Any]], stem: Path, title: str = "") -> tuple[Path, Path]:
     """``<stem>.csv`` and ``<stem>.md`` (a pipe table under ``title``); columns: the union of the rows'
     keys."""
     stem.parent.mkdir(parents=True, exist_ok=True)
@@ -781,7 +779,7 @@ def _finish(plt, fig, ax, path: Path, title: str) -> Path:
     return path
 
 
-def plot_figure2(rows: Sequence[dict[str, object]], path: Path, title: str = "") -> Path:
+def plot_figure2(rows: Sequence[dict[str, Any]], path: Path, title: str = "") -> Path:
     """Maximum active percentage against the number of clusters, one line per way of building the maps."""
     plt = _plt()
     fig, ax = plt.subplots(figsize=(6, 4))
@@ -793,7 +791,7 @@ def plot_figure2(rows: Sequence[dict[str, object]], path: Path, title: str = "")
     return _finish(plt, fig, ax, path, title)
 
 
-def plot_figure3(rows: Sequence[dict[str, object]], path: Path, title: str = "") -> Path:
+def plot_figure3(rows: Sequence[dict[str, Any]], path: Path, title: str = "") -> Path:
     """Speed percentage (tokens/s over full softmax's, minus 1) against r, one line per K."""
     plt = _plt()
     fig, ax = plt.subplots(figsize=(7, 4))

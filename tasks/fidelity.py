@@ -34,9 +34,10 @@ import os
 import platform
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -45,7 +46,7 @@ from fastvocab.artifacts_schema.cluster_map import ClusterMap, load_cluster_map,
 from fastvocab.artifacts_schema.corpus import read_direction
 from fastvocab.decoding.hf_adapter import Seq2SeqAdapter
 from fastvocab.decoding.scoring import sequence_scores
-from fastvocab.decoding.search import decode
+from fastvocab.decoding.search import ProjectionLike, decode
 from fastvocab.kernels.base import Projection
 from fastvocab.kernels.clustered import exact_k_for
 from fastvocab.tasks.evaluate import score
@@ -148,7 +149,7 @@ def projection_stats(projection: Projection) -> dict[str, float | None]:
 
 def decode_all(
     adapter: Seq2SeqAdapter,
-    projs: dict[str, Projection],
+    projs: Mapping[str, ProjectionLike],
     seqs: Sequence[list[int]],
     src: str,
     tgt: str,
@@ -193,7 +194,7 @@ class Passes:
 
 def decode_passes(
     adapter: Seq2SeqAdapter,
-    projs: dict[str, Projection],
+    projs: Mapping[str, ProjectionLike],
     seqs: Sequence[list[int]],
     args: tuple[str, str, int, int, int, float],
     repeats: int,
@@ -291,7 +292,7 @@ class Reference:
         scorer: Scorer,
         adapter: Seq2SeqAdapter,
         refs: Sequence[str],
-    ) -> dict[str, object]:
+    ) -> dict[str, Any]:
         """The columns every yardstick row has (fidelity, tune, bench methods): agreement with full softmax
         (:func:`agreement`), BLEU/chrF of both, sentences and tokens per second of both, the speed ratios
         (wall and process CPU, medians) and every pass's wall seconds."""
@@ -327,7 +328,7 @@ def measure_setting(
     batch_size: int,
     settings: FidelitySettings,
     scorer: Scorer,
-) -> list[dict[str, object]]:
+) -> list[dict[str, Any]]:
     """One row per method of ``settings`` at this beam and batch size (see the module's docstring)."""
     projs: dict[str, Projection] = {}
     for m in settings.methods:
@@ -368,11 +369,11 @@ def run_fidelity(
     maps: str | Path,
     directions: Sequence[str],
     settings: FidelitySettings,
-    on_row: Callable[[dict[str, object]], None] | None = None,
-) -> list[dict[str, object]]:
+    on_row: Callable[[dict[str, Any]], None] | None = None,
+) -> list[dict[str, Any]]:
     """Every direction x beam x batch x method of ``settings``; ``on_row`` sees each row as it is done."""
     full = make_projection(adapter, "full")
-    results: list[dict[str, object]] = []
+    results: list[dict[str, Any]] = []
     for direction in directions:
         src, _, tgt = direction.partition("-")
         limit = settings.sentences or None
@@ -394,7 +395,7 @@ def run_fidelity(
     return results
 
 
-def format_row(row: dict[str, object]) -> str:
+def format_row(row: dict[str, Any]) -> str:
     """One line of the results table (see :data:`TABLE_HEADER`)."""
     cols = row["active_columns_per_row"]
     cert = row["certified"] if row["certified"] is not None else row.get("full_rows_far")  # exact | R
@@ -414,7 +415,7 @@ TABLE_HEADER = (
 
 
 def fidelity_record(
-    results: list[dict[str, object]],
+    results: list[dict[str, Any]],
     *,
     command: str,
     adapter: Seq2SeqAdapter,
@@ -426,8 +427,8 @@ def fidelity_record(
     threads: int,
     seconds: float,
     load_before: Sequence[float],
-    extra_meta: dict[str, object] | None = None,
-) -> dict[str, object]:
+    extra_meta: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     """The JSON record of a yardstick run: command, meta (device, model, settings, load) and results."""
     return {
         "benchmark": "fidelity",
@@ -454,10 +455,10 @@ def run_meta(
     *,
     threads: int | None = None,
     finished: bool = True,
-) -> dict[str, object]:
+) -> dict[str, Any]:
     """The meta every benchmark record starts with: when, on what (device, torch, threads, load average
     before and, once ``finished``, after the run) and which model (fingerprint, vocabulary, width, dtype)."""
-    meta: dict[str, object] = {
+    meta: dict[str, Any] = {
         "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "device": device_description(device),
         "torch": torch.__version__,

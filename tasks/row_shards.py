@@ -126,7 +126,8 @@ def _iter_rows(path: Path, columns: list[str], start: int, stop: int) -> Iterato
         missing = [c for c in columns if c not in pf.schema_arrow.names]
         if missing:
             raise ArtifactError(f"corpus file {path} lacks columns {missing}")
-        groups, first, offset = [], 0, 0  # row groups overlapping the range; the first one's first row
+        groups: list[int] = []  # row groups overlapping the range
+        first, offset = 0, 0  # the first one's first row; the running row count
         for g in range(pf.metadata.num_row_groups):
             n = pf.metadata.row_group(g).num_rows
             if offset + n > start and offset < stop:

@@ -159,6 +159,7 @@ def tokenize_pairs(
     src = _sentencepiece_ids(adapter, list(sources), src_lang)
     if src is None:
         src = adapter.tokenize(list(sources), src_lang, tgt_lang)
+    tgt: list[list[int]] | None
     if getattr(adapter, "family", None) == "marian":  # a pair model's target side has its own vocabulary
         tgt = [list(ids) for ids in adapter.tokenizer(text_target=list(targets))["input_ids"]]
     else:  # shared vocabulary: the target text tokenizes like a source text in its own language

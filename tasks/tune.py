@@ -33,6 +33,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -87,7 +88,7 @@ class Candidate:
     def map_key(self) -> tuple[int, int, int]:
         return (self.r, self.k, self.min_count)
 
-    def config_keys(self, beam: int) -> dict[str, object]:
+    def config_keys(self, beam: int) -> dict[str, Any]:
         """The pipeline config keys (configs/demo.yaml) that build and use this map."""
         return {
             "kmeans.r": self.r,
@@ -160,7 +161,7 @@ class TuneSettings:
             for sel in self._pick("selections")
         ]
 
-    def describe(self) -> dict[str, object]:
+    def describe(self) -> dict[str, Any]:
         d = asdict(self)
         d.update(
             rs=list(self._pick("rs")),
@@ -273,7 +274,7 @@ def measure_candidates(
     tgt: str,
     settings: TuneSettings,
     scorer: Scorer,
-) -> list[dict[str, object]]:
+) -> list[dict[str, Any]]:
     """Full softmax and every candidate on the same sentences, batch by batch in turn (the yardstick's
     ``decode_all``); one row per candidate with the yardstick's agreement, BLEU/chrF and speed ratios."""
     everything: dict[str, Projection] = {"full": full, **{c.label: p for c, p in projs.items()}}
@@ -309,7 +310,7 @@ def _sentences(corpus: str | Path, src: str, tgt: str, split: str, n: int) -> tu
 
 
 def survivors(
-    rows: Sequence[dict[str, object]], allowed: int, eta: int, rank_key: str
+    rows: Sequence[dict[str, Any]], allowed: int, eta: int, rank_key: str
 ) -> tuple[list[str], list[str]]:
     """Successive halving's cut after a rung: (labels kept, labels dropped for errors). Kept: the fastest
     ``ceil(n / eta)`` of those with at most ``allowed`` erroneous sentences, plus the fastest error-free."""
@@ -323,7 +324,7 @@ def survivors(
     return keep, over
 
 
-def choose(rows: Sequence[dict[str, object]], budget: float, rank_key: str) -> dict[str, object]:
+def choose(rows: Sequence[dict[str, Any]], budget: float, rank_key: str) -> dict[str, Any]:
     """The fastest row (``rank_key``) whose search error rate is at most ``budget``; BudgetNotMet if none."""
     within = [r for r in rows if float(r["search_errors"]) <= budget + 1e-12]
     if not within:
@@ -343,9 +344,9 @@ def run_tune(
     files: Sequence[Path],
     direction: str,
     settings: TuneSettings,
-    on_row: Callable[[dict[str, object]], None] | None = None,
+    on_row: Callable[[dict[str, Any]], None] | None = None,
     on_note: Callable[[str], None] | None = None,
-) -> dict[str, object]:
+) -> dict[str, Any]:
     """Tune one direction (see the module's docstring). Returns ``{"rows": every measured row (with its
     ``rung``), "chosen": the chosen dev row, "chosen_map": its ClusterMap (normaliser attached),
     "test": the test-split row of the choice, "within_budget_on_test", "map_info", "candidates"}``.
@@ -366,8 +367,8 @@ def run_tune(
     scorer = Scorer(adapter, full, seqs, tgt, settings.max_len, settings.length_penalty)
     allowed = math.floor(settings.budget * rungs[-1] + 1e-9)
     alive = list(cands)
-    rows: list[dict[str, object]] = []
-    last: list[dict[str, object]] = []
+    rows: list[dict[str, Any]] = []
+    last: list[dict[str, Any]] = []
     for i, n in enumerate(rungs):
         note(f"{direction}: rung {i + 1}/{len(rungs)}: {len(alive)} candidates on {n} dev sentences")
         projs = {c: projection_for(adapter, c, maps[c.map_key], settings) for c in alive}
@@ -450,11 +451,11 @@ TABLE_COLUMNS = (
 )
 
 
-def table_rows(rows: Sequence[dict[str, object]]) -> list[list[object]]:
+def table_rows(rows: Sequence[dict[str, Any]]) -> list[list[object]]:
     return [[row.get(c) for c in TABLE_COLUMNS] for row in rows]
 
 
-def write_csv(rows: Sequence[dict[str, object]], path: str | Path) -> Path:
+def write_csv(rows: Sequence[dict[str, Any]], path: str | Path) -> Path:
     import csv
 
     path = Path(path)
@@ -465,7 +466,7 @@ def write_csv(rows: Sequence[dict[str, object]], path: str | Path) -> Path:
     return path
 
 
-def markdown(result: dict[str, object], settings: TuneSettings, direction: str) -> str:
+def markdown(result: dict[str, Any], settings: TuneSettings, direction: str) -> str:
     """The search as a Markdown page: the choice, the test check, every measured row."""
     ch, test = result["chosen"], result["test"]
     budget = 100 * settings.budget

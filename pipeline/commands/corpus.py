@@ -6,6 +6,7 @@ Flags override single fields of the ``corpus`` section of a config file (pipelin
 from __future__ import annotations
 
 import argparse
+from collections.abc import Sequence
 from pathlib import Path
 
 from fastvocab.artifacts_schema.corpus import MANIFEST, SPLITS, mono_path
@@ -83,7 +84,7 @@ def _check_flags(args: argparse.Namespace) -> str:
     return mode
 
 
-def _table(headers: list[str], rows: list[list[object]]) -> str:
+def _table(headers: list[str], rows: Sequence[Sequence[object]]) -> str:
     cells = [headers, *[[f"{c:,}" if isinstance(c, int) else str(c) for c in row] for row in rows]]
     widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
     lines = [

@@ -15,6 +15,7 @@ import shutil
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from fastvocab.pipeline.commands import command_line, int_list
 from fastvocab.pipeline.errors import UserError
@@ -183,7 +184,7 @@ def run(args: argparse.Namespace) -> int:
         flush=True,
     )
 
-    def show(row: dict[str, object]) -> None:
+    def show(row: dict[str, Any]) -> None:
         print(
             f"{row['rung'] + 1:>4} {row['label']:<34} {row['sentences']:>5} {row['search_errors']:>6.3f} "
             f"{row['identical']:>6.3f} {row['speed_ratio']:>6.2f} {row['cpu_ratio']:>6.2f} {row['decided']}",
@@ -270,7 +271,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _closing_meta(t0: float) -> dict[str, object]:
+def _closing_meta(t0: float) -> dict[str, Any]:
     return {
         "loadavg_after": [round(x, 2) for x in os.getloadavg()],
         "seconds_total": round(time.perf_counter() - t0, 1),

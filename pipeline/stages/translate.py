@@ -149,12 +149,12 @@ def run(ctx: StageContext) -> list[StageRecord]:
                 early_stopping=t.early_stopping,
             )
             out = out_dir / f"{method}.parquet"
-            job = MethodJob(method=method, out=str(out), options=options, provenance=prov)
+            mjob = MethodJob(method=method, out=str(out), options=options, provenance=prov)
             found = read_json(sidecar_path(out))
             if out.exists() and found is not None and all(found.get(k) == v for k, v in prov.items()):
-                current.append(job)
+                current.append(mjob)
             else:
-                jobs.append(job)
+                jobs.append(mjob)
         if jobs and any(j.method == "full" for j in current):
             # speed ratios compare methods timed in the same process: time full again with the others
             jobs += [j for j in current if j.method == "full"]
