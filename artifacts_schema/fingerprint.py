@@ -21,8 +21,9 @@ log = logging.getLogger(__name__)
 def projection_fingerprint(weight: np.ndarray, bias: np.ndarray | None) -> str:
     """Hash of the output projection ``W`` [N, d] and ``b`` [N] (or no bias), with N and d.
 
-    Values are hashed as float32 so the same checkpoint loaded in fp16 or fp32 gives the same fingerprint
-    when it was stored in fp16 (fp16 -> fp32 is exact).
+    Values are hashed as float32 (fp16 and bf16 -> fp32 is exact); pass the checkpoint's own values: a
+    float32 checkpoint rounded to fp16 hashes differently (``Seq2SeqAdapter.fingerprint`` reads ``W`` in
+    float32 whatever dtype the model runs in).
     """
     if weight.ndim != 2:
         raise ValueError(f"weight must be [N, d], got shape {weight.shape}")

@@ -250,10 +250,20 @@ class Seq2SeqAdapter:
 
     @property
     def fingerprint(self) -> str:
-        """``projection_fingerprint(W, b)``: ties cluster maps and hidden-state dumps to this model."""
+        """``projection_fingerprint(W, b)`` of the checkpoint's ``W`` and ``b`` read in float32: ties cluster
+        maps and hidden-state dumps to this model whatever dtype it is loaded in.
+
+        A model loaded below float32 from a folder is read once more, in float32 on the CPU, for it: the
+        float16 or bfloat16 rounding of a float32 checkpoint would hash differently, and a map built from the
+        float32 load (the pipeline's ``describe_model``) would be refused by ``--dtype float16``.
+        """
         if self._fingerprint is None:
-            b = None if self.output_bias is None else self.output_bias.float().cpu().numpy()
-            self._fingerprint = projection_fingerprint(self.output_weight.float().cpu().numpy(), b)
+            if self.dtype != torch.float32 and Path(self.path).is_dir():
+                log.debug("fingerprint of %s: reading W in float32 (loaded in %s)", self.path, self.dtype)
+                self._fingerprint = Seq2SeqAdapter.load(self.path, engine="hf").fingerprint
+            else:
+                b = None if self.output_bias is None else self.output_bias.float().cpu().numpy()
+                self._fingerprint = projection_fingerprint(self.output_weight.float().cpu().numpy(), b)
         return self._fingerprint
 
     # ------------------------------------------------------------------ languages

@@ -122,6 +122,17 @@ def test_fingerprint_covers_weight_and_bias(m2m, marian):
     assert marian.fingerprint != projection_fingerprint(wm, None)
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_fingerprint_does_not_depend_on_the_load_dtype(tiny_model_dir, m2m, dtype):
+    """The tiny checkpoint is float32: loaded in a narrower dtype its W rounds (so a hash of the loaded values
+    differs), but the fingerprint stays the float32 one, so maps built from a float32 load still apply."""
+    low = Seq2SeqAdapter.load(tiny_model_dir, dtype=dtype, engine="hf")
+    assert low.output_weight.dtype == dtype
+    rounded = projection_fingerprint(low.output_weight.float().numpy(), None)
+    assert rounded != m2m.fingerprint  # the case the float32 read is for
+    assert low.fingerprint == m2m.fingerprint
+
+
 def test_load_errors(tmp_path):
     missing = tmp_path / "no-such-model"
     with pytest.raises(FileNotFoundError, match="no-such-model"):

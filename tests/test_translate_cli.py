@@ -377,6 +377,18 @@ def test_cli_clustered_method(model_dir, adapter, tmp_path, capsys, mode):
     assert all(h == "" for line, h in zip(_lines(), got, strict=True) if not line.strip())
 
 
+def test_cli_clustered_map_applies_in_another_dtype(model_dir, adapter, tmp_path, capsys):
+    """A map built from the float32 load (as the pipeline builds them) serves ``--dtype bfloat16`` too."""
+    inp, out = tmp_path / "in.txt", tmp_path / "out.txt"
+    inp.write_text("the package\n", encoding="utf-8")
+    maps = tmp_path / "maps"
+    _save_map(adapter, maps, [list(range(adapter.n_vocab))])
+    flags = ("--method", "clustered", "--clusters", str(maps), "--dtype", "bfloat16")
+    rc, _, err = _cli(capsys, *_translate_args(model_dir, inp, out, *flags))
+    assert rc == 0, err
+    assert len(out.read_text(encoding="utf-8").splitlines()) == 1
+
+
 def test_cli_clustered_refuses_foreign_or_missing_map(model_dir, adapter, tmp_path, capsys):
     inp, out = tmp_path / "in.txt", tmp_path / "out.txt"
     inp.write_text("the package\n", encoding="utf-8")
