@@ -15,7 +15,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from fastvocab.kernels import create_projection
 from fastvocab.kernels.clustered_static import StaticUnion, static_union_columns, union_capacity
-from tests.layers import fingerprint, paper_case, random_layer, random_map, rows_near
+from tests.layers import fingerprint, map_from_sets, paper_case, random_layer, random_map, rows_near
 
 # Ops that copy a tensor's value to the host (.item(), int(t), .tolist(), bool(t)) or whose output shape
 # depends on the data (a sync on CUDA): none may run inside the step.
@@ -94,10 +94,34 @@ def test_half_precision_matches_union_mode():
 def test_default_capacity_never_overflows():
     *_, cmap, _, ref = union_case(7, size=60, rows=12)
     su = StaticUnion(ref, rows=12)
-    assert su.capacity == min(ref.n_vocab, 12 * max(ref._map.sizes))
+    covered = len(set(cmap.indices.tolist()))  # 440 of 500: sixteen sets of 60 overlap
+    assert su.capacity == min(covered, 12 * max(ref._map.sizes))
     for seed in range(5):
         which = np.random.default_rng(100 + seed).integers(0, 16, 12).tolist()
         assert not bool(su.step(rows_near(cmap, which, seed=seed)).overflow)
+
+
+def test_default_capacity_is_at_most_the_ids_the_map_holds():
+    """Sets drawn from a pool of 60 ids out of 500: past a few rows the sum of set sizes exceeds the pool,
+    and the bound is the pool (the ids in any set), not N; every cluster in the batch still fits."""
+    w, b = random_layer(500, 24, seed=5)
+    pool = np.random.default_rng(5).choice(500, 60, replace=False)
+    sets = [np.random.default_rng(c).choice(pool, 30, replace=False).tolist() for c in range(16)]
+    centroids = 3.0 * np.random.default_rng(6).standard_normal((16, 24))
+    cmap = map_from_sets(centroids, sets, 500, fingerprint(w, b))
+    ref = create_projection("clustered", w, b, cluster_map=cmap, selection="union", cache_mb=0)
+    covered = len(set().union(*sets))
+    assert (
+        union_capacity(ref._map.sizes, 16, 500) == 480
+        and union_capacity(ref._map.sizes, 16, 500, covered) == covered
+    )
+    su = StaticUnion(ref, rows=16)
+    assert su.capacity == covered <= 60
+    h = rows_near(cmap, list(range(16)))  # every cluster at once: the largest union the map can give
+    want = ref(h)
+    out = su.step(h)
+    assert not bool(out.overflow) and int(out.count) == want.ids.numel() == covered
+    torch.testing.assert_close(out.logits[:, :covered], want.logits, rtol=1e-6, atol=1e-6)
 
 
 def test_overflow_is_flagged_and_falls_back_to_full_logits():
