@@ -355,17 +355,16 @@ def test_signal_stops_the_run_closes_mlflow_as_killed_and_releases_the_lock(
     assert run.info.status == "KILLED"
 
 
-def test_sigterm_mid_dump_in_a_real_process_exits_143_and_the_next_run_resumes(
-    tiny_model_dir, corpus, tmp_path
-):
-    """The real thing: ``fastvocab run`` with local Ray, SIGTERM while the dump workers decode."""
+def test_sigterm_mid_dump_in_a_real_process_exits_143_and_the_next_run_resumes(tiny_model_dir, tmp_path):
+    """The real thing: ``fastvocab run`` with local Ray, SIGTERM while the dump workers decode.
+
+    100 shards of 2 sentences: on a fast machine 20 shards were all written between the second one and
+    the signal's arrival, leaving nothing to resume."""
     pytest.importorskip("ray")
-    cfg = _config(
-        tmp_path,
-        tiny_model_dir,
-        corpus,
-        dump={"sentences": 40, "k": 3, "batch_size": 2, "shard_sentences": 2, "max_len": 8, "num_workers": 1},
-    )
+    shards = 100
+    corpus = _write_corpus(tmp_path / "corpus", n=2 * shards)
+    dump = {"sentences": 2 * shards, "k": 3, "batch_size": 2, "shard_sentences": 2, "max_len": 8}
+    cfg = _config(tmp_path, tiny_model_dir, corpus, dump={**dump, "num_workers": 1})
     work = tmp_path / "work"
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     env.pop("MLFLOW_TRACKING_URI", None)
@@ -397,7 +396,8 @@ def test_sigterm_mid_dump_in_a_real_process_exits_143_and_the_next_run_resumes(
     assert not (work / LOCK_FILE).exists()
     assert not list(work.rglob("*.tmp")), "no temporary files left behind"
     done = sorted(p.name for p in states.glob("part-*.parquet"))
-    assert 2 <= len(done) < 20
+    print(f"{len(done)} of {shards} shards written before the signal")
+    assert 2 <= len(done) < shards
     from mlflow import MlflowClient
 
     client = MlflowClient(f"sqlite:///{work.resolve() / 'mlflow.db'}")
@@ -409,7 +409,7 @@ def test_sigterm_mid_dump_in_a_real_process_exits_143_and_the_next_run_resumes(
         [*cmd, "--no-mlflow"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
     )
     assert res.returncode == 0, res.stderr[-3000:]
-    assert f"{20 - len(done)} of 20 shards written" in res.stdout, res.stdout
+    assert f"{shards - len(done)} of {shards} shards written" in res.stdout, res.stdout
     assert {p: (states / p).stat().st_mtime_ns for p in mtimes} == mtimes  # finished shards kept
     validate_direction(work / "states", "en-it")
 
