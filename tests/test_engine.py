@@ -538,3 +538,28 @@ def test_translate_with_graphs_equals_the_eager_search(demo, monkeypatch, beam):
     per_row = make_projection(demo, "clustered", cluster_map=cmap, selection="per-row")
     with pytest.raises(ValueError, match="no capturable output"):
         translate(demo, per_row, DEMO_SOURCES[:2], "en", "it", graphs=True, **kw)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_translate_with_graphs_in_half_precision(demo, monkeypatch, dtype):
+    """The GPU decodes in float16: the comparison above in float16 and bfloat16 on CPU (the engine's, the
+    fixed-shape step's and the static union's half-precision paths), with the map built from the float32
+    load, as the pipeline builds maps (so the half-precision adapter must carry the float32 fingerprint)."""
+    from fastvocab.kernels.clustered import clustered_options
+    from fastvocab.tasks.translate import make_projection, translate
+
+    cmap = map_from_decoding(demo, make_projection(demo, "full"), beam=2, max_len=40)
+    half = Seq2SeqAdapter.load(DEMO_MODEL, dtype=dtype)
+    assert half.engine == "static" and half.fingerprint == demo.fingerprint
+    monkeypatch.setattr(search, "CPU_SYNC_EVERY", 1000)
+    for beam in (1, 2):
+        opts = clustered_options("union", "auto", False, beam)
+        kw = dict(beam=beam, batch_size=3, max_len=40, progress=False, workers=1)
+        for proj in (
+            make_projection(half, "full"),
+            make_projection(half, "clustered", cluster_map=cmap, **opts),
+        ):
+            want = translate(half, proj, DEMO_SOURCES, "en", "it", **kw)
+            assert any(want.hypotheses)
+            got = translate(half, proj, DEMO_SOURCES, "en", "it", graphs=True, **kw)
+            assert got.hypotheses == want.hypotheses
