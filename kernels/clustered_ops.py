@@ -9,6 +9,7 @@ Shapes: ``h`` (rows, d); ``weight`` (N, d), one vocabulary entry contiguous; ``b
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -48,6 +49,11 @@ class PreparedMap:
     @property
     def max_size(self) -> int:
         return max(self.sizes)
+
+    @functools.cached_property
+    def covered(self) -> int:
+        """How many distinct ids the sets hold together (what no union can exceed); counted once."""
+        return int(torch.unique(self.indices).numel())
 
 
 def merged_csr(

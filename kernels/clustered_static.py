@@ -206,8 +206,7 @@ class StaticUnion:
         if capacity is None:
             if rows is None:
                 raise ValueError("give capacity, or rows to size the overflow-free capacity")
-            covered = int(torch.unique(pm.indices).numel())  # once per union, not per step
-            capacity = union_capacity(pm.sizes, rows, self.n_vocab, covered)
+            capacity = union_capacity(pm.sizes, rows, self.n_vocab, pm.covered)
         if not 1 <= capacity <= self.n_vocab:
             raise ValueError(f"capacity must be in [1, {self.n_vocab}], got {capacity}")
         self.capacity = int(capacity)
