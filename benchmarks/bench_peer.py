@@ -12,7 +12,8 @@ load excluded), interleaved round by round after a warm-up on one batch, median 
 
 - ``fastvocab full fp32`` / ``clustered fp32``: ``tasks.translate.translate`` (what ``fastvocab translate``
   runs) with the static decoder engine; full = ``kernels.full`` (on CPU fp32 with W pre-packed for oneDNN);
-  clustered = union mode with the pipeline's map (``--maps``);
+  clustered = union mode with the pipeline's map (``--maps``) and ``--inactive-mass`` as ``fastvocab
+  translate`` takes it (default ``auto``: no estimate for greedy, the map's normaliser for beam search);
 - ``fastvocab full fp32, F.linear on W`` (``--with-unpacked``): full without the pre-packed weights
   (``prepack=False``), to measure what packing gives in the same rounds;
 - ``fastvocab full int8`` / ``clustered int8``: the same after ``Seq2SeqAdapter.quantize_int8()`` (encoder
@@ -72,6 +73,7 @@ import torch
 from bench_meta import cpu_name, git_commit
 
 from fastvocab.decoding.search import parse_early_stopping, stopping_rule
+from fastvocab.kernels.clustered import BEAM_INACTIVE_MASS, INACTIVE_MASS, clustered_options
 from fastvocab.tasks.evaluate import score, search_error_rate
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -157,7 +159,11 @@ class Ct2System:
 
 
 def fastvocab_system(adapter, projection, args) -> Callable[[list[str], int], tuple[float, list[str]]]:
+    """``projection``: one projection for every beam, or a function ``beam -> projection`` (clustered: the
+    inactive-mass estimate depends on the beam, as in ``fastvocab translate``)."""
     from fastvocab.tasks.translate import translate
+
+    for_beam = projection if callable(projection) and not hasattr(projection, "signature") else None
 
     def run(lines: list[str], beam: int) -> tuple[float, list[str]]:
         # Creating a ctranslate2.Translator sets the calling thread's OpenMP thread count to its
@@ -165,7 +171,7 @@ def fastvocab_system(adapter, projection, args) -> Callable[[list[str], int], tu
         torch.set_num_threads(args.threads)
         r = translate(
             adapter,
-            projection,
+            projection if for_beam is None else for_beam(beam),
             lines,
             args.src_lang,
             args.tgt_lang,
@@ -211,12 +217,24 @@ def build_systems(args) -> tuple[dict[str, Callable], dict]:
             )
 
         map_dir = resolve_map_dir(args.maps, args.src_lang, args.tgt_lang)
-        clustered = make_projection(a32, "clustered", cluster_map=map_dir)  # union selection (default)
+        beams = sorted({int(b) for b in args.beams.split(",")})
+        # union selection with --inactive-mass as fastvocab translate reads it (auto: none for greedy, the
+        # normaliser for beam search), one projection per beam, built before any timing
+        by_beam = {
+            beam: make_projection(
+                a32,
+                "clustered",
+                cluster_map=map_dir,
+                **clustered_options("union", args.inactive_mass, False, beam),
+            )
+            for beam in beams
+        }
+        clustered = by_beam.__getitem__
         systems["fastvocab clustered fp32"] = fastvocab_system(a32, clustered, args)
         if not args.no_int8:
             systems["fastvocab clustered int8"] = fastvocab_system(a8, clustered, args)
         info["map"] = str(map_dir)
-        info["map_signature"] = clustered.signature()
+        info["map_signature"] = {f"beam{b}": p.signature() for b, p in by_beam.items()}
     if args.with_hf:
         hf = Seq2SeqAdapter.load(args.model, engine="hf")
         systems["fastvocab-hf full fp32"] = fastvocab_system(hf, full, args)
@@ -339,6 +357,13 @@ def main(argv: list[str] | None = None) -> int:
         help="fastvocab's beam stopping rule (translate --early-stopping; default: the model's). CTranslate2 "
         "stops a sentence once beam hypotheses are finished (patience 1), generate's early_stopping=True: "
         "'true' compares the two at the same rule",
+    )
+    p.add_argument(
+        "--inactive-mass",
+        default="auto",
+        choices=["auto", *INACTIVE_MASS],
+        help="the clustered systems' estimate of the mass not computed, as fastvocab translate takes it "
+        f"(default auto: none for greedy, {BEAM_INACTIVE_MASS} for beam search)",
     )
     p.add_argument("--engine", default="auto", choices=["auto", "static", "hf"])
     p.add_argument("--no-int8", action="store_true", help="skip the fastvocab int8 systems")
