@@ -163,6 +163,15 @@ def local_run(inputs):
     return root / "local"
 
 
+def _finished_shards(states: Path) -> list[Path]:
+    """The dump's finished shard files (one folder level down: the writer's temporary folders beside them come
+    and go while this looks, and a recursive walk into one that vanished raised FileNotFoundError)."""
+    try:
+        return list(states.glob("direction=*/part-*.parquet"))
+    except FileNotFoundError:  # the states folder itself, or a direction's, not yet created
+        return []
+
+
 def test_run_on_two_nodes_survives_a_killed_worker_and_equals_a_local_run(cluster, inputs, local_run):
     root, model = inputs
     cfg = _config(root, model, "cluster")
@@ -178,7 +187,7 @@ def test_run_on_two_nodes_survives_a_killed_worker_and_equals_a_local_run(cluste
         while proc.poll() is None and time.time() < deadline:
             workers = _cluster_workers(cluster["temp_dir"])
             nodes |= {raylet for _, raylet in workers}
-            if killed is None and workers and list((root / "cluster" / "states").rglob("part-*.parquet")):
+            if killed is None and workers and _finished_shards(root / "cluster" / "states"):
                 killed = workers[0][0]
                 os.kill(killed, signal.SIGKILL)
             time.sleep(0.2)
