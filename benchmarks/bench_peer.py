@@ -159,11 +159,9 @@ class Ct2System:
 
 
 def fastvocab_system(adapter, projection, args) -> Callable[[list[str], int], tuple[float, list[str]]]:
-    """``projection``: one projection for every beam, or a function ``beam -> projection`` (clustered: the
+    """``projection``: one projection for every beam, or a dict beam -> projection (clustered: the
     inactive-mass estimate depends on the beam, as in ``fastvocab translate``)."""
     from fastvocab.tasks.translate import translate
-
-    for_beam = projection if callable(projection) and not hasattr(projection, "signature") else None
 
     def run(lines: list[str], beam: int) -> tuple[float, list[str]]:
         # Creating a ctranslate2.Translator sets the calling thread's OpenMP thread count to its
@@ -171,7 +169,7 @@ def fastvocab_system(adapter, projection, args) -> Callable[[list[str], int], tu
         torch.set_num_threads(args.threads)
         r = translate(
             adapter,
-            projection if for_beam is None else for_beam(beam),
+            projection[beam] if isinstance(projection, dict) else projection,
             lines,
             args.src_lang,
             args.tgt_lang,
@@ -220,7 +218,7 @@ def build_systems(args) -> tuple[dict[str, Callable], dict]:
         beams = sorted({int(b) for b in args.beams.split(",")})
         # union selection with --inactive-mass as fastvocab translate reads it (auto: none for greedy, the
         # normaliser for beam search), one projection per beam, built before any timing
-        by_beam = {
+        clustered = {
             beam: make_projection(
                 a32,
                 "clustered",
@@ -229,12 +227,11 @@ def build_systems(args) -> tuple[dict[str, Callable], dict]:
             )
             for beam in beams
         }
-        clustered = by_beam.__getitem__
         systems["fastvocab clustered fp32"] = fastvocab_system(a32, clustered, args)
         if not args.no_int8:
             systems["fastvocab clustered int8"] = fastvocab_system(a8, clustered, args)
         info["map"] = str(map_dir)
-        info["map_signature"] = {f"beam{b}": p.signature() for b, p in by_beam.items()}
+        info["map_signature"] = {f"beam{b}": p.signature() for b, p in clustered.items()}
     if args.with_hf:
         hf = Seq2SeqAdapter.load(args.model, engine="hf")
         systems["fastvocab-hf full fp32"] = fastvocab_system(hf, full, args)

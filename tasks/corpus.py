@@ -173,7 +173,7 @@ class _SplitPlan:
     stats: dict[str, int]
 
 
-def _in_memory(rows: list[Row]) -> RowSource:
+def _in_memory(rows: Sequence[Row]) -> RowSource:
     return lambda: rows
 
 
@@ -263,8 +263,8 @@ def split_rows(
     because one of their texts is held out in an earlier split. The corpus files are written by the same
     steps, streamed (:func:`_write_pair`).
     """
-    plan = _plan_split(lambda: rows, dev_size=dev_size, test_size=test_size, seed=seed)
-    out = {**plan.rows, "train": list(_train_rows(lambda: rows, plan))}
+    plan = _plan_split(_in_memory(rows), dev_size=dev_size, test_size=test_size, seed=seed)
+    out = {**plan.rows, "train": list(_train_rows(_in_memory(rows), plan))}
     stats = {k: plan.stats[k] for k in ("dev_dropped_overlap", "train_dropped_overlap")}
     return out, stats
 
