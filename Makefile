@@ -4,8 +4,8 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 BIN := $(abspath $(VENV))/bin
 CONFIG ?= configs/demo.yaml
-# The rooms (shared/DESIGN.md); setup.py installs each as fastvocab.<room>.
-ROOMS := artifacts_schema kernels decoding tasks pipeline
+# The rooms (docs/ARCHITECTURE.md); setup.py installs each as fastvocab.<room>.
+ROOMS := artifacts_schema kernels decoding tasks experiments training pipeline
 VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
 # The strict editable install's link tree: fastvocab/ laid out as in the wheel, one link per packaged file.
 # lint-imports and mypy run inside it; from the repository root they would find fastvocab/ with

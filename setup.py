@@ -1,6 +1,6 @@
 """Which packages fastvocab ships and where their sources are (all other metadata is in pyproject.toml).
 
-The rooms are top-level folders (shared/DESIGN.md, "Rooms") that install as ``fastvocab.<room>``, so no
+The rooms are top-level folders (docs/ARCHITECTURE.md, "Rooms") that install as ``fastvocab.<room>``, so no
 top-level ``tasks`` or ``pipeline`` lands in site-packages. setuptools maps a package to a folder with
 ``package_dir`` and a subpackage follows its parent (``fastvocab.pipeline.commands`` is
 ``pipeline/commands/``), but its automatic discovery cannot put the ``fastvocab.`` prefix in front of the
@@ -11,7 +11,7 @@ packaging; tests/test_packaging.py builds the wheel and checks that it holds eve
 
 from setuptools import find_packages, setup
 
-ROOMS = ("artifacts_schema", "kernels", "decoding", "tasks", "pipeline")
+ROOMS = ("artifacts_schema", "kernels", "decoding", "tasks", "experiments", "training", "pipeline")
 
 setup(
     package_dir={"fastvocab": "fastvocab", **{f"fastvocab.{room}": room for room in ROOMS}},

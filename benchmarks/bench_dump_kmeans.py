@@ -40,7 +40,7 @@ def random_demo_like_model(out: Path) -> Path:
     import torch
     from transformers import M2M100ForConditionalGeneration
 
-    from fastvocab.tasks.demo_model import PRESETS, build_tokenizer, model_config, train_sentencepiece
+    from fastvocab.training.demo_model import PRESETS, build_tokenizer, model_config, train_sentencepiece
 
     texts = [line for lang in ("en", "it") for line in source_sentences(lang, 3000)]
     arch = dict(PRESETS["tiny"])

@@ -4,7 +4,7 @@
     .venv/bin/python benchmarks/bench_fidelity.py --grid full   # beam 1, 2, 4, 5 x batch 1, 32
     .venv/bin/python benchmarks/bench_fidelity.py --beams 1,4 --batches 1,32 --sentences 300
 
-The measuring is ``fastvocab.tasks.fidelity`` (what each field means is in its docstring), shared with
+The measuring is ``fastvocab.experiments.fidelity`` (what each field means is in its docstring), shared with
 ``fastvocab bench fidelity``; this script adds the commit and the CPU's name to the record and writes
 ``benchmarks/results/fidelity-<device>-<date>[-<tag>].json``.
 """

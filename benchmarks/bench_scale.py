@@ -121,7 +121,7 @@ def build_tiny_model(root: Path) -> Path:
     import torch
     from transformers import M2M100ForConditionalGeneration
 
-    from fastvocab.tasks.demo_model import build_tokenizer, model_config, train_sentencepiece
+    from fastvocab.training.demo_model import build_tokenizer, model_config, train_sentencepiece
 
     sys.path.insert(0, str(ROOT))
     from tests.conftest import LANGS, TINY_ARCH, synthetic_sentences

@@ -29,7 +29,7 @@ import torch
 from bench_meta import git_commit
 
 from fastvocab.artifacts_schema.corpus import available_pairs, read_direction
-from fastvocab.tasks.train_demo import TEST_SCORES_MARKER, load_saved_model, translate
+from fastvocab.training import TEST_SCORES_MARKER, load_saved_model, translate
 
 ROOT = Path(__file__).resolve().parent.parent
 FASTVOCAB = str(Path(sys.executable).with_name("fastvocab"))

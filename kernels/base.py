@@ -187,6 +187,12 @@ class Projection:
         """The method's settings, for the reproducibility signature (override to add yours)."""
         return {}
 
+    def stats(self) -> dict[str, float | None]:
+        """What the method counted over its calls so far: active columns per decoder row, the share of rows
+        with an exactness certificate and of rows sent to the full projection for being far from their
+        centroid; None where the method keeps no such count (override to report yours)."""
+        return {"active_columns_per_row": None, "certified_fraction": None, "far_fraction": None}
+
     def signature(self) -> str:
         """``method:clustered|mode:union|...|fastvocab:0.1.0|model:<fingerprint>`` (sacrebleu-style)."""
         parts = [f"method:{self.name}"] + [f"{k}:{v}" for k, v in sorted(self.options().items())]

@@ -62,7 +62,7 @@ SELECTIONS = ("union", "per-row")  # which columns each row gets: the batch's un
 INACTIVE_MASS = ("none", "centroid", "moments", "normaliser")
 # A diagnostic, not a method (no CLI choice): the exact log-mass of the columns not computed, from the full
 # logits of every row. It separates search errors due to the sets from those due to the estimate of their
-# mass (tasks/fidelity.py, issue 10); it costs more than the full projection.
+# mass (experiments/fidelity.py, issue 10); it costs more than the full projection.
 ORACLE_MASS = "oracle"
 DEFAULT_NORMALISER_RANK = 32  # when a map has no normaliser for the sets in use and it is computed here
 BACKENDS = ("auto", "torch", "cupy")
@@ -295,6 +295,16 @@ class ClusteredProjection(Projection):
     def reset_counters(self) -> None:
         for key in self.counters:
             self.counters[key] = 0
+
+    def stats(self) -> dict[str, float | None]:
+        rows = self.counters["rows"]
+        if not rows:
+            return super().stats()
+        return {
+            "active_columns_per_row": self.counters["columns"] / rows,
+            "certified_fraction": self.certified_fraction,
+            "far_fraction": self.counters["far"] / rows if self.mass_radius else None,
+        }
 
     @property
     def certified_fraction(self) -> float | None:

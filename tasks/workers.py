@@ -17,7 +17,6 @@ from fastvocab.artifacts_schema.jsonfile import write_json
 from fastvocab.artifacts_schema.translations import sidecar_path, write_translations
 from fastvocab.tasks.context import RunContext
 from fastvocab.tasks.dump import DumpActor, DumpSettings, ShardSpec, run_dump_shard
-from fastvocab.tasks.fidelity import projection_stats
 from fastvocab.tasks.row_shards import RowRangeSpec, as_shard_spec
 from fastvocab.tasks.stream import run_stream_shard
 from fastvocab.tasks.translate import SearchSettings, make_projection, translate
@@ -112,7 +111,7 @@ class TranslateWorker:
                 "sentences": res.sentences,
                 "tokens_per_s": res.tokens_per_second,
                 "sentences_per_s": res.sentences_per_second,
-                **projection_stats(projection),  # active columns per row, certified share (clustered)
+                **projection.stats(),  # active columns per row, certified share (clustered)
             }
             write_json(sidecar_path(out), record)
             results.append(record)

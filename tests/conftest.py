@@ -34,7 +34,7 @@ def tiny_model_dir(tmp_path_factory) -> Path:
     import torch
     from transformers import M2M100ForConditionalGeneration
 
-    from fastvocab.tasks.demo_model import build_tokenizer, model_config, train_sentencepiece
+    from fastvocab.training.demo_model import build_tokenizer, model_config, train_sentencepiece
 
     root = tmp_path_factory.mktemp("tiny_model")
     texts = [s for lang in LANGS for s in synthetic_sentences(lang, 300)]

@@ -137,7 +137,7 @@ def test_bench_methods_writes_every_method_the_plot_and_mlflow(
 
 
 def test_pareto_front_keeps_the_undominated_points():
-    from fastvocab.tasks.bench_methods import pareto_front
+    from fastvocab.experiments.bench_methods import pareto_front
 
     pts = [(0.0, 1.0), (0.1, 2.0), (0.2, 1.5), (0.5, 3.0), (0.0, 0.9)]
     assert pareto_front(pts) == [0, 1, 3]

@@ -46,7 +46,7 @@ def work(tmp_path_factory, tiny_model_dir, corpus) -> Path:
     from fastvocab.artifacts_schema.cluster_map import save_cluster_map
     from fastvocab.artifacts_schema.fingerprint import ModelRef
     from fastvocab.decoding.hf_adapter import Seq2SeqAdapter
-    from fastvocab.tasks import experiment_paper as ep
+    from fastvocab.experiments import experiment_paper as ep
     from fastvocab.tasks.maps import make_cluster_map
 
     work = tmp_path_factory.mktemp("work")
@@ -138,7 +138,7 @@ def test_paper_end_to_end(tiny_model_dir, corpus, work, tmp_path):
 
 
 def test_table_arithmetic():
-    from fastvocab.tasks import experiment_paper as ep
+    from fastvocab.experiments import experiment_paper as ep
 
     def row(direction, method, **kw):
         base = {
@@ -182,7 +182,7 @@ def test_load_states_sentence_budget(tmp_path):
     topk = np.arange(27, dtype=np.int32).reshape(9, 3)
     path = tmp_path / "part-00000.parquet"
     pq.write_table(shard_table(meta, sent, step, hidden, topk), path)
-    from fastvocab.tasks.experiment_paper import load_states
+    from fastvocab.experiments.experiment_paper import load_states
 
     two = load_states([path], 2)
     assert two.sentences == 2 and len(two.hidden) == 5 and two.topk[-1].tolist() == [12, 13, 14]

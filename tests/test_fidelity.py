@@ -349,7 +349,7 @@ def test_fastvocab_bench_fidelity_writes_the_record_and_prints_the_table(
 def test_radius_and_oracle_methods_of_the_yardstick(tmp_path, adapter, mixed_map):
     """``normaliser@R`` (far rows to full softmax) and the ``oracle`` diagnostic, in process."""
     from fastvocab.artifacts_schema.cluster_map import save_cluster_map
-    from fastvocab.tasks.fidelity import FidelitySettings, method_options, run_fidelity
+    from fastvocab.experiments.fidelity import FidelitySettings, method_options, run_fidelity
 
     for bad in ("clustered@8", "normaliser@x", "normaliser@0", "exact@2"):
         with pytest.raises(ValueError, match="unknown methods"):

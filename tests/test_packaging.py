@@ -19,7 +19,7 @@ import tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
 # The rooms of the design card, in import order (pipeline -> ... -> artifacts_schema).
-ROOMS = ("pipeline", "tasks", "decoding", "kernels", "artifacts_schema")
+ROOMS = ("pipeline", "experiments", "training", "tasks", "decoding", "kernels", "artifacts_schema")
 PACKAGING_FILES = ("pyproject.toml", "setup.py", "README.md")
 IGNORE = shutil.ignore_patterns("__pycache__", "*.pyc")
 

@@ -28,7 +28,7 @@ def _fit_eos_model(tok, tiny_model_dir, seed: int):
     """A random M2M100 with larger weights and an EOS row fitted so sentences stop at chosen steps."""
     from transformers import M2M100ForConditionalGeneration
 
-    from fastvocab.tasks.demo_model import model_config
+    from fastvocab.training.demo_model import model_config
 
     config = model_config(TINY_ARCH, tok, max_positions=128)
     config.tie_word_embeddings = False

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from fastvocab.artifacts_schema.corpus import CORPUS_SCHEMA
-from fastvocab.tasks.train_demo import (
+from fastvocab.training import (
     BatchStream,
     TrainConfig,
     collate,
@@ -175,7 +175,7 @@ def test_train_resume_save_reload(corpus, tmp_path):
 
 
 def test_resumed_session_may_change_lr_and_is_recorded(corpus, tmp_path):
-    from fastvocab.tasks.train_demo import inverse_sqrt
+    from fastvocab.training import inverse_sqrt
 
     train_demo(micro_config(corpus, tmp_path, max_steps=4, lr=1e-3, dev_sentences=1))
     result = train_demo(micro_config(corpus, tmp_path, max_steps=6, lr=2e-3, dropout=0.0, dev_sentences=1))
@@ -221,7 +221,7 @@ def test_cli_help_and_bad_input(tmp_path, capsys):
 def test_chunked_loss_matches_plain_loss_and_gradients(tiny_model_dir):
     from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
-    from fastvocab.tasks.train_demo import seq2seq_loss
+    from fastvocab.training import seq2seq_loss
 
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
     model = AutoModelForSeq2SeqLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()

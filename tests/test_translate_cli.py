@@ -26,7 +26,7 @@ def model_dir(tiny_model_dir, tmp_path_factory):
     """The tiny model with larger random weights, so that different sources get different outputs."""
     from transformers import AutoTokenizer, M2M100ForConditionalGeneration
 
-    from fastvocab.tasks.demo_model import model_config
+    from fastvocab.training.demo_model import model_config
 
     tok = AutoTokenizer.from_pretrained(tiny_model_dir, local_files_only=True)
     torch.manual_seed(3)

@@ -124,7 +124,7 @@ def test_tune_picks_the_fastest_configuration_within_the_budget(work, tiny_model
 
 
 def test_a_budget_nothing_meets_is_a_clear_error(work, tiny_model_dir, tmp_path, capsys):
-    from fastvocab.tasks.tune import BudgetNotMet, choose
+    from fastvocab.experiments.tune import BudgetNotMet, choose
 
     rows = [
         {"label": "a", "search_errors": 0.2, "speed_ratio": 2.0, "sentences": 10},

@@ -24,7 +24,7 @@ data position and RNG states are restored exactly.
 
 Architecture: ``--preset cpu`` (default), the committed model's (32K vocabulary, d_model 256, 4+2 layers,
 13.5M parameters, 27 MB in fp16: the tree's 40 MB budget for models/ holds it; ``base`` is 80 MB in fp16);
-GPU hyperparameters by default (16K-token batches, dropout 0.1). Only the core and ``tasks.train_demo`` are
+GPU hyperparameters by default (16K-token batches, dropout 0.1). Only the core and ``training`` are
 imported: no pydantic (``pipeline``), Ray or MLflow.
 """
 
@@ -93,7 +93,7 @@ def restore_from_parts(parts_dir: Path, work: Path, n_prev: int, weights: Path |
     ``models/demo`` once replaced by them: then only the 1 MiB resume tar has to be carried)."""
     from transformers import M2M100ForConditionalGeneration
 
-    from fastvocab.tasks.train_demo.checkpoint import CHECKPOINT, save_checkpoint
+    from fastvocab.training.checkpoint import CHECKPOINT, save_checkpoint
 
     resume_tar = parts_dir / f"train-{n_prev}-resume.tar"
     parts = sorted(parts_dir.glob(f"train-{n_prev}-model.tar.part*"))
@@ -125,7 +125,7 @@ def restore_from_parts(parts_dir: Path, work: Path, n_prev: int, weights: Path |
 def write_parts(out_dir: Path, n: int, model_dir: Path, work: Path) -> list[str]:
     """``train-N-resume.tar`` (SentencePiece + the checkpoint without weights and optimizer, ~1 MiB) and
     ``train-N-model.tar.partNN`` (the saved model folder, in parts of at most ``PART_BYTES``)."""
-    from fastvocab.tasks.train_demo.checkpoint import CHECKPOINT
+    from fastvocab.training.checkpoint import CHECKPOINT
 
     ckpt = torch.load(work / CHECKPOINT, map_location="cpu", weights_only=False)
     small = {k: v for k, v in ckpt.items() if k not in ("model", "optimizer")}
@@ -157,8 +157,8 @@ def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, str(ROOT / "benchmarks"))
     from bench_meta import git_commit
 
-    from fastvocab.tasks.train_demo import TrainConfig, train_demo
-    from fastvocab.tasks.train_demo.checkpoint import CHECKPOINT
+    from fastvocab.training import TrainConfig, train_demo
+    from fastvocab.training.checkpoint import CHECKPOINT
 
     args.out.mkdir(parents=True, exist_ok=True)
     log_path = args.out / f"train-{args.n}.log"

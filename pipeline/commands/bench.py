@@ -1,12 +1,12 @@
 """``fastvocab bench``: measurements a user can rerun on their own model and maps.
 
-``fastvocab bench fidelity``: the fidelity yardstick of ``tasks/fidelity.py`` (issue 10), which
+``fastvocab bench fidelity``: the fidelity yardstick of ``experiments/fidelity.py`` (issue 10), which
 ``benchmarks/bench_fidelity.py`` also runs: decode a direction's test sentences with full softmax and with
 clustered methods, same search and settings, and report per direction, beam, batch and method the
 identical-output rate, the search error rate, BLEU, active columns per row, the certified share and speed.
 
 ``fastvocab bench methods``: every output-layer method (full, clustered union and per-row, lsh, graph,
-shortlist) over a grid of its parameters (``tasks/bench_methods.py``, which reuses the yardstick's decoding
+shortlist) over a grid of its parameters (``experiments.bench_methods``, which reuses the yardstick's decoding
 and scoring): speed, projection time, candidates per row, search errors, BLEU/chrF, peak RSS, offline build
 time and artifact size; writes a JSON record and a PNG (speed ratio against search error rate, Pareto front
 marked) and logs both to MLflow with ``--mlflow`` or ``--work-dir``.
@@ -77,7 +77,7 @@ def fidelity_parser(description: str) -> argparse.ArgumentParser:
 
 
 def add_fidelity_arguments(p: argparse.ArgumentParser) -> None:
-    from fastvocab.tasks.fidelity import DEFAULT_METHODS, GRIDS, METHODS, FidelitySettings
+    from fastvocab.experiments.fidelity import DEFAULT_METHODS, GRIDS, METHODS, FidelitySettings
 
     d = FidelitySettings()
     p.add_argument("--model", type=Path, default=Path("models/demo"), help="model folder (models/demo)")
@@ -124,7 +124,7 @@ def run_fidelity_command(
 
     from fastvocab.artifacts_schema.jsonfile import write_json
     from fastvocab.decoding.hf_adapter import Seq2SeqAdapter
-    from fastvocab.tasks.fidelity import (
+    from fastvocab.experiments.fidelity import (
         GRIDS,
         TABLE_HEADER,
         FidelitySettings,
@@ -205,8 +205,8 @@ METHODS_HELP = "every output-layer method over a parameter grid: speed vs search
 
 METHODS_DESCRIPTION = """\
 Decode the first --sentences sentences of the --split of each direction with full softmax and with every
-point of a parameter grid of each method, same search and settings, in one process (tasks/bench_methods.py;
-the decoding and scoring are the fidelity yardstick's), and record per point:
+point of a parameter grid of each method, same search and settings, in one process
+(experiments/bench_methods.py; the decoding and scoring are the fidelity yardstick's), and record per point:
 
   identical, search_errors  against full softmax's output (Hoang et al.: the output scores lower under
                             the full model)
@@ -228,7 +228,7 @@ parent run, one child run per point).
 
 
 def add_methods_arguments(p: argparse.ArgumentParser) -> None:
-    from fastvocab.tasks.bench_methods import GRIDS, METHODS, SENTENCES, BenchSettings
+    from fastvocab.experiments.bench_methods import GRIDS, METHODS, SENTENCES, BenchSettings
 
     d = BenchSettings()
     p.add_argument("--model", type=Path, default=Path("models/demo"), help="model folder (models/demo)")
@@ -289,8 +289,8 @@ def run_methods_command(
 
     from fastvocab.artifacts_schema.jsonfile import write_json
     from fastvocab.decoding.hf_adapter import Seq2SeqAdapter
-    from fastvocab.tasks import bench_methods as bm
-    from fastvocab.tasks.fidelity import run_meta
+    from fastvocab.experiments import bench_methods as bm
+    from fastvocab.experiments.fidelity import run_meta
 
     work = args.work_dir
     maps = args.maps or (work / "maps" if work else Path("runs/demo/maps"))
@@ -362,8 +362,8 @@ def run_methods_command(
 
 def _log_methods_to_mlflow(tracker, record: dict, out: Path, png: Path) -> None:
     """One parent run (the settings as params, the JSON and PNG as artifacts), one child run per point."""
+    from fastvocab.experiments.bench_methods import numeric_metrics
     from fastvocab.pipeline.tracking import StageRecord
-    from fastvocab.tasks.bench_methods import numeric_metrics
 
     meta = record["meta"]
     config = {k: v for k, v in meta.items() if k not in ("points", "artifact_params")}

@@ -1,7 +1,7 @@
 """``fastvocab experiment``: experiments a user reviews in MLflow, on their own model.
 
 ``fastvocab experiment paper``: the tables and figures of Amer et al. (2022) measured on a model, its corpus
-and a pipeline work dir's maps and stored states (``tasks/experiment_paper.py``). Each table and figure is one
+and a pipeline work dir's maps and stored states (``experiment_paper``). Each table and figure is one
 child run of one parent run (tables as CSV and Markdown artifacts, figures as PNG); the same files and a JSON
 record of every number go to ``--out``. ``fastvocab report <parent run id>`` renders the result as one page.
 """
@@ -71,7 +71,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def add_paper_arguments(p: argparse.ArgumentParser) -> None:
-    from fastvocab.tasks.experiment_paper import PARTS, PRESETS
+    from fastvocab.experiments.experiment_paper import PARTS, PRESETS
 
     full = PRESETS["full"]
     p.add_argument("--model", type=Path, default=Path("models/demo"), help="model folder (models/demo)")
@@ -142,7 +142,7 @@ def _names(text: str | None) -> tuple[str, ...] | None:
 
 def paper_settings(args: argparse.Namespace):
     """The preset (``--quick`` or the paper's grid) with the flags given on top."""
-    from fastvocab.tasks.experiment_paper import PRESETS
+    from fastvocab.experiments.experiment_paper import PRESETS
 
     base = PRESETS["quick" if args.quick else "full"]
     over = {
@@ -199,8 +199,8 @@ def run_paper_command(args: argparse.Namespace) -> int:
     import torch
 
     from fastvocab.decoding.hf_adapter import Seq2SeqAdapter
-    from fastvocab.tasks import experiment_paper as ep
-    from fastvocab.tasks.fidelity import run_meta
+    from fastvocab.experiments import experiment_paper as ep
+    from fastvocab.experiments.fidelity import run_meta
 
     settings = paper_settings(args)
     parts = _names(args.parts) or ep.PARTS
@@ -286,8 +286,8 @@ def write_results(res, out: Path, settings, meta: dict, command: str) -> dict[st
     """Every part's files under ``out`` (tables: CSV + Markdown; figures: PNG + CSV + Markdown) and
     ``paper.json`` (command, meta, settings, every row); returns part -> files."""
     from fastvocab.artifacts_schema.jsonfile import write_json
+    from fastvocab.experiments import experiment_paper as ep
     from fastvocab.pipeline.tracking import plot_active_fractions
-    from fastvocab.tasks import experiment_paper as ep
 
     out.mkdir(parents=True, exist_ok=True)
     files: dict[str, list[Path]] = {}
@@ -339,7 +339,7 @@ def _metric_key(*parts: object) -> str:
 
 def part_metrics(name: str, res, settings) -> tuple[dict[str, float], dict[str, list[float]]]:
     """A part's numbers as MLflow metrics (one per row and column), and Figure 4's per-centroid series."""
-    from fastvocab.tasks.bench_methods import numeric_metrics
+    from fastvocab.experiments.bench_methods import numeric_metrics
 
     metrics: dict[str, float] = {}
     series: dict[str, list[float]] = {}

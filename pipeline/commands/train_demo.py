@@ -78,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
     # speed of 1 in our measurement); sleeping ones cost nothing when the cores are free.
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     from fastvocab.artifacts_schema.corpus import available_pairs
-    from fastvocab.tasks.train_demo import TrainConfig, parse_direction, train_demo
+    from fastvocab.training import TrainConfig, parse_direction, train_demo
 
     if not args.corpus.is_dir() or not available_pairs(args.corpus):
         raise UserError(f"no corpus at {args.corpus}: build one with `fastvocab corpus --out {args.corpus}`")

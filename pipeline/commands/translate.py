@@ -278,7 +278,6 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from fastvocab.artifacts_schema.translations import write_translations
-    from fastvocab.tasks.fidelity import projection_stats
     from fastvocab.tasks.translate import (
         SearchSettings,
         is_parquet,
@@ -366,7 +365,7 @@ def run(args: argparse.Namespace) -> int:
         f"{args.device}] -> {args.output}",
         file=sys.stderr,
     )
-    stats = projection_stats(projection)
+    stats = projection.stats()
     if stats["active_columns_per_row"] is not None:
         line = f"clustered: {stats['active_columns_per_row']:.0f} active columns per decoder row"
         if stats["certified_fraction"] is not None:

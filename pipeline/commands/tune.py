@@ -1,6 +1,6 @@
 """``fastvocab tune``: the clustered map's settings that decode fastest within a search-error budget.
 
-The search itself is ``tasks/tune.py`` (plain functions); this module parses the options, finds the stored
+The search itself is ``experiments.tune`` (plain functions); this module parses the options, finds the stored
 states of a work dir, saves the chosen map, writes the record (JSON, CSV, Markdown), prints the choice with
 the config keys that reproduce it, and logs the search to MLflow (one parent run, one child run per tried
 configuration).
@@ -54,8 +54,8 @@ no configuration meets the budget.
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    from fastvocab.experiments.tune import GRIDS, RANK_BY, TuneSettings
     from fastvocab.tasks.kmeans import KMeansParams
-    from fastvocab.tasks.tune import GRIDS, RANK_BY, TuneSettings
 
     p.description = DESCRIPTION
     p.formatter_class = argparse.RawDescriptionHelpFormatter
@@ -116,8 +116,8 @@ def parse_budget(text: str) -> float:
 
 
 def settings_from(args: argparse.Namespace):
+    from fastvocab.experiments.tune import TuneSettings
     from fastvocab.tasks.kmeans import KMeansParams
-    from fastvocab.tasks.tune import TuneSettings
 
     try:
         return TuneSettings(
@@ -151,9 +151,9 @@ def run(args: argparse.Namespace) -> int:
     from fastvocab.artifacts_schema.hidden_states import validate_direction
     from fastvocab.artifacts_schema.jsonfile import write_json
     from fastvocab.decoding.hf_adapter import Seq2SeqAdapter
+    from fastvocab.experiments import tune as tt
+    from fastvocab.experiments.fidelity import run_meta
     from fastvocab.pipeline.tracking import git_commit
-    from fastvocab.tasks import tune as tt
-    from fastvocab.tasks.fidelity import run_meta
 
     settings = settings_from(args)
     direction = args.direction
@@ -328,8 +328,8 @@ def _print_choice(record: dict, settings, args: argparse.Namespace, map_dir: Pat
 def _log(tracker, record: dict, rows: list[dict], result: dict | None, artifacts: list[Path]) -> None:
     """One parent run (settings as params; the choice and test check as metrics; the tables as artifacts),
     one child run per tried configuration (its last rung's metrics; per-rung values as metric steps)."""
+    from fastvocab.experiments.bench_methods import numeric_metrics
     from fastvocab.pipeline.tracking import StageRecord
-    from fastvocab.tasks.bench_methods import numeric_metrics
 
     meta = record["meta"]
     direction = meta["direction"]

@@ -3,10 +3,10 @@
 For each direction (the test split of a corpus) and beam size, decode the same sentences with ``full`` and
 with every point of a parameter grid of ``clustered`` (union selection), ``per-row`` (clustered, per-row
 selection), ``lsh``, ``graph`` and ``shortlist``, in one process, and record per point against full softmax
-with the same search and settings, with the fidelity yardstick's own pieces (``tasks/fidelity.py``:
+with the same search and settings, with the fidelity yardstick's own pieces (``experiments/fidelity.py``:
 ``decode_all`` interleaves every projection batch by batch, ``Scorer`` scores outputs under the full model):
 
-- ``identical``, ``search_errors`` (Hoang et al.), ``better``: as in ``tasks/fidelity.py``;
+- ``identical``, ``search_errors`` (Hoang et al.), ``better``: as in ``experiments/fidelity.py``;
 - ``bleu``/``chrf`` (and ``*_full``): sacrebleu against the references;
 - ``candidates_per_row``: vocabulary columns computed per decoder row, counted from what each call returns
   (full: N; shortlist with sentence scope: the batch's union, of which a row may pick only its own
@@ -54,8 +54,8 @@ from fastvocab.artifacts_schema.method_index import (
     load_method_index,
 )
 from fastvocab.decoding.hf_adapter import Seq2SeqAdapter
+from fastvocab.experiments.fidelity import Reference, Scorer, decode_all, decode_passes
 from fastvocab.kernels.base import Projection, ProjectionOutput
-from fastvocab.tasks.fidelity import Reference, Scorer, decode_all, decode_passes
 from fastvocab.tasks.translate import make_projection
 
 METHODS = ("full", "clustered", "per-row", "lsh", "graph", "shortlist")

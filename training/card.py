@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastvocab.tasks.train_demo.data import parse_direction
+from fastvocab.training.data import parse_direction
 
 TEST_SCORES_MARKER = "<!-- test-scores -->"
 
@@ -138,7 +138,7 @@ def model_card(summary: dict[str, Any]) -> str:
         "Command (of the last session when the run was resumed):",
         "",
         "```bash",
-        summary["command"] or "(library call: fastvocab.tasks.train_demo.train_demo)",
+        summary["command"] or "(library call: fastvocab.training.train_demo)",
         "```",
         "",
         *_sessions_section(summary.get("sessions", [])),

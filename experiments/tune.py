@@ -7,7 +7,7 @@ selection at decode time (``union`` of the rows' sets, or ``per-row``). Every ca
 the stored states of a pipeline work dir (``<work_dir>/states``: one k-means per r, one assignment pass per r
 for every K), never from the corpus' dev or test text.
 
-Candidates are measured with the fidelity yardstick's pieces (``tasks/fidelity.py``: ``decode_all`` runs
+Candidates are measured with the fidelity yardstick's pieces (``experiments/fidelity.py``: ``decode_all`` runs
 full softmax and every candidate on each batch in turn, ``Scorer`` scores outputs under the full model,
 ``agreement`` gives the identical-output and search error rates) on the corpus' **dev** split, at the user's
 beam and batch size, by successive halving over *rungs* of growing size (the first n_i dev sentences; the
@@ -41,9 +41,9 @@ from fastvocab.artifacts_schema.cluster_map import ClusterMap
 from fastvocab.artifacts_schema.corpus import read_direction
 from fastvocab.artifacts_schema.hidden_states import read_shard_meta, shard_rows
 from fastvocab.decoding.hf_adapter import Seq2SeqAdapter
+from fastvocab.experiments.fidelity import Reference, Scorer, decode_passes
 from fastvocab.kernels.base import Projection
 from fastvocab.kernels.clustered import SELECTIONS, clustered_options
-from fastvocab.tasks.fidelity import Reference, Scorer, decode_passes, projection_stats
 from fastvocab.tasks.kmeans import KMeansParams, sample_states, train_kmeans
 from fastvocab.tasks.maps import ActiveSetCounter, attach_normaliser, count_shards_by_k, make_cluster_map
 from fastvocab.tasks.translate import make_projection
@@ -284,7 +284,7 @@ def measure_candidates(
     rows = []
     for cand, p in projs.items():
         n = len(passes.outputs[cand.label])
-        cols = projection_stats(p)["active_columns_per_row"]
+        cols = p.stats()["active_columns_per_row"]
         compared = ref.compare(passes, cand.label, scorer, adapter, refs)
         rows.append(
             {

@@ -10,12 +10,12 @@ from pathlib import Path
 
 import torch
 
-from fastvocab.tasks.demo_model import model_config
-from fastvocab.tasks.train_demo.checkpoint import CHECKPOINT, load_checkpoint, set_rng_state
-from fastvocab.tasks.train_demo.config import HYPERPARAMETERS, TrainConfig
-from fastvocab.tasks.train_demo.loop import Progress, inverse_sqrt, sigterm_as_interrupt, train_loop
-from fastvocab.tasks.train_demo.preparation import prepare
-from fastvocab.tasks.train_demo.save import save_and_evaluate
+from fastvocab.training.checkpoint import CHECKPOINT, load_checkpoint, set_rng_state
+from fastvocab.training.config import HYPERPARAMETERS, TrainConfig
+from fastvocab.training.demo_model import model_config
+from fastvocab.training.loop import Progress, inverse_sqrt, sigterm_as_interrupt, train_loop
+from fastvocab.training.preparation import prepare
+from fastvocab.training.save import save_and_evaluate
 
 log = logging.getLogger(__name__)
 

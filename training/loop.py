@@ -19,11 +19,11 @@ from typing import TYPE_CHECKING, Any
 import torch
 from tqdm.auto import tqdm
 
-from fastvocab.tasks.train_demo.batches import collate
-from fastvocab.tasks.train_demo.checkpoint import rng_state, save_checkpoint
-from fastvocab.tasks.train_demo.config import TrainConfig
-from fastvocab.tasks.train_demo.loss import dev_loss, seq2seq_loss
-from fastvocab.tasks.train_demo.preparation import Prepared
+from fastvocab.training.batches import collate
+from fastvocab.training.checkpoint import rng_state, save_checkpoint
+from fastvocab.training.config import TrainConfig
+from fastvocab.training.loss import dev_loss, seq2seq_loss
+from fastvocab.training.preparation import Prepared
 
 if TYPE_CHECKING:
     from transformers import M2M100ForConditionalGeneration

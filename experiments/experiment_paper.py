@@ -3,11 +3,11 @@
 Each table and figure of the paper's Sections 2.2, 3.2, 3.3 and 3.5, measured on the user's model, corpus and
 pipeline outputs (the maps and the stored hidden states of a work dir), from pieces that exist elsewhere:
 
-- Tables 2-5 come from :func:`fastvocab.tasks.bench_methods.run_bench` with the methods ``full`` and
+- Tables 2-5 come from :func:`fastvocab.experiments.bench_methods.run_bench` with the methods ``full`` and
   ``clustered`` (the work dir's maps; union selection, the paper's ``inactive_mass`` none by default), once
   per search setting of the paper (beam 1 batch 1, beam 2 batch 20) on the test split ("set 1") and once at
   beam 2 batch 20 on the dev split ("set 2", Table 4). Every number is that harness's: identical-output rate
-  and search error rate (``tasks/fidelity.py``'s ``agreement``), BLEU (sacrebleu), tokens/s of both methods
+  and search error rate (``fidelity.agreement``), BLEU (sacrebleu), tokens/s of both methods
   interleaved batch by batch, time inside the output layer per call, active columns per call (the union's
   share of the vocabulary), peak RSS per method (``measure_peak``) and the map's size on disk.
 - Figures 2-4 re-cluster stored states (``tasks/kmeans.py`` ``train_kmeans``; ``tasks/maps.py`` ``assign``,
@@ -52,8 +52,8 @@ from fastvocab.artifacts_schema.hidden_states import (
     validate_direction,
 )
 from fastvocab.decoding.hf_adapter import Seq2SeqAdapter
-from fastvocab.tasks.bench_methods import BenchSettings, Metered, measure_beam, run_bench
-from fastvocab.tasks.fidelity import Scorer
+from fastvocab.experiments.bench_methods import BenchSettings, Metered, measure_beam, run_bench
+from fastvocab.experiments.fidelity import Scorer
 from fastvocab.tasks.kmeans import train_kmeans
 from fastvocab.tasks.maps import ActiveSetCounter, assign, centroid_sq_norms, make_cluster_map
 from fastvocab.tasks.translate import make_projection

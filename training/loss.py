@@ -9,8 +9,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from fastvocab.tasks.train_demo.batches import collate
-from fastvocab.tasks.train_demo.data import Encoded
+from fastvocab.training.batches import collate
+from fastvocab.training.data import Encoded
 
 if TYPE_CHECKING:
     from transformers import M2M100ForConditionalGeneration

@@ -4,7 +4,7 @@ Plain functions over paths; ``train_demo`` runs the whole job:
 
 1. read the train split of every direction (both directions of each language pair),
 2. train a shared SentencePiece vocabulary on a language-balanced sample of the train texts,
-3. build the M2M100 tokenizer and model (``tasks.demo_model``; tied LM head, no output bias),
+3. build the M2M100 tokenizer and model (``training.demo_model``; tied LM head, no output bias),
 4. train: AdamW, inverse-sqrt schedule with warmup, label smoothing, token-count batches built from length
    buckets, directions mixed by temperature sampling (small pairs are upsampled, not drowned),
 5. checkpoint atomically every few minutes (model, optimizer, scheduler, sampler position, RNG states), so a
@@ -19,7 +19,7 @@ tag is forced as the first token (``forced_bos_token_id``).
 
 Modules, in the order a run uses them:
 
-- ``config``: ``TrainConfig`` (preset defaults from ``tasks.demo_model``) and the recorded hyperparameters,
+- ``config``: ``TrainConfig`` (preset defaults from ``training.demo_model``) and the recorded hyperparameters,
 - ``data``: directions, corpus splits, the SentencePiece sample, bulk encoding (``Encoded``),
 - ``batches``: the resumable ``BatchStream`` sampler and ``collate``,
 - ``preparation``: corpus -> tokenizer, encoded pairs and batch stream (``Prepared``),
@@ -33,15 +33,15 @@ Modules, in the order a run uses them:
 """
 
 # What other code imports (the CLI command, the tests, benchmarks/demo_model_quality.py), and the result type.
-from fastvocab.tasks.train_demo.batches import BatchStream, collate
-from fastvocab.tasks.train_demo.card import TEST_SCORES_MARKER
-from fastvocab.tasks.train_demo.checkpoint import load_checkpoint
-from fastvocab.tasks.train_demo.config import TrainConfig
-from fastvocab.tasks.train_demo.data import encode_direction, parse_direction
-from fastvocab.tasks.train_demo.evaluate import load_saved_model, translate
-from fastvocab.tasks.train_demo.loop import inverse_sqrt
-from fastvocab.tasks.train_demo.loss import seq2seq_loss
-from fastvocab.tasks.train_demo.train import TrainResult, train_demo
+from fastvocab.training.batches import BatchStream, collate
+from fastvocab.training.card import TEST_SCORES_MARKER
+from fastvocab.training.checkpoint import load_checkpoint
+from fastvocab.training.config import TrainConfig
+from fastvocab.training.data import encode_direction, parse_direction
+from fastvocab.training.evaluate import load_saved_model, translate
+from fastvocab.training.loop import inverse_sqrt
+from fastvocab.training.loss import seq2seq_loss
+from fastvocab.training.train import TrainResult, train_demo
 
 __all__ = [
     "TEST_SCORES_MARKER",

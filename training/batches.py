@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import numpy as np
 import torch
 
-from fastvocab.tasks.train_demo.data import Encoded
+from fastvocab.training.data import Encoded
 
 
 class BatchStream:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from fastvocab.tasks.demo_model import PRESETS, TRAIN_DEFAULTS
+from fastvocab.training.demo_model import PRESETS, TRAIN_DEFAULTS
 
 
 @dataclass

@@ -12,13 +12,13 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from fastvocab import __version__
-from fastvocab.tasks.demo_model import PRESETS
-from fastvocab.tasks.train_demo.card import model_card
-from fastvocab.tasks.train_demo.config import HYPERPARAMETERS, TrainConfig
-from fastvocab.tasks.train_demo.data import load_parallel, parse_direction
-from fastvocab.tasks.train_demo.evaluate import load_saved_model, score, translate
-from fastvocab.tasks.train_demo.loop import Progress
-from fastvocab.tasks.train_demo.preparation import Prepared
+from fastvocab.training.card import model_card
+from fastvocab.training.config import HYPERPARAMETERS, TrainConfig
+from fastvocab.training.data import load_parallel, parse_direction
+from fastvocab.training.demo_model import PRESETS
+from fastvocab.training.evaluate import load_saved_model, score, translate
+from fastvocab.training.loop import Progress
+from fastvocab.training.preparation import Prepared
 
 if TYPE_CHECKING:
     from transformers import M2M100ForConditionalGeneration

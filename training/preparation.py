@@ -1,5 +1,5 @@
 """Everything derived from the corpus before training starts (``prepare`` -> ``Prepared``): the directions,
-the SentencePiece model and M2M100 tokenizer (``tasks.demo_model``), the encoded train and dev pairs and the
+the SentencePiece model and M2M100 tokenizer (``demo_model``), the encoded train and dev pairs and the
 batch stream over them."""
 
 from __future__ import annotations
@@ -12,10 +12,9 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from fastvocab.tasks.demo_model import build_tokenizer, train_sentencepiece
-from fastvocab.tasks.train_demo.batches import BatchStream
-from fastvocab.tasks.train_demo.config import TrainConfig
-from fastvocab.tasks.train_demo.data import (
+from fastvocab.training.batches import BatchStream
+from fastvocab.training.config import TrainConfig
+from fastvocab.training.data import (
     Encoded,
     check_encoding,
     corpus_directions,
@@ -25,6 +24,7 @@ from fastvocab.tasks.train_demo.data import (
     parse_direction,
     spm_sample,
 )
+from fastvocab.training.demo_model import build_tokenizer, train_sentencepiece
 
 if TYPE_CHECKING:
     from transformers import M2M100Tokenizer

@@ -133,20 +133,6 @@ def method_options(method: str, beam: int, selection: str, cluster_map: ClusterM
     return opts
 
 
-def projection_stats(projection: Projection) -> dict[str, float | None]:
-    """Active columns per decoder row and certified share of rows of a projection's counters so far
-    (None where the method keeps no such counter)."""
-    counters = getattr(projection, "counters", None)
-    if not counters or not counters.get("rows"):
-        return {"active_columns_per_row": None, "certified_fraction": None, "far_fraction": None}
-    far = counters.get("far", 0) / counters["rows"] if getattr(projection, "mass_radius", None) else None
-    return {
-        "active_columns_per_row": counters["columns"] / counters["rows"],
-        "certified_fraction": getattr(projection, "certified_fraction", None),
-        "far_fraction": far,
-    }
-
-
 def decode_all(
     adapter: Seq2SeqAdapter,
     projs: Mapping[str, ProjectionLike],
@@ -341,7 +327,7 @@ def measure_setting(
     ref = Reference.of(passes, "full", scorer, adapter, refs)
     rows = []
     for name, p in projs.items():
-        stats = projection_stats(p)
+        stats = p.stats()
         cols, cert = stats["active_columns_per_row"], stats["certified_fraction"]
         rows.append(
             {
