@@ -180,7 +180,8 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     from fastvocab.decoding.hf_adapter import Seq2SeqAdapter
     from fastvocab.tasks.evaluate import score, search_error_rate
-    from fastvocab.tasks.translate import make_projection, translate
+    from fastvocab.tasks.projections import make_projection
+    from fastvocab.tasks.translate import translate
 
     adapter = Seq2SeqAdapter.load(args.model, device=args.device, dtype=DTYPES[args.dtype])
     name = device_name(args.device)

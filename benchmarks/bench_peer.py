@@ -188,7 +188,7 @@ def fastvocab_system(adapter, projection, args) -> Callable[[list[str], int], tu
 def build_systems(args) -> tuple[dict[str, Callable], dict]:
     from fastvocab.decoding.hf_adapter import Seq2SeqAdapter
     from fastvocab.decoding.int8 import quantize_projection
-    from fastvocab.tasks.translate import make_projection
+    from fastvocab.tasks.projections import make_projection
 
     info: dict = {}
     a32 = Seq2SeqAdapter.load(args.model, engine=args.engine)

@@ -1,4 +1,4 @@
-"""Every output-layer method side by side (issue 12): ``fastvocab bench methods``.
+"""Every output-layer method side by side: ``fastvocab bench methods``.
 
 For each direction (the test split of a corpus) and beam size, decode the same sentences with ``full`` and
 with every point of a parameter grid of ``clustered`` (union selection), ``per-row`` (clustered, per-row
@@ -56,7 +56,7 @@ from fastvocab.artifacts_schema.method_index import (
 from fastvocab.decoding.hf_adapter import Seq2SeqAdapter
 from fastvocab.experiments.fidelity import Reference, Scorer, decode_all, decode_passes
 from fastvocab.kernels.base import Projection, ProjectionOutput
-from fastvocab.tasks.translate import make_projection
+from fastvocab.tasks.projections import make_projection
 
 METHODS = ("full", "clustered", "per-row", "lsh", "graph", "shortlist")
 INDEXED = ("lsh", "graph", "shortlist")  # methods with an offline artifact of their own (tasks/methods.py)

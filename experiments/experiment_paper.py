@@ -56,7 +56,7 @@ from fastvocab.experiments.bench_methods import BenchSettings, Metered, measure_
 from fastvocab.experiments.fidelity import Scorer
 from fastvocab.tasks.kmeans import train_kmeans
 from fastvocab.tasks.maps import ActiveSetCounter, assign, centroid_sq_norms, make_cluster_map
-from fastvocab.tasks.translate import make_projection
+from fastvocab.tasks.projections import make_projection
 
 log = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""The fidelity yardstick (issue 10): how far clustered decoding is from full softmax, per search setting.
+"""The fidelity yardstick: how far clustered decoding is from full softmax, per search setting.
 
 Behind ``fastvocab bench fidelity`` and ``benchmarks/bench_fidelity.py``. For every direction (the test split
 of a corpus), beam size and batch size it decodes the same sentences with the full projection and with each
@@ -50,7 +50,7 @@ from fastvocab.decoding.search import ProjectionLike, decode
 from fastvocab.kernels.base import Projection
 from fastvocab.kernels.clustered import exact_k_for
 from fastvocab.tasks.evaluate import score
-from fastvocab.tasks.translate import make_projection
+from fastvocab.tasks.projections import make_projection
 
 METHODS = ("clustered", "moments", "centroid", "normaliser", "oracle", "exact", "per-row")
 # an inactive-mass estimate (or the exact mass, ``oracle``: a diagnostic): beam search only

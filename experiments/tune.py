@@ -1,4 +1,4 @@
-"""Tuning a clustered map for one direction: the fastest settings within a search-error budget (issue 13).
+"""Tuning a clustered map for one direction: the fastest settings within a search-error budget.
 
 Behind ``fastvocab tune``. A *candidate* is (r, K, min_count, selection): r centroids (Faiss k-means,
 ``tasks/kmeans.py``), the top-K ids of every member state in its cluster's set, (cluster, id) pairs seen
@@ -46,7 +46,7 @@ from fastvocab.kernels.base import Projection
 from fastvocab.kernels.clustered import SELECTIONS, clustered_options
 from fastvocab.tasks.kmeans import KMeansParams, sample_states, train_kmeans
 from fastvocab.tasks.maps import ActiveSetCounter, attach_normaliser, count_shards_by_k, make_cluster_map
-from fastvocab.tasks.translate import make_projection
+from fastvocab.tasks.projections import make_projection
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""Bulk translation of sentences with any output-layer method, plus the file formats it reads and writes.
+"""Bulk translation of sentences with any output-layer method.
 
 ``translate`` is the unit of work behind ``fastvocab translate`` and the pipeline's translate stage:
 validate the languages, tokenize everything once (a line longer than ``max_input_tokens`` is an error, never
@@ -6,44 +6,27 @@ silently cut), sort by length so batches waste little padding, decode batch by b
 Empty lines become empty outputs without touching the model.
 
 On CPU the batches are decoded by parallel workers, one per torch thread (``decode_workers``): a decoder
-step is many small ops that torch's intra-op threads share poorly. Demo model, 200 en-it test lines, batch
-32, 2 threads (AMD EPYC, same outputs; benchmarks/results/engine-cpu-2026-11-23-evening.json): two workers
-of one thread against one batch at a time on two threads, greedy full fp32 1.31x, beam 4 1.17x; clustered
-int8 1.08x and 1.35x. CTranslate2 offers the same choice (``inter_threads``).
+step is many small ops that torch's intra-op threads share poorly, so one batch per thread is faster than
+every thread on one batch (measured: benchmarks/translate-notes.md).
 """
 
 from __future__ import annotations
 
-import itertools
 import logging
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass
-from pathlib import Path
+from dataclasses import dataclass
 
 import torch
 
 from fastvocab.decoding import graphed
 from fastvocab.decoding.hf_adapter import Seq2SeqAdapter
 from fastvocab.decoding.search import check_stopping_rule, decode
-from fastvocab.kernels import create_projection
 from fastvocab.kernels.base import Projection
 
 log = logging.getLogger(__name__)
-
-
-def make_projection(adapter: Seq2SeqAdapter, method: str = "full", **options: object) -> Projection:
-    """Output-layer method ``method`` over the adapter's exact W and b; EOS and language tags always on."""
-    return create_projection(
-        method,
-        adapter.output_weight,
-        adapter.output_bias,
-        always_active=adapter.always_active_ids(),
-        fingerprint=adapter.fingerprint,
-        **options,
-    )
 
 
 @dataclass(frozen=True)
@@ -182,160 +165,3 @@ def decode_workers(adapter: Seq2SeqAdapter, batches: int, threads: int) -> int:
     if adapter.device.type != "cpu":
         return 1  # an accelerator runs one batch's kernels at a time anyway
     return max(1, min(threads, batches))
-
-
-# --------------------------------------------------------------------------- long inputs, in chunks
-
-CHUNK_LINES = 10_000  # lines a chunk: the unit of memory, of progress kept after a kill, and of resume
-
-
-def translate_text_file(
-    adapter: Seq2SeqAdapter,
-    projection: Projection,
-    input_path: str | Path,
-    output: str | Path,
-    src_lang: str,
-    tgt_lang: str,
-    *,
-    search: SearchSettings,
-    setting: str,
-    method: str,
-    chunk_lines: int = CHUNK_LINES,
-    progress: bool = True,
-) -> TranslationResult:
-    """Translate a text file of any length in chunks of ``chunk_lines`` lines, in bounded memory.
-
-    Each finished chunk is written as a part beside ``output`` (``artifacts_schema.translations``); a rerun
-    after a kill skips the parts whose plan (``setting``: what else decides the output, e.g. the projection's
-    signature and dtype; the search settings; the chunk's lines) matches, and redoes a corrupt one. The output
-    appears, atomically, only when every chunk is done (``method`` names the method in a Parquet output). The
-    input must have been validated (UTF-8) before; the hypotheses are not returned (they are in ``output``).
-    """
-    from tqdm.auto import tqdm
-
-    from fastvocab.artifacts_schema.digest import text_digest
-    from fastvocab.artifacts_schema.translations import (
-        assemble_parts,
-        part_path,
-        parts_dir,
-        read_part,
-        write_part,
-    )
-
-    if chunk_lines < 1:
-        raise ValueError(f"chunk_lines must be >= 1, got {chunk_lines}")
-    parts = parts_dir(output)
-    total = sum(1 for _ in iter_text_lines(input_path))
-    paths, plans = [], []
-    tokens, sentences, seconds, reused = 0, 0, 0.0, 0
-    bar = tqdm(
-        total=total,
-        unit="line",
-        desc=f"{src_lang}-{tgt_lang}",
-        disable=not progress or not sys.stderr.isatty(),
-        file=sys.stderr,
-    )
-    lines = iter_text_lines(input_path)
-    with bar:
-        for index, start in enumerate(range(0, total, chunk_lines)):
-            chunk = list(itertools.islice(lines, chunk_lines))
-            plan = f"{setting}|{search}|{src_lang}-{tgt_lang}|lines {start}+{len(chunk)}|{text_digest(chunk)}"
-            path = part_path(parts, index)
-            paths.append(path)
-            plans.append(plan)
-            if path.exists() and read_part(path, plan) is not None:
-                reused += 1
-            else:
-                res = translate(
-                    adapter, projection, chunk, src_lang, tgt_lang, **asdict(search), progress=False
-                )
-                write_part(path, range(start, start + len(chunk)), chunk, res.hypotheses, plan)
-                tokens, sentences, seconds = (
-                    tokens + res.target_tokens,
-                    sentences + res.sentences,
-                    seconds + res.seconds,
-                )
-            bar.update(len(chunk))
-    if reused:
-        log.info("%s: %d of %d chunks were done by an earlier run", output, reused, len(paths))
-    if not paths:  # an empty input: one empty part, so the output is assembled the same way
-        paths.append(part_path(parts, 0))
-        plans.append("empty")
-        write_part(paths[0], [], [], [], "empty")
-    assemble_parts(output, paths, plans, direction=f"{src_lang}-{tgt_lang}", method=method)
-    return TranslationResult([], tokens, seconds, sentences)
-
-
-# --------------------------------------------------------------------------- file formats
-
-
-def is_parquet(path: str | Path) -> bool:
-    """A ``.parquet`` file, or a folder (a Parquet dataset)."""
-    path = Path(path)
-    return path.suffix == ".parquet" or path.is_dir()
-
-
-def iter_text_lines(path: str | Path) -> Iterator[str]:
-    """A UTF-8 text file's lines (no line ends), streamed. Invalid UTF-8 is a ``ValueError`` naming file and
-    line (raised when the iteration reaches it)."""
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"input file not found: {path}")
-    with path.open("rb") as f:
-        for n, raw in enumerate(f, start=1):
-            if n == 1 and raw.startswith(b"\xef\xbb\xbf"):  # UTF-8 byte-order mark
-                raw = raw[3:]
-            part = raw.removesuffix(b"\n")  # the final newline ends the last line, it starts none
-            try:
-                yield part.decode("utf-8").removesuffix("\r")
-            except UnicodeDecodeError as exc:
-                byte, column = part[exc.start], exc.start + 1
-                raise ValueError(
-                    f"{path}: line {n}: invalid UTF-8 (byte 0x{byte:02x} at column {column})"
-                ) from None
-
-
-def read_text_lines(path: str | Path) -> list[str]:
-    """A UTF-8 text file as lines (no line ends); see :func:`iter_text_lines`."""
-    return list(iter_text_lines(path))
-
-
-def read_parquet_column(
-    path: str | Path, column: str, id_column: str | None = None
-) -> tuple[list[str], list[int] | None]:
-    """A string column of a Parquet file or dataset folder, and the ``id_column`` when present.
-
-    Nulls read as empty strings (they translate to empty outputs).
-    """
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    path = Path(path)
-    if not path.exists():
-        raise FileNotFoundError(f"input not found: {path}")
-    try:
-        schema = pq.read_schema(path) if path.is_file() else pq.ParquetDataset(path).schema
-    except (OSError, pa.ArrowException) as exc:
-        raise ValueError(f"cannot read Parquet {path}: {exc}") from exc
-    if column not in schema.names:
-        raise ValueError(f"{path} has no column {column!r} (columns: {', '.join(schema.names)})")
-    columns = [column] + ([id_column] if id_column and id_column in schema.names else [])
-    try:
-        table = pq.read_table(path, columns=columns)
-    except (OSError, pa.ArrowException) as exc:
-        raise ValueError(f"cannot read Parquet {path}: {exc}") from exc
-    if not pa.types.is_string(table.schema.field(column).type) and not pa.types.is_large_string(
-        table.schema.field(column).type
-    ):
-        raise ValueError(f"column {column!r} of {path} is {table.schema.field(column).type}, not a string")
-    texts = [t if t is not None else "" for t in table.column(column).to_pylist()]
-    ids = None
-    if len(columns) == 2:
-        ids = table.column(id_column).to_pylist()
-        if any(i is None for i in ids):
-            raise ValueError(f"column {id_column!r} of {path} has nulls")
-        try:
-            ids = [int(i) for i in ids]
-        except (TypeError, ValueError) as exc:
-            raise ValueError(f"column {id_column!r} of {path} is not an integer id: {exc}") from exc
-    return texts, ids

@@ -1,6 +1,6 @@
 """Workers that hold a model: the units the pipeline hosts in Ray actors (one model per actor).
 
-Each is a plain class (STYLE habit 8): heavy setup in ``__init__`` (the model, loaded from the driver's
+Each is a plain class: heavy setup in ``__init__`` (the model, loaded from the driver's
 :class:`~fastvocab.tasks.context.RunContext` without re-hashing it), then one method per kind of work item,
 each returning a small dict of metrics for the driver to log. Tests use them directly, without Ray.
 """
@@ -17,9 +17,10 @@ from fastvocab.artifacts_schema.jsonfile import write_json
 from fastvocab.artifacts_schema.translations import sidecar_path, write_translations
 from fastvocab.tasks.context import RunContext
 from fastvocab.tasks.dump import DumpActor, DumpSettings, ShardSpec, run_dump_shard
+from fastvocab.tasks.projections import make_projection
 from fastvocab.tasks.row_shards import RowRangeSpec, as_shard_spec
 from fastvocab.tasks.stream import run_stream_shard
-from fastvocab.tasks.translate import SearchSettings, make_projection, translate
+from fastvocab.tasks.translate import SearchSettings, translate
 
 log = logging.getLogger(__name__)
 

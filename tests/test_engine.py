@@ -520,7 +520,8 @@ def test_translate_with_graphs_equals_the_eager_search(demo, monkeypatch, beam):
     inactive-mass estimate) as a static-capacity union. A union is the batch's, and the graphed searches
     keep finished rows in it, so the eager side keeps them too (no host read before the end)."""
     from fastvocab.kernels.clustered import clustered_options
-    from fastvocab.tasks.translate import make_projection, translate
+    from fastvocab.tasks.projections import make_projection
+    from fastvocab.tasks.translate import translate
 
     full = make_projection(demo, "full")
     cmap = map_from_decoding(demo, full, beam=2, max_len=40)
@@ -546,7 +547,8 @@ def test_translate_with_graphs_in_half_precision(demo, monkeypatch, dtype):
     fixed-shape step's and the static union's half-precision paths), with the map built from the float32
     load, as the pipeline builds maps (so the half-precision adapter must carry the float32 fingerprint)."""
     from fastvocab.kernels.clustered import clustered_options
-    from fastvocab.tasks.translate import make_projection, translate
+    from fastvocab.tasks.projections import make_projection
+    from fastvocab.tasks.translate import translate
 
     cmap = map_from_decoding(demo, make_projection(demo, "full"), beam=2, max_len=40)
     half = Seq2SeqAdapter.load(DEMO_MODEL, dtype=dtype)

@@ -178,7 +178,7 @@ def decode(adapter, proj, texts):
 
 
 def test_greedy_with_k_covering_the_vocabulary_equals_full(adapter, tiny_index):
-    from fastvocab.tasks.translate import make_projection
+    from fastvocab.tasks.projections import make_projection
 
     texts = synthetic_sentences("en", 5, seed=3)
     full = decode(adapter, make_projection(adapter, "full"), texts)
@@ -190,7 +190,7 @@ def test_greedy_with_k_covering_the_vocabulary_equals_full(adapter, tiny_index):
 
 def test_greedy_with_a_small_k_and_a_wide_search_equals_full(adapter, tiny_index):
     """Exact logits on the graph's top-K: when the search finds the argmax, greedy output is full's."""
-    from fastvocab.tasks.translate import make_projection
+    from fastvocab.tasks.projections import make_projection
 
     texts = synthetic_sentences("en", 5, seed=4)
     full = decode(adapter, make_projection(adapter, "full"), texts)
@@ -201,7 +201,7 @@ def test_greedy_with_a_small_k_and_a_wide_search_equals_full(adapter, tiny_index
 
 
 def test_consecutive_decoding_batches_equal_fresh_projection(adapter, tiny_index):
-    from fastvocab.tasks.translate import make_projection
+    from fastvocab.tasks.projections import make_projection
 
     shared = make_projection(adapter, "graph", k=8, ef_search=16, index=tiny_index)
     decode(adapter, shared, synthetic_sentences("en", 4, seed=11))

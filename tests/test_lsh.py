@@ -288,7 +288,7 @@ def adapter(tiny_model_dir):
 
 def decode(adapter, method, texts, beam=1, **options):
     from fastvocab.decoding.search import beam_search, greedy_search
-    from fastvocab.tasks.translate import make_projection
+    from fastvocab.tasks.projections import make_projection
 
     proj = options.pop("projection", None) or make_projection(adapter, method, **options)
     batch = adapter.encode_texts(texts, "en", "it")
@@ -306,7 +306,7 @@ def test_greedy_and_beam_with_k_covering_the_vocabulary_equal_full(adapter, beam
 
 
 def test_consecutive_decoding_batches_equal_fresh_projection(adapter):
-    from fastvocab.tasks.translate import make_projection
+    from fastvocab.tasks.projections import make_projection
 
     shared = make_projection(adapter, "lsh", k=40, bits=64)
     decode(adapter, None, synthetic_sentences("en", 4, seed=11), projection=shared)

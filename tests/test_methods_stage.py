@@ -66,7 +66,7 @@ def run_stage(cfg):
 @pytest.mark.parametrize(("method", "params"), [("lsh", LshParams(bits=32)), ("graph", None)])
 def test_build_method_index_saves_what_the_projection_loads(tmp_path, adapter, method, params):
     from fastvocab.kernels.graph import GraphParams
-    from fastvocab.tasks.translate import make_projection
+    from fastvocab.tasks.projections import make_projection
 
     params = params or GraphParams(m=8, ef_construction=40)
     out = tm.index_dir(tmp_path, method)

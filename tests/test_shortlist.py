@@ -20,6 +20,7 @@ from fastvocab.decoding.hf_adapter import Seq2SeqAdapter
 from fastvocab.decoding.search import beam_search, greedy_search
 from fastvocab.kernels.shortlist import ShortlistBatch, ShortlistProjection
 from fastvocab.tasks.alignment import ibm1
+from fastvocab.tasks.projections import make_projection
 from fastvocab.tasks.shortlist import (
     ShortlistParams,
     _sentencepiece_ids,
@@ -28,7 +29,7 @@ from fastvocab.tasks.shortlist import (
     shortlist_tensors,
     vocabulary_tokens,
 )
-from fastvocab.tasks.translate import make_projection, translate
+from fastvocab.tasks.translate import translate
 from tests.conftest import WORDS, synthetic_sentences
 
 # -------------------------------------------------------------------------------------------------- helpers

@@ -16,7 +16,8 @@ from fastvocab.artifacts_schema.translations import TRANSLATIONS_SCHEMA
 from fastvocab.decoding import Seq2SeqAdapter
 from fastvocab.pipeline.cli import main
 from fastvocab.tasks.evaluate import score, search_error_rate
-from fastvocab.tasks.translate import make_projection, translate
+from fastvocab.tasks.projections import make_projection
+from fastvocab.tasks.translate import translate
 
 MAX_LEN = 6
 
@@ -453,7 +454,8 @@ def test_cli_inactive_mass_auto_and_exact_options(adapter, tmp_path, flags, want
 
 
 def _stream(adapter, inp, out, chunk_lines=3, beam=1):
-    from fastvocab.tasks.translate import SearchSettings, translate_text_file
+    from fastvocab.tasks.text_chunks import translate_text_file
+    from fastvocab.tasks.translate import SearchSettings
 
     projection = make_projection(adapter)
     return translate_text_file(
@@ -499,7 +501,7 @@ def test_chunks_give_the_whole_file_translation_in_order(adapter, long_input, tm
 
 def test_a_killed_run_resumes_after_its_last_finished_chunk(adapter, long_input, tmp_path, monkeypatch):
     from fastvocab.artifacts_schema.translations import part_path, parts_dir
-    from fastvocab.tasks import translate as task
+    from fastvocab.tasks import text_chunks as task
 
     inp, expect = long_input
     out = tmp_path / "out.txt"

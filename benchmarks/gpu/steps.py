@@ -580,7 +580,8 @@ def step_e2e_demo(args: argparse.Namespace) -> dict:
     from fastvocab.artifacts_schema.errors import ArtifactError
     from fastvocab.decoding.hf_adapter import Seq2SeqAdapter
     from fastvocab.kernels.clustered import clustered_options
-    from fastvocab.tasks.translate import make_projection, translate
+    from fastvocab.tasks.projections import make_projection
+    from fastvocab.tasks.translate import translate
 
     device = pick_device(args.smoke)
     dtype = DTYPE

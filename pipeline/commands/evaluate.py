@@ -32,7 +32,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _read(path: Path, column: str) -> list[str]:
-    from fastvocab.tasks.translate import is_parquet, read_parquet_column, read_text_lines
+    from fastvocab.tasks.inputs import is_parquet, read_parquet_column, read_text_lines
 
     if is_parquet(path):
         return read_parquet_column(path, column)[0]

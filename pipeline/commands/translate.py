@@ -278,15 +278,10 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from fastvocab.artifacts_schema.translations import write_translations
-    from fastvocab.tasks.translate import (
-        SearchSettings,
-        is_parquet,
-        iter_text_lines,
-        make_projection,
-        read_parquet_column,
-        translate,
-        translate_text_file,
-    )
+    from fastvocab.tasks.inputs import is_parquet, iter_text_lines, read_parquet_column
+    from fastvocab.tasks.projections import make_projection
+    from fastvocab.tasks.text_chunks import translate_text_file
+    from fastvocab.tasks.translate import SearchSettings, translate
 
     # Read (Parquet) or check (text, streamed) the input first: bad input fails before the model loads.
     ids, lines = None, None

@@ -114,7 +114,8 @@ def test_translate_with_graphs_equals_eager_on_the_demo_model(beam):
     """``translate(graphs=True)``: batches of different lengths, a graph captured per batch, the same lines
     as the eager translation (GPU, fp32, full projection)."""
     from fastvocab.decoding import Seq2SeqAdapter
-    from fastvocab.tasks.translate import make_projection, translate
+    from fastvocab.tasks.projections import make_projection
+    from fastvocab.tasks.translate import translate
 
     demo = Seq2SeqAdapter.load(DEMO, device=DEV)
     full = make_projection(demo, "full")
