@@ -1,6 +1,6 @@
 """Cluster map: centroids and per-cluster active vocabulary sets for one direction (or target language).
 
-Folder layout (DESIGN.md, Formats)::
+Folder layout (docs/DESIGN-NOTES.md, "Formats")::
 
     <map_dir>/map.safetensors   centroids [r, d] f32, centroid_sq_norms [r] f32,
                                 indptr [r+1] i64, indices [nnz] i32, counts [nnz] i32  (CSR, ids sorted),

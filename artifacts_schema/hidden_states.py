@@ -1,4 +1,4 @@
-"""Hidden-state shards written by the dump stage (DESIGN.md, Formats).
+"""Hidden-state shards written by the dump stage (docs/DESIGN-NOTES.md, "Formats").
 
 Columns: ``sent_id int64, step int32, hidden fixed_size_list<float16>[d], topk_ids fixed_size_list<int32>[K]``
 (+ optional ``topk_logprobs fixed_size_list<float32>[K]``). Schema metadata: model fingerprint, d, K,

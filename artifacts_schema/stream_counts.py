@@ -1,4 +1,5 @@
-"""Streamed partial counts (DESIGN.md, "stream the rest"): one small file per stream shard.
+"""Streamed partial counts (docs/DESIGN-NOTES.md, "Storing states versus streaming"): one small file per
+stream shard.
 
 ``<work_dir>/stream/<map name>/direction=<src>-<tgt>/part-<i:05d>.safetensors`` with tensors ``keys``
 (sorted ``cluster * n_vocab + token``, int64), ``counts`` (int64) and ``shape`` (``[r, n_vocab, states]``),

@@ -1,4 +1,4 @@
-"""Fidelity yardstick (issue 10): how far clustered decoding is from full softmax, per search setting.
+"""Fidelity yardstick: how far clustered decoding is from full softmax, per search setting.
 
     .venv/bin/python benchmarks/bench_fidelity.py               # quick: 50 sentences, beam 1 and 4, batch 32
     .venv/bin/python benchmarks/bench_fidelity.py --grid full   # beam 1, 2, 4, 5 x batch 1, 32

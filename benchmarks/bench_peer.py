@@ -1,10 +1,10 @@
-"""fastvocab against CTranslate2 on the same lines, threads, beam and batch (issue 16's peer table).
+"""fastvocab against CTranslate2 on the same lines, threads, beam and batch (the peer table).
 
     .venv/bin/pip install -e '.[bench]'      # ctranslate2==4.8.5
     make demo                                 # models/demo, data/corpus, runs/demo/maps
-    .venv/bin/python benchmarks/bench_peer.py # issue 16's table (greedy, beam 4)
+    .venv/bin/python benchmarks/bench_peer.py # the peer table (greedy, beam 4)
 
-The defaults are issue 16's settings: the first 200 rows of ``data/corpus``'s en-it test split, the en-it map
+The defaults are the peer table's: the first 200 rows of ``data/corpus``'s en-it test split, the en-it map
 of ``runs/demo/maps``, batch 32, 2 threads, ``--max-len 128``, beams 1 and 4, 5 rounds.
 
 Systems, each timed end to end on the same ``--n`` source lines (tokenizing and detokenizing included, model
@@ -28,7 +28,7 @@ load excluded), interleaved round by round after a warm-up on one batch, median 
   built by the methods stage or ``build_shortlist``) exported with ``export_vmap`` (``--vmap-k``,
   ``--vmap-frequent``), placed as ``vmap.txt`` in a folder beside the converted model (its other files
   linked, the converted model itself untouched). CTranslate2 4.8.5 keeps stale id mappings from one batch's
-  candidate set to the next (DESIGN.md; one call over several batches raises ``IndexError`` here), so the
+  candidate set to the next (DESIGN-NOTES; one call over several batches raises ``IndexError`` here), so the
   vmap systems call ``translate_batch`` once per batch of ``--batch-size`` lines, each after one
   full-vocabulary call of one step on one line that resets the decoder's mapping (timed with the rest;
   ``--vmap-no-reset`` leaves it out, to see the bug).

@@ -297,7 +297,7 @@ def _record(meta, n_vocab, d, r, rows, frac, ratio, method, backend, ts, t_full,
         floor = bytes_read / (meta["peak_gbps"] * 1e9)
         rec["floor_us"] = floor * 1e6
         rec["time_over_floor"] = t / floor
-    if meta.get("copy_gbps"):  # the byte floor at the copy bandwidth measured in this run (issue 8 item 4)
+    if meta.get("copy_gbps"):  # the byte floor at the copy bandwidth measured in this run
         floor = bytes_read / (meta["copy_gbps"] * 1e9)
         rec["floor_measured_us"] = floor * 1e6
         rec["time_over_measured_floor"] = t / floor

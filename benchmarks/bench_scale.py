@@ -1,4 +1,4 @@
-"""Scale (issue 11, item 6): corpus ingestion of generated files of millions of lines in bounded memory.
+"""Scale: corpus ingestion of generated files of millions of lines in bounded memory.
 
     .venv/bin/python benchmarks/bench_scale.py --lines 2000000,20000000
     .venv/bin/python benchmarks/bench_scale.py --lines 0 --translate 2000,8000 --tag translate

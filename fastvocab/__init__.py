@@ -1,7 +1,8 @@
 """fastvocab: clustered vocabulary projection for fast multilingual MT decoding.
 
 The rooms install as subpackages: ``fastvocab.artifacts_schema``, ``fastvocab.kernels``,
-``fastvocab.decoding``, ``fastvocab.tasks`` and ``fastvocab.pipeline`` (see DESIGN.md).
+``fastvocab.decoding``, ``fastvocab.tasks``, ``fastvocab.experiments``, ``fastvocab.training`` and
+``fastvocab.pipeline`` (see docs/ARCHITECTURE.md).
 """
 
 from pkgutil import extend_path

@@ -6,7 +6,7 @@ A projection maps decoder hidden states ``h`` (rows, d) to logits over *some* vo
 - candidate-set methods compute C << N columns and say which (``ids`` shared (C,) or per row (rows, C)).
 
 Projections hold no per-call state: two consecutive calls with different candidate sets must give the same
-results as two fresh objects (the CTranslate2 ``use_vmap`` bug noted in DESIGN.md).
+results as two fresh objects (the CTranslate2 ``use_vmap`` bug, docs/DESIGN-NOTES.md).
 """
 
 from __future__ import annotations

@@ -13,12 +13,10 @@ At each decoding step:
    needs none. ``inactive_mass="normaliser"`` expands the log-mass around the row's centroid to second order
    from tables stored in the map (exact at the centroid; ``clustered_ops.NormaliserTables``);
    ``centroid`` and ``moments`` estimate it from statistics computed at load time
-   (``clustered_ops.inactive_log_mass``). Mean error of the log-normaliser on the demo model's greedy
-   states: 1.16 nats without an estimate, 0.10-0.13 ``centroid``, 0.020-0.023 ``moments``, 0.002
-   ``normaliser`` (rank 32); on beam-4 states (twice as far from their centroid) 0.05 ``moments``, 0.02
-   ``normaliser``. Beam-4 search errors: ``BEAM_INACTIVE_MASS``. ``mass_radius`` sends rows farther than it
-   from their centroid (where the expansion errs most) to the full projection; ``ORACLE_MASS`` is the exact
-   mass, a diagnostic (benchmarks/README.md, issue 10).
+   (``clustered_ops.inactive_log_mass``). ``normaliser`` errs least, and its error grows with the row's
+   distance to the centroid (the measured errors of each estimator: benchmarks/README.md, "Fidelity").
+   ``mass_radius`` sends rows farther than it from their centroid (where the expansion errs most) to the
+   full projection; ``ORACLE_MASS`` is the exact mass, a diagnostic of the fidelity benchmark.
 
 4. optionally (``exact_k``) an exactness certificate per row: an upper bound on every logit the row did not
    compute (``clustered_ops.BoundTables``: the centroid's logits plus ``||w_i|| ||h - C_c||``). A row whose
@@ -29,7 +27,7 @@ At each decoding step:
 
 Always-active ids (EOS, language tags) are added to every cluster's set at load time.
 
-Backends, chosen once in ``__init__`` from the weight's device (STYLE habit 3):
+Backends, chosen once in ``__init__`` from the weight's device (never re-detected in the hot loop):
 
 - ``torch`` (CPU and CUDA): ``clustered_ops``, also the oracle of the CuPy kernels. On CPU the contiguous
   sub-matrix ``W[set_c]`` of the most-populated clusters is cached (``cache_mb``), so a row whose cluster
@@ -62,12 +60,12 @@ SELECTIONS = ("union", "per-row")  # which columns each row gets: the batch's un
 INACTIVE_MASS = ("none", "centroid", "moments", "normaliser")
 # A diagnostic, not a method (no CLI choice): the exact log-mass of the columns not computed, from the full
 # logits of every row. It separates search errors due to the sets from those due to the estimate of their
-# mass (experiments/fidelity.py, issue 10); it costs more than the full projection.
+# mass (experiments/fidelity.py, the fidelity benchmark); it costs more than the full projection.
 ORACLE_MASS = "oracle"
 DEFAULT_NORMALISER_RANK = 32  # when a map has no normaliser for the sets in use and it is computed here
 BACKENDS = ("auto", "torch", "cupy")
-# Cached sub-matrices on CPU by default (MB). Measured on 2 cores (benchmarks/README.md): a cached cluster
-# turns the per-step gather (a copy of the active rows) into a plain GEMV, 2-10x faster at 1-2 rows.
+# Cached sub-matrices on CPU by default (MB): a cached cluster turns the per-step gather (a copy of the active
+# rows) into a plain GEMV (measured: benchmarks/README.md, "Projection").
 DEFAULT_CPU_CACHE_MB = 512.0
 
 

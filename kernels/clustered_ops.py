@@ -1,5 +1,5 @@
 """Torch building blocks of the clustered projection: the CPU (and torch-CUDA) path, and the oracle that the
-CuPy kernels in ``cupy_ops`` are tested against (STYLE habit 3).
+CuPy kernels in ``cupy_ops`` are tested against (every GPU kernel has a torch twin).
 
 Everything here is a plain function over tensors, plus :func:`prepare_map`, which turns a :class:`ClusterMap`
 into device tensors once, at construction. Nothing is cached between calls.

@@ -1,5 +1,5 @@
 """CuPy kernels of the clustered projection: all raw CUDA source and every launch, as thin typed wrappers
-over torch CUDA tensors (STYLE habit 4). Imported lazily: only ``ClusteredProjection(backend="cupy")`` and the
+over torch CUDA tensors. Imported lazily: only ``ClusteredProjection(backend="cupy")`` and the
 GPU tests import this module, so the core imports without CuPy.
 
 Each kernel has a torch twin in ``clustered_ops`` (the oracle in tests/gpu/test_cupy_kernels.py):

@@ -14,7 +14,7 @@ logits (line 7); here the logits of the K candidates are recomputed exactly from
 ``(||h-||^2 + U^2 - D^2) / 2`` cancels catastrophically in float32 when U and ||h|| are large. The softmax is
 normalised over the K candidates only, as in the paper (line 8): ``log_inactive_mass`` is None.
 
-Faiss is imported only when an index is built or loaded (the lent GPU machines have none). The search runs
+Faiss is imported only when an index is built or loaded (a GPU image may lack it). The search runs
 on the CPU; on a CUDA device the states are copied to the host and the candidates back, and the logits are
 computed on the device.
 """

@@ -15,7 +15,7 @@ The hash ignores the output bias (the paper's step from Eq. 4 to Eq. 5): on a mo
 against the spread of ``W h``, the best token is often not among the candidates (Table 3: 100% search errors).
 The projection checks this once, on its first call (see :func:`bias_spread_ratio`), and logs a warning.
 
-Hamming distances, two backends chosen once in ``__init__`` from the device (STYLE habit 3):
+Hamming distances, two backends chosen once in ``__init__`` from the device (never in the hot loop):
 
 - ``numpy`` (CPU): codes as uint64 words, ``np.bitwise_count`` (hardware popcount, numpy >= 2.0);
 - ``torch`` (CPU or CUDA): the same words as int64 and a SWAR popcount in torch bit operations (torch has no

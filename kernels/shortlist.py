@@ -11,7 +11,7 @@ to each batch: ``for_batch(input_ids, attention_mask)`` returns a :class:`Shortl
 that lives for that batch only, and the search calls it as ``bound(h, row_ids)`` with the source sentence of
 every row (rows leave the batch as sentences finish; beams repeat their sentence). Nothing of a batch stays
 in the projection, so consecutive batches with different candidate sets give what fresh objects give (the
-CTranslate2 ``use_vmap`` bug in DESIGN.md).
+CTranslate2 ``use_vmap`` bug in docs/DESIGN-NOTES.md).
 
 ``scope``: ``"sentence"`` (each row may pick only its own sentence's candidates: the batch's union of
 columns is computed once, a row's foreign columns are set to ``-inf``) or ``"batch"`` (every row may pick

@@ -151,7 +151,7 @@ class MapsConfig(_Strict):
     # basis of the stored normaliser's curvature (inactive_mass: normaliser); 0 = isotropic only
     normaliser_rank: int = Field(32, ge=0)
     # states folders of other dumps (e.g. a dump.beam run's <work_dir>/states) that k-means and the maps read
-    # with this run's own, so one map covers the greedy path and the beam's hypotheses (issue 10)
+    # with this run's own, so one map covers the greedy path and the beam's hypotheses (fidelity benchmark)
     extra_states: list[str] = []
 
     def params(self, dump_k: int) -> MapParams:

@@ -1,7 +1,7 @@
 """IBM Model 1 lexical translation probabilities ``p(t | s)`` over subword ids (Brown et al. 1993), in numpy.
 
 The lexical shortlist (``tasks/shortlist.py``) needs, per source subword, the target subwords it most likely
-translates into. eflomal (the issue's first choice) ships only a source distribution on the package index: it
+translates into. eflomal (the first choice) ships only a source distribution on the package index: it
 builds (C and Cython, ~50 s on 2 cores), but CI would need a compiler for it, so fastvocab has its own IBM-1.
 
 EM over every (source position, target position) pair of every sentence, plus a NULL source word per sentence

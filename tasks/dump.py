@@ -11,7 +11,7 @@ configured sample and is written, atomically, to ``<states>/direction=<src>-<tgt
 (format: ``artifacts_schema.hidden_states``). Each file carries the plan it was made from, so a shard whose
 file exists and matches the current plan is skipped: the stage resumes shard by shard.
 
-:class:`DumpActor` is the unit of work (STYLE habit 8): model loaded once in ``__init__`` from the driver's
+:class:`DumpActor` is the unit of work: model loaded once in ``__init__`` from the driver's
 :class:`~fastvocab.tasks.context.RunContext` (its fingerprint is not recomputed), ``__call__`` maps a batch of
 columns (``sent_id``, ``text``, ``src_lang``, ``tgt_lang``) to a batch of state rows, ``dump_shard`` and
 ``stream_shard`` serve whole shards. It runs without Ray (tests call it directly); the pipeline hosts it in

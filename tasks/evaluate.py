@@ -1,4 +1,4 @@
-"""Scoring: sacrebleu BLEU and chrF with signatures, and the search error rate (DESIGN.md, Measurements)."""
+"""Scoring: sacrebleu BLEU and chrF with signatures, and the search error rate (docs/DESIGN-NOTES.md)."""
 
 from __future__ import annotations
 

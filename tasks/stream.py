@@ -1,4 +1,4 @@
-"""Streaming extension (DESIGN.md, "stream the rest"): decode further sentences without storing their states.
+"""Streaming extension (docs/DESIGN-NOTES.md): decode further sentences without storing their states.
 
 Each state is assigned on the fly to the trained centroids (Eq. 2) and only its top-K ids are counted. A
 stream shard leaves one small file of partial (cluster, token) counts (``artifacts_schema.stream_counts``),

@@ -1,7 +1,7 @@
 """Building blocks of the demo model: a shared SentencePiece vocabulary, an M2M100 tokenizer over it, and
 M2M100 configurations (presets) built from scratch, never downloaded.
 
-The tokenizer recipe follows the notes in DESIGN.md (checked with transformers 5.23): ``vocab.json`` is
+The tokenizer recipe is the one in docs/DESIGN-NOTES.md (checked with transformers 5.23): ``vocab.json`` is
 ``<s>``=0, ``<pad>``=1, ``</s>``=2, ``<unk>``=3 then the SentencePiece pieces (no language tokens); the
 ``__xx__`` language codes go in ``additional_special_tokens``; the model's ``vocab_size`` is
 ``len(tokenizer) + tokenizer.num_madeup_words``.

@@ -1,5 +1,5 @@
 """The entry point ``train_demo``: resolve the config, prepare the data, build the model and optimizer (or
-restore them from the checkpoint, with this session's learning rate), run the training loop, save and score
+restore them from the checkpoint, with the resumed run's learning rate), run the training loop, save and score
 the model; ``TrainResult`` is what it returns."""
 
 from __future__ import annotations
@@ -76,7 +76,7 @@ def train_demo(cfg: TrainConfig) -> TrainResult:
         prep.stream.load_state_dict(ckpt["sampler"])
         set_rng_state(ckpt["rng"])
         prog = Progress(**ckpt["progress"])
-        # the schedule's peak comes from this session's --lr (the checkpoint holds the previous one)
+        # the schedule's peak comes from the resumed run's --lr (the checkpoint holds the previous one)
         scheduler.base_lrs = [cfg.lr for _ in optimizer.param_groups]  # type: ignore[misc]
         for group in optimizer.param_groups:
             group["initial_lr"] = cfg.lr

@@ -1,17 +1,17 @@
 #!/usr/bin/env bash
-# The GPU campaign of issue 8 (and issue 16's GPU rows) as steps that each end well inside one 10-minute
-# device command. Usage, from the repository root:
+# The GPU campaign (projection, static step, end to end, dump and training on a GPU) as steps that each end
+# well inside a 10-minute command on the GPU machine. Usage, from the repository root:
 #
 #   bash benchmarks/gpu/campaign.sh [--smoke] STEP [STEP ...]
 #
 # Steps: env | test | bench | bench-bf16 | static | ncu | e2e | e2e-demo | dump | train-N (N = 1, 2, ...) | pack
 # (pack runs here, on the CPU side: it only prints what a train/dump call must carry and its size).
-# Results and logs go to $OUT when set (the device tool brings back at most 8 files per command: each step
+# Results and logs go to $OUT when set (keep it to at most 8 files per command, each under 16 MiB: each step
 # writes 1-5, listed in benchmarks/README.md), else to benchmarks/results/gpu-<step>/. --smoke runs every
 # step at tiny sizes on the CPU (or the GPU when there is one) in about a minute each, to check the scripts
-# before device time is spent. Nothing here needs Ray, Faiss, MLflow or pydantic (the GPU image lacks them);
+# before GPU time is spent. Nothing here needs Ray, Faiss, MLflow or pydantic (the GPU image lacks them);
 # benchmarks/gpu/noextras makes them unimportable so a smoke run proves it. Record the commit with
-# FV_COMMIT=<hash> (the device's copy of the tree has no .git).
+# FV_COMMIT=<hash> (the GPU machine's copy of the tree has no .git).
 set -uo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -104,7 +104,7 @@ EOF
       grep -q "rc_gpu=0" "$dir/gpu-test.log" && grep -q "rc_core=0" "$dir/gpu-test.log" || rc=1
       ;;
     bench|bench-bf16)
-      # issue 8 item 4: paper shapes, full (cuBLAS) vs clustered torch/CuPy, copy bandwidth of the same run
+      # paper shapes, full (cuBLAS) vs clustered torch/CuPy, copy bandwidth of the same run
       local dt=fp16 sizes="128112:1024,256206:1024" rows="1,5,40,128" fr="0.05,0.1,0.2" extra=(--repeats 10)
       [ "$step" = bench-bf16 ] && dt=bf16
       [ "$SMOKE" = 1 ] && { sizes="4000:64"; rows="1,5"; fr="0.1"; extra=(--repeats 2 --inner 2 --r 50); }

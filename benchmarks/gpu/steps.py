@@ -8,8 +8,8 @@
 
 Each writes ``DIR/gpu-<step>.json`` (``meta`` + results) and prints a short table last. Only the core is
 imported (kernels, decoding, artifacts_schema, tasks.dump/context/translate): no Ray, Faiss, MLflow or
-pydantic, which the lent GPU image lacks. ``--smoke`` runs tiny sizes on the CPU (or the GPU if one is
-there) in seconds, to check the script before device time is spent on it.
+pydantic, which the GPU campaign image lacks. ``--smoke`` runs tiny sizes on the CPU (or the GPU if one is
+there) in seconds, to check the script before GPU time is spent on it.
 """
 
 from __future__ import annotations
@@ -120,7 +120,7 @@ def step_env(args: argparse.Namespace) -> dict:
             res[mod] = __import__(mod).__version__
         except Exception as exc:
             res[mod] = f"unavailable: {exc}"[:120]
-    for mod in ("ray", "faiss", "mlflow", "pydantic"):  # absent on the lent image: the steps avoid them
+    for mod in ("ray", "faiss", "mlflow", "pydantic"):  # absent on the GPU image: the steps avoid them
         try:
             __import__(mod)
             res[mod] = "importable"
@@ -465,7 +465,7 @@ def step_e2e(args: argparse.Namespace) -> dict:
                 "projection_share_of_full_static_step": share,
             }
         )
-    # issue 16 item 5: the full projection's share of a greedy static-engine step at several batch sizes
+    # the full projection's share of a greedy static-engine step at several batch sizes
     for batch in [2] if args.smoke else [1, 5, 40, 128]:
         src = torch.randint(4, n_vocab, (batch, src_len), generator=g).to(device)
         t = {"full": [], "decoder-only": []}
@@ -570,7 +570,7 @@ class _Noop:
 
 
 def step_e2e_demo(args: argparse.Namespace) -> dict:
-    """Issue 8 item 5 on the demo model: ``tasks.translate`` over real test lines, full and clustered (the
+    """End to end on the demo model: ``tasks.translate`` over real test lines, full and clustered (the
     pipeline's en-it map, carried as runs/demo/maps/en-it; union mode with the CLI's default estimate: none at
     beam 1, normaliser beyond), each eager and with the whole step in CUDA graphs (``graphs=True``: capture
     included, once per batch), at beam 1 batch 1, beam 2 batch 20 and beam 4 batch 64, fp16. Full's lines

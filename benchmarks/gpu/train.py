@@ -1,10 +1,11 @@
-"""GPU training of the demo model in resumable steps of under 10 minutes (issue 8 item 7), for
+"""GPU training of the demo model in resumable steps of under 10 minutes, for
 ``campaign.sh train-N``.
 
     python benchmarks/gpu/train.py N --out DIR [--minutes 6.5] [--resume-from FOLDER] [--smoke]
 
 Step N trains until ``N * --minutes`` minutes of training in total (``train_demo`` counts the budget over
-sessions), then writes to ``DIR`` (at most 5 files, each under 16 MiB, as the device tool brings back):
+sessions), then writes to ``DIR`` (at most 5 files, each under 16 MiB, so they come back from a GPU machine
+whole):
 
 - ``train-N-model.tar.partNN``: a tar, split in 15 MiB parts, of the saved fp16 model folder (what
   ``fastvocab train-demo`` writes, model card included);
@@ -44,7 +45,7 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parents[2]
-PART_BYTES = 15 * 2**20  # the device tool brings back files of at most 16 MiB
+PART_BYTES = 15 * 2**20  # result files are kept under 16 MiB each
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -114,7 +115,7 @@ def restore_from_parts(parts_dir: Path, work: Path, n_prev: int, weights: Path |
         weights = restore / "model"
     state = torch.load(restore / "resume" / "state.pt", map_location="cpu", weights_only=False)
     model = M2M100ForConditionalGeneration.from_pretrained(weights, local_files_only=True).float()
-    # AdamW's moments start from zero (they are not brought back); train_demo sets this session's lr
+    # AdamW's moments start from zero (they are not saved); train_demo sets the resumed run's lr
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.98), eps=1e-8, fused=True)
     shutil.rmtree(work / "spm", ignore_errors=True)
     shutil.copytree(restore / "resume" / "spm", work / "spm")

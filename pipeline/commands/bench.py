@@ -1,6 +1,6 @@
 """``fastvocab bench``: measurements a user can rerun on their own model and maps.
 
-``fastvocab bench fidelity``: the fidelity yardstick of ``experiments/fidelity.py`` (issue 10), which
+``fastvocab bench fidelity``: the fidelity yardstick of ``experiments/fidelity.py``, which
 ``benchmarks/bench_fidelity.py`` also runs: decode a direction's test sentences with full softmax and with
 clustered methods, same search and settings, and report per direction, beam, batch and method the
 identical-output rate, the search error rate, BLEU, active columns per row, the certified share and speed.

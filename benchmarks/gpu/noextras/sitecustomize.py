@@ -1,7 +1,7 @@
-"""Make Ray, Faiss, MLflow and pydantic unimportable, as on the lent GPU image (which lacks them).
+"""Make Ray, Faiss, MLflow and pydantic unimportable, as on the GPU campaign image (which lacks them).
 
 ``campaign.sh --smoke`` puts this folder first on ``PYTHONPATH``, so a smoke run on a machine that has them
-fails exactly where a GPU run would (``ModuleNotFoundError``), before device time is spent.
+fails exactly where a GPU run would (``ModuleNotFoundError``), before GPU time is spent.
 """
 
 import importlib.abc
