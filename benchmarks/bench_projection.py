@@ -1,6 +1,6 @@
 """Projection micro-benchmark: full output layer vs the clustered one (union and per-row), same process.
 
-    .venv/bin/python benchmarks/bench_projection.py                      # CPU, fp32, the issue's sizes
+    .venv/bin/python benchmarks/bench_projection.py                      # CPU, fp32, the paper's sizes
     .venv/bin/python benchmarks/bench_projection.py --device cuda --dtype fp16   # GPU (cupy + torch backends)
 
 Synthetic weights and a synthetic cluster map per (size, active fraction), which is all a timing needs:

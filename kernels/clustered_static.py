@@ -1,5 +1,5 @@
 """Union-mode clustered projection with a static capacity: no device-to-host sync, so a CUDA graph (or
-``torch.compile(fullgraph=True)``) can hold the whole step (issue 16, item 3).
+``torch.compile(fullgraph=True)``) can hold the whole step.
 
 Today's union mode (``ClusteredProjection(selection="union")``) reads the union's column count back to the
 host every step (``cupy_ops.compact``, the ``nonzero`` of ``union_columns``): the GEMM's shape depends on it.

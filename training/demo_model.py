@@ -23,7 +23,7 @@ PRESETS: dict[str, dict[str, int]] = {
     # The CPU-trainable model committed under models/ when no GPU is lent: big vocabulary, lean decoder,
     # so the output projection is a large share of a decoding step, as in the multilingual models.
     "cpu": dict(vocab=32000, d_model=256, ffn=1024, heads=4, enc_layers=4, dec_layers=2),
-    # The GPU preset (issue: d_model 512, vocabulary 32K+, 6-layer encoder, shallower decoder).
+    # The GPU preset (as planned: d_model 512, vocabulary 32K+, 6-layer encoder, shallower decoder).
     "base": dict(vocab=32000, d_model=512, ffn=2048, heads=8, enc_layers=6, dec_layers=2),
 }
 

@@ -1,10 +1,10 @@
 """Read the GPU campaign's results (the ``gpu-<step>.json`` files a campaign brings back) and print them as
-Markdown tables, each issue goal marked met or missed: the tables that benchmarks/README.md's GPU section
+Markdown tables, each campaign goal marked met or missed: the tables that benchmarks/README.md's GPU section
 reads out. Runs on the CPU side, on the files as they came back:
 
     python benchmarks/gpu/summarize.py DIR [DIR ...]     # folders holding gpu-*.json (searched recursively)
 
-Goals (issues 8 and 16): projection at N=128,112, 40 rows, 10% active, fp16: clustered >= 6x faster than full
+Goals: projection at N=128,112, 40 rows, 10% active, fp16: clustered >= 6x faster than full
 and <= 1.3x its byte floor; the static union's graph replay within 1.5x of the fused gather-GEMM alone; the
 full projection >= 30% of a greedy batch-1 step; end to end clustered >= 1.4x full at beam 1 batch 1 and
 >= 1.25x at beam 2 batch 20. A smoke run's files read the same (their sizes are not the goals', so no goal
