@@ -1,6 +1,6 @@
 """Dump throughput (states/s per worker) and Faiss k-means time (1M states x d=512, r=2000 by default).
 
-Dump: one worker = one ``DumpActor`` with ``torch_threads`` threads (the pipeline's default on 2 cores is 1
+Dump: one worker = one ``DumpDecoder`` with ``torch_threads`` threads (the pipeline's default on 2 cores is 1
 thread per worker, 2 workers), decoding ``--sentences`` source sentences of the corpus in shards, after a
 warm-up shard; states/s = recorded states / decode seconds (model load excluded), median of ``--repeats``.
 Model: ``models/demo`` when present, else a random-weight model with the demo preset's shape built on the
@@ -73,7 +73,7 @@ def bench_dump(args) -> dict[str, object]:
     import torch
 
     from fastvocab.tasks.context import RunContext, describe_model
-    from fastvocab.tasks.dump import DumpActor, DumpSettings, plan_shards
+    from fastvocab.tasks.dump import DumpDecoder, DumpSettings, plan_shards
 
     model = ROOT / "models" / "demo"
     which = "models/demo"
@@ -83,25 +83,25 @@ def bench_dump(args) -> dict[str, object]:
         model = random_demo_like_model(Path(tmp.name))
         which = "random-weight M2M100, demo 'tiny' preset shape (models/demo absent)"
     ctx = RunContext(describe_model(model), torch_threads=args.threads)
-    actor = DumpActor(ctx, DumpSettings(k=args.k, max_len=args.max_len, batch_size=args.batch_size))
+    decoder = DumpDecoder(ctx, DumpSettings(k=args.k, max_len=args.max_len, batch_size=args.batch_size))
     texts = source_sentences("en", args.sentences + args.shard)
     warm, *_ = plan_shards("en-it", list(range(args.shard)), texts[: args.shard], args.shard)
-    actor.decode_shard(warm)
+    decoder.decode_shard(warm)
     specs = plan_shards("en-it", list(range(args.sentences)), texts[args.shard :], args.shard)
     runs = []
     for _ in range(args.repeats):
         states, seconds = 0, 0.0
         for spec in specs:
             t0 = time.perf_counter()
-            cols = actor.decode_shard(spec)
+            cols = decoder.decode_shard(spec)
             seconds += time.perf_counter() - t0
             states += len(cols["sent_id"])
         runs.append({"states": states, "seconds": seconds, "states_per_s": states / seconds})
     rate = statistics.median(r["states_per_s"] for r in runs)
     result = {
         "model": which,
-        "n_vocab": actor.n_vocab,
-        "d_model": actor.d,
+        "n_vocab": decoder.n_vocab,
+        "d_model": decoder.d,
         "k": args.k,
         "sentences": args.sentences,
         "batch_size": args.batch_size,

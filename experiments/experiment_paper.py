@@ -13,7 +13,7 @@ pipeline outputs (the maps and the stored hidden states of a work dir), from pie
 - Figures 2-4 re-cluster stored states (``tasks/kmeans.py`` ``train_kmeans``; ``tasks/maps.py`` ``assign``,
   ``ActiveSetCounter``, ``make_cluster_map``) at several r and K without dumping again; a direction with no
   stored states (Figure 2's target-only pool, e.g. fr-en and es-en into en) is dumped once into a cache folder
-  with the dump stage's own actor (``tasks/dump.py``), resumable shard by shard.
+  with the dump stage's own decoder (``tasks/dump.py``), resumable shard by shard.
 
   - Figure 2: the largest active set of any cluster (% of the vocabulary) against r, at K = ``fig2_k``, for a
     map of one direction (source and target known) and for a map pooling every direction into its target
@@ -420,13 +420,13 @@ def dump_direction(
     settings: PaperSettings,
     note: Note = _quiet,
 ) -> list[Path]:
-    """Dump ``direction``'s first ``sentences`` source sentences into ``cache`` with the dump stage's actor
+    """Dump ``direction``'s first ``sentences`` source sentences into ``cache`` with the dump stage's decoder
     (greedy, full softmax, top-``max_k``); shards already there for the same plan are kept. The sources are
     the ``dump_split`` of the pair when the corpus has it, else the source language's monolingual file
     (``<corpus>/mono/<src>.parquet``, ``fastvocab corpus --mono``): a state needs no reference."""
     from fastvocab.artifacts_schema.corpus import read_mono, split_path
     from fastvocab.tasks.context import RunContext
-    from fastvocab.tasks.dump import DumpActor, DumpSettings, plan_shards, run_dump_shard
+    from fastvocab.tasks.dump import DumpDecoder, DumpSettings, plan_shards, run_dump_shard
 
     src, _, tgt = direction.partition("-")
     pair = split_path(corpus, src, tgt, settings.dump_split).exists()
@@ -439,9 +439,9 @@ def dump_direction(
     dump = DumpSettings(
         k=max(settings.max_k, 5), max_len=settings.max_len, batch_size=settings.dump_batch_size
     )
-    actor = DumpActor(RunContext(model, device), dump)
+    decoder = DumpDecoder(RunContext(model, device), dump)
     for spec in plan_shards(direction, list(ids), list(texts), 500):
-        res = run_dump_shard(actor, spec, cache)
+        res = run_dump_shard(decoder, spec, cache)
         note(f"states {direction} shard {spec.index}: {'kept' if res['skipped'] else 'dumped'}")
     return validate_direction(cache, direction, model.fingerprint)
 

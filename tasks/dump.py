@@ -11,11 +11,12 @@ configured sample and is written, atomically, to ``<states>/direction=<src>-<tgt
 (format: ``artifacts_schema.hidden_states``). Each file carries the plan it was made from, so a shard whose
 file exists and matches the current plan is skipped: the stage resumes shard by shard.
 
-:class:`DumpActor` is the unit of work: model loaded once in ``__init__`` from the driver's
+:class:`DumpDecoder` is the unit of work: model loaded once in ``__init__`` from the driver's
 :class:`~fastvocab.tasks.context.RunContext` (its fingerprint is not recomputed), ``__call__`` maps a batch of
-columns (``sent_id``, ``text``, ``src_lang``, ``tgt_lang``) to a batch of state rows, ``dump_shard`` and
-``stream_shard`` serve whole shards. It runs without Ray (tests call it directly); the pipeline hosts it in
-Ray actors (one model per actor).
+columns (``sent_id``, ``text``, ``src_lang``, ``tgt_lang``) to a batch of state rows, ``decode_shard``
+serves a whole shard (written by :func:`run_dump_shard`, counted by ``tasks.stream``). It is a plain class,
+not a Ray actor: tests call it directly, and the pipeline hosts one in each
+``tasks.workers.DecoderWorker`` actor.
 """
 
 from __future__ import annotations
@@ -131,7 +132,7 @@ def plan_shards(
     ]
 
 
-class DumpActor:
+class DumpDecoder:
     """Greedy (or beam) decoding with the full projection, recording every step's ``h`` and top-K ids.
 
     ``__call__`` takes ``{"sent_id": (n,), "text": (n,), "src_lang": (n,), "tgt_lang": (n,)}`` and returns
@@ -270,16 +271,16 @@ def distinct_hypotheses(row_ids: torch.Tensor, hidden: torch.Tensor) -> torch.Te
 
 
 def run_dump_shard(
-    actor: DumpActor, spec: ShardSpec, states_root: Path, row_group_size: int = 50_000
+    decoder: DumpDecoder, spec: ShardSpec, states_root: Path, row_group_size: int = 50_000
 ) -> dict[str, object]:
     """Decode and write one shard (unless current); returns its metrics for the driver to log."""
     path = shard_path(states_root, spec.direction, spec.index)
-    meta = actor.shard_meta(spec.direction)
-    plan = spec.plan(actor.settings)
+    meta = decoder.shard_meta(spec.direction)
+    plan = spec.plan(decoder.settings)
     if shard_is_current(path, meta, plan):
         return {"direction": spec.direction, "index": spec.index, "skipped": True, "path": str(path)}
     t0 = time.perf_counter()
-    cols = actor.decode_shard(spec)
+    cols = decoder.decode_shard(spec)
     seconds = time.perf_counter() - t0
     table = shard_table(
         meta, cols["sent_id"], cols["step"], cols["hidden"], cols["topk_ids"], cols.get("topk_logprobs")

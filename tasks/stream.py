@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from fastvocab.artifacts_schema.stream_counts import read_stream_arrays, stream_meta, write_stream_arrays
-from fastvocab.tasks.dump import DumpActor, ShardSpec
+from fastvocab.tasks.dump import DumpDecoder, ShardSpec
 from fastvocab.tasks.maps import ActiveSetCounter, assign, centroid_sq_norms
 
 log = logging.getLogger(__name__)
@@ -28,15 +28,15 @@ def read_stream_counts(path: Path, expect_meta: dict[str, str] | None = None) ->
 
 
 def stream_counts(
-    actor: DumpActor, spec: ShardSpec, centroids: np.ndarray, k: int
+    decoder: DumpDecoder, spec: ShardSpec, centroids: np.ndarray, k: int
 ) -> tuple[ActiveSetCounter, dict[str, float]]:
     """Decode a shard and count its states' top-``k`` ids per nearest centroid; states are not kept."""
-    if k > actor.k:
-        raise ValueError(f"maps k={k} exceeds the dump k={actor.k}")
-    counter = ActiveSetCounter(len(centroids), actor.n_vocab)
+    if k > decoder.k:
+        raise ValueError(f"maps k={k} exceeds the dump k={decoder.k}")
+    counter = ActiveSetCounter(len(centroids), decoder.n_vocab)
     norms = centroid_sq_norms(centroids)
     t0 = time.perf_counter()
-    cols = actor.decode_shard(spec)
+    cols = decoder.decode_shard(spec)
     decode_s = time.perf_counter() - t0
     # the (rows, d) block of one shard is small; it is dropped as soon as it is assigned
     counter.add(assign(cols["hidden"], centroids, norms), cols["topk_ids"][:, :k])
@@ -48,13 +48,13 @@ def stream_counts(
 
 
 def run_stream_shard(
-    actor: DumpActor, spec: ShardSpec, centroids: np.ndarray, k: int, path: Path
+    decoder: DumpDecoder, spec: ShardSpec, centroids: np.ndarray, k: int, path: Path
 ) -> dict[str, object]:
     """Stream one shard into a partial-counts file (unless current); returns metrics for the driver."""
-    meta = stream_meta(actor.fingerprint, centroids, k, spec.plan(actor.settings))
+    meta = stream_meta(decoder.fingerprint, centroids, k, spec.plan(decoder.settings))
     if read_stream_arrays(path, meta) is not None:
         return {"direction": spec.direction, "index": spec.index, "skipped": True, "path": str(path)}
-    counter, metrics = stream_counts(actor, spec, centroids, k)
+    counter, metrics = stream_counts(decoder, spec, centroids, k)
     write_stream_arrays(counter.to_arrays(), meta, path)
     log.info("streamed %s shard %d: %d states", spec.direction, spec.index, counter.states)
     return {"direction": spec.direction, "index": spec.index, "skipped": False, "path": str(path), **metrics}

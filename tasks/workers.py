@@ -16,7 +16,7 @@ import numpy as np
 from fastvocab.artifacts_schema.jsonfile import write_json
 from fastvocab.artifacts_schema.translations import sidecar_path, write_translations
 from fastvocab.tasks.context import RunContext
-from fastvocab.tasks.dump import DumpActor, DumpSettings, ShardSpec, run_dump_shard
+from fastvocab.tasks.dump import DumpDecoder, DumpSettings, ShardSpec, run_dump_shard
 from fastvocab.tasks.projections import make_projection
 from fastvocab.tasks.row_shards import RowRangeSpec, as_shard_spec
 from fastvocab.tasks.stream import run_stream_shard
@@ -27,22 +27,22 @@ log = logging.getLogger(__name__)
 
 class DecoderWorker:
     """Full-softmax decoding (greedy, or beam with ``dump.beam``) for the dump and stream stages (a
-    :class:`DumpActor` per worker)."""
+    :class:`DumpDecoder` per worker)."""
 
     def __init__(self, ctx: RunContext, settings: DumpSettings) -> None:
-        self.actor = DumpActor(ctx, settings)
+        self.decoder = DumpDecoder(ctx, settings)
 
     def dump(
         self, spec: ShardSpec | RowRangeSpec, states_root: str, row_group_size: int
     ) -> dict[str, object]:
         """Decode one shard and write its states (unless current); a row-range shard's rows are read here."""
-        return run_dump_shard(self.actor, as_shard_spec(spec), Path(states_root), row_group_size)
+        return run_dump_shard(self.decoder, as_shard_spec(spec), Path(states_root), row_group_size)
 
     def stream(
         self, spec: ShardSpec | RowRangeSpec, centroids: np.ndarray, k: int, path: str
     ) -> dict[str, object]:
         """Decode one shard and write its partial (cluster, token) counts (unless current)."""
-        return run_stream_shard(self.actor, as_shard_spec(spec), centroids, k, Path(path))
+        return run_stream_shard(self.decoder, as_shard_spec(spec), centroids, k, Path(path))
 
 
 @dataclass(frozen=True)

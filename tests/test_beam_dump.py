@@ -11,7 +11,7 @@ from fastvocab.decoding.search import beam_search
 from fastvocab.pipeline.config import load_config
 from fastvocab.pipeline.errors import UserError
 from fastvocab.tasks.context import RunContext, describe_model
-from fastvocab.tasks.dump import DumpActor, DumpSettings, plan_shards, run_dump_shard
+from fastvocab.tasks.dump import DumpDecoder, DumpSettings, plan_shards, run_dump_shard
 from fastvocab.tasks.kmeans import sample_states
 from fastvocab.tasks.maps import count_shards
 from fastvocab.tasks.stream import stream_counts
@@ -20,19 +20,19 @@ from tests.conftest import synthetic_sentences
 BEAM, K, MAX_LEN = 3, 6, 8
 
 
-def make_actor(model_dir, beam: int) -> DumpActor:
+def make_decoder(model_dir, beam: int) -> DumpDecoder:
     ctx = RunContext(describe_model(model_dir), torch_threads=1)
-    return DumpActor(ctx, DumpSettings(k=K, max_len=MAX_LEN, batch_size=4, beam=beam))
+    return DumpDecoder(ctx, DumpSettings(k=K, max_len=MAX_LEN, batch_size=4, beam=beam))
 
 
 @pytest.fixture(scope="module")
 def greedy(tiny_model_dir):
-    return make_actor(tiny_model_dir, beam=1)
+    return make_decoder(tiny_model_dir, beam=1)
 
 
 @pytest.fixture(scope="module")
 def beamed(tiny_model_dir):
-    return make_actor(tiny_model_dir, beam=BEAM)
+    return make_decoder(tiny_model_dir, beam=BEAM)
 
 
 def columns(texts, src="en", tgt="it"):
@@ -45,7 +45,7 @@ def columns(texts, src="en", tgt="it"):
     }
 
 
-def hook_oracle(actor: DumpActor, texts: list[str]) -> tuple[dict[str, np.ndarray], list[list[int]]]:
+def hook_oracle(decoder: DumpDecoder, texts: list[str]) -> tuple[dict[str, np.ndarray], list[list[int]]]:
     """What full-softmax beam search handed its step hook, one row per live hypothesis; and its outputs.
 
     Step 0 holds ``BEAM`` copies of each sentence's prefix (only the first expands): the first is kept.
@@ -59,9 +59,9 @@ def hook_oracle(actor: DumpActor, texts: list[str]) -> tuple[dict[str, np.ndarra
         rec["hidden"].append(r.hidden[rows].numpy().astype(np.float16))
         rec["topk_ids"].append(r.output.topk(K)[1][rows].numpy())
 
-    batch = actor.adapter.encode_texts(texts, "en", "it")
+    batch = decoder.adapter.encode_texts(texts, "en", "it")
     out = beam_search(
-        actor.adapter, actor.projection, batch, "en", "it", beam=BEAM, max_len=MAX_LEN, step_hook=hook
+        decoder.adapter, decoder.projection, batch, "en", "it", beam=BEAM, max_len=MAX_LEN, step_hook=hook
     )
     cols = {k: np.concatenate(v) for k, v in rec.items()}
     order = np.lexsort((cols["step"], cols["row"]))  # stable: beam order within a step

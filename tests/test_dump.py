@@ -18,7 +18,7 @@ from fastvocab.artifacts_schema.hidden_states import (
 )
 from fastvocab.artifacts_schema.stream_counts import stream_path
 from fastvocab.tasks.context import RunContext, describe_model
-from fastvocab.tasks.dump import DumpActor, DumpSettings, plan_shards, run_dump_shard
+from fastvocab.tasks.dump import DumpDecoder, DumpSettings, plan_shards, run_dump_shard
 from fastvocab.tasks.maps import ActiveSetCounter, count_shards
 from fastvocab.tasks.stream import read_stream_counts, run_stream_shard, stream_counts
 from tests.conftest import synthetic_sentences
@@ -27,9 +27,9 @@ K, MAX_LEN = 3, 10
 
 
 @pytest.fixture(scope="module")
-def actor(tiny_model_dir):
+def decoder(tiny_model_dir):
     ctx = RunContext(describe_model(tiny_model_dir), torch_threads=1)
-    return DumpActor(ctx, DumpSettings(k=K, max_len=MAX_LEN, batch_size=4))
+    return DumpDecoder(ctx, DumpSettings(k=K, max_len=MAX_LEN, batch_size=4))
 
 
 def columns(texts, src, tgt, first_id=100):
@@ -42,13 +42,13 @@ def columns(texts, src, tgt, first_id=100):
     }
 
 
-def test_rows_cover_every_sentence_and_step_in_order(actor):
+def test_rows_cover_every_sentence_and_step_in_order(decoder):
     en = columns(synthetic_sentences("en", 5), "en", "it")
     fr = columns(synthetic_sentences("fr", 3), "fr", "de", first_id=7)
     batch = {k: np.concatenate([fr[k], en[k]]) for k in en}  # mixed directions in one batch
-    out = actor(batch)
+    out = decoder(batch)
     rows = len(out["sent_id"])
-    assert out["hidden"].shape == (rows, actor.d) and out["hidden"].dtype == np.float16
+    assert out["hidden"].shape == (rows, decoder.d) and out["hidden"].dtype == np.float16
     assert out["topk_ids"].shape == (rows, K) and out["topk_ids"].dtype == np.int32
     assert out["step"].dtype == np.int32 and out["sent_id"].dtype == np.int64
     # rows in input order, each sentence with steps 0..L-1 (1 <= L <= MAX_LEN)
@@ -75,21 +75,21 @@ class Recording:
         return out
 
 
-def test_hidden_is_what_the_projection_saw_and_topk_its_logits(actor, tiny_model_dir):
+def test_hidden_is_what_the_projection_saw_and_topk_its_logits(decoder, tiny_model_dir):
     text = synthetic_sentences("en", 1, seed=3)[0]
-    rec = Recording(actor.projection)
-    actor.projection = rec
+    rec = Recording(decoder.projection)
+    decoder.projection = rec
     try:
-        out = actor(columns([text], "en", "it"))
+        out = decoder(columns([text], "en", "it"))
     finally:
-        actor.projection = rec.inner
+        decoder.projection = rec.inner
     h = torch.cat(rec.h).numpy()  # one sentence: call order == step order
     assert h.shape == out["hidden"].shape
     np.testing.assert_array_equal(out["hidden"], h.astype(np.float16))
     logits = torch.cat(rec.logits)
     np.testing.assert_array_equal(out["topk_ids"], torch.topk(logits, K, dim=-1).indices.numpy())
     # and the stored (fp16) state reproduces those logits through W, b: same top-1 as the model's
-    w, b = actor.adapter.output_weight, actor.adapter.output_bias
+    w, b = decoder.adapter.output_weight, decoder.adapter.output_bias
     z = torch.nn.functional.linear(torch.from_numpy(out["hidden"]).float(), w, b)
     assert (z.argmax(-1).numpy() == out["topk_ids"][:, 0]).mean() >= 0.9
 
@@ -97,8 +97,8 @@ def test_hidden_is_what_the_projection_saw_and_topk_its_logits(actor, tiny_model
     from transformers import AutoModelForSeq2SeqLM
 
     model = AutoModelForSeq2SeqLM.from_pretrained(tiny_model_dir).eval()
-    batch = actor.adapter.encode_texts([text], "en", "it")
-    prefix = actor.adapter.start_tokens("it")
+    batch = decoder.adapter.encode_texts([text], "en", "it")
+    prefix = decoder.adapter.start_tokens("it")
     gen = model.generate(
         **batch,
         forced_bos_token_id=prefix[-1],
@@ -109,64 +109,64 @@ def test_hidden_is_what_the_projection_saw_and_topk_its_logits(actor, tiny_model
     assert out["topk_ids"][:, 0].tolist() == gen[: len(out["step"])]
 
 
-def test_shards_validate_resume_and_detect_corruption(actor, tmp_path):
+def test_shards_validate_resume_and_detect_corruption(decoder, tmp_path):
     texts = synthetic_sentences("it", 7)
     specs = plan_shards("it-en", list(range(7)), texts, shard_sentences=3)
     assert [len(s.texts) for s in specs] == [3, 3, 1]
-    results = [run_dump_shard(actor, s, tmp_path) for s in specs]
+    results = [run_dump_shard(decoder, s, tmp_path) for s in specs]
     assert not any(r["skipped"] for r in results) and all(r["states"] > 0 for r in results)
-    files = validate_direction(tmp_path, "it-en", fingerprint=actor.fingerprint)
+    files = validate_direction(tmp_path, "it-en", fingerprint=decoder.fingerprint)
     assert [f.name for f in files] == ["part-00000.parquet", "part-00001.parquet", "part-00002.parquet"]
     table = pq.read_table(files[0])
     assert set(table.column("sent_id").to_pylist()) == {0, 1, 2}
-    hidden = fixed_list_to_numpy(table.column("hidden"), actor.d, np.float32)
+    hidden = fixed_list_to_numpy(table.column("hidden"), decoder.d, np.float32)
     assert hidden.shape[0] == table.num_rows and np.isfinite(hidden).all()
 
     # same model, same sentences, same plan -> the same bytes (deterministic decoding and writing)
-    again = run_dump_shard(actor, specs[0], tmp_path / "again")
+    again = run_dump_shard(decoder, specs[0], tmp_path / "again")
     assert Path(again["path"]).read_bytes() == files[0].read_bytes()
 
     mtimes = [f.stat().st_mtime_ns for f in files]
-    assert all(run_dump_shard(actor, s, tmp_path)["skipped"] for s in specs)
+    assert all(run_dump_shard(decoder, s, tmp_path)["skipped"] for s in specs)
     assert [f.stat().st_mtime_ns for f in files] == mtimes
     # another plan (other K) is not current; a shard beyond a smaller plan is stale
-    meta = actor.shard_meta("it-en")
-    other = specs[0].plan(DumpSettings(K, MAX_LEN + 1, actor.batch_size))
+    meta = decoder.shard_meta("it-en")
+    other = specs[0].plan(DumpSettings(K, MAX_LEN + 1, decoder.batch_size))
     assert not shard_is_current(files[0], meta, other)
     assert stale_shards(tmp_path, "it-en", planned=2) == [files[2]]
 
     files[1].write_bytes(files[1].read_bytes()[:100])  # truncated by a crash outside our atomic write
     with pytest.raises(ArtifactError, match=r"part-00001\.parquet"):
-        run_dump_shard(actor, specs[1], tmp_path)
+        run_dump_shard(decoder, specs[1], tmp_path)
 
 
-def test_state_cap_keeps_first_rows(actor, tmp_path):
+def test_state_cap_keeps_first_rows(decoder, tmp_path):
     texts = synthetic_sentences("en", 4)
     (full,) = plan_shards("en-it", list(range(4)), texts, shard_sentences=4)
     (capped,) = plan_shards("en-it", list(range(4)), texts, shard_sentences=4, max_states=5)
-    a, b = actor.decode_shard(full), actor.decode_shard(capped)
+    a, b = decoder.decode_shard(full), decoder.decode_shard(capped)
     assert len(b["sent_id"]) == 5 < len(a["sent_id"])
     np.testing.assert_array_equal(a["hidden"][:5], b["hidden"])
 
 
-def test_streamed_counts_equal_counts_of_stored_states(actor, tmp_path):
+def test_streamed_counts_equal_counts_of_stored_states(decoder, tmp_path):
     texts = synthetic_sentences("en", 6, seed=9)
     (spec,) = plan_shards("en-it", list(range(6)), texts, shard_sentences=6)
-    run_dump_shard(actor, spec, tmp_path / "states")
+    run_dump_shard(decoder, spec, tmp_path / "states")
     files = validate_direction(tmp_path / "states", "en-it")
-    centroids = np.random.default_rng(0).standard_normal((5, actor.d)).astype(np.float32)
-    stored = count_shards(files, centroids, k=2, n_vocab=actor.n_vocab)
-    streamed, metrics = stream_counts(actor, spec, centroids, k=2)
+    centroids = np.random.default_rng(0).standard_normal((5, decoder.d)).astype(np.float32)
+    stored = count_shards(files, centroids, k=2, n_vocab=decoder.n_vocab)
+    streamed, metrics = stream_counts(decoder, spec, centroids, k=2)
     assert streamed.states == stored.states == metrics["states"] > 0
     for a, b in zip(streamed.to_csr(), stored.to_csr(), strict=True):
         np.testing.assert_array_equal(a, b)
     # the partial-counts file: written once, then recognised; other centroids -> not current
     path = stream_path(tmp_path / "stream", "en-it", "en-it", 0)
-    assert not run_stream_shard(actor, spec, centroids, 2, path)["skipped"]
-    assert run_stream_shard(actor, spec, centroids, 2, path)["skipped"]
+    assert not run_stream_shard(decoder, spec, centroids, 2, path)["skipped"]
+    assert run_stream_shard(decoder, spec, centroids, 2, path)["skipped"]
     back = read_stream_counts(path)
     assert isinstance(back, ActiveSetCounter) and back.states == stored.states
-    assert not run_stream_shard(actor, spec, centroids + 1, 2, path)["skipped"]
+    assert not run_stream_shard(decoder, spec, centroids + 1, 2, path)["skipped"]
 
 
 def test_stream_counts_file_is_byte_identical_across_processes(tmp_path):
@@ -269,10 +269,10 @@ def test_worker_reads_its_rows_and_writes_the_in_memory_shard(row_corpus, tiny_m
     rows = plan_row_shards(sample_file(corpus, "en-it", "train"), "en-it", 0, 8, 4)
     old = plan_shards("en-it", ids[:8], en[:8], 4)
     got = worker.dump(rows[1], str(tmp_path / "new"), 1000)
-    want = run_dump_shard(worker.actor, old[1], tmp_path / "old")
+    want = run_dump_shard(worker.decoder, old[1], tmp_path / "old")
     assert not got["skipped"] and got["states"] == want["states"] > 0
     assert Path(got["path"]).read_bytes() == Path(want["path"]).read_bytes()
-    meta = worker.actor.shard_meta("en-it")
+    meta = worker.decoder.shard_meta("en-it")
     assert shard_status(Path(want["path"]), meta, rows[1].plan(settings)) == "current"
     assert worker.dump(rows[1], str(tmp_path / "old"), 1000)["skipped"]
 

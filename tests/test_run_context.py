@@ -42,9 +42,9 @@ def test_describe_model_hashes_once_and_checks_languages(tiny_model_dir, caplog)
 
 def test_workers_use_the_drivers_fingerprint_and_never_hash(fake_ctx, tmp_path, caplog):
     caplog.set_level(logging.DEBUG, logger=FP_LOGGER)
-    decoder = DecoderWorker(fake_ctx, DumpSettings(k=2, max_len=4, batch_size=4))
-    assert decoder.actor.adapter.fingerprint == "sha256:from-the-driver"
-    assert decoder.actor.projection.fingerprint == "sha256:from-the-driver"
+    dump_worker = DecoderWorker(fake_ctx, DumpSettings(k=2, max_len=4, batch_size=4))
+    assert dump_worker.decoder.adapter.fingerprint == "sha256:from-the-driver"
+    assert dump_worker.decoder.projection.fingerprint == "sha256:from-the-driver"
 
     worker = TranslateWorker(fake_ctx)
     out = tmp_path / "full.parquet"

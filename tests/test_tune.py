@@ -35,17 +35,17 @@ GRID = (
 def work(tmp_path_factory, tiny_model_dir) -> Path:
     """A work dir with en-it states (top-3 per step) from the dump task, and a corpus with dev and test."""
     from fastvocab.tasks.context import RunContext, describe_model
-    from fastvocab.tasks.dump import DumpActor, DumpSettings, plan_shards, run_dump_shard
+    from fastvocab.tasks.dump import DumpDecoder, DumpSettings, plan_shards, run_dump_shard
 
     root = tmp_path_factory.mktemp("tune")
     threads = torch.get_num_threads()
-    actor = DumpActor(
+    decoder = DumpDecoder(
         RunContext(describe_model(tiny_model_dir), torch_threads=1),
         DumpSettings(k=3, max_len=8, batch_size=8),
     )
     texts = synthetic_sentences("en", 40, seed=3)
     for spec in plan_shards("en-it", list(range(len(texts))), texts, shard_sentences=20):
-        run_dump_shard(actor, spec, root / "work" / "states")
+        run_dump_shard(decoder, spec, root / "work" / "states")
     torch.set_num_threads(threads)
     write_en_it_split(root / "corpus", "dev", 8, seed=11)
     write_en_it_split(root / "corpus", "test", 6, seed=12)

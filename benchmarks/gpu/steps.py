@@ -666,7 +666,7 @@ def step_e2e_demo(args: argparse.Namespace) -> dict:
 def step_dump(args: argparse.Namespace) -> dict:
     """States/s of the dump (greedy, full projection, fp16) for the demo model, by batch size."""
     from fastvocab.tasks.context import RunContext, describe_model
-    from fastvocab.tasks.dump import DumpActor, DumpSettings
+    from fastvocab.tasks.dump import DumpDecoder, DumpSettings
 
     device = pick_device(args.smoke)
     dtype = str(DTYPE).removeprefix("torch.")
@@ -677,17 +677,17 @@ def step_dump(args: argparse.Namespace) -> dict:
     batches = [8] if args.smoke else [32, 128]
     max_len = 16 if args.smoke else 128
     for bs in batches:
-        actor = DumpActor(ctx, DumpSettings(k=8, max_len=max_len, batch_size=bs))
+        decoder = DumpDecoder(ctx, DumpSettings(k=8, max_len=max_len, batch_size=bs))
         cols = {
             "sent_id": np.arange(len(texts)),
             "text": np.array(texts, dtype=object),
             "src_lang": np.array(["en"] * len(texts), dtype=object),
             "tgt_lang": np.array(["it"] * len(texts), dtype=object),
         }
-        actor({k: v[: min(len(texts), bs)] for k, v in cols.items()})  # warm-up
+        decoder({k: v[: min(len(texts), bs)] for k, v in cols.items()})  # warm-up
         sync(device)
         t0 = time.perf_counter()
-        out = actor(cols)
+        out = decoder(cols)
         sync(device)
         t = time.perf_counter() - t0
         n = len(out["sent_id"])
