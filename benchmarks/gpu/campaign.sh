@@ -164,7 +164,7 @@ EOF
       rc=$?
       ;;
     pack)
-      # CPU side: what the train/dump calls carry (paths for the tool's `carry`), and the total size
+      # CPU side: what the train/dump commands need copied along with the tree, and the total size
       local tree
       tree=$(git ls-files -z | xargs -0 du -cb 2>/dev/null | tail -1 | cut -f1)
       echo "tracked tree: $((tree / 1048576)) MiB (limit 64 MiB with everything carried)"
