@@ -65,7 +65,7 @@ ORACLE_MASS = "oracle"
 DEFAULT_NORMALISER_RANK = 32  # when a map has no normaliser for the sets in use and it is computed here
 BACKENDS = ("auto", "torch", "cupy")
 # Cached sub-matrices on CPU by default (MB): a cached cluster turns the per-step gather (a copy of the active
-# rows) into a plain GEMV (measured: benchmarks/README.md, "Projection").
+# rows) into a plain GEMV (measured: benchmarks/README.md, "Output layer alone").
 DEFAULT_CPU_CACHE_MB = 512.0
 
 
