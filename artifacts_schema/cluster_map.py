@@ -39,6 +39,8 @@ from fastvocab.artifacts_schema.tensor_folder import read_manifest, read_tensors
 # ``normaliser``).
 MAP_SCHEMA_VERSION = 3
 MAP_SCOPES = ("direction", "target")  # source+target known / target-only (Amer et al. Sec. 2.2)
+TARGET_PREFIX = "to-"  # a target-scope map's folder and manifest direction: "to-it"
+LEGACY_TARGET_PREFIX = "*-"  # how earlier maps' manifests spelled it ("*-it"), still read
 REBUILD_HINT = "rebuild it with `fastvocab run CONFIG --stages kmeans,maps`"
 TENSORS_FILE = "map.safetensors"
 
@@ -46,7 +48,7 @@ TENSORS_FILE = "map.safetensors"
 @dataclass
 class MapManifest:
     model_fingerprint: str
-    direction: str  # "en-it" in direction scope, "*-it" in target scope
+    direction: str  # "en-it" in direction scope, "to-it" in target scope: its folder name (map_dir_name)
     scope: str  # one of MAP_SCOPES
     r: int
     k: int
@@ -63,6 +65,11 @@ class MapManifest:
     schema_version: int = MAP_SCHEMA_VERSION
     fastvocab_version: str = __version__
     created: str = field(default_factory=lambda: time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+
+    def __post_init__(self) -> None:
+        # one spelling in memory: a map whose manifest says "*-it" is the "to-it" map of today's writers
+        if self.direction.startswith(LEGACY_TARGET_PREFIX):
+            self.direction = TARGET_PREFIX + self.direction.removeprefix(LEGACY_TARGET_PREFIX)
 
 
 @dataclass
@@ -230,7 +237,7 @@ def map_dir_name(src_lang: str, tgt_lang: str, scope: str) -> str:
     if scope == "direction":
         return f"{src_lang}-{tgt_lang}"
     if scope == "target":
-        return f"to-{tgt_lang}"
+        return f"{TARGET_PREFIX}{tgt_lang}"
     raise ValueError(f"unknown map scope {scope!r}; valid: {', '.join(MAP_SCOPES)}")
 
 

@@ -81,8 +81,10 @@ def check_output_file(path: Path, what: str = "--output") -> None:
 
 
 def map_direction_matches(map_direction: str, src: str, tgt: str) -> bool:
-    """A map of ``en-it`` serves en->it only; a target-scope map ``*-it`` serves any source into ``it``."""
-    return map_direction in (f"{src}-{tgt}", f"*-{tgt}")
+    """A map of ``en-it`` serves en->it only; a target-scope map ``to-it`` serves any source into ``it``."""
+    from fastvocab.artifacts_schema.cluster_map import map_dir_name
+
+    return map_direction in (map_dir_name(src, tgt, "direction"), map_dir_name(src, tgt, "target"))
 
 
 def check_map_direction(map_dir: str | Path, src: str, tgt: str, fix: str | None = None) -> MapManifest:
@@ -93,7 +95,7 @@ def check_map_direction(map_dir: str | Path, src: str, tgt: str, fix: str | None
 
     manifest = load_manifest(map_dir)
     if not map_direction_matches(manifest.direction, src, tgt):
-        fix = fix or f"use the map of {src}-{tgt} (or a target-scope map *-{tgt})"
+        fix = fix or f"use the map of {src}-{tgt} (or a target-scope map to-{tgt})"
         raise ArtifactError(
             f"cluster map {map_dir} was built for {manifest.direction}, not {src}-{tgt}: {fix}"
         )

@@ -235,7 +235,7 @@ def make_cluster_map(
 ) -> ClusterMap:
     """A validated-shape ClusterMap (+ manifest with active-fraction statistics) from centroids and counts.
 
-    ``name`` is the map's direction: ``en-it`` in direction scope, ``*-it`` in target scope.
+    ``name`` is the map's direction: ``en-it`` in direction scope, ``to-it`` in target scope.
     """
     if scope not in MAP_SCOPES:
         raise ValueError(f"unknown map scope {scope!r}; valid: {', '.join(MAP_SCOPES)}")
@@ -315,7 +315,8 @@ class MapParams:
 
 
 def map_name(scope: str, directions: Iterable[str]) -> str:
-    """The manifest ``direction`` of a map fed by ``directions``: the direction itself, or ``*-<tgt>``."""
+    """The manifest ``direction`` of a map fed by ``directions``, which is also its folder name
+    (``map_dir_name``): the direction itself (``en-it``), or ``to-<tgt>`` in target scope."""
     directions = sorted(directions)
     if scope == "direction":
         if len(directions) != 1:
@@ -324,7 +325,8 @@ def map_name(scope: str, directions: Iterable[str]) -> str:
     targets = {d.split("-", 1)[1] for d in directions}
     if len(targets) != 1:
         raise ValueError(f"target scope pools directions into one target language, got {directions}")
-    return f"*-{targets.pop()}"
+    src, _, tgt = directions[0].partition("-")
+    return map_dir_name(src, tgt, scope)
 
 
 def group_directions(directions: Sequence[str], scope: str) -> dict[str, list[str]]:

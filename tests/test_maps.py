@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import json
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -118,7 +119,7 @@ def test_group_directions_and_names():
         "to-en": ["it-en"],
         "to-it": ["en-it", "fr-it"],
     }
-    assert map_name("target", ["fr-it", "en-it"]) == "*-it"
+    assert map_name("target", ["fr-it", "en-it"]) == "to-it"
     assert map_name("direction", ["en-it"]) == "en-it"
     with pytest.raises(ValueError, match="one target"):
         map_name("target", ["en-it", "it-en"])
@@ -163,7 +164,7 @@ def test_target_scope_pools_directions_into_one_map(tmp_path):
         seed=1,
         extra={"directions": ["en-it", "fr-it"]},
     )
-    assert cmap.manifest.direction == "*-it" and cmap.manifest.states_used == 500
+    assert cmap.manifest.direction == "to-it" and cmap.manifest.states_used == 500
     frac = np.diff(cmap.indptr) / 40
     assert cmap.manifest.active_fraction["max"] == pytest.approx(frac.max())
     assert cmap.manifest.active_fraction["mean"] == pytest.approx(frac.mean())
@@ -171,6 +172,25 @@ def test_target_scope_pools_directions_into_one_map(tmp_path):
     back = load_cluster_map(out, expect_fingerprint="fp-test")
     np.testing.assert_array_equal(back.indices, cmap.indices)
     np.testing.assert_allclose(back.centroid_sq_norms, (centroids**2).sum(1), rtol=1e-5)
+
+
+def test_a_target_scope_manifest_of_the_earlier_spelling_still_reads(tmp_path):
+    """Earlier maps' manifests named a target-scope map ``*-it`` (folder ``to-it``): read as ``to-it``."""
+    from fastvocab.artifacts_schema.cluster_map import load_manifest
+    from fastvocab.pipeline.checks import check_map_direction
+
+    f, _, _ = write_shard(tmp_path, "en-it", 0, 50)
+    centroids = np.random.default_rng(5).standard_normal((3, 8)).astype(np.float32)
+    counter = count_shards([f], centroids, k=2, n_vocab=40)
+    cmap = make_cluster_map(
+        centroids, counter, model_fingerprint="fp-test", name="to-it", scope="target", k=2, niter=1, seed=1
+    )
+    cmap.manifest.direction = "*-it"  # as an earlier writer left it on disk
+    out = save_cluster_map(cmap, tmp_path / "maps" / "to-it")
+    assert json.loads((out / "manifest.json").read_text())["direction"] == "*-it"
+    assert load_manifest(out).direction == "to-it"
+    assert load_cluster_map(out).manifest.direction == "to-it"
+    assert check_map_direction(out, "fr", "it").direction == "to-it"
 
 
 def test_count_shards_rejects_k_above_recorded(tmp_path):
