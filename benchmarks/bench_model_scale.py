@@ -1,0 +1,913 @@
+"""Decoding speed at the model sizes users run, on CPU: fastvocab (full, clustered; fp32, int8) against
+CTranslate2 (float32, int8, int8 with a vocabulary map), on models built from configs with random weights.
+
+    .venv/bin/python benchmarks/bench_model_scale.py --shapes m2m100-418m --batch 32 --beam 1 --threads 2
+    .venv/bin/python benchmarks/bench_model_scale.py --shapes toy --repeats 1 --steps 2   # a smoke run
+
+How to read the results, and the command lines of the full measurement: ``benchmarks/model-scale.md``.
+
+**Shapes** (``SHAPES``): M2M100 architectures (``M2M100Config``, tied LM head, no output bias), random weights
+(``torch.manual_seed(0)``), saved with ``save_pretrained`` under ``--root`` (default ``work/model-scale``,
+git-ignored) as ``<shape>/model``, converted once to CTranslate2 as ``<shape>/ct2`` (float32 weights; int8 is
+chosen at load with ``compute_type``). ``demo`` is the committed ``models/demo``. The tokenizer of a built
+shape is a small SentencePiece model trained on a few hundred synthetic sentences, its piece list padded with
+``▁tok<i>`` pieces (through sentencepiece's model protobuf) until the M2M100 tokenizer's vocabulary, plus the
+100 language codes and 8 made-up words, is the shape's ``N`` (``training.demo_model.build_tokenizer``'s
+layout). Before a shape is built or loaded, the memory it needs (weights of every system asked for, the
+decoder caches, the maps) is compared with the machine's available memory (``MemAvailable``, what the static
+engine checks its cache against), and the run stops with the sizes if it does not fit.
+
+**Fixed work per sentence**: every system generates exactly ``--steps`` tokens per sentence, EOS never chosen,
+so random weights do the work of a real model. fastvocab: the model's ``generation_config.suppress_tokens``
+set to ``[eos]`` after load (read by the searches through ``Seq2SeqAdapter.suppressed_ids``, as for any model
+that bans a token) and ``max_len = steps``; CTranslate2: ``min_decoding_length = max_decoding_length = steps +
+1`` (both count the forced target-language tag of the target prefix). Each run checks that both engines
+generated ``sentences x steps`` tokens and stops otherwise. Source lines: ``--sentences`` random lines of
+``--src-words`` words from a fixed word list (seed 0), the same for every system.
+
+**Systems** (``--systems``, short keys): ``full-fp32`` / ``full-int8`` (``tasks.translate.translate`` with the
+full projection; int8 = ``Seq2SeqAdapter.quantize_int8()`` + the full projection's ``int8`` option),
+``clustered-fp32`` / ``clustered-int8`` (union selection, one per ``--active`` fraction, ``--inactive-mass``
+none by default: a synthetic map has no meaningful normaliser), ``ct2-float32`` / ``ct2-int8``
+(``bench_peer.Ct2System``, the peer benchmark's CTranslate2 runner) and ``ct2-int8-vmap`` (one per
+``--active`` fraction: a vocabulary map whose always-allowed line holds as many tokens as the clustered int8
+union at that point, the most popular tokens of the synthetic pool; so each batch gets the same candidate
+count as clustered's union).
+
+**Synthetic cluster maps**: ``--clusters`` clusters (r), each set ``round(frac * N)`` ids drawn without
+replacement with weights ``1 / rank^zipf`` over a random ranking of the vocabulary (Gumbel top-k), so popular
+ids are in most sets and the union of a batch's sets grows with its rows as a real map's does (sets overlap).
+Centroids: r hidden states of the model's own greedy decoding of random lines (so decoding states spread
+over clusters). The map is written with ``artifacts_schema.cluster_map.save_cluster_map`` with the model's
+fingerprint (``<root>/<shape>/maps/``) and loaded by the clustered projection as any map. Union growth (the
+mean union fraction of 1/8/32/128 clusters drawn at random) of each synthetic map is recorded, beside the
+same for the real demo map (``--real-map``, made by ``make demo``) when it exists (drawn by its clusters'
+prediction counts).
+
+**Timing**: one process, every system of a point interleaved round by round (after a warm-up on one batch),
+tokens/s = generated tokens / median seconds (tokenization included, model load excluded). ``--parallel
+workers`` (default, as ``bench_peer.py``): ``threads`` batches at once on one thread each (fastvocab's CPU
+default; CTranslate2 ``inter_threads``); ``intra``: one batch on all threads.
+
+**Per point**, besides tokens/s: the projection's share ``s`` of a decoding step, measured apart from the
+timed rounds on one batch at the worker's thread count: ``--steps`` decoder steps (``adapter.decoder_step``)
+with the full projection (same dtype), each timed with ``perf_counter``, ``s = t_proj / (t_proj +
+t_decoder)``; the clustered projections are timed on the same hidden states (their own share), which also
+gives their union fraction ``u`` (``ClusteredProjection.stats``: columns per row / N; the timed rounds' own
+``u`` is recorded too); the bound ``1 / ((1 - s) + s * u)`` (Amdahl: the speed-up over full a projection
+computing a ``u`` share of the columns at the same cost per column can give); peak RSS while the system ran
+(``VmHWM`` reset through ``/proc/self/clear_refs`` before each run: the process holds every system's weights,
+so ``rss_run_mib``, the peak above the resident set at the run's start, is the run's own working memory);
+achieved GFLOP/s of the whole decode (``decode_flops``: encoder, decoder step and projection, as float32
+multiply-adds x 2, int8 systems counted alike) against the machine's fp32 GEMM peak measured in the same run
+(``torch.mm`` of (256 x 1024) x (1024 x 4096) at the point's threads).
+
+Writes ``benchmarks/results/model-scale-cpu-<date>.json`` (``--out``) and a PNG beside it (tokens/s against
+N, a line per system, a panel per batch / beam / threads).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime as dt
+import json
+import math
+import os
+import random
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import torch
+from bench_meta import cpu_name, git_commit
+from bench_peer import Ct2System, convert_ct2, vmap_model_dir
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results"
+SRC, TGT = "en", "it"
+LANGS = ["en", "it", "fr", "de"]
+# M2M100's tokenizer adds 100 language codes and 8 made-up words to its vocab.json
+MADE_UP_AND_CODES = 108
+_WORD_TEXT = (
+    "the a package for library tool data file system server client network graphics sound this provides "
+    "support with and of to in is that it on as utility command line interface program module plugin "
+    "extension documentation development files headers shared runtime python perl java kernel driver font "
+    "theme game editor viewer manager daemon service configuration"
+)
+WORDS = _WORD_TEXT.split()
+
+
+@dataclass(frozen=True)
+class Shape:
+    d_model: int
+    enc_layers: int
+    dec_layers: int
+    ffn: int
+    heads: int
+    vocab: int  # N, the model's vocab_size
+
+    def params(self) -> int:
+        d, f = self.d_model, self.ffn
+        enc = self.enc_layers * (4 * d * d + 2 * d * f)
+        dec = self.dec_layers * (8 * d * d + 2 * d * f)
+        return enc + dec + self.vocab * d  # tied embeddings (biases and norms left out)
+
+
+SHAPES: dict[str, Shape | None] = {
+    "toy": Shape(64, 1, 1, 256, 2, 2_000),
+    "demo": None,  # models/demo: its config decides
+    "m2m100-418m": Shape(1024, 12, 12, 4096, 16, 128_112),
+    "nllb-600m": Shape(1024, 12, 12, 4096, 16, 256_206),
+    # M2M100 1.2B: FFN 8192 (1.24B parameters with this vocabulary)
+    "1.2b": Shape(1024, 24, 24, 8192, 16, 128_112),
+}
+SYSTEMS = [
+    "full-fp32",
+    "full-int8",
+    "clustered-fp32",
+    "clustered-int8",
+    "ct2-float32",
+    "ct2-int8",
+    "ct2-int8-vmap",
+]
+FRACTIONS = [0.02, 0.05, 0.1, 0.2]
+
+
+# ---------------------------------------------------------------------------------------------- memory
+
+
+def meminfo(key: str) -> int:
+    """A /proc/meminfo or /proc/self/status value in bytes ('MemAvailable', 'VmHWM', ...)."""
+    for name in ("/proc/self/status", "/proc/meminfo"):
+        for line in Path(name).read_text().splitlines():
+            if line.startswith(key + ":"):
+                return int(line.split()[1]) * 1024
+    raise KeyError(key)
+
+
+def reset_peak_rss() -> None:
+    """VmHWM := VmRSS (Linux: writing 5 to clear_refs resets the peak resident set of the process)."""
+    with contextlib.suppress(OSError):
+        Path("/proc/self/clear_refs").write_text("5")
+
+
+def memory_needed(shape: Shape, systems: list[str], fractions: list[float], args) -> dict[str, int]:
+    """Bytes the asked systems hold at once (estimates: weights, copies, caches, maps), by component."""
+    p, nd = shape.params(), shape.vocab * shape.d_model
+    rows = max(args.batch) * max(args.beam) * max(args.threads)  # rows in flight at once (workers)
+    positions = args.steps + 2
+    cache = 2 * shape.dec_layers * shape.d_model * positions * 4 * rows
+    cross = 2 * shape.dec_layers * shape.d_model * (args.src_words * 3) * 4 * rows
+    need = {}
+    need["fastvocab fp32 model + packed W copies"] = 4 * p + 8 * nd  # always loaded (the tokenizer)
+    if any(s.endswith("int8") and not s.startswith("ct2") for s in systems):
+        need["fastvocab int8 model (fp32 load + int8 linears + int8 W)"] = 4 * p + p + nd
+    if any(s.startswith("clustered") or s == "ct2-int8-vmap" for s in systems):
+        nnz = args.clusters * shape.vocab * sum(fractions)
+        need["cluster maps (ids, counts, prepared sets) + sub-matrix caches"] = int(24 * nnz) + len(
+            fractions
+        ) * (512 << 20)
+    if "ct2-float32" in systems:
+        need["ct2 float32"] = 4 * p
+    if "ct2-int8" in systems or "ct2-int8-vmap" in systems:
+        need["ct2 int8"] = p * (1 + sum(1 for s in systems if s == "ct2-int8-vmap") * len(fractions))
+    need["decoder caches and logits"] = cache + cross + 3 * 4 * rows * shape.vocab
+    return need
+
+
+def check_memory(name: str, shape: Shape, systems: list[str], fractions: list[float], args) -> dict:
+    need = memory_needed(shape, systems, fractions, args)
+    have = meminfo("MemAvailable")
+    total = sum(need.values())
+    report = {
+        "needed_mib": {k: round(v / 2**20) for k, v in need.items()},
+        "available_mib": round(have / 2**20),
+    }
+    if total > have:
+        parts = ", ".join(f"{k} {v / 2**30:.1f} GiB" for k, v in need.items())
+        raise SystemExit(
+            f"bench_model_scale: shape {name} does not fit: needs ~{total / 2**30:.1f} GiB ({parts}), "
+            f"{have / 2**30:.1f} GiB available; run fewer --systems, --active fractions or a smaller --batch"
+        )
+    return report
+
+
+# ---------------------------------------------------------------------------------------------- models
+
+
+def random_lines(n: int, words: int, seed: int = 0) -> list[str]:
+    rng = random.Random(seed)
+    return [" ".join(rng.choices(WORDS, k=words)) for _ in range(n)]
+
+
+def padded_sentencepiece(work: Path, pieces: int) -> Path:
+    """A SentencePiece model trained on synthetic lines, its piece list padded to ``pieces`` entries."""
+    from sentencepiece import sentencepiece_model_pb2 as pb
+
+    from fastvocab.training.demo_model import train_sentencepiece
+
+    small = train_sentencepiece(
+        random_lines(400, 12, seed=1), min(200, pieces), work / "spm-small", threads=1
+    )
+    m = pb.ModelProto()
+    m.ParseFromString(small.read_bytes())
+    have = {p.piece for p in m.pieces}
+    if len(m.pieces) > pieces:
+        raise ValueError(f"{pieces} pieces asked, the trained model has {len(m.pieces)}")
+    low = min(p.score for p in m.pieces if p.type == pb.ModelProto.SentencePiece.NORMAL)
+    i = 0
+    while len(m.pieces) < pieces:
+        piece = f"\u2581tok{i}"
+        i += 1
+        if piece in have:
+            continue
+        new = m.pieces.add()
+        new.piece, new.score, new.type = piece, low - 1.0 - i * 1e-6, pb.ModelProto.SentencePiece.NORMAL
+    m.trainer_spec.vocab_size = pieces
+    out = work / "spm-padded" / "spm.model"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_bytes(m.SerializeToString())
+    return out
+
+
+def build_shape(name: str, shape: Shape, folder: Path) -> dict:
+    """``<folder>/model`` (HF) for ``shape``; returns what building took."""
+    from transformers import M2M100ForConditionalGeneration
+
+    from fastvocab.training.demo_model import build_tokenizer, model_config
+
+    t0 = time.perf_counter()
+    out = folder / "model"
+    scratch = Path(tempfile.mkdtemp(prefix="spm-", dir=folder))
+    pieces = shape.vocab - MADE_UP_AND_CODES
+    for _ in range(2):  # a second try corrects the piece count by what the tokenizer added
+        shutil.rmtree(out, ignore_errors=True)
+        tok = build_tokenizer(padded_sentencepiece(scratch, pieces), LANGS, out)
+        n = len(tok) + tok.num_madeup_words
+        if n == shape.vocab:
+            break
+        pieces -= n - shape.vocab
+    else:
+        raise RuntimeError(f"{name}: tokenizer vocabulary {n} != {shape.vocab}")
+    shutil.rmtree(scratch, ignore_errors=True)
+    arch = dict(
+        vocab=shape.vocab,
+        d_model=shape.d_model,
+        ffn=shape.ffn,
+        heads=shape.heads,
+        enc_layers=shape.enc_layers,
+        dec_layers=shape.dec_layers,
+    )
+    torch.manual_seed(0)
+    model = M2M100ForConditionalGeneration(model_config(arch, tok, max_positions=1024, dropout=0.0)).eval()
+    assert model.config.vocab_size == shape.vocab and model.get_output_embeddings().bias is None
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+    del model
+    return {"build_s": round(time.perf_counter() - t0, 1)}
+
+
+def shape_of(model_dir: Path) -> Shape:
+    c = json.loads((model_dir / "config.json").read_text())
+    return Shape(
+        c["d_model"],
+        c["encoder_layers"],
+        c["decoder_layers"],
+        c["decoder_ffn_dim"],
+        c["decoder_attention_heads"],
+        c["vocab_size"],
+    )
+
+
+def du_mib(path: Path) -> float:
+    return round(sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) / 2**20, 1)
+
+
+def prepare_shape(name: str, args, systems: list[str]) -> tuple[Path, Path | None, Shape, dict]:
+    """(HF model folder, CT2 folder or None, shape, info): built and converted once, cached under --root."""
+    folder = Path(args.root) / name
+    folder.mkdir(parents=True, exist_ok=True)
+    info: dict = {}
+    if name == "demo":
+        model_dir = ROOT / "models" / "demo"
+        shape = shape_of(model_dir)
+    else:
+        shape = SHAPES[name]
+        assert shape is not None
+        model_dir = folder / "model"
+    info["memory"] = check_memory(name, shape, systems, args.active, args)
+    marker = folder / "shape.json"
+    built = json.loads(marker.read_text()) if marker.exists() else {}
+    if name != "demo" and built.get("shape") != asdict(shape):
+        print(f"{name}: building {shape}", file=sys.stderr, flush=True)
+        built = {"shape": asdict(shape), **build_shape(name, shape, folder)}
+        marker.write_text(json.dumps(built, indent=1) + "\n")
+    ct2_dir = folder / "ct2"
+    if any(s.startswith("ct2") for s in systems) and not (ct2_dir / "model.bin").exists():
+        print(f"{name}: converting to CTranslate2", file=sys.stderr, flush=True)
+        t0 = time.perf_counter()
+        convert_ct2(model_dir, ct2_dir)
+        built["convert_s"] = round(time.perf_counter() - t0, 1)
+        marker.write_text(json.dumps(built, indent=1) + "\n")
+    info.update(built)
+    info["model_dir"] = str(model_dir)
+    info["disk_mib"] = {"model": du_mib(model_dir)}
+    if (ct2_dir / "model.bin").exists():
+        info["disk_mib"]["ct2"] = du_mib(ct2_dir)
+    return model_dir, ct2_dir if (ct2_dir / "model.bin").exists() else None, shape, info
+
+
+def load_adapter(model_dir: Path, fingerprint: str | None, int8: bool):
+    """The model with EOS suppressed (every sentence runs to max_len) and the forced EOS off."""
+    from fastvocab.decoding.hf_adapter import Seq2SeqAdapter
+
+    a = Seq2SeqAdapter.load(model_dir, fingerprint=fingerprint)
+    a.model.generation_config.suppress_tokens = [a.eos_id]
+    a.forced_eos_id = None
+    if int8:
+        a.quantize_int8()
+    return a
+
+
+# ---------------------------------------------------------------------------------------------- maps
+
+
+def zipf_pool(n: int, zipf: float, seed: int) -> np.ndarray:
+    """Log-weights of the N ids: ``-zipf * log(rank)`` over a random ranking of the vocabulary."""
+    rng = np.random.default_rng(seed)
+    rank = np.empty(n, dtype=np.int64)
+    rank[rng.permutation(n)] = np.arange(1, n + 1)
+    return -zipf * np.log(rank.astype(np.float64))
+
+
+def hidden_states(adapter, projection, count: int, args) -> np.ndarray:
+    """``count`` decoder states of the model's greedy decoding of random lines (the synthetic centroids)."""
+    from fastvocab.decoding.search import decode
+
+    steps = 16
+    lines = random_lines(max(1, math.ceil(count / steps)), args.src_words, seed=2)
+    batch = adapter.pad(adapter.tokenize(lines, SRC, TGT))
+    states: list[torch.Tensor] = []
+    with torch.inference_mode():
+        decode(
+            adapter, projection, batch, SRC, TGT, max_len=steps, step_hook=lambda r: states.append(r.hidden)
+        )
+    h = torch.cat(states).float().numpy()
+    return h[np.random.default_rng(3).permutation(len(h))[:count]]
+
+
+def synthetic_map(adapter, centroids: np.ndarray, frac: float, args, out: Path):
+    """A cluster map folder of Zipf-drawn sets (module docstring), loaded back if built before."""
+    from fastvocab.artifacts_schema.cluster_map import (
+        ClusterMap,
+        MapManifest,
+        active_fraction_stats,
+        load_cluster_map,
+        save_cluster_map,
+    )
+
+    if (out / "manifest.json").exists():
+        return load_cluster_map(out, expect_fingerprint=adapter.fingerprint)
+    n, r = adapter.n_vocab, len(centroids)
+    m = max(1, round(frac * n))
+    logw = zipf_pool(n, args.zipf, seed=0)
+    rng = np.random.default_rng(1)
+    sets = []
+    for _ in range(r):
+        keys = logw - np.log(-np.log(rng.random(n)))  # Gumbel top-m: a weighted draw without replacement
+        sets.append(np.sort(np.argpartition(-keys, m - 1)[:m]).astype(np.int32))
+    indptr = np.concatenate([[0], np.cumsum([len(s) for s in sets])]).astype(np.int64)
+    c = centroids.astype(np.float32)
+    manifest = MapManifest(
+        model_fingerprint=adapter.fingerprint,
+        direction=f"{SRC}-{TGT}",
+        scope="direction",
+        r=r,
+        k=0,
+        d=adapter.d_model,
+        n_vocab=n,
+        niter=0,
+        seed=0,
+        states_used=r,
+        active_fraction=active_fraction_stats(indptr, n),
+        extra={"synthetic": {"fraction": frac, "zipf": args.zipf, "centroids": "decoder states"}},
+    )
+    cmap = ClusterMap(
+        manifest, c, (c * c).sum(1), indptr, np.concatenate(sets), np.ones(indptr[-1], np.int32)
+    )
+    save_cluster_map(cmap, out)
+    return cmap
+
+
+def union_growth(cmap, rows=(1, 8, 32, 128), draws: int = 16, weighted: bool = False) -> dict[str, float]:
+    """Mean union fraction of ``rows`` clusters drawn at random (by prediction counts with ``weighted``)."""
+    r, n = len(cmap.indptr) - 1, cmap.manifest.n_vocab
+    p = None
+    if weighted:
+        w = np.add.reduceat(cmap.counts.astype(np.float64), cmap.indptr[:-1]) * (np.diff(cmap.indptr) > 0)
+        p = w / w.sum()
+    rng = np.random.default_rng(0)
+    out = {}
+    for m in rows:
+        fr = []
+        for _ in range(draws):
+            mask = np.zeros(n, dtype=bool)
+            for c in rng.choice(r, size=m, replace=True, p=p):
+                mask[cmap.active_ids(int(c))] = True
+            fr.append(mask.mean())
+        out[str(m)] = round(float(np.mean(fr)), 5)
+    return out
+
+
+def real_union_growth(path: str) -> dict:
+    from fastvocab.artifacts_schema.cluster_map import load_cluster_map
+
+    if not Path(path, "manifest.json").exists():
+        msg = f"skipped: no cluster map at {path} (make demo builds it)"
+        print(f"bench_model_scale: union-growth check {msg}", file=sys.stderr)
+        return {"map": path, "skipped": msg}
+    cmap = load_cluster_map(path)
+    return {
+        "map": path,
+        "r": cmap.manifest.r,
+        "n_vocab": cmap.manifest.n_vocab,
+        "active_fraction_mean": cmap.manifest.active_fraction.get("mean"),
+        "union_fraction": union_growth(cmap, weighted=True),
+    }
+
+
+def write_vmap(adapter, count: int, logw: np.ndarray, path: Path) -> int:
+    """A vocabulary map whose always-allowed line holds the ``count`` most popular ids of the pool (and the
+    always-active ids); returns the number of tokens written."""
+    from fastvocab.tasks.shortlist import vocabulary_tokens
+
+    tokens = vocabulary_tokens(adapter)
+    ids = [*adapter.always_active_ids(), *np.argsort(-logw).tolist()]
+    keep = []
+    for i in dict.fromkeys(ids):
+        s = tokens[i]
+        if s and not any(c in s for c in " \t\n"):
+            keep.append(s)
+        if len(keep) >= count:
+            break
+    path.write_text("\t" + " ".join(keep) + "\n", encoding="utf-8")
+    return len(keep)
+
+
+# ---------------------------------------------------------------------------------------------- systems
+
+
+class FixedStepsCt2(Ct2System):
+    """``bench_peer.Ct2System`` decoding exactly ``max_len`` tokens a sentence, counting them."""
+
+    tokens = 0
+
+    def _translate(self, src: list[list[str]], beam: int, **kw) -> list:
+        steps = self.args.max_len + 1  # + the forced language tag of the target prefix
+        res = super()._translate(src, beam, min_decoding_length=steps, **kw)
+        self.tokens += sum(len(r.hypotheses[0]) - 1 for r in res)
+        return res
+
+    def run(self, lines: list[str], beam: int) -> tuple[float, int]:
+        self.tokens = 0
+        seconds, _ = self(lines, beam)
+        return seconds, self.tokens
+
+
+def fastvocab_run(adapter, projection, ns):
+    from fastvocab.tasks.translate import translate
+
+    def run(lines: list[str], beam: int) -> tuple[float, int]:
+        torch.set_num_threads(ns.threads)  # a ctranslate2.Translator resets the calling thread's count
+        r = translate(
+            adapter,
+            projection,
+            lines,
+            SRC,
+            TGT,
+            beam=beam,
+            batch_size=ns.batch_size,
+            max_len=ns.max_len,
+            progress=False,
+            workers=None if ns.parallel == "workers" else 1,
+        )
+        return r.seconds, r.target_tokens
+
+    return run
+
+
+# ---------------------------------------------------------------------------------------------- measures
+
+
+def gemm_peak(threads: int, repeats: int = 20) -> float:
+    """fp32 GFLOP/s of torch.mm (256 x 1024) x (1024 x 4096) on ``threads`` threads, median of repeats."""
+    torch.set_num_threads(threads)
+    a, b = torch.randn(256, 1024), torch.randn(1024, 4096)
+    for _ in range(3):
+        torch.mm(a, b)
+    ts = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        torch.mm(a, b)
+        ts.append(time.perf_counter() - t0)
+    return 2 * 256 * 1024 * 4096 / statistics.median(ts) / 1e9
+
+
+def decode_flops(
+    shape: Shape, src_len: int, sentences: int, steps: int, beam: int, u: float, r: int
+) -> float:
+    """Multiply-adds x 2 of encoding ``sentences`` lines of ``src_len`` tokens and decoding ``steps`` tokens
+    (after the 2-token prefix) for ``sentences x beam`` rows: encoder layers (QKVO, FFN, attention), decoder
+    layers (self QKVO, cross Q and O, cross K and V once per sentence, FFN, both attentions at their
+    lengths), the projection over ``u`` of the columns (plus the cluster assignment, ``r`` > 0)."""
+    d, f, s = shape.d_model, shape.ffn, src_len
+    enc = sentences * s * shape.enc_layers * (8 * d * d + 4 * d * f + 4 * d * s)
+    cross_kv = sentences * shape.dec_layers * 4 * d * d * s
+    rows = sentences * beam
+    dec = 0.0
+    for t in range(2 + steps - 1):  # prefix 2 tokens, then steps - 1 fed tokens
+        dec += rows * shape.dec_layers * (12 * d * d + 4 * d * f + 4 * d * (t + 1) + 4 * d * s)
+    proj = rows * steps * (2 * d * shape.vocab * u + (2 * d * r if r else 0))
+    return enc + cross_kv + dec + proj
+
+
+@torch.inference_mode()
+def step_profile(
+    adapter, full, clustered: dict, lines: list[str], batch: int, beam: int, steps: int, threads: int
+):
+    """Times of ``steps`` decoder steps and full projections (rows = batch x beam) on ``threads`` threads,
+    then of each clustered projection on the same hidden states; returns (s_full, {key: (s, u)})."""
+    torch.set_num_threads(threads)
+    b = adapter.pad(adapter.tokenize(lines[:batch], SRC, TGT))
+    state = adapter.encode(b)
+    prefix = adapter.start_tokens(TGT)
+    state.positions = len(prefix) + steps - 1
+    rows = b["input_ids"].shape[0]
+    for tok in prefix:
+        h, state = adapter.decoder_step(torch.full((rows,), tok, dtype=torch.long), state)
+    if beam > 1:
+        index = torch.arange(rows).repeat_interleave(beam)
+        state, h = adapter.reorder(state, index, group=beam), h.index_select(0, index)
+    gen = torch.Generator().manual_seed(0)
+    t_proj = t_dec = 0.0
+    hs = []
+    for t in range(steps):
+        hs.append(h)
+        t0 = time.perf_counter()
+        full(h)
+        t1 = time.perf_counter()
+        if t < steps - 1:
+            tokens = torch.randint(4, adapter.n_vocab, (h.shape[0],), generator=gen)
+            h, state = adapter.decoder_step(tokens, state)
+        t2 = time.perf_counter()
+        t_proj, t_dec = t_proj + t1 - t0, t_dec + t2 - t1
+    out = {}
+    for key, proj in clustered.items():
+        proj.reset_counters()
+        t0 = time.perf_counter()
+        for x in hs:
+            proj(x)
+        tc = time.perf_counter() - t0
+        u = proj.stats()["active_columns_per_row"] / adapter.n_vocab
+        proj.reset_counters()
+        out[key] = (tc / (tc + t_dec), u)
+    return t_proj / (t_proj + t_dec), out
+
+
+# ---------------------------------------------------------------------------------------------- the run
+
+
+def parse_list(kind):
+    return lambda text: [kind(x) for x in text.split(",") if x]
+
+
+def system_label(key: str, frac: float | None) -> str:
+    return key if frac is None else f"{key} {100 * frac:g}%"
+
+
+def run_shape(name: str, args, result: dict) -> None:
+    from fastvocab.kernels.clustered import clustered_options
+    from fastvocab.tasks.projections import make_projection
+
+    systems = args.systems
+    model_dir, ct2_dir, shape, info = prepare_shape(name, args, systems)
+    print(f"{name}: {shape}", file=sys.stderr, flush=True)
+    fingerprint = info.get("fingerprint")
+    rss0 = meminfo("VmRSS")
+    a32 = load_adapter(model_dir, fingerprint, int8=False)
+    if fingerprint is None and name != "demo":
+        info["fingerprint"] = a32.fingerprint
+        marker = Path(args.root) / name / "shape.json"
+        marker.write_text(
+            json.dumps({**json.loads(marker.read_text()), "fingerprint": a32.fingerprint}, indent=1)
+        )
+    full32 = make_projection(a32, "full")
+    load_mib = {"fastvocab fp32": (meminfo("VmRSS") - rss0) / 2**20}
+    need8 = any(s in systems for s in ("full-int8", "clustered-int8"))
+    a8 = full8 = None
+    if need8:
+        rss0 = meminfo("VmRSS")
+        a8 = load_adapter(model_dir, a32.fingerprint, int8=True)
+        full8 = make_projection(a32, "full", int8=True)  # the int8 option of full
+        load_mib["fastvocab int8"] = (meminfo("VmRSS") - rss0) / 2**20
+    clustered: dict[float, object] = {}
+    maps_info = {}
+    logw = zipf_pool(a32.n_vocab, args.zipf, seed=0)
+    if any(s.startswith("clustered") or s == "ct2-int8-vmap" for s in systems):
+        r = args.clusters
+        centroids = hidden_states(a32, full32, r, args)
+        for frac in args.active:
+            out = Path(args.root) / name / "maps" / f"a{frac:g}-r{r}-z{args.zipf:g}"
+            cmap = synthetic_map(a32, centroids, frac, args, out)
+            maps_info[f"{frac:g}"] = {"dir": str(out), "union_fraction": union_growth(cmap)}
+            opts = clustered_options("union", args.inactive_mass, False, 1)
+            clustered[frac] = make_projection(a32, "clustered", cluster_map=out, **opts)
+            del cmap
+    info["load_rss_mib"] = {k: round(v) for k, v in load_mib.items()}
+    info["synthetic_maps"] = maps_info
+    result["shapes"][name] = {"shape": asdict(shape), "params": shape.params(), **info}
+
+    only_1t = args.one_thread_batch
+    if only_1t is None:
+        only_1t = [32] if len(args.threads) > 1 else []
+    for threads in args.threads:
+        peak = result["gemm_peak_gflops"].setdefault(str(threads), round(gemm_peak(threads), 1))
+        for batch in args.batch:
+            for beam in args.beam:
+                if threads == 1 and only_1t and batch not in only_1t:
+                    continue
+                run_point(
+                    name,
+                    shape,
+                    args,
+                    result,
+                    a32,
+                    a8,
+                    full32,
+                    full8,
+                    clustered,
+                    ct2_dir,
+                    logw,
+                    threads,
+                    batch,
+                    beam,
+                    peak,
+                )
+
+
+def run_point(
+    name, shape, args, result, a32, a8, full32, full8, clustered, ct2_dir, logw, threads, batch, beam, peak
+) -> None:
+    systems = args.systems
+    workers = args.parallel == "workers"
+    n = args.sentences or batch * (threads if workers else 1) * 2
+    lines = random_lines(n, args.src_words)
+    src_len = max(len(x) for x in a32.tokenize(lines, SRC, TGT))
+    ns = SimpleNamespace(
+        threads=threads,
+        batch_size=batch,
+        max_len=args.steps,
+        parallel=args.parallel,
+        src_lang=SRC,
+        tgt_lang=TGT,
+        vmap_no_reset=False,
+    )
+    intra = 1 if workers else threads
+    # the projection's share and the clustered unions, apart from the timed rounds
+    prof: dict[str, tuple[float, dict]] = {}
+    if any(s.endswith(("fp32",)) for s in systems):
+        prof["fp32"] = step_profile(a32, full32, clustered, lines, batch, beam, args.steps, intra)
+    if a8 is not None:
+        prof["int8"] = step_profile(a8, full8, clustered, lines, batch, beam, args.steps, intra)
+    runs: dict[str, tuple] = {}  # label -> (run, key, frac, dtype)
+    if "full-fp32" in systems:
+        runs["fastvocab full fp32"] = (fastvocab_run(a32, full32, ns), "full-fp32", None, "fp32")
+    if "full-int8" in systems:
+        runs["fastvocab full int8"] = (fastvocab_run(a8, full8, ns), "full-int8", None, "int8")
+    for frac, proj in clustered.items():
+        if "clustered-fp32" in systems:
+            runs[system_label("fastvocab clustered fp32", frac)] = (
+                fastvocab_run(a32, proj, ns),
+                "clustered-fp32",
+                frac,
+                "fp32",
+            )
+        if "clustered-int8" in systems:
+            runs[system_label("fastvocab clustered int8", frac)] = (
+                fastvocab_run(a8, proj, ns),
+                "clustered-int8",
+                frac,
+                "int8",
+            )
+    vmap_count: dict[float, int] = {}
+    if ct2_dir is not None:
+        if "ct2-float32" in systems:
+            runs["ct2 float32"] = (
+                FixedStepsCt2(ct2_dir, "float32", a32, ns).run,
+                "ct2-float32",
+                None,
+                "float32",
+            )
+        if "ct2-int8" in systems:
+            runs["ct2 int8"] = (FixedStepsCt2(ct2_dir, "int8", a32, ns).run, "ct2-int8", None, "int8")
+        if "ct2-int8-vmap" in systems:
+            for frac in clustered:
+                u = prof.get("int8", prof.get("fp32"))[1][frac][1]
+                vfile = Path(tempfile.mkdtemp(prefix="vmap-")) / "vmap.txt"
+                vmap_count[frac] = write_vmap(a32, max(1, round(u * a32.n_vocab)), logw, vfile)
+                vdir = vmap_model_dir(ct2_dir, a32, SimpleNamespace(vmap=vfile, vmap_no_reset=False), {})
+                shutil.rmtree(vfile.parent, ignore_errors=True)
+                sys_ = FixedStepsCt2(vdir, "int8", a32, ns, use_vmap=True)
+                runs[system_label("ct2 int8 + vmap", frac)] = (sys_.run, "ct2-int8-vmap", frac, "int8")
+    for run, *_ in runs.values():  # warm-up on one batch
+        run(lines[:batch], beam)
+    times: dict[str, list[float]] = {k: [] for k in runs}
+    rss: dict[str, list[float]] = {k: [] for k in runs}
+    union: dict[str, list[float]] = {k: [] for k in runs}
+    tokens: dict[str, int] = {}
+    load = os.getloadavg()
+    for i in range(args.repeats):
+        for label, (run, _key, frac, _dtype) in runs.items():
+            proj = clustered.get(frac) if label.startswith("fastvocab clustered") else None
+            if proj is not None:
+                proj.reset_counters()
+            base = meminfo("VmRSS")
+            reset_peak_rss()
+            seconds, tok = run(lines, beam)
+            hwm = meminfo("VmHWM")
+            times[label].append(seconds)
+            rss[label].append(hwm / 2**20)
+            rss.setdefault(label + " run", []).append((hwm - base) / 2**20)
+            if proj is not None:
+                union[label].append(proj.stats()["active_columns_per_row"] / a32.n_vocab)
+            if tokens.setdefault(label, tok) != tok or tok != n * args.steps:
+                raise RuntimeError(
+                    f"{label}: {tok} tokens generated, expected {n} x {args.steps} = {n * args.steps}"
+                )
+            print(
+                f"{name} b{batch} k{beam} t{threads} round {i + 1}: {label} {seconds:.2f} s",
+                file=sys.stderr,
+                flush=True,
+            )
+    for label, (_run, key, frac, dtype) in runs.items():
+        sec = statistics.median(times[label])
+        prec = "int8" if dtype == "int8" else "fp32"
+        s_full = prof[prec][0] if prec in prof else None
+        s_own, u = None, 1.0
+        if key.startswith("clustered"):
+            s_own, u_prof = prof[prec][1][frac]
+            u = statistics.mean(union[label]) if union[label] else u_prof
+        elif key == "full-fp32" or key == "full-int8":
+            s_own = s_full
+        elif key == "ct2-int8-vmap":
+            u = vmap_count[frac] / shape.vocab
+        r = args.clusters if key.startswith("clustered") else 0
+        flops = decode_flops(shape, src_len, n, args.steps, beam, u, r)
+        gflops = flops / sec / 1e9
+        bound = None
+        if s_full is not None and key.startswith("clustered"):
+            bound = 1.0 / ((1.0 - s_full) + s_full * u)
+        result["rows"].append(
+            {
+                "shape": name,
+                "d_model": shape.d_model,
+                "layers": [shape.enc_layers, shape.dec_layers],
+                "ffn": shape.ffn,
+                "vocabulary": shape.vocab,
+                "system": label,
+                "engine": "ctranslate2" if key.startswith("ct2") else "fastvocab",
+                "dtype": dtype,
+                "active_fraction": frac,
+                "batch": batch,
+                "beam": beam,
+                "threads": threads,
+                "parallel": args.parallel,
+                "sentences": n,
+                "steps": args.steps,
+                "src_tokens": src_len,
+                "tokens": tokens[label],
+                "seconds_median": round(sec, 4),
+                "seconds": [round(t, 4) for t in times[label]],
+                "tokens_per_s": round(tokens[label] / sec, 2),
+                "projection_share": None if s_own is None else round(s_own, 4),
+                "full_projection_share": None if s_full is None else round(s_full, 4),
+                "union_fraction": round(u, 5),
+                "bound": None if bound is None else round(bound, 3),
+                "gflops": round(gflops, 2),
+                "gemm_peak_share": round(gflops / peak, 4),
+                "rss_mib": round(max(rss[label])),
+                "rss_run_mib": round(max(rss[label + " run"])),
+                "loadavg": round(load[0], 2),
+            }
+        )
+
+
+def plot(result: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = result["rows"]
+    panels = sorted({(r["batch"], r["beam"], r["threads"]) for r in rows})
+    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4), squeeze=False)
+    for ax, (batch, beam, threads) in zip(axes[0], panels, strict=True):
+        mine = [r for r in rows if (r["batch"], r["beam"], r["threads"]) == (batch, beam, threads)]
+        for system in dict.fromkeys(r["system"] for r in mine):
+            pts = sorted((r["vocabulary"], r["tokens_per_s"]) for r in mine if r["system"] == system)
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=system)
+        ax.set_xscale("log")
+        ax.set_xlabel("vocabulary size N")
+        ax.set_ylabel("tokens/s")
+        ax.set_title(f"batch {batch}, beam {beam}, {threads} thread(s)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.suptitle(f"decoding speed at model scale ({result['device']})", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--shapes", type=parse_list(str), default=["m2m100-418m"], help=f"of {', '.join(SHAPES)}")
+    p.add_argument("--systems", type=parse_list(str), default=SYSTEMS, help=f"of {', '.join(SYSTEMS)}")
+    p.add_argument("--batch", type=parse_list(int), default=[1, 8, 32])
+    p.add_argument("--beam", type=parse_list(int), default=[1, 4])
+    p.add_argument("--threads", type=parse_list(int), default=[2, 1])
+    p.add_argument(
+        "--one-thread-batch",
+        type=parse_list(int),
+        help="at 1 thread, only these batches (default: 32 when --threads has several values, else all)",
+    )
+    p.add_argument("--active", type=parse_list(float), default=FRACTIONS, help="active fraction per cluster")
+    p.add_argument("--clusters", type=int, default=2000, help="clusters of a synthetic map (r)")
+    p.add_argument("--zipf", type=float, default=1.0, help="exponent of the synthetic maps' id popularity")
+    p.add_argument(
+        "--inactive-mass", default="none", help="the clustered projection's estimate (default none)"
+    )
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--steps", type=int, default=48, help="tokens generated per sentence")
+    p.add_argument("--sentences", type=int, help="lines per run (default: 2 batches per worker)")
+    p.add_argument("--src-words", type=int, default=16, help="words per source line")
+    p.add_argument("--parallel", choices=["workers", "intra"], default="workers")
+    p.add_argument("--root", default=str(ROOT / "work" / "model-scale"), help="model, CT2 and map cache")
+    p.add_argument("--real-map", default=str(ROOT / "runs" / "demo" / "maps" / "en-it"))
+    p.add_argument("--out", help="result JSON (default benchmarks/results/model-scale-cpu-<date>.json)")
+    args = p.parse_args(argv)
+    for s in args.shapes:
+        if s not in SHAPES:
+            p.error(f"unknown shape {s!r}; known: {', '.join(SHAPES)}")
+    for s in args.systems:
+        if s not in SYSTEMS:
+            p.error(f"unknown system {s!r}; known: {', '.join(SYSTEMS)}")
+    if (
+        "ct2-int8-vmap" in args.systems
+        and "clustered-int8" not in args.systems
+        and "clustered-fp32" not in args.systems
+    ):
+        args.systems.append("clustered-int8")  # the vmap's candidate count is clustered's union
+
+    import ctranslate2
+
+    result: dict = {
+        "benchmark": "bench_model_scale",
+        "date": dt.datetime.now().isoformat(timespec="seconds"),
+        "commit": git_commit("decoding", "kernels", "tasks", "benchmarks/bench_model_scale.py"),
+        "command": " ".join([".venv/bin/python", "benchmarks/bench_model_scale.py", *(argv or sys.argv[1:])]),
+        "args": vars(args),
+        "device": f"{cpu_name()} ({os.cpu_count()} cores visible)",
+        "torch": torch.__version__,
+        "ctranslate2": ctranslate2.__version__,
+        "timing": "one process, systems interleaved round by round; tokens/s from the median round",
+        "gemm_peak_gflops": {},
+        "real_map_union_growth": real_union_growth(args.real_map),
+        "shapes": {},
+        "rows": [],
+    }
+    for name in args.shapes:
+        run_shape(name, args, result)
+    out = Path(args.out) if args.out else RESULTS / f"model-scale-cpu-{dt.date.today().isoformat()}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1) + "\n")
+    plot(result, out.with_suffix(".png"))
+    print(f"wrote {out} and {out.with_suffix('.png').name}", file=sys.stderr)
+    for r in result["rows"]:
+        print(
+            f"{r['shape']} b{r['batch']} k{r['beam']} t{r['threads']} {r['system']}: "
+            f"{r['tokens_per_s']} tok/s, "
+            f"s {r['projection_share']}, u {r['union_fraction']}, bound {r['bound']}, {r['gflops']} GF/s, "
+            f"{r['rss_mib']} MiB"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
