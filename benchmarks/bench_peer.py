@@ -17,7 +17,7 @@ load excluded), interleaved round by round after a warm-up on one batch, median 
 - ``fastvocab full fp32, F.linear on W`` (``--with-unpacked``): full without the pre-packed weights
   (``prepack=False``), to measure what packing gives in the same rounds;
 - ``fastvocab full int8`` / ``clustered int8``: the same after ``Seq2SeqAdapter.quantize_int8()`` (encoder
-  and decoder linears) and, for full, the int8 output projection (``fastvocab.decoding.int8``);
+  and decoder linears) and, for full, the int8 output projection (the full projection's ``int8`` option);
 - ``fastvocab-hf full fp32`` / ``clustered fp32`` (``--with-hf``): the previous engine (Hugging Face
   decoder, dynamic cache);
 - ``ct2 float32`` / ``ct2 int8``: CTranslate2's ``Translator.translate_batch`` on the model converted from
@@ -187,7 +187,6 @@ def fastvocab_system(adapter, projection, args) -> Callable[[list[str], int], tu
 
 def build_systems(args) -> tuple[dict[str, Callable], dict]:
     from fastvocab.decoding.hf_adapter import Seq2SeqAdapter
-    from fastvocab.decoding.int8 import quantize_projection
     from fastvocab.tasks.projections import make_projection
 
     info: dict = {}
@@ -201,7 +200,7 @@ def build_systems(args) -> tuple[dict[str, Callable], dict]:
     info["full_prepacked"] = full.packed
     systems: dict[str, Callable] = {"fastvocab full fp32": fastvocab_system(a32, full, args)}
     if not args.no_int8:
-        systems["fastvocab full int8"] = fastvocab_system(a8, quantize_projection(full), args)
+        systems["fastvocab full int8"] = fastvocab_system(a8, make_projection(a32, "full", int8=True), args)
     if args.with_unpacked:
         plain = make_projection(a32, "full", prepack=False)
         systems["fastvocab full fp32, F.linear on W"] = fastvocab_system(a32, plain, args)

@@ -182,9 +182,9 @@ class Seq2SeqAdapter:
     def quantize_int8(self, encoder: bool = True) -> None:
         """Dynamic int8 quantisation (``torch.ao.quantization.quantize_dynamic``, per output channel) of the
         decoder's linear layers, and of the encoder's with ``encoder=True``. CPU only; the output projection
-        is quantised separately (``fastvocab.decoding.int8.quantize_projection``), ``W`` here stays exact.
+        is quantised separately (``create_projection("full", ..., int8=True)``), ``W`` here stays exact.
         """
-        from fastvocab.decoding.int8 import quantize_linears
+        from fastvocab.kernels.int8 import quantize_linears
 
         if self.device.type != "cpu":
             raise ValueError(f"int8 dynamic quantisation runs on CPU only, the model is on {self.device}")

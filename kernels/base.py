@@ -141,6 +141,24 @@ class ProjectionOutput:
         return torch.isfinite(self.logits).sum(dim=1).to(torch.int64)
 
 
+@dataclass
+class CapturableStep:
+    """A projection's step in the form a CUDA graph can hold (:meth:`Projection.capturable`): called with
+    ``h`` (rows, d), it returns a ``ProjectionOutput`` of fixed shapes and reads nothing back to the host.
+
+    ``overflow``: None when every output is complete; else a 0-d bool device flag the step ORs with "this
+    output lacked columns" (a static union that outgrew its capacity). A search reads it at its next host
+    read and then decodes the batch again with ``fallback``, an eager step that never drops a column.
+    """
+
+    project: Callable[[torch.Tensor], ProjectionOutput]
+    overflow: torch.Tensor | None = None
+    fallback: Callable[[torch.Tensor], ProjectionOutput] | None = None
+
+    def __call__(self, h: torch.Tensor) -> ProjectionOutput:
+        return self.project(h)
+
+
 class Projection:
     """Base class: the public ``__call__`` checks its input, then calls the method's ``_project`` hook.
 
@@ -192,6 +210,12 @@ class Projection:
         with an exactness certificate and of rows sent to the full projection for being far from their
         centroid; None where the method keeps no such count (override to report yours)."""
         return {"active_columns_per_row": None, "certified_fraction": None, "far_fraction": None}
+
+    def capturable(self, rows: int) -> CapturableStep | None:
+        """This method's step for ``rows`` rows as a CUDA graph can capture it (:class:`CapturableStep`), or
+        None when it has none (its step reads a count or a certificate back to the host). Override to offer
+        one."""
+        return None
 
     def signature(self) -> str:
         """``method:clustered|mode:union|...|fastvocab:0.1.0|model:<fingerprint>`` (sacrebleu-style)."""

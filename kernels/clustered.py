@@ -51,7 +51,8 @@ import torch
 from fastvocab.artifacts_schema.cluster_map import ClusterMap, load_cluster_map
 from fastvocab.artifacts_schema.errors import ArtifactError
 from fastvocab.kernels import clustered_ops as ops
-from fastvocab.kernels.base import Projection, ProjectionOutput, register
+from fastvocab.kernels.base import CapturableStep, Projection, ProjectionOutput, register
+from fastvocab.kernels.clustered_static import StaticUnion
 
 log = logging.getLogger(__name__)
 _COUNTERS_LOCK = threading.Lock()  # guards every projection's counters (rare, tiny updates)
@@ -315,6 +316,25 @@ class ClusteredProjection(Projection):
     def active_sets(self) -> list[torch.Tensor]:
         """Each cluster's sorted vocabulary ids (always-active ids included), on the device."""
         return list(self._map.ids)
+
+    @property
+    def prepared_map(self) -> ops.PreparedMap:
+        """The map as the step reads it (centroids, CSR sets, cached blocks), on the device."""
+        return self._map
+
+    @property
+    def mass_tables(self) -> ops.MassTables | ops.NormaliserTables | None:
+        """The tables of the inactive-mass estimate in use (None: none, or the oracle)."""
+        return self._mass
+
+    def capturable(self, rows: int) -> CapturableStep | None:
+        """Union mode as a static-capacity union that no ``rows`` rows can outgrow (the same outputs,
+        ``kernels.clustered_static.StaticUnion``); None for per-row selection, whose step groups rows by
+        cluster on the host. A ValueError for what a static union cannot hold (``exact_k``,
+        ``mass_radius``, the oracle estimate)."""
+        if self.selection != "union":
+            return None
+        return StaticUnion(self, rows=rows).capturable(rows)
 
     def assign(self, h: torch.Tensor) -> torch.Tensor:
         """Cluster of each row (Eq. 2), (rows,) int64."""

@@ -35,11 +35,12 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
 
-from fastvocab.kernels.base import ProjectionOutput
+from fastvocab.kernels.base import CapturableStep, ProjectionOutput
 from fastvocab.kernels.clustered_ops import (
     MassTables,
     NormaliserTables,
@@ -174,6 +175,22 @@ def static_union_logits(
     return StaticUnionOutput(logits, cols.ids, cols.count, cols.overflow, clusters, log_inactive_mass=mass)
 
 
+class UnionSource(Protocol):
+    """What :class:`StaticUnion` reads of a union-mode clustered projection (``ClusteredProjection``)."""
+
+    weight: torch.Tensor
+    bias: torch.Tensor | None
+    inactive_mass: str
+    exact_k: int
+    mass_radius: float | None
+
+    @property
+    def prepared_map(self) -> PreparedMap: ...
+
+    @property
+    def mass_tables(self) -> MassTables | NormaliserTables | None: ...
+
+
 class StaticUnion:
     """A static-capacity union step over a clustered projection's prepared map.
 
@@ -185,21 +202,21 @@ class StaticUnion:
     """
 
     def __init__(
-        self, proj: object, *, capacity: int | None = None, rows: int | None = None, grow: bool = True
+        self, proj: UnionSource, *, capacity: int | None = None, rows: int | None = None, grow: bool = True
     ) -> None:
-        if getattr(proj, "exact_k", 0) or getattr(proj, "mass_radius", None) is not None:
+        if proj.exact_k or proj.mass_radius is not None:
             raise ValueError(
                 "a static union cannot certify rows or send far ones to full logits (a shape it cannot "
                 "hold): build the clustered projection without exact_k / mass_radius"
             )
-        self.inactive_mass: str = getattr(proj, "inactive_mass", "none")
+        self.inactive_mass: str = proj.inactive_mass
         if self.inactive_mass not in ("none", "centroid", "moments", "normaliser"):
             raise ValueError(f"a static union has no {self.inactive_mass!r} inactive-mass estimate")
-        self.tables: MassTables | NormaliserTables | None = getattr(proj, "_mass", None)
-        pm: PreparedMap = proj._map  # type: ignore[attr-defined]
+        self.tables: MassTables | NormaliserTables | None = proj.mass_tables
+        pm = proj.prepared_map
         self.map = pm
-        self.weight: torch.Tensor = proj.weight  # type: ignore[attr-defined]
-        self.bias: torch.Tensor | None = proj.bias  # type: ignore[attr-defined]
+        self.weight: torch.Tensor = proj.weight
+        self.bias: torch.Tensor | None = proj.bias
         self.n_vocab = int(self.weight.shape[0])
         h_dtype = self.weight.dtype
         if h_dtype not in (torch.float16, torch.bfloat16, torch.float32):
@@ -226,6 +243,17 @@ class StaticUnion:
             self.inactive_mass,
             self.tables,
         )
+
+    def capturable(self, rows: int) -> CapturableStep:
+        """:meth:`step` as a search captures it: a ``ProjectionOutput`` per call (padded columns: ``-inf``
+        logits, ids repeating a real one), a fresh overflow flag, and :meth:`project` to decode again with
+        when it is set. ``rows`` is not read: the capacity was fixed at construction."""
+        overflow = torch.zeros((), dtype=torch.bool, device=self.weight.device)
+
+        def project(h: torch.Tensor) -> ProjectionOutput:
+            return self.step(h, overflow).output(self.n_vocab)
+
+        return CapturableStep(project, overflow=overflow, fallback=self.project)
 
     def project(self, h: torch.Tensor) -> ProjectionOutput:
         """Eager step: one host read of the overflow flag; full logits for an overflowing step (and, with

@@ -36,8 +36,10 @@ import logging
 from typing import Any
 
 import torch
+from torch import nn
 
-from fastvocab.kernels.base import Projection, ProjectionOutput, register
+from fastvocab.kernels.base import CapturableStep, Projection, ProjectionOutput, register
+from fastvocab.kernels.int8 import quantize_linears
 
 log = logging.getLogger(__name__)
 
@@ -67,16 +69,28 @@ def prepack_unavailable(weight: torch.Tensor) -> str | None:
 @register("full")
 class FullProjection(Projection):
     """All N columns. ``prepack`` (default True): on CPU fp32, keep ``W`` in GEMM-friendly layouts too
-    (module docstring); ignored where that path is unavailable."""
+    (module docstring); ignored where that path is unavailable. ``int8`` (CPU only): ``W`` and ``b`` in a
+    dynamic int8 linear layer instead (``kernels.int8``; float32 in and out, no pre-packing), recorded as
+    ``dtype:int8`` in the signature."""
 
     def __init__(
-        self, weight: torch.Tensor, bias: torch.Tensor | None, *, prepack: bool = True, **kwargs: Any
+        self,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+        *,
+        prepack: bool = True,
+        int8: bool = False,
+        **kwargs: Any,
     ) -> None:
         super().__init__(weight, bias, **kwargs)
-        self.prepack = bool(prepack)
+        self.int8 = bool(int8)
+        self.prepack = bool(prepack) and not self.int8  # int8 reads W once, into its own layer
         self._packed: torch.Tensor | None = None  # opaque oneDNN layout of W
         self._wt: torch.Tensor | None = None  # (d, N) contiguous
         self._packed_version = -1  # W's version counter when the copies were made
+        self._q: nn.Module | None = None  # the int8 linear layer
+        if self.int8:
+            self._q = _int8_linear(weight, bias)
         self._pack()
 
     def _pack(self) -> None:
@@ -114,7 +128,17 @@ class FullProjection(Projection):
         self.__dict__.update(state)
         self._pack()
 
+    def options(self) -> dict[str, object]:
+        return {"dtype": "int8"} if self.int8 else {}
+
+    def capturable(self, rows: int) -> CapturableStep:
+        """The projection itself: its call reads nothing back to the host."""
+        return CapturableStep(self)
+
     def _project(self, h: torch.Tensor) -> ProjectionOutput:
+        if self._q is not None:
+            logits = self._q(h.float().contiguous())  # (rows, N) float32
+            return ProjectionOutput(logits=logits, ids=None, n_vocab=self.n_vocab)
         if self._packed is not None and self.weight._version != self._packed_version:
             # W was changed in place (a tied embedding edited, a fitted row): the copies follow it.
             log.debug("full projection: W changed in place, packing it again")
@@ -129,3 +153,16 @@ class FullProjection(Projection):
                 h.contiguous(), self._packed, self.bias, "none", [], ""
             )
         return ProjectionOutput(logits=logits, ids=None, n_vocab=self.n_vocab)
+
+
+def _int8_linear(weight: torch.Tensor, bias: torch.Tensor | None) -> nn.Module:
+    """``W`` and ``b`` as a dynamic int8 ``nn.Linear`` (CPU only)."""
+    if weight.device.type != "cpu":
+        raise ValueError(f"int8 projection runs on CPU only, W is on {weight.device}")
+    n_vocab, d = weight.shape
+    lin = nn.Linear(d, n_vocab, bias=bias is not None)
+    with torch.no_grad():
+        lin.weight.copy_(weight.float())
+        if bias is not None:
+            lin.bias.copy_(bias.float())
+    return quantize_linears(nn.Sequential(lin))[0]

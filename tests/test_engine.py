@@ -236,8 +236,6 @@ def test_state_reports_its_size(static):
 
 
 def test_int8_decoder_stays_close_and_runs_the_search(demo):
-    from fastvocab.decoding.int8 import Int8FullProjection, quantize_projection
-
     q = Seq2SeqAdapter.load(DEMO_MODEL)
     q.quantize_int8()
     assert q.quantized and q.engine == "static"
@@ -248,8 +246,8 @@ def test_int8_decoder_stays_close_and_runs_the_search(demo):
     rel = (h8 - h32).norm() / h32.norm()
     assert 0 < float(rel) < 0.1
     full = create_projection("full", demo.output_weight, demo.output_bias)
-    proj8 = quantize_projection(full)
-    assert isinstance(proj8, Int8FullProjection) and "dtype:int8" in proj8.signature()
+    proj8 = create_projection("full", demo.output_weight, demo.output_bias, int8=True)
+    assert proj8.options() == {"dtype": "int8"} and "dtype:int8" in proj8.signature()
     logits32 = full(h32[:, -1]).logits
     logits8 = proj8(h32[:, -1]).logits
     assert float((logits8 - logits32).abs().max()) < 0.05 * float(logits32.abs().max())

@@ -89,8 +89,45 @@ def test_fallback_is_f_linear_and_logged(caplog, monkeypatch):
 
 
 def test_int8_projection_does_not_pack():
-    from fastvocab.decoding.int8 import Int8FullProjection
+    w, b = _wb()
+    q = FullProjection(w, b, int8=True)
+    assert not q.packed
+
+
+def test_int8_option_equals_a_dynamic_int8_linear_over_w():
+    """``create_projection("full", ..., int8=True)``: the logits of a dynamic int8 ``nn.Linear`` holding W and
+    b (what the int8 projection computed before it became an option), ``dtype:int8`` in the signature."""
+    from torch import nn
+
+    from fastvocab.kernels.int8 import quantize_linears
 
     w, b = _wb()
-    q = Int8FullProjection(w, b)
-    assert not q.packed
+    lin = nn.Linear(w.shape[1], w.shape[0])
+    with torch.no_grad():
+        lin.weight.copy_(w)
+        lin.bias.copy_(b)
+    h = torch.randn(7, w.shape[1], generator=torch.Generator().manual_seed(3))
+    want = quantize_linears(nn.Sequential(lin))[0](h)
+    q = create_projection("full", w, b, int8=True, fingerprint="sha256:test")
+    got = q(h)
+    assert torch.equal(got.logits, want) and got.ids is None
+    assert q.options() == {"dtype": "int8"} and "|dtype:int8|" in q.signature()
+    assert create_projection("full", w, b, fingerprint="sha256:test").options() == {}
+    with pytest.raises(ValueError, match="CPU only"):
+        FullProjection(w.to("meta"), b.to("meta"), int8=True)
+
+
+def test_capturable_steps():
+    """The full projection's captured step is itself; a method without one says None (the base class)."""
+    from fastvocab.kernels.base import Projection
+
+    w, b = _wb()
+    full = FullProjection(w, b)
+    step = full.capturable(rows=5)
+    h = torch.randn(5, w.shape[1])
+    assert step is not None and step.overflow is None and torch.equal(step(h).logits, full(h).logits)
+
+    class NoStep(Projection):
+        pass
+
+    assert NoStep(w, b).capturable(rows=5) is None

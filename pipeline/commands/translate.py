@@ -309,11 +309,10 @@ def run(args: argparse.Namespace) -> int:
     try:
         adapter.check_language(args.src_lang)
         adapter.check_language(args.tgt_lang)
-        projection = make_projection(adapter, args.method, **_projection_options(args))
-        if int8:
-            from fastvocab.decoding.int8 import quantize_projection
-
-            projection = quantize_projection(projection)
+        options = _projection_options(args)
+        if int8 and args.method == "full":  # the clustered projection stays float32 (few columns)
+            options["int8"] = True
+        projection = make_projection(adapter, args.method, **options)
         # the flags are named as SearchSettings' fields (--beam, --batch-size, ...)
         search = SearchSettings(**{f.name: getattr(args, f.name) for f in fields(SearchSettings)})
         if lines is None:  # text: streamed in chunks, resumable
