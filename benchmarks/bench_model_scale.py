@@ -593,8 +593,7 @@ def system_label(key: str, frac: float | None) -> str:
 
 
 def run_shape(name: str, args, result: dict) -> None:
-    from fastvocab.kernels.clustered import clustered_options
-    from fastvocab.tasks.projections import make_projection
+    from fastvocab.tasks.projections import clustered_options, make_projection
 
     systems = args.systems
     model_dir, ct2_dir, shape, info = prepare_shape(name, args, systems)

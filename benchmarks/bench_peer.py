@@ -73,8 +73,9 @@ import torch
 from bench_meta import cpu_name, git_commit
 
 from fastvocab.decoding.search import parse_early_stopping, stopping_rule
-from fastvocab.kernels.clustered import BEAM_INACTIVE_MASS, INACTIVE_MASS, clustered_options
+from fastvocab.kernels.clustered import INACTIVE_MASS
 from fastvocab.tasks.evaluate import score, search_error_rate
+from fastvocab.tasks.projections import BEAM_INACTIVE_MASS, clustered_options
 
 RESULTS = Path(__file__).resolve().parent / "results"
 ROOT = Path(__file__).resolve().parent.parent

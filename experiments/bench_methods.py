@@ -56,10 +56,10 @@ from fastvocab.artifacts_schema.method_index import (
 from fastvocab.decoding.hf_adapter import Seq2SeqAdapter
 from fastvocab.experiments.fidelity import Reference, Scorer, decode_all, decode_passes
 from fastvocab.kernels.base import Projection, ProjectionOutput
+from fastvocab.tasks.methods import INDEXED_METHODS
 from fastvocab.tasks.projections import make_projection
 
 METHODS = ("full", "clustered", "per-row", "lsh", "graph", "shortlist")
-INDEXED = ("lsh", "graph", "shortlist")  # methods with an offline artifact of their own (tasks/methods.py)
 CLUSTERED = ("clustered", "per-row")  # both read the cluster map
 
 # Per grid: method -> points (projection options on top of the artifact); artifact parameters per method.
@@ -161,7 +161,7 @@ class BenchSettings:
             "warmup_sentences": self.warmup,
             "points": {m: self.grid_points(m) for m in self.methods},
             "artifact_params": {
-                m: dataclasses.asdict(self.artifact(m)) for m in self.methods if m in INDEXED
+                m: dataclasses.asdict(self.artifact(m)) for m in self.methods if m in INDEXED_METHODS
             },
         }
 
@@ -319,7 +319,7 @@ def point_options(
     if artifact is None:
         raise ValueError(f"{method} needs its artifact (a cluster map or a method index)")
     if method in CLUSTERED:
-        from fastvocab.kernels.clustered import clustered_options
+        from fastvocab.tasks.projections import clustered_options
 
         selection = "per-row" if method == "per-row" else "union"
         opts = clustered_options(
@@ -459,7 +459,7 @@ def run_bench(
                 artifacts["cluster"] = Artifact("clustered", cmap, None, _folder_bytes(folder), str(folder))
             if m in CLUSTERED:
                 artifacts[m] = artifacts["cluster"]
-            elif m in INDEXED:
+            elif m in INDEXED_METHODS:
                 cached = model_wide.get(m)
                 if cached is None:
                     params = settings.artifact(m)

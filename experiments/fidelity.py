@@ -48,13 +48,15 @@ from fastvocab.decoding.hf_adapter import Seq2SeqAdapter
 from fastvocab.decoding.scoring import sequence_scores
 from fastvocab.decoding.search import ProjectionLike, decode
 from fastvocab.kernels.base import Projection
-from fastvocab.kernels.clustered import exact_k_for
 from fastvocab.tasks.evaluate import score
-from fastvocab.tasks.projections import make_projection
+from fastvocab.tasks.projections import exact_k_for, make_projection
 
-METHODS = ("clustered", "moments", "centroid", "normaliser", "oracle", "exact", "per-row")
+# The clustered projection's diagnostic inactive_mass (no CLI choice): the exact log-mass of the columns not
+# computed, from the full logits of every row, so its search errors are those of the sets alone.
+ORACLE_MASS = "oracle"
+METHODS = ("clustered", "moments", "centroid", "normaliser", ORACLE_MASS, "exact", "per-row")
 # an inactive-mass estimate (or the exact mass, ``oracle``: a diagnostic): beam search only
-MASS_METHODS = ("moments", "centroid", "normaliser", "oracle")
+MASS_METHODS = ("moments", "centroid", "normaliser", ORACLE_MASS)
 GRIDS = {"quick": ((1, 4), (32,)), "full": ((1, 2, 4, 5), (1, 32))}
 DEFAULT_METHODS = ("clustered", "normaliser", "exact")
 # Scores are float32 sums: a differing output counts as a search error only when it is worse by more than

@@ -43,10 +43,10 @@ from fastvocab.artifacts_schema.hidden_states import read_shard_meta, shard_rows
 from fastvocab.decoding.hf_adapter import Seq2SeqAdapter
 from fastvocab.experiments.fidelity import Reference, Scorer, decode_passes
 from fastvocab.kernels.base import Projection
-from fastvocab.kernels.clustered import SELECTIONS, clustered_options
+from fastvocab.kernels.clustered import SELECTIONS
 from fastvocab.tasks.kmeans import KMeansParams, sample_states, train_kmeans
 from fastvocab.tasks.maps import ActiveSetCounter, attach_normaliser, count_shards_by_k, make_cluster_map
-from fastvocab.tasks.projections import make_projection
+from fastvocab.tasks.projections import clustered_options, make_projection
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ At each decoding step:
    (``clustered_ops.inactive_log_mass``). ``normaliser`` errs least, and its error grows with the row's
    distance to the centroid (the measured errors of each estimator: benchmarks/README.md, "Fidelity").
    ``mass_radius`` sends rows farther than it from their centroid (where the expansion errs most) to the
-   full projection; ``ORACLE_MASS`` is the exact mass, a diagnostic of the fidelity benchmark.
+   full projection; ``inactive_mass="oracle"`` is the exact mass, a diagnostic of the fidelity harness.
 
 4. optionally (``exact_k``) an exactness certificate per row: an upper bound on every logit the row did not
    compute (``clustered_ops.BoundTables``: the centroid's logits plus ``||w_i|| ||h - C_c||``). A row whose
@@ -59,40 +59,17 @@ _COUNTERS_LOCK = threading.Lock()  # guards every projection's counters (rare, t
 
 SELECTIONS = ("union", "per-row")  # which columns each row gets: the batch's union, or its own cluster's
 INACTIVE_MASS = ("none", "centroid", "moments", "normaliser")
-# A diagnostic, not a method (no CLI choice): the exact log-mass of the columns not computed, from the full
-# logits of every row. It separates search errors due to the sets from those due to the estimate of their
-# mass (experiments/fidelity.py, the fidelity benchmark); it costs more than the full projection.
-ORACLE_MASS = "oracle"
+# Also accepted as inactive_mass, a diagnostic of the fidelity harness and not a method (no CLI choice): the
+# exact log-mass of the columns not computed, from the full logits of every row. It separates search errors
+# due to the sets from those due to the estimate of their mass (experiments/fidelity.py names it ORACLE_MASS);
+# it costs more than the full projection.
+_ORACLE = "oracle"
 DEFAULT_NORMALISER_RANK = 32  # when a map has no normaliser for the sets in use and it is computed here
 BACKENDS = ("auto", "torch", "cupy")
 # Cached sub-matrices on CPU by default (MB): a cached cluster turns the per-step gather (a copy of the active
 # rows) into a plain GEMV (measured: benchmarks/README.md, "Output layer alone").
 DEFAULT_CPU_CACHE_MB = 512.0
 
-
-# ``inactive_mass="auto"`` of the CLI and the pipeline: greedy search reads logits only; for beam search the
-# estimator with the fewest search errors measured (benchmarks/results/fidelity-cpu-2026-11-23-normaliser-*).
-BEAM_INACTIVE_MASS = "normaliser"
-
-
-def auto_inactive_mass(beam: int) -> str:
-    """The inactive-mass estimator ``auto`` stands for at this beam size."""
-    return "none" if beam == 1 else BEAM_INACTIVE_MASS
-
-
-def exact_k_for(beam: int) -> int:
-    """``exact_k`` that makes a search exact: greedy needs the top-1 certified, beam search the 2 x beam
-    candidates it keeps per row."""
-    return 1 if beam == 1 else 2 * beam
-
-
-def clustered_options(selection: str, inactive_mass: str, exact: bool, beam: int) -> dict[str, object]:
-    """Projection options from the CLI's and the pipeline's settings (``inactive_mass`` may be ``auto``)."""
-    mass = auto_inactive_mass(beam) if inactive_mass == "auto" else inactive_mass
-    options: dict[str, object] = {"selection": selection, "inactive_mass": mass}
-    if exact:
-        options["exact_k"] = exact_k_for(beam)
-    return options
 
 
 def _choice(name: str, value: str, valid: Sequence[str]) -> str:
@@ -140,7 +117,7 @@ class ClusteredProjection(Projection):
     ) -> None:
         super().__init__(weight, bias, **common)
         self.selection = _choice("selection", selection, SELECTIONS)
-        self.inactive_mass = _choice("inactive_mass", inactive_mass, (*INACTIVE_MASS, ORACLE_MASS))
+        self.inactive_mass = _choice("inactive_mass", inactive_mass, (*INACTIVE_MASS, _ORACLE))
         _choice("backend", backend, BACKENDS)
         if isinstance(min_count, bool) or not isinstance(min_count, int) or min_count < 1:
             raise ValueError(f"min_count must be an integer >= 1, got {min_count!r}")
@@ -178,7 +155,7 @@ class ClusteredProjection(Projection):
         self.normaliser_source: str | None = None  # "map" or "computed at load"
         if self.inactive_mass == "normaliser":
             self._mass = self._normaliser(cmap)
-        elif self.inactive_mass not in ("none", ORACLE_MASS):
+        elif self.inactive_mass not in ("none", _ORACLE):
             self._mass = ops.mass_tables(self._map, self.weight, self.bias)
         self._bounds = None
         if self.exact_k:
@@ -355,7 +332,7 @@ class ClusteredProjection(Projection):
         mass = None
         if isinstance(self._mass, ops.NormaliserTables):
             mass = ops.normaliser_log_mass(h, logits, ids, clusters, self._map, self._mass)
-        elif self.inactive_mass == ORACLE_MASS:
+        elif self.inactive_mass == _ORACLE:
             mass = _oracle_log_mass(h, logits, ids, self.weight, self.bias)
         elif self._mass is not None:
             mass = ops.inactive_log_mass(self.inactive_mass, h, logits, clusters, self.n_vocab, self._mass)
@@ -459,7 +436,7 @@ class ClusteredProjection(Projection):
 def _oracle_log_mass(
     h: torch.Tensor, logits: torch.Tensor, ids: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
 ) -> torch.Tensor:
-    """Exact ``logsumexp`` of the logits a row did not compute, (rows,) float32 (``ORACLE_MASS``)."""
+    """Exact ``logsumexp`` of the logits a row did not compute, (rows,) float32 (the ``oracle`` estimate)."""
     full = torch.nn.functional.linear(h, weight, bias).float()  # (rows, N)
     # per-row padding repeats an id with -inf; dense() keeps the real logit: only computed columns are finite
     computed = torch.isfinite(ProjectionOutput(logits, ids, full.shape[1]).dense())

@@ -55,7 +55,7 @@ class CorpusConfig(_Strict):
 class TranslateConfig(_Strict):
     selection: Literal["union", "per-row"] = "union"  # clustered: rows share the union of their sets, or not
     # clustered: estimate of the mass of the columns not computed (auto: none for greedy, the measured best
-    # for beam search: kernels/clustered.py BEAM_INACTIVE_MASS)
+    # for beam search: tasks/projections.py BEAM_INACTIVE_MASS)
     inactive_mass: Literal["auto", "none", "centroid", "moments", "normaliser"] = "auto"
     exact: bool = False  # clustered: rows without an exactness certificate get the full projection
     beam: int = Field(1, ge=1)

@@ -43,6 +43,8 @@ BUILDERS: dict[str, str] = {
     "graph": "fastvocab.tasks.methods:build_graph",
     "shortlist": "fastvocab.tasks.methods:build_shortlist",  # one per direction, from the corpus
 }
+# The methods that decode with an offline artifact of their own (``--index``, the pipeline's methods stage).
+INDEXED_METHODS = tuple(BUILDERS)
 # Methods whose artifact depends on the output layer only: one for every direction ("*").
 MODEL_WIDE = frozenset({"lsh", "graph"})
 ANY_UNIT = "all"  # folder name of a model-wide artifact

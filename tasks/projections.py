@@ -1,10 +1,19 @@
-"""The output-layer method a translation decodes with, built over a loaded model's exact W and b."""
+"""The output-layer method a translation decodes with, built over a loaded model's exact W and b, and the
+options each method gets from what a user chose (the ``fastvocab translate`` flags, the pipeline's translate
+section): one place, so the CLI and the pipeline decode a method alike."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 from fastvocab.decoding.hf_adapter import Seq2SeqAdapter
 from fastvocab.kernels import create_projection
 from fastvocab.kernels.base import Projection
+from fastvocab.tasks.methods import INDEXED_METHODS
+
+# What ``inactive_mass="auto"`` stands for in beam search: the estimator with the fewest search errors
+# measured (benchmarks/results/fidelity-cpu-2026-11-23-normaliser.json). Greedy search reads logits only.
+BEAM_INACTIVE_MASS = "normaliser"
 
 
 def make_projection(adapter: Seq2SeqAdapter, method: str = "full", **options: object) -> Projection:
@@ -17,3 +26,71 @@ def make_projection(adapter: Seq2SeqAdapter, method: str = "full", **options: ob
         fingerprint=adapter.fingerprint,
         **options,
     )
+
+
+def auto_inactive_mass(beam: int) -> str:
+    """The inactive-mass estimator ``auto`` stands for at this beam size."""
+    return "none" if beam == 1 else BEAM_INACTIVE_MASS
+
+
+def exact_k_for(beam: int) -> int:
+    """``exact_k`` that makes a search exact: greedy needs the top-1 certified, beam search the 2 x beam
+    candidates it keeps per row."""
+    return 1 if beam == 1 else 2 * beam
+
+
+def clustered_options(selection: str, inactive_mass: str, exact: bool, beam: int) -> dict[str, object]:
+    """The clustered projection's options, its map aside (``inactive_mass`` may be ``auto``)."""
+    mass = auto_inactive_mass(beam) if inactive_mass == "auto" else inactive_mass
+    options: dict[str, object] = {"selection": selection, "inactive_mass": mass}
+    if exact:
+        options["exact_k"] = exact_k_for(beam)
+    return options
+
+
+def method_options(
+    method: str,
+    direction: str,
+    *,
+    beam: int,
+    artifact: str | Path | None = None,
+    selection: str = "union",
+    inactive_mass: str = "auto",
+    exact: bool = False,
+    candidates: int | None = None,
+    bits: int | None = None,
+    ef_search: int | None = None,
+    frequent: int | None = None,
+    scope: str | None = None,
+) -> dict[str, object]:
+    """``make_projection``'s options for ``method`` decoding ``direction`` at ``beam``.
+
+    ``artifact``: the clustered map's folder (required for clustered), or the folder of an indexed method's
+    artifact (:data:`~fastvocab.tasks.methods.INDEXED_METHODS`; lsh and graph build theirs in memory without
+    it), found and checked by the caller; it is passed on as given. ``selection``, ``inactive_mass`` and
+    ``exact`` are clustered's; ``candidates`` is the indexed methods' k, ``bits`` lsh's, ``ef_search``
+    graph's, ``frequent`` and ``scope`` the shortlist's. None leaves the projection's own default (or the
+    artifact's). Any other method gets no options.
+    """
+    if method == "clustered":
+        if artifact is None:
+            raise ValueError("the clustered method needs a cluster map")
+        return {"cluster_map": artifact, **clustered_options(selection, inactive_mass, exact, beam)}
+    if method not in INDEXED_METHODS:
+        return {}
+    options: dict[str, object] = {}
+    if artifact is not None:
+        options["index"] = artifact
+    if candidates is not None:
+        options["k"] = candidates
+    if method == "lsh" and bits is not None:
+        options["bits"] = bits
+    if method == "graph" and ef_search is not None:
+        options["ef_search"] = ef_search
+    if method == "shortlist":
+        options["direction"] = direction  # the table is per direction: a foreign one is refused at load
+        if frequent is not None:
+            options["frequent"] = frequent
+        if scope is not None:
+            options["scope"] = scope
+    return options

@@ -517,8 +517,7 @@ def test_translate_with_graphs_equals_the_eager_search(demo, monkeypatch, beam):
     search's lines: the full projection as it is, union-mode clustered (with beam search's default
     inactive-mass estimate) as a static-capacity union. A union is the batch's, and the graphed searches
     keep finished rows in it, so the eager side keeps them too (no host read before the end)."""
-    from fastvocab.kernels.clustered import clustered_options
-    from fastvocab.tasks.projections import make_projection
+    from fastvocab.tasks.projections import clustered_options, make_projection
     from fastvocab.tasks.translate import translate
 
     full = make_projection(demo, "full")
@@ -544,8 +543,7 @@ def test_translate_with_graphs_in_half_precision(demo, monkeypatch, dtype):
     """The GPU decodes in float16: the comparison above in float16 and bfloat16 on CPU (the engine's, the
     fixed-shape step's and the static union's half-precision paths), with the map built from the float32
     load, as the pipeline builds maps (so the half-precision adapter must carry the float32 fingerprint)."""
-    from fastvocab.kernels.clustered import clustered_options
-    from fastvocab.tasks.projections import make_projection
+    from fastvocab.tasks.projections import clustered_options, make_projection
     from fastvocab.tasks.translate import translate
 
     cmap = map_from_decoding(demo, make_projection(demo, "full"), beam=2, max_len=40)

@@ -419,11 +419,11 @@ def test_cli_clustered_refuses_foreign_or_missing_map(model_dir, adapter, tmp_pa
 )
 def test_cli_inactive_mass_auto_and_exact_options(adapter, tmp_path, flags, want):
     """What the translate flags hand the clustered projection; the pipeline's translate section maps to the
-    same options (kernels.clustered.clustered_options)."""
-    from fastvocab.kernels.clustered import clustered_options
+    same options (tasks.projections.clustered_options)."""
     from fastvocab.pipeline.cli import build_parser
     from fastvocab.pipeline.commands.translate import _projection_options
     from fastvocab.pipeline.config import TranslateConfig
+    from fastvocab.tasks.projections import clustered_options
 
     maps = tmp_path / "maps"
     _save_map(adapter, maps, [list(range(adapter.n_vocab))])

@@ -579,8 +579,7 @@ def step_e2e_demo(args: argparse.Namespace) -> dict:
     from fastvocab.artifacts_schema.cluster_map import resolve_map_dir
     from fastvocab.artifacts_schema.errors import ArtifactError
     from fastvocab.decoding.hf_adapter import Seq2SeqAdapter
-    from fastvocab.kernels.clustered import clustered_options
-    from fastvocab.tasks.projections import make_projection
+    from fastvocab.tasks.projections import clustered_options, make_projection
     from fastvocab.tasks.translate import translate
 
     device = pick_device(args.smoke)

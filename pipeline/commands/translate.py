@@ -19,17 +19,17 @@ from fastvocab.artifacts_schema.errors import ArtifactError
 from fastvocab.pipeline.checks import check_device, check_map_direction, check_output_file
 from fastvocab.pipeline.config import TranslateConfig
 from fastvocab.pipeline.errors import UserError
+from fastvocab.tasks.methods import INDEXED_METHODS
 
 HELP = "translate a text file or Parquet dataset for one direction (full, clustered, lsh, graph, shortlist)"
 
 log = logging.getLogger(__name__)
 
 _DTYPES = ("float32", "float16", "bfloat16", "int8")
-INDEXED = ("lsh", "graph", "shortlist")  # methods with an offline artifact (the pipeline's methods stage)
 # option -> the methods it applies to
 _METHOD_FLAGS = {
-    "index": INDEXED,
-    "candidates": INDEXED,
+    "index": INDEXED_METHODS,
+    "candidates": INDEXED_METHODS,
     "bits": ("lsh",),
     "ef_search": ("graph",),
     "frequent": ("shortlist",),
@@ -48,7 +48,8 @@ def _stopping_rule(value: str) -> bool | str | None:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from fastvocab.kernels import available_projections
-    from fastvocab.kernels.clustered import BEAM_INACTIVE_MASS, INACTIVE_MASS
+    from fastvocab.kernels.clustered import INACTIVE_MASS
+    from fastvocab.tasks.projections import BEAM_INACTIVE_MASS
 
     d = TranslateConfig()
     p.add_argument(
@@ -206,7 +207,7 @@ def _check_args(args: argparse.Namespace) -> None:
         check_map_direction(
             resolve_map_dir(args.clusters, args.src_lang, args.tgt_lang), args.src_lang, args.tgt_lang
         )
-    if args.method in INDEXED and args.index is not None:
+    if args.method in INDEXED_METHODS and args.index is not None:
         resolve_index(args.index, args.method, f"{args.src_lang}-{args.tgt_lang}")
 
 
@@ -243,34 +244,31 @@ def torch_device_type(device: str) -> str:
 
 
 def _projection_options(args: argparse.Namespace) -> dict[str, object]:
-    direction = f"{args.src_lang}-{args.tgt_lang}"
-    if args.method in INDEXED:
-        opts: dict[str, object] = {}
-        if args.index is not None:
-            opts["index"] = resolve_index(args.index, args.method, direction)
-        if args.candidates is not None:
-            opts["k"] = args.candidates
-        if args.method == "lsh" and args.bits is not None:
-            opts["bits"] = args.bits
-        if args.method == "graph" and args.ef_search is not None:
-            opts["ef_search"] = args.ef_search
-        if args.method == "shortlist":
-            opts["direction"] = direction
-            if args.frequent is not None:
-                opts["frequent"] = args.frequent
-            if args.scope is not None:
-                opts["scope"] = args.scope
-        return opts
-    if args.method != "clustered":
-        return {}
-    from fastvocab.artifacts_schema.cluster_map import resolve_map_dir
-    from fastvocab.kernels.clustered import clustered_options
+    """The flags as projection options (``tasks.projections.method_options``), the artifact located first."""
+    from fastvocab.tasks.projections import method_options
 
-    map_dir = resolve_map_dir(args.clusters, args.src_lang, args.tgt_lang)
-    return {
-        "cluster_map": map_dir,
-        **clustered_options(args.selection, args.inactive_mass, args.exact, args.beam),
-    }
+    direction = f"{args.src_lang}-{args.tgt_lang}"
+    artifact: Path | None = None
+    if args.method == "clustered":
+        from fastvocab.artifacts_schema.cluster_map import resolve_map_dir
+
+        artifact = resolve_map_dir(args.clusters, args.src_lang, args.tgt_lang)
+    elif args.method in INDEXED_METHODS and args.index is not None:
+        artifact = resolve_index(args.index, args.method, direction)
+    return method_options(
+        args.method,
+        direction,
+        beam=args.beam,
+        artifact=artifact,
+        selection=args.selection,
+        inactive_mass=args.inactive_mass,
+        exact=args.exact,
+        candidates=args.candidates,
+        bits=args.bits,
+        ef_search=args.ef_search,
+        frequent=args.frequent,
+        scope=args.scope,
+    )
 
 
 def run(args: argparse.Namespace) -> int:

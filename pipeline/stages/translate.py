@@ -19,11 +19,12 @@ from fastvocab.artifacts_schema.translations import sidecar_path
 from fastvocab.pipeline.checks import check_map_direction
 from fastvocab.pipeline.context import StageContext
 from fastvocab.pipeline.tracking import StageRecord
+from fastvocab.tasks.methods import INDEXED_METHODS
+from fastvocab.tasks.projections import method_options
 from fastvocab.tasks.workers import MethodJob, TranslateJob, TranslateWorker
 
 log = logging.getLogger(__name__)
 
-INDEXED_METHODS = ("lsh", "graph", "shortlist")  # their artifacts: the methods stage (methods.build)
 PROVENANCE_KEYS = (
     "method",
     "map",
@@ -55,40 +56,46 @@ def _method_plan(
     if method not in available_projections():
         return f"method {method!r} is not registered (available: {', '.join(available_projections())})"
     t = ctx.cfg.translate
-    options: dict[str, Any] = {}
     prov: dict[str, Any] = {"method": method}
+    artifact: str | None = None
     if method == "clustered":
         src, _, tgt = direction.partition("-")
         # the map of the configured scope (a folder of the other scope may be left from an earlier run)
         map_dir = ctx.maps_root / map_dir_name(src, tgt, ctx.cfg.maps.scope)
         if not (map_dir / MANIFEST_FILE).exists():
             return f"no cluster map at {map_dir} (run the maps stage)"
-        from fastvocab.kernels.clustered import clustered_options
-
-        clustered = clustered_options(t.selection, t.inactive_mass, t.exact, t.beam)
-        options = {"cluster_map": str(map_dir), **clustered}
         # a map of another direction (copied into place) would decode with the wrong language's tokens
         manifest = check_map_direction(map_dir, src, tgt, fix=REBUILD_HINT)
+        artifact = str(map_dir)
         # the manifest names the map's tensors by their digest: no need to read and hash them here
-        prov.update(
-            map=map_dir.name, map_digest=manifest.tensors_digest, selection=t.selection, options=clustered
-        )
+        prov.update(map=map_dir.name, map_digest=manifest.tensors_digest, selection=t.selection)
     elif method in INDEXED_METHODS:
-        plan = _indexed_plan(ctx, direction, method)
-        if isinstance(plan, str):
-            return plan
-        options, index_digest = plan
+        found = _index_artifact(ctx, direction, method)
+        if isinstance(found, str):
+            return found
+        artifact, index_digest = found
         # the projection's own defaults for k (lsh, graph) or the table's (shortlist)
         prov.update(options="defaults", index_digest=index_digest)
     elif method != "full":
         # Other methods take options the pipeline does not know yet: they run with their defaults.
         prov["options"] = "defaults"
+    options = method_options(
+        method,
+        direction,
+        beam=t.beam,
+        artifact=artifact,
+        selection=t.selection,
+        inactive_mass=t.inactive_mass,
+        exact=t.exact,
+    )
+    if method == "clustered":  # the options as recorded: the map is named by its digest above
+        prov["options"] = {k: v for k, v in options.items() if k != "cluster_map"}
     return options, prov
 
 
-def _indexed_plan(ctx: StageContext, direction: str, method: str) -> tuple[dict[str, Any], str] | str:
-    """(projection options, the artifact's digest) of lsh, graph or shortlist from the methods stage's
-    artifact in the work dir, or the reason it cannot run."""
+def _index_artifact(ctx: StageContext, direction: str, method: str) -> tuple[str, str] | str:
+    """(folder, digest) of the methods stage's lsh, graph or shortlist artifact for ``direction`` in the work
+    dir, or the reason it cannot run."""
     from fastvocab.artifacts_schema.method_index import ANY_DIRECTION, load_index_manifest
     from fastvocab.artifacts_schema.method_index import MANIFEST_FILE as INDEX_MANIFEST
     from fastvocab.tasks.methods import METHODS_DIR, MODEL_WIDE, index_dir
@@ -101,10 +108,7 @@ def _indexed_plan(ctx: StageContext, direction: str, method: str) -> tuple[dict[
     manifest = load_index_manifest(folder)
     if manifest.direction not in (ANY_DIRECTION, direction):
         return f"{folder} holds a {method} artifact for {manifest.direction}, not {direction}"
-    options: dict[str, Any] = {"index": str(folder)}
-    if method == "shortlist":
-        options["direction"] = direction
-    return options, manifest.tensors_digest
+    return str(folder), manifest.tensors_digest
 
 
 def run(ctx: StageContext) -> list[StageRecord]:
