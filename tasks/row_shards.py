@@ -1,4 +1,9 @@
-"""Dump and stream shards planned as row ranges of the corpus file: the driver never holds the sample's texts.
+"""Row ranges of Parquet files, planned from the files alone: the driver never holds the texts.
+
+:func:`plan_ranges` is the one planner: it streams a file's rows once and digests each range's
+``id<TAB>text<LF>`` lines. The dump and stream shards are planned with it (below), and so are bulk
+translation's parts (:mod:`fastvocab.tasks.bulk`); a worker reads its own range (:func:`read_range`) and
+checks it against the digest.
 
 A direction's sample is the first ``dump.sentences`` (+ ``dump.stream_sentences``) rows of one Parquet file
 (a pair's split, or a language's monolingual file; ``artifacts_schema.corpus``), so shard ``i`` is the row
@@ -88,13 +93,13 @@ class RowRangeSpec:
     def load(self) -> ShardSpec:
         """Read the rows (on the worker) and return the in-memory spec; ArtifactError when the file changed
         since the shard was planned (other rows, or fewer)."""
-        ids, texts = read_rows(Path(self.path), self.id_column, self.text_column, self.start, self.stop)
-        d = Digest()
-        d.update(_lines_bytes(pa.array(ids, pa.int64()), pa.array(texts, pa.string())))
-        if len(ids) != self.sentences or d.value != self.sentences_digest:
+        ids, texts, digest = read_range(
+            Path(self.path), self.id_column, self.text_column, self.start, self.stop
+        )
+        if len(ids) != self.sentences or digest != self.sentences_digest:
             raise ArtifactError(
                 f"{self.path}: rows {self.start}-{self.stop} of column {self.text_column} changed since the "
-                f"{self.direction} dump was planned ({len(ids)} rows read, digest {d.value}, planned "
+                f"{self.direction} dump was planned ({len(ids)} rows read, digest {digest}, planned "
                 f"{self.sentences_digest}); rerun the stage to plan again"
             )
         return ShardSpec(self.direction, self.index, tuple(ids), tuple(texts), self.max_states)
@@ -112,7 +117,7 @@ def _lines_bytes(ids: pa.Array, texts: pa.Array) -> memoryview:
     lines = pc.binary_join_element_wise(pc.cast(ids, pa.string()), texts, "\t")
     lines = pc.binary_join_element_wise(lines, "", "\n")  # "" then the separator: each line ends in LF
     if lines.null_count:
-        raise ArtifactError("null text in a corpus file")
+        raise ArtifactError("null text in a Parquet file")
     lines = lines.cast(pa.large_string())  # 64-bit offsets whatever the input's string type
     offsets = np.frombuffer(lines.buffers()[1], dtype=np.int64)[lines.offset : lines.offset + len(lines) + 1]
     return memoryview(lines.buffers()[2])[int(offsets[0]) : int(offsets[-1])]
@@ -125,7 +130,7 @@ def _iter_rows(path: Path, columns: list[str], start: int, stop: int) -> Iterato
         pf = pq.ParquetFile(path)
         missing = [c for c in columns if c not in pf.schema_arrow.names]
         if missing:
-            raise ArtifactError(f"corpus file {path} lacks columns {missing}")
+            raise ArtifactError(f"Parquet file {path} lacks columns {missing}")
         groups: list[int] = []  # row groups overlapping the range
         first, offset = 0, 0  # the first one's first row; the running row count
         for g in range(pf.metadata.num_row_groups):
@@ -147,19 +152,101 @@ def _iter_rows(path: Path, columns: list[str], start: int, stop: int) -> Iterato
                 if row >= stop:
                     return
     except (OSError, pa.ArrowException) as exc:
-        raise ArtifactError(f"corrupt corpus file {path}: {exc}") from exc
+        raise ArtifactError(f"corrupt Parquet file {path}: {exc}") from exc
 
 
-def read_rows(
-    path: Path, id_column: str, text_column: str, start: int, stop: int
-) -> tuple[list[int], list[str]]:
-    """(ids, texts) of rows ``[start, stop)`` of a corpus file (fewer when the file is shorter)."""
-    ids: list[int] = []
+@dataclass(frozen=True)
+class PlannedRange:
+    """Rows ``[start, stop)`` of a Parquet file and the digest of their ``id<TAB>text<LF>`` lines."""
+
+    start: int
+    stop: int
+    digest: str
+    nulls: int = 0  # null texts in the range (read as "" when the planner was asked to allow them)
+
+
+def _batch_lines(
+    batch: pa.RecordBatch, row: int, id_column: str | None, allow_nulls: bool
+) -> tuple[pa.Array, pa.Array, int]:
+    """(ids, texts, null texts) of a batch read with :func:`_range_columns`' columns. Without an id column
+    the ids are the rows' numbers in the file; a null text is an ArtifactError unless ``allow_nulls`` (then
+    it reads as ``""``)."""
+    texts = batch.column(batch.num_columns - 1)
+    nulls = texts.null_count
+    if nulls and allow_nulls:
+        texts = pc.fill_null(texts, "")
+    if id_column is None:
+        ids: pa.Array = pa.array(np.arange(row, row + batch.num_rows, dtype=np.int64))
+    else:
+        ids = batch.column(0)
+        if ids.null_count:
+            raise ArtifactError(f"null id in column {id_column!r}")
+    return ids, texts, nulls
+
+
+def _range_columns(id_column: str | None, text_column: str) -> list[str]:
+    return [text_column] if id_column is None else [id_column, text_column]
+
+
+def plan_ranges(
+    path: Path,
+    id_column: str | None,
+    text_column: str,
+    start: int,
+    stop: int,
+    size: int,
+    *,
+    allow_nulls: bool = False,
+) -> list[PlannedRange]:
+    """Cut rows ``[start, stop)`` of a Parquet file into ranges of ``size`` rows, each with the digest of its
+    ``id<TAB>text<LF>`` lines (ids: the id column, cast to text, or the row numbers when ``id_column`` is
+    None) and its count of null texts (an ArtifactError unless ``allow_nulls``; they then digest as ``""``).
+
+    The one row-range planner: the dump's shards and bulk translation's parts are both planned here. Streams
+    the rows once: memory holds one batch of the file, never the rows.
+    """
+    if size < 1:
+        raise ValueError(f"rows per range must be >= 1, got {size}")
+    n = max(stop - start, 0)
+    n_ranges = -(-n // size)
+    digests = [Digest() for _ in range(n_ranges)]
+    nulls = [0] * n_ranges
+    for row, batch in _iter_rows(path, _range_columns(id_column, text_column), start, stop):
+        # a batch may straddle range borders: digest each range's piece of it
+        pos = 0
+        while pos < batch.num_rows:
+            k = (row + pos - start) // size
+            take = min(start + (k + 1) * size - (row + pos), batch.num_rows - pos)
+            ids, texts, null = _batch_lines(batch.slice(pos, take), row + pos, id_column, allow_nulls)
+            digests[k].update(_lines_bytes(ids, texts))
+            nulls[k] += null
+            pos += take
+    return [
+        PlannedRange(start + i * size, min(start + (i + 1) * size, stop), digests[i].value, nulls[i])
+        for i in range(n_ranges)
+    ]
+
+
+def read_range(
+    path: Path,
+    id_column: str | None,
+    text_column: str,
+    start: int,
+    stop: int,
+    *,
+    allow_nulls: bool = False,
+) -> tuple[list, list[str], str]:
+    """(ids, texts, digest) of rows ``[start, stop)`` (fewer when the file is shorter), the digest as
+    :func:`plan_ranges` computes it: what a worker reads and checks against its plan."""
+    ids: list = []
     texts: list[str] = []
-    for _, batch in _iter_rows(path, [id_column, text_column], start, stop):
-        ids += batch.column(0).to_pylist()
-        texts += batch.column(1).to_pylist()
-    return ids, texts
+    d = Digest()
+    for row, batch in _iter_rows(path, _range_columns(id_column, text_column), start, stop):
+        id_array, text_array, _ = _batch_lines(batch, row, id_column, allow_nulls)
+        d.update(_lines_bytes(id_array, text_array))
+        ids += id_array.to_pylist()
+        texts += text_array.to_pylist()
+    return ids, texts, d.value
 
 
 def plan_row_shards(
@@ -173,25 +260,14 @@ def plan_row_shards(
     """Cut rows ``[start, stop)`` of ``source`` into shards of ``shard_sentences`` rows, numbered from 0; a
     state cap is split evenly over them (as :func:`~fastvocab.tasks.dump.plan_shards` does).
 
-    Streams the rows once to digest each shard's lines: memory holds one batch, never the sample.
+    Streams the rows once to digest each shard's lines (:func:`plan_ranges`): memory holds one batch, never
+    the sample.
     """
     if shard_sentences < 1:
         raise ValueError(f"shard_sentences must be >= 1, got {shard_sentences}")
     stop = min(stop, source.rows)
-    n = max(stop - start, 0)
-    n_shards = -(-n // shard_sentences)
-    cap = None if max_states is None else -(-max_states // max(n_shards, 1))
-    digests = [Digest() for _ in range(n_shards)]
-    cols = [source.id_column, source.text_column]
-    for row, batch in _iter_rows(source.path, cols, start, stop):
-        # a batch may straddle shard borders: digest each shard's piece of it
-        pos = 0
-        while pos < batch.num_rows:
-            shard = (row + pos - start) // shard_sentences
-            take = min(start + (shard + 1) * shard_sentences - (row + pos), batch.num_rows - pos)
-            piece = batch.slice(pos, take)
-            digests[shard].update(_lines_bytes(piece.column(0), piece.column(1)))
-            pos += take
+    ranges = plan_ranges(source.path, source.id_column, source.text_column, start, stop, shard_sentences)
+    cap = None if max_states is None else -(-max_states // max(len(ranges), 1))
     return [
         RowRangeSpec(
             direction,
@@ -199,10 +275,10 @@ def plan_row_shards(
             str(source.path),
             source.id_column,
             source.text_column,
-            start + i * shard_sentences,
-            min(start + (i + 1) * shard_sentences, stop),
-            digests[i].value,
+            r.start,
+            r.stop,
+            r.digest,
             cap,
         )
-        for i in range(n_shards)
+        for i, r in enumerate(ranges)
     ]
