@@ -15,16 +15,26 @@ def is_parquet(path: str | Path) -> bool:
 def iter_text_lines(path: str | Path) -> Iterator[str]:
     """A UTF-8 text file's lines (no line ends), streamed. Invalid UTF-8 is a ``ValueError`` naming file and
     line (raised when the iteration reaches it)."""
+    for line, _ in iter_text_records(path):
+        yield line
+
+
+def iter_text_records(path: str | Path, offset: int = 0, first_line: int = 1) -> Iterator[tuple[str, int]]:
+    """``(line, byte offset after it)`` for each line of a UTF-8 text file from byte ``offset`` on (a line
+    start), which is line ``first_line`` (1-based, for messages). A byte-order mark at the file's start is
+    skipped; invalid UTF-8 is a ``ValueError`` naming file and line."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"input file not found: {path}")
     with path.open("rb") as f:
-        for n, raw in enumerate(f, start=1):
+        f.seek(offset)
+        for n, raw in enumerate(f, start=first_line):
+            offset += len(raw)
             if n == 1 and raw.startswith(b"\xef\xbb\xbf"):  # UTF-8 byte-order mark
                 raw = raw[3:]
             part = raw.removesuffix(b"\n")  # the final newline ends the last line, it starts none
             try:
-                yield part.decode("utf-8").removesuffix("\r")
+                yield part.decode("utf-8").removesuffix("\r"), offset
             except UnicodeDecodeError as exc:
                 byte, column = part[exc.start], exc.start + 1
                 raise ValueError(

@@ -42,6 +42,23 @@ class SearchSettings:
     early_stopping: bool | str | None = None
 
 
+class LineTooLongError(ValueError):
+    """A source line longer than ``max_input_tokens``; ``line`` is 1-based within the lines translated, so a
+    caller that translates a file in parts says where it is in the file (:meth:`at`)."""
+
+    def __init__(self, line: int, tokens: int, limit: int) -> None:
+        self.line, self.tokens, self.limit = line, tokens, limit
+        super().__init__(self.at(None, 0))
+
+    def at(self, path: object | None, first_line: int, flag: str = "max_input_tokens") -> str:
+        """The message for the line's place in a file: ``first_line`` lines precede those translated."""
+        where = f"{path}: " if path is not None else ""
+        return (
+            f"{where}line {first_line + self.line} has {self.tokens} tokens, more than {flag}={self.limit} "
+            "(split it, or raise the limit)"
+        )
+
+
 @dataclass
 class TranslationResult:
     hypotheses: list[str]  # one per input line, in input order
@@ -100,10 +117,7 @@ def translate(
     seqs = adapter.tokenize([lines[i] for i in todo], src_lang, tgt_lang)
     for i, ids in zip(todo, seqs, strict=True):
         if len(ids) > max_input_tokens:
-            raise ValueError(
-                f"line {i + 1} has {len(ids)} tokens, more than max_input_tokens={max_input_tokens} "
-                "(split it, or raise the limit)"
-            )
+            raise LineTooLongError(i + 1, len(ids), max_input_tokens)
     # Longest first: padding stays small within a batch, and memory peaks show up at once, not at the end.
     order = sorted(range(len(todo)), key=lambda j: -len(seqs[j]))
     hypotheses = [""] * len(lines)
