@@ -31,8 +31,8 @@ full projection; int8 = ``Seq2SeqAdapter.quantize_int8()`` + the full projection
 none by default: a synthetic map has no meaningful normaliser), ``ct2-float32`` / ``ct2-int8``
 (``bench_peer.Ct2System``, the peer benchmark's CTranslate2 runner) and ``ct2-int8-vmap`` (one per
 ``--active`` fraction: a vocabulary map whose always-allowed line holds as many tokens as the clustered int8
-union at that point, the most popular tokens of the synthetic pool; so each batch gets the same candidate
-count as clustered's union).
+union at that point, measured in an untimed clustered run over the point's lines, the most popular tokens of
+the synthetic pool first; so each batch gets the same candidate count as clustered's union).
 
 **Synthetic cluster maps**: ``--clusters`` clusters (r), each set ``round(frac * N)`` ids drawn without
 replacement with weights ``1 / rank^zipf`` over a random ranking of the vocabulary (Gumbel top-k), so popular
@@ -64,7 +64,7 @@ multiply-adds x 2, int8 systems counted alike) against the machine's fp32 GEMM p
 point's rounds).
 
 Writes ``benchmarks/results/model-scale-cpu-<date>.json`` (``--out``) and a PNG beside it (tokens/s against
-N, a line per system, a panel per batch / beam / threads).
+N, a line per system and model depth, a panel per batch / beam / threads).
 """
 
 from __future__ import annotations
@@ -72,6 +72,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime as dt
+import gc
 import json
 import math
 import os
@@ -725,6 +726,7 @@ def run_point(
                 "int8",
             )
     vmap_count: dict[float, int] = {}
+    warm: set[str] = set()  # systems already run once
     if ct2_dir is not None:
         if "ct2-float32" in systems:
             runs["ct2 float32"] = (
@@ -736,16 +738,26 @@ def run_point(
         if "ct2-int8" in systems:
             runs["ct2 int8"] = (FixedStepsCt2(ct2_dir, "int8", a32, ns).run, "ct2-int8", None, "int8")
         if "ct2-int8-vmap" in systems:
-            for frac in clustered:
-                u = prof.get("int8", prof.get("fp32"))[1][frac][1]
+            for frac, proj in clustered.items():
+                # the clustered union over this point's lines (an untimed run, which is also the clustered
+                # system's warm-up): the vmap gets that many candidates
+                label = system_label(
+                    "fastvocab clustered int8" if "clustered-int8" in systems else "fastvocab clustered fp32",
+                    frac,
+                )
+                proj.reset_counters()
+                runs[label][0](lines, beam)
+                warm.add(label)
+                u = proj.stats()["active_columns_per_row"] / a32.n_vocab
                 vfile = Path(tempfile.mkdtemp(prefix="vmap-")) / "vmap.txt"
                 vmap_count[frac] = write_vmap(a32, max(1, round(u * a32.n_vocab)), logw, vfile)
                 vdir = vmap_model_dir(ct2_dir, a32, SimpleNamespace(vmap=vfile, vmap_no_reset=False), {})
                 shutil.rmtree(vfile.parent, ignore_errors=True)
                 sys_ = FixedStepsCt2(vdir, "int8", a32, ns, use_vmap=True)
                 runs[system_label("ct2 int8 + vmap", frac)] = (sys_.run, "ct2-int8-vmap", frac, "int8")
-    for run, *_ in runs.values():  # warm-up on one batch
-        run(lines[:batch], beam)
+    for label, (run, *_) in runs.items():  # warm-up on one batch
+        if label not in warm:
+            run(lines[:batch], beam)
     times: dict[str, list[float]] = {k: [] for k in runs}
     rss: dict[str, list[float]] = {k: [] for k in runs}
     union: dict[str, list[float]] = {k: [] for k in runs}
@@ -839,9 +851,16 @@ def plot(result: dict, path: Path) -> None:
     fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4), squeeze=False)
     for ax, (batch, beam, threads) in zip(axes[0], panels, strict=True):
         mine = [r for r in rows if (r["batch"], r["beam"], r["threads"]) == (batch, beam, threads)]
-        for system in dict.fromkeys(r["system"] for r in mine):
-            pts = sorted((r["vocabulary"], r["tokens_per_s"]) for r in mine if r["system"] == system)
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=system)
+        # a line per system and depth (m2m100-418m and 1.2b share N: they are two lines, not one)
+        depths = {tuple(r["layers"]) for r in mine}
+        for system, layers in dict.fromkeys((r["system"], tuple(r["layers"])) for r in mine):
+            pts = sorted(
+                (r["vocabulary"], r["tokens_per_s"])
+                for r in mine
+                if r["system"] == system and tuple(r["layers"]) == layers
+            )
+            label = system if len(depths) == 1 else f"{system} ({layers[0]}+{layers[1]} layers)"
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=label)
         ax.set_xscale("log")
         ax.set_xlabel("vocabulary size N")
         ax.set_ylabel("tokens/s")
@@ -916,6 +935,7 @@ def main(argv: list[str] | None = None) -> int:
         "rows": [],
     }
     for name in args.shapes:
+        gc.collect()  # the previous shape's models go before this one's memory check
         run_shape(name, args, result)
     out = Path(args.out) if args.out else RESULTS / f"model-scale-cpu-{dt.date.today().isoformat()}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
