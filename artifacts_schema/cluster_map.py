@@ -9,7 +9,8 @@ Folder layout (docs/DESIGN-NOTES.md, "Formats")::
                                 normaliser_basis [d, k] f32, normaliser_curv [r, k, k] f32,
                                 normaliser_resid [r] f32
     <map_dir>/manifest.json     schema version, model fingerprint, direction, scope, r, K, niter, seed,
-                                the digest of map.safetensors, ...
+                                the digest of map.safetensors, the beams whose states it was built
+                                from and the states of each (version 4), ...
 
 A map's *scope* says which decoder states fed it (Amer et al. Sec. 2.2): ``direction`` (source and target
 known: one map per direction) or ``target`` (target only: one map per target language). Loading checks the
@@ -19,6 +20,11 @@ fingerprint.
 The normaliser (``kernels/clustered_ops.NormaliserTables``) is computed for each set plus the model's
 always-active ids, which the manifest records (``normaliser``: rank, always_active); a map may lack it (a
 hand-made map), and the clustered projection then computes it at load time.
+
+What a map covers (version 4): ``beams``, the beam sizes whose search states fed its clusters (1: the greedy
+path), and ``beam_states``, how many states of each. Beam search at beam ``B`` extends every hypothesis with
+its ``2 x B`` best tokens, so a map serves ``B`` as measured when ``B`` is among its beams and ``K >= 2 x B``
+(:func:`coverage_problem`). A version-3 map does not say; it is still read.
 """
 
 from __future__ import annotations
@@ -37,7 +43,9 @@ from fastvocab.artifacts_schema.tensor_folder import read_manifest, read_tensors
 # Version 2: the map's scope is named ``scope`` (was ``mode``) and the manifest records ``tensors_digest``.
 # Version 3: the per-cluster normaliser of the inactive columns (``normaliser_*`` tensors and the manifest's
 # ``normaliser``).
-MAP_SCHEMA_VERSION = 3
+# Version 4: the manifest records what the map covers (``beams``, ``beam_states``); tensors as version 3.
+MAP_SCHEMA_VERSION = 4
+READABLE_MAP_VERSIONS = (3, MAP_SCHEMA_VERSION)  # oldest first: a version-3 map serves, its beams unknown
 MAP_SCOPES = ("direction", "target")  # source+target known / target-only (Amer et al. Sec. 2.2)
 TARGET_PREFIX = "to-"  # a target-scope map's folder and manifest direction: "to-it"
 LEGACY_TARGET_PREFIX = "*-"  # how earlier maps' manifests spelled it ("*-it"), still read
@@ -62,6 +70,11 @@ class MapManifest:
     tensors_digest: str = ""  # digest of map.safetensors, set when the map is saved
     # {"rank": k, "always_active": [ids]} when the map holds a normaliser (empty when it does not)
     normaliser: dict[str, object] = field(default_factory=dict)
+    # the beam sizes whose states fed the clusters, ascending (1: the greedy path); empty: not recorded (a
+    # version-3 map)
+    beams: list[int] = field(default_factory=list)
+    # states per beam ("4": 123456), stored and streamed, over every direction that fed the map
+    beam_states: dict[str, int] = field(default_factory=dict)
     schema_version: int = MAP_SCHEMA_VERSION
     fastvocab_version: str = __version__
     created: str = field(default_factory=lambda: time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
@@ -170,7 +183,7 @@ def validate(cmap: ClusterMap, where: str = "cluster map") -> None:
         problems += cmap.normaliser.shape_problems(m.r, m.d)
         if m.normaliser.get("rank") != cmap.normaliser.basis.shape[-1]:
             problems.append(f"manifest normaliser {m.normaliser} does not match its tensors")
-    if m.schema_version != MAP_SCHEMA_VERSION:
+    if m.schema_version not in READABLE_MAP_VERSIONS:
         problems.append(f"schema version {m.schema_version}, expected {MAP_SCHEMA_VERSION}")
     if problems:
         raise ArtifactError(f"invalid {where}: " + "; ".join(problems))
@@ -200,7 +213,7 @@ def save_cluster_map(cmap: ClusterMap, map_dir: str | Path) -> Path:
 
 def load_manifest(map_dir: str | Path) -> MapManifest:
     """A map's manifest; ArtifactError for a missing, corrupt or other-version manifest (naming the fix)."""
-    return read_manifest(map_dir, "cluster map", MapManifest, MAP_SCHEMA_VERSION, REBUILD_HINT)
+    return read_manifest(map_dir, "cluster map", MapManifest, READABLE_MAP_VERSIONS, REBUILD_HINT)
 
 
 def load_cluster_map(map_dir: str | Path, expect_fingerprint: str | None = None) -> ClusterMap:
@@ -230,6 +243,38 @@ def load_cluster_map(map_dir: str | Path, expect_fingerprint: str | None = None)
         raise ArtifactError(f"cluster map {map_dir} lacks tensor {exc}") from exc
     validate(cmap, f"cluster map {map_dir}")
     return cmap
+
+
+def beams_rebuild_hint(beams: list[int] | tuple[int, ...]) -> str:
+    """The command that rebuilds a pipeline's maps for ``beams``."""
+    return f"fastvocab run CONFIG --set 'maps.beams=[{', '.join(str(b) for b in sorted(set(beams)))}]'"
+
+
+def coverage_problem(manifest: MapManifest, beam: int, where: str | Path = "cluster map") -> str | None:
+    """One line saying that ``manifest``'s map was not built for beam search at ``beam`` (its beams, the
+    expected effect, the command that rebuilds it), or None when it was.
+
+    A map covers ``beam`` when ``beam`` is among its recorded beams and its K is at least ``2 x beam`` (the
+    candidates beam search keeps per hypothesis; greedy search needs K >= 1). A map that records no beams (a
+    version-3 map) is taken as covering greedy search, the only dump there was by default, and nothing else.
+    """
+    need_k = 1 if beam == 1 else 2 * beam
+    beams = sorted(manifest.beams)
+    if beam in beams and manifest.k >= need_k:
+        return None
+    if not beams and beam == 1:
+        return None
+    if not beams:
+        built = "does not record which beams it was built for (an older map)"
+    elif beam in beams:
+        built = f"was built for beams {beams} with K={manifest.k}, below the {need_k} ids beam {beam} needs"
+    else:
+        built = f"was built for beams {beams} (K={manifest.k})"
+    effect = ("more " if beam > 1 else "") + "outputs may differ from full softmax"
+    return (
+        f"cluster map {where} {built}: at beam {beam} {effect}; rebuild it with "
+        f"{beams_rebuild_hint([*beams, beam] if beams else [1, beam])}"
+    )
 
 
 def map_dir_name(src_lang: str, tgt_lang: str, scope: str) -> str:

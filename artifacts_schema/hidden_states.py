@@ -6,7 +6,9 @@ direction, schema version, and the plan the shard was made from (``fastvocab.dum
 digest and the decoding settings, ``beam`` among them for a beam dump), compared on resume. A shard
 dumped along beam search's hypotheses holds several rows per ``(sent_id, step)``: nothing reading shards may
 treat the pair as a key. Shards live in ``<root>/direction=<src>-<tgt>/part-<i:05d>.parquet`` (hive
-partitioning), written atomically.
+partitioning), written atomically. A run that dumps along several beams keeps each beam's shards apart: the
+greedy path's (beam 1) at ``<root>/direction=...`` as always, beam ``b``'s under ``<root>/beam=<b>/``, which
+is a shard root of its own (:func:`beam_root`).
 
 Content checksum: beside each shard, ``_part-<i:05d>.parquet.sha256`` holds the SHA-256 of the shard's bytes
 in ``sha256sum`` format (``sha256sum -c`` checks it; the ``_`` prefix keeps it out of Parquet datasets). The
@@ -98,6 +100,35 @@ def shard_table(
         )
     schema = hidden_schema(meta, with_logprobs=topk_logprobs is not None)
     return pa.Table.from_arrays(cols, schema=schema)
+
+
+def beam_root(root: str | Path, beam: int) -> Path:
+    """The shard root of the states dumped along ``beam``: ``root`` itself for the greedy path (beam 1, the
+    layout of every run before beams), ``<root>/beam=<b>`` for beam search."""
+    if beam < 1:
+        raise ValueError(f"beam must be >= 1, got {beam}")
+    return Path(root) if beam == 1 else Path(root) / f"beam={beam}"
+
+
+def beam_roots(root: str | Path) -> dict[int, Path]:
+    """Every beam's shard root found under ``root`` (``{1: root}`` and ``{b: root/beam=<b>}``), by beam."""
+    root = Path(root)
+    found = {1: root}
+    for sub in root.glob("beam=*"):
+        tail = sub.name.removeprefix("beam=")
+        if sub.is_dir() and tail.isdigit() and int(tail) > 1:
+            found[int(tail)] = sub
+    return dict(sorted(found.items()))
+
+
+def shard_beam(path: str | Path) -> int:
+    """The beam a shard was dumped along, from its plan (1: the greedy path, also for a shard without a plan,
+    as every shard was before beams)."""
+    try:
+        raw = (pq.read_schema(path).metadata or {}).get(PLAN_KEY)
+        return int(json.loads(raw).get("beam", 1)) if raw is not None else 1
+    except (OSError, pa.ArrowException, ValueError, TypeError, AttributeError) as exc:
+        raise ArtifactError(f"corrupt hidden-state shard {path}: {exc}") from exc
 
 
 def direction_dir(root: str | Path, direction: str) -> Path:

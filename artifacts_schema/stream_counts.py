@@ -1,7 +1,8 @@
 """Streamed partial counts (docs/DESIGN-NOTES.md, "Storing states versus streaming"): one small file per
 stream shard.
 
-``<work_dir>/stream/<map name>/direction=<src>-<tgt>/part-<i:05d>.safetensors`` with tensors ``keys``
+``<work_dir>/stream/<map name>/direction=<src>-<tgt>/part-<i:05d>.safetensors`` (the greedy path's; a shard
+decoded along beam ``b`` > 1 lives under ``<map name>/beam=<b>/`` instead) with tensors ``keys``
 (sorted ``cluster * n_vocab + token``, int64), ``counts`` (int64) and ``shape`` (``[r, n_vocab, states]``),
 and metadata naming what the counts were made from (model fingerprint, centroids digest, k, the shard's
 plan) as one JSON string. A file whose metadata differs from the expected one is stale and recomputed,
@@ -18,14 +19,27 @@ import numpy as np
 from fastvocab.artifacts_schema.atomic import atomic_path
 from fastvocab.artifacts_schema.digest import array_digest
 from fastvocab.artifacts_schema.errors import ArtifactError
-from fastvocab.artifacts_schema.hidden_states import direction_dir, part_name
+from fastvocab.artifacts_schema.hidden_states import beam_root, direction_dir, part_name
 
 TENSORS = ("keys", "counts", "shape")
 META_KEY = "fastvocab.stream_counts"
 
 
-def stream_path(stream_root: Path, map_name: str, direction: str, index: int) -> Path:
-    return direction_dir(Path(stream_root) / map_name, direction) / part_name(index, ".safetensors")
+def stream_path(stream_root: Path, map_name: str, direction: str, index: int, beam: int = 1) -> Path:
+    root = beam_root(Path(stream_root) / map_name, beam)
+    return direction_dir(root, direction) / part_name(index, ".safetensors")
+
+
+def stream_beam(path: Path) -> int:
+    """The beam a stream shard was decoded along, from its metadata's plan (which names beams > 1 only)."""
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(path), framework="numpy") as f:
+            meta = f.metadata() or {}
+        return int(json.loads(meta[META_KEY])["plan"].get("beam", 1))
+    except (OSError, SafetensorError, KeyError, ValueError, TypeError, AttributeError) as exc:
+        raise ArtifactError(f"corrupt stream counts {path}: {exc}") from exc
 
 
 def stream_meta(fingerprint: str, centroids: np.ndarray, k: int, plan: dict[str, object]) -> dict[str, str]:

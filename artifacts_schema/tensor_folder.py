@@ -41,15 +41,20 @@ def write_tensor_folder(
     return folder
 
 
-def read_manifest(folder: str | Path, what: str, cls: type[M], version: int, rebuild_hint: str) -> M:
+def read_manifest(
+    folder: str | Path, what: str, cls: type[M], version: int | tuple[int, ...], rebuild_hint: str
+) -> M:
     """The manifest of a ``what`` ("cluster map") folder as ``cls``; ArtifactError when it is missing,
-    corrupt or of another schema version than ``version`` (then naming ``rebuild_hint``)."""
+    corrupt or of another schema version than ``version`` (the newest, or every version still read, newest
+    last; then naming ``rebuild_hint``)."""
     path = Path(folder) / MANIFEST_FILE
     data = require_json(path, f"{what} manifest", f"no {what} at {folder} (missing {MANIFEST_FILE})")
     found = data.get("schema_version")
-    if found != version:
+    versions = version if isinstance(version, tuple) else (version,)
+    if found not in versions:
+        readable = " and ".join(str(v) for v in versions)
         raise ArtifactError(
-            f"{what} {folder} has schema version {found}, this fastvocab reads version {version}: "
+            f"{what} {folder} has schema version {found}, this fastvocab reads version {readable}: "
             f"{rebuild_hint}"
         )
     try:

@@ -7,6 +7,7 @@ stages never pass untyped dicts to tasks.
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
@@ -24,8 +25,16 @@ if TYPE_CHECKING:
     from fastvocab.tasks.shortlist import ShortlistParams
     from fastvocab.tasks.translate import SearchSettings
 
+log = logging.getLogger(__name__)
+
 # Per-cluster active fractions are also reported at these K (Amer et al. Fig. 4).
 COMPARE_KS = (1, 3, 5)
+
+
+def beam_k(beams: list[int]) -> int:
+    """The top-K a map for these beams needs per state: beam search extends each hypothesis with its
+    ``2 x beam`` best tokens (greedy search with its best one)."""
+    return max(1 if b == 1 else 2 * b for b in beams)
 
 
 def parse_direction(direction: str) -> tuple[str, str]:
@@ -93,9 +102,11 @@ class DumpConfig(_Strict):
     sentences: int = Field(2000, ge=1)  # sentences per direction whose states are stored
     max_states: int | None = Field(None, ge=1)  # cap on stored states per direction
     stream_sentences: int = Field(0, ge=0)  # further sentences: counts only, states not stored
-    k: int = Field(5, ge=1)  # top-K ids recorded per state
-    # 1: states of the greedy path; > 1: of every live hypothesis of beam search (needs k >= 2 x beam)
-    beam: int = Field(1, ge=1)
+    # top-K ids recorded per state; raised to 2 x the largest of maps.beams when lower (beam search keeps the
+    # 2 x beam best tokens of every hypothesis)
+    k: int = Field(5, ge=1)
+    # replaced by maps.beams (dump.beam: b reads as maps.beams: [b], with a warning)
+    beam: int | None = Field(None, ge=1)
     batch_size: int = Field(32, ge=1)
     shard_rows: int = Field(50_000, ge=1)  # Parquet row-group size inside a shard
     split: str = "train"  # corpus split whose source side is decoded ("mono": <corpus>/mono/<src>.parquet)
@@ -105,20 +116,11 @@ class DumpConfig(_Strict):
     max_len: int = Field(128, ge=1)  # max target tokens decoded per sentence
     torch_threads: int | None = Field(None, ge=1)  # per worker; default: Ray CPUs / workers (>= 1)
 
-    @model_validator(mode="after")
-    def _check_k_covers_beam(self) -> DumpConfig:
-        # beam search extends each hypothesis with its 2 x beam best tokens: a map needs at least those ids
-        if self.beam > 1 and self.k < 2 * self.beam:
-            raise ValueError(
-                f"dump.k={self.k} is below 2 x dump.beam = {2 * self.beam}: beam search keeps the "
-                f"2 x beam best tokens of every hypothesis; set dump.k >= {2 * self.beam}"
-            )
-        return self
-
-    def settings(self) -> DumpSettings:
+    def settings(self, beam: int = 1) -> DumpSettings:
+        """How the states along ``beam`` (1: the greedy path) are decoded and recorded."""
         from fastvocab.tasks.dump import DumpSettings
 
-        return DumpSettings(k=self.k, max_len=self.max_len, batch_size=self.batch_size, beam=self.beam)
+        return DumpSettings(k=self.k, max_len=self.max_len, batch_size=self.batch_size, beam=beam)
 
 
 class KMeansConfig(_Strict):
@@ -147,12 +149,28 @@ class MapsConfig(_Strict):
     # which states feed a map: one direction (source and target known), or all into a target language
     scope: Literal["direction", "target"] = "direction"
     k: int | None = Field(None, ge=1)  # top-K used for the active sets (<= dump.k); default dump.k
+    # the beam sizes the maps serve: the dump decodes its sentences (stored and streamed) along each, greedy
+    # for 1, full-softmax beam search for b > 1, and k-means and the maps read them all
+    beams: list[int] = [1]
     min_count: int = Field(1, ge=1)
     # basis of the stored normaliser's curvature (inactive_mass: normaliser); 0 = isotropic only
     normaliser_rank: int = Field(32, ge=0)
-    # states folders of other dumps (e.g. a dump.beam run's <work_dir>/states) that k-means and the maps read
-    # with this run's own, so one map covers the greedy path and the beam's hypotheses (fidelity benchmark)
+    # states folders of dumps made elsewhere (another run's <work_dir>/states, every beam under it) that
+    # k-means and the maps read with this run's own
     extra_states: list[str] = []
+
+    @field_validator("beams")
+    @classmethod
+    def _check_beams(cls, value: list[int]) -> list[int]:
+        if not value:
+            raise ValueError("at least one beam size is needed, e.g. [1] (greedy) or [1, 4]")
+        bad = [b for b in value if b < 1]
+        if bad:
+            raise ValueError(f"beam sizes must be >= 1, got {bad}")
+        dup = sorted({b for b in value if value.count(b) > 1})
+        if dup:
+            raise ValueError(f"{', '.join(map(str, dup))} listed more than once")
+        return sorted(value)
 
     def params(self, dump_k: int) -> MapParams:
         from fastvocab.tasks.maps import MapParams
@@ -289,15 +307,23 @@ class RunConfig(_Strict):
         return value
 
     @model_validator(mode="after")
-    def _check_maps_keep_the_beams_ids(self) -> RunConfig:
-        # states dumped along beam hypotheses carry their 2 x beam best ids: a map that keeps fewer drops what
-        # the beam dump was for
-        beam, k = self.dump.beam, self.maps.k
-        if beam > 1 and k is not None and k < 2 * beam:
-            raise ValueError(
-                f"maps.k={k} is below 2 x dump.beam = {2 * beam}: the maps would drop ids beam search needs; "
-                f"set maps.k >= {2 * beam} (or leave it unset: dump.k)"
-            )
+    def _k_follows_the_beams(self) -> RunConfig:
+        """``dump.beam`` reads as ``maps.beams``; dump.k and maps.k are raised to what the beams need."""
+        if self.dump.beam is not None:
+            beam, self.dump.beam = self.dump.beam, None
+            if "beams" in self.maps.model_fields_set and self.maps.beams != [beam]:
+                raise ValueError(
+                    f"dump.beam={beam} and maps.beams={self.maps.beams} disagree: dump.beam is replaced by "
+                    "maps.beams; set maps.beams only"
+                )
+            log.warning("dump.beam is replaced by maps.beams: read as maps.beams=[%d]", beam)
+            self.maps.beams = [beam]
+        # states dumped along beam b carry their 2 x b best ids, and a map that keeps fewer drops what they
+        # were dumped for: both K follow the beams (the K used is logged with every stage's parameters)
+        need = beam_k(self.maps.beams)
+        self.dump.k = max(self.dump.k, need)
+        if self.maps.k is not None:
+            self.maps.k = max(self.maps.k, need)
         return self
 
 

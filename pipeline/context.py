@@ -29,12 +29,12 @@ class StageContext:
     ray: RaySession
     progress: bool = True
     _model: ModelRef | None = None
-    _shards: dict[str, list[Path]] = field(default_factory=dict)
+    _shards: dict[tuple[str, int], list[Path]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.work_dir = self.cfg.work_dir.resolve()
         self.corpus_dir = self.cfg.corpus.out_dir.resolve()
-        self.states_root = self.work_dir / "states"  # dump: hidden-state shards
+        self.states_root = self.work_dir / "states"  # dump: hidden-state shards (beam b > 1: states/beam=<b>)
         self.kmeans_root = self.work_dir / "kmeans"  # k-means results, one folder per map
         self.stream_root = self.work_dir / "stream"  # streamed partial counts
         self.maps_root = self.work_dir / "maps"  # cluster maps
@@ -59,19 +59,26 @@ class StageContext:
     def run_context(self, device: str = "cpu", torch_threads: int | None = None) -> RunContext:
         return RunContext(self.model(), device=device, torch_threads=torch_threads)
 
-    def shard_files(self, direction: str) -> list[Path]:
-        """The direction's hidden-state shards, validated against the model once per run (then cached)."""
-        if direction not in self._shards:
+    def beam_states_root(self, beam: int) -> Path:
+        """Where the states dumped along ``beam`` live: ``states/`` (greedy), ``states/beam=<b>/``."""
+        from fastvocab.artifacts_schema.hidden_states import beam_root
+
+        return beam_root(self.states_root, beam)
+
+    def shard_files(self, direction: str, beam: int = 1) -> list[Path]:
+        """The direction's hidden-state shards dumped along ``beam``, validated against the model once per
+        run (then cached)."""
+        if (direction, beam) not in self._shards:
             from fastvocab.artifacts_schema.hidden_states import validate_direction
 
-            self._shards[direction] = validate_direction(
-                self.states_root, direction, fingerprint=self.model().fingerprint
+            self._shards[direction, beam] = validate_direction(
+                self.beam_states_root(beam), direction, fingerprint=self.model().fingerprint
             )
-        return self._shards[direction]
+        return self._shards[direction, beam]
 
-    def forget_shards(self, direction: str) -> None:
+    def forget_shards(self, direction: str, beam: int = 1) -> None:
         """Drop the cached validation after the direction's shards were rewritten."""
-        self._shards.pop(direction, None)
+        self._shards.pop((direction, beam), None)
 
     def groups(self) -> dict[str, list[str]]:
         """Map folder name -> the directions feeding it (one each in direction scope)."""

@@ -21,9 +21,10 @@ not a Ray actor: tests call it directly, and the pipeline hosts one in each
 
 from __future__ import annotations
 
+import copy
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -157,6 +158,15 @@ class DumpDecoder:
         self.n_vocab: int = ctx.model.n_vocab
         if self.k > self.n_vocab:
             raise ValueError(f"dump k={self.k} exceeds the vocabulary size {self.n_vocab}")
+
+    def along(self, beam: int) -> DumpDecoder:
+        """This decoder decoding along ``beam`` instead (the same model and projection, not loaded again)."""
+        if beam == self.beam:
+            return self
+        other = copy.copy(self)
+        other.settings = replace(self.settings, beam=beam)  # checks k >= 2 x beam
+        other.beam = beam
+        return other
 
     def shard_meta(self, direction: str) -> ShardMeta:
         return ShardMeta(model_fingerprint=self.fingerprint, d=self.d, k=self.k, direction=direction)

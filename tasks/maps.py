@@ -35,9 +35,11 @@ from fastvocab.artifacts_schema.hidden_states import (
     fixed_list_to_numpy,
     iter_batches,
     read_shard_meta,
+    shard_beam,
+    shard_rows,
 )
 from fastvocab.artifacts_schema.kmeans_result import load_kmeans
-from fastvocab.artifacts_schema.stream_counts import read_stream_arrays
+from fastvocab.artifacts_schema.stream_counts import read_stream_arrays, stream_beam
 from fastvocab.tasks.context import RunContext
 
 log = logging.getLogger(__name__)
@@ -232,10 +234,12 @@ def make_cluster_map(
     seed: int,
     min_count: int = 1,
     extra: dict[str, object] | None = None,
+    beam_states: dict[int, int] | None = None,
 ) -> ClusterMap:
     """A validated-shape ClusterMap (+ manifest with active-fraction statistics) from centroids and counts.
 
     ``name`` is the map's direction: ``en-it`` in direction scope, ``to-it`` in target scope.
+    ``beam_states``: the states of each beam that fed the counts (the manifest's ``beams``, ``beam_states``).
     """
     if scope not in MAP_SCOPES:
         raise ValueError(f"unknown map scope {scope!r}; valid: {', '.join(MAP_SCOPES)}")
@@ -263,6 +267,8 @@ def make_cluster_map(
             "centroids_digest": array_digest(centroids),
             **(extra or {}),
         },
+        beams=sorted(beam_states or {}),
+        beam_states={str(b): int(n) for b, n in sorted((beam_states or {}).items())},
     )
     return ClusterMap(manifest, centroids, centroid_sq_norms(centroids), indptr, indices, counts)
 
@@ -373,11 +379,18 @@ def maps_job(
     )
     stored_states = counters[k].states
     counter = counters[k]
+    beam_states: dict[int, int] = {}  # what the map covers: states per beam, from the shards' own plans
+    for f, rows in zip(files, shard_rows([Path(f) for f in files]), strict=True):
+        beam = shard_beam(f)
+        beam_states[beam] = beam_states.get(beam, 0) + rows
     for f in stream_files:
         arrays = read_stream_arrays(Path(f))
         if arrays is None:
             raise FileNotFoundError(f"stream counts {f} disappeared before the maps stage read them")
-        counter.merge(ActiveSetCounter.from_arrays(arrays))
+        streamed = ActiveSetCounter.from_arrays(arrays)
+        beam = stream_beam(Path(f))
+        beam_states[beam] = beam_states.get(beam, 0) + streamed.states
+        counter.merge(streamed)
     cmap = make_cluster_map(
         centroids,
         counter,
@@ -395,6 +408,7 @@ def maps_job(
             "kmeans_objective": info.final_objective,
             **(extra or {}),
         },
+        beam_states=beam_states,
     )
     adapter = run_ctx.load_adapter()
     t1 = time.perf_counter()

@@ -26,23 +26,29 @@ log = logging.getLogger(__name__)
 
 
 class DecoderWorker:
-    """Full-softmax decoding (greedy, or beam with ``dump.beam``) for the dump and stream stages (a
-    :class:`DumpDecoder` per worker)."""
+    """Full-softmax decoding (greedy, or beam search along any of ``maps.beams``) for the dump and stream
+    stages (a :class:`DumpDecoder` per worker: one model, every beam)."""
 
     def __init__(self, ctx: RunContext, settings: DumpSettings) -> None:
         self.decoder = DumpDecoder(ctx, settings)
 
     def dump(
-        self, spec: ShardSpec | RowRangeSpec, states_root: str, row_group_size: int
+        self, spec: ShardSpec | RowRangeSpec, states_root: str, row_group_size: int, beam: int = 1
     ) -> dict[str, object]:
-        """Decode one shard and write its states (unless current); a row-range shard's rows are read here."""
-        return run_dump_shard(self.decoder, as_shard_spec(spec), Path(states_root), row_group_size)
+        """Decode one shard along ``beam`` and write its states to ``states_root`` (that beam's root; unless
+        current); a row-range shard's rows are read here."""
+        decoder = self.decoder.along(beam)
+        return {
+            **run_dump_shard(decoder, as_shard_spec(spec), Path(states_root), row_group_size),
+            "beam": beam,
+        }
 
     def stream(
-        self, spec: ShardSpec | RowRangeSpec, centroids: np.ndarray, k: int, path: str
+        self, spec: ShardSpec | RowRangeSpec, centroids: np.ndarray, k: int, path: str, beam: int = 1
     ) -> dict[str, object]:
-        """Decode one shard and write its partial (cluster, token) counts (unless current)."""
-        return run_stream_shard(self.decoder, as_shard_spec(spec), centroids, k, Path(path))
+        """Decode one shard along ``beam`` and write its partial (cluster, token) counts (unless current)."""
+        decoder = self.decoder.along(beam)
+        return {**run_stream_shard(decoder, as_shard_spec(spec), centroids, k, Path(path)), "beam": beam}
 
 
 @dataclass(frozen=True)

@@ -153,23 +153,51 @@ def test_change_of_beam_redoes_the_shard(greedy, beamed, tmp_path):
 
 
 @pytest.mark.parametrize(("k", "beam", "ok"), [(5, 1, True), (1, 1, True), (8, 4, True), (7, 4, False)])
-def test_k_below_two_beams_is_refused(k, beam, ok, tmp_path):
+def test_k_below_two_beams_is_refused_by_the_dump_settings(k, beam, ok):
     if ok:
         assert DumpSettings(k=k, beam=beam).beam == beam
-        cfg = load_config(None, {"dump.k": k, "dump.beam": beam})
-        assert cfg.dump.settings() == DumpSettings(k=k, max_len=128, batch_size=32, beam=beam)
         return
     with pytest.raises(ValueError, match=r"2 x beam"):
         DumpSettings(k=k, beam=beam)
-    with pytest.raises(UserError, match=r"dump\.k=7 is below 2 x dump\.beam = 8"):
-        load_config(None, {"dump.k": k, "dump.beam": beam})
 
 
-def test_maps_k_below_two_beams_is_refused():
-    assert load_config(None, {"dump.k": 8, "dump.beam": 4}).maps.k is None  # unset: dump.k
-    assert load_config(None, {"dump.k": 8, "dump.beam": 4, "maps.k": 8}).maps.k == 8
-    with pytest.raises(UserError, match=r"maps\.k=5 is below 2 x dump\.beam = 8"):
-        load_config(None, {"dump.k": 8, "dump.beam": 4, "maps.k": 5})
+@pytest.mark.parametrize(
+    ("overrides", "dump_k", "maps_k"),
+    [
+        ({}, 5, None),  # greedy only: dump.k as configured
+        ({"dump.k": 3, "maps.beams": [1]}, 3, None),
+        ({"maps.beams": [1, 4]}, 8, None),  # raised to 2 x the largest beam
+        ({"maps.beams": [4, 1], "dump.k": 10, "maps.k": 5}, 10, 8),  # a larger dump.k stays
+        ({"maps.beams": [2], "maps.k": 3}, 5, 4),
+    ],
+)
+def test_k_follows_the_beams(overrides, dump_k, maps_k):
+    cfg = load_config(None, overrides)
+    assert (cfg.dump.k, cfg.maps.k) == (dump_k, maps_k)
+    assert cfg.maps.beams == sorted(overrides.get("maps.beams", [1]))
+    for beam in cfg.maps.beams:  # every beam's settings are valid (k >= 2 x beam)
+        assert cfg.dump.settings(beam) == DumpSettings(k=dump_k, max_len=128, batch_size=32, beam=beam)
+
+
+def test_dump_beam_reads_as_maps_beams_with_a_warning(caplog):
+    with caplog.at_level("WARNING", logger="fastvocab.pipeline.config"):
+        cfg = load_config(None, {"dump.beam": 4})
+    assert cfg.maps.beams == [4] and cfg.dump.k == 8 and cfg.dump.beam is None
+    assert [r.getMessage() for r in caplog.records] == [
+        "dump.beam is replaced by maps.beams: read as maps.beams=[4]"
+    ]
+    assert load_config(None, {"dump.beam": 4, "maps.beams": [4]}).maps.beams == [4]
+    with pytest.raises(UserError, match=r"dump\.beam=4 and maps\.beams=\[1, 4\] disagree"):
+        load_config(None, {"dump.beam": 4, "maps.beams": [1, 4]})
+
+
+@pytest.mark.parametrize(
+    ("beams", "message"),
+    [([], "at least one beam size"), ([1, 0], "must be >= 1"), ([1, 4, 4], "4 listed more than once")],
+)
+def test_bad_beams_are_refused_naming_the_key(beams, message):
+    with pytest.raises(UserError, match=rf"maps\.beams: .*{message}"):
+        load_config(None, {"maps.beams": beams})
 
 
 def test_distinct_hypotheses_drops_adjacent_copies_of_a_sentence_only():

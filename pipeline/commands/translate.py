@@ -201,12 +201,15 @@ def _check_args(args: argparse.Namespace) -> None:
     check_output_file(args.output, "--output")
     check_device(args.device, "--device")
     if args.method == "clustered":
-        from fastvocab.artifacts_schema.cluster_map import resolve_map_dir
+        from fastvocab.artifacts_schema.cluster_map import coverage_problem, resolve_map_dir
 
         # only the manifest is read here; the model and the map's tensors load after every check passed
-        check_map_direction(
-            resolve_map_dir(args.clusters, args.src_lang, args.tgt_lang), args.src_lang, args.tgt_lang
-        )
+        map_dir = resolve_map_dir(args.clusters, args.src_lang, args.tgt_lang)
+        manifest = check_map_direction(map_dir, args.src_lang, args.tgt_lang)
+        # a map not built for this beam still decodes; one line says so, and how to rebuild it
+        warning = coverage_problem(manifest, args.beam, map_dir)
+        if warning is not None:
+            print(f"warning: {warning}", file=sys.stderr)
     if args.method in INDEXED_METHODS and args.index is not None:
         resolve_index(args.index, args.method, f"{args.src_lang}-{args.tgt_lang}")
 

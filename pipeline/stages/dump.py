@@ -1,5 +1,7 @@
-"""The dump stage: decode each direction's sample with full softmax and store states + top-K per step
-(along the greedy path, or along every live hypothesis with ``dump.beam`` > 1).
+"""The dump stage: decode each direction's sample with full softmax and store states + top-K per step,
+along each beam of ``maps.beams``: the greedy path for 1, every live hypothesis of beam search for b > 1.
+Each beam's shards are kept apart (``states/`` for the greedy path, ``states/beam=<b>/`` for beam b) and
+resume shard by shard.
 
 Plans deterministic shards on the driver, skips those whose file matches the plan, and sends the rest to a
 pool of :class:`~fastvocab.tasks.workers.DecoderWorker` actors. A shard is a range of rows of the corpus file
@@ -19,6 +21,8 @@ from typing import Any
 from fastvocab.artifacts_schema.errors import ArtifactError
 from fastvocab.artifacts_schema.hidden_states import (
     ShardMeta,
+    beam_roots,
+    direction_dir,
     read_shard_meta,
     remove_shard,
     shard_path,
@@ -64,23 +68,37 @@ def stream_specs(ctx: StageContext, direction: str) -> list[RowRangeSpec]:
     return plan_row_shards(source, direction, n, n + cfg.stream_sentences, cfg.shard_sentences)
 
 
+def own_state_files(ctx: StageContext, directions: Sequence[str]) -> list[Path]:
+    """This run's validated shards of every direction feeding one map, along every beam of ``maps.beams``:
+    the greedy path's first, then each beam's, sorted within each."""
+    beams = ctx.cfg.maps.beams
+    return [f for b in beams for f in sorted(f for d in directions for f in ctx.shard_files(d, b))]
+
+
 def extra_state_files(ctx: StageContext, directions: Sequence[str], k: int | None = None) -> list[Path]:
     """The shards of ``maps.extra_states`` for these directions (k-means and the maps read them with the run's
-    own): validated against the model and, with ``k``, recording at least the ``k`` ids per state the maps
-    keep."""
+    own): every beam's found under each root (``<root>/direction=*``, ``<root>/beam=<b>/direction=*``),
+    validated against the model and, with ``k``, recording at least the ``k`` ids per state the maps keep."""
     files: list[Path] = []
     fingerprint = ctx.model().fingerprint
     for root in ctx.cfg.maps.extra_states:
         for d in directions:
-            try:
-                found = validate_direction(root, d, fingerprint=fingerprint)
-            except ArtifactError as exc:
-                raise UserError(f"maps.extra_states: {exc}") from exc
-            dumped_k = read_shard_meta(found[0]).k
-            if k is not None and dumped_k < k:
-                raise UserError(
-                    f"maps.extra_states: {root} recorded K={dumped_k} ids per state for {d}, below maps.k={k}"
-                )
+            found: list[Path] = []
+            for sub in beam_roots(root).values():
+                if direction_dir(sub, d).is_dir():
+                    try:
+                        found += validate_direction(sub, d, fingerprint=fingerprint)
+                    except ArtifactError as exc:
+                        raise UserError(f"maps.extra_states: {exc}") from exc
+            if not found:
+                raise UserError(f"maps.extra_states: no hidden-state shards for {d} under {root}")
+            for f in found:
+                dumped_k = read_shard_meta(f).k
+                if k is not None and dumped_k < k:
+                    raise UserError(
+                        f"maps.extra_states: {root} recorded K={dumped_k} ids per state for {d}, below "
+                        f"maps.k={k}"
+                    )
             files += found
     return files
 
@@ -94,6 +112,7 @@ def decode_on_workers(
     size, cpus, gpus = ctx.decoder_workers()
     ctx.ray.require_gpus(gpus, "dump.num_gpus_per_worker")
     # Ray sets CUDA_VISIBLE_DEVICES to the actor's GPU
+    # one decoder per actor serves every beam (DumpDecoder.along)
     args = (ctx.run_context("cuda" if gpus > 0 else "cpu", int(cpus)), ctx.cfg.dump.settings())
     with ctx.bar(len(items), desc) as bar:
         return ctx.ray.map_actors(
@@ -103,10 +122,10 @@ def decode_on_workers(
 
 def run(ctx: StageContext) -> list[StageRecord]:
     cfg = ctx.cfg.dump
-    settings = cfg.settings()
+    beams = ctx.cfg.maps.beams
     m = ctx.model()
     plans: dict[str, list[RowRangeSpec]] = {}
-    todo: list[RowRangeSpec] = []
+    todo: list[tuple[RowRangeSpec, int]] = []  # (shard, beam)
     corrupt: dict[str, list[str]] = {}  # direction -> shard files found corrupt and redone
     for direction in ctx.cfg.directions:
         specs = dump_specs(ctx, direction)
@@ -114,40 +133,50 @@ def run(ctx: StageContext) -> list[StageRecord]:
             raise ArtifactError(
                 f"no source sentences for {direction} in {ctx.corpus_dir} ({cfg.split} split)"
             )
-        for stale in stale_shards(ctx.states_root, direction, len(specs)):
-            log.warning("removing %s: beyond the current plan of %d shards", stale, len(specs))
-            remove_shard(stale)
-        meta = ShardMeta(model_fingerprint=m.fingerprint, d=m.d, k=cfg.k, direction=direction)
         plans[direction] = specs
-        for spec in specs:
-            path = shard_path(ctx.states_root, direction, spec.index)
-            status = shard_status(path, meta, spec.plan(settings))
-            if status.startswith("corrupt"):
-                # our own shard (it has our checksum file), damaged after it was written: redo it
-                log.warning("dump %s: %s is corrupt (%s): redoing it", direction, path, status[9:])
-                remove_shard(path)
-                corrupt.setdefault(direction, []).append(path.name)
-            if status != "current":
-                todo.append(spec)
+        meta = ShardMeta(model_fingerprint=m.fingerprint, d=m.d, k=cfg.k, direction=direction)
+        for beam in beams:
+            root = ctx.beam_states_root(beam)
+            settings = cfg.settings(beam)
+            for stale in stale_shards(root, direction, len(specs)):
+                log.warning("removing %s: beyond the current plan of %d shards", stale, len(specs))
+                remove_shard(stale)
+            for spec in specs:
+                path = shard_path(root, direction, spec.index)
+                status = shard_status(path, meta, spec.plan(settings))
+                if status.startswith("corrupt"):
+                    # our own shard (it has our checksum file), damaged after it was written: redo it
+                    log.warning("dump %s: %s is corrupt (%s): redoing it", direction, path, status[9:])
+                    remove_shard(path)
+                    name = path.name if beam == 1 else f"beam={beam}/{path.name}"
+                    corrupt.setdefault(direction, []).append(name)
+                if status != "current":
+                    todo.append((spec, beam))
+    todo.sort(key=lambda item: -item[1])  # the slowest (widest beam) first: the pool ends together
 
     t0 = time.perf_counter()
-    results = decode_on_workers(
-        ctx, "dump", [(spec, str(ctx.states_root), cfg.shard_rows) for spec in todo], "dump"
-    )
+    items = [(spec, str(ctx.beam_states_root(beam)), cfg.shard_rows, beam) for spec, beam in todo]
+    results = decode_on_workers(ctx, "dump", items, "dump")
     wall = time.perf_counter() - t0
 
     records = []
     for direction, specs in plans.items():
         ran = [r for r in results if r["direction"] == direction and not r["skipped"]]
-        if ran:
-            ctx.forget_shards(direction)
-        files = ctx.shard_files(direction)
+        files: list[Path] = []
+        metrics: dict[str, float] = {}
+        for beam in beams:
+            if any(r["beam"] == beam for r in ran):
+                ctx.forget_shards(direction, beam)
+            own = ctx.shard_files(direction, beam)
+            files += own
+            if beams != [1]:
+                metrics[f"states_beam{beam}"] = sum(shard_rows(own))
         n_sent = sum(s.sentences for s in specs)
         params: dict[str, Any] = {
             "model_fingerprint": m.fingerprint,
             "direction": direction,
             "k": cfg.k,
-            "beam": cfg.beam,
+            "beams": ",".join(str(b) for b in beams),
             "sentences": n_sent,
             "max_states": cfg.max_states,
             "shard_sentences": cfg.shard_sentences,
@@ -157,11 +186,7 @@ def run(ctx: StageContext) -> list[StageRecord]:
             "num_workers": cfg.num_workers,
             "num_gpus_per_worker": cfg.num_gpus_per_worker,
         }
-        metrics: dict[str, float] = {
-            "states": sum(shard_rows(files)),
-            "shards": len(files),
-            "sentences": n_sent,
-        }
+        metrics.update(states=sum(shard_rows(files)), shards=len(files), sentences=n_sent)
         if not ran:
             records.append(
                 StageRecord("dump", direction, "skipped", f"{len(files)} shards valid", params, metrics)
@@ -179,6 +204,14 @@ def run(ctx: StageContext) -> list[StageRecord]:
             states_per_s_per_worker=written / busy if busy > 0 else float("nan"),
             stage_wall_seconds=wall,
         )
+        per_beam = ""
+        if beams != [1]:
+            for beam in beams:
+                mine = [r for r in ran if r["beam"] == beam]
+                metrics[f"decode_seconds_beam{beam}"] = sum(float(r["seconds"]) for r in mine)
+            per_beam = "; decode s by beam: " + ", ".join(
+                f"{b}: {metrics[f'decode_seconds_beam{b}']:.0f}" for b in beams
+            )
         records.append(
             StageRecord(
                 "dump",
@@ -186,6 +219,7 @@ def run(ctx: StageContext) -> list[StageRecord]:
                 "ran",
                 f"{len(ran)} of {len(files)} shards written, {int(written)} states, "
                 f"{metrics['states_per_s_per_worker']:.0f} states/s per worker"
+                + per_beam
                 + (f"; corrupt shards redone: {', '.join(redone)}" if redone else ""),
                 params,
                 metrics,

@@ -11,7 +11,7 @@ from fastvocab.artifacts_schema.hidden_states import shard_rows
 from fastvocab.artifacts_schema.kmeans_result import INFO_FILE, KMeansInfo, load_kmeans_info
 from fastvocab.pipeline.context import StageContext
 from fastvocab.pipeline.errors import UserError
-from fastvocab.pipeline.stages.dump import extra_state_files
+from fastvocab.pipeline.stages.dump import extra_state_files, own_state_files
 from fastvocab.pipeline.tracking import StageRecord
 from fastvocab.tasks.kmeans import kmeans_job
 
@@ -19,8 +19,9 @@ log = logging.getLogger(__name__)
 
 
 def group_files(ctx: StageContext, directions: list[str]) -> list[Path]:
-    """The validated shards of every direction feeding one map, sorted."""
-    return sorted(f for d in directions for f in ctx.shard_files(d))
+    """The validated shards of every direction feeding one map, along every beam of ``maps.beams`` (the
+    greedy path's first, then each beam's), sorted within each beam."""
+    return own_state_files(ctx, directions)
 
 
 def run(ctx: StageContext) -> list[StageRecord]:
@@ -50,6 +51,7 @@ def run(ctx: StageContext) -> list[StageRecord]:
             "inputs_digest": digest,
             "scope": ctx.cfg.maps.scope,
             "map": name,
+            "beams": ",".join(str(b) for b in ctx.cfg.maps.beams),
         }
         out = ctx.kmeans_root / name
         if out.exists():

@@ -1,8 +1,9 @@
 """The maps stage: assign every state to its centroid and keep per cluster the union of its members' top-K.
 
-Streamed sentences (``dump.stream_sentences``) are decoded here, on the decoding actors, because they are
-assigned to the trained centroids on the fly and only their counts are kept. Then one Ray task per map merges
-stored and streamed counts and writes the map.
+Streamed sentences (``dump.stream_sentences``) are decoded here, along each beam of ``maps.beams``, on the
+decoding actors, because they are assigned to the trained centroids on the fly and only their counts are
+kept. Then one Ray task per map merges stored and streamed counts and writes the map, whose manifest records
+the beams it covers.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Any
 from fastvocab.artifacts_schema.cluster_map import MANIFEST_FILE, load_manifest
 from fastvocab.artifacts_schema.digest import array_digest, footer_digest
 from fastvocab.artifacts_schema.errors import ArtifactError
+from fastvocab.artifacts_schema.hidden_states import shard_beam
 from fastvocab.artifacts_schema.kmeans_result import load_kmeans
 from fastvocab.artifacts_schema.stream_counts import read_stream_arrays, stream_meta, stream_path
 from fastvocab.pipeline.context import StageContext
@@ -26,25 +28,29 @@ log = logging.getLogger(__name__)
 
 
 def run(ctx: StageContext) -> list[StageRecord]:
-    settings = ctx.cfg.dump.settings()
-    params = ctx.cfg.maps.params(dump_k=settings.k)
+    beams = ctx.cfg.maps.beams
+    params = ctx.cfg.maps.params(dump_k=ctx.cfg.dump.k)
     m = ctx.model()
     records: dict[str, StageRecord] = {}
     calls: dict[str, tuple[tuple, dict[str, Any]]] = {}
-    pending_streams: list[tuple[RowRangeSpec, str, str]] = []  # (spec, map name, out path)
+    pending_streams: list[tuple[RowRangeSpec, int, str, str]] = []  # (spec, beam, map name, out path)
     centroids_of: dict[str, Any] = {}
     for name, directions in ctx.groups().items():
         centroids, info = load_kmeans(ctx.kmeans_root / name)
-        files = group_files(ctx, directions) + extra_state_files(ctx, directions, params.k)
+        extra_files = extra_state_files(ctx, directions, params.k)
+        files = group_files(ctx, directions) + extra_files
         streams = [
-            (spec, stream_path(ctx.stream_root, name, d, spec.index))
+            (spec, beam, stream_path(ctx.stream_root, name, d, spec.index, beam))
+            for beam in beams
             for d in directions
             for spec in stream_specs(ctx, d)
         ]
+        # what the map covers: the run's beams and those of the states from elsewhere
+        covered = sorted(set(beams) | {shard_beam(f) for f in extra_files})
         extra = {
             "inputs_digest": footer_digest(files),
             "centroids_digest": array_digest(centroids),
-            "stream_sentences": sum(s.sentences for s, _ in streams),
+            "stream_sentences": sum(s.sentences for s, _, _ in streams),
         }
         rec_params = {
             "model_fingerprint": m.fingerprint,
@@ -59,25 +65,26 @@ def run(ctx: StageContext) -> list[StageRecord]:
             "normaliser_rank": params.normaliser_rank,
             "stream_sentences": extra["stream_sentences"],
             "extra_states": ",".join(ctx.cfg.maps.extra_states),
+            "beams": ",".join(str(b) for b in covered),
         }
         map_dir = ctx.maps_root / name
         mf = _current_manifest(map_dir)
         if mf is not None and mf.direction != map_name(params.scope, directions):
             log.warning("rebuilding %s: it was built for %s", map_dir, mf.direction)
             mf = None
-        if mf is not None and _map_current(mf, params, info, m.fingerprint, extra):
+        if mf is not None and mf.beams == covered and _map_current(mf, params, info, m.fingerprint, extra):
             af = mf.active_fraction
             msg = f"map valid (r={mf.r}, K={mf.k}, mean active {100 * af['mean']:.2f}%)"
             records[name] = StageRecord("maps", name, "skipped", msg, rec_params, {})
             continue
-        for spec, path in streams:
-            meta = stream_meta(m.fingerprint, centroids, params.k, spec.plan(settings))
+        for spec, beam, path in streams:
+            meta = stream_meta(m.fingerprint, centroids, params.k, spec.plan(ctx.cfg.dump.settings(beam)))
             if read_stream_arrays(path, meta) is None:
-                pending_streams.append((spec, name, str(path)))
+                pending_streams.append((spec, beam, name, str(path)))
         centroids_of[name] = centroids
         args = (
             [str(f) for f in files],
-            [str(p) for _, p in streams],
+            [str(p) for _, _, p in streams],
             str(ctx.kmeans_root / name),
             str(map_dir),
         )
@@ -93,7 +100,7 @@ def run(ctx: StageContext) -> list[StageRecord]:
     stream_results: list[dict[str, Any]] = []
     if pending_streams:
         refs = {name: ctx.ray.put(c) for name, c in centroids_of.items()}
-        items = [(spec, refs[name], params.k, path) for spec, name, path in pending_streams]
+        items = [(spec, refs[name], params.k, path, beam) for spec, beam, name, path in pending_streams]
         stream_results = decode_on_workers(ctx, "stream", items, "stream")
     if not calls:
         return list(records.values())
@@ -118,6 +125,8 @@ def run(ctx: StageContext) -> list[StageRecord]:
             normaliser_seconds=res["normaliser_seconds"],
             stream_seconds=sum(float(r.get("seconds", 0.0)) for r in streamed),
         )
+        if mf["beams"] != [1]:
+            rec.metrics.update({f"states_beam{b}": float(n) for b, n in mf["beam_states"].items()})
         for kk, frac in res["fractions"].items():
             rec.metrics[f"active_fraction_mean_k{kk}"] = float(frac.mean())
             rec.metrics[f"active_fraction_max_k{kk}"] = float(frac.max())

@@ -10,7 +10,12 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from fastvocab.artifacts_schema.cluster_map import MANIFEST_FILE, REBUILD_HINT, map_dir_name
+from fastvocab.artifacts_schema.cluster_map import (
+    MANIFEST_FILE,
+    REBUILD_HINT,
+    coverage_problem,
+    map_dir_name,
+)
 from fastvocab.artifacts_schema.corpus import read_direction
 from fastvocab.artifacts_schema.digest import text_digest
 from fastvocab.artifacts_schema.errors import ArtifactError
@@ -66,6 +71,10 @@ def _method_plan(
             return f"no cluster map at {map_dir} (run the maps stage)"
         # a map of another direction (copied into place) would decode with the wrong language's tokens
         manifest = check_map_direction(map_dir, src, tgt, fix=REBUILD_HINT)
+        # a map not built for translate.beam still decodes; one line says so, and how to rebuild it
+        warning = coverage_problem(manifest, t.beam, map_dir)
+        if warning is not None:
+            log.warning("translate %s: %s", direction, warning)
         artifact = str(map_dir)
         # the manifest names the map's tensors by their digest: no need to read and hash them here
         prov.update(map=map_dir.name, map_digest=manifest.tensors_digest, selection=t.selection)
