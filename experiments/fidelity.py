@@ -369,6 +369,8 @@ def run_fidelity(
         keep = [i for i, s in enumerate(sources) if s.strip()]
         sources, refs = [sources[i] for i in keep], [refs[i] for i in keep]
         cmap = load_cluster_map(resolve_map_dir(maps, src, tgt), expect_fingerprint=adapter.fingerprint)
+        mf = cmap.manifest  # what the map covers, with each row: beams beyond them are measured too
+        covers = {"r": mf.r, "k": mf.k, "beams": mf.beams, "states": mf.states_used}
         seqs = adapter.tokenize(sources, src, tgt)
         for beam in settings.beams:
             for batch_size in settings.batches:
@@ -377,6 +379,7 @@ def run_fidelity(
                     adapter, full, cmap, seqs, refs, src, tgt, beam, batch_size, settings, scorer
                 )
                 for row in rows:
+                    row["map"] = covers
                     if on_row is not None:
                         on_row(row)
                 results += rows
