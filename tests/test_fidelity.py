@@ -368,5 +368,6 @@ def test_radius_and_oracle_methods_of_the_yardstick(tmp_path, adapter, mixed_map
     far = got[(2, "normaliser@1e-6")]
     assert far["full_rows_far"] == 1.0 and far["identical"] == 1.0  # every row went to full softmax
     assert got[(2, "oracle")]["full_rows_far"] is None
-    covers = {"r": mixed_map.manifest.r, "k": mixed_map.manifest.k, "beams": mixed_map.manifest.beams, "states": mixed_map.manifest.states_used}
+    mf = mixed_map.manifest
+    covers = {"r": mf.r, "k": mf.k, "beams": mf.beams, "states": mf.states_used}
     assert all(r["map"] == covers for r in rows)  # each row says what its map covers
