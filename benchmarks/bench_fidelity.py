@@ -31,10 +31,10 @@ def main(argv: list[str] | None = None) -> int:
         model=ROOT / "models/demo", maps=ROOT / "runs/demo/maps", corpus=ROOT / "data/corpus", threads=2
     )
     args = ap.parse_args(argv)
-    if args.out is None:
+    if args.output is None:
         device = "cpu" if args.device == "cpu" else "gpu"
         tag = f"-{args.tag}" if args.tag else ""
-        args.out = RESULTS / f"fidelity-{device}-{dt.date.today().isoformat()}{tag}.json"
+        args.output = RESULTS / f"fidelity-{device}-{dt.date.today().isoformat()}{tag}.json"
     command = " ".join([".venv/bin/python", "benchmarks/bench_fidelity.py", *argv])
     commit = git_commit("kernels", "decoding", "tasks")
     return run_fidelity_command(args, command, lambda: {"commit": commit, "device": device_name(args.device)})

@@ -341,7 +341,7 @@ def run_cli(*argv: str) -> int:
 def test_cli_end_to_end_on_fake_lists(tmp_path, lists_dir, capsys):
     out = tmp_path / "corpus"
     args = [
-        "--out",
+        "--output",
         out,
         "--lists-dir",
         lists_dir,
@@ -377,7 +377,7 @@ def test_cli_end_to_end_on_fake_lists(tmp_path, lists_dir, capsys):
 def test_cli_resume_force_and_seed(tmp_path, lists_dir, capsys):
     out = tmp_path / "corpus"
     base = [
-        "--out",
+        "--output",
         out,
         "--lists-dir",
         lists_dir,
@@ -426,7 +426,7 @@ cp {lists_dir}/* "$d"/
     )
     monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:{os.environ['PATH']}")
     out = tmp_path / "corpus"
-    assert run_cli("--out", out, "--languages", "en,it", "--dev-size", "5", "--test-size", "5") == 0
+    assert run_cli("--output", out, "--languages", "en,it", "--dev-size", "5", "--test-size", "5") == 0
     args = log.read_text().split("\n")
     assert "Acquire::Languages=en,it" in args and "update" in args
     assert f"Dir::State::Lists={(out / 'apt-lists').resolve()}" in args
@@ -440,7 +440,7 @@ def test_cli_apt_get_failure_is_one_line(tmp_path, monkeypatch, capsys):
     )
     monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:{os.environ['PATH']}")
     out = tmp_path / "corpus"
-    assert run_cli("--out", out, "--languages", "en,it") == 2
+    assert run_cli("--output", out, "--languages", "en,it") == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1
     assert "apt-get update" in err and "E: Could not resolve the mirror" in err
@@ -449,7 +449,7 @@ def test_cli_apt_get_failure_is_one_line(tmp_path, monkeypatch, capsys):
 
 def test_cli_without_apt_get_is_one_line(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
-    assert run_cli("--out", tmp_path / "corpus", "--languages", "en,it") == 2
+    assert run_cli("--output", tmp_path / "corpus", "--languages", "en,it") == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "apt-get not found" in err
 
@@ -457,7 +457,7 @@ def test_cli_without_apt_get_is_one_line(tmp_path, monkeypatch, capsys):
 def test_cli_missing_language_after_fetch(tmp_path, lists_dir, monkeypatch, capsys):
     fake_apt_get(tmp_path / "bin", "exit 0\n")  # "succeeds" but brings no Translation-pt
     monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:{os.environ['PATH']}")
-    assert run_cli("--out", tmp_path / "c", "--lists-dir", lists_dir, "--languages", "en,pt") == 2
+    assert run_cli("--output", tmp_path / "c", "--lists-dir", lists_dir, "--languages", "en,pt") == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "no Translation-pt index" in err
 
@@ -481,7 +481,7 @@ def test_tsv_import_splits_and_stores_pivot_first(tmp_path, capsys):
     lines = [f"frase  {i}\tsentence {i}" for i in range(50)] + ["frase 0\tsentence 0"]  # one duplicate
     tsv.write_text("\n".join(lines) + "\n", encoding="utf-8")
     out = tmp_path / "corpus"
-    argv = ["--out", out, "--from-tsv", tsv, "--src-lang", "it", "--tgt-lang", "en"]
+    argv = ["--output", out, "--from-tsv", tsv, "--src-lang", "it", "--tgt-lang", "en"]
     assert run_cli(*argv, "--dev-size", "5", "--test-size", "5") == 0
     tables = {s: read_corpus_file(split_path(out, "en", "it", s)).to_pylist() for s in SPLITS}
     assert sum(len(t) for t in tables.values()) == 50
@@ -513,7 +513,7 @@ def test_tsv_errors_are_one_line_naming_file_and_line(tmp_path, capsys, content,
     tsv = tmp_path / "bad.tsv"
     tsv.write_bytes(content)
     out = tmp_path / "corpus"
-    assert run_cli("--out", out, "--from-tsv", tsv, "--src-lang", "en", "--tgt-lang", "it") != 0
+    assert run_cli("--output", out, "--from-tsv", tsv, "--src-lang", "en", "--tgt-lang", "it") != 0
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1
     assert f"{tsv}:{line}:" in err and message in err
@@ -523,7 +523,7 @@ def test_tsv_errors_are_one_line_naming_file_and_line(tmp_path, capsys, content,
 def test_too_small_for_dev_and_test_is_an_error(tmp_path, capsys):
     tsv = tmp_path / "small.tsv"
     tsv.write_text("a\tb\nc\td\n", encoding="utf-8")
-    assert run_cli("--out", tmp_path / "c", "--from-tsv", tsv, "--src-lang", "en", "--tgt-lang", "it") == 2
+    assert run_cli("--output", tmp_path / "c", "--from-tsv", tsv, "--src-lang", "en", "--tgt-lang", "it") == 2
     assert "none left for train" in capsys.readouterr().err
 
 
@@ -541,7 +541,7 @@ def test_parquet_import_keeps_documents_whole(tmp_path):
         src,
     )
     out = tmp_path / "corpus"
-    argv = ["--out", out, "--from-parquet", src, "--src-lang", "de", "--tgt-lang", "fr", "--src-col", "de"]
+    argv = ["--output", out, "--from-parquet", src, "--src-lang", "de", "--tgt-lang", "fr", "--src-col", "de"]
     assert run_cli(*argv, "--tgt-col", "fr", "--doc-col", "doc", "--dev-size", "6", "--test-size", "6") == 0
     tables = {s: read_corpus_file(split_path(out, "de", "fr", s)).to_pylist() for s in SPLITS}
     assert len(tables["test"]) == 8 and len(tables["dev"]) == 8  # two documents of 4 rows each
@@ -561,7 +561,7 @@ def test_parquet_import_keeps_documents_whole(tmp_path):
 def test_parquet_import_errors(tmp_path, capsys, extra, message):
     src = tmp_path / "in.parquet"
     pq.write_table(pa.table({"de": ["a"], "fr": ["b"], "n": [1]}), src)
-    argv = ["--out", tmp_path / "c", "--from-parquet", src, "--src-lang", "de", "--tgt-lang", "fr", *extra]
+    argv = ["--output", tmp_path / "c", "--from-parquet", src, "--src-lang", "de", "--tgt-lang", "fr", *extra]
     assert run_cli(*argv) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and message in err
@@ -571,12 +571,12 @@ def test_mono_import(tmp_path, capsys):
     text = tmp_path / "it.txt"
     text.write_text("Una frase.\n\n  Un'altra   frase. \nUna frase.\nTerza.\n", encoding="utf-8")
     out = tmp_path / "corpus"
-    assert run_cli("--out", out, "--mono", text, "--lang", "it") == 0
+    assert run_cli("--output", out, "--mono", text, "--lang", "it") == 0
     assert read_mono(out, "it") == ([1, 3, 5], ["Una frase.", "Un'altra frase.", "Terza."])
     manifest = json.loads((out / "corpus.json").read_text())
     assert manifest["mono"]["it"]["stats"] == {"lines": 5, "empty": 1, "duplicates_removed": 1}
     capsys.readouterr()
-    assert run_cli("--out", out, "--mono", text, "--lang", "it") == 0
+    assert run_cli("--output", out, "--mono", text, "--lang", "it") == 0
     assert "up to date" in capsys.readouterr().out
     with pytest.raises(Exception, match="no monolingual fr file"):
         read_mono(out, "fr")
@@ -601,7 +601,7 @@ def test_mono_import_streams_in_batches_with_the_same_result(tmp_path, monkeypat
 def test_mono_bad_utf8_is_an_error(tmp_path, capsys):
     text = tmp_path / "bad.txt"
     text.write_bytes(b"ok\n\xc3\x28\n")
-    assert run_cli("--out", tmp_path / "c", "--mono", text, "--lang", "it") == 2
+    assert run_cli("--output", tmp_path / "c", "--mono", text, "--lang", "it") == 2
     err = capsys.readouterr().err.strip()
     assert f"{text}:2: invalid UTF-8" in err and len(err.splitlines()) == 1
 
@@ -622,6 +622,6 @@ def test_mono_bad_utf8_is_an_error(tmp_path, capsys):
     ],
 )
 def test_cli_flag_errors(tmp_path, capsys, argv, message):
-    assert run_cli("--out", tmp_path / "c", *argv) == 2
+    assert run_cli("--output", tmp_path / "c", *argv) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and message in err

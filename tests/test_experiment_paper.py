@@ -73,7 +73,7 @@ def test_paper_end_to_end(tiny_model_dir, corpus, work, tmp_path):
         "--directions", "it-en", "--fig-direction", "it-en", "--fig2-pool", "fr-en",
         "--sentences", "4", "--set2-sentences", "4", "--fig3-sentences", "4", "--max-len", "12",
         "--fig2-rs", "4,8", "--fig2-sentences", "20", "--fig3-rs", "4,8", "--fig4-r", "8",
-        "--ks", "1,3", "--niter", "4", "--threads", "1", "--out", str(out),
+        "--ks", "1,3", "--niter", "4", "--threads", "1", "--output", str(out),
     ]  # fmt: skip
     assert main(argv) == 0
     for name in ("table2", "table3", "table4", "table5"):
@@ -198,7 +198,7 @@ def test_pool_without_source_text_is_refused_before_any_work(tiny_model_dir, cor
         "experiment", "paper", "--quick",
         "--model", str(tiny_model_dir), "--corpus", str(corpus), "--work-dir", str(work),
         "--directions", "it-en", "--fig-direction", "it-en", "--fig2-pool", "fr-en,es-en",
-        "--states-cache", str(tmp_path / "cache"), "--no-mlflow", "--out", str(out),
+        "--states-cache", str(tmp_path / "cache"), "--no-mlflow", "--output", str(out),
     ]  # fmt: skip
     assert main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]

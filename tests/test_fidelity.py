@@ -304,7 +304,7 @@ def test_bench_fidelity_runs_on_the_tiny_model(tmp_path, tiny_model_dir, mixed_m
     ]
     argv += ["--directions", "en-it", "--beams", "1,2", "--batches", "2", "--max-len", "8", "--threads", "1"]
     done = subprocess.run(
-        [sys.executable, str(script), *argv, "--out", str(out)], capture_output=True, text=True, timeout=300
+        [sys.executable, str(script), *argv, "-o", str(out)], capture_output=True, text=True, timeout=300
     )
     assert done.returncode == 0, done.stderr[-2000:]
     data = json.loads(out.read_text())
@@ -333,7 +333,7 @@ def test_fastvocab_bench_fidelity_writes_the_record_and_prints_the_table(
     out = tmp_path / "fidelity.json"
     argv = ["bench", "fidelity", "--model", str(tiny_model_dir), "--maps", str(tmp_path / "maps")]
     argv += ["--corpus", str(tmp_path / "corpus"), "--directions", "en-it", "--beams", "2", "--batches", "3"]
-    argv += ["--methods", "clustered,normaliser", "--max-len", "6", "--threads", "1", "--out", str(out)]
+    argv += ["--methods", "clustered,normaliser", "--max-len", "6", "--threads", "1", "--output", str(out)]
     assert main(argv) == 0
     table = capsys.readouterr().out
     assert "search" not in table.split("\n")[0] and "s.err" in table and "normaliser" in table
@@ -343,7 +343,7 @@ def test_fastvocab_bench_fidelity_writes_the_record_and_prints_the_table(
     for r in data["results"]:
         assert r["sentences"] == 3 and 0.0 <= r["search_errors"] <= 1.0 - r["identical"] + 1e-9
         assert r["active_columns_per_row"] > 0
-    assert main([*argv[:-2], "--methods", "guess", "--out", str(out)]) == 2  # unknown method: a usage error
+    assert main([*argv[:-2], "--methods", "guess", "-o", str(out)]) == 2  # unknown method: a usage error
 
 
 def test_radius_and_oracle_methods_of_the_yardstick(tmp_path, adapter, mixed_map):

@@ -201,14 +201,14 @@ def test_cli_help_and_bad_input(tmp_path, capsys):
         main(["train-demo", "--help"])
     help_text = capsys.readouterr().out
     assert all(p in help_text for p in ("tiny", "cpu", "base", "--max-minutes", "--directions"))
-    assert main(["train-demo", "--corpus", str(tmp_path / "missing"), "--out", str(tmp_path / "m")]) == 2
+    assert main(["train-demo", "--corpus", str(tmp_path / "missing"), "--output", str(tmp_path / "m")]) == 2
     assert "no corpus" in capsys.readouterr().err
     write_corpus(tmp_path / "c", sizes=(20, 4, 4))
     args = [
         "train-demo",
         "--corpus",
         str(tmp_path / "c"),
-        "--out",
+        "--output",
         str(tmp_path / "m"),
         "--directions",
         "en_it",

@@ -135,7 +135,7 @@ def test_a_budget_nothing_meets_is_a_clear_error(work, tiny_model_dir, tmp_path,
     assert choose(rows, 0.15, "speed_ratio")["label"] == "b"
     assert choose(rows, 0.2, "speed_ratio")["label"] == "a"
     # on the model: sets pruned to nothing (min_count far above any count) cannot meet a budget of 0
-    argv = ("--min-count", "100000", "--budget", "0", "--no-mlflow", "--out", str(tmp_path), "--k", "1")
+    argv = ("--min-count", "100000", "--budget", "0", "--no-mlflow", "--output", str(tmp_path), "--k", "1")
     rc, out, err = _tune(capsys, work, tiny_model_dir, *argv)
     assert rc == 2 and "no configuration is within the search-error budget of 0%" in err
     assert "map:" not in out

@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from fastvocab.pipeline.commands import command_line, int_list
+from fastvocab.pipeline.commands import add_grid_alias, add_mlflow_options, add_output, command_line, int_list
 from fastvocab.pipeline.errors import UserError
 
 HELP = "measure output-layer methods against full softmax (fidelity yardstick; all methods side by side)"
@@ -47,7 +47,7 @@ against full softmax:
 
 Methods: clustered (no inactive-mass estimate), normaliser, moments, centroid (that --inactive-mass of
 fastvocab translate; beam > 1 only), exact (--exact), per-row (--selection per-row).
-Writes the JSON record (command, meta, one result per row) to --out and prints the table.
+Writes the JSON record (command, meta, one result per row) to --output and prints the table.
 """
 
 
@@ -80,39 +80,92 @@ def add_fidelity_arguments(p: argparse.ArgumentParser) -> None:
     from fastvocab.experiments.fidelity import DEFAULT_METHODS, GRIDS, METHODS, FidelitySettings
 
     d = FidelitySettings()
-    p.add_argument("--model", type=Path, default=Path("models/demo"), help="model folder (models/demo)")
+    _add_model_corpus(p, d.split)
     p.add_argument(
-        "--maps", type=Path, default=Path("runs/demo/maps"), help="maps root or a map folder (runs/demo/maps)"
+        "--maps",
+        type=Path,
+        default=Path("runs/demo/maps"),
+        metavar="DIR",
+        help="maps root or a map folder (default: %(default)s)",
     )
-    p.add_argument("--corpus", type=Path, default=Path("data/corpus"), help="corpus folder (data/corpus)")
-    p.add_argument("--split", default=d.split, help=f"corpus split ({d.split})")
-    p.add_argument("--directions", default="en-it,it-en", help="comma-separated (en-it,it-en)")
     grids = "; ".join(f"{k}: beams {v[0]} x batches {v[1]}" for k, v in GRIDS.items())
-    p.add_argument("--grid", choices=sorted(GRIDS), default="quick", help=f"beams x batches preset ({grids})")
-    p.add_argument("--beams", help="comma-separated beam sizes (overrides --grid)")
-    p.add_argument("--batches", help="comma-separated batch sizes (overrides --grid)")
+    p.add_argument(
+        "--grid",
+        choices=sorted(GRIDS),
+        default="quick",
+        help=f"beams x batches preset, {grids} (default: %(default)s)",
+    )
+    p.add_argument("--beams", metavar="B,B", help="comma-separated beam sizes (default: --grid's)")
+    p.add_argument("--batches", metavar="N,N", help="comma-separated batch sizes (default: --grid's)")
     p.add_argument(
         "--methods",
         default=",".join(DEFAULT_METHODS),
-        help=f"comma-separated, of {', '.join(METHODS)} ({','.join(DEFAULT_METHODS)})",
+        metavar="M,M",
+        help=f"comma-separated, of {', '.join(METHODS)} (default: %(default)s)",
     )
     p.add_argument(
-        "--selection", default=d.selection, choices=("union", "per-row"), help="clustered selection"
+        "--selection",
+        default=d.selection,
+        choices=("union", "per-row"),
+        help="clustered selection (default: %(default)s)",
     )
     p.add_argument(
         "--sentences",
         type=int,
         default=d.sentences,
-        help=f"first N sentences of the split, 0 = all ({d.sentences})",
+        metavar="N",
+        help="first N sentences of the split, 0 = all (default: %(default)s)",
     )
-    p.add_argument("--max-len", type=int, default=d.max_len, help=f"max target tokens ({d.max_len})")
-    p.add_argument("--length-penalty", type=float, default=d.length_penalty, help="beam length penalty (1.0)")
+    _add_search_and_device(p, d.max_len, d.length_penalty)
     p.add_argument(
-        "--repeats", type=int, default=d.repeats, help="timed runs per method, median reported (1)"
+        "--repeats",
+        type=int,
+        default=d.repeats,
+        metavar="N",
+        help="timed runs per method, median reported (default: %(default)s)",
     )
-    p.add_argument("--threads", type=int, help="CPU threads for torch (torch's default)")
-    p.add_argument("--device", default="cpu", help="torch device (cpu)")
-    p.add_argument("--out", type=Path, help="JSON results file (default fidelity-<date>.json here)")
+    add_output(p, "JSON results file (default: fidelity-<date>.json here)")
+
+
+def _add_model_corpus(p: argparse.ArgumentParser, split: str) -> None:
+    """--model, --corpus, --split and --directions, as both benchmarks take them."""
+    p.add_argument(
+        "--model",
+        type=Path,
+        default=Path("models/demo"),
+        metavar="DIR",
+        help="model folder (default: %(default)s)",
+    )
+    p.add_argument(
+        "--corpus",
+        type=Path,
+        default=Path("data/corpus"),
+        metavar="DIR",
+        help="corpus folder (default: %(default)s)",
+    )
+    p.add_argument("--split", default=split, help="corpus split (default: %(default)s)")
+    p.add_argument(
+        "--directions",
+        default="en-it,it-en",
+        metavar="SRC-TGT,...",
+        help="comma-separated (default: %(default)s)",
+    )
+
+
+def _add_search_and_device(p: argparse.ArgumentParser, max_len: int, length_penalty: float) -> None:
+    """--max-len, --length-penalty, --threads and --device, as both benchmarks take them."""
+    p.add_argument(
+        "--max-len", type=int, default=max_len, metavar="N", help="max target tokens (default: %(default)s)"
+    )
+    p.add_argument(
+        "--length-penalty",
+        type=float,
+        default=length_penalty,
+        metavar="P",
+        help="beam length penalty (default: %(default)s)",
+    )
+    p.add_argument("--threads", type=int, metavar="N", help="CPU threads for torch (default: torch's)")
+    p.add_argument("--device", default="cpu", help="torch device (default: %(default)s)")
 
 
 def run_fidelity_command(
@@ -150,7 +203,7 @@ def run_fidelity_command(
     except ValueError as exc:
         raise UserError(str(exc)) from exc
     directions = [d for d in args.directions.split(",") if d]
-    out = args.out or Path(f"fidelity-{dt.date.today().isoformat()}.json")
+    out = args.output or Path(f"fidelity-{dt.date.today().isoformat()}.json")
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     load_before = os.getloadavg()
@@ -221,8 +274,8 @@ point of a parameter grid of each method, same search and settings, in one proce
 Methods: full, clustered (union selection; --maps), per-row (clustered, per-row selection), lsh (SimHash,
 points: k), graph (FGD/HNSW, points: k, ef_search), shortlist (lexical, points: k per source subword,
 frequent). --grid quick: 30 sentences and 2 points per indexed method; full: 100 sentences, 5-6 points.
-Writes the JSON record (command, meta with load average, rows, Pareto front) to --out and a PNG of speed
-ratio against search error rate beside it; --mlflow URI or --work-dir DIR also logs them to MLflow (one
+Writes the JSON record (command, meta with load average, rows, Pareto front) to --output and a PNG of speed
+ratio against search error rate beside it; --tracking-uri URI or --work-dir DIR also logs them to MLflow (one
 parent run, one child run per point).
 """
 
@@ -231,10 +284,11 @@ def add_methods_arguments(p: argparse.ArgumentParser) -> None:
     from fastvocab.experiments.bench_methods import GRIDS, METHODS, SENTENCES, BenchSettings
 
     d = BenchSettings()
-    p.add_argument("--model", type=Path, default=Path("models/demo"), help="model folder (models/demo)")
+    _add_model_corpus(p, d.split)
     p.add_argument(
         "--maps",
         type=Path,
+        metavar="DIR",
         help="cluster maps root or a map folder, for clustered and per-row (default: <work-dir>/maps, "
         "else runs/demo/maps)",
     )
@@ -251,27 +305,47 @@ def add_methods_arguments(p: argparse.ArgumentParser) -> None:
         metavar="DIR",
         help="a pipeline work dir: its maps, its methods artifacts and its MLflow store (mlflow.db)",
     )
-    p.add_argument("--corpus", type=Path, default=Path("data/corpus"), help="corpus folder (data/corpus)")
-    p.add_argument("--split", default=d.split, help=f"corpus split ({d.split})")
-    p.add_argument("--directions", default="en-it,it-en", help="comma-separated (en-it,it-en)")
     sizes = ", ".join(f"{k}: {SENTENCES[k]} sentences" for k in GRIDS)
-    p.add_argument("--grid", choices=sorted(GRIDS), default=d.grid, help=f"parameter grid ({sizes})")
-    p.add_argument("--quick", action="store_true", help="--grid quick (the default)")
-    p.add_argument("--methods", default=",".join(METHODS), help=f"comma-separated, of {', '.join(METHODS)}")
-    p.add_argument("--beams", default="1,4", help="comma-separated beam sizes (1,4)")
-    p.add_argument("--batch-size", type=int, default=d.batch_size, help=f"sentences a batch ({d.batch_size})")
-    p.add_argument("--sentences", type=int, help="first N sentences of the split, 0 = all (the grid's)")
-    p.add_argument("--max-len", type=int, default=d.max_len, help=f"max target tokens ({d.max_len})")
-    p.add_argument("--length-penalty", type=float, default=d.length_penalty, help="beam length penalty (1.0)")
-    p.add_argument("--repeats", type=int, default=d.repeats, help="timed passes, median reported (1)")
-    p.add_argument("--threads", type=int, help="CPU threads for torch (torch's default)")
-    p.add_argument("--device", default="cpu", help="torch device (cpu)")
     p.add_argument(
-        "--out", type=Path, help="JSON record (default benchmarks/results/methods-<dev>-<date>.json)"
+        "--grid",
+        choices=sorted(GRIDS),
+        default=d.grid,
+        help=f"parameter grid, {sizes} (default: %(default)s)",
     )
-    p.add_argument("--plot", type=Path, help="PNG plot (default: the JSON's name with .png)")
-    p.add_argument("--mlflow", metavar="URI", help="log params, metrics, the JSON and the PNG to this store")
-    p.add_argument("--experiment", default="fastvocab-bench", help="MLflow experiment (fastvocab-bench)")
+    add_grid_alias(p)
+    p.add_argument(
+        "--methods",
+        default=",".join(METHODS),
+        metavar="M,M",
+        help="comma-separated, of %(default)s (default: all)",
+    )
+    p.add_argument(
+        "--beams", default="1,4", metavar="B,B", help="comma-separated beam sizes (default: %(default)s)"
+    )
+    p.add_argument(
+        "--batch-size",
+        type=int,
+        default=d.batch_size,
+        metavar="N",
+        help="sentences a batch (default: %(default)s)",
+    )
+    p.add_argument(
+        "--sentences",
+        type=int,
+        metavar="N",
+        help="first N sentences of the split, 0 = all (default: the grid's)",
+    )
+    _add_search_and_device(p, d.max_len, d.length_penalty)
+    p.add_argument(
+        "--repeats",
+        type=int,
+        default=d.repeats,
+        metavar="N",
+        help="timed passes, median reported (default: %(default)s)",
+    )
+    add_output(p, "JSON record (default: benchmarks/results/methods-<dev>-<date>.json)")
+    p.add_argument("--plot", type=Path, metavar="FILE", help="PNG plot (default: the JSON's name with .png)")
+    add_mlflow_options(p, "none; with --work-dir its mlflow.db", "fastvocab-bench")
 
 
 def _default_out(device: str) -> Path:
@@ -297,7 +371,7 @@ def run_methods_command(
     methods_dir = args.methods_dir or (work / "methods" if work else None)
     try:
         settings = bm.BenchSettings(
-            grid="quick" if args.quick else args.grid,
+            grid=args.grid,
             methods=tuple(m for m in args.methods.split(",") if m),
             beams=int_list(args.beams, "--beams") or (1, 4),
             batch_size=args.batch_size,
@@ -311,11 +385,11 @@ def run_methods_command(
         raise UserError(str(exc)) from exc
     directions = [d for d in args.directions.split(",") if d]
     tracker = None
-    if args.mlflow or work is not None:  # open the store first: a bad URI fails before the work
+    if args.tracking_uri or work is not None:  # open the store first: a bad URI fails before the work
         from fastvocab.pipeline.tracking import Tracker
 
-        tracker = Tracker.for_work_dir(work or Path("."), args.mlflow, args.experiment)
-    out = args.out or _default_out(args.device)
+        tracker = Tracker.for_work_dir(work or Path("."), args.tracking_uri, args.experiment_name)
+    out = args.output or _default_out(args.device)
     png = args.plot or out.with_suffix(".png")
     if args.threads is not None:
         torch.set_num_threads(args.threads)

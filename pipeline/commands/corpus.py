@@ -10,32 +10,45 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from fastvocab.artifacts_schema.corpus import MANIFEST, SPLITS, mono_path
-from fastvocab.pipeline.config import load_config
+from fastvocab.pipeline.commands import add_output
+from fastvocab.pipeline.config import CorpusConfig, load_config
 from fastvocab.pipeline.errors import UserError
 
 HELP = "build a parallel corpus from Debian's description translations, or from your own files"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    d = CorpusConfig()
+    config = "or the --config file's"
     p.add_argument("--config", metavar="FILE", help="a run config; its corpus section gives the defaults")
-    p.add_argument("--out", metavar="DIR", help="output folder (default data/corpus)")
+    add_output(p, f"output folder (default: {d.out_dir}, {config})", metavar="DIR")
     p.add_argument(
-        "--dev-size", type=int, metavar="N", help="pairs per language pair in dev (whole documents)"
+        "--dev-size",
+        type=int,
+        metavar="N",
+        help=f"pairs per language pair in dev (whole documents) (default: {d.dev_size}, {config})",
     )
     p.add_argument(
-        "--test-size", type=int, metavar="N", help="pairs per language pair in test (whole documents)"
+        "--test-size",
+        type=int,
+        metavar="N",
+        help=f"pairs per language pair in test (whole documents) (default: {d.test_size}, {config})",
     )
-    p.add_argument("--seed", type=int, help="seed of the document split")
+    p.add_argument(
+        "--seed", type=int, metavar="N", help=f"seed of the document split (default: {d.seed}, {config})"
+    )
     p.add_argument("--force", action="store_true", help="rebuild even when the outputs exist and validate")
 
     deb = p.add_argument_group("Debian description translations (the default source)")
     deb.add_argument(
-        "--languages", metavar="L1,L2,...", help="languages, pivot included (default en,it,fr,de,es,pt)"
+        "--languages",
+        metavar="L1,L2,...",
+        help=f"languages, pivot included (default: {','.join(d.languages)}, {config})",
     )
     deb.add_argument(
         "--lists-dir",
         metavar="DIR",
-        help="apt lists folder to read, fetched into when incomplete (default OUT/apt-lists)",
+        help="apt lists folder to read, fetched into when incomplete (default: OUTPUT/apt-lists)",
     )
 
     own = p.add_argument_group("your own data (instead of the Debian corpus)")
@@ -101,8 +114,8 @@ def run(args: argparse.Namespace) -> int:
 
     mode = _check_flags(args)
     overrides: dict[str, object] = {}
-    if args.out is not None:
-        overrides["corpus.out_dir"] = args.out
+    if args.output is not None:
+        overrides["corpus.out_dir"] = args.output
     if args.languages is not None:
         overrides["corpus.languages"] = [x.strip() for x in args.languages.split(",") if x.strip()]
     for name in ("dev_size", "test_size", "seed", "lists_dir"):

@@ -26,8 +26,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="FILE",
         help="full-softmax output of the same model and settings: also report the search error rate",
     )
-    p.add_argument("--hyp-column", default="hypothesis", help="Parquet column of hypotheses (hypothesis)")
-    p.add_argument("--ref-column", default="reference", help="Parquet column of references (reference)")
+    p.add_argument(
+        "--hyp-column",
+        default="hypothesis",
+        metavar="NAME",
+        help="Parquet column of hypotheses (default: %(default)s)",
+    )
+    p.add_argument(
+        "--ref-column",
+        default="reference",
+        metavar="NAME",
+        help="Parquet column of references (default: %(default)s)",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import itertools
 import logging
 import os
 import re
@@ -17,7 +18,7 @@ import sys
 import time
 from pathlib import Path
 
-from fastvocab.pipeline.commands import command_line, int_list
+from fastvocab.pipeline.commands import add_mlflow_options, add_output, command_line, int_list
 from fastvocab.pipeline.errors import UserError
 
 HELP = "experiments of Amer et al. on your model (tables and figures logged to MLflow)"
@@ -73,67 +74,143 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def add_paper_arguments(p: argparse.ArgumentParser) -> None:
     from fastvocab.experiments.experiment_paper import PARTS, PRESETS
 
-    full = PRESETS["full"]
-    p.add_argument("--model", type=Path, default=Path("models/demo"), help="model folder (models/demo)")
-    p.add_argument("--corpus", type=Path, default=Path("data/corpus"), help="corpus folder (data/corpus)")
+    full, quick = PRESETS["full"], PRESETS["quick"]
+
+    def preset(name: str) -> str:
+        """The preset's value of a setting, as the help's default: the paper's grid's, and --quick's."""
+
+        def text(value: object) -> str:
+            if not isinstance(value, tuple):
+                return str(value)
+            if len(value) > 5 and len({b - a for a, b in itertools.pairwise(value)}) == 1:  # a range
+                return f"{value[0]},{value[1]},...,{value[-1]}"
+            return ",".join(map(str, value))
+
+        a, b = getattr(full, name), getattr(quick, name)
+        return f"(default: {text(a)})" if a == b else f"(default: {text(a)}; --quick: {text(b)})"
+
+    p.add_argument(
+        "--model",
+        type=Path,
+        default=Path("models/demo"),
+        metavar="DIR",
+        help="model folder (default: %(default)s)",
+    )
+    p.add_argument(
+        "--corpus",
+        type=Path,
+        default=Path("data/corpus"),
+        metavar="DIR",
+        help="corpus folder (default: %(default)s)",
+    )
     p.add_argument(
         "--work-dir",
         type=Path,
         default=None,
         metavar="DIR",
-        help=f"pipeline work dir: its maps, its stored states and its MLflow store ({DEFAULT_WORK_DIR})",
+        help=f"pipeline work dir: its maps, stored states and MLflow store (default: {DEFAULT_WORK_DIR})",
     )
-    p.add_argument("--maps", type=Path, help="maps root or folder for Tables 2-5 (<work-dir>/maps)")
-    p.add_argument("--states", type=Path, help="stored hidden states for Figures 2-4 (<work-dir>/states)")
+    p.add_argument(
+        "--maps",
+        type=Path,
+        metavar="DIR",
+        help="maps root or folder for Tables 2-5 (default: <work-dir>/maps)",
+    )
+    p.add_argument(
+        "--states",
+        type=Path,
+        metavar="DIR",
+        help="stored hidden states for Figures 2-4 (default: <work-dir>/states)",
+    )
     p.add_argument(
         "--states-cache",
         type=Path,
-        help="where directions without stored states are dumped (<work-dir>/experiment-states)",
+        metavar="DIR",
+        help="where directions without stored states are dumped (default: <work-dir>/experiment-states)",
     )
     p.add_argument(
         "--pool-corpus",
         type=Path,
+        metavar="DIR",
         help="corpus with the source text of directions dumped here (a pair split, or mono/<src>.parquet "
-        "from `fastvocab corpus --mono`; default: --corpus)",
+        "from `fastvocab corpus --mono`) (default: --corpus)",
     )
     p.add_argument(
-        "--directions", default=",".join(full.directions), help="Tables 2-5, comma-separated (en-it,it-en)"
+        "--directions",
+        metavar="SRC-TGT,...",
+        help=f"Tables 2-5, comma-separated {preset('directions')}",
     )
-    p.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated, of {', '.join(PARTS)} (all)")
+    p.add_argument(
+        "--parts",
+        default=",".join(PARTS),
+        metavar="PART,...",
+        help="comma-separated, of %(default)s (default: all)",
+    )
     p.add_argument(
         "--quick", action="store_true", help="sampled grids that keep the tables' and figures' shape"
     )
-    p.add_argument("--sentences", type=int, help="first N test sentences for Tables 2, 3, 5 (0 = all)")
-    p.add_argument("--set2-sentences", type=int, help="first N dev sentences for Table 4 (0 = all)")
-    p.add_argument("--fig-direction", help=f"direction of Figures 2-4 ({full.fig_direction})")
     p.add_argument(
-        "--fig2-pool", help=f"directions pooled into its target for Figure 2 ({','.join(full.fig2_pool)})"
-    )
-    p.add_argument("--fig2-rs", help="Figure 2's numbers of clusters, comma-separated (100,...,500)")
-    p.add_argument("--fig2-sentences", type=int, help="sentences of states per direction in Figure 2")
-    p.add_argument("--fig3-rs", help="Figure 3's numbers of centroids, comma-separated (100,...,2000)")
-    p.add_argument(
-        "--fig3-sentences", type=int, help="first N dev sentences decoded per r in Figure 3 (0 = all)"
+        "--sentences",
+        type=int,
+        metavar="N",
+        help=f"first N test sentences for Tables 2, 3, 5, 0 = all {preset('sentences')}",
     )
     p.add_argument(
-        "--fig-state-sentences", type=int, help="sentences of stored states for Figures 3-4 (0 = all)"
+        "--set2-sentences",
+        type=int,
+        metavar="N",
+        help=f"first N dev sentences for Table 4, 0 = all {preset('set2_sentences')}",
     )
-    p.add_argument("--fig4-r", type=int, help=f"Figure 4's number of centroids ({full.fig4_r})")
-    p.add_argument("--ks", help="K of Figures 3 and 4, comma-separated (1,3,5)")
-    p.add_argument("--niter", type=int, help=f"k-means iterations ({full.niter})")
+    p.add_argument(
+        "--fig-direction", metavar="SRC-TGT", help=f"direction of Figures 2-4 {preset('fig_direction')}"
+    )
+    p.add_argument(
+        "--fig2-pool",
+        metavar="SRC-TGT,...",
+        help=f"directions pooled into its target for Figure 2 {preset('fig2_pool')}",
+    )
+    p.add_argument("--fig2-rs", metavar="R,R", help=f"Figure 2's numbers of clusters {preset('fig2_rs')}")
+    p.add_argument(
+        "--fig2-sentences",
+        type=int,
+        metavar="N",
+        help=f"sentences of states per direction in Figure 2 {preset('fig2_sentences')}",
+    )
+    p.add_argument("--fig3-rs", metavar="R,R", help=f"Figure 3's numbers of centroids {preset('fig3_rs')}")
+    p.add_argument(
+        "--fig3-sentences",
+        type=int,
+        metavar="N",
+        help=f"first N dev sentences decoded per r in Figure 3, 0 = all {preset('fig3_sentences')}",
+    )
+    p.add_argument(
+        "--fig-state-sentences",
+        type=int,
+        metavar="N",
+        help=f"sentences of stored states for Figures 3-4, 0 = all {preset('fig_state_sentences')}",
+    )
+    p.add_argument(
+        "--fig4-r", type=int, metavar="R", help=f"Figure 4's number of centroids {preset('fig4_r')}"
+    )
+    p.add_argument("--ks", metavar="K,K", help=f"K of Figures 3 and 4, comma-separated {preset('ks')}")
+    p.add_argument("--niter", type=int, metavar="N", help=f"k-means iterations {preset('niter')}")
     p.add_argument(
         "--inactive-mass",
         choices=("none", "centroid", "moments", "normaliser", "auto"),
-        help="clustered method's inactive-mass estimate (none: the paper's)",
+        help=f"clustered method's inactive-mass estimate, none: the paper's {preset('inactive_mass')}",
     )
-    p.add_argument("--max-len", type=int, help=f"max target tokens ({full.max_len})")
-    p.add_argument("--repeats", type=int, help="timed passes per setting, median reported (1)")
-    p.add_argument("--threads", type=int, help="CPU threads for torch (torch's default)")
-    p.add_argument("--device", default="cpu", help="torch device (cpu)")
-    p.add_argument("--out", type=Path, help="results folder (benchmarks/results/paper-<dev>-<date>[-quick])")
-    p.add_argument("--tracking-uri", metavar="URI", help="MLflow store: sqlite:///FILE, http(s)://HOST:PORT")
+    p.add_argument("--max-len", type=int, metavar="N", help=f"max target tokens {preset('max_len')}")
+    p.add_argument(
+        "--repeats",
+        type=int,
+        metavar="N",
+        help=f"timed passes per setting, median reported {preset('repeats')}",
+    )
+    p.add_argument("--threads", type=int, metavar="N", help="CPU threads for torch (default: torch's)")
+    p.add_argument("--device", default="cpu", help="torch device (default: %(default)s)")
+    add_output(p, "results folder (default: benchmarks/results/paper-<dev>-<date>[-quick])", metavar="DIR")
+    add_mlflow_options(p, "above", EXPERIMENT)
     p.add_argument("--no-mlflow", action="store_true", help="write the results folder only")
-    p.add_argument("--experiment-name", default=EXPERIMENT, help=f"MLflow experiment ({EXPERIMENT})")
 
 
 def _names(text: str | None) -> tuple[str, ...] | None:
@@ -214,7 +291,7 @@ def run_paper_command(args: argparse.Namespace) -> int:
     if any(x in ep.TABLE_PARTS for x in parts) and not maps.exists():
         raise UserError(f"no maps at {maps}: run the pipeline (fastvocab run) or pass --maps")
     tracker = None if args.no_mlflow else _tracker(args, work)  # a bad store fails before the work
-    out = args.out or _default_out(args.device, args.quick)
+    out = args.output or _default_out(args.device, args.quick)
     command = command_line(args, "experiment", args.experiment, skip=("experiment",))
     if args.threads is not None:
         torch.set_num_threads(args.threads)

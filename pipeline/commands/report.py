@@ -6,6 +6,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from fastvocab.pipeline.commands import add_output
+
 HELP = "write a self-contained HTML report (tables, embedded figures) of an MLflow run"
 DEFAULT_WORK_DIR = Path("runs/demo")  # RunConfig.work_dir's default: where `fastvocab run` logs by default
 
@@ -24,19 +26,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="MLflow run id (printed by `fastvocab run`; a parent run's report holds all its child runs), "
         "or 'latest': the most recently started top-level run of the store",
     )
-    p.add_argument(
-        "-o",
-        "--out",
-        type=Path,
-        default=None,
-        metavar="FILE",
-        help="HTML file to write (atomically); default: report-<RUN_ID>.html in the current folder",
-    )
+    add_output(p, "HTML file to write (atomically) (default: report-<RUN_ID>.html in the current folder)")
     p.add_argument(
         "--tracking-uri",
         default=None,
         metavar="URI",
-        help="MLflow store: sqlite:///FILE, http(s)://HOST:PORT, file:DIR",
+        help="MLflow store: sqlite:///FILE, http(s)://HOST:PORT, file:DIR (default: above)",
     )
     p.add_argument(
         "--work-dir",
@@ -58,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
         uri = f"sqlite:///{(args.work_dir / DB_FILE).resolve()}"
     else:
         uri = tracking_uri(DEFAULT_WORK_DIR)
-    path, data = write_report(args.run_id, args.out, uri)
+    path, data = write_report(args.run_id, args.output, uri)
     n_images = sum(a.kind == "image" for r in [data.root, *data.descendants] for a in r.artifacts)
     print(
         f"report of run {data.root.run_id} ({data.root.name}, {len(data.descendants)} child runs, "

@@ -7,10 +7,11 @@ import argparse
 import yaml
 
 from fastvocab.pipeline.errors import UserError
+from fastvocab.pipeline.stages import STAGES
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("config", help="run config (YAML), e.g. configs/demo.yaml")
+    parser.add_argument("config", metavar="CONFIG", help="run config (YAML), e.g. configs/demo.yaml")
     parser.add_argument(
         "--set",
         dest="overrides",
@@ -22,14 +23,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--stages",
         default=None,
-        help="comma-separated stages to run (default: all): "
-        "corpus,dump,kmeans,maps,methods,translate,evaluate",
+        metavar="STAGE,...",
+        help=f"comma-separated stages to run, of {','.join(STAGES)} (default: all)",
     )
     parser.add_argument(
         "--ray-address",
         default=None,
-        help="Ray cluster to attach to ('auto', 'ray://host:10001'); default: the config's, else local Ray "
-        "(under `ray job submit` the job's cluster)",
+        metavar="ADDRESS",
+        help="Ray cluster to attach to ('auto', 'ray://host:10001') (default: the config's, else local Ray; "
+        "under `ray job submit` the job's cluster)",
     )
     parser.add_argument("--no-mlflow", action="store_true", help="do not log to MLflow")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")

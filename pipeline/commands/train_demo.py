@@ -7,6 +7,7 @@ import os
 import shlex
 from pathlib import Path
 
+from fastvocab.pipeline.commands import add_output
 from fastvocab.pipeline.errors import UserError
 
 DESCRIPTION = """\
@@ -36,37 +37,89 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.description = DESCRIPTION
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.add_argument(
-        "--preset", choices=["tiny", "cpu", "base"], default="tiny", help="model size (above)"
+        "--preset",
+        choices=["tiny", "cpu", "base"],
+        default="tiny",
+        help="model size, above (default: %(default)s)",
     )
     parser.add_argument(
-        "--corpus", type=Path, default=Path("data/corpus"), help="corpus folder (default: %(default)s)"
+        "--corpus",
+        type=Path,
+        default=Path("data/corpus"),
+        metavar="DIR",
+        help="corpus folder (default: %(default)s)",
     )
-    parser.add_argument(
-        "--out", type=Path, default=Path("models/demo"), help="model folder (default: %(default)s)"
-    )
+    add_output(parser, "model folder (default: %(default)s)", metavar="DIR", default=Path("models/demo"))
     parser.add_argument(
         "--work-dir",
         type=Path,
         default=None,
-        help="checkpoint, SentencePiece model and log (default: work/train-demo/<name of --out>)",
+        metavar="DIR",
+        help="checkpoint, SentencePiece model and log (default: work/train-demo/<name of --output>)",
     )
-    parser.add_argument("--max-minutes", type=float, default=None, help="training wall-clock budget")
-    parser.add_argument("--max-steps", type=int, default=None, help="training step budget")
-    parser.add_argument("--batch-tokens", type=int, default=None, help="padded tokens per batch and side")
-    parser.add_argument("--lr", type=float, default=None, help="peak learning rate")
-    parser.add_argument("--warmup", type=int, default=None, help="warmup steps of the inverse-sqrt schedule")
-    parser.add_argument("--dropout", type=float, default=None, help="dropout (tiny, cpu: 0; base: 0.1)")
-    parser.add_argument("--temperature", type=float, default=2.0, help="direction sampling temperature")
-    parser.add_argument("--seed", type=int, default=1)
+    preset = "(default: the preset's)"
+    parser.add_argument(
+        "--max-minutes", type=float, default=None, metavar="M", help=f"training wall-clock budget {preset}"
+    )
+    parser.add_argument(
+        "--max-steps", type=int, default=None, metavar="N", help=f"training step budget {preset}"
+    )
+    parser.add_argument(
+        "--batch-tokens",
+        type=int,
+        default=None,
+        metavar="N",
+        help=f"padded tokens per batch and side {preset}",
+    )
+    parser.add_argument("--lr", type=float, default=None, metavar="LR", help=f"peak learning rate {preset}")
+    parser.add_argument(
+        "--warmup",
+        type=int,
+        default=None,
+        metavar="N",
+        help=f"warmup steps of the inverse-sqrt schedule {preset}",
+    )
+    parser.add_argument(
+        "--dropout", type=float, default=None, metavar="P", help="dropout (default: tiny, cpu: 0; base: 0.1)"
+    )
+    parser.add_argument(
+        "--temperature",
+        type=float,
+        default=2.0,
+        metavar="T",
+        help="direction sampling temperature, p(direction) ~ pairs^(1/T) (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--seed",
+        type=int,
+        default=1,
+        metavar="N",
+        help="seed of the initial weights, the batch order, the vocabulary's sample (default: %(default)s)",
+    )
     parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default: %(default)s)")
-    parser.add_argument("--threads", type=int, default=2, help="CPU threads for torch (default: %(default)s)")
+    parser.add_argument(
+        "--threads", type=int, default=2, metavar="N", help="CPU threads for torch (default: %(default)s)"
+    )
     parser.add_argument(
         "--directions",
         default=None,
+        metavar="SRC-TGT,...",
         help="comma-separated directions, e.g. en-it,it-en (default: both ways of every pair in the corpus)",
     )
-    parser.add_argument("--dev-sentences", type=int, default=200, help="dev pairs per direction to score")
-    parser.add_argument("--checkpoint-minutes", type=float, default=5.0)
+    parser.add_argument(
+        "--dev-sentences",
+        type=int,
+        default=200,
+        metavar="N",
+        help="dev pairs per direction translated for the model card's scores (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--checkpoint-minutes",
+        type=float,
+        default=5.0,
+        metavar="M",
+        help="minutes of training between checkpoints, the work a kill can lose (default: %(default)s)",
+    )
     parser.add_argument(
         "--no-resume", dest="resume", action="store_false", help="start over, ignoring a checkpoint"
     )
@@ -99,10 +152,10 @@ def run(args: argparse.Namespace) -> int:
     from fastvocab.pipeline.checks import check_device
 
     check_device(args.device, "--device")
-    work_dir = args.work_dir or Path("work") / "train-demo" / args.out.name
+    work_dir = args.work_dir or Path("work") / "train-demo" / args.output.name
     cfg = TrainConfig(
         corpus=args.corpus,
-        out=args.out,
+        out=args.output,
         work_dir=work_dir,
         preset=args.preset,
         directions=directions,
@@ -149,7 +202,7 @@ def _command_line(args: argparse.Namespace) -> str:
 _FLAGS = (
     "preset",
     "corpus",
-    "out",
+    "output",
     "work_dir",
     "max_minutes",
     "max_steps",

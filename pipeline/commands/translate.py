@@ -53,7 +53,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
     d = TranslateConfig()
     p.add_argument(
-        "--model", type=Path, default=Path("models/demo"), help="model folder (default models/demo)"
+        "--model",
+        type=Path,
+        default=Path("models/demo"),
+        metavar="DIR",
+        help="model folder (default: %(default)s)",
     )
     p.add_argument("--src-lang", required=True, metavar="XX", help="source language code, e.g. en")
     p.add_argument("--tgt-lang", required=True, metavar="YY", help="target language code, e.g. it")
@@ -61,16 +65,33 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "-o", "--output", required=True, type=Path, metavar="FILE", help="output: .parquet, else text"
     )
-    p.add_argument("--beam", type=int, default=d.beam, help=f"beam size; 1 = greedy (default {d.beam})")
-    p.add_argument("--batch-size", type=int, default=d.batch_size, help=f"sentences a batch ({d.batch_size})")
-    p.add_argument("--max-len", type=int, default=d.max_len, help=f"max target tokens ({d.max_len})")
+    p.add_argument(
+        "--beam", type=int, default=d.beam, metavar="N", help="beam size; 1 = greedy (default: %(default)s)"
+    )
+    p.add_argument(
+        "--batch-size",
+        type=int,
+        default=d.batch_size,
+        metavar="N",
+        help="sentences a batch (default: %(default)s)",
+    )
+    p.add_argument(
+        "--max-len", type=int, default=d.max_len, metavar="N", help="max target tokens (default: %(default)s)"
+    )
     p.add_argument(
         "--max-input-tokens",
         type=int,
         default=d.max_input_tokens,
-        help=f"longer source lines are an error, never cut ({d.max_input_tokens})",
+        metavar="N",
+        help="longer source lines are an error, never cut (default: %(default)s)",
     )
-    p.add_argument("--length-penalty", type=float, default=d.length_penalty, help="beam length penalty")
+    p.add_argument(
+        "--length-penalty",
+        type=float,
+        default=d.length_penalty,
+        metavar="P",
+        help="beam length penalty (default: %(default)s)",
+    )
     p.add_argument(
         "--early-stopping",
         type=_stopping_rule,
@@ -79,10 +100,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="beam search's stopping rule, as generate's early_stopping: true ends a sentence once --beam "
         "hypotheses are finished (CTranslate2's rule, fewer steps), false also waits until no live beam "
         "could beat them, never judges that live beam at --max-len (canonical beam search); model: the "
-        "model's generation config (default)",
+        "model's generation config (default: model)",
     )
     p.add_argument(
-        "--method", default="full", choices=available_projections(), help="output-layer method (full)"
+        "--method",
+        default="full",
+        choices=available_projections(),
+        help="output-layer method (default: %(default)s)",
     )
     p.add_argument("--clusters", type=Path, metavar="DIR", help="cluster map folder, or a folder of them")
     p.add_argument(
@@ -98,31 +122,37 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--candidates",
         type=int,
         metavar="K",
-        help="lsh: vocabulary entries per decoder row by Hamming distance (128); graph: top-K of the graph "
-        "search (10); shortlist: target subwords per source subword, at most what the table holds (all)",
+        help="lsh: vocabulary entries per decoder row by Hamming distance; graph: top-K of the graph search; "
+        "shortlist: target subwords per source subword, at most what the table holds "
+        "(default: lsh 128, graph 10, shortlist all)",
     )
     p.add_argument(
-        "--bits", type=int, metavar="C", help="lsh without --index: hash bits (256; an index fixes them)"
+        "--bits",
+        type=int,
+        metavar="C",
+        help="lsh without --index: hash bits, an index fixes them (default: 256)",
     )
-    p.add_argument("--ef-search", type=int, metavar="N", help="graph: HNSW search queue, >= K is used (64)")
+    p.add_argument(
+        "--ef-search", type=int, metavar="N", help="graph: HNSW search queue, >= K is used (default: 64)"
+    )
     p.add_argument(
         "--frequent",
         type=int,
         metavar="N",
-        help="shortlist: most frequent target subwords always candidates, at most the table's (all)",
+        help="shortlist: most frequent target subwords always candidates, at most the table's (default: all)",
     )
     p.add_argument(
         "--scope",
         choices=("sentence", "batch"),
-        help="shortlist: each row picks only from its own sentence's candidates (sentence, default), or "
-        "from the batch's union (batch: Marian's and CTranslate2's behaviour)",
+        help="shortlist: each row picks only from its own sentence's candidates (sentence), or from the "
+        "batch's union (batch: Marian's and CTranslate2's behaviour) (default: sentence)",
     )
     p.add_argument(
         "--selection",
         default=d.selection,
         choices=["union", "per-row"],
         help="clustered: every row of a batch gets the union of the batch's clusters' columns (union), or "
-        f"only its own cluster's (per-row) (default {d.selection})",
+        "only its own cluster's (per-row) (default: %(default)s)",
     )
     p.add_argument(
         "--inactive-mass",
@@ -130,7 +160,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         choices=["auto", *INACTIVE_MASS],
         help="clustered: estimate of the probability mass of the columns not computed, so beam scores stay "
         f"comparable (auto: {BEAM_INACTIVE_MASS} for --beam > 1, the fewest search errors measured, from "
-        "the normaliser stored in the map; none for greedy, which reads logits only)",
+        "the normaliser stored in the map; none for greedy, which reads logits only) (default: %(default)s)",
     )
     p.add_argument(
         "--exact",
@@ -139,30 +169,42 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "without a certificate the full projection: output identical to --method full; prints the "
         "certified share of rows",
     )
-    p.add_argument("--device", default=d.device, help="torch device, e.g. cpu or cuda:0 (default cpu)")
+    p.add_argument(
+        "--device", default=d.device, help="torch device, e.g. cpu or cuda:0 (default: %(default)s)"
+    )
     p.add_argument(
         "--dtype",
         default="float32",
         choices=_DTYPES,
-        help="model dtype (default float32); int8: CPU dynamic quantisation of the encoder and decoder "
-        "linear layers and of the full projection (outputs may differ from float32 on a few %% of lines)",
+        help="model dtype; int8: CPU dynamic quantisation of the encoder and decoder linear layers and of "
+        "the full projection (outputs may differ from float32 on a few %% of lines) (default: %(default)s)",
     )
     p.add_argument(
         "--threads",
         type=int,
         metavar="N",
-        help="CPU threads (default: torch's). On CPU, N batches are decoded at once on one thread each "
-        "(faster than N threads on one batch; each batch in flight holds its own decoder cache)",
+        help="CPU threads; on CPU, N batches are decoded at once on one thread each (faster than N threads "
+        "on one batch; each batch in flight holds its own decoder cache) (default: torch's)",
     )
-    p.add_argument("--input-column", default="source", help="Parquet input: text column (default source)")
-    p.add_argument("--id-column", default="id", help="Parquet input: id column, used when present (id)")
+    p.add_argument(
+        "--input-column",
+        default="source",
+        metavar="NAME",
+        help="Parquet input: text column (default: %(default)s)",
+    )
+    p.add_argument(
+        "--id-column",
+        default="id",
+        metavar="NAME",
+        help="Parquet input: id column, used when present (default: %(default)s)",
+    )
     p.add_argument(
         "--chunk-lines",
         type=int,
         default=None,
         metavar="N",
-        help="text input: translate N lines at a time (default 10000); memory holds one chunk, each "
-        "finished chunk is kept beside the output (OUTPUT.parts/), and a rerun after a kill resumes there",
+        help="text input: translate N lines at a time; memory holds one chunk, each finished chunk is kept "
+        "beside the output (OUTPUT.parts/), and a rerun after a kill resumes there (default: 10000)",
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from fastvocab.pipeline.commands import command_line, int_list
+from fastvocab.pipeline.commands import add_grid_alias, add_mlflow_options, add_output, command_line, int_list
 from fastvocab.pipeline.errors import UserError
 
 log = logging.getLogger(__name__)
@@ -33,23 +33,24 @@ Candidate maps are built from the stored states of a pipeline work dir (<work-di
 the candidates decode the same dev sentences in one process, batch by batch in turn (the fidelity yardstick of
 `fastvocab bench fidelity`), so their speed ratios share the machine's load.
 
-Search: successive halving. Rung 1 decodes the first n1 dev sentences with every candidate (--quick: 36
-candidates, 30 sentences). A candidate whose erroneous sentences already exceed what the last rung allows
-(floor(budget x n_last)) is dropped; of the rest the fastest 1/--eta go on to the next rung (more sentences),
-plus the fastest error-free one. The last rung (--quick: 100 sentences) decides: the fastest candidate within
-the budget. The choice is then decoded on the test split (--test-sentences, default the last rung's count) and
-its search error rate there reported: whether the budget held on sentences the choice never saw.
+Search: successive halving. Rung 1 decodes the first n1 dev sentences with every candidate (quick grid:
+36 candidates, 30 sentences). A candidate whose erroneous sentences already exceed what the last rung
+allows (floor(budget x n_last)) is dropped; of the rest the fastest 1/--eta go on to the next rung (more
+sentences), plus the fastest error-free one. The last rung (quick grid: 100 sentences) decides: the fastest
+candidate within the budget. The choice is then decoded on the test split (--test-sentences, default the last
+rung's count) and its search error rate there reported: whether the budget held on sentences the choice never
+saw.
 
 Grids (--grid; --r, --k, --min-count, --selection, --rungs override single axes):
   quick  r 100,200,500   K 1,3,5  min_count 1,2    union,per-row  rungs 30,100
   full   r 100..2000 (5) K 1,3,5  min_count 1,2,3  union,per-row  rungs 60,200,600
 
-Writes <out>/<direction>-beam<B>/: map/ (the chosen map: use it with `fastvocab translate --method clustered
---clusters DIR`), tune.json (every measured row, the choice, the test check), tune.csv and tune.md; prints the
-map's path and the config keys (configs/demo.yaml) that make the pipeline build and use the same settings.
-Logs to MLflow (<work-dir>/mlflow.db unless --mlflow URI or --no-mlflow): a parent run with the settings, the
-choice and the tables, a child run per tried configuration. Exits 2 with the lowest error rate measured when
-no configuration meets the budget.
+Writes <output>/<direction>-beam<B>/: map/ (the chosen map: use it with `fastvocab translate --method
+clustered --clusters DIR`), tune.json (every measured row, the choice, the test check), tune.csv and tune.md;
+prints the map's path and the config keys (configs/demo.yaml) that make the pipeline build and use the same
+settings. Logs to MLflow (<work-dir>/mlflow.db unless --tracking-uri URI or --no-mlflow): a parent run with
+the settings, the choice and the tables, a child run per tried configuration. Exits 2 with the lowest error
+rate measured when no configuration meets the budget.
 """
 
 
@@ -60,51 +61,129 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.description = DESCRIPTION
     p.formatter_class = argparse.RawDescriptionHelpFormatter
     d, km = TuneSettings(), KMeansParams()
-    p.add_argument("--direction", default="en-it", help="the direction to tune, e.g. en-it (en-it)")
-    p.add_argument("--work-dir", type=Path, default=Path("runs/demo"), help="pipeline work dir (runs/demo)")
-    p.add_argument("--states", type=Path, help="hidden-state shards root (default <work-dir>/states)")
-    p.add_argument("--model", type=Path, default=Path("models/demo"), help="model folder (models/demo)")
-    p.add_argument("--corpus", type=Path, default=Path("data/corpus"), help="corpus with dev and test splits")
+    p.add_argument(
+        "--direction", default="en-it", metavar="SRC-TGT", help="the direction to tune (default: %(default)s)"
+    )
+    p.add_argument(
+        "--work-dir",
+        type=Path,
+        default=Path("runs/demo"),
+        metavar="DIR",
+        help="pipeline work dir (default: %(default)s)",
+    )
+    p.add_argument(
+        "--states", type=Path, metavar="DIR", help="hidden-state shards root (default: <work-dir>/states)"
+    )
+    p.add_argument(
+        "--model",
+        type=Path,
+        default=Path("models/demo"),
+        metavar="DIR",
+        help="model folder (default: %(default)s)",
+    )
+    p.add_argument(
+        "--corpus",
+        type=Path,
+        default=Path("data/corpus"),
+        metavar="DIR",
+        help="corpus with dev and test splits (default: %(default)s)",
+    )
     p.add_argument(
         "--budget",
         default="1%",
-        help="largest dev search error rate: a share (0.01) or a percentage (1%%) (default 1%%)",
+        help="largest dev search error rate: a share (0.01) or a percentage (1%%) (default: %(default)s)",
     )
-    p.add_argument("--beam", type=int, default=d.beam, help=f"beam size; 1 = greedy ({d.beam})")
-    p.add_argument("--batch-size", type=int, default=d.batch_size, help=f"sentences a batch ({d.batch_size})")
-    p.add_argument("--grid", choices=sorted(GRIDS), default=d.grid, help=f"candidate grid ({d.grid})")
-    p.add_argument("--quick", action="store_true", help="--grid quick (the default)")
-    p.add_argument("--r", dest="rs", metavar="R,R", help="centroid counts (comma-separated)")
-    p.add_argument("--k", dest="ks", metavar="K,K", help="top-K ids per state in the sets")
-    p.add_argument("--min-count", dest="min_counts", metavar="M,M", help="pruning: min (cluster, id) count")
-    p.add_argument("--selection", dest="selections", metavar="S,S", help="union and/or per-row")
-    p.add_argument("--rungs", metavar="N,N", help="dev sentences per rung, growing (the last decides)")
-    p.add_argument("--eta", type=int, default=d.eta, help=f"keep the fastest 1/eta per rung ({d.eta})")
+    p.add_argument(
+        "--beam", type=int, default=d.beam, metavar="N", help="beam size; 1 = greedy (default: %(default)s)"
+    )
+    p.add_argument(
+        "--batch-size",
+        type=int,
+        default=d.batch_size,
+        metavar="N",
+        help="sentences a batch (default: %(default)s)",
+    )
+    p.add_argument(
+        "--grid", choices=sorted(GRIDS), default=d.grid, help="candidate grid, above (default: %(default)s)"
+    )
+    add_grid_alias(p)
+    p.add_argument(
+        "--r", dest="rs", metavar="R,R", help="centroid counts, comma-separated (default: the grid's)"
+    )
+    p.add_argument(
+        "--k", dest="ks", metavar="K,K", help="top-K ids per state in the sets (default: the grid's)"
+    )
+    p.add_argument(
+        "--min-count",
+        dest="min_counts",
+        metavar="M,M",
+        help="pruning: min (cluster, id) count (default: the grid's)",
+    )
+    p.add_argument(
+        "--selection", dest="selections", metavar="S,S", help="union and/or per-row (default: the grid's)"
+    )
+    p.add_argument(
+        "--rungs",
+        metavar="N,N",
+        help="dev sentences per rung, growing, the last decides (default: the grid's)",
+    )
+    p.add_argument(
+        "--eta",
+        type=int,
+        default=d.eta,
+        metavar="N",
+        help="keep the fastest 1/eta per rung (default: %(default)s)",
+    )
     p.add_argument(
         "--rank-by",
         choices=sorted(RANK_BY),
         default=d.rank_by,
-        help="speed ratio to maximise: wall time, or process CPU time (steadier on a shared machine)",
+        help="speed ratio to maximise: wall time, or process CPU time (steadier on a shared machine) "
+        "(default: %(default)s)",
     )
-    p.add_argument("--test-sentences", type=int, help="test sentences for the check (the last rung's count)")
-    p.add_argument("--max-len", type=int, default=d.max_len, help=f"max target tokens ({d.max_len})")
-    p.add_argument("--length-penalty", type=float, default=d.length_penalty, help="beam length penalty (1.0)")
+    p.add_argument(
+        "--test-sentences",
+        type=int,
+        metavar="N",
+        help="test sentences for the check (default: the last rung's count)",
+    )
+    p.add_argument(
+        "--max-len", type=int, default=d.max_len, metavar="N", help="max target tokens (default: %(default)s)"
+    )
+    p.add_argument(
+        "--length-penalty",
+        type=float,
+        default=d.length_penalty,
+        metavar="P",
+        help="beam length penalty (default: %(default)s)",
+    )
     p.add_argument(
         "--inactive-mass",
         default=d.inactive_mass,
         choices=("auto", "none", "centroid", "moments", "normaliser"),
-        help="as fastvocab translate (auto)",
+        help="as fastvocab translate (default: %(default)s)",
     )
-    p.add_argument("--repeats", type=int, default=d.repeats, help="timed passes per rung, median (1)")
-    p.add_argument("--niter", type=int, default=km.niter, help=f"k-means iterations ({km.niter})")
-    p.add_argument("--seed", type=int, default=km.seed, help=f"k-means seed ({km.seed})")
-    p.add_argument("--threads", type=int, help="CPU threads for torch and Faiss (torch's default)")
-    p.add_argument("--device", default="cpu", help="torch device (cpu)")
-    p.add_argument("--out", type=Path, help="output root (default <work-dir>/tune)")
+    p.add_argument(
+        "--repeats",
+        type=int,
+        default=d.repeats,
+        metavar="N",
+        help="timed passes per rung, median (default: %(default)s)",
+    )
+    p.add_argument(
+        "--niter", type=int, default=km.niter, metavar="N", help="k-means iterations (default: %(default)s)"
+    )
+    p.add_argument(
+        "--seed", type=int, default=km.seed, metavar="N", help="k-means seed (default: %(default)s)"
+    )
+    p.add_argument(
+        "--threads", type=int, metavar="N", help="CPU threads for torch and Faiss (default: torch's)"
+    )
+    p.add_argument("--device", default="cpu", help="torch device (default: %(default)s)")
+    add_output(p, "output root (default: <work-dir>/tune)", metavar="DIR")
     p.add_argument("--json", type=Path, metavar="FILE", help="also write the JSON record here")
-    p.add_argument("--mlflow", metavar="URI", help="MLflow tracking URI (default <work-dir>/mlflow.db)")
+    add_mlflow_options(p, "<work-dir>/mlflow.db", "fastvocab-tune")
     p.add_argument("--no-mlflow", action="store_true", help="log nothing to MLflow")
-    p.add_argument("--experiment", default="fastvocab-tune", help="MLflow experiment (fastvocab-tune)")
 
 
 def parse_budget(text: str) -> float:
@@ -124,7 +203,7 @@ def settings_from(args: argparse.Namespace):
             budget=parse_budget(args.budget),
             beam=args.beam,
             batch_size=args.batch_size,
-            grid="quick" if args.quick else args.grid,
+            grid=args.grid,
             rs=int_list(args.rs, "--r"),
             ks=int_list(args.ks, "--k"),
             min_counts=int_list(args.min_counts, "--min-count"),
@@ -161,12 +240,12 @@ def run(args: argparse.Namespace) -> int:
     if not sep or not src or not tgt:
         raise UserError(f"--direction must look like en-it, got {direction!r}")
     states = args.states or args.work_dir / "states"
-    out_dir = (args.out or args.work_dir / "tune") / f"{direction}-beam{settings.beam}"
+    out_dir = (args.output or args.work_dir / "tune") / f"{direction}-beam{settings.beam}"
     tracker = None
     if not args.no_mlflow:  # open the store first: a bad URI fails before the work
         from fastvocab.pipeline.tracking import Tracker
 
-        tracker = Tracker.for_work_dir(args.work_dir, args.mlflow, args.experiment)
+        tracker = Tracker.for_work_dir(args.work_dir, args.tracking_uri, args.experiment_name)
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     load_before = os.getloadavg()

@@ -1,0 +1,79 @@
+"""One CLI vocabulary across the ``fastvocab`` subcommands: defaults shown as ``(default: X)``, counts with a
+metavar, the same flag names for the output and the MLflow store, earlier spellings still parsed."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pytest
+
+from fastvocab.pipeline.cli import build_parser
+
+# options that take no value: their "default" is the flag being absent
+_FLAG_ACTIONS = (
+    argparse._StoreTrueAction,
+    argparse._StoreFalseAction,
+    argparse._StoreConstAction,
+    argparse._HelpAction,
+    argparse._VersionAction,
+)
+
+
+def _parsers(parser: argparse.ArgumentParser, name: str = "fastvocab"):
+    """Every parser and subparser, with its command words."""
+    yield name, parser
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub_name, sub in action.choices.items():
+                yield from _parsers(sub, f"{name} {sub_name}")
+
+
+def _options():
+    for name, parser in _parsers(build_parser()):
+        for action in parser._actions:
+            if action.option_strings and action.help != argparse.SUPPRESS:
+                yield name, action
+
+
+def test_every_default_is_shown_one_way_and_every_count_has_a_metavar():
+    unshown, no_metavar = [], []
+    for name, action in _options():
+        if isinstance(action, _FLAG_ACTIONS):
+            continue
+        text = (action.help or "") % {"default": action.default}
+        if action.default not in (None, []) and "(default: " not in text:  # []: a repeatable option
+            unshown.append(f"{name} {action.option_strings[-1]}")
+        if action.type in (int, float) and action.metavar is None:
+            no_metavar.append(f"{name} {action.option_strings[-1]}")
+    assert not unshown, f"options whose default the help does not show as (default: X): {unshown}"
+    assert not no_metavar, f"numeric options without a metavar: {no_metavar}"
+
+
+def test_the_output_and_the_mlflow_store_have_one_name_each():
+    flags: dict[str, set[str]] = {}
+    for name, action in _options():
+        flags.setdefault(name, set()).update(action.option_strings)
+    for name, names in flags.items():
+        assert "--out" not in names and "--mlflow" not in names and "--experiment" not in names, name
+        assert "--quick" not in names or name == "fastvocab experiment paper", name  # a preset there
+
+
+@pytest.mark.parametrize(
+    ("argv", "dest", "value"),
+    [
+        (["corpus", "--out", "c"], "output", Path("c")),
+        (["train-demo", "--out", "m"], "output", Path("m")),
+        (["report", "latest", "--out", "r.html"], "output", Path("r.html")),
+        (["bench", "methods", "--out", "x.json"], "output", Path("x.json")),
+        (["bench", "methods", "--mlflow", "sqlite:///x.db"], "tracking_uri", "sqlite:///x.db"),
+        (["bench", "methods", "--experiment", "e"], "experiment_name", "e"),
+        (["bench", "methods", "--quick"], "grid", "quick"),
+        (["tune", "--quick", "--out", "t"], "output", Path("t")),
+        (["tune", "--mlflow", "sqlite:///x.db"], "tracking_uri", "sqlite:///x.db"),
+        (["experiment", "paper", "--out", "p"], "output", Path("p")),
+    ],
+)
+def test_earlier_spellings_still_parse(argv, dest, value):
+    args = build_parser(argv[0]).parse_args(argv)
+    assert getattr(args, dest) == value
