@@ -13,11 +13,11 @@ into the pieces the search loop needs:
 The output projection itself is *not* applied here: the search hands ``h`` to a ``kernels`` projection.
 
 Two decoder-step engines (``engine=``): ``"static"``, the lean preallocated-cache step of
-``fastvocab.decoding.engine`` (M2M100, NLLB, the demo model, Marian, MBart), and ``"hf"``, the Hugging Face
-decoder called eagerly with a dynamic cache; ``"static"`` also swaps in the padding-free encoder
-(``engine.PackedEncoder``: same states, no work on padding). ``"auto"`` (the default) picks ``"static"``
-where it is implemented (every supported family today; a variant it does not recognise falls back to
-``"hf"``). Both give the same ``h`` (fp32 rounding) and the same search output.
+``fastvocab.decoding.static_decoder`` (M2M100, NLLB, the demo model, Marian, MBart), and ``"hf"``, the
+Hugging Face decoder called eagerly with a dynamic cache; ``"static"`` also swaps in the padding-free
+encoder (``packed_encoder.PackedEncoder``: same states, no work on padding). ``"auto"`` (the default) picks
+``"static"`` where it is implemented (every supported family today; a variant it does not recognise falls
+back to ``"hf"``). Both give the same ``h`` (fp32 rounding) and the same search output.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ import torch
 from fastvocab.artifacts_schema.fingerprint import projection_fingerprint
 
 if TYPE_CHECKING:
-    from fastvocab.decoding.engine import StaticDecoder
+    from fastvocab.decoding.static_decoder import StaticDecoder
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +65,7 @@ class DecoderState:
 
     Engine "hf": ``encoder`` and a transformers ``EncoderDecoderCache``. Engine "static": ``encoder`` is None
     (the cross-attention keys/values were computed from it at the first step) and ``cache`` a
-    ``fastvocab.decoding.engine.StaticState``.
+    ``fastvocab.decoding.static_decoder.StaticState``.
     """
 
     encoder: EncoderState | None
@@ -155,12 +155,9 @@ class Seq2SeqAdapter:
         self.engine = self._pick_engine(engine, cache_len, max_cache_bytes)
 
     def _pick_engine(self, engine: str, cache_len: int, max_cache_bytes: int | None) -> str:
-        from fastvocab.decoding.engine import (
-            PackedEncoder,
-            StaticDecoder,
-            encoder_unsupported_reason,
-            unsupported_reason,
-        )
+        from fastvocab.decoding.model_families import unsupported_reason
+        from fastvocab.decoding.packed_encoder import PackedEncoder, encoder_unsupported_reason
+        from fastvocab.decoding.static_decoder import StaticDecoder
 
         if engine not in ENGINES:
             raise ValueError(f"engine must be one of {', '.join(ENGINES)}; got {engine!r}")
@@ -176,7 +173,7 @@ class Seq2SeqAdapter:
             return "hf"
         self._static = StaticDecoder(self.model, capacity=cache_len, max_cache_bytes=max_cache_bytes)
         if encoder_unsupported_reason(self.model) is None:
-            self._encoder = PackedEncoder(self.model)  # padding-free encoder (engine module docstring)
+            self._encoder = PackedEncoder(self.model)  # padding-free encoder (packed_encoder's docstring)
         return "static"
 
     def quantize_int8(self, encoder: bool = True) -> None:
@@ -317,8 +314,9 @@ class Seq2SeqAdapter:
 
     @property
     def static_decoder(self):
-        """The :class:`~fastvocab.decoding.engine.StaticDecoder` of the static engine (None with engine="hf"),
-        for callers that drive its fixed-shape step themselves (a CUDA graph, the GPU campaign)."""
+        """The :class:`~fastvocab.decoding.static_decoder.StaticDecoder` of the static engine (None with
+        engine="hf"), for callers that drive its fixed-shape step themselves (a CUDA graph, the GPU
+        campaign)."""
         return self._static
 
     @property

@@ -18,15 +18,21 @@ Semantics follow Hugging Face ``generate`` so the full projection reproduces it 
   stops a sentence when ``beam`` hypotheses are finished and the best live one, normalised at its current
   length, cannot beat the worst of them (``generate``'s default ``early_stopping=False`` heuristic).
 
-Finished rows (greedy) leave the batch every step on CPU and in buckets on an accelerator
-(``COMPACT_FRACTION``; every step whenever a ``step_hook`` is given), finished sentences (beam) at the next
-host read, so the cost of a step shrinks as sentences end. The search reads its stop decision back to the
-host every step on CPU and every ``SYNC_EVERY`` steps on an accelerator (``_sync_every``); in between, the
-per-step work (top-k, finished pool, beam reorder) stays on the device and waits for nothing.
+Each search is written once against a ``Stepper`` (``fastvocab.decoding.steppers``), which advances the
+decoder. With the eager one, finished rows (greedy) leave the batch every step on CPU and in buckets on an
+accelerator (``COMPACT_FRACTION``; every step whenever a ``step_hook`` is given), finished sentences (beam)
+at the next host read, so the cost of a step shrinks as sentences end. The search reads its stop decision
+back to the host every step on CPU and every ``SYNC_EVERY`` steps on an accelerator (``_sync_every``); in
+between, the per-step work (top-k, finished pool, beam reorder) stays on the device and waits for nothing.
+With the captured one (fixed shapes) nothing leaves the batch, one whole step (the choice, the reorder,
+the decoder step) runs without a host read, in CUDA graphs on CUDA, and the projection is its capturable
+step (``Projection.capturable``); a static union that outgrows its capacity sends the batch to the eager
+search, where such a step gets the full logits (a column is never dropped silently).
 """
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -34,7 +40,10 @@ from dataclasses import dataclass
 import torch
 
 from fastvocab.decoding.rowwise import argmax_rows, topk_rows
-from fastvocab.kernels.base import Projection, ProjectionOutput
+from fastvocab.decoding.steppers import CapturedStepper, EagerStepper, Stepper
+from fastvocab.kernels.base import CapturableStep, Projection, ProjectionOutput
+
+log = logging.getLogger(__name__)
 
 # Score given to impossible beams, as in transformers (finite, so sums stay ordered).
 _NEG = -1.0e9
@@ -135,20 +144,6 @@ def _bind(projection: ProjectionLike, batch: dict) -> Project:
     return for_batch(batch["input_ids"], batch.get("attention_mask"))
 
 
-def _start(adapter, batch: dict, tgt_lang: str, max_len: int):
-    """Encode the batch and feed the forced prefix; returns (h (rows, d), state, len(prefix))."""
-    prefix = adapter.start_tokens(tgt_lang)
-    state = adapter.encode(batch)
-    # The decoder is fed the prefix and at most max_len - 1 generated tokens: a cache that big never grows.
-    state.positions = len(prefix) + max_len - 1
-    rows = batch["input_ids"].shape[0]
-    h = None
-    for tok in prefix:
-        tokens = torch.full((rows,), tok, dtype=torch.long, device=adapter.device)
-        h, state = adapter.decoder_step(tokens, state)
-    return h, state, len(prefix)
-
-
 def _strip(seq: list[int], eos_id: int) -> list[int]:
     return seq[: seq.index(eos_id)] if eos_id in seq else seq
 
@@ -160,6 +155,48 @@ def _check(adapter, src_lang: str, tgt_lang: str, max_len: int) -> None:
         raise ValueError(f"max_len must be >= 1, got {max_len}")
 
 
+def _projector(
+    projection: ProjectionLike, batch: dict, stepper: Stepper, rows: int
+) -> tuple[Project, CapturableStep | None]:
+    """How the search projects ``h``: bound to the batch (:func:`_bind`) for the eager stepper; for the
+    captured one, the projection's capturable step for ``rows`` rows (``Projection.capturable``), also
+    returned (its overflow flag, its fallback), or a ValueError when it has none."""
+    if not stepper.fixed:
+        return _bind(projection, batch), None
+    capturable = getattr(projection, "capturable", None)
+    step = None if capturable is None else capturable(rows)
+    if step is None:
+        raise ValueError(
+            f"{type(projection).__name__} has no capturable output: the captured step runs the full "
+            "projection or union-mode clustered"
+        )
+    return (lambda h, row_ids: step(h)), step
+
+
+def _overflowed(
+    captured: CapturableStep | None, what: str
+) -> Callable[[torch.Tensor], ProjectionOutput] | None:
+    """The eager step to decode the batch again with when a captured step's output lacked columns (a static
+    union outgrew its capacity: never serve a choice made without all its columns), else None."""
+    if captured is None or captured.overflow is None or not bool(captured.overflow):
+        return None
+    assert captured.fallback is not None  # a step that can overflow names its fallback
+    log.info("captured %s search: a union outgrew its static capacity; batch decoded again eagerly", what)
+    return captured.fallback
+
+
+def _overflow_flag(captured: CapturableStep | None, device: torch.device) -> torch.Tensor:
+    """The captured step's overflow flag, or a flag that stays False (a step that cannot overflow)."""
+    if captured is not None and captured.overflow is not None:
+        return captured.overflow
+    return torch.zeros((), dtype=torch.bool, device=device)
+
+
+def _fixed_stepper_checks(stepper: Stepper, step_hook: StepHook | None) -> None:
+    if stepper.fixed and step_hook is not None:
+        raise ValueError("a step hook records the live rows of every step: it needs the eager stepper")
+
+
 @torch.inference_mode()
 def greedy_search(
     adapter,
@@ -169,20 +206,34 @@ def greedy_search(
     tgt_lang: str,
     max_len: int = 128,
     step_hook: StepHook | None = None,
+    stepper: Stepper | None = None,
 ) -> list[list[int]]:
-    """Greedy decoding of a batch (from ``adapter.encode_texts``); token lists exclude prefix and EOS."""
+    """Greedy decoding of a batch (from ``adapter.encode_texts``); token lists exclude prefix and EOS.
+
+    ``stepper``: how the decoder advances (None: :class:`~fastvocab.decoding.steppers.EagerStepper`;
+    :class:`~fastvocab.decoding.steppers.CapturedStepper`: fixed shapes, the step in a CUDA graph, the same
+    outputs)."""
     _check(adapter, src_lang, tgt_lang, max_len)
+    stepper = EagerStepper(adapter) if stepper is None else stepper
+    _fixed_stepper_checks(stepper, step_hook)
     n = batch["input_ids"].shape[0]
     if n == 0:
         return []
+    fixed = stepper.fixed
     device = adapter.device
+    eos = adapter.eos_id
     banned = _banned_ids(adapter, device)
     forced_eos = getattr(adapter, "forced_eos_id", None)
-    project = _bind(projection, batch)
-    h, state, _ = _start(adapter, batch, tgt_lang, max_len)
+    project, captured = _projector(projection, batch, stepper, rows=n)
+    h, _ = stepper.start(batch, tgt_lang, max_len)
     alive = torch.arange(n, device=device)  # (rows,) source index of each row still in the batch
     finished = torch.zeros(n, dtype=torch.bool, device=device)  # (rows,) row has emitted EOS
-    out_tokens = torch.full((n, max_len), adapter.eos_id, dtype=torch.long, device=device)
+    out_tokens = torch.full((n, max_len), eos, dtype=torch.long, device=device)
+    column = torch.zeros(
+        1, dtype=torch.long, device=device
+    )  # fixed shapes: this step's column, on the device
+    # Fixed shapes: torch's argmax (the CPU's blocked one reads a NaN check back to the host).
+    argmax = argmax_rows if not fixed else (lambda scores: scores.argmax(dim=1, keepdim=True))
     # With a hook every step compacts, so records hold exactly the live rows (the dump relies on it).
     fraction = COMPACT_FRACTION
     if fraction is None:
@@ -190,22 +241,46 @@ def greedy_search(
     if step_hook is not None:
         fraction = 0.0
     check_every = _sync_every(device, step_hook)
-    for step in range(max_len):
-        out = project(h, alive)
-        if step_hook is not None:
-            step_hook(StepRecord(row_ids=alive, step=step, hidden=h, output=out))
-        if step == max_len - 1 and forced_eos is not None:
-            tokens = torch.full_like(alive, forced_eos)  # generate's forced_eos_token_id at the length limit
+
+    def choose(h: torch.Tensor, step: int, final: bool = False) -> torch.Tensor:
+        """This step's tokens (rows,), written to ``out_tokens``; nothing read back with fixed shapes."""
+        forced = forced_eos if final else None  # generate's forced_eos_token_id at the length limit
+        # Eagerly the projection runs at a forced step too: its counters and the step hook see every step.
+        if forced is not None and fixed:
+            tokens = torch.full_like(alive, forced)
         else:
-            scores = _suppress(out, out.logits, banned)  # (rows, C); argmax(logits) == argmax(log-probs)
-            cols = argmax_rows(scores)  # (rows, 1) == scores.argmax(-1, keepdim=True), faster on CPU
-            tokens = out.to_vocab_ids(cols)[:, 0]  # (rows,)
+            out = project(h, alive)
+            if step_hook is not None:
+                step_hook(StepRecord(row_ids=alive, step=step, hidden=h, output=out))
+            if forced is not None:
+                tokens = torch.full_like(alive, forced)
+            else:
+                scores = _suppress(out, out.logits, banned)  # (rows, C); argmax(logits) == argmax(log-probs)
+                tokens = out.to_vocab_ids(argmax(scores))[:, 0]  # (rows,)
         # A finished row still in the batch keeps emitting EOS: out_tokens holds EOS there already.
-        tokens = tokens.masked_fill(finished, adapter.eos_id)
-        out_tokens[alive, step] = tokens
-        if step == max_len - 1:
-            break
-        finished |= tokens == adapter.eos_id
+        tokens = tokens.masked_fill(finished, eos)
+        if fixed:
+            out_tokens.index_copy_(1, column, tokens[:, None])
+            column.add_(1)
+        else:
+            out_tokens[alive, step] = tokens
+        finished.logical_or_(tokens == eos)
+        return tokens
+
+    last = max_len - 1  # the step whose token is never fed back
+    overflow = _overflow_flag(captured, device)
+
+    def body() -> None:  # a whole fixed-shape step (the step number lives on the device: column)
+        stepper.step(choose(h, -1))
+
+    run = stepper.compile(body, (out_tokens, finished, column, overflow)) if fixed and last > 0 else body
+    for step in range(last):
+        if fixed:
+            run()  # the choice and the decoder step, in one graph when captured
+            if (step + 1) % check_every == 0 and bool(finished.all() | overflow):  # the host read
+                break
+            continue
+        tokens = choose(h, step)
         if (step + 1) % check_every == 0:
             done = int(finished.sum())  # the one host sync of the step
             if done == finished.shape[0]:
@@ -214,17 +289,22 @@ def greedy_search(
             if done > 0 and done >= fraction * finished.shape[0]:
                 keep = (~finished).nonzero()[:, 0]  # (rows',)
                 alive, tokens, finished = alive[keep], tokens[keep], finished[keep]
-                state = adapter.reorder(state, keep)
-        h, state = adapter.decoder_step(tokens, state)
-    return [_strip(row, adapter.eos_id) for row in out_tokens.tolist()]
+                stepper.reorder(keep)
+        h = stepper.step(tokens)
+    else:
+        choose(h, last, final=True)
+    fallback = _overflowed(captured, "greedy")
+    if fallback is not None:
+        return greedy_search(adapter, fallback, batch, src_lang, tgt_lang, max_len=max_len)
+    return [_strip(row, eos) for row in out_tokens.tolist()]
 
 
 class BeamState:
     """Beam search's state for ``n`` sentences x ``k`` beams and its step (:meth:`advance`): the candidates,
     the pool of finished hypotheses and the stopping rule, as ``generate`` runs them. Used by
-    :func:`beam_search` (which drops done sentences at its host reads, :meth:`keep`) and by the graphed
-    beam search (``fastvocab.decoding.graphed``: fixed shapes, nothing read back to the host, so sentences
-    stay and a done sentence's finished hypotheses stay frozen).
+    :func:`beam_search`: with the eager stepper it drops done sentences at its host reads (:meth:`keep`);
+    with fixed shapes nothing is read back to the host, so sentences stay and a done sentence's finished
+    hypotheses stay frozen.
 
     ``lazy_merge``: merge finished candidates into the pool only when there are any (a host read: free on
     CPU, not on an accelerator or in a CUDA graph, which merge every step to the same result).
@@ -363,6 +443,7 @@ def beam_search(
     length_penalty: float = 1.0,
     step_hook: StepHook | None = None,
     early_stopping: bool | str = False,
+    stepper: Stepper | None = None,
 ) -> list[list[int]]:
     """Batched beam search; returns the best hypothesis per sentence (prefix and EOS excluded).
 
@@ -370,28 +451,31 @@ def beam_search(
     ends a sentence as soon as ``beam`` hypotheses are finished (set in the M2M100/NLLB checkpoints'
     generation configs); ``False`` (the default) is the heuristic described in the module docstring;
     ``"never"`` is that heuristic with the best live beam normalised at the maximum length when
-    ``length_penalty > 0`` (canonical beam search).
+    ``length_penalty > 0`` (canonical beam search). ``stepper`` as in :func:`greedy_search`: with fixed
+    shapes, done sentences stay in the batch (their finished hypotheses frozen) until all are done.
     """
     check_stopping_rule(early_stopping)
     _check(adapter, src_lang, tgt_lang, max_len)
     if beam < 1:
         raise ValueError(f"beam must be >= 1, got {beam}")
+    stepper = EagerStepper(adapter) if stepper is None else stepper
+    _fixed_stepper_checks(stepper, step_hook)
     n = batch["input_ids"].shape[0]
     if n == 0:
         return []
+    fixed = stepper.fixed
     device = adapter.device
     eos = adapter.eos_id
     banned = _banned_ids(adapter, device)
     forced_eos = getattr(adapter, "forced_eos_id", None)
     k = beam  # live beams; 2k candidates kept per step (room for k live ones after EOS)
 
-    project = _bind(projection, batch)
-    h, state, prefix_len = _start(adapter, batch, tgt_lang, max_len)
-    # Expand to k rows per sentence only now: the prefix is the same for every beam.
-    state = adapter.reorder(state, torch.arange(n, device=device).repeat_interleave(k), group=k)
-    h = h.repeat_interleave(k, dim=0)  # (n*k, d)
+    project, captured = _projector(projection, batch, stepper, rows=n * k)
+    # k rows per sentence only after the prefix: it is the same for every beam.
+    h, prefix_len = stepper.start(batch, tgt_lang, max_len, group=k)  # (n*k, d)
 
     sent = torch.arange(n, device=device)  # (nb,) source index of each live sentence
+    row_ids = sent.repeat_interleave(k)  # (nb*k,): k rows per live sentence, in order
     beams = BeamState(
         n,
         k,
@@ -401,39 +485,75 @@ def beam_search(
         early_stopping,
         eos,
         device,
-        lazy_merge=device.type == "cpu",
+        lazy_merge=not fixed and device.type == "cpu",
     )
     results: list[list[int]] = [[] for _ in range(n)]
     sync_every = _sync_every(device, step_hook)
 
-    for step in range(max_len):
-        nb = sent.shape[0]
-        last = step == max_len - 1
-        # At the first step a sentence's k rows are the same state: project one and copy its candidates (as
-        # CTranslate2 does). A step hook still sees every row, as the dump has always recorded them.
-        first = step == 0 and k > 1 and step_hook is None and not (last and forced_eos is not None)
-        row_ids = sent if first else sent.repeat_interleave(k)  # (nb*k,): k rows per live sentence, in order
-        out = project(h[::k].contiguous() if first else h, row_ids)
-        if step_hook is not None:
-            step_hook(StepRecord(row_ids=row_ids, step=step, hidden=h, output=out))
-        if last and forced_eos is not None:
-            row_vals, row_toks = forced_candidates(nb * k, forced_eos, device)
+    def choose(h: torch.Tensor, step: int, final: bool = False, first: bool = False):
+        """This step's tokens (nb, k) and the row (nb, k) each continues; nothing read back with fixed
+        shapes. ``first``: a sentence's k rows are the same state: project one and copy its candidates (as
+        CTranslate2 does)."""
+        forced = forced_eos if final else None  # generate's forced_eos_token_id at the length limit
+        # Eagerly the projection runs at a forced step too: its counters and the step hook see every step.
+        if forced is None or not fixed:
+            out = project(h[::k].contiguous() if first else h, sent if first else row_ids)
+            if step_hook is not None:
+                step_hook(StepRecord(row_ids=row_ids, step=step, hidden=h, output=out))
+        if forced is not None:
+            row_vals, row_toks = forced_candidates(sent.shape[0] * k, forced, device)
         else:
             row_vals, row_toks = row_candidates(out, banned, k, first)
-        tokens, rows = beams.advance(row_vals, row_toks, final=last)  # (nb, k) each
-        done = beams.done
-        if (last or (step + 1) % sync_every == 0) and bool(done.any()):  # the host read
-            idx = done.nonzero()[:, 0].tolist()
-            best = beams.fin_seqs[idx, 0].tolist()
-            for i, seq in zip(idx, best, strict=True):
-                results[int(sent[i])] = _strip(seq, eos)
-            if bool(done.all()):
+        return beams.advance(row_vals, row_toks, final=final)  # (nb, k) each
+
+    def feed(tokens: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        stepper.reorder(rows.reshape(-1), group=k)  # k rows per sentence, sentences in order
+        return stepper.step(tokens.reshape(-1))
+
+    def collect() -> None:
+        """The best finished hypothesis of each done sentence (frozen since it was done)."""
+        idx = beams.done.nonzero()[:, 0].tolist()
+        best = beams.fin_seqs[idx, 0].tolist()
+        for i, seq in zip(idx, best, strict=True):
+            results[int(sent[i])] = _strip(seq, eos)
+
+    last = max_len - 1  # the step whose tokens are never fed back
+    overflow = _overflow_flag(captured, device)
+
+    def body() -> None:  # a whole fixed-shape step (the step number lives on the device: beams.step)
+        feed(*choose(h, -1))
+
+    run = stepper.compile(body, (*beams.tensors(), overflow)) if fixed and last > 0 else body
+    # A step hook sees every row of the first step, as the dump has always recorded them.
+    first_step = k > 1 and step_hook is None
+    for step in range(last):
+        if fixed:
+            if step == 0 and first_step:
+                feed(*choose(h, step, first=True))  # eagerly: n rows scored, not n*k
+            else:
+                run()  # the choice, the reorder and the decoder step, in graphs when captured
+            if (step + 1) % sync_every == 0 and bool(beams.done.all() | overflow):  # the host read
                 break
-            keep = (~done).nonzero()[:, 0]  # (nb',)
+            continue
+        tokens, rows = choose(h, step, first=step == 0 and first_step)
+        if (step + 1) % sync_every == 0 and bool(beams.done.any()):  # the host read
+            collect()
+            if bool(beams.done.all()):
+                break
+            keep = (~beams.done).nonzero()[:, 0]  # (nb',)
             rows, tokens, sent = rows[keep], tokens[keep], sent[keep]
+            row_ids = sent.repeat_interleave(k)
             beams.keep(keep)
-        state = adapter.reorder(state, rows.reshape(-1), group=k)  # k rows per sentence, sentences in order
-        h, state = adapter.decoder_step(tokens.reshape(-1), state)
+        h = feed(tokens, rows)
+    else:
+        choose(h, last, final=True, first=last == 0 and first_step and forced_eos is None)
+    fallback = _overflowed(captured, "beam")
+    if fallback is not None:
+        return beam_search(
+            adapter, fallback, batch, src_lang, tgt_lang, beam=beam, max_len=max_len,
+            length_penalty=length_penalty, early_stopping=early_stopping,
+        )  # fmt: skip
+    collect()
     return results
 
 
@@ -449,17 +569,21 @@ def decode(
     length_penalty: float = 1.0,
     step_hook: StepHook | None = None,
     early_stopping: bool | str | None = None,
+    graphs: bool = False,
 ) -> list[list[int]]:
     """Greedy search for ``beam == 1``, else beam search (translation, the dump and the benchmarks).
 
     ``early_stopping``: beam search's stopping rule (:func:`beam_search`); None takes the model's generation
-    config (``adapter.early_stopping``), as ``generate`` does. ``fastvocab.decoding.graphed.decode`` is the
-    same with the step in CUDA graphs.
+    config (``adapter.early_stopping``), as ``generate`` does. ``graphs``: the captured stepper (the whole
+    step in CUDA graphs on CUDA, eagerly elsewhere; the same outputs; it needs the static engine and a
+    projection with a capturable step, and takes no ``step_hook``), else the eager one.
     """
+    stepper: Stepper = CapturedStepper(adapter) if graphs else EagerStepper(adapter)
     if beam == 1:
         return greedy_search(
-            adapter, projection, batch, src_lang, tgt_lang, max_len=max_len, step_hook=step_hook
-        )
+            adapter, projection, batch, src_lang, tgt_lang, max_len=max_len, step_hook=step_hook,
+            stepper=stepper,
+        )  # fmt: skip
     return beam_search(
         adapter,
         projection,
@@ -471,4 +595,5 @@ def decode(
         length_penalty=length_penalty,
         step_hook=step_hook,
         early_stopping=stopping_rule(adapter, early_stopping),
+        stepper=stepper,
     )

@@ -21,9 +21,9 @@ from dataclasses import dataclass
 
 import torch
 
-from fastvocab.decoding import graphed
 from fastvocab.decoding.hf_adapter import Seq2SeqAdapter
 from fastvocab.decoding.search import check_stopping_rule, decode
+from fastvocab.decoding.steppers import use_graphs
 from fastvocab.kernels.base import Projection
 
 log = logging.getLogger(__name__)
@@ -40,6 +40,8 @@ class SearchSettings:
     max_input_tokens: int = 256  # longer source lines are an error, never cut
     # beam search's stopping rule: True, False, "never" (decoding.search.beam_search); None: the model's
     early_stopping: bool | str | None = None
+    # the whole decoding step in CUDA graphs: "on", "off", "auto" (decoding.steppers.use_graphs)
+    graphs: str = "auto"
 
 
 class LineTooLongError(ValueError):
@@ -90,7 +92,7 @@ def translate(
     early_stopping: bool | str | None = None,
     progress: bool = True,
     workers: int | None = None,
-    graphs: bool = False,
+    graphs: str = "auto",
 ) -> TranslationResult:
     """Translate ``lines`` (one sentence each): one output per line, in input order, with counts and timing.
 
@@ -99,12 +101,15 @@ def translate(
     (1-based) line number. ``beam=1`` is greedy search. ``workers``: batches decoded at once, sharing
     ``torch.get_num_threads()`` threads (None: :func:`decode_workers`); the outputs do not depend on it.
     ``early_stopping``: beam search's stopping rule (True, False, "never"); None takes the model's generation
-    config, as ``generate`` does. ``graphs``: each batch decoded with its whole step in CUDA graphs
-    (:func:`fastvocab.decoding.graphed.decode`; the same outputs; not yet a CLI option: the GPU campaign
-    measures it first).
+    config, as ``generate`` does. ``graphs``: "on" decodes each batch with the captured stepper (the whole
+    step in CUDA graphs on CUDA, the same fixed-shape step eagerly on CPU; the same outputs; the static
+    engine and a projection with a capturable step required), "off" with the eager one, "auto" eagerly for
+    now, on CUDA too, until the captured step has been measured on a GPU
+    (:func:`fastvocab.decoding.steppers.use_graphs`).
     """
     if early_stopping is not None:
         check_stopping_rule(early_stopping)
+    captured = use_graphs(graphs, adapter.device)
     adapter.check_language(src_lang)
     adapter.check_language(tgt_lang)
     if beam < 1 or batch_size < 1 or max_len < 1 or max_input_tokens < 1:
@@ -138,7 +143,7 @@ def translate(
 
     def run(chunk: list[int]) -> list[list[int]]:
         with torch.inference_mode():  # thread-local: a worker thread must enter it itself
-            return (graphed.decode if graphs else decode)(
+            return decode(
                 adapter,
                 projection,
                 adapter.pad([seqs[j] for j in chunk]),
@@ -148,6 +153,7 @@ def translate(
                 max_len=max_len,
                 length_penalty=length_penalty,
                 early_stopping=early_stopping,
+                graphs=captured,
             )
 
     # Tokenizer calls stay on this thread; the workers only decode ids. map() yields in submission order.

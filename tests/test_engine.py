@@ -1,5 +1,6 @@
-"""The static decoder-step engine (``fastvocab.decoding.engine``): the same ``h`` as the Hugging Face decoder,
-the same search output as ``generate``, row selection, cache growth, refusals and int8."""
+"""The static decoder-step engine (``fastvocab.decoding.static_decoder``, ``packed_encoder``): the same ``h``
+as the Hugging Face decoder, the same search output as ``generate``, row selection, cache growth, refusals
+and int8."""
 
 from __future__ import annotations
 
@@ -10,8 +11,9 @@ import torch
 from conftest import decoder_steps, generate_ids, synthetic_sentences
 
 from fastvocab.decoding import Seq2SeqAdapter, beam_search, greedy_search, search
-from fastvocab.decoding.engine import PackedEncoder, StaticDecoder, StaticState
+from fastvocab.decoding.packed_encoder import PackedEncoder
 from fastvocab.decoding.rowwise import argmax_rows, topk_rows
+from fastvocab.decoding.static_decoder import StaticDecoder, StaticState
 from fastvocab.kernels import create_projection
 
 DEMO_MODEL = Path(__file__).resolve().parent.parent / "models" / "demo"
@@ -290,14 +292,19 @@ def test_search_sizes_the_cache_once(static, monkeypatch):
     assert len(beam_search(static, full, batch, "en", "it", beam=2, max_len=10)) == 3
 
 
-# --------------------------------------------------------------------------- graphed greedy (CUDA graphs)
+# ------------------------------------------------------------------------ the captured stepper (CUDA graphs)
+
+
+def captured(adapter, capture: bool = False):
+    """The fixed-shape stepper a CUDA graph captures; run eagerly here."""
+    from fastvocab.decoding.steppers import CapturedStepper
+
+    return CapturedStepper(adapter, capture=capture)
 
 
 @pytest.mark.parametrize("max_len", [48, 5])
 def test_graphed_greedy_equals_greedy(demo, monkeypatch, max_len):
     """The step a CUDA graph captures (run eagerly here, with the accelerator's sync schedule)."""
-    from fastvocab.decoding.graphed import greedy_search_graphed
-
     full = create_projection("full", demo.output_weight, demo.output_bias)
     batch = demo.encode_texts(DEMO_SOURCES, "en")
     want = greedy_search(demo, full, batch, "en", "it", max_len=max_len)
@@ -305,7 +312,7 @@ def test_graphed_greedy_equals_greedy(demo, monkeypatch, max_len):
     lengths = {len(s) for s in want}
     assert len(lengths) > 1 if max_len == 48 else lengths == {max_len}  # rows end apart / at the limit
     monkeypatch.setattr(search, "CPU_SYNC_EVERY", 3)
-    got = greedy_search_graphed(demo, full, batch, "en", "it", max_len=max_len, capture=False)
+    got = greedy_search(demo, full, batch, "en", "it", max_len=max_len, stepper=captured(demo))
     assert got == want
 
 
@@ -328,7 +335,6 @@ def map_from_decoding(demo, full, beam: int, max_len: int):
 def test_graphed_greedy_static_union_equals_union_mode(demo):
     """A static-capacity union in the graphed step gives the eager union mode's outputs (a map built from
     the model's own greedy states and their top-8 tokens, as the pipeline's maps are)."""
-    from fastvocab.decoding.graphed import greedy_search_graphed
     from fastvocab.kernels.clustered_static import StaticUnion
 
     full = create_projection("full", demo.output_weight, demo.output_bias)
@@ -341,32 +347,36 @@ def test_graphed_greedy_static_union_equals_union_mode(demo):
     want = greedy_search(demo, union, batch, "en", "it", max_len=48)
     su = StaticUnion(union, rows=batch["input_ids"].shape[0])
     assert su.capacity < demo.n_vocab  # the graphed step computes a subset, not every column
-    assert greedy_search_graphed(demo, su, batch, "en", "it", max_len=48, capture=False) == want
+    assert greedy_search(demo, su, batch, "en", "it", max_len=48, stepper=captured(demo)) == want
+    # union-mode clustered itself: its capturable step is such a union (Projection.capturable)
+    assert greedy_search(demo, union, batch, "en", "it", max_len=48, stepper=captured(demo)) == want
     # a capacity the unions outgrow: flagged on the device, the batch redone eagerly with full logits there
     small = StaticUnion(union, capacity=8, grow=False)
-    got = greedy_search_graphed(demo, small, batch, "en", "it", max_len=48, capture=False)
+    got = greedy_search(demo, small, batch, "en", "it", max_len=48, stepper=captured(demo))
     assert small.fallbacks > 0
     eager = StaticUnion(union, capacity=8, grow=False)
     assert got == greedy_search(demo, eager.project, batch, "en", "it", max_len=48)
 
 
 def test_graphed_greedy_refuses_what_it_cannot_capture(demo, static):
-    from fastvocab.decoding.graphed import greedy_search_graphed
-
     batch = demo.encode_texts(DEMO_SOURCES[:2], "en")
     lsh = object()
     with pytest.raises(ValueError, match="no capturable output"):
-        greedy_search_graphed(demo, lsh, batch, "en", "it", max_len=4)
+        greedy_search(demo, lsh, batch, "en", "it", max_len=4, stepper=captured(demo))
+    full = create_projection("full", demo.output_weight, demo.output_bias)
+    with pytest.raises(ValueError, match="needs the eager stepper"):  # a hook reads rows every step
+        greedy_search(demo, full, batch, "en", "it", max_len=4, step_hook=print, stepper=captured(demo))
     hf = Seq2SeqAdapter(static.model, static.tokenizer, static.path, "cpu", torch.float32, engine="hf")
     full = create_projection("full", hf.output_weight, hf.output_bias)
     with pytest.raises(ValueError, match="needs the static engine"):
-        greedy_search_graphed(hf, full, hf.encode_texts(["a b"], "en"), "en", "it", max_len=4)
+        greedy_search(hf, full, hf.encode_texts(["a b"], "en"), "en", "it", max_len=4, stepper=captured(hf))
 
 
-def test_graphed_step_dispatches_no_host_read(demo):
+def test_graphed_step_dispatches_no_host_read(demo, monkeypatch):
     """What a CUDA graph captures must not read a value back to the host (capture would fail on the GPU):
-    checked here on CPU at the dispatcher, for the fixed-shape step and both capturable token choices."""
-    from fastvocab.decoding.graphed import graph_pick
+    checked here on CPU at the dispatcher, on the greedy search's whole captured step (token choice and
+    fixed-shape decoder step) for both capturable projections, recorded where the graph would be captured."""
+    from fastvocab.decoding import steppers
     from fastvocab.kernels.clustered_static import StaticUnion
     from tests.layers import map_from_sets
     from tests.test_clustered_static import SYNC_OPS, RecordOps
@@ -379,23 +389,23 @@ def test_graphed_step_dispatches_no_host_read(demo):
         "clustered", demo.output_weight, demo.output_bias,
         cluster_map=map_from_sets(cent.numpy(), sets, demo.n_vocab, full.fingerprint),
     )  # fmt: skip
-    batch = demo.encode_texts(DEMO_SOURCES, "en")
-    enc = demo.encode(batch)
-    dec = demo.static_decoder
-    cache = dec.start(enc.hidden, enc.mask, capacity=8)
-    dec.prepare_fixed(cache, 7)
-    tok = torch.full((len(DEMO_SOURCES),), demo.decoder_start_id)
-    pos = torch.zeros(1, dtype=torch.long)
-    banned = torch.tensor([demo.pad_id])
-    picks = [
-        graph_pick(full, banned),
-        graph_pick(StaticUnion(union, rows=len(DEMO_SOURCES)), banned, torch.zeros((), dtype=torch.bool)),
-    ]
-    for pick in picks:
+    recorded = []
+
+    def recording_capture(fn, warmups=1):
         with RecordOps() as rec:
-            pick(dec.step_fixed(tok, cache, pos))
-        assert {"index_copy_", "softmax", "_softmax"} & set(rec.names), rec.names  # it saw the step
-        assert not set(rec.names) & set(SYNC_OPS), set(rec.names) & set(SYNC_OPS)
+            fn()
+        recorded.append(rec.names)
+        return fn
+
+    monkeypatch.setattr(steppers, "capture_graph", recording_capture)
+    batch = demo.encode_texts(DEMO_SOURCES, "en")
+    for proj in (full, StaticUnion(union, rows=len(DEMO_SOURCES))):
+        greedy_search(demo, proj, batch, "en", "it", max_len=6, stepper=captured(demo, capture=True))
+    assert len(recorded) == 2
+    for names in recorded:
+        assert {"index_copy_", "softmax", "_softmax"} & set(names), names  # it saw the step
+        assert {"argmax"} & set(names), names  # ... and the choice
+        assert not set(names) & set(SYNC_OPS), set(names) & set(SYNC_OPS)
 
 
 @pytest.mark.parametrize(
@@ -403,8 +413,6 @@ def test_graphed_step_dispatches_no_host_read(demo):
 )
 def test_graphed_beam_equals_beam(demo, monkeypatch, max_len, rule):
     """The beam step two CUDA graphs capture (run eagerly here, with the accelerator's sync schedule)."""
-    from fastvocab.decoding.graphed import beam_search_graphed
-
     full = create_projection("full", demo.output_weight, demo.output_bias)
     batch = demo.encode_texts(DEMO_SOURCES, "en")
     kw = dict(beam=3, max_len=max_len, length_penalty=1.3, early_stopping=rule)
@@ -412,7 +420,7 @@ def test_graphed_beam_equals_beam(demo, monkeypatch, max_len, rule):
     if max_len == 48:
         assert len({len(s) for s in want}) > 1  # sentences end at different steps
     monkeypatch.setattr(search, "CPU_SYNC_EVERY", 3)
-    assert beam_search_graphed(demo, full, batch, "en", "it", capture=False, **kw) == want
+    assert beam_search(demo, full, batch, "en", "it", stepper=captured(demo), **kw) == want
 
 
 @pytest.mark.parametrize("mass", ["none", "normaliser"])
@@ -420,7 +428,6 @@ def test_graphed_beam_static_union_equals_union_mode(demo, monkeypatch, mass):
     """A static-capacity union in the graphed beam step gives union mode's outputs, with the projection's
     inactive-mass estimate too (beam search's default). Union mode's columns are the batch's union, so done
     sentences must stay in the eager batch too (no host read before the end)."""
-    from fastvocab.decoding.graphed import beam_search_graphed
     from fastvocab.kernels.clustered_static import StaticUnion
 
     full = create_projection("full", demo.output_weight, demo.output_bias)
@@ -435,32 +442,29 @@ def test_graphed_beam_static_union_equals_union_mode(demo, monkeypatch, mass):
     want = beam_search(demo, union, batch, "en", "it", **kw)
     su = StaticUnion(union, rows=2 * batch["input_ids"].shape[0])
     assert su.capacity < demo.n_vocab
-    assert beam_search_graphed(demo, su, batch, "en", "it", capture=False, **kw) == want
+    assert beam_search(demo, su, batch, "en", "it", stepper=captured(demo), **kw) == want
     # a capacity the unions outgrow: flagged on the device, the batch redone eagerly with full logits there
     small = StaticUnion(union, capacity=8, grow=False)
-    got = beam_search_graphed(demo, small, batch, "en", "it", capture=False, **kw)
+    got = beam_search(demo, small, batch, "en", "it", stepper=captured(demo), **kw)
     assert small.fallbacks > 0
     eager = StaticUnion(union, capacity=8, grow=False)
     assert got == beam_search(demo, eager.project, batch, "en", "it", **kw)
 
 
 def test_graphed_beam_refuses_what_it_cannot_capture(demo, static):
-    from fastvocab.decoding.graphed import beam_search_graphed
-
     batch = demo.encode_texts(DEMO_SOURCES[:2], "en")
     with pytest.raises(ValueError, match="no capturable output"):
-        beam_search_graphed(demo, object(), batch, "en", "it", max_len=4)
+        beam_search(demo, object(), batch, "en", "it", max_len=4, stepper=captured(demo))
     hf = Seq2SeqAdapter(static.model, static.tokenizer, static.path, "cpu", torch.float32, engine="hf")
     full = create_projection("full", hf.output_weight, hf.output_bias)
     with pytest.raises(ValueError, match="needs the static engine"):
-        beam_search_graphed(hf, full, hf.encode_texts(["a b"], "en"), "en", "it", max_len=4)
+        beam_search(hf, full, hf.encode_texts(["a b"], "en"), "en", "it", max_len=4, stepper=captured(hf))
 
 
 def test_graphed_beam_step_dispatches_no_host_read(demo):
     """The beam step's choice (scores, candidates, finished pool, stopping rule, rows to continue) reads
     nothing back to the host, checked at the dispatcher on CPU as for the greedy step; its per-row top-k is
     torch.topk, as on an accelerator (the CPU's blocked top-k reads a NaN check)."""
-    from fastvocab.decoding.graphed import graph_output
     from fastvocab.decoding.search import BeamState, row_candidates
     from fastvocab.kernels.clustered_static import StaticUnion
     from tests.layers import random_map
@@ -474,9 +478,8 @@ def test_graphed_beam_step_dispatches_no_host_read(demo):
     n, k = 3, 2
     h = torch.randn(n * k, demo.output_weight.shape[1])
     banned = torch.tensor([demo.pad_id])
-    flag = torch.zeros((), dtype=torch.bool)
     for proj in (full, StaticUnion(union, rows=n * k)):
-        output = graph_output(proj, flag)
+        output = proj.capturable(n * k)
         for rule in (False, True, "never"):
             beams = BeamState(n, k, 6, 2, 1.2, rule, demo.eos_id, torch.device("cpu"))
             with RecordOps() as rec:
@@ -490,7 +493,7 @@ def test_graphed_beam_step_dispatches_no_host_read(demo):
 def test_graphed_searches_undo_their_capture_warm_ups(demo, monkeypatch):
     """With capture on, a graph's warm-up runs real steps that the searches must undo: here a stand-in
     capture runs the warm-up and then replays the step eagerly, so what the warm-up changed shows."""
-    from fastvocab.decoding import graphed
+    from fastvocab.decoding import steppers
 
     calls = []
 
@@ -500,20 +503,20 @@ def test_graphed_searches_undo_their_capture_warm_ups(demo, monkeypatch):
         calls.append(fn)
         return fn
 
-    monkeypatch.setattr(graphed, "capture_graph", fake_capture)
+    monkeypatch.setattr(steppers, "capture_graph", fake_capture)
     monkeypatch.setattr(search, "CPU_SYNC_EVERY", 3)
     full = create_projection("full", demo.output_weight, demo.output_bias)
     batch = demo.encode_texts(DEMO_SOURCES, "en")
-    greedy = graphed.greedy_search_graphed(demo, full, batch, "en", "it", max_len=30, capture=True)
+    greedy = greedy_search(demo, full, batch, "en", "it", max_len=30, stepper=captured(demo, capture=True))
     assert len(calls) == 1 and greedy == greedy_search(demo, full, batch, "en", "it", max_len=30)
     kw = dict(beam=3, max_len=30)
-    beams = graphed.beam_search_graphed(demo, full, batch, "en", "it", capture=True, **kw)
+    beams = beam_search(demo, full, batch, "en", "it", stepper=captured(demo, capture=True), **kw)
     assert len(calls) == 3 and beams == beam_search(demo, full, batch, "en", "it", **kw)
 
 
 @pytest.mark.parametrize("beam", [1, 2])
 def test_translate_with_graphs_equals_the_eager_search(demo, monkeypatch, beam):
-    """``translate(graphs=True)`` (the graphed searches; on CPU their steps run eagerly) gives the eager
+    """``translate(graphs="on")`` (the captured stepper; on CPU its steps run eagerly) gives the eager
     search's lines: the full projection as it is, union-mode clustered (with beam search's default
     inactive-mass estimate) as a static-capacity union. A union is the batch's, and the graphed searches
     keep finished rows in it, so the eager side keeps them too (no host read before the end)."""
@@ -531,11 +534,11 @@ def test_translate_with_graphs_equals_the_eager_search(demo, monkeypatch, beam):
         want = translate(demo, proj, DEMO_SOURCES, "en", "it", **kw)
         assert any(want.hypotheses)
         assert (
-            translate(demo, proj, DEMO_SOURCES, "en", "it", graphs=True, **kw).hypotheses == want.hypotheses
+            translate(demo, proj, DEMO_SOURCES, "en", "it", graphs="on", **kw).hypotheses == want.hypotheses
         )
     per_row = make_projection(demo, "clustered", cluster_map=cmap, selection="per-row")
     with pytest.raises(ValueError, match="no capturable output"):
-        translate(demo, per_row, DEMO_SOURCES[:2], "en", "it", graphs=True, **kw)
+        translate(demo, per_row, DEMO_SOURCES[:2], "en", "it", graphs="on", **kw)
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
@@ -559,5 +562,5 @@ def test_translate_with_graphs_in_half_precision(demo, monkeypatch, dtype):
         ):
             want = translate(half, proj, DEMO_SOURCES, "en", "it", **kw)
             assert any(want.hypotheses)
-            got = translate(half, proj, DEMO_SOURCES, "en", "it", graphs=True, **kw)
+            got = translate(half, proj, DEMO_SOURCES, "en", "it", graphs="on", **kw)
             assert got.hypotheses == want.hypotheses

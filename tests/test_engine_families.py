@@ -18,7 +18,10 @@ import torch
 from conftest import decoder_steps
 
 from fastvocab.decoding import Seq2SeqAdapter, beam_search, greedy_search
-from fastvocab.decoding.engine import CACHE_LIMIT_ENV, PackedEncoder, StaticDecoder, unsupported_reason
+from fastvocab.decoding.cache_memory import CACHE_LIMIT_ENV
+from fastvocab.decoding.model_families import unsupported_reason
+from fastvocab.decoding.packed_encoder import PackedEncoder
+from fastvocab.decoding.static_decoder import StaticDecoder
 from fastvocab.kernels import create_projection
 
 VOCAB = 96
@@ -208,17 +211,18 @@ def test_graphed_searches_equal_generate(static, family, max_len, monkeypatch):
     """The fixed-shape searches CUDA graphs capture (run eagerly here): each family's forced prefix, banned
     decoder-start pad (Marian) and forced EOS at the length limit (MBart) go through them too."""
     from fastvocab.decoding import search
-    from fastvocab.decoding.graphed import beam_search_graphed, greedy_search_graphed
+    from fastvocab.decoding.steppers import CapturedStepper
 
     monkeypatch.setattr(search, "CPU_SYNC_EVERY", 2)
     full = create_projection("full", static.output_weight, static.output_bias)
     batch = _batch(static, 7, seed=5)
     src, tgt = SRC[family], TGT[family]
-    got = greedy_search_graphed(static, full, batch, src, tgt, max_len=max_len, capture=False)
+    fixed = CapturedStepper(static, capture=False)
+    got = greedy_search(static, full, batch, src, tgt, max_len=max_len, stepper=fixed)
     assert got == _generate(static, batch, tgt, max_len, beam=1)
     for beam in (2, 4):
-        got = beam_search_graphed(
-            static, full, batch, src, tgt, beam=beam, max_len=max_len, early_stopping=False, capture=False
+        got = beam_search(
+            static, full, batch, src, tgt, beam=beam, max_len=max_len, early_stopping=False, stepper=fixed
         )
         assert got == _generate(static, batch, tgt, max_len, beam=beam)
 

@@ -247,7 +247,7 @@ def step_static(args: argparse.Namespace) -> dict:
 
 def _graphed(su, h: torch.Tensor) -> Callable[[], object]:
     """Capture ``su.step`` on a static copy of ``h``; the returned callable replays the graph."""
-    from fastvocab.decoding.graphed import capture_graph
+    from fastvocab.decoding.steppers import capture_graph
 
     static_h = h.clone()
     return capture_graph(lambda: su.step(static_h), warmups=2)
@@ -415,7 +415,7 @@ def step_e2e(args: argparse.Namespace) -> dict:
             for eng, p in variants.values():  # warm-up (CuPy compilation, cuBLAS handles)
                 fixed_decode(adapters[eng], p, src, beam, 2)
             # Greedy and beam 2 through the searches themselves (max_len = steps; random weights: no row
-            # ends early), eager (decoding.search) and with the whole step in CUDA graphs (decoding.graphed)
+            # ends early), eager and with the whole step in CUDA graphs (decoding.steppers.CapturedStepper)
             graphed: dict[str, Callable[[], object]] = {}
             if beam <= 2:
                 graphed["full/search"] = searched(ad, full, src, steps, False, beam)
@@ -522,18 +522,22 @@ def searched(
     adapter, projection, src: torch.Tensor, steps: int, graph: bool, beam: int = 1
 ) -> Callable[[], object]:
     """A search of ``steps`` tokens over ``src``, greedy (``beam`` 1) or beam: ``decoding.search``'s
-    (eager), or ``decoding.graphed``'s (the step captured in CUDA graphs once per call: the capture is
-    timed too, as a translation pays it once per batch). Without CUDA the graphed search runs its step
-    eagerly (``--smoke`` checks the code)."""
-    from fastvocab.decoding.graphed import beam_search_graphed, greedy_search_graphed
+    (eager), or with ``graph`` the captured stepper's (the step captured in CUDA graphs once per call: the
+    capture is timed too, as a translation pays it once per batch). Without CUDA the captured stepper runs
+    its step eagerly (``--smoke`` checks the code)."""
     from fastvocab.decoding.search import beam_search, greedy_search
+    from fastvocab.decoding.steppers import CapturedStepper, EagerStepper
 
     batch = {"input_ids": src, "attention_mask": torch.ones_like(src)}
+
+    def stepper():
+        return CapturedStepper(adapter) if graph else EagerStepper(adapter)
+
     if beam == 1:
-        fn = greedy_search_graphed if graph else greedy_search
-        return lambda: fn(adapter, projection, batch, "en", "it", max_len=steps)
-    fn = beam_search_graphed if graph else beam_search
-    return lambda: fn(adapter, projection, batch, "en", "it", beam=beam, max_len=steps)
+        return lambda: greedy_search(adapter, projection, batch, "en", "it", max_len=steps, stepper=stepper())
+    return lambda: beam_search(
+        adapter, projection, batch, "en", "it", beam=beam, max_len=steps, stepper=stepper()
+    )
 
 
 class _StaticProject:
@@ -572,7 +576,7 @@ class _Noop:
 def step_e2e_demo(args: argparse.Namespace) -> dict:
     """End to end on the demo model: ``tasks.translate`` over real test lines, full and clustered (the
     pipeline's en-it map, carried as runs/demo/maps/en-it; union mode with the CLI's default estimate: none at
-    beam 1, normaliser beyond), each eager and with the whole step in CUDA graphs (``graphs=True``: capture
+    beam 1, normaliser beyond), each eager and with the whole step in CUDA graphs (``graphs="on"``: capture
     included, once per batch), at beam 1 batch 1, beam 2 batch 20 and beam 4 batch 64, fp16. Full's lines
     must not change with graphs; clustered's may where the eager search has dropped finished rows from a
     batch and the graphed one keeps them (a union is the batch's columns), so both counts are recorded."""
@@ -606,8 +610,8 @@ def step_e2e_demo(args: argparse.Namespace) -> dict:
         kw = dict(beam=beam, batch_size=batch, max_len=max_len, progress=False)
         base: dict[str, list[str]] = {}
         for name, proj in projs.items():
-            for graphs in (False, True):
-                variant = f"{name}/{'graph' if graphs else 'eager'}"
+            for graphs in ("off", "on"):
+                variant = f"{name}/{'graph' if graphs == 'on' else 'eager'}"
                 translate(ad, proj, lines[:batch], "en", "it", graphs=graphs, **kw)  # warm-up
                 runs = []
                 for _ in range(repeats):

@@ -18,7 +18,7 @@ pytestmark = pytest.mark.skipif(
     reason="needs a CUDA GPU: captures the decoder step in a CUDA graph",
 )
 
-from fastvocab.decoding.engine import StaticDecoder  # noqa: E402
+from fastvocab.decoding.static_decoder import StaticDecoder  # noqa: E402
 from tests.gpu.common import without_sync  # noqa: E402
 
 DEV = "cuda"
@@ -78,9 +78,9 @@ def test_graph_replay_equals_eager_step(dtype):
 
 
 def test_graphed_greedy_search_equals_eager_on_the_demo_model():
-    """The whole greedy step captured (decoding.graphed) against the eager search, on the GPU, fp32."""
+    """The whole greedy step captured (the captured stepper) against the eager search, on the GPU, fp32."""
     from fastvocab.decoding import Seq2SeqAdapter, greedy_search
-    from fastvocab.decoding.graphed import greedy_search_graphed
+    from fastvocab.decoding.steppers import CapturedStepper
     from fastvocab.kernels import create_projection
 
     demo = Seq2SeqAdapter.load(DEMO, device=DEV)
@@ -88,15 +88,16 @@ def test_graphed_greedy_search_equals_eager_on_the_demo_model():
     lines = ["GNU C library: shared libraries", "transitional package", "fast, lightweight web server"]
     batch = demo.encode_texts(lines, "en")
     want = greedy_search(demo, full, batch, "en", "it", max_len=40)
-    got = greedy_search_graphed(demo, full, batch, "en", "it", max_len=40, capture=True)
+    captured = CapturedStepper(demo, capture=True)
+    got = greedy_search(demo, full, batch, "en", "it", max_len=40, stepper=captured)
     assert got == want and any(want)
 
 
 @pytest.mark.parametrize("rule", [False, True])
 def test_graphed_beam_search_equals_eager_on_the_demo_model(rule):
-    """The beam step captured in its two graphs (decoding.graphed) against the eager search, GPU, fp32."""
+    """The beam step captured in its two graphs (the captured stepper) against the eager search, GPU, fp32."""
     from fastvocab.decoding import Seq2SeqAdapter, beam_search
-    from fastvocab.decoding.graphed import beam_search_graphed
+    from fastvocab.decoding.steppers import CapturedStepper
     from fastvocab.kernels import create_projection
 
     demo = Seq2SeqAdapter.load(DEMO, device=DEV)
@@ -105,13 +106,13 @@ def test_graphed_beam_search_equals_eager_on_the_demo_model(rule):
     batch = demo.encode_texts(lines, "en")
     kw = dict(beam=3, max_len=40, early_stopping=rule)
     want = beam_search(demo, full, batch, "en", "it", **kw)
-    got = beam_search_graphed(demo, full, batch, "en", "it", capture=True, **kw)
+    got = beam_search(demo, full, batch, "en", "it", stepper=CapturedStepper(demo, capture=True), **kw)
     assert got == want and any(want)
 
 
 @pytest.mark.parametrize("beam", [1, 2])
 def test_translate_with_graphs_equals_eager_on_the_demo_model(beam):
-    """``translate(graphs=True)``: batches of different lengths, a graph captured per batch, the same lines
+    """``translate(graphs="on")``: batches of different lengths, a graph captured per batch, the same lines
     as the eager translation (GPU, fp32, full projection)."""
     from fastvocab.decoding import Seq2SeqAdapter
     from fastvocab.tasks.projections import make_projection
@@ -123,4 +124,4 @@ def test_translate_with_graphs_equals_eager_on_the_demo_model(beam):
              "documentation for the Python interpreter", "", "daemon that monitors disks"]  # fmt: skip
     kw = dict(beam=beam, batch_size=2, max_len=40, progress=False)
     want = translate(demo, full, lines, "en", "it", **kw).hypotheses
-    assert translate(demo, full, lines, "en", "it", graphs=True, **kw).hypotheses == want and any(want)
+    assert translate(demo, full, lines, "en", "it", graphs="on", **kw).hypotheses == want and any(want)

@@ -1,0 +1,155 @@
+"""The encoder of a supported model (M2M100/NLLB, Marian, MBart) without computing padding.
+
+The Hugging Face encoder runs every layer on the padded (rows, S) grid, and sorting lines by length leaves
+much padding where lengths spread. :class:`PackedEncoder` runs its linears, norms and FFN on the real tokens
+only and attention per sentence (``scaled_dot_product_attention`` on a padded view); the static decoder's
+cross-attention K/V GEMM skips padded positions too. Its states equal the Hugging Face encoder's up to fp32
+rounding (another GEMM row count; 1/sqrt(head_dim) folded into Q). What it saved:
+benchmarks/engine-notes.md.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from fastvocab.decoding.model_families import (
+    Family,
+    HFModule,
+    cat_bias,
+    embed_scale,
+    fused_linear,
+    unsupported_reason,
+)
+
+
+def encoder_unsupported_reason(model: HFModule) -> str | None:
+    """None when :class:`PackedEncoder` can run ``model``'s encoder; otherwise why not."""
+    reason = unsupported_reason(model)
+    if reason:
+        return reason
+    config, enc = model.config, model.get_encoder()
+    if config.d_model % config.encoder_attention_heads:
+        return f"d_model {config.d_model} is not a multiple of {config.encoder_attention_heads} heads"
+    pos = getattr(enc, "embed_positions", None)
+    if config.model_type == "m2m_100" and not hasattr(pos, "get_embedding"):
+        return "the encoder has no sinusoidal position table (not an M2M100 encoder)"
+    if config.model_type != "m2m_100" and not isinstance(pos, nn.Embedding):
+        return f"the {config.model_type} encoder has no position table (embed_positions)"
+    return None
+
+
+class _EncoderLayer(nn.Module):
+    """One encoder layer over the *packed* real tokens (T, d): fused QKV (Q pre-scaled), attention per
+    sentence on a padded (rows, heads, S, hd) view, everything else per token; weights shared with the HF
+    layer except the fused QKV."""
+
+    def __init__(self, hf_layer: HFModule, heads: int, act: nn.Module, pre_norm: bool) -> None:
+        super().__init__()
+        sa = hf_layer.self_attn
+        d = sa.q_proj.in_features
+        self.heads, self.head_dim, self.pre_norm = heads, d // heads, pre_norm
+        scaling = self.head_dim**-0.5
+        with torch.no_grad():
+            self.qkv = fused_linear(
+                torch.cat([sa.q_proj.weight * scaling, sa.k_proj.weight, sa.v_proj.weight]),
+                cat_bias([(sa.q_proj, scaling), (sa.k_proj, 1.0), (sa.v_proj, 1.0)]),
+            )
+        self.out = sa.out_proj
+        self.ln_attn, self.ln_ffn = hf_layer.self_attn_layer_norm, hf_layer.final_layer_norm
+        self.fc1, self.fc2, self.act = hf_layer.fc1, hf_layer.fc2, act
+
+    def forward(self, x: torch.Tensor, where: torch.Tensor, key_mask: torch.Tensor) -> torch.Tensor:
+        """x (T, d) packed tokens; ``where`` (T,) their flat index in the (rows * S) grid; ``key_mask``
+        (rows, 1, 1, S) True on real tokens."""
+        if self.pre_norm:
+            x = x + self._attn(self.ln_attn(x), where, key_mask)
+            return x + self.fc2(self.act(self.fc1(self.ln_ffn(x))))
+        x = self.ln_attn(x + self._attn(x, where, key_mask))  # post-norm (Marian)
+        return self.ln_ffn(x + self.fc2(self.act(self.fc1(x))))
+
+    def _attn(self, x: torch.Tensor, where: torch.Tensor, key_mask: torch.Tensor) -> torch.Tensor:
+        rows, s = key_mask.shape[0], key_mask.shape[-1]
+        d = x.shape[1]
+        h, hd = self.heads, self.head_dim
+        grid = x.new_zeros((rows * s, 3 * d))  # padding stays 0: finite keys/values, masked anyway
+        grid.index_copy_(0, where, self.qkv(x))  # (T, 3d) -> (rows * S, 3d)
+        q, k, v = grid.view(rows, s, 3, h, hd).permute(2, 0, 3, 1, 4)  # each (rows, heads, S, hd)
+        o = nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=key_mask, scale=1.0)
+        o = o.transpose(1, 2).reshape(rows * s, d).index_select(0, where)  # (T, d)
+        return self.out(o)
+
+
+class PackedEncoder(nn.Module):
+    """The encoder of a supported model without computing padding: the linears, layer norms and FFN run on
+    the batch's real tokens only (T rows instead of rows x S), attention per sentence on a padded view.
+
+    Positions, embedding scale, layer order and final norm follow the HF encoder of each family
+    (``model_families.Family``); outputs at padded positions are zero (the decoder's
+    cross-attention masks them). Same values as the HF encoder up to fp32 rounding (another GEMM row count,
+    scaling folded into Q).
+    """
+
+    def __init__(self, model: HFModule) -> None:
+        super().__init__()
+        reason = encoder_unsupported_reason(model)
+        if reason:
+            raise ValueError(reason)
+        from transformers.activations import ACT2FN
+
+        config, enc = model.config, model.get_encoder()
+        self.family = Family.of(model)
+        self.d = config.d_model
+        self.pad_id = int(config.pad_token_id)
+        self.embed_weight = enc.embed_tokens.weight.detach()  # (N, d), shared
+        self.embed_scale = embed_scale(enc)
+        if self.family.extendable:
+            self._get_embedding = enc.embed_positions.get_embedding
+            self.positions = self._position_table(config.max_position_embeddings + self.family.pos_offset)
+        else:
+            self.positions = enc.embed_positions.weight.detach()  # (positions (+ offset), d), shared
+        self.ln_embed = getattr(enc, "layernorm_embedding", None)  # MBart
+        self.final_ln = getattr(enc, "layer_norm", None)  # M2M100, MBart
+        act = ACT2FN[config.activation_function]
+        heads = config.encoder_attention_heads
+        self.layers = nn.ModuleList(_EncoderLayer(x, heads, act, self.family.pre_norm) for x in enc.layers)
+
+    def _position_table(self, n: int) -> torch.Tensor:
+        table = self._get_embedding(n, self.d, self.pad_id)
+        return table.to(device=self.embed_weight.device, dtype=self.embed_weight.dtype)
+
+    @torch.inference_mode()
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """(rows, S) ids and mask (1 = real token) -> hidden states (rows, S, d), zero at padding."""
+        rows, s = input_ids.shape
+        fam = self.family
+        if fam.pad_positions:  # create_position_ids_from_input_ids: real tokens count on from padding_idx + 1
+            real = (input_ids != self.pad_id).long()
+            pos_ids = torch.cumsum(real, dim=1) * real + self.pad_id  # (rows, S)
+        else:
+            pos_ids = torch.arange(s, device=input_ids.device).expand(rows, s) + fam.pos_offset
+        need = int(pos_ids.max()) + 1 if s else 0
+        if need > self.positions.shape[0]:
+            if not fam.extendable:
+                raise ValueError(
+                    f"source of {s} tokens is beyond the {fam.name} model's position table "
+                    f"({self.positions.shape[0] - fam.pos_offset} positions: max_position_embeddings)"
+                )
+            self.positions = self._position_table(2 * need)
+        where = attention_mask.reshape(-1).nonzero()[:, 0]  # (T,) flat index of each real token
+        ids, pos = input_ids.reshape(-1)[where], pos_ids.reshape(-1)[where]
+        x = nn.functional.embedding(ids, self.embed_weight) * self.embed_scale  # (T, d)
+        x = x + self.positions.index_select(0, pos)
+        if self.ln_embed is not None:
+            x = self.ln_embed(x)
+        key_mask = (attention_mask != 0)[:, None, None, :]  # (rows, 1, 1, S)
+        for layer in self.layers:
+            x = layer(x, where, key_mask)
+            if x.dtype == torch.float16:  # HF clamps fp16 overflow the same way after every layer
+                big = torch.finfo(x.dtype).max - 1000
+                x = x.clamp(-big, big)
+        if self.final_ln is not None:
+            x = self.final_ln(x)
+        out = x.new_zeros((rows * s, self.d))
+        out.index_copy_(0, where, x)
+        return out.view(rows, s, self.d)
