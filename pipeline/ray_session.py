@@ -120,6 +120,70 @@ class RaySession:
                 ray.kill(actor)
         return results
 
+    def pull_actors(
+        self,
+        cls: type,
+        args: tuple,
+        method: str,
+        items: Sequence[Any],
+        on_result: Callable[[Any], None],
+        *,
+        size: int,
+        num_cpus: float,
+        num_gpus: float = 0,
+        max_retries: int = 2,
+    ) -> int:
+        """Call ``actor.<method>(item)`` for every item on ``size`` actors ``cls(*args)`` that pull items from
+        one queue: an actor gets its next item when it returns the last, so a slow actor (or node) takes
+        fewer items and holds no one back. ``on_result`` gets each result as it comes.
+
+        An actor that dies (killed, OOM, its node lost) is replaced by a new one and its item put first in
+        the queue, up to ``max_retries`` times per item; an error raised by the work itself is not retried.
+        Returns how many items were retried. The actors are released at the end.
+        """
+        import collections
+
+        ray = self.ensure()
+        remote = ray.remote(num_cpus=num_cpus, num_gpus=num_gpus, max_restarts=0, max_task_retries=0)(cls)
+        queue = collections.deque(range(len(items)))
+        attempts: collections.Counter[int] = collections.Counter()
+        actors = [remote.remote(*args) for _ in range(max(1, min(size, len(items))))]
+        running: dict[Any, tuple[Any, int]] = {}
+        retried = 0
+
+        def submit(actor: Any) -> None:
+            if queue:
+                i = queue.popleft()
+                running[getattr(actor, method).remote(items[i])] = (actor, i)
+
+        try:
+            with _user_errors():
+                for actor in actors:
+                    submit(actor)
+                while running:
+                    done, _ = ray.wait(list(running), num_returns=1)
+                    actor, i = running.pop(done[0])
+                    try:
+                        result = ray.get(done[0])
+                    except ray.exceptions.RayActorError:
+                        attempts[i] += 1
+                        if attempts[i] > max_retries:
+                            raise
+                        retried += 1
+                        queue.appendleft(i)
+                        ray.kill(actor)
+                        actors.remove(actor)
+                        actor = remote.remote(*args)
+                        actors.append(actor)
+                        submit(actor)
+                        continue
+                    on_result(result)
+                    submit(actor)
+        finally:
+            for actor in actors:
+                ray.kill(actor)
+        return retried
+
     # ------------------------------------------------------------------------------------------ tasks
 
     def run_tasks(

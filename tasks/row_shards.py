@@ -168,9 +168,9 @@ class PlannedRange:
 def _batch_lines(
     batch: pa.RecordBatch, row: int, id_column: str | None, allow_nulls: bool
 ) -> tuple[pa.Array, pa.Array, int]:
-    """(ids, texts, null texts) of a batch read with :func:`_range_columns`' columns. Without an id column
-    the ids are the rows' numbers in the file; a null text is an ArtifactError unless ``allow_nulls`` (then
-    it reads as ``""``)."""
+    """(ids, texts, null texts) of a batch read with :func:`_range_columns`' columns, ``row`` its first row's
+    id when there is no id column (the rows' numbers then serve as ids); a null text is an ArtifactError
+    unless ``allow_nulls`` (then it reads as ``""``)."""
     texts = batch.column(batch.num_columns - 1)
     nulls = texts.null_count
     if nulls and allow_nulls:
@@ -197,10 +197,12 @@ def plan_ranges(
     size: int,
     *,
     allow_nulls: bool = False,
+    first_id: int = 0,
 ) -> list[PlannedRange]:
     """Cut rows ``[start, stop)`` of a Parquet file into ranges of ``size`` rows, each with the digest of its
-    ``id<TAB>text<LF>`` lines (ids: the id column, cast to text, or the row numbers when ``id_column`` is
-    None) and its count of null texts (an ArtifactError unless ``allow_nulls``; they then digest as ``""``).
+    ``id<TAB>text<LF>`` lines (ids: the id column, cast to text, or, when ``id_column`` is None, the row
+    numbers counted from ``first_id`` at row 0) and its count of null texts (an ArtifactError unless
+    ``allow_nulls``; they then digest as ``""``).
 
     The one row-range planner: the dump's shards and bulk translation's parts are both planned here. Streams
     the rows once: memory holds one batch of the file, never the rows.
@@ -217,7 +219,8 @@ def plan_ranges(
         while pos < batch.num_rows:
             k = (row + pos - start) // size
             take = min(start + (k + 1) * size - (row + pos), batch.num_rows - pos)
-            ids, texts, null = _batch_lines(batch.slice(pos, take), row + pos, id_column, allow_nulls)
+            piece = batch.slice(pos, take)
+            ids, texts, null = _batch_lines(piece, first_id + row + pos, id_column, allow_nulls)
             digests[k].update(_lines_bytes(ids, texts))
             nulls[k] += null
             pos += take
@@ -235,6 +238,7 @@ def read_range(
     stop: int,
     *,
     allow_nulls: bool = False,
+    first_id: int = 0,
 ) -> tuple[list, list[str], str]:
     """(ids, texts, digest) of rows ``[start, stop)`` (fewer when the file is shorter), the digest as
     :func:`plan_ranges` computes it: what a worker reads and checks against its plan."""
@@ -242,7 +246,7 @@ def read_range(
     texts: list[str] = []
     d = Digest()
     for row, batch in _iter_rows(path, _range_columns(id_column, text_column), start, stop):
-        id_array, text_array, _ = _batch_lines(batch, row, id_column, allow_nulls)
+        id_array, text_array, _ = _batch_lines(batch, first_id + row, id_column, allow_nulls)
         d.update(_lines_bytes(id_array, text_array))
         ids += id_array.to_pylist()
         texts += text_array.to_pylist()

@@ -1,0 +1,525 @@
+"""Bulk translation of a corpus on N Ray actors (or in-process): the driver of ``fastvocab translate
+--workers N`` and of the pipeline's ``bulk`` stage.
+
+The driver describes the input from its files, plans row-range parts (``tasks.bulk.plan_input``: digests
+only, never the texts), skips every part already written with the same plan, and hands the rest to a pool of
+:class:`~fastvocab.tasks.bulk.BulkWorker` actors that pull ranges from one queue (``RaySession.pull_actors``):
+each actor loads the model and the method once, reads its own ranges and writes their parts. A dead actor is
+replaced and its range retried; a part is written atomically, so a retried range is written once. At the end
+a text (or single Parquet file) output is assembled from the parts in input order, atomically; a dataset
+output (``-o DIR/``) keeps its parts and gets ``_manifest.json``. The driver logs one MLflow run per job.
+
+Why parts on an actor pool and not Ray Data: a rerun after a kill must re-translate nothing that finished.
+``ray.data.read_parquet -> map_batches -> write_parquet`` has no notion of a finished block that a new job
+could skip (its blocks and file names are not stable across runs), so a killed job starts over; row-range
+parts with their plan in the file's metadata resume exactly.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import shutil
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from fastvocab.artifacts_schema.bulk_parts import (
+    assemble,
+    part_file,
+    remove_parts_folder,
+    stale_parts,
+    write_manifest,
+)
+from fastvocab.pipeline.errors import UserError
+from fastvocab.pipeline.tracking import StageRecord
+from fastvocab.tasks.bulk import (
+    PART_LINES,
+    BulkJob,
+    BulkWorker,
+    InputError,
+    describe_input,
+    input_digest,
+    part_statuses,
+    plan_input,
+)
+from fastvocab.tasks.translate import SearchSettings
+
+log = logging.getLogger(__name__)
+
+MAX_RETRIES = 2  # a range whose actor died is retried this many times before the job fails
+
+
+@dataclass(frozen=True)
+class BulkRequest:
+    """One bulk job as the user asked for it (the CLI's flags, or the config's ``bulk`` section)."""
+
+    input: str  # text file, Parquet file, folder or glob
+    output: str  # text file, .parquet file, or a dataset folder (named with a trailing / or a folder)
+    model: Path
+    src_lang: str
+    tgt_lang: str
+    method: str = "full"
+    options: dict[str, object] = field(default_factory=dict)  # make_projection's, artifacts located
+    search: SearchSettings = field(default_factory=SearchSettings)
+    dtype: str = "float32"
+    device: str = "cpu"
+    workers: int = 1
+    ray_address: str | None = None
+    num_cpus_per_worker: int = 1
+    num_gpus_per_worker: float = 0.0
+    lines_per_part: int = PART_LINES
+    text_column: str | None = None
+    id_column: str | None = "id"
+
+
+@dataclass
+class BulkResult:
+    """What a bulk job did: counts, speed, and what a rerun found done."""
+
+    output: Path
+    lines: int = 0
+    parts: int = 0
+    parts_reused: int = 0
+    parts_translated: int = 0
+    parts_retried: int = 0
+    corrupt_redone: list[str] = field(default_factory=list)
+    sentences: int = 0
+    tokens: int = 0
+    empty_outputs: int = 0
+    null_texts: int = 0
+    duplicate_ids: int = 0
+    seconds: float = 0.0  # wall time of the translation (planning and assembly included)
+    workers: dict[str, dict[str, float]] = field(default_factory=dict)  # per worker: tokens, seconds, lines
+    timeline: list[tuple[float, int]] = field(default_factory=list)  # (seconds since start, tokens) per part
+    params: dict[str, object] = field(default_factory=dict)
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.tokens / self.seconds if self.seconds > 0 else 0.0
+
+    def throughput(self, bins: int = 40) -> tuple[float, list[float]]:
+        """(bin width in s, tokens/s per bin) over the job's time, from when each part finished."""
+        end = max((t for t, _ in self.timeline), default=0.0)
+        if end <= 0:
+            return 1.0, []
+        width = max(end / bins, 1.0)
+        rates = [0.0] * (int(end // width) + 1)
+        for t, tokens in self.timeline:
+            rates[int(t // width)] += tokens / width
+        return width, rates
+
+    def record(self, stage: str = "bulk", unit: str = "", artifacts_dir: Path | None = None) -> StageRecord:
+        """The job as an MLflow record: params, metrics, the throughput series (and its plot)."""
+        busy = {w: v for w, v in self.workers.items() if v["seconds"] > 0}
+        metrics: dict[str, float] = {
+            "lines": self.lines,
+            "sentences": self.sentences,
+            "tokens": self.tokens,
+            "tokens_per_s": self.tokens_per_second,
+            "parts": self.parts,
+            "parts_reused": self.parts_reused,
+            "parts_translated": self.parts_translated,
+            "parts_retried": self.parts_retried,
+            "corrupt_parts_redone": len(self.corrupt_redone),
+            "empty_outputs": self.empty_outputs,
+            "null_texts": self.null_texts,
+            "wall_seconds": self.seconds,
+            "workers_used": len(busy),
+        }
+        if busy:
+            rates = [v["tokens"] / v["seconds"] for v in busy.values()]
+            metrics["tokens_per_s_per_worker"] = sum(rates) / len(rates)
+            for i, (_, v) in enumerate(sorted(busy.items())):
+                metrics[f"tokens_per_s_worker_{i}"] = v["tokens"] / v["seconds"]
+        width, rates = self.throughput()
+        params = dict(self.params)
+        params["throughput_bin_seconds"] = round(width, 3)
+        if self.corrupt_redone:
+            params["corrupt_parts_redone"] = ",".join(self.corrupt_redone)
+        artifacts = []
+        if artifacts_dir is not None and rates:
+            artifacts.append(plot_throughput(self, artifacts_dir / "throughput.png"))
+        status = "ran" if self.parts_translated else "skipped"
+        return StageRecord(
+            stage,
+            unit or str(params.get("direction", "")),
+            status,
+            self.summary(),
+            params,
+            metrics,
+            series={"throughput_tokens_per_s": rates} if rates else {},
+            artifacts=artifacts,
+        )
+
+    def summary(self) -> str:
+        if self.lines == 0:
+            return f"0 lines: the input is empty; wrote an empty output {self.output}"
+        done = f"{self.parts_translated} of {self.parts} parts translated"
+        if self.parts_reused:
+            done += f" ({self.parts_reused} done by an earlier run)"
+        text = (
+            f"{_count(self.lines, 'line')} ({self.sentences} non-empty, {self.tokens} target tokens, "
+            f"{_count(self.empty_outputs, 'empty output')}); {done}"
+        )
+        if self.parts_retried:
+            text += f", {_count(self.parts_retried, 'part')} retried after a worker died"
+        if self.corrupt_redone:
+            text += f"; corrupt parts redone: {', '.join(self.corrupt_redone)}"
+        return text
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
+def plot_throughput(result: BulkResult, path: Path) -> Path:
+    """Tokens/s over the job's time (all workers) and lines done, as a PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    width, rates = result.throughput()
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.4))
+    ax1.step([i * width for i in range(len(rates))], rates, where="post")
+    ax1.set_xlabel("seconds since start")
+    ax1.set_ylabel("target tokens/s (all workers)")
+    ax1.set_title(f"bins of {width:.1f} s", fontsize=9)
+    done = sorted(result.timeline)
+    ax2.plot([t for t, _ in done], [sum(x for _, x in done[: i + 1]) for i in range(len(done))])
+    ax2.set_xlabel("seconds since start")
+    ax2.set_ylabel("target tokens done")
+    fig.suptitle(f"bulk translation: {result.params.get('direction', '')}, {len(result.workers)} worker(s)")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def output_layout(given: str | Path) -> tuple[str, Path]:
+    """(``dataset`` | ``parquet`` | ``text``, the parts folder): a dataset output (a folder, or a name given
+    with a trailing ``/``) holds its parts itself; a file output's parts wait in ``OUTPUT.parts/``."""
+    output = Path(given)
+    if str(given).endswith(("/", os.sep)) or output.is_dir():
+        return "dataset", output
+    return ("parquet" if output.suffix == ".parquet" else "text"), output.with_name(output.name + ".parts")
+
+
+def _describe(request: BulkRequest):
+    """The model's identity and the method's signature, on the driver (the workers must match it)."""
+    from transformers.utils import logging as hf_logging
+
+    from fastvocab.artifacts_schema.fingerprint import ModelRef
+    from fastvocab.decoding.hf_adapter import Seq2SeqAdapter
+    from fastvocab.tasks.bulk import build_projection
+
+    hf_logging.disable_progress_bar()
+    adapter = Seq2SeqAdapter.load(request.model)
+    for lang in (request.src_lang, request.tgt_lang):
+        adapter.check_language(lang)
+    model = ModelRef(
+        path=str(Path(request.model).resolve()),
+        fingerprint=adapter.fingerprint,
+        d=int(adapter.d_model),
+        n_vocab=int(adapter.n_vocab),
+    )
+    probe = BulkJob(
+        model,
+        request.src_lang,
+        request.tgt_lang,
+        request.method,
+        "",
+        "",
+        options=request.options,
+        dtype=request.dtype,
+    )
+    return model, build_projection(adapter, probe).signature()
+
+
+def run_bulk(
+    request: BulkRequest,
+    *,
+    ray=None,
+    progress: bool = True,
+    worker_cls: type = BulkWorker,
+) -> BulkResult:
+    """Translate ``request.input`` into ``request.output`` in parts; see the module docstring.
+
+    ``ray``: a :class:`~fastvocab.pipeline.ray_session.RaySession` (the pipeline's); None makes one when the
+    job needs Ray (``workers`` > 1 or an address), else the parts are translated in this process.
+    ``worker_cls`` is the worker class hosted (tests substitute one that dies). Bad input is a ``UserError``
+    before the model loads; nothing is written then.
+    """
+    from tqdm.auto import tqdm
+
+    t0 = time.perf_counter()
+    check_request(request)
+    try:
+        inp = describe_input(request.input, request.text_column, request.id_column)
+    except InputError as exc:
+        raise UserError(str(exc)) from exc
+    layout, parts = output_layout(request.output)
+    output = Path(request.output)
+    if any(Path(f.path) == output.resolve() for f in inp.files):
+        raise UserError(f"--output {request.output} would overwrite the input")
+    model, signature = _describe(request)
+    try:
+        inp, ranges = plan_input(inp, request.lines_per_part)
+    except (InputError, ValueError) as exc:
+        raise UserError(str(exc)) from exc
+    if inp.nulls:
+        log.warning(
+            "%s: %s in column %r read as empty lines",
+            inp.name,
+            _count(inp.nulls, "null text"),
+            inp.text_column,
+        )
+    job = BulkJob(
+        model,
+        request.src_lang,
+        request.tgt_lang,
+        request.method,
+        signature,
+        str(parts.resolve()),
+        search=request.search,
+        options=request.options,
+        dtype=request.dtype,
+        device="cuda" if request.num_gpus_per_worker > 0 else request.device,
+        torch_threads=request.num_cpus_per_worker,
+        id_type=inp.id_type,
+        input_root=request.input,
+    )
+    result = BulkResult(output, lines=inp.rows, parts=len(ranges), null_texts=inp.nulls)
+    result.params = {
+        "model": str(request.model),
+        "model_fingerprint": model.fingerprint,
+        "direction": job.direction,
+        "method": request.method,
+        "signature": signature,
+        "map": str(request.options.get("cluster_map", request.options.get("index", ""))),
+        "dtype": request.dtype,
+        "device": job.device,
+        **{f"search.{k}": v for k, v in asdict(request.search).items()},
+        "workers": request.workers,
+        "num_cpus_per_worker": request.num_cpus_per_worker,
+        "num_gpus_per_worker": request.num_gpus_per_worker,
+        "ray_address": request.ray_address or "",
+        "input": request.input,
+        "input_digest": input_digest(ranges),
+        "output": str(request.output),
+        "lines_per_part": request.lines_per_part,
+    }
+    if parts.exists():
+        for stale in stale_parts(parts, len(ranges)):
+            log.warning("removing %s: beyond the current plan of %d parts", stale, len(ranges))
+            stale.unlink()
+        _remove_temporaries(parts)
+    todo = []
+    for r, status in zip(ranges, part_statuses(job, ranges), strict=True):
+        if status == "current":
+            result.parts_reused += 1
+            continue
+        if status.startswith("corrupt"):
+            name = part_file(parts, r.index).name
+            log.warning("%s: part %s is corrupt (%s): redoing it", output, name, status[9:])
+            result.corrupt_redone.append(name)
+        todo.append(r)
+    parts.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    workers: dict[str, dict[str, float]] = defaultdict(lambda: {"tokens": 0.0, "seconds": 0.0, "lines": 0.0})
+    bar = tqdm(
+        total=inp.rows,
+        initial=inp.rows - sum(r.lines for r in todo),
+        unit="line",
+        desc=job.direction,
+        disable=not progress or not sys.stderr.isatty(),
+        file=sys.stderr,
+    )
+
+    def on_result(res: dict[str, Any]) -> None:
+        result.parts_translated += 1
+        result.sentences += int(res["sentences"])
+        result.tokens += int(res["tokens"])
+        result.empty_outputs += int(res["empty_outputs"])
+        result.duplicate_ids += int(res["duplicate_ids"])
+        w = workers[str(res["worker"])]
+        w["tokens"] += float(res["tokens"])
+        w["seconds"] += float(res["seconds"])
+        w["lines"] += float(res["lines"])
+        result.timeline.append((time.perf_counter() - started, int(res["tokens"])))
+        bar.update(int(res["lines"]))
+
+    with bar:
+        if todo and (request.workers > 1 or request.ray_address or ray is not None):
+            result.parts_retried = _on_ray(request, job, todo, on_result, ray, worker_cls)
+        elif todo:
+            worker = worker_cls(job)
+            for r in todo:
+                on_result(worker.translate_range(r))
+    result.workers = dict(workers)
+    if result.duplicate_ids:
+        log.warning(
+            "%s: ids repeat within parts (%d repeated rows); ids are not checked across parts",
+            inp.name,
+            result.duplicate_ids,
+        )
+    paths = [part_file(parts, r.index) for r in ranges]
+    if layout == "dataset":
+        write_manifest(
+            parts,
+            {
+                **{k: v for k, v in result.params.items() if not k.startswith("search.")},
+                "search": asdict(request.search),
+                "lines": inp.rows,
+                "parts": [p.name for p in paths],
+                "id_type": inp.id_type,
+            },
+        )
+    else:
+        assemble(
+            output,
+            paths,
+            lines=inp.rows,
+            direction=job.direction,
+            method=request.method,
+            id_type=inp.id_type,
+        )
+        remove_parts_folder(parts)
+    result.seconds = time.perf_counter() - t0
+    return result
+
+
+def _remove_temporaries(parts: Path) -> None:
+    """Temporary files of writers that were killed mid-write (``atomic_path``'s ``.<name>.*.tmp``)."""
+    for tmp in parts.glob(".part-*.tmp"):
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _on_ray(request: BulkRequest, job: BulkJob, todo: list, on_result, ray, worker_cls: type) -> int:
+    from fastvocab.pipeline.ray_session import RaySession
+
+    own = ray is None
+    if own:
+        ray = RaySession(request.ray_address, request.workers * request.num_cpus_per_worker)
+    try:
+        ray.require_gpus(request.num_gpus_per_worker, "--num-gpus-per-worker")
+        return ray.pull_actors(
+            worker_cls,
+            (job,),
+            "translate_range",
+            todo,
+            on_result,
+            size=request.workers,
+            num_cpus=request.num_cpus_per_worker,
+            num_gpus=request.num_gpus_per_worker,
+            max_retries=MAX_RETRIES,
+        )
+    finally:
+        if own:
+            ray.shutdown()
+
+
+# ------------------------------------------------------------------------------------- the CLI's options
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """``fastvocab translate``'s options for bulk translation on Ray."""
+    g = p.add_argument_group("bulk translation on Ray (a text file, a Parquet file, folder or glob)")
+    g.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        metavar="N",
+        help="decode on N Ray actors, each loading the model once and pulling ranges of --chunk-lines lines "
+        "from one queue; finished parts are kept and a rerun resumes; 1 without --ray-address: in this "
+        "process (default: 1)",
+    )
+    g.add_argument(
+        "--ray-address",
+        default=None,
+        metavar="ADDRESS",
+        help="Ray cluster to attach to ('auto', 'HOST:PORT', 'ray://HOST:10001'); the input, the output and "
+        "any map must then be on storage every node sees (default: a local Ray when --workers > 1)",
+    )
+    g.add_argument(
+        "--num-cpus-per-worker",
+        type=int,
+        default=1,
+        metavar="N",
+        help="CPUs (torch threads) each actor reserves (default: 1)",
+    )
+    g.add_argument(
+        "--num-gpus-per-worker",
+        type=float,
+        default=0.0,
+        metavar="G",
+        help="GPUs each actor reserves; > 0 decodes on the actor's GPU (default: 0)",
+    )
+    g.add_argument(
+        "--tracking-uri",
+        default=None,
+        metavar="URI",
+        help="MLflow store for the bulk job's run (params, tokens/s per worker, throughput plot) "
+        "(default: $MLFLOW_TRACKING_URI; neither: not logged)",
+    )
+
+
+def wants_bulk(args: argparse.Namespace) -> bool:
+    """The bulk path: several workers, a cluster, a Parquet dataset output, or a glob input."""
+    out = str(getattr(args, "output", ""))
+    return (
+        args.workers != 1
+        or args.ray_address is not None
+        or out.endswith(("/", os.sep))
+        or Path(out).is_dir()
+        or (not Path(str(args.input)).exists() and is_glob(str(args.input)))
+    )
+
+
+def is_glob(text: str) -> bool:
+    import glob
+
+    return glob.has_magic(text)
+
+
+def check_request(request: BulkRequest) -> None:
+    """What can be refused before anything loads: counts, resources, where the output goes."""
+    for flag, value, low in (
+        ("--workers", request.workers, 1),
+        ("--num-cpus-per-worker", request.num_cpus_per_worker, 1),
+        ("--chunk-lines", request.lines_per_part, 1),
+    ):
+        if value < low:
+            raise UserError(f"{flag} must be >= {low}, got {value}")
+    if request.num_gpus_per_worker < 0:
+        raise UserError(f"--num-gpus-per-worker must be >= 0, got {request.num_gpus_per_worker:g}")
+    if request.dtype == "int8" and request.num_gpus_per_worker > 0:
+        raise UserError(
+            "--dtype int8 runs on CPU only (dynamic quantisation), not with --num-gpus-per-worker"
+        )
+    out = Path(request.output)
+    parent = out if out.is_dir() else out.parent
+    while not parent.exists():
+        parent = parent.parent
+    if not os.access(parent, os.W_OK):
+        raise UserError(f"--output {out}: folder {parent} is not writable")
+
+
+def log_to_mlflow(result: BulkResult, uri: str, run_name: str) -> str:
+    """One MLflow run for the job (a parent with the job's child record, as the report reads pipelines)."""
+    from fastvocab.pipeline.tracking import Tracker, check_tracking_uri
+
+    check_tracking_uri(uri, "--tracking-uri")
+    tracker = Tracker(uri, "fastvocab-bulk")
+    tracker.start(run_name, {"bulk": result.params}, {"fastvocab.kind": "bulk"})
+    with tempfile.TemporaryDirectory() as tmp:
+        tracker.log_stage(result.record(artifacts_dir=Path(tmp)))
+    tracker.end("FINISHED", {"lines": result.lines, "tokens_per_s": result.tokens_per_second})
+    return str(tracker.parent_id)

@@ -1,0 +1,319 @@
+"""Bulk translation (``fastvocab translate --workers N``, the pipeline's ``bulk`` stage): row-range parts on
+Ray actors or in-process, equal to the in-process translation line for line, resumable after any kill."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+from conftest import TINY_ARCH, synthetic_sentences
+
+from fastvocab.artifacts_schema.bulk_parts import MANIFEST, METHOD_KEY, PLAN_KEY, part_file
+from fastvocab.decoding import Seq2SeqAdapter
+from fastvocab.pipeline.bulk import BulkRequest, run_bulk
+from fastvocab.pipeline.errors import UserError
+from fastvocab.tasks.bulk import BulkWorker
+from fastvocab.tasks.projections import make_projection
+from fastvocab.tasks.translate import SearchSettings, translate
+
+MAX_LEN = 6
+SEARCH = SearchSettings(batch_size=4, max_len=MAX_LEN)
+
+
+@pytest.fixture(scope="module")
+def model_dir(tiny_model_dir, tmp_path_factory):
+    """The tiny model with larger random weights, so that different sources get different outputs."""
+    from transformers import AutoTokenizer, M2M100ForConditionalGeneration
+
+    from fastvocab.training.demo_model import model_config
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir, local_files_only=True)
+    torch.manual_seed(3)
+    model = M2M100ForConditionalGeneration(model_config(TINY_ARCH, tok, max_positions=128)).eval()
+    gen = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.normal_(0, 3.0 / p.shape[1] ** 0.5, generator=gen)
+    out = tmp_path_factory.mktemp("bulk_model") / "model"
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def adapter(model_dir) -> Seq2SeqAdapter:
+    return Seq2SeqAdapter.load(model_dir)
+
+
+def _lines(n: int = 23) -> list[str]:
+    lines = synthetic_sentences("en", n, seed=5)
+    lines[3] = ""  # an empty line stays an empty output, in its place
+    return lines
+
+
+def _expect(adapter, lines, beam=1, projection=None):
+    projection = projection or make_projection(adapter)
+    return translate(
+        adapter, projection, lines, "en", "it", beam=beam, batch_size=4, max_len=MAX_LEN, progress=False
+    ).hypotheses
+
+
+def _request(model_dir, inp, out, **kw) -> BulkRequest:
+    kw.setdefault("search", SEARCH)
+    kw.setdefault("lines_per_part", 5)
+    return BulkRequest(str(inp), str(out), model_dir, "en", "it", **kw)
+
+
+def _write_text(path: Path, lines: list[str]) -> Path:
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+# ------------------------------------------------------------------------- in-process: inputs and outputs
+
+
+def test_string_id_parquet_dataset_of_three_files_needs_no_flags(model_dir, adapter, tmp_path):
+    """A hive-partitioned dataset of 3 files with string ids and a ``text`` column: a dataset of parts whose
+    ids, sources and translations follow the files' order, the method in each part's metadata."""
+    lines = _lines(14)
+    ids = [f"doc-{i:03d}" for i in range(len(lines))]
+    data = tmp_path / "data"
+    bounds = [(0, 5), (5, 9), (9, 14)]
+    for k, (lo, hi) in enumerate(bounds):
+        folder = data / f"shard={k}"
+        folder.mkdir(parents=True)
+        pq.write_table(pa.table({"id": ids[lo:hi], "text": lines[lo:hi]}), folder / "part.parquet")
+    out = tmp_path / "out"
+    result = run_bulk(_request(model_dir, data, str(out) + "/", lines_per_part=3), progress=False)
+    assert result.lines == 14 and result.parts == 2 + 2 + 2 and result.parts_translated == 6
+    table = pq.read_schema(part_file(out, 0))
+    assert table.field("id").type == pa.string() and table.metadata[METHOD_KEY] == b"full"
+    got = pa.concat_tables([pq.read_table(part_file(out, i)) for i in range(6)])
+    assert got.column("id").to_pylist() == ids
+    assert got.column("source").to_pylist() == lines
+    assert got.column("translation").to_pylist() == _expect(adapter, lines)
+    assert (out / MANIFEST).is_file()
+    # a dataset without a text column: one line naming the columns found and the flag
+    bad = tmp_path / "bad.parquet"
+    pq.write_table(pa.table({"id": [1], "sentence": ["a"]}), bad)
+    with pytest.raises(UserError, match=r"no text column 'text' or 'source' \(columns: id, sentence\); name"):
+        run_bulk(_request(model_dir, bad, str(tmp_path / "bad_out") + "/"), progress=False)
+    assert not (tmp_path / "bad_out").exists()
+
+
+def test_text_input_resumes_and_redoes_a_corrupt_part(model_dir, adapter, tmp_path, monkeypatch):
+    lines = _lines()
+    inp = _write_text(tmp_path / "in.txt", lines)
+    out = tmp_path / "out"
+    first = run_bulk(_request(model_dir, inp, str(out) + "/"), progress=False)
+    assert first.parts == 5 and first.parts_translated == 5 and first.lines == 23
+    plan = pq.read_schema(part_file(out, 0)).metadata[PLAN_KEY]
+    assert b'"digest":"sha256:' in plan and b'"signature":"method:full|' in plan
+    # damage part 2's translations: the rerun redoes it alone and names it
+    t = pq.read_table(part_file(out, 2))
+    bad = t.set_column(2, "translation", pa.array(["x"] * t.num_rows)).replace_schema_metadata(
+        t.schema.metadata
+    )
+    pq.write_table(bad, part_file(out, 2))
+    again = run_bulk(_request(model_dir, inp, str(out) + "/"), progress=False)
+    assert (again.parts_translated, again.parts_reused) == (1, 4)
+    assert again.corrupt_redone == ["part-00002.parquet"]
+    got = pa.concat_tables([pq.read_table(part_file(out, i)) for i in range(5)])
+    assert got.column("translation").to_pylist() == _expect(adapter, lines)
+    assert got.column("id").to_pylist() == list(range(23))
+    # other search settings: every part redone
+    beam = run_bulk(_request(model_dir, inp, str(out) + "/", search=SearchSettings(beam=2, max_len=MAX_LEN)))
+    assert beam.parts_translated == 5
+
+
+# ------------------------------------------------------------------------------------- on Ray actors
+
+
+@pytest.fixture(scope="module")
+def ray_session():
+    import ray
+
+    from fastvocab.pipeline.ray_session import RaySession
+
+    started = not ray.is_initialized()
+    if started:
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield RaySession(None, 2)
+    if started:
+        ray.shutdown()
+
+
+def _cluster_map(adapter, root: Path) -> Path:
+    """A map whose clusters keep a third of the vocabulary each: clustered outputs differ from full ones."""
+    import numpy as np
+
+    from fastvocab.artifacts_schema.cluster_map import ClusterMap, MapManifest, save_cluster_map
+
+    n = adapter.n_vocab
+    sets = [list(range(0, n // 2)), list(range(n // 3, n)), list(range(0, n, 2))]
+    centroids = np.random.default_rng(0).standard_normal((3, adapter.d_model)).astype(np.float32)
+    indptr = np.concatenate([[0], np.cumsum([len(x) for x in sets])]).astype(np.int64)
+    indices = np.concatenate([np.asarray(x, dtype=np.int32) for x in sets])
+    manifest = MapManifest(
+        model_fingerprint=adapter.fingerprint,
+        direction="en-it",
+        scope="direction",
+        r=3,
+        k=1,
+        d=adapter.d_model,
+        n_vocab=n,
+        niter=1,
+        seed=0,
+        states_used=0,
+    )
+    cmap = ClusterMap(
+        manifest, centroids, (centroids**2).sum(1), indptr, indices, np.ones(len(indices), dtype=np.int32)
+    )
+    return save_cluster_map(cmap, root / "en-it")
+
+
+def _in_process(adapter, inp, out, method="full", options=None, beam=1):
+    """``fastvocab translate``'s in-process run (``translate_text_file``, chunks of 5 lines: the parts' size;
+    a clustered union's columns depend on which lines share a batch, so both runs cut the file alike)."""
+    from fastvocab.tasks.text_chunks import translate_text_file
+
+    projection = make_projection(adapter, method, **(options or {}))
+    search = SearchSettings(beam=beam, batch_size=4, max_len=MAX_LEN)
+    translate_text_file(
+        adapter,
+        projection,
+        inp,
+        out,
+        "en",
+        "it",
+        search=search,
+        setting=projection.signature(),
+        method=method,
+        chunk_lines=5,
+        progress=False,
+    )
+    return out.read_text(encoding="utf-8")
+
+
+def test_parts_equal_the_in_process_run_full_and_clustered_greedy_and_beam(model_dir, adapter, tmp_path):
+    from fastvocab.tasks.projections import method_options
+
+    inp = _write_text(tmp_path / "in.txt", _lines())
+    map_dir = _cluster_map(adapter, tmp_path / "maps")
+    outputs = {}
+    for method in ("full", "clustered"):
+        for beam in (1, 2):
+            options = method_options(
+                method, "en-it", beam=beam, artifact=map_dir if method != "full" else None
+            )
+            search = SearchSettings(beam=beam, batch_size=4, max_len=MAX_LEN)
+            out = tmp_path / f"{method}-{beam}.txt"
+            req = _request(model_dir, inp, out, method=method, options=options, search=search)
+            assert run_bulk(req, progress=False).parts_translated == 5
+            outputs[method, beam] = out.read_text(encoding="utf-8")
+            assert outputs[method, beam] == _in_process(
+                adapter, inp, tmp_path / "ref.txt", method, options, beam
+            )
+    assert outputs["clustered", 2] != outputs["full", 2]  # the map is used: the comparison can fail
+
+
+def test_two_ray_workers_equal_the_in_process_run(model_dir, adapter, tmp_path, ray_session):
+    """Clustered, beam 2, on 2 actors pulling parts from one queue: the text assembled from their parts is
+    the in-process run's, line for line."""
+    from fastvocab.tasks.projections import method_options
+
+    inp = _write_text(tmp_path / "in.txt", _lines())
+    options = method_options("clustered", "en-it", beam=2, artifact=_cluster_map(adapter, tmp_path / "maps"))
+    search = SearchSettings(beam=2, batch_size=4, max_len=MAX_LEN)
+    out = tmp_path / "out.txt"
+    req = _request(model_dir, inp, out, method="clustered", options=options, search=search, workers=2)
+    result = run_bulk(req, ray=ray_session, progress=False)
+    assert result.parts_translated == 5 and result.lines == 23 and result.tokens > 0
+    assert out.read_text(encoding="utf-8") == _in_process(
+        adapter, inp, tmp_path / "ref.txt", "clustered", options, 2
+    )
+    assert not Path(str(out) + ".parts").exists()
+
+
+class DiesOnce(BulkWorker):
+    """A worker whose process dies (SIGKILL) the first time it takes range 2."""
+
+    marker = ""
+
+    def translate_range(self, r):
+        if r.index == 2 and not os.path.exists(self.marker):
+            Path(self.marker).touch()
+            os.kill(os.getpid(), signal.SIGKILL)
+        return super().translate_range(r)
+
+
+def test_a_killed_actor_loses_no_line_and_writes_none_twice(model_dir, adapter, tmp_path, ray_session):
+    import ray.cloudpickle
+
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    DiesOnce.marker = str(tmp_path / "died")
+    lines = _lines()
+    inp = _write_text(tmp_path / "in.txt", lines)
+    out = tmp_path / "out.parquet"
+    req = _request(model_dir, inp, out, workers=2)
+    result = run_bulk(req, ray=ray_session, progress=False, worker_cls=DiesOnce)
+    assert Path(DiesOnce.marker).exists() and result.parts_retried == 1
+    assert result.parts_translated == 5  # each range once: the killed one wrote nothing
+    table = pq.read_table(out)
+    assert table.column("id").to_pylist() == list(range(23))
+    assert table.column("hypothesis").to_pylist() == _expect(adapter, lines)
+
+
+DRIVER = """
+import os, signal, sys
+from pathlib import Path
+from fastvocab.pipeline.bulk import BulkRequest, run_bulk
+from fastvocab.tasks.bulk import BulkWorker
+from fastvocab.tasks.translate import SearchSettings
+
+class KillsTheDriver(BulkWorker):
+    def translate_range(self, r):
+        if r.index == 3:  # parts 0-2 are written: the driver dies, as under kill -9
+            os.kill(os.getpid(), signal.SIGKILL)
+        return super().translate_range(r)
+
+inp, out, model = sys.argv[1:4]
+req = BulkRequest(inp, out, Path(model), "en", "it", search=SearchSettings(batch_size=4, max_len=6),
+                  lines_per_part=5)
+run_bulk(req, progress=False, worker_cls=KillsTheDriver)
+"""
+
+
+def test_resume_after_sigkill_of_the_driver_retranslates_no_finished_part(model_dir, adapter, tmp_path):
+    lines = _lines()
+    inp = _write_text(tmp_path / "in.txt", lines)
+    out = tmp_path / "out.txt"
+    script = tmp_path / "driver.py"
+    script.write_text(textwrap.dedent(DRIVER))
+    proc = subprocess.run(
+        [sys.executable, str(script), str(inp), str(out), str(model_dir)], capture_output=True, timeout=300
+    )
+    assert proc.returncode == -signal.SIGKILL, proc.stderr.decode()[-2000:]
+    parts = Path(str(out) + ".parts")
+    done = sorted(p.name for p in parts.glob("part-*.parquet"))
+    assert done == ["part-00000.parquet", "part-00001.parquet", "part-00002.parquet"] and not out.exists()
+    seen: list[int] = []
+
+    class Records(BulkWorker):
+        def translate_range(self, r):
+            seen.append(r.index)
+            return super().translate_range(r)
+
+    rerun = run_bulk(_request(model_dir, inp, out), progress=False, worker_cls=Records)  # the same job
+    assert seen == [3, 4] and (rerun.parts_reused, rerun.parts_translated) == (3, 2)
+    assert out.read_text(encoding="utf-8").split("\n")[:-1] == _expect(adapter, lines)
+    assert not parts.exists()
