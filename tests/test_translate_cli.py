@@ -183,6 +183,47 @@ def test_cli_beam(model_dir, tmp_path, capsys):
     assert rc == 0 and len(out.read_text(encoding="utf-8").splitlines()) == len(_lines())
 
 
+@pytest.mark.parametrize("beam", ["1", "2"])
+def test_cli_graphs_on_equals_off(model_dir, tmp_path, capsys, monkeypatch, beam):
+    """``--graphs on`` runs the captured stepper (on CPU its fixed-shape step eagerly): the same lines as
+    ``off``; ``auto`` is the eager one on CPU; an unknown choice is refused by the parser."""
+    import fastvocab.tasks.translate as task
+
+    seen, real = [], task.decode
+
+    def recording(*a, **kw):
+        seen.append(kw["graphs"])
+        return real(*a, **kw)
+
+    monkeypatch.setattr(task, "decode", recording)
+    inp = tmp_path / "in.txt"
+    inp.write_text("\n".join(_lines()) + "\n", encoding="utf-8")
+    outs = {}
+    for choice in ("off", "on", "auto"):
+        outs[choice] = tmp_path / f"{choice}.txt"
+        args = _translate_args(model_dir, inp, outs[choice], "--beam", beam, "--graphs", choice)
+        assert _cli(capsys, *args)[0] == 0
+        assert seen and set(seen) == {choice == "on"}
+        seen.clear()
+    text = outs["off"].read_text(encoding="utf-8")
+    assert any(text.splitlines())
+    assert outs["on"].read_text(encoding="utf-8") == text == outs["auto"].read_text(encoding="utf-8")
+    with pytest.raises(SystemExit):
+        main(_translate_args(model_dir, inp, tmp_path / "x.txt", "--graphs", "always"))
+
+
+def test_pipeline_translate_graphs_key():
+    """The translate stage's ``graphs`` key reaches the search settings its workers decode with."""
+    from pydantic import ValidationError
+
+    from fastvocab.pipeline.config import TranslateConfig
+
+    assert TranslateConfig().search().graphs == "auto"
+    assert TranslateConfig(graphs="on").search().graphs == "on"
+    with pytest.raises(ValidationError):
+        TranslateConfig(graphs="always")
+
+
 @pytest.mark.parametrize(("flag", "rule"), [("true", True), ("never", "never"), ("model", None)])
 def test_cli_early_stopping_reaches_the_search(model_dir, tmp_path, capsys, monkeypatch, flag, rule):
     import fastvocab.tasks.translate as task

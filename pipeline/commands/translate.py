@@ -47,6 +47,7 @@ def _stopping_rule(value: str) -> bool | str | None:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    from fastvocab.decoding.steppers import GRAPHS
     from fastvocab.kernels import available_projections
     from fastvocab.kernels.clustered import INACTIVE_MASS
     from fastvocab.tasks.projections import BEAM_INACTIVE_MASS
@@ -101,6 +102,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "hypotheses are finished (CTranslate2's rule, fewer steps), false also waits until no live beam "
         "could beat them, never judges that live beam at --max-len (canonical beam search); model: the "
         "model's generation config (default: model)",
+    )
+    p.add_argument(
+        "--graphs",
+        choices=GRAPHS,
+        default=d.graphs,
+        help="the whole decoding step in CUDA graphs: on = the fixed-shape step (captured on CUDA, run "
+        "eagerly on CPU; the same outputs; needs the static engine and --method full or clustered with "
+        "union selection); off = the eager step; auto = eager for now, on CUDA too, until the captured "
+        "step has been measured on a GPU (default: %(default)s)",
     )
     p.add_argument(
         "--method",
