@@ -49,9 +49,9 @@ log = logging.getLogger(__name__)
 _NEG = -1.0e9
 
 # Greedy: finished rows leave the batch once they are at least this share of it (0 = every step); None = by
-# device. On CPU every step: with the static engine a compaction (index_select of the filled cache) took 0.7%
-# of the search time (demo model, 200 test lines, batch 32), less than carrying a finished row for one step
-# costs. On an accelerator in buckets (0.25): fewer shape changes and host syncs.
+# device. On CPU every step: a compaction (index_select of the filled cache) costs less than carrying a
+# finished row for one step (measured: benchmarks/engine-notes.md). On an accelerator in buckets (0.25): fewer
+# shape changes and host syncs.
 COMPACT_FRACTION: float | None = None
 # How often (in steps) the search reads its stop decision back to the host: on an accelerator every SYNC_EVERY
 # steps (a read waits for the device; rows and sentences that finish in between stay in the batch, their

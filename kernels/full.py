@@ -1,30 +1,22 @@
 """The full projection ``z = h W^T + b`` over all N columns: the reference for every other method.
 
-On CPU in float32 the GEMM does not run on ``W`` as stored (N, d): MKL's ``h @ W^T`` on that layout was
-1.5-3x slower than necessary for decoding shapes on the AMD EPYC this was measured on (d=256, N=32,108,
-1 thread, milliseconds per call, median of 5 blocks of calls; the machine is shared, so +-20%):
-
-    rows                         1       2     4       8    16      32     128
-    F.linear on W (N, d)   4.6-5.1    10.1  11.7  9.8-10  12.7   18-20   53-62
-    oneDNN pre-packed W    3.7-5.3     3.6   4.1     4.9   7.4    10.6      35
-    contiguous W^T (d, N)      1.5     2.5   7.4     6.9   8.7   14-32      96
-
-So the projection keeps, besides ``self.weight`` (which other users read: the fingerprint, the clustered
-fallbacks), two copies in GEMM-friendly layouts, built once at construction when ``W`` is at least
-``PREPACK_MIN_BYTES`` (4 MiB; below that ``W`` sits in cache and oneDNN's per-call overhead wins):
+On CPU in float32 the GEMM does not run on ``W`` as stored (N, d): MKL's ``h @ W^T`` on that layout is
+slower than necessary for decoding shapes (the measurements, and the end-to-end gain:
+benchmarks/engine-notes.md, "The full projection's weight layouts"). So the projection keeps, besides
+``self.weight`` (which other users read: the fingerprint, the clustered fallbacks), two copies in
+GEMM-friendly layouts, built once at construction when ``W`` is at least ``PREPACK_MIN_BYTES`` (4 MiB;
+below that ``W`` sits in cache and oneDNN's per-call overhead wins):
 
 - ``W`` pre-packed for oneDNN (``torch.ops.mkldnn._reorder_linear_weight``, what inductor's frozen linears
   use), multiplied by ``torch.ops.mkldnn._linear_pointwise`` from ``SMALL_ROWS`` rows on;
 - a contiguous ``W^T`` (d, N) for fewer rows (greedy at batch 1, the tail of a batch), where one GEMV
   streaming W^T beats both.
 
-End to end (demo model, en-it test lines, batch 32, 2 threads, ``benchmarks/bench_peer.py --with-unpacked``)
-this made full-softmax decoding 1.5-1.6x faster at greedy and 1.25-1.7x at beam 4, with the same outputs on
-every line measured (``benchmarks/README.md``, peer section). The logits differ from ``F.linear``'s in the
-last bits (another summation order, ~1e-6 relative): a near-tie can in principle flip, as between any two
-BLAS libraries. An in-place change of ``W`` (its version counter moves) is seen at the next call, which
-packs again, as ``F.linear`` on ``W`` would have seen it. The cost is memory: two more copies of ``W``
-(2 x N x d x 4 bytes, 2 GB at N=250K, d=1024); ``prepack=False`` keeps the plain ``F.linear`` on ``W``.
+The logits differ from ``F.linear``'s in the last bits (another summation order, ~1e-6 relative): a
+near-tie can in principle flip, as between any two BLAS libraries. An in-place change of ``W`` (its version
+counter moves) is seen at the next call, which packs again, as ``F.linear`` on ``W`` would have seen it.
+The cost is memory: two more copies of ``W`` (2 x N x d x 4 bytes, 2 GB at N=250K, d=1024);
+``prepack=False`` keeps the plain ``F.linear`` on ``W``.
 
 Elsewhere (GPU, fp16/bf16, a torch without oneDNN) the projection is ``F.linear`` on ``W``; a debug log line
 says why.
@@ -43,10 +35,10 @@ from fastvocab.kernels.int8 import quantize_linears
 
 log = logging.getLogger(__name__)
 
-# From this many rows on the pre-packed oneDNN GEMM; below it the GEMV on the contiguous W^T (table above).
+# From this many rows on the pre-packed oneDNN GEMM; below it the GEMV on the contiguous W^T (measured:
+# benchmarks/engine-notes.md).
 SMALL_ROWS = 4
-# Smaller W stays with F.linear: it sits in cache and oneDNN's per-call overhead wins (same CPU, 1 thread, 12
-# rows: W of 0.1 MB 30 us plain vs 90 us packed, 2 MB 315 vs 295 us, 4 MB 868 vs 523 us, 16 MB 6.2 vs 3.2 ms).
+# Smaller W stays with F.linear: it sits in cache and oneDNN's per-call overhead wins (measured: ibid.).
 PREPACK_MIN_BYTES = 4 << 20
 
 
