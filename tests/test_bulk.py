@@ -317,3 +317,40 @@ def test_resume_after_sigkill_of_the_driver_retranslates_no_finished_part(model_
     assert seen == [3, 4] and (rerun.parts_reused, rerun.parts_translated) == (3, 2)
     assert out.read_text(encoding="utf-8").split("\n")[:-1] == _expect(adapter, lines)
     assert not parts.exists()
+
+
+# ------------------------------------------------------------------------------- pipeline stage and MLflow
+
+
+def test_bulk_stage_logs_one_mlflow_run_that_the_report_renders(model_dir, tmp_path, monkeypatch):
+    from mlflow import MlflowClient
+
+    from fastvocab.pipeline.config import load_config
+    from fastvocab.pipeline.report import write_report
+    from fastvocab.pipeline.run import run_pipeline
+    from fastvocab.pipeline.tracking import NullTracker
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    inp = _write_text(tmp_path / "in.txt", _lines())
+    base = {"work_dir": str(tmp_path / "work"), "model": str(model_dir), "directions": ["en-it"]}
+    off = run_pipeline(load_config(None, base), stages=["bulk"], progress=False, tracker=NullTracker())
+    assert off.records == []  # no bulk.input: the stage does nothing, the demo run is unchanged
+    over = base | {"bulk.input": str(inp), "bulk.chunk_lines": 5, "translate.max_len": MAX_LEN}
+    result = run_pipeline(load_config(None, over), stages=["bulk"], progress=False)
+    (rec,) = result.records
+    assert (rec.stage, rec.unit, rec.status) == ("bulk", "en-it", "ran")
+    parts = sorted((tmp_path / "work" / "bulk" / "en-it").glob("part-*.parquet"))
+    assert len(parts) == 5
+    client = MlflowClient(result.tracking_uri)
+    (child,) = client.search_runs(
+        [client.get_run(result.parent_run_id).info.experiment_id],
+        f"tags.mlflow.parentRunId = '{result.parent_run_id}'",
+    )
+    m, p = child.data.metrics, child.data.params
+    assert m["lines"] == 23 and m["tokens"] > 0 and m["tokens_per_s"] > 0 and m["parts_retried"] == 0
+    assert "empty_outputs" in m and m["tokens_per_s_per_worker"] > 0
+    assert p["method"] == "full" and p["model_fingerprint"].startswith("sha256:") and p["workers"] == "1"
+    assert client.get_metric_history(child.info.run_id, "throughput_tokens_per_s")
+    assert [a.path for a in client.list_artifacts(child.info.run_id)] == ["throughput.png"]
+    html = write_report(result.parent_run_id, tmp_path / "report.html", result.tracking_uri)[0].read_text()
+    assert "bulk:en-it" in html and "throughput.png" in html and "5 of 5 parts translated" in html

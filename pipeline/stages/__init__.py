@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable
 
-STAGES = ("corpus", "dump", "kmeans", "maps", "methods", "translate", "evaluate")
+STAGES = ("corpus", "dump", "kmeans", "maps", "methods", "translate", "evaluate", "bulk")
 
 
 def stage_function(name: str) -> Callable:
