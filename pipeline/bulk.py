@@ -45,6 +45,7 @@ from fastvocab.tasks.bulk import (
     InputError,
     describe_input,
     input_digest,
+    is_parquet_input,
     part_statuses,
     plan_input,
 )
@@ -462,31 +463,31 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="G",
         help="GPUs each actor reserves; > 0 decodes on the actor's GPU (default: 0)",
     )
+    # as pipeline.commands.add_mlflow_options spells them (this module is below the commands)
     g.add_argument(
         "--tracking-uri",
-        default=None,
         metavar="URI",
-        help="MLflow store for the bulk job's run (params, tokens/s per worker, throughput plot) "
-        "(default: $MLFLOW_TRACKING_URI; neither: not logged)",
+        help="MLflow store for the job's run: sqlite:///FILE, http(s)://HOST:PORT, file:DIR "
+        "(default: $MLFLOW_TRACKING_URI; neither: the job is not logged)",
+    )
+    g.add_argument(
+        "--experiment-name",
+        default="fastvocab-bulk",
+        metavar="NAME",
+        help="MLflow experiment (default: %(default)s)",
     )
 
 
-def wants_bulk(args: argparse.Namespace) -> bool:
-    """The bulk path: several workers, a cluster, a Parquet dataset output, or a glob input."""
-    out = str(getattr(args, "output", ""))
+def wants_bulk(args: argparse.Namespace, output: str) -> bool:
+    """The parts path: several workers, a cluster, a Parquet input (file, folder or glob), or a dataset
+    output (``output`` as typed: a trailing ``/`` names a folder). A text file into a file stays on the
+    in-process chunked path (``tasks.text_chunks``)."""
     return (
         args.workers != 1
         or args.ray_address is not None
-        or out.endswith(("/", os.sep))
-        or Path(out).is_dir()
-        or (not Path(str(args.input)).exists() and is_glob(str(args.input)))
+        or output_layout(output)[0] == "dataset"
+        or is_parquet_input(args.input)
     )
-
-
-def is_glob(text: str) -> bool:
-    import glob
-
-    return glob.has_magic(text)
 
 
 def check_request(request: BulkRequest) -> None:
@@ -512,14 +513,60 @@ def check_request(request: BulkRequest) -> None:
         raise UserError(f"--output {out}: folder {parent} is not writable")
 
 
-def log_to_mlflow(result: BulkResult, uri: str, run_name: str) -> str:
+def log_to_mlflow(result: BulkResult, uri: str, experiment: str, run_name: str) -> str:
     """One MLflow run for the job (a parent with the job's child record, as the report reads pipelines)."""
-    from fastvocab.pipeline.tracking import Tracker, check_tracking_uri
+    from fastvocab.pipeline.tracking import Tracker
 
-    check_tracking_uri(uri, "--tracking-uri")
-    tracker = Tracker(uri, "fastvocab-bulk")
+    tracker = Tracker(uri, experiment)
     tracker.start(run_name, {"bulk": result.params}, {"fastvocab.kind": "bulk"})
     with tempfile.TemporaryDirectory() as tmp:
         tracker.log_stage(result.record(artifacts_dir=Path(tmp)))
     tracker.end("FINISHED", {"lines": result.lines, "tokens_per_s": result.tokens_per_second})
     return str(tracker.parent_id)
+
+
+def run_command(args: argparse.Namespace, output: str, options: dict[str, object]) -> int:
+    """``fastvocab translate`` on the parts path: the flags as a :class:`BulkRequest`, the job, its summary
+    line and its MLflow run. ``options``: the method's projection options, its artifact located."""
+    from dataclasses import fields
+
+    from fastvocab.pipeline.tracking import check_tracking_uri
+
+    uri = args.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
+    if uri:
+        check_tracking_uri(uri, "--tracking-uri" if args.tracking_uri else "MLFLOW_TRACKING_URI")
+    request = BulkRequest(
+        str(args.input),
+        output,
+        args.model,
+        args.src_lang,
+        args.tgt_lang,
+        method=args.method,
+        options=options,
+        search=SearchSettings(**{f.name: getattr(args, f.name) for f in fields(SearchSettings)}),
+        dtype=args.dtype,
+        device=args.device,
+        workers=args.workers,
+        ray_address=args.ray_address,
+        num_cpus_per_worker=args.threads or args.num_cpus_per_worker,
+        num_gpus_per_worker=args.num_gpus_per_worker,
+        lines_per_part=args.chunk_lines or PART_LINES,
+        text_column=args.input_column,
+        id_column=args.id_column,
+    )
+    result = run_bulk(request, progress=not args.no_progress)
+    where = (
+        "in this process"
+        if args.workers == 1 and args.ray_address is None
+        else f"{_count(len(result.workers), 'Ray worker')} used of {args.workers}"
+    )
+    print(
+        f"translated {result.summary()} in {result.seconds:.2f} s, {result.tokens_per_second:.0f} tokens/s "
+        f"[{args.method}, beam {args.beam}, batch {args.batch_size}, {args.dtype}, "
+        f"{request.num_cpus_per_worker} thread(s) a worker, {where}] -> {output}",
+        file=sys.stderr,
+    )
+    if uri:
+        run_id = log_to_mlflow(result, uri, args.experiment_name, f"translate {result.params['direction']}")
+        print(f"MLflow run {run_id} in {uri}", file=sys.stderr)
+    return 0

@@ -11,7 +11,7 @@ from pathlib import Path
 from fastvocab.decoding.hf_adapter import Seq2SeqAdapter
 from fastvocab.kernels.base import Projection
 from fastvocab.tasks.inputs import iter_text_lines
-from fastvocab.tasks.translate import SearchSettings, TranslationResult, translate
+from fastvocab.tasks.translate import LineTooLongError, SearchSettings, TranslationResult, translate
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +56,7 @@ def translate_text_file(
     parts = parts_dir(output)
     total = sum(1 for _ in iter_text_lines(input_path))
     paths, plans = [], []
-    tokens, sentences, seconds, reused = 0, 0, 0.0, 0
+    tokens, sentences, seconds, reused, empty = 0, 0, 0.0, 0, 0
     bar = tqdm(
         total=total,
         unit="line",
@@ -72,19 +72,33 @@ def translate_text_file(
             path = part_path(parts, index)
             paths.append(path)
             plans.append(plan)
+            shown = bar.n
             if path.exists() and read_part(path, plan) is not None:
                 reused += 1
             else:
-                res = translate(
-                    adapter, projection, chunk, src_lang, tgt_lang, **asdict(search), progress=False
-                )
+                try:
+                    res = translate(
+                        adapter,
+                        projection,
+                        chunk,
+                        src_lang,
+                        tgt_lang,
+                        **asdict(search),
+                        progress=False,
+                        on_lines=bar.update,  # the bar counts lines as batches finish
+                    )
+                except LineTooLongError as exc:
+                    done = "the chunk" if index == 1 else f"the {index} chunks"
+                    kept = f"; {done} before it kept in {parts}/ (a rerun resumes)" if index else ""
+                    raise ValueError(exc.at(input_path, start, "--max-input-tokens") + kept) from None
                 write_part(path, range(start, start + len(chunk)), chunk, res.hypotheses, plan)
                 tokens, sentences, seconds = (
                     tokens + res.target_tokens,
                     sentences + res.sentences,
                     seconds + res.seconds,
                 )
-            bar.update(len(chunk))
+                empty += res.empty_outputs
+            bar.update(shown + len(chunk) - bar.n)  # empty lines and reused chunks
     if reused:
         log.info("%s: %d of %d chunks were done by an earlier run", output, reused, len(paths))
     if not paths:  # an empty input: one empty part, so the output is assembled the same way
@@ -92,4 +106,4 @@ def translate_text_file(
         plans.append("empty")
         write_part(paths[0], [], [], [], "empty")
     assemble_parts(output, paths, plans, direction=f"{src_lang}-{tgt_lang}", method=method)
-    return TranslationResult([], tokens, seconds, sentences)
+    return TranslationResult([], tokens, seconds, sentences, empty)

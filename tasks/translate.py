@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -67,6 +67,7 @@ class TranslationResult:
     target_tokens: int  # generated tokens (EOS excluded), for tokens/s
     seconds: float  # decoding time (tokenization included, model load excluded)
     sentences: int  # non-empty lines actually decoded
+    empty_outputs: int = 0  # non-empty lines whose translation is empty
 
     @property
     def sentences_per_second(self) -> float:
@@ -93,6 +94,7 @@ def translate(
     progress: bool = True,
     workers: int | None = None,
     graphs: str = "auto",
+    on_lines: Callable[[int], None] | None = None,
 ) -> TranslationResult:
     """Translate ``lines`` (one sentence each): one output per line, in input order, with counts and timing.
 
@@ -105,7 +107,8 @@ def translate(
     step in CUDA graphs on CUDA, the same fixed-shape step eagerly on CPU; the same outputs; the static
     engine and a projection with a capturable step required), "off" with the eager one, "auto" eagerly for
     now, on CUDA too, until the captured step has been measured on a GPU
-    (:func:`fastvocab.decoding.steppers.use_graphs`).
+    (:func:`fastvocab.decoding.steppers.use_graphs`). ``on_lines(n)`` is called as each batch of ``n``
+    lines is done (a caller's own progress bar).
     """
     if early_stopping is not None:
         check_stopping_rule(early_stopping)
@@ -171,13 +174,16 @@ def translate(
                 for j, text in zip(chunk, adapter.decode_ids(out), strict=True):
                     hypotheses[todo[j]] = text
                 bar.update(len(chunk))
+                if on_lines is not None:
+                    on_lines(len(chunk))
     finally:
         if pool:
             pool.shutdown(cancel_futures=True)  # after an error, batches not yet started are dropped
             torch.set_num_threads(threads)  # MKL's thread count is process-wide: a worker's setting leaks
     seconds = time.perf_counter() - t0
     log.debug("translated %d lines (%d decoded) in %.2fs", len(lines), len(todo), seconds)
-    return TranslationResult(hypotheses, tokens, seconds, len(todo))
+    empty = sum(1 for i in todo if not hypotheses[i].strip())
+    return TranslationResult(hypotheses, tokens, seconds, len(todo), empty)
 
 
 def decode_workers(adapter: Seq2SeqAdapter, batches: int, threads: int) -> int:

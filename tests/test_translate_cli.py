@@ -329,13 +329,19 @@ def test_cli_parquet_round_trip(model_dir, adapter, tmp_path, capsys):
     ).hypotheses
     assert table.column("hypothesis").to_pylist() == expect
 
-    # a single Parquet file in, text out; a missing column is a one-line error
+    # a single Parquet file in, text out: a `text` column needs no flag; no text column is a one-line error
+    # naming the columns found and the flag
     single = tmp_path / "single.parquet"
     pq.write_table(pa.table({"text": lines}), single)
     txt = tmp_path / "out.txt"
-    rc, _, err = _cli(capsys, *_translate_args(model_dir, single, txt))
-    assert rc == 2 and "no column 'source'" in err and not txt.exists()
-    rc, _, _ = _cli(capsys, *_translate_args(model_dir, single, txt, "--input-column", "text"))
+    rc, _, _ = _cli(capsys, *_translate_args(model_dir, single, txt))
+    assert rc == 0 and txt.read_text(encoding="utf-8").splitlines() == expect
+    other = tmp_path / "other.parquet"
+    pq.write_table(pa.table({"sentence": lines}), other)
+    rc, _, err = _cli(capsys, *_translate_args(model_dir, other, tmp_path / "o.txt"))
+    assert rc == 2 and "(columns: sentence); name one with --input-column" in err
+    assert not (tmp_path / "o.txt").exists()
+    rc, _, _ = _cli(capsys, *_translate_args(model_dir, other, txt, "--input-column", "sentence"))
     assert rc == 0 and txt.read_text(encoding="utf-8").splitlines() == expect
 
     # eval reads the Parquet hypotheses; scoring them against themselves is perfect

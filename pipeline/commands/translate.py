@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-from dataclasses import asdict, fields
+from dataclasses import fields
 from pathlib import Path
 
 from fastvocab.artifacts_schema.errors import ArtifactError
@@ -62,9 +62,22 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--src-lang", required=True, metavar="XX", help="source language code, e.g. en")
     p.add_argument("--tgt-lang", required=True, metavar="YY", help="target language code, e.g. it")
-    p.add_argument("-i", "--input", required=True, type=Path, metavar="FILE", help="text file, or Parquet")
     p.add_argument(
-        "-o", "--output", required=True, type=Path, metavar="FILE", help="output: .parquet, else text"
+        "-i",
+        "--input",
+        required=True,
+        type=Path,
+        metavar="FILE",
+        help="a text file (one sentence a line), or Parquet: a file, a folder of files (hive partitions "
+        "too) or a glob",
+    )
+    p.add_argument(
+        "-o",
+        "--output",
+        required=True,
+        metavar="FILE",
+        help="output: FILE.parquet, DIR/ (a trailing / or an existing folder: a Parquet dataset of parts, "
+        "id/source/translation), else text, one line per input line; a missing folder is created",
     )
     p.add_argument(
         "--beam", type=int, default=d.beam, metavar="N", help="beam size; 1 = greedy (default: %(default)s)"
@@ -198,9 +211,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--input-column",
-        default="source",
+        default=None,
         metavar="NAME",
-        help="Parquet input: text column (default: %(default)s)",
+        help="Parquet input: text column (default: text, else source)",
     )
     p.add_argument(
         "--id-column",
@@ -213,14 +226,22 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         type=int,
         default=None,
         metavar="N",
-        help="text input: translate N lines at a time; memory holds one chunk, each finished chunk is kept "
-        "beside the output (OUTPUT.parts/), and a rerun after a kill resumes there (default: 10000)",
+        help="translate N lines at a time; memory holds one chunk, each finished chunk is kept as a part "
+        "(in OUTPUT.parts/, or in the dataset folder), and a rerun after a kill resumes there "
+        "(default: 10000)",
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    from fastvocab.pipeline.bulk import add_arguments as add_bulk_arguments
+
+    add_bulk_arguments(p)
 
 
-def _check_args(args: argparse.Namespace) -> None:
-    for flag in ("beam", "batch_size", "max_len", "max_input_tokens"):
+def _check_args(args: argparse.Namespace, parts: bool = False) -> None:
+    """Everything that can be refused before the model loads; ``parts``: the parts path (its output is
+    checked by pipeline/bulk.py)."""
+    for flag in ("beam", "batch_size", "max_len", "max_input_tokens", "chunk_lines"):
+        if flag == "chunk_lines" and args.chunk_lines is None:
+            continue
         if getattr(args, flag) < 1:
             raise UserError(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")
     if args.threads is not None and args.threads < 1:
@@ -250,7 +271,8 @@ def _check_args(args: argparse.Namespace) -> None:
         )
     if args.output.resolve() == args.input.resolve():
         raise UserError(f"--output {args.output} would overwrite the input")
-    check_output_file(args.output, "--output")
+    if not parts:
+        check_output_file(args.output, "--output")
     check_device(args.device, "--device")
     if args.method == "clustered":
         from fastvocab.artifacts_schema.cluster_map import coverage_problem, resolve_map_dir
@@ -327,23 +349,25 @@ def _projection_options(args: argparse.Namespace) -> dict[str, object]:
 
 
 def run(args: argparse.Namespace) -> int:
-    _check_args(args)
+    from fastvocab.pipeline.bulk import run_command, wants_bulk
+
+    typed = args.output  # as typed: DIR/ names a dataset folder
+    args.output = Path(typed)
+    parts = wants_bulk(args, typed)
+    _check_args(args, parts)
+    if parts:  # Ray workers, a Parquet input, or a dataset output: row-range parts (pipeline/bulk.py)
+        return run_command(args, typed, _projection_options(args))
     import torch
 
-    from fastvocab.artifacts_schema.translations import write_translations
-    from fastvocab.tasks.inputs import is_parquet, iter_text_lines, read_parquet_column
+    from fastvocab.tasks.inputs import iter_text_lines
     from fastvocab.tasks.projections import make_projection
     from fastvocab.tasks.text_chunks import translate_text_file
-    from fastvocab.tasks.translate import SearchSettings, translate
+    from fastvocab.tasks.translate import SearchSettings
 
-    # Read (Parquet) or check (text, streamed) the input first: bad input fails before the model loads.
-    ids, lines = None, None
+    # A text file into a file, in this process: checked (streamed) first, so bad input fails before the
+    # model loads; then streamed in chunks, resumable.
     try:
-        if is_parquet(args.input):
-            lines, ids = read_parquet_column(args.input, args.input_column, args.id_column)
-            n_lines = len(lines)
-        else:
-            n_lines = sum(1 for _ in iter_text_lines(args.input))
+        n_lines = sum(1 for _ in iter_text_lines(args.input))
     except ValueError as exc:
         raise UserError(str(exc)) from exc
 
@@ -368,48 +392,35 @@ def run(args: argparse.Namespace) -> int:
         projection = make_projection(adapter, args.method, **options)
         # the flags are named as SearchSettings' fields (--beam, --batch-size, ...)
         search = SearchSettings(**{f.name: getattr(args, f.name) for f in fields(SearchSettings)})
-        if lines is None:  # text: streamed in chunks, resumable
-            result = translate_text_file(
-                adapter,
-                projection,
-                args.input,
-                args.output,
-                args.src_lang,
-                args.tgt_lang,
-                search=search,
-                setting=f"{projection.signature()}|dtype:{args.dtype}",
-                method=args.method,
-                progress=not args.no_progress,
-                **({"chunk_lines": args.chunk_lines} if args.chunk_lines is not None else {}),
-            )
-        else:
-            result = translate(
-                adapter,
-                projection,
-                lines,
-                args.src_lang,
-                args.tgt_lang,
-                **asdict(search),
-                progress=not args.no_progress,
-            )
-            write_translations(
-                args.output,
-                result.hypotheses,
-                sources=lines,
-                ids=ids,
-                direction=f"{args.src_lang}-{args.tgt_lang}",
-                method=args.method,
-            )
+        result = translate_text_file(
+            adapter,
+            projection,
+            args.input,
+            args.output,
+            args.src_lang,
+            args.tgt_lang,
+            search=search,
+            setting=f"{projection.signature()}|dtype:{args.dtype}",
+            method=args.method,
+            progress=not args.no_progress,
+            **({"chunk_lines": args.chunk_lines} if args.chunk_lines is not None else {}),
+        )
     except ArtifactError:  # a missing or mismatched map or index: the CLI reports it as it is
         raise
     except ValueError as exc:  # unknown language, bad method options, over-long line
         raise UserError(str(exc)) from exc
 
+    setting = (
+        f"[{args.method}, beam {args.beam}, batch {args.batch_size}, {args.device}, {args.dtype}, "
+        f"{_plural(torch.get_num_threads(), 'thread')}] -> {args.output}"
+    )
+    if n_lines == 0:
+        print(f"translated 0 lines: the input is empty; wrote an empty output {setting}", file=sys.stderr)
+        return 0
     print(
-        f"translated {n_lines} lines ({result.sentences} non-empty, {result.target_tokens} target tokens) "
-        f"in {result.seconds:.2f} s: {result.sentences_per_second:.1f} sentences/s, "
-        f"{result.tokens_per_second:.0f} tokens/s [{args.method}, beam {args.beam}, batch {args.batch_size}, "
-        f"{args.device}] -> {args.output}",
+        f"translated {_plural(n_lines, 'line')} ({result.sentences} non-empty, {result.target_tokens} target "
+        f"tokens, {_plural(result.empty_outputs, 'empty output')}) in {result.seconds:.2f} s: "
+        f"{result.sentences_per_second:.1f} sentences/s, {result.tokens_per_second:.0f} tokens/s {setting}",
         file=sys.stderr,
     )
     stats = projection.stats()
@@ -422,3 +433,7 @@ def run(args: argparse.Namespace) -> int:
             )
         print(line, file=sys.stderr)
     return 0
+
+
+def _plural(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
