@@ -39,8 +39,9 @@ PART_LINES = 10_000  # lines a part: the unit of work, of resume, and of the pro
 DTYPES = ("float32", "float16", "bfloat16", "int8")
 
 
-class InputError(ValueError):
-    """The input cannot be translated as asked (one line naming it and what to change)."""
+class InputError(ArtifactError):
+    """The input cannot be translated as asked (one line naming it and what to change). An ArtifactError,
+    so that raised on a Ray worker it reaches the driver, and the CLI, as itself."""
 
 
 @dataclass(frozen=True)

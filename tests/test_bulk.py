@@ -354,3 +354,97 @@ def test_bulk_stage_logs_one_mlflow_run_that_the_report_renders(model_dir, tmp_p
     assert [a.path for a in client.list_artifacts(child.info.run_id)] == ["throughput.png"]
     html = write_report(result.parent_run_id, tmp_path / "report.html", result.tracking_uri)[0].read_text()
     assert "bulk:en-it" in html and "throughput.png" in html and "5 of 5 parts translated" in html
+
+
+# ------------------------------------------------------------------- rough edges of fastvocab translate
+
+
+def _cli(capsys, model_dir, inp, out, *extra: str) -> tuple[int, str]:
+    from fastvocab.pipeline.cli import main
+
+    argv = ["translate", "--model", str(model_dir), "--src-lang", "en", "--tgt-lang", "it", "-i", str(inp)]
+    rc = main([*argv, "-o", str(out), "--max-len", str(MAX_LEN), "--no-progress", *extra])
+    return rc, capsys.readouterr().err
+
+
+@pytest.mark.parametrize("parts_path", [False, True], ids=["in-process", "parts"])
+def test_a_too_long_line_is_named_by_file_and_real_line(model_dir, tmp_path, capsys, parts_path):
+    lines = _lines(30)
+    lines[24] = "package " * 40  # line 25, in the third chunk of 10
+    inp = _write_text(tmp_path / "in.txt", lines)
+    out = f"{tmp_path / 'out'}/" if parts_path else tmp_path / "out.txt"
+    rc, err = _cli(capsys, model_dir, inp, out, "--chunk-lines", "10", "--max-input-tokens", "16")
+    assert rc == 2 and len(err.strip().splitlines()) == 1, err
+    assert f"{inp}: line 25 has " in err and "more than --max-input-tokens=16" in err
+    if not parts_path:
+        assert f"the 2 chunks before it kept in {tmp_path / 'out.txt.parts'}/" in err
+        assert not (tmp_path / "out.txt").exists()
+
+
+def test_chunk_lines_0_is_refused_before_the_model_loads(tmp_path, capsys):
+    inp = _write_text(tmp_path / "in.txt", ["the package"])
+    rc, err = _cli(capsys, tmp_path / "no-model", inp, tmp_path / "out.txt", "--chunk-lines", "0")
+    assert rc == 2 and err.strip() == "fastvocab translate: error: --chunk-lines must be >= 1, got 0"
+
+
+def test_the_progress_bar_counts_lines_as_batches_finish(model_dir, tmp_path, capsys, monkeypatch):
+    import tqdm.auto
+
+    updates: list[int] = []
+
+    class Bar:
+        def __init__(self, *a, total=0, unit="it", **k):
+            self.n, self.unit = 0, unit
+
+        def update(self, n):
+            self.n += n
+            if self.unit == "line":  # the file's bar (translate's own per-call bar is off)
+                updates.append(n)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+    monkeypatch.setattr(tqdm.auto, "tqdm", Bar)
+    inp = _write_text(tmp_path / "in.txt", _lines(18))
+    rc, _ = _cli(capsys, model_dir, inp, tmp_path / "out.txt", "--batch-size", "4")
+    assert rc == 0 and sum(updates) == 18 and len(updates) >= 5  # 17 non-empty lines in batches of 4
+
+
+def test_summary_line_counts_and_edge_inputs(model_dir, tmp_path, capsys):
+    """dtype, threads and empty outputs in the summary; one line is "1 line"; an empty input says "0 lines"
+    and writes an empty output (deliberately not refused: an empty shard of a larger job is normal); -o
+    into a missing folder creates it (documented)."""
+    inp = _write_text(tmp_path / "in.txt", _lines(6))
+    rc, err = _cli(capsys, model_dir, inp, tmp_path / "new" / "sub" / "out.txt", "--threads", "1")
+    assert rc == 0 and "translated 6 lines (5 non-empty" in err and ", float32, 1 thread]" in err
+    assert " empty output" in err and (tmp_path / "new" / "sub" / "out.txt").is_file()
+    one = _write_text(tmp_path / "one.txt", ["the package"])
+    rc, err = _cli(capsys, model_dir, one, tmp_path / "one-out.txt")
+    assert rc == 0 and "translated 1 line (1 non-empty" in err
+    empty = tmp_path / "empty.txt"
+    empty.write_text("", encoding="utf-8")
+    for out in (tmp_path / "e.txt", f"{tmp_path / 'e-dataset'}/"):
+        rc, err = _cli(capsys, model_dir, empty, out)
+        assert rc == 0 and "translated 0 lines: the input is empty; wrote an empty output" in err
+    assert (tmp_path / "e.txt").read_text() == "" and (tmp_path / "e-dataset" / MANIFEST).is_file()
+
+
+def test_null_texts_and_repeated_ids_are_warned_about(model_dir, tmp_path, capsys, caplog):
+    """A null text translates to an empty output with a warning; repeated ids are warned about, not
+    refused (checking them across parts would hold every id in the driver's memory)."""
+    texts = synthetic_sentences("en", 6, seed=2)
+    texts[2] = None
+    inp = tmp_path / "in.parquet"
+    pq.write_table(pa.table({"id": [1, 2, 3, 3, 4, 5], "text": texts}), inp)
+    out = tmp_path / "out.parquet"
+    with caplog.at_level("WARNING"):
+        rc, err = _cli(capsys, model_dir, inp, out)
+    assert rc == 0, err
+    assert "1 null text in column 'text' read as empty lines" in caplog.text
+    assert "ids repeat within parts (1 repeated rows)" in caplog.text
+    table = pq.read_table(out)
+    assert table.column("source").to_pylist()[2] == "" and table.column("hypothesis").to_pylist()[2] == ""
+    assert table.column("id").to_pylist() == [1, 2, 3, 3, 4, 5]
