@@ -26,6 +26,8 @@ from fastvocab.artifacts_schema.bulk_parts import part_file, part_status, write_
 from fastvocab.artifacts_schema.digest import Digest
 from fastvocab.artifacts_schema.errors import ArtifactError
 from fastvocab.artifacts_schema.fingerprint import ModelRef
+from fastvocab.decoding.hf_adapter import Seq2SeqAdapter
+from fastvocab.kernels.base import Projection
 from fastvocab.tasks.inputs import iter_text_records
 from fastvocab.tasks.translate import LineTooLongError, SearchSettings, translate
 
@@ -335,7 +337,7 @@ def part_statuses(job: BulkJob, ranges: list[BulkRange]) -> list[str]:
     return [part_status(part_file(job.parts, r.index), job.plan(r)) for r in ranges]
 
 
-def build_projection(adapter, job: BulkJob):
+def build_projection(adapter: Seq2SeqAdapter, job: BulkJob) -> Projection:
     """The job's output layer over a loaded model (int8 for the full projection with dtype int8)."""
     from fastvocab.tasks.projections import make_projection
 
@@ -345,7 +347,7 @@ def build_projection(adapter, job: BulkJob):
     return make_projection(adapter, job.method, **options)
 
 
-def load_model(job: BulkJob):
+def load_model(job: BulkJob) -> Seq2SeqAdapter:
     """The job's model on its device and dtype, trusting the driver's fingerprint (no re-hash)."""
     from fastvocab.tasks.context import RunContext
 
@@ -362,30 +364,31 @@ class BulkWorker:
 
     def __init__(self, job: BulkJob) -> None:
         self.job = job
-        self.adapter = None
-        self.projection = None
+        self.adapter: Seq2SeqAdapter | None = None
+        self.projection: Projection | None = None
         self.name = f"{socket.gethostname()}:{os.getpid()}"
 
-    def _load(self) -> None:
-        self.adapter = load_model(self.job)
-        self.projection = build_projection(self.adapter, self.job)
-        if self.projection.signature() != self.job.signature:
-            raise ArtifactError(
-                f"the {self.job.method} method on worker {self.name} is {self.projection.signature()}, the "
-                f"job was planned with {self.job.signature} (did its map or index change?)"
-            )
+    def _load(self) -> tuple[Seq2SeqAdapter, Projection]:
+        if self.adapter is None or self.projection is None:
+            self.adapter = load_model(self.job)
+            self.projection = build_projection(self.adapter, self.job)
+            if self.projection.signature() != self.job.signature:
+                raise ArtifactError(
+                    f"the {self.job.method} method on worker {self.name} is {self.projection.signature()}, "
+                    f"the job was planned with {self.job.signature} (did its map or index change?)"
+                )
+        return self.adapter, self.projection
 
     def translate_range(self, r: BulkRange) -> dict[str, object]:
         """Translate one range and write its part; returns its counts for the driver."""
-        if self.adapter is None:
-            self._load()
+        adapter, projection = self._load()
         job = self.job
         t0 = time.perf_counter()
         ids, texts = r.load()
         try:
             res = translate(
-                self.adapter,
-                self.projection,
+                adapter,
+                projection,
                 texts,
                 job.src_lang,
                 job.tgt_lang,
