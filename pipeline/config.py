@@ -369,13 +369,11 @@ class RunConfig(_Strict):
         """``dump.beam`` reads as ``maps.beams``; dump.k and maps.k are raised to what the beams need."""
         if self.dump.beam is not None:
             beam, self.dump.beam = self.dump.beam, None
-            if "beams" in self.maps.model_fields_set and self.maps.beams != [beam]:
-                raise ValueError(
-                    f"dump.beam={beam} and maps.beams={self.maps.beams} disagree: dump.beam is replaced by "
-                    "maps.beams; set maps.beams only"
-                )
-            log.warning("dump.beam is replaced by maps.beams: read as maps.beams=[%d]", beam)
-            self.maps.beams = [beam]
+            if "beams" in self.maps.model_fields_set:
+                log.warning("dump.beam is replaced by maps.beams, which is set: dump.beam=%d ignored", beam)
+            else:
+                log.warning("dump.beam is replaced by maps.beams: read as maps.beams=[%d]", beam)
+                self.maps.beams = [beam]
         # states dumped along beam b carry their 2 x b best ids, and a map that keeps fewer drops what they
         # were dumped for: both K follow the beams (the K used is logged with every stage's parameters)
         need = beam_k(self.maps.beams)
@@ -409,7 +407,8 @@ def load_config(path: str | Path | None, overrides: dict[str, object] | None = N
         first = exc.errors()[0]
         loc = ".".join(str(x) for x in first["loc"])
         msg = first["msg"].removeprefix("Value error, ")
-        raise UserError(f"config {path or '<defaults>'}: {loc}: {msg}") from exc
+        where = f"{loc}: " if loc else ""  # a check across sections names its keys itself
+        raise UserError(f"config {path or '<defaults>'}: {where}{msg}") from exc
 
 
 def _set_dotted(data: dict, key: str, value: object, source: str) -> None:

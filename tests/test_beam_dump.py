@@ -186,9 +186,13 @@ def test_dump_beam_reads_as_maps_beams_with_a_warning(caplog):
     assert [r.getMessage() for r in caplog.records] == [
         "dump.beam is replaced by maps.beams: read as maps.beams=[4]"
     ]
-    assert load_config(None, {"dump.beam": 4, "maps.beams": [4]}).maps.beams == [4]
-    with pytest.raises(UserError, match=r"dump\.beam=4 and maps\.beams=\[1, 4\] disagree"):
-        load_config(None, {"dump.beam": 4, "maps.beams": [1, 4]})
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="fastvocab.pipeline.config"):
+        cfg = load_config(None, {"dump.beam": 1, "maps.beams": [1, 4]})  # an old config with the new key
+    assert cfg.maps.beams == [1, 4] and cfg.dump.k == 8
+    assert [r.getMessage() for r in caplog.records] == [
+        "dump.beam is replaced by maps.beams, which is set: dump.beam=1 ignored"
+    ]
 
 
 @pytest.mark.parametrize(
