@@ -99,6 +99,7 @@ class BulkResult:
     workers: dict[str, dict[str, float]] = field(default_factory=dict)  # per worker: tokens, seconds, lines
     timeline: list[tuple[float, int]] = field(default_factory=list)  # (seconds since start, tokens) per part
     params: dict[str, object] = field(default_factory=dict)
+    phases: dict[str, float] = field(default_factory=dict)  # seconds: plan, ray_start, translate, assemble
 
     @property
     def tokens_per_second(self) -> float:
@@ -271,6 +272,7 @@ def run_bulk(
     if any(Path(f.path) == output.resolve() for f in inp.files):
         raise UserError(f"--output {request.output} would overwrite the input")
     model, signature = _describe(request)
+    t_plan = time.perf_counter()
     try:
         inp, ranges = plan_input(inp, request.lines_per_part)
     except (InputError, ValueError) as exc:
@@ -333,6 +335,7 @@ def run_bulk(
             result.corrupt_redone.append(name)
         todo.append(r)
     parts.mkdir(parents=True, exist_ok=True)
+    phases = {"describe": t_plan - t0, "plan": time.perf_counter() - t_plan}
     started = time.perf_counter()
     workers: dict[str, dict[str, float]] = defaultdict(lambda: {"tokens": 0.0, "seconds": 0.0, "lines": 0.0})
     bar = tqdm(
@@ -359,11 +362,12 @@ def run_bulk(
 
     with bar:
         if todo and (request.workers > 1 or request.ray_address or ray is not None):
-            result.parts_retried = _on_ray(request, job, todo, on_result, ray, worker_cls)
+            result.parts_retried = _on_ray(request, job, todo, on_result, ray, worker_cls, phases)
         elif todo:
             worker = worker_cls(job)
             for r in todo:
                 on_result(worker.translate_range(r))
+    phases["translate"] = time.perf_counter() - started - phases.get("ray_start", 0.0)
     result.workers = dict(workers)
     if result.duplicate_ids:
         log.warning(
@@ -394,6 +398,9 @@ def run_bulk(
         )
         remove_parts_folder(parts)
     result.seconds = time.perf_counter() - t0
+    phases["assemble"] = result.seconds - sum(phases.values())
+    result.phases = phases
+    log.debug("bulk phases (s): %s", ", ".join(f"{k} {v:.2f}" for k, v in phases.items()))
     return result
 
 
@@ -403,12 +410,23 @@ def _remove_temporaries(parts: Path) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _on_ray(request: BulkRequest, job: BulkJob, todo: list, on_result, ray, worker_cls: type) -> int:
+def _on_ray(
+    request: BulkRequest,
+    job: BulkJob,
+    todo: list,
+    on_result,
+    ray,
+    worker_cls: type,
+    phases: dict[str, float],
+) -> int:
     from fastvocab.pipeline.ray_session import RaySession
 
     own = ray is None
     if own:
         ray = RaySession(request.ray_address, request.workers * request.num_cpus_per_worker)
+    t = time.perf_counter()
+    ray.ensure()
+    phases["ray_start"] = time.perf_counter() - t
     try:
         ray.require_gpus(request.num_gpus_per_worker, "--num-gpus-per-worker")
         return ray.pull_actors(
@@ -446,8 +464,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--ray-address",
         default=None,
         metavar="ADDRESS",
-        help="Ray cluster to attach to ('auto', 'HOST:PORT', 'ray://HOST:10001'); the input, the output and "
-        "any map must then be on storage every node sees (default: a local Ray when --workers > 1)",
+        help="Ray cluster to attach to ('auto', 'HOST:PORT', 'ray://HOST:10001'; 'local': a private Ray on "
+        "this machine, also for --workers 1); on a cluster the input, the output and any map must be on "
+        "storage every node sees (default: a local Ray when --workers > 1)",
     )
     g.add_argument(
         "--num-cpus-per-worker",

@@ -20,6 +20,8 @@ from fastvocab.pipeline.errors import Interrupted, UserError
 
 # An actor process that dies (OOM killer, a lost node) is restarted and its item retried once.
 MAX_RESTARTS = 1
+# The address that starts a private local Ray (with ``num_cpus`` CPUs) instead of attaching to one.
+LOCAL = "local"
 # Errors that are the user's to fix re-raise as themselves on the driver (one line, no remote traceback).
 USER_ERRORS = (ArtifactError, UserError, FileNotFoundError)
 
@@ -41,7 +43,14 @@ class RaySession:
 
         if not ray.is_initialized():
             try:
-                if self.address or os.environ.get("RAY_ADDRESS"):
+                if self.address == LOCAL:  # a private Ray on this machine, even under a cluster's env
+                    ray.init(
+                        address="local",
+                        num_cpus=self.num_cpus,
+                        include_dashboard=False,
+                        log_to_driver=self.log_to_driver,
+                    )
+                elif self.address or os.environ.get("RAY_ADDRESS"):
                     # attaching to a cluster: its resources are its own (num_cpus may not be passed)
                     ray.init(address=self.address, log_to_driver=self.log_to_driver)
                 else:
