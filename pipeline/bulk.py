@@ -99,7 +99,8 @@ class BulkResult:
     workers: dict[str, dict[str, float]] = field(default_factory=dict)  # per worker: tokens, seconds, lines
     timeline: list[tuple[float, int]] = field(default_factory=list)  # (seconds since start, tokens) per part
     params: dict[str, object] = field(default_factory=dict)
-    phases: dict[str, float] = field(default_factory=dict)  # seconds: plan, ray_start, translate, assemble
+    # seconds: setup (input, model, and Ray's start when overlapped), plan, ray_start, translate, assemble
+    phases: dict[str, float] = field(default_factory=dict)
 
     @property
     def tokens_per_second(self) -> float:
@@ -259,7 +260,6 @@ def run_bulk(
     ``worker_cls`` is the worker class hosted (tests substitute one that dies). Bad input is a ``UserError``
     before the model loads; nothing is written then.
     """
-    from tqdm.auto import tqdm
 
     t0 = time.perf_counter()
     check_request(request)
@@ -271,7 +271,35 @@ def run_bulk(
     output = Path(request.output)
     if any(Path(f.path) == output.resolve() for f in inp.files):
         raise UserError(f"--output {request.output} would overwrite the input")
-    model, signature = _describe(request)
+    on_ray = request.workers > 1 or request.ray_address is not None or ray is not None
+    own = on_ray and ray is None
+    if own:
+        from fastvocab.pipeline.ray_session import RaySession
+
+        ray = RaySession(request.ray_address, request.workers * request.num_cpus_per_worker)
+    try:
+        return _run(request, inp, layout, parts, output, t0, ray, progress, worker_cls, own)
+    finally:
+        if own:
+            ray.shutdown()
+
+
+def _run(request, inp, layout, parts, output, t0, ray, progress, worker_cls, own) -> BulkResult:
+    from tqdm.auto import tqdm
+
+    phases: dict[str, float] = {}
+    if own and not parts.exists():
+        # a fresh job on its own Ray: start Ray while the model is described (both take seconds)
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(1) as pool:
+            described = pool.submit(_describe, request)
+            t = time.perf_counter()
+            ray.ensure()
+            phases["ray_start"] = time.perf_counter() - t
+            model, signature = described.result()
+    else:
+        model, signature = _describe(request)
     t_plan = time.perf_counter()
     try:
         inp, ranges = plan_input(inp, request.lines_per_part)
@@ -335,7 +363,8 @@ def run_bulk(
             result.corrupt_redone.append(name)
         todo.append(r)
     parts.mkdir(parents=True, exist_ok=True)
-    phases = {"describe": t_plan - t0, "plan": time.perf_counter() - t_plan}
+    phases["setup"] = t_plan - t0  # the input's and the model's description (and Ray's start, overlapped)
+    phases["plan"] = time.perf_counter() - t_plan
     started = time.perf_counter()
     workers: dict[str, dict[str, float]] = defaultdict(lambda: {"tokens": 0.0, "seconds": 0.0, "lines": 0.0})
     bar = tqdm(
@@ -361,13 +390,13 @@ def run_bulk(
         bar.update(int(res["lines"]))
 
     with bar:
-        if todo and (request.workers > 1 or request.ray_address or ray is not None):
+        if todo and ray is not None:
             result.parts_retried = _on_ray(request, job, todo, on_result, ray, worker_cls, phases)
         elif todo:
             worker = worker_cls(job)
             for r in todo:
                 on_result(worker.translate_range(r))
-    phases["translate"] = time.perf_counter() - started - phases.get("ray_start", 0.0)
+    phases["translate"] = time.perf_counter() - started - phases.get("ray_start_late", 0.0)
     result.workers = dict(workers)
     if result.duplicate_ids:
         log.warning(
@@ -398,7 +427,8 @@ def run_bulk(
         )
         remove_parts_folder(parts)
     result.seconds = time.perf_counter() - t0
-    phases["assemble"] = result.seconds - sum(phases.values())
+    late = phases.pop("ray_start_late", 0.0)
+    phases["assemble"] = result.seconds - late - sum(v for k, v in phases.items() if k != "ray_start")
     result.phases = phases
     log.debug("bulk phases (s): %s", ", ".join(f"{k} {v:.2f}" for k, v in phases.items()))
     return result
@@ -419,30 +449,22 @@ def _on_ray(
     worker_cls: type,
     phases: dict[str, float],
 ) -> int:
-    from fastvocab.pipeline.ray_session import RaySession
-
-    own = ray is None
-    if own:
-        ray = RaySession(request.ray_address, request.workers * request.num_cpus_per_worker)
-    t = time.perf_counter()
-    ray.ensure()
-    phases["ray_start"] = time.perf_counter() - t
-    try:
-        ray.require_gpus(request.num_gpus_per_worker, "--num-gpus-per-worker")
-        return ray.pull_actors(
-            worker_cls,
-            (job,),
-            "translate_range",
-            todo,
-            on_result,
-            size=request.workers,
-            num_cpus=request.num_cpus_per_worker,
-            num_gpus=request.num_gpus_per_worker,
-            max_retries=MAX_RETRIES,
-        )
-    finally:
-        if own:
-            ray.shutdown()
+    if "ray_start" not in phases:  # started here (a pipeline's session, or a rerun): time it apart
+        t = time.perf_counter()
+        ray.ensure()
+        phases["ray_start"] = phases["ray_start_late"] = time.perf_counter() - t
+    ray.require_gpus(request.num_gpus_per_worker, "--num-gpus-per-worker")
+    return ray.pull_actors(
+        worker_cls,
+        (job,),
+        "translate_range",
+        todo,
+        on_result,
+        size=request.workers,
+        num_cpus=request.num_cpus_per_worker,
+        num_gpus=request.num_gpus_per_worker,
+        max_retries=MAX_RETRIES,
+    )
 
 
 # ------------------------------------------------------------------------------------- the CLI's options
@@ -579,8 +601,11 @@ def run_command(args: argparse.Namespace, output: str, options: dict[str, object
         if args.workers == 1 and args.ray_address is None
         else f"{_count(len(result.workers), 'Ray worker')} used of {args.workers}"
     )
+    busy = [w["tokens"] / w["seconds"] for w in result.workers.values() if w["seconds"] > 0]
+    per_worker = f" ({sum(busy) / len(busy):.0f} a worker while busy)" if busy else ""
     print(
-        f"translated {result.summary()} in {result.seconds:.2f} s, {result.tokens_per_second:.0f} tokens/s "
+        f"translated {result.summary()} in {result.seconds:.2f} s, {result.tokens_per_second:.0f} tokens/s"
+        f"{per_worker} "
         f"[{args.method}, beam {args.beam}, batch {args.batch_size}, {args.dtype}, "
         f"{request.num_cpus_per_worker} thread(s) a worker, {where}] -> {output}",
         file=sys.stderr,

@@ -448,3 +448,16 @@ def test_null_texts_and_repeated_ids_are_warned_about(model_dir, tmp_path, capsy
     table = pq.read_table(out)
     assert table.column("source").to_pylist()[2] == "" and table.column("hypothesis").to_pylist()[2] == ""
     assert table.column("id").to_pylist() == [1, 2, 3, 3, 4, 5]
+
+
+def test_the_deploy_bulk_job_example_parses_with_the_real_cli():
+    import re
+    import shlex
+
+    from fastvocab.pipeline.cli import build_parser
+
+    text = (Path(__file__).resolve().parent.parent / "deploy" / "README.md").read_text()
+    block = next(b for b in re.findall(r"```bash\n(.*?)```", text, re.S) if "fastvocab translate" in b)
+    argv = shlex.split(block.split(" -- ", 1)[1].replace("\\\n", " "))
+    args = build_parser(load="translate").parse_args(argv[1:])
+    assert args.workers == 16 and args.output.endswith("/") and str(args.input).startswith("/mnt/fastvocab/")
