@@ -31,10 +31,10 @@ _HELP = {
     "corpus": "build a parallel corpus from Debian's description translations, or from your own files",
     "train-demo": "train the small many-to-many demo model (M2M100 architecture) on the corpus",
     "translate": "translate a text file or Parquet dataset for one direction "
-    "(full, clustered, lsh, graph, shortlist)",
+    "(full, clustered, lsh, graph, shortlist), in this process or on N Ray workers",
     "eval": "score hypotheses against references with sacrebleu (BLEU, chrF; signatures printed)",
     "run": "run the pipeline from a config: "
-    "corpus -> dump -> kmeans -> maps -> methods -> translate -> evaluate",
+    "corpus -> dump -> kmeans -> maps -> methods -> translate -> evaluate (-> bulk, when configured)",
     "report": "write a self-contained HTML report (tables, embedded figures) of an MLflow run",
     "bench": "benchmarks: fidelity (clustered vs full softmax), methods (every output-layer method)",
     "experiment": "experiments of Amer et al. on your model (tables and figures logged to MLflow)",
