@@ -192,9 +192,18 @@ def _overflow_flag(captured: CapturableStep | None, device: torch.device) -> tor
     return torch.zeros((), dtype=torch.bool, device=device)
 
 
-def _fixed_stepper_checks(stepper: Stepper, step_hook: StepHook | None) -> None:
+def _stepper(adapter, stepper: Stepper | None, step_hook: StepHook | None) -> Stepper:
+    """The stepper a search runs (None: the eager one); a step hook needs the eager one."""
+    stepper = EagerStepper(adapter) if stepper is None else stepper
     if stepper.fixed and step_hook is not None:
         raise ValueError("a step hook records the live rows of every step: it needs the eager stepper")
+    return stepper
+
+
+def _model_ids(adapter) -> tuple[torch.device, int, torch.Tensor | None, int | None]:
+    """(device, EOS, the ids never emitted, the EOS forced at the length limit or None) of the model."""
+    device = adapter.device
+    return device, adapter.eos_id, _banned_ids(adapter, device), getattr(adapter, "forced_eos_id", None)
 
 
 @torch.inference_mode()
@@ -214,16 +223,12 @@ def greedy_search(
     :class:`~fastvocab.decoding.steppers.CapturedStepper`: fixed shapes, the step in a CUDA graph, the same
     outputs)."""
     _check(adapter, src_lang, tgt_lang, max_len)
-    stepper = EagerStepper(adapter) if stepper is None else stepper
-    _fixed_stepper_checks(stepper, step_hook)
+    stepper = _stepper(adapter, stepper, step_hook)
     n = batch["input_ids"].shape[0]
     if n == 0:
         return []
     fixed = stepper.fixed
-    device = adapter.device
-    eos = adapter.eos_id
-    banned = _banned_ids(adapter, device)
-    forced_eos = getattr(adapter, "forced_eos_id", None)
+    device, eos, banned, forced_eos = _model_ids(adapter)
     project, captured = _projector(projection, batch, stepper, rows=n)
     h, _ = stepper.start(batch, tgt_lang, max_len)
     alive = torch.arange(n, device=device)  # (rows,) source index of each row still in the batch
@@ -458,16 +463,12 @@ def beam_search(
     _check(adapter, src_lang, tgt_lang, max_len)
     if beam < 1:
         raise ValueError(f"beam must be >= 1, got {beam}")
-    stepper = EagerStepper(adapter) if stepper is None else stepper
-    _fixed_stepper_checks(stepper, step_hook)
+    stepper = _stepper(adapter, stepper, step_hook)
     n = batch["input_ids"].shape[0]
     if n == 0:
         return []
     fixed = stepper.fixed
-    device = adapter.device
-    eos = adapter.eos_id
-    banned = _banned_ids(adapter, device)
-    forced_eos = getattr(adapter, "forced_eos_id", None)
+    device, eos, banned, forced_eos = _model_ids(adapter)
     k = beam  # live beams; 2k candidates kept per step (room for k live ones after EOS)
 
     project, captured = _projector(projection, batch, stepper, rows=n * k)

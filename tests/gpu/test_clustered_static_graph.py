@@ -100,7 +100,8 @@ def test_cuda_graph_flags_overflow_on_replay():
     h_small = (
         rows_near_centroids(cmap, 1, 0, torch.float16).expand(40, -1).contiguous()
     )  # 40 rows, one cluster
-    su = StaticUnion(ref, capacity=max(ref._map.sizes), grow=False)  # one set fits, 40 distinct ones do not
+    # one set fits, 40 distinct ones do not
+    su = StaticUnion(ref, capacity=max(ref.prepared_map.sizes), grow=False)
     static_h = h_small.clone()
     acc = torch.zeros((), dtype=torch.bool, device=DEV)
     su.step(static_h, overflow_acc=acc)
