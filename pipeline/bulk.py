@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from fastvocab.artifacts_schema.bulk_parts import (
+    MANIFEST,
     assemble,
     part_file,
     remove_parts_folder,
@@ -72,8 +73,9 @@ class BulkRequest:
     device: str = "cpu"
     workers: int = 1
     ray_address: str | None = None
-    num_cpus_per_worker: int = 1
+    num_cpus_per_worker: int = 1  # CPUs (torch threads) of each Ray actor
     num_gpus_per_worker: float = 0.0
+    threads: int | None = None  # torch threads in this process (no Ray); None: torch's default
     lines_per_part: int = PART_LINES
     text_column: str | None = None
     id_column: str | None = "id"
@@ -323,7 +325,7 @@ def _run(request, inp, layout, parts, output, t0, ray, progress, worker_cls, own
         options=request.options,
         dtype=request.dtype,
         device="cuda" if request.num_gpus_per_worker > 0 else request.device,
-        torch_threads=request.num_cpus_per_worker,
+        torch_threads=request.num_cpus_per_worker if ray is not None else request.threads,
         id_type=inp.id_type,
         input_root=request.input,
     )
@@ -363,6 +365,8 @@ def _run(request, inp, layout, parts, output, t0, ray, progress, worker_cls, own
             result.corrupt_redone.append(name)
         todo.append(r)
     parts.mkdir(parents=True, exist_ok=True)
+    if todo:  # the dataset is unfinished until every part is written again
+        (parts / MANIFEST).unlink(missing_ok=True)
     phases["setup"] = t_plan - t0  # the input's and the model's description (and Ray's start, overlapped)
     phases["plan"] = time.perf_counter() - t_plan
     started = time.perf_counter()
@@ -591,23 +595,28 @@ def run_command(args: argparse.Namespace, output: str, options: dict[str, object
         ray_address=args.ray_address,
         num_cpus_per_worker=args.threads or args.num_cpus_per_worker,
         num_gpus_per_worker=args.num_gpus_per_worker,
+        threads=args.threads,
         lines_per_part=args.chunk_lines or PART_LINES,
         text_column=args.input_column,
         id_column=args.id_column,
     )
     result = run_bulk(request, progress=not args.no_progress)
-    where = (
-        "in this process"
-        if args.workers == 1 and args.ray_address is None
-        else f"{_count(len(result.workers), 'Ray worker')} used of {args.workers}"
-    )
+    if args.workers == 1 and args.ray_address is None:
+        import torch
+
+        where = f"{_count(torch.get_num_threads(), 'thread')}, in this process"
+    else:
+        where = (
+            f"{_count(request.num_cpus_per_worker, 'thread')} a worker, "
+            f"{_count(len(result.workers), 'Ray worker')} used of {args.workers}"
+        )
     busy = [w["tokens"] / w["seconds"] for w in result.workers.values() if w["seconds"] > 0]
     per_worker = f" ({sum(busy) / len(busy):.0f} a worker while busy)" if busy else ""
     print(
         f"translated {result.summary()} in {result.seconds:.2f} s, {result.tokens_per_second:.0f} tokens/s"
         f"{per_worker} "
-        f"[{args.method}, beam {args.beam}, batch {args.batch_size}, {args.dtype}, "
-        f"{request.num_cpus_per_worker} thread(s) a worker, {where}] -> {output}",
+        f"[{args.method}, beam {args.beam}, batch {args.batch_size}, {args.device}, {args.dtype}, {where}] "
+        f"-> {output}",
         file=sys.stderr,
     )
     if uri:

@@ -1,0 +1,280 @@
+"""Bulk translation: the cost of distributing (1 Ray worker against the in-process run), 2 workers against 1,
+the driver's memory while planning, and the workers-and-hours table for 20M lines from the measured rates.
+
+    .venv/bin/python benchmarks/bench_bulk.py --lines 10000 --rss 100000,1000000
+
+Each run is a fresh ``fastvocab translate`` process (demo model, full softmax, greedy, ``--max-len``, batch
+64, ``--chunk-lines 1000``, 1 thread a worker) on the same generated text file: in-process (``--threads 1``),
+on 1 Ray actor (``--workers 1 --ray-address local``) and on 2 (``--workers 2``); wall time of the whole
+command (Python start, model load, planning, Ray start, actor start, reads, writes, assembly), its tokens/s,
+and its phase times (``-v``). The three outputs must be identical. With ``--rss``, the driver's planning
+(``tasks.bulk.describe_input`` + ``plan_input``: ranges and digests, what the driver does before any worker
+starts) runs in a fresh process on generated text and Parquet inputs of those sizes, recording its peak RSS.
+Writes ``benchmarks/results/bulk-cpu-<date>.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+from bench_meta import cpu_name, git_commit
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results"
+FASTVOCAB = Path(sys.executable).parent / "fastvocab"
+WORDS = [
+    "the",
+    "a",
+    "library",
+    "package",
+    "tool",
+    "for",
+    "data",
+    "file",
+    "system",
+    "server",
+    "client",
+    "network",
+    "graphics",
+    "sound",
+    "module",
+    "support",
+    "development",
+    "documentation",
+    "utility",
+    "program",
+    "interface",
+    "command",
+    "line",
+    "editor",
+    "web",
+    "font",
+    "driver",
+    "kernel",
+    "image",
+    "video",
+    "audio",
+    "game",
+    "player",
+    "manager",
+    "plugin",
+    "extension",
+    "python",
+    "perl",
+    "java",
+    "database",
+    "backup",
+    "shared",
+    "files",
+    "static",
+    "headers",
+    "debug",
+    "symbols",
+    "transitional",
+    "dummy",
+    "metapackage",
+    "common",
+    "runtime",
+    "binary",
+]
+TARGET_WORKERS = (1, 2, 4, 8, 16, 32, 64, 128)
+TARGET_LINES = 20_000_000
+
+
+def generate_text(path: Path, lines: int, seed: int = 0) -> None:
+    rng = np.random.default_rng(seed)
+    words = np.array(WORDS)
+    block = 100_000
+    with path.open("w", encoding="utf-8") as f:
+        for start in range(0, lines, block):
+            n = min(block, lines - start)
+            lengths = rng.integers(3, 12, size=n)
+            ids = rng.integers(0, len(words), size=int(lengths.sum()))
+            sents = [" ".join(s) for s in np.split(words[ids], np.cumsum(lengths)[:-1])]
+            f.write("\n".join(sents) + "\n")
+
+
+def generate_parquet(text: Path, path: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    schema = pa.schema([("id", pa.string()), ("text", pa.string())])
+    with pq.ParquetWriter(path, schema) as writer, text.open(encoding="utf-8") as f:
+        block: list[str] = []
+        n = 0
+        for line in f:
+            block.append(line.rstrip("\n"))
+            if len(block) == 100_000:
+                writer.write_table(pa.table({"id": [f"s{n + i}" for i in range(len(block))], "text": block}))
+                n, block = n + len(block), []
+        if block:
+            writer.write_table(pa.table({"id": [f"s{n + i}" for i in range(len(block))], "text": block}))
+
+
+def translate(inp: Path, out: Path, args: argparse.Namespace, extra: list[str]) -> dict[str, object]:
+    argv = [
+        str(FASTVOCAB),
+        "-v",
+        "translate",
+        "--model",
+        str(args.model),
+        "--src-lang",
+        "en",
+        "--tgt-lang",
+        "it",
+        "-i",
+        str(inp),
+        "-o",
+        str(out),
+        "--max-len",
+        str(args.max_len),
+        "--batch-size",
+        "64",
+        "--chunk-lines",
+        str(args.chunk_lines),
+        "--no-progress",
+        *extra,
+    ]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_") and k != "MLFLOW_TRACKING_URI"}
+    env |= {"RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled"}
+    t0 = time.perf_counter()
+    proc = subprocess.run(argv, capture_output=True, text=True, env=env, check=False)
+    wall = time.perf_counter() - t0
+    if proc.returncode != 0:
+        raise SystemExit(f"{' '.join(argv)} failed:\n{proc.stderr[-3000:]}")
+    summary = next(line for line in proc.stderr.splitlines() if line.startswith("translated "))
+    row: dict[str, object] = {
+        "command": " ".join(["fastvocab", *argv[2:]]).replace(str(inp.parent), "$TMP"),
+        "wall_seconds": round(wall, 2),
+        "summary": summary.replace(str(inp.parent), "$TMP"),
+        "target_tokens": int(re.search(r"(\d+) target tokens", summary).group(1)),
+        "tokens_per_s_reported": float(re.search(r"([\d.]+) tokens/s", summary).group(1)),
+    }
+    busy = re.search(r"\(([\d.]+) a worker while busy\)", summary)
+    if busy:
+        row["tokens_per_s_a_worker_busy"] = float(busy.group(1))
+    phases = re.search(r"bulk phases \(s\): (.*)", proc.stderr)
+    if phases:
+        row["phases_s"] = {k: float(v) for k, v in (p.rsplit(" ", 1) for p in phases.group(1).split(", "))}
+    row["tokens_per_wall_s"] = round(row["target_tokens"] / wall, 1)  # type: ignore[operator]
+    row["lines_per_wall_s"] = round(args.lines / wall, 1)
+    return row
+
+
+# The peak is the child's own VmHWM: ru_maxrss carries the parent's peak across fork and exec on Linux.
+PLAN_CHILD = """
+import json, sys, time
+from fastvocab.tasks.bulk import describe_input, plan_input
+def hwm():
+    line = next(x for x in open("/proc/self/status") if x.startswith("VmHWM:"))
+    return round(int(line.split()[1]) / 1024, 1)
+before = hwm()
+t = time.perf_counter()
+inp, ranges = plan_input(describe_input(sys.argv[1]), int(sys.argv[2]))
+print(json.dumps({"rows": inp.rows, "parts": len(ranges), "seconds": round(time.perf_counter() - t, 2),
+                  "peak_rss_mb_after_imports": before, "peak_rss_mb": hwm()}))
+"""
+
+
+def plan_rss(path: Path, chunk_lines: int) -> dict[str, object]:
+    out = subprocess.run(
+        [sys.executable, "-c", PLAN_CHILD, str(path), str(chunk_lines)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return json.loads(out.stdout)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--lines", type=int, default=10_000, help="lines translated (default: 10000)")
+    ap.add_argument("--max-len", type=int, default=8, help="max target tokens (default: 8)")
+    ap.add_argument("--chunk-lines", type=int, default=1000, help="lines a part (default: 1000)")
+    ap.add_argument("--model", type=Path, default=ROOT / "models" / "demo")
+    ap.add_argument("--rss", default="", help="input sizes for the planning RSS, e.g. 100000,1000000")
+    ap.add_argument("--skip-translate", action="store_true")
+    ap.add_argument("--tag", default="")
+    args = ap.parse_args()
+    rows: list[dict[str, object]] = []
+    record: dict[str, object] = {
+        "meta": {
+            "commit": git_commit(),
+            "cpu": cpu_name(),
+            "cores": os.cpu_count(),
+            "date": dt.date.today().isoformat(),
+            "load_average_start": list(os.getloadavg()),
+            "command": " ".join(["benchmarks/bench_bulk.py", *sys.argv[1:]]),
+        },
+        "rows": rows,
+    }
+    with tempfile.TemporaryDirectory(prefix="bench-bulk-") as tmp_name:
+        tmp = Path(tmp_name)
+        if not args.skip_translate:
+            inp = tmp / "in.txt"
+            generate_text(inp, args.lines)
+            outputs = {}
+            for name, extra in (
+                ("in-process", ["--threads", "1"]),
+                ("ray-1-worker", ["--workers", "1", "--ray-address", "local", "--num-cpus-per-worker", "1"]),
+                ("ray-2-workers", ["--workers", "2", "--ray-address", "local", "--num-cpus-per-worker", "1"]),
+            ):
+                out = tmp / f"out-{name}.txt"
+                row = {"kind": name, "lines": args.lines, **translate(inp, out, args, extra)}
+                outputs[name] = out.read_bytes()
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+            base = rows[0]["wall_seconds"]
+            identical = len(set(outputs.values())) == 1
+            one, two = rows[1], rows[2]
+            # a worker's steady rate: its lines over its busy seconds (tokens/s busy -> lines/s)
+            worker_rate = float(one["tokens_per_s_a_worker_busy"]) * args.lines / float(one["target_tokens"])  # type: ignore[index]
+            record["read_out"] = {
+                "outputs_identical": identical,
+                "ray_1_worker_over_in_process_wall": round(float(one["wall_seconds"]) / float(base), 3),
+                "ray_2_workers_over_1_tokens_per_wall_s": round(
+                    float(two["tokens_per_wall_s"]) / float(one["tokens_per_wall_s"]), 3
+                ),
+                "ray_2_workers_over_1_translate_phase": round(
+                    float(one["phases_s"]["translate"]) / float(two["phases_s"]["translate"]),
+                    3,  # type: ignore[index]
+                ),
+                "lines_per_s_a_worker_busy": round(worker_rate, 1),
+                "lines_per_s_in_process_decoding": float(
+                    re.search(r"([\d.]+) sentences/s", str(rows[0]["summary"])).group(1)
+                ),
+                "hours_for_20m_lines": {
+                    str(n): round(TARGET_LINES / (n * worker_rate) / 3600, 2) for n in TARGET_WORKERS
+                },
+            }
+            print(json.dumps(record["read_out"]), flush=True)
+        for n in [int(x) for x in args.rss.split(",") if x.strip()]:
+            text = tmp / f"rss-{n}.txt"
+            generate_text(text, n, seed=1)
+            pq_path = tmp / f"rss-{n}.parquet"
+            generate_parquet(text, pq_path)
+            for kind, path in (("plan-text", text), ("plan-parquet", pq_path)):
+                row = {"kind": kind, "lines": n, "chunk_lines": 10_000, **plan_rss(path, 10_000)}
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+            text.unlink()
+            pq_path.unlink()
+    record["meta"]["load_average_end"] = list(os.getloadavg())  # type: ignore[index]
+    tag = f"-{args.tag}" if args.tag else ""
+    path = RESULTS / f"bulk-cpu-{dt.date.today().isoformat()}{tag}.json"
+    path.write_text(json.dumps(record, indent=1) + "\n")
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
