@@ -786,6 +786,7 @@ def run_point(
                 file=sys.stderr,
                 flush=True,
             )
+    load_after = os.getloadavg()
     for label, (_run, key, frac, dtype) in runs.items():
         sec = statistics.median(times[label])
         prec = "int8" if dtype == "int8" else "fp32"
@@ -836,6 +837,7 @@ def run_point(
                 "rss_mib": round(max(rss[label])),
                 "rss_run_mib": round(max(rss[label + " run"])),
                 "loadavg": round(load[0], 2),
+                "loadavg_after": round(load_after[0], 2),
             }
         )
 
@@ -930,6 +932,7 @@ def main(argv: list[str] | None = None) -> int:
         "ctranslate2": ctranslate2.__version__,
         "timing": "one process, systems interleaved round by round; tokens/s from the median round",
         "gemm_peak_gflops": {},
+        "load_avg": {"start": [round(x, 2) for x in os.getloadavg()]},
         "real_map_union_growth": real_union_growth(args.real_map),
         "shapes": {},
         "rows": [],
@@ -937,6 +940,7 @@ def main(argv: list[str] | None = None) -> int:
     for name in args.shapes:
         gc.collect()  # the previous shape's models go before this one's memory check
         run_shape(name, args, result)
+    result["load_avg"]["end"] = [round(x, 2) for x in os.getloadavg()]
     out = Path(args.out) if args.out else RESULTS / f"model-scale-cpu-{dt.date.today().isoformat()}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1) + "\n")
