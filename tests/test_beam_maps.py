@@ -97,6 +97,7 @@ def test_one_run_dumps_along_both_beams_and_one_map_names_both(beam_run):
     assert m.beam_states["2"] > rows[2]  # stored plus streamed
     by = {(r.stage, r.unit): r for r in result.records}
     assert by[("maps", "en-it")].params["beams"] == "1,2" and by[("dump", "en-it")].params["beams"] == "1,2"
+    assert by[("maps", "en-it")].message.endswith("; beams 1, 2")
     assert by[("translate", "en-it")].status == "ran"
 
 

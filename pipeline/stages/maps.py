@@ -115,6 +115,8 @@ def run(ctx: StageContext) -> list[StageRecord]:
             f"{mf['states_used']} states -> r={mf['r']} clusters, active {100 * af['mean']:.2f}% mean, "
             f"{100 * af['max']:.2f}% max of N={mf['n_vocab']}"
         )
+        if mf["beams"] != [1]:
+            rec.message += f"; beams {', '.join(map(str, mf['beams']))}"
         rec.metrics = {f"active_fraction_{s}": v for s, v in af.items()}
         rec.metrics.update(
             states_used=mf["states_used"],
