@@ -219,3 +219,35 @@ def test_ray_job_submit_runs_the_pipeline_on_the_cluster(cluster, inputs, local_
     assert "succeeded" in result.stdout, result.stdout
     assert _rows(root / "job") == _rows(local_run)
     assert _map_digests(root / "job") == _map_digests(local_run)
+
+
+def test_bulk_translation_on_two_nodes_equals_the_in_process_run(cluster, inputs, tmp_path):
+    """``fastvocab translate --workers 2 --ray-address`` on the two-node cluster (one actor per node: each
+    node has 1 CPU): the text assembled from the actors' parts is the in-process run's, line for line."""
+    from tests.conftest import synthetic_sentences
+
+    _, model = inputs
+    inp = tmp_path / "in.txt"
+    inp.write_text("\n".join(synthetic_sentences("en", 30, seed=4)) + "\n", encoding="utf-8")
+    proc = _fastvocab(
+        "translate", "--model", str(model), "--src-lang", "en", "--tgt-lang", "it", "-i", str(inp),
+        "-o", str(tmp_path / "cluster.txt"), "--max-len", "6", "--chunk-lines", "5", "--no-progress",
+        "--workers", "2", "--ray-address", cluster["gcs"], env=_env(),
+    )  # fmt: skip
+    # meanwhile, the in-process run (fastvocab translate's text path, the same chunks)
+    from fastvocab.decoding import Seq2SeqAdapter
+    from fastvocab.tasks.projections import make_projection
+    from fastvocab.tasks.text_chunks import translate_text_file
+    from fastvocab.tasks.translate import SearchSettings
+
+    adapter = Seq2SeqAdapter.load(model)
+    projection = make_projection(adapter)
+    local = tmp_path / "local.txt"
+    translate_text_file(
+        adapter, projection, inp, local, "en", "it", search=SearchSettings(max_len=6),
+        setting=projection.signature(), method="full", chunk_lines=5, progress=False,
+    )  # fmt: skip
+    out, _ = proc.communicate(timeout=600)
+    assert proc.returncode == 0, out
+    assert "6 of 6 parts translated" in out and "2 Ray workers used of 2" in out, out
+    assert (tmp_path / "cluster.txt").read_text() == local.read_text()
