@@ -524,12 +524,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def wants_bulk(args: argparse.Namespace, output: str) -> bool:
-    """The parts path: several workers, a cluster, a Parquet input (file, folder or glob), or a dataset
-    output (``output`` as typed: a trailing ``/`` names a folder). A text file into a file stays on the
-    in-process chunked path (``tasks.text_chunks``)."""
+    """The parts path: several workers, a cluster, a Parquet input (file, folder or glob), a dataset output
+    (``output`` as typed: a trailing ``/`` names a folder), or ``--tracking-uri`` (the job's MLflow run). A
+    text file into a file otherwise stays on the in-process chunked path (``tasks.text_chunks``)."""
     return (
         args.workers != 1
         or args.ray_address is not None
+        or args.tracking_uri is not None
         or output_layout(output)[0] == "dataset"
         or is_parquet_input(args.input)
     )

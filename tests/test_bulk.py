@@ -449,3 +449,19 @@ def test_the_deploy_bulk_job_example_parses_with_the_real_cli():
     argv = shlex.split(block.split(" -- ", 1)[1].replace("\\\n", " "))
     args = build_parser(load="translate").parse_args(argv[1:])
     assert args.workers == 16 and args.output.endswith("/") and str(args.input).startswith("/mnt/fastvocab/")
+
+
+def test_cli_job_with_a_tracking_uri_is_one_mlflow_run(model_dir, tmp_path, capsys, monkeypatch):
+    from mlflow import MlflowClient
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    inp = _write_text(tmp_path / "in.txt", _lines(6))
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    rc, err = _cli(capsys, model_dir, inp, tmp_path / "out.txt", "--tracking-uri", uri)
+    assert rc == 0 and f"in {uri}" in err, err
+    client = MlflowClient(uri)
+    (exp,) = [e for e in client.search_experiments() if e.name == "fastvocab-bulk"]
+    runs = client.search_runs([exp.experiment_id])
+    child = next(r for r in runs if "mlflow.parentRunId" in r.data.tags)
+    assert child.data.metrics["lines"] == 6 and child.data.params["workers"] == "1"
+    assert (tmp_path / "out.txt").read_text(encoding="utf-8").count("\n") == 6
