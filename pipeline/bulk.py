@@ -410,16 +410,17 @@ def _run(request, inp, layout, parts, output, t0, ray, progress, worker_cls, own
         )
     paths = [part_file(parts, r.index) for r in ranges]
     if layout == "dataset":
-        write_manifest(
-            parts,
-            {
-                **{k: v for k, v in result.params.items() if not k.startswith("search.")},
-                "search": asdict(request.search),
-                "lines": inp.rows,
-                "parts": [p.name for p in paths],
-                "id_type": inp.id_type,
-            },
-        )
+        if todo or not (parts / MANIFEST).is_file():  # a finished dataset checked again stays untouched
+            write_manifest(
+                parts,
+                {
+                    **{k: v for k, v in result.params.items() if not k.startswith("search.")},
+                    "search": asdict(request.search),
+                    "lines": inp.rows,
+                    "parts": [p.name for p in paths],
+                    "id_type": inp.id_type,
+                },
+            )
     else:
         assemble(
             output,

@@ -465,3 +465,14 @@ def test_cli_job_with_a_tracking_uri_is_one_mlflow_run(model_dir, tmp_path, caps
     child = next(r for r in runs if "mlflow.parentRunId" in r.data.tags)
     assert child.data.metrics["lines"] == 6 and child.data.params["workers"] == "1"
     assert (tmp_path / "out.txt").read_text(encoding="utf-8").count("\n") == 6
+
+
+def test_a_finished_dataset_rerun_changes_no_file(model_dir, tmp_path):
+    inp = _write_text(tmp_path / "in.txt", _lines(8))
+    out = tmp_path / "out"
+    run_bulk(_request(model_dir, inp, f"{out}/"), progress=False)
+    before = {p.name: p.stat().st_mtime_ns for p in out.iterdir()}
+    again = run_bulk(_request(model_dir, inp, f"{out}/"), progress=False)
+    assert again.parts_translated == 0 and again.parts_reused == 2
+    assert {p.name: p.stat().st_mtime_ns for p in out.iterdir()} == before
+    assert again.record().status == "skipped"
