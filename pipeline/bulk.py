@@ -37,6 +37,7 @@ from fastvocab.artifacts_schema.bulk_parts import (
     stale_parts,
     write_manifest,
 )
+from fastvocab.artifacts_schema.lock import WorkDirBusy, WorkDirLock
 from fastvocab.pipeline.errors import UserError
 from fastvocab.pipeline.tracking import StageRecord
 from fastvocab.tasks.bulk import (
@@ -287,7 +288,6 @@ def run_bulk(
 
 
 def _run(request, inp, layout, parts, output, t0, ray, progress, worker_cls, own) -> BulkResult:
-    from tqdm.auto import tqdm
 
     phases: dict[str, float] = {}
     if own and not parts.exists():
@@ -349,6 +349,40 @@ def _run(request, inp, layout, parts, output, t0, ray, progress, worker_cls, own
         "output": str(request.output),
         "lines_per_part": request.lines_per_part,
     }
+    # one job per output: a second one on the same parts would redo what the first is writing
+    lock = WorkDirLock(parts)
+    try:
+        gone = lock.acquire()
+    except WorkDirBusy as exc:
+        raise UserError(f"--output {output}: another job is writing its parts: {exc}") from None
+    if gone is not None:
+        log.warning("%s: taking over the parts of fastvocab %s, which is gone", output, gone.describe())
+    try:
+        return _translate_parts(
+            request,
+            inp,
+            layout,
+            parts,
+            output,
+            t0,
+            ray,
+            progress,
+            worker_cls,
+            job,
+            ranges,
+            result,
+            phases,
+            t_plan,
+        )
+    finally:
+        lock.release()
+
+
+def _translate_parts(
+    request, inp, layout, parts, output, t0, ray, progress, worker_cls, job, ranges, result, phases, t_plan
+) -> BulkResult:
+    from tqdm.auto import tqdm
+
     if parts.exists():
         for stale in stale_parts(parts, len(ranges)):
             log.warning("removing %s: beyond the current plan of %d parts", stale, len(ranges))

@@ -476,3 +476,27 @@ def test_a_finished_dataset_rerun_changes_no_file(model_dir, tmp_path):
     assert again.parts_translated == 0 and again.parts_reused == 2
     assert {p.name: p.stat().st_mtime_ns for p in out.iterdir()} == before
     assert again.record().status == "skipped"
+
+
+def test_a_second_job_on_the_same_output_is_refused_while_the_first_lives(model_dir, tmp_path):
+    import json
+    import socket
+
+    from fastvocab.artifacts_schema.lock import LOCK_FILE
+
+    inp = _write_text(tmp_path / "in.txt", _lines(4))
+    out = tmp_path / "out"
+    out.mkdir()
+    owner = subprocess.Popen(["sleep", "60"])
+    try:
+        lock = {"pid": owner.pid, "host": socket.gethostname(), "started": "", "command": "fastvocab"}
+        (out / LOCK_FILE).write_text(json.dumps(lock))
+        with pytest.raises(UserError, match="another job is writing its parts"):
+            run_bulk(_request(model_dir, inp, f"{out}/"), progress=False)
+        assert not list(out.glob("part-*"))
+    finally:
+        owner.kill()
+        owner.wait()
+    # its owner gone, the lock is taken over and the job runs
+    assert run_bulk(_request(model_dir, inp, f"{out}/"), progress=False).parts_translated == 1
+    assert not (out / LOCK_FILE).exists()
