@@ -95,6 +95,16 @@ def cat_bias(parts: list[tuple[nn.Linear, float]]) -> torch.Tensor | None:
     )
 
 
+def fused_qkv(attn: HFModule, scaling: float) -> nn.Linear:
+    """The Q, K and V projections of the attention module ``attn`` as one (3d, d) linear, Q's rows (and
+    bias) pre-scaled by ``scaling`` (1/sqrt(head_dim): attention then needs no extra multiply)."""
+    with torch.no_grad():
+        return fused_linear(
+            torch.cat([attn.q_proj.weight * scaling, attn.k_proj.weight, attn.v_proj.weight]),
+            cat_bias([(attn.q_proj, scaling), (attn.k_proj, 1.0), (attn.v_proj, 1.0)]),
+        )
+
+
 def embed_scale(decoder: HFModule) -> float:
     # M2M100/MBart scale inside their embedding module, Marian in the decoder's forward.
     scale = getattr(decoder.embed_tokens, "embed_scale", None)

@@ -16,9 +16,8 @@ from torch import nn
 from fastvocab.decoding.model_families import (
     Family,
     HFModule,
-    cat_bias,
     embed_scale,
-    fused_linear,
+    fused_qkv,
     unsupported_reason,
 )
 
@@ -49,12 +48,7 @@ class _EncoderLayer(nn.Module):
         sa = hf_layer.self_attn
         d = sa.q_proj.in_features
         self.heads, self.head_dim, self.pre_norm = heads, d // heads, pre_norm
-        scaling = self.head_dim**-0.5
-        with torch.no_grad():
-            self.qkv = fused_linear(
-                torch.cat([sa.q_proj.weight * scaling, sa.k_proj.weight, sa.v_proj.weight]),
-                cat_bias([(sa.q_proj, scaling), (sa.k_proj, 1.0), (sa.v_proj, 1.0)]),
-            )
+        self.qkv = fused_qkv(sa, self.head_dim**-0.5)
         self.out = sa.out_proj
         self.ln_attn, self.ln_ffn = hf_layer.self_attn_layer_norm, hf_layer.final_layer_norm
         self.fc1, self.fc2, self.act = hf_layer.fc1, hf_layer.fc2, act

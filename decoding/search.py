@@ -192,18 +192,20 @@ def _overflow_flag(captured: CapturableStep | None, device: torch.device) -> tor
     return torch.zeros((), dtype=torch.bool, device=device)
 
 
-def _stepper(adapter, stepper: Stepper | None, step_hook: StepHook | None) -> Stepper:
-    """The stepper a search runs (None: the eager one); a step hook needs the eager one."""
+def _start(
+    adapter, stepper: Stepper | None, step_hook: StepHook | None, batch: dict
+) -> tuple[Stepper, int, torch.device, int, torch.Tensor | None, int | None] | None:
+    """What both searches start from: (the stepper they run, the batch's rows, the model's device, EOS, the
+    ids never emitted, the EOS forced at the length limit or None); None for an empty batch. The stepper
+    given, or None for the eager one; a step hook needs the eager one."""
     stepper = EagerStepper(adapter) if stepper is None else stepper
     if stepper.fixed and step_hook is not None:
         raise ValueError("a step hook records the live rows of every step: it needs the eager stepper")
-    return stepper
-
-
-def _model_ids(adapter) -> tuple[torch.device, int, torch.Tensor | None, int | None]:
-    """(device, EOS, the ids never emitted, the EOS forced at the length limit or None) of the model."""
-    device = adapter.device
-    return device, adapter.eos_id, _banned_ids(adapter, device), getattr(adapter, "forced_eos_id", None)
+    n = batch["input_ids"].shape[0]
+    if n == 0:
+        return None
+    device, forced_eos = adapter.device, getattr(adapter, "forced_eos_id", None)
+    return stepper, n, device, adapter.eos_id, _banned_ids(adapter, device), forced_eos
 
 
 @torch.inference_mode()
@@ -223,12 +225,11 @@ def greedy_search(
     :class:`~fastvocab.decoding.steppers.CapturedStepper`: fixed shapes, the step in a CUDA graph, the same
     outputs)."""
     _check(adapter, src_lang, tgt_lang, max_len)
-    stepper = _stepper(adapter, stepper, step_hook)
-    n = batch["input_ids"].shape[0]
-    if n == 0:
+    start = _start(adapter, stepper, step_hook, batch)
+    if start is None:
         return []
+    stepper, n, device, eos, banned, forced_eos = start
     fixed = stepper.fixed
-    device, eos, banned, forced_eos = _model_ids(adapter)
     project, captured = _projector(projection, batch, stepper, rows=n)
     h, _ = stepper.start(batch, tgt_lang, max_len)
     alive = torch.arange(n, device=device)  # (rows,) source index of each row still in the batch
@@ -463,12 +464,11 @@ def beam_search(
     _check(adapter, src_lang, tgt_lang, max_len)
     if beam < 1:
         raise ValueError(f"beam must be >= 1, got {beam}")
-    stepper = _stepper(adapter, stepper, step_hook)
-    n = batch["input_ids"].shape[0]
-    if n == 0:
+    start = _start(adapter, stepper, step_hook, batch)
+    if start is None:
         return []
+    stepper, n, device, eos, banned, forced_eos = start
     fixed = stepper.fixed
-    device, eos, banned, forced_eos = _model_ids(adapter)
     k = beam  # live beams; 2k candidates kept per step (room for k live ones after EOS)
 
     project, captured = _projector(projection, batch, stepper, rows=n * k)

@@ -39,6 +39,7 @@ from fastvocab.decoding.model_families import (
     cat_bias,
     embed_scale,
     fused_linear,
+    fused_qkv,
     unsupported_reason,
 )
 
@@ -104,12 +105,8 @@ class _Layer(nn.Module):
         self.heads, self.head_dim = heads, d // heads
         self.pre_norm = pre_norm
         scaling = self.head_dim**-0.5
+        self.qkv = fused_qkv(sa, scaling)
         with torch.no_grad():
-            # Fused (3d, d): Q rows pre-scaled by 1/sqrt(head_dim), so attention needs no extra multiply.
-            self.qkv = fused_linear(
-                torch.cat([sa.q_proj.weight * scaling, sa.k_proj.weight, sa.v_proj.weight]),
-                cat_bias([(sa.q_proj, scaling), (sa.k_proj, 1.0), (sa.v_proj, 1.0)]),
-            )
             self.q_cross = fused_linear(ca.q_proj.weight * scaling, cat_bias([(ca.q_proj, scaling)]))
         self.out_self = sa.out_proj
         self.out_cross = ca.out_proj
