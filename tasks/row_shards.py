@@ -114,11 +114,12 @@ def _lines_bytes(ids: pa.Array, texts: pa.Array) -> memoryview:
     """UTF-8 bytes of ``"".join(f"{i}\\t{t}\\n")`` over the rows, built by Arrow (no Python strings)."""
     if len(ids) == 0:
         return memoryview(b"")
-    lines = pc.binary_join_element_wise(pc.cast(ids, pa.string()), texts, "\t")
-    lines = pc.binary_join_element_wise(lines, "", "\n")  # "" then the separator: each line ends in LF
+    # large_string throughout: 64-bit offsets, and one type whatever the id's and the text's types
+    big = pa.large_string()
+    lines = pc.binary_join_element_wise(pc.cast(ids, big), pc.cast(texts, big), pa.scalar("\t", big))
+    lines = pc.binary_join_element_wise(lines, pa.scalar("", big), pa.scalar("\n", big))  # each ends in LF
     if lines.null_count:
         raise ArtifactError("null text in a Parquet file")
-    lines = lines.cast(pa.large_string())  # 64-bit offsets whatever the input's string type
     offsets = np.frombuffer(lines.buffers()[1], dtype=np.int64)[lines.offset : lines.offset + len(lines) + 1]
     return memoryview(lines.buffers()[2])[int(offsets[0]) : int(offsets[-1])]
 

@@ -500,3 +500,15 @@ def test_a_second_job_on_the_same_output_is_refused_while_the_first_lives(model_
     # its owner gone, the lock is taken over and the job runs
     assert run_bulk(_request(model_dir, inp, f"{out}/"), progress=False).parts_translated == 1
     assert not (out / LOCK_FILE).exists()
+
+
+def test_planning_reads_large_strings_and_narrow_ids_and_counts_null_texts(tmp_path):
+    from fastvocab.tasks.bulk import describe_input, plan_input
+
+    table = pa.table(
+        {"id": pa.array([1, 2, 3], pa.int32()), "text": pa.array(["a", None, "c"], pa.large_string())}
+    )
+    pq.write_table(table, tmp_path / "in.parquet")
+    inp, ranges = plan_input(describe_input(tmp_path / "in.parquet"), 2)
+    assert (inp.rows, inp.nulls, inp.id_type, [r.lines for r in ranges]) == (3, 1, "int", [2, 1])
+    assert ranges[0].load() == ([1, 2], ["a", ""]) and ranges[1].load() == ([3], ["c"])
