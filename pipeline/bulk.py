@@ -274,6 +274,8 @@ def run_bulk(
     output = Path(request.output)
     if any(Path(f.path) == output.resolve() for f in inp.files):
         raise UserError(f"--output {request.output} would overwrite the input")
+    if Path(request.input).is_dir() and output.resolve().is_relative_to(Path(request.input).resolve()):
+        raise UserError(f"--output {request.output} is inside the input folder {request.input}")
     on_ray = request.workers > 1 or request.ray_address is not None or ray is not None
     own = on_ray and ray is None
     if own:
