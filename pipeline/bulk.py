@@ -416,7 +416,11 @@ def _translate_parts(
         file=sys.stderr,
     )
 
+    shown = [bar.n]  # the bar before the part in progress (in this process it moves batch by batch)
+
     def on_result(res: dict[str, Any]) -> None:
+        if ray is not None:
+            shown[0] = bar.n
         result.parts_translated += 1
         result.sentences += int(res["sentences"])
         result.tokens += int(res["tokens"])
@@ -427,7 +431,7 @@ def _translate_parts(
         w["seconds"] += float(res["seconds"])
         w["lines"] += float(res["lines"])
         result.timeline.append((time.perf_counter() - started, int(res["tokens"])))
-        bar.update(int(res["lines"]))
+        bar.update(shown[0] + int(res["lines"]) - bar.n)  # the lines not counted batch by batch
 
     with bar:
         if todo and ray is not None:
@@ -435,7 +439,8 @@ def _translate_parts(
         elif todo:
             worker = worker_cls(job)
             for r in todo:
-                on_result(worker.translate_range(r))
+                shown[0] = bar.n
+                on_result(worker.translate_range(r, on_lines=bar.update))
     phases["translate"] = time.perf_counter() - started - phases.get("ray_start_late", 0.0)
     result.workers = dict(workers)
     if result.duplicate_ids:

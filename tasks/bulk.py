@@ -19,6 +19,7 @@ import logging
 import os
 import socket
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -379,8 +380,11 @@ class BulkWorker:
                 )
         return self.adapter, self.projection
 
-    def translate_range(self, r: BulkRange) -> dict[str, object]:
-        """Translate one range and write its part; returns its counts for the driver."""
+    def translate_range(
+        self, r: BulkRange, on_lines: Callable[[int], None] | None = None
+    ) -> dict[str, object]:
+        """Translate one range and write its part; returns its counts for the driver. ``on_lines(n)``: called
+        as each batch of ``n`` lines is done (a progress bar in the same process)."""
         adapter, projection = self._load()
         job = self.job
         t0 = time.perf_counter()
@@ -394,6 +398,7 @@ class BulkWorker:
                 job.tgt_lang,
                 **asdict(job.search),
                 progress=False,
+                on_lines=on_lines,
             )
         except LineTooLongError as exc:
             raise InputError(exc.at(r.path, r.start, "--max-input-tokens")) from None

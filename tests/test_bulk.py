@@ -231,11 +231,11 @@ class DiesOnce(BulkWorker):
 
     marker = ""
 
-    def translate_range(self, r):
+    def translate_range(self, r, **kw):
         if r.index == 2 and not os.path.exists(self.marker):
             Path(self.marker).touch()
             os.kill(os.getpid(), signal.SIGKILL)
-        return super().translate_range(r)
+        return super().translate_range(r, **kw)
 
 
 def test_two_ray_workers_one_killed_equal_the_in_process_run(model_dir, adapter, tmp_path, ray_session):
@@ -269,10 +269,10 @@ from fastvocab.tasks.bulk import BulkWorker
 from fastvocab.tasks.translate import SearchSettings
 
 class KillsTheDriver(BulkWorker):
-    def translate_range(self, r):
+    def translate_range(self, r, **kw):
         if r.index == 3:  # parts 0-2 are written: the driver dies, as under kill -9
             os.kill(os.getpid(), signal.SIGKILL)
-        return super().translate_range(r)
+        return super().translate_range(r, **kw)
 
 inp, out, model = sys.argv[1:4]
 req = BulkRequest(inp, out, Path(model), "en", "it", search=SearchSettings(batch_size=4, max_len=6),
@@ -297,9 +297,9 @@ def test_resume_after_sigkill_of_the_driver_retranslates_no_finished_part(model_
     seen: list[int] = []
 
     class Records(BulkWorker):
-        def translate_range(self, r):
+        def translate_range(self, r, **kw):
             seen.append(r.index)
-            return super().translate_range(r)
+            return super().translate_range(r, **kw)
 
     rerun = run_bulk(_request(model_dir, inp, out), progress=False, worker_cls=Records)  # the same job
     assert seen == [3, 4] and (rerun.parts_reused, rerun.parts_translated) == (3, 2)
@@ -375,7 +375,8 @@ def test_chunk_lines_0_is_refused_before_the_model_loads(tmp_path, capsys):
     assert rc == 2 and err.strip() == "fastvocab translate: error: --chunk-lines must be >= 1, got 0"
 
 
-def test_the_progress_bar_counts_lines_as_batches_finish(model_dir, tmp_path, capsys, monkeypatch):
+@pytest.mark.parametrize("kind", ["text", "parquet"])
+def test_the_progress_bar_counts_lines_as_batches_finish(model_dir, tmp_path, capsys, monkeypatch, kind):
     import tqdm.auto
 
     updates: list[int] = []
@@ -397,6 +398,9 @@ def test_the_progress_bar_counts_lines_as_batches_finish(model_dir, tmp_path, ca
 
     monkeypatch.setattr(tqdm.auto, "tqdm", Bar)
     inp = _write_text(tmp_path / "in.txt", _lines(18))
+    if kind == "parquet":  # the parts path, in this process
+        pq.write_table(pa.table({"text": _lines(18)}), tmp_path / "in.parquet")
+        inp = tmp_path / "in.parquet"
     rc, _ = _cli(capsys, model_dir, inp, tmp_path / "out.txt", "--batch-size", "4")
     assert rc == 0 and sum(updates) == 18 and len(updates) >= 5  # 17 non-empty lines in batches of 4
 
