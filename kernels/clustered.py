@@ -71,7 +71,6 @@ BACKENDS = ("auto", "torch", "cupy")
 DEFAULT_CPU_CACHE_MB = 512.0
 
 
-
 def _choice(name: str, value: str, valid: Sequence[str]) -> str:
     if value not in valid:
         raise ValueError(f"{name} must be one of {', '.join(valid)}; got {value!r}")
