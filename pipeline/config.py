@@ -305,32 +305,6 @@ class BulkConfig(_Strict):
         return value
 
 
-class BulkConfig(_Strict):
-    """Bulk translation of a corpus as a stage of ``fastvocab run`` (the ``bulk`` stage; pipeline/bulk.py):
-    off unless ``input`` is set. Search settings and the clustered options come from ``translate``."""
-
-    input: str | None = None  # text file, Parquet file, folder (hive partitions too) or glob
-    output: str | None = None  # text file, .parquet, or a folder ending in / (default <work_dir>/bulk/<dir>/)
-    direction: str | None = None  # default: the first of ``directions``
-    method: str = "full"  # full, clustered (the run's map, or ``clusters``), lsh, graph, shortlist
-    clusters: Path | None = None  # clustered: map folder, or a folder of them (default: <work_dir>/maps)
-    index: Path | None = None  # lsh, graph, shortlist: the artifact (default: <work_dir>/methods)
-    dtype: Literal["float32", "float16", "bfloat16", "int8"] = "float32"
-    workers: int = Field(1, ge=1)  # Ray actors; 1 without ray_address: in the driver's process
-    num_cpus_per_worker: int = Field(1, ge=1)  # CPUs (torch threads) each actor reserves
-    num_gpus_per_worker: float = Field(0.0, ge=0)
-    chunk_lines: int = Field(10_000, ge=1)  # lines a part (the unit of work and of resume)
-    input_column: str | None = None  # Parquet text column (default: text, else source)
-    id_column: str = "id"  # Parquet id column, used when present (integer or string)
-
-    @field_validator("direction")
-    @classmethod
-    def _check_direction(cls, value: str | None) -> str | None:
-        if value is not None:
-            parse_direction(value)
-        return value
-
-
 class RunConfig(_Strict):
     """A whole pipeline run (``fastvocab run CONFIG``)."""
 
@@ -344,7 +318,6 @@ class RunConfig(_Strict):
     translate: TranslateConfig = TranslateConfig()
     eval: EvalConfig = EvalConfig()
     methods: MethodsConfig = MethodsConfig()
-    bulk: BulkConfig = BulkConfig()  # off unless bulk.input is set
     bulk: BulkConfig = BulkConfig()  # off unless bulk.input is set
     ray_address: str | None = None  # None: local ray.init(); "auto" or "ray://host:port" for a cluster
     ray_num_cpus: int | None = Field(None, ge=1)  # CPUs of a local Ray session; default os.cpu_count()
