@@ -5,8 +5,12 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from fastvocab.pipeline.errors import UserError
+
+if TYPE_CHECKING:
+    from fastvocab.decoding.hf_adapter import Seq2SeqAdapter
 
 # The CLI's vocabulary, the same in every subcommand: an option with a default says it as "(default: X)",
 # a count's metavar is N, the output is -o/--output, the MLflow store --tracking-uri and its experiment
@@ -19,6 +23,70 @@ def add_output(
     """``-o/--output`` (``args.output``, a Path), and its earlier spelling ``--out``, hidden."""
     p.add_argument("-o", "--output", type=Path, default=default, metavar=metavar, help=help)
     p.add_argument("--out", dest="output", type=Path, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+
+
+def add_subcommand(
+    sub: argparse._SubParsersAction, name: str, help: str, description: str
+) -> argparse.ArgumentParser:
+    """Subcommand ``name`` of ``sub`` (``bench fidelity``, ``experiment paper``): ``help`` in its parent's
+    list, ``description`` printed by its --help as written (its line breaks kept)."""
+    return sub.add_parser(
+        name, help=help, description=description, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+
+
+def add_count(p: argparse.ArgumentParser, flag: str, help: str, default: int | None = None) -> None:
+    """An integer option ``flag N`` (``help`` says its default)."""
+    p.add_argument(flag, type=int, default=default, metavar="N", help=help)
+
+
+def add_model(p: argparse.ArgumentParser) -> None:
+    """``--model DIR``, the model folder (default: models/demo)."""
+    p.add_argument(
+        "--model",
+        type=Path,
+        default=Path("models/demo"),
+        metavar="DIR",
+        help="model folder (default: %(default)s)",
+    )
+
+
+def add_corpus(p: argparse.ArgumentParser, help: str = "corpus folder (default: %(default)s)") -> None:
+    """``--corpus DIR``, the corpus folder (default: data/corpus)."""
+    p.add_argument("--corpus", type=Path, default=Path("data/corpus"), metavar="DIR", help=help)
+
+
+def add_beam(p: argparse.ArgumentParser, default: int) -> None:
+    """``--beam N``, the beam size (1: greedy)."""
+    add_count(p, "--beam", "beam size; 1 = greedy (default: %(default)s)", default)
+
+
+def add_batch_size(p: argparse.ArgumentParser, default: int) -> None:
+    """``--batch-size N``, sentences a batch."""
+    add_count(p, "--batch-size", "sentences a batch (default: %(default)s)", default)
+
+
+def add_max_len(p: argparse.ArgumentParser, default: int) -> None:
+    """``--max-len N``, the most target tokens a sentence."""
+    add_count(p, "--max-len", "max target tokens (default: %(default)s)", default)
+
+
+def add_length_penalty(p: argparse.ArgumentParser, default: float) -> None:
+    """``--length-penalty P``, beam search's length penalty."""
+    p.add_argument(
+        "--length-penalty",
+        type=float,
+        default=default,
+        metavar="P",
+        help="beam length penalty (default: %(default)s)",
+    )
+
+
+def add_inactive_mass(p: argparse.ArgumentParser, default: str, help: str) -> None:
+    """``--inactive-mass``: auto or one of the clustered method's estimates (``kernels.clustered``)."""
+    from fastvocab.kernels.clustered import INACTIVE_MASS
+
+    p.add_argument("--inactive-mass", default=default, choices=("auto", *INACTIVE_MASS), help=help)
 
 
 def add_grid_alias(p: argparse.ArgumentParser) -> None:
@@ -49,6 +117,23 @@ def add_mlflow_options(p: argparse.ArgumentParser, store: str, experiment: str) 
         help="MLflow experiment (default: %(default)s)",
     )
     p.add_argument("--experiment", dest="experiment_name", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+
+
+def load_model(args: argparse.Namespace) -> tuple[Seq2SeqAdapter, tuple[float, float, float], float]:
+    """What a measuring command does before it decodes: --threads set (when given), the load average and
+    the start time noted, then ``--model`` loaded on ``--device``. Returns (adapter, load average, start)."""
+    import os
+    import time
+
+    import torch
+
+    from fastvocab.decoding.hf_adapter import Seq2SeqAdapter
+
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    load_before = os.getloadavg()
+    t0 = time.perf_counter()
+    return Seq2SeqAdapter.load(args.model, device=args.device), load_before, t0
 
 
 def int_list(text: str | None, flag: str) -> tuple[int, ...] | None:

@@ -17,18 +17,33 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import logging
-import os
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
-from fastvocab.pipeline.commands import add_grid_alias, add_mlflow_options, add_output, command_line, int_list
+from fastvocab.pipeline.commands import (
+    add_batch_size,
+    add_corpus,
+    add_count,
+    add_grid_alias,
+    add_length_penalty,
+    add_max_len,
+    add_mlflow_options,
+    add_model,
+    add_output,
+    add_subcommand,
+    command_line,
+    int_list,
+    load_model,
+)
 from fastvocab.pipeline.errors import UserError
 
 HELP = "measure output-layer methods against full softmax (fidelity yardstick; all methods side by side)"
 
 log = logging.getLogger(__name__)
+_S = TypeVar("_S")
 
 FIDELITY_HELP = "decode with full softmax and clustered methods; report search errors, BLEU, speed"
 
@@ -53,20 +68,8 @@ Writes the JSON record (command, meta, one result per row) to --output and print
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     sub = p.add_subparsers(dest="bench", metavar="BENCHMARK", required=True)
-    fp = sub.add_parser(
-        "fidelity",
-        help=FIDELITY_HELP,
-        description=FIDELITY_DESCRIPTION,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    add_fidelity_arguments(fp)
-    mp = sub.add_parser(
-        "methods",
-        help=METHODS_HELP,
-        description=METHODS_DESCRIPTION,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    add_methods_arguments(mp)
+    add_fidelity_arguments(add_subcommand(sub, "fidelity", FIDELITY_HELP, FIDELITY_DESCRIPTION))
+    add_methods_arguments(add_subcommand(sub, "methods", METHODS_HELP, METHODS_DESCRIPTION))
 
 
 def fidelity_parser(description: str) -> argparse.ArgumentParser:
@@ -109,40 +112,16 @@ def add_fidelity_arguments(p: argparse.ArgumentParser) -> None:
         choices=("union", "per-row"),
         help="clustered selection (default: %(default)s)",
     )
-    p.add_argument(
-        "--sentences",
-        type=int,
-        default=d.sentences,
-        metavar="N",
-        help="first N sentences of the split, 0 = all (default: %(default)s)",
-    )
+    add_count(p, "--sentences", "first N sentences of the split, 0 = all (default: %(default)s)", d.sentences)
     _add_search_and_device(p, d.max_len, d.length_penalty)
-    p.add_argument(
-        "--repeats",
-        type=int,
-        default=d.repeats,
-        metavar="N",
-        help="timed runs per method, median reported (default: %(default)s)",
-    )
+    add_count(p, "--repeats", "timed runs per method, median reported (default: %(default)s)", d.repeats)
     add_output(p, "JSON results file (default: fidelity-<date>.json here)")
 
 
 def _add_model_corpus(p: argparse.ArgumentParser, split: str) -> None:
     """--model, --corpus, --split and --directions, as both benchmarks take them."""
-    p.add_argument(
-        "--model",
-        type=Path,
-        default=Path("models/demo"),
-        metavar="DIR",
-        help="model folder (default: %(default)s)",
-    )
-    p.add_argument(
-        "--corpus",
-        type=Path,
-        default=Path("data/corpus"),
-        metavar="DIR",
-        help="corpus folder (default: %(default)s)",
-    )
+    add_model(p)
+    add_corpus(p)
     p.add_argument("--split", default=split, help="corpus split (default: %(default)s)")
     p.add_argument(
         "--directions",
@@ -154,16 +133,8 @@ def _add_model_corpus(p: argparse.ArgumentParser, split: str) -> None:
 
 def _add_search_and_device(p: argparse.ArgumentParser, max_len: int, length_penalty: float) -> None:
     """--max-len, --length-penalty, --threads and --device, as both benchmarks take them."""
-    p.add_argument(
-        "--max-len", type=int, default=max_len, metavar="N", help="max target tokens (default: %(default)s)"
-    )
-    p.add_argument(
-        "--length-penalty",
-        type=float,
-        default=length_penalty,
-        metavar="P",
-        help="beam length penalty (default: %(default)s)",
-    )
+    add_max_len(p, max_len)
+    add_length_penalty(p, length_penalty)
     p.add_argument("--threads", type=int, metavar="N", help="CPU threads for torch (default: torch's)")
     p.add_argument("--device", default="cpu", help="torch device (default: %(default)s)")
 
@@ -175,8 +146,6 @@ def run_fidelity_command(
     after the thread count is set (a device name may read it)."""
     import torch
 
-    from fastvocab.artifacts_schema.jsonfile import write_json
-    from fastvocab.decoding.hf_adapter import Seq2SeqAdapter
     from fastvocab.experiments.fidelity import (
         GRIDS,
         TABLE_HEADER,
@@ -188,27 +157,17 @@ def run_fidelity_command(
 
     beams = int_list(args.beams, "--beams") or GRIDS[args.grid][0]
     batches = int_list(args.batches, "--batches") or GRIDS[args.grid][1]
-    try:
-        settings = FidelitySettings(
-            beams=beams,
-            batches=batches,
-            methods=tuple(m for m in args.methods.split(",") if m),
-            selection=args.selection,
-            sentences=args.sentences,
-            split=args.split,
-            max_len=args.max_len,
-            length_penalty=args.length_penalty,
-            repeats=args.repeats,
-        )
-    except ValueError as exc:
-        raise UserError(str(exc)) from exc
+    settings = _settings(
+        FidelitySettings,
+        args,
+        beams=beams,
+        batches=batches,
+        methods=tuple(m for m in args.methods.split(",") if m),
+        selection=args.selection,
+    )
     directions = [d for d in args.directions.split(",") if d]
     out = args.output or Path(f"fidelity-{dt.date.today().isoformat()}.json")
-    if args.threads is not None:
-        torch.set_num_threads(args.threads)
-    load_before = os.getloadavg()
-    t0 = time.perf_counter()
-    adapter = Seq2SeqAdapter.load(args.model, device=args.device)
+    adapter, load_before, t0 = load_model(args)
     print(TABLE_HEADER, file=sys.stderr, flush=True)
     try:
         results = run_fidelity(
@@ -235,13 +194,41 @@ def run_fidelity_command(
         load_before=load_before,
         extra_meta=None if extra_meta is None else extra_meta(),
     )
-    out.parent.mkdir(parents=True, exist_ok=True)
-    write_json(out, record)
-    print(TABLE_HEADER)
-    for row in results:
-        print(format_row(row))
+    _write_record(out, record)
+    _print_table(TABLE_HEADER, [format_row(row) for row in results])
     print(f"wrote {out}", file=sys.stderr)
     return 0
+
+
+def _settings(make: Callable[..., _S], args: argparse.Namespace, **fields: object) -> _S:
+    """``make(**fields)`` with the options both benchmarks take (--sentences, --split, --max-len,
+    --length-penalty, --repeats); a value the settings refuse is a UserError."""
+    try:
+        return make(
+            **fields,
+            sentences=args.sentences,
+            split=args.split,
+            max_len=args.max_len,
+            length_penalty=args.length_penalty,
+            repeats=args.repeats,
+        )
+    except ValueError as exc:
+        raise UserError(str(exc)) from exc
+
+
+def _write_record(out: Path, record: dict) -> None:
+    """The JSON record at ``out``, its folder made when missing."""
+    from fastvocab.artifacts_schema.jsonfile import write_json
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    write_json(out, record)
+
+
+def _print_table(header: str, rows: list[str]) -> None:
+    """The results table on stdout (the rows went to stderr as they came)."""
+    print(header)
+    for row in rows:
+        print(row)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -322,27 +309,10 @@ def add_methods_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--beams", default="1,4", metavar="B,B", help="comma-separated beam sizes (default: %(default)s)"
     )
-    p.add_argument(
-        "--batch-size",
-        type=int,
-        default=d.batch_size,
-        metavar="N",
-        help="sentences a batch (default: %(default)s)",
-    )
-    p.add_argument(
-        "--sentences",
-        type=int,
-        metavar="N",
-        help="first N sentences of the split, 0 = all (default: the grid's)",
-    )
+    add_batch_size(p, d.batch_size)
+    add_count(p, "--sentences", "first N sentences of the split, 0 = all (default: the grid's)")
     _add_search_and_device(p, d.max_len, d.length_penalty)
-    p.add_argument(
-        "--repeats",
-        type=int,
-        default=d.repeats,
-        metavar="N",
-        help="timed passes, median reported (default: %(default)s)",
-    )
+    add_count(p, "--repeats", "timed passes, median reported (default: %(default)s)", d.repeats)
     add_output(p, "JSON record (default: benchmarks/results/methods-<dev>-<date>.json)")
     p.add_argument("--plot", type=Path, metavar="FILE", help="PNG plot (default: the JSON's name with .png)")
     add_mlflow_options(p, "none; with --work-dir its mlflow.db", "fastvocab-bench")
@@ -359,30 +329,20 @@ def run_methods_command(
     args: argparse.Namespace, command: str, extra_meta: Callable[[], dict[str, object]] | None = None
 ) -> int:
     """Run ``bench methods`` as ``args`` say: the record, the plot, the table, MLflow when asked."""
-    import torch
-
-    from fastvocab.artifacts_schema.jsonfile import write_json
-    from fastvocab.decoding.hf_adapter import Seq2SeqAdapter
     from fastvocab.experiments import bench_methods as bm
     from fastvocab.experiments.fidelity import run_meta
 
     work = args.work_dir
     maps = args.maps or (work / "maps" if work else Path("runs/demo/maps"))
     methods_dir = args.methods_dir or (work / "methods" if work else None)
-    try:
-        settings = bm.BenchSettings(
-            grid=args.grid,
-            methods=tuple(m for m in args.methods.split(",") if m),
-            beams=int_list(args.beams, "--beams") or (1, 4),
-            batch_size=args.batch_size,
-            sentences=args.sentences,
-            split=args.split,
-            max_len=args.max_len,
-            length_penalty=args.length_penalty,
-            repeats=args.repeats,
-        )
-    except ValueError as exc:
-        raise UserError(str(exc)) from exc
+    settings = _settings(
+        bm.BenchSettings,
+        args,
+        grid=args.grid,
+        methods=tuple(m for m in args.methods.split(",") if m),
+        beams=int_list(args.beams, "--beams") or (1, 4),
+        batch_size=args.batch_size,
+    )
     directions = [d for d in args.directions.split(",") if d]
     tracker = None
     if args.tracking_uri or work is not None:  # open the store first: a bad URI fails before the work
@@ -391,11 +351,7 @@ def run_methods_command(
         tracker = Tracker.for_work_dir(work or Path("."), args.tracking_uri, args.experiment_name)
     out = args.output or _default_out(args.device)
     png = args.plot or out.with_suffix(".png")
-    if args.threads is not None:
-        torch.set_num_threads(args.threads)
-    load_before = os.getloadavg()
-    t0 = time.perf_counter()
-    adapter = Seq2SeqAdapter.load(args.model, device=args.device)
+    adapter, load_before, t0 = load_model(args)
     print(bm.TABLE_HEADER, file=sys.stderr, flush=True)
     try:
         results = bm.run_bench(
@@ -422,12 +378,9 @@ def run_methods_command(
         **(extra_meta() if extra_meta is not None else {}),
     }
     record = bm.bench_record(results, command=command, meta=meta, settings=settings)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    write_json(out, record)
+    _write_record(out, record)
     bm.plot_speed_vs_errors(results, png, title=f"{args.model} on {meta['device']}: {command[:120]}")
-    print(bm.TABLE_HEADER)
-    for row in results:
-        print(bm.format_row(row))
+    _print_table(bm.TABLE_HEADER, [bm.format_row(row) for row in results])
     print(f"wrote {out} and {png}", file=sys.stderr)
     if tracker is not None:
         _log_methods_to_mlflow(tracker, record, out, png)

@@ -18,7 +18,7 @@ import sys
 import time
 from pathlib import Path
 
-from fastvocab.pipeline.commands import add_mlflow_options, add_output, command_line, int_list
+from fastvocab.pipeline import commands
 from fastvocab.pipeline.errors import UserError
 
 HELP = "experiments of Amer et al. on your model (tables and figures logged to MLflow)"
@@ -62,13 +62,7 @@ runs/demo/mlflow.db (where `fastvocab report` looks by default); --no-mlflow log
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     sub = p.add_subparsers(dest="experiment", metavar="EXPERIMENT", required=True)
-    pp = sub.add_parser(
-        "paper",
-        help=PAPER_HELP,
-        description=PAPER_DESCRIPTION,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    add_paper_arguments(pp)
+    add_paper_arguments(commands.add_subcommand(sub, "paper", PAPER_HELP, PAPER_DESCRIPTION))
 
 
 def add_paper_arguments(p: argparse.ArgumentParser) -> None:
@@ -89,20 +83,8 @@ def add_paper_arguments(p: argparse.ArgumentParser) -> None:
         a, b = getattr(full, name), getattr(quick, name)
         return f"(default: {text(a)})" if a == b else f"(default: {text(a)}; --quick: {text(b)})"
 
-    p.add_argument(
-        "--model",
-        type=Path,
-        default=Path("models/demo"),
-        metavar="DIR",
-        help="model folder (default: %(default)s)",
-    )
-    p.add_argument(
-        "--corpus",
-        type=Path,
-        default=Path("data/corpus"),
-        metavar="DIR",
-        help="corpus folder (default: %(default)s)",
-    )
+    commands.add_model(p)
+    commands.add_corpus(p)
     p.add_argument(
         "--work-dir",
         type=Path,
@@ -208,8 +190,10 @@ def add_paper_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--threads", type=int, metavar="N", help="CPU threads for torch (default: torch's)")
     p.add_argument("--device", default="cpu", help="torch device (default: %(default)s)")
-    add_output(p, "results folder (default: benchmarks/results/paper-<dev>-<date>[-quick])", metavar="DIR")
-    add_mlflow_options(p, "above", EXPERIMENT)
+    commands.add_output(
+        p, "results folder (default: benchmarks/results/paper-<dev>-<date>[-quick])", metavar="DIR"
+    )
+    commands.add_mlflow_options(p, "above", EXPERIMENT)
     p.add_argument("--no-mlflow", action="store_true", help="write the results folder only")
 
 
@@ -228,13 +212,13 @@ def paper_settings(args: argparse.Namespace):
         "set2_sentences": args.set2_sentences,
         "fig_direction": args.fig_direction,
         "fig2_pool": _names(args.fig2_pool),
-        "fig2_rs": int_list(args.fig2_rs, "--fig2-rs"),
+        "fig2_rs": commands.int_list(args.fig2_rs, "--fig2-rs"),
         "fig2_sentences": args.fig2_sentences,
-        "fig3_rs": int_list(args.fig3_rs, "--fig3-rs"),
+        "fig3_rs": commands.int_list(args.fig3_rs, "--fig3-rs"),
         "fig3_sentences": args.fig3_sentences,
         "fig_state_sentences": args.fig_state_sentences,
         "fig4_r": args.fig4_r,
-        "ks": int_list(args.ks, "--ks"),
+        "ks": commands.int_list(args.ks, "--ks"),
         "niter": args.niter,
         "inactive_mass": args.inactive_mass,
         "max_len": args.max_len,
@@ -273,9 +257,6 @@ def run(args: argparse.Namespace) -> int:
 
 
 def run_paper_command(args: argparse.Namespace) -> int:
-    import torch
-
-    from fastvocab.decoding.hf_adapter import Seq2SeqAdapter
     from fastvocab.experiments import experiment_paper as ep
     from fastvocab.experiments.fidelity import run_meta
 
@@ -292,12 +273,8 @@ def run_paper_command(args: argparse.Namespace) -> int:
         raise UserError(f"no maps at {maps}: run the pipeline (fastvocab run) or pass --maps")
     tracker = None if args.no_mlflow else _tracker(args, work)  # a bad store fails before the work
     out = args.output or _default_out(args.device, args.quick)
-    command = command_line(args, "experiment", args.experiment, skip=("experiment",))
-    if args.threads is not None:
-        torch.set_num_threads(args.threads)
-    load_before = os.getloadavg()
-    t0 = time.perf_counter()
-    adapter = Seq2SeqAdapter.load(args.model, device=args.device)
+    command = commands.command_line(args, "experiment", args.experiment, skip=("experiment",))
+    adapter, load_before, t0 = commands.load_model(args)
 
     def note(msg: str) -> None:
         print(f"[{time.perf_counter() - t0:7.1f} s] {msg}", file=sys.stderr, flush=True)

@@ -17,6 +17,14 @@ from pathlib import Path
 
 from fastvocab.artifacts_schema.errors import ArtifactError
 from fastvocab.pipeline.checks import check_device, check_map_direction, check_output_file
+from fastvocab.pipeline.commands import (
+    add_batch_size,
+    add_beam,
+    add_inactive_mass,
+    add_length_penalty,
+    add_max_len,
+    add_model,
+)
 from fastvocab.pipeline.config import TranslateConfig
 from fastvocab.pipeline.errors import UserError
 from fastvocab.tasks.methods import INDEXED_METHODS
@@ -49,17 +57,10 @@ def _stopping_rule(value: str) -> bool | str | None:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from fastvocab.decoding.steppers import GRAPHS
     from fastvocab.kernels import available_projections
-    from fastvocab.kernels.clustered import INACTIVE_MASS
     from fastvocab.tasks.projections import BEAM_INACTIVE_MASS
 
     d = TranslateConfig()
-    p.add_argument(
-        "--model",
-        type=Path,
-        default=Path("models/demo"),
-        metavar="DIR",
-        help="model folder (default: %(default)s)",
-    )
+    add_model(p)
     p.add_argument("--src-lang", required=True, metavar="XX", help="source language code, e.g. en")
     p.add_argument("--tgt-lang", required=True, metavar="YY", help="target language code, e.g. it")
     p.add_argument(
@@ -79,19 +80,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="output: FILE.parquet, DIR/ (a trailing / or an existing folder: a Parquet dataset of parts, "
         "id/source/translation), else text, one line per input line; a missing folder is created",
     )
-    p.add_argument(
-        "--beam", type=int, default=d.beam, metavar="N", help="beam size; 1 = greedy (default: %(default)s)"
-    )
-    p.add_argument(
-        "--batch-size",
-        type=int,
-        default=d.batch_size,
-        metavar="N",
-        help="sentences a batch (default: %(default)s)",
-    )
-    p.add_argument(
-        "--max-len", type=int, default=d.max_len, metavar="N", help="max target tokens (default: %(default)s)"
-    )
+    add_beam(p, d.beam)
+    add_batch_size(p, d.batch_size)
+    add_max_len(p, d.max_len)
     p.add_argument(
         "--max-input-tokens",
         type=int,
@@ -99,13 +90,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="N",
         help="longer source lines are an error, never cut (default: %(default)s)",
     )
-    p.add_argument(
-        "--length-penalty",
-        type=float,
-        default=d.length_penalty,
-        metavar="P",
-        help="beam length penalty (default: %(default)s)",
-    )
+    add_length_penalty(p, d.length_penalty)
     p.add_argument(
         "--early-stopping",
         type=_stopping_rule,
@@ -177,11 +162,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="clustered: every row of a batch gets the union of the batch's clusters' columns (union), or "
         "only its own cluster's (per-row) (default: %(default)s)",
     )
-    p.add_argument(
-        "--inactive-mass",
-        default=d.inactive_mass,
-        choices=["auto", *INACTIVE_MASS],
-        help="clustered: estimate of the probability mass of the columns not computed, so beam scores stay "
+    add_inactive_mass(
+        p,
+        d.inactive_mass,
+        "clustered: estimate of the probability mass of the columns not computed, so beam scores stay "
         f"comparable (auto: {BEAM_INACTIVE_MASS} for --beam > 1, the fewest search errors measured, from "
         "the normaliser stored in the map; none for greedy, which reads logits only) (default: %(default)s)",
     )

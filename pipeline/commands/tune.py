@@ -17,7 +17,21 @@ import time
 from pathlib import Path
 from typing import Any
 
-from fastvocab.pipeline.commands import add_grid_alias, add_mlflow_options, add_output, command_line, int_list
+from fastvocab.pipeline.commands import (
+    add_batch_size,
+    add_beam,
+    add_corpus,
+    add_grid_alias,
+    add_inactive_mass,
+    add_length_penalty,
+    add_max_len,
+    add_mlflow_options,
+    add_model,
+    add_output,
+    command_line,
+    int_list,
+    load_model,
+)
 from fastvocab.pipeline.errors import UserError
 
 log = logging.getLogger(__name__)
@@ -74,35 +88,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--states", type=Path, metavar="DIR", help="hidden-state shards root (default: <work-dir>/states)"
     )
-    p.add_argument(
-        "--model",
-        type=Path,
-        default=Path("models/demo"),
-        metavar="DIR",
-        help="model folder (default: %(default)s)",
-    )
-    p.add_argument(
-        "--corpus",
-        type=Path,
-        default=Path("data/corpus"),
-        metavar="DIR",
-        help="corpus with dev and test splits (default: %(default)s)",
-    )
+    add_model(p)
+    add_corpus(p, "corpus with dev and test splits (default: %(default)s)")
     p.add_argument(
         "--budget",
         default="1%",
         help="largest dev search error rate: a share (0.01) or a percentage (1%%) (default: %(default)s)",
     )
-    p.add_argument(
-        "--beam", type=int, default=d.beam, metavar="N", help="beam size; 1 = greedy (default: %(default)s)"
-    )
-    p.add_argument(
-        "--batch-size",
-        type=int,
-        default=d.batch_size,
-        metavar="N",
-        help="sentences a batch (default: %(default)s)",
-    )
+    add_beam(p, d.beam)
+    add_batch_size(p, d.batch_size)
     p.add_argument(
         "--grid", choices=sorted(GRIDS), default=d.grid, help="candidate grid, above (default: %(default)s)"
     )
@@ -147,22 +141,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="N",
         help="test sentences for the check (default: the last rung's count)",
     )
-    p.add_argument(
-        "--max-len", type=int, default=d.max_len, metavar="N", help="max target tokens (default: %(default)s)"
-    )
-    p.add_argument(
-        "--length-penalty",
-        type=float,
-        default=d.length_penalty,
-        metavar="P",
-        help="beam length penalty (default: %(default)s)",
-    )
-    p.add_argument(
-        "--inactive-mass",
-        default=d.inactive_mass,
-        choices=("auto", "none", "centroid", "moments", "normaliser"),
-        help="as fastvocab translate (default: %(default)s)",
-    )
+    add_max_len(p, d.max_len)
+    add_length_penalty(p, d.length_penalty)
+    add_inactive_mass(p, d.inactive_mass, "as fastvocab translate (default: %(default)s)")
     p.add_argument(
         "--repeats",
         type=int,
@@ -223,13 +204,10 @@ def settings_from(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
-    import torch
-
     from fastvocab.artifacts_schema.cluster_map import save_cluster_map
     from fastvocab.artifacts_schema.errors import ArtifactError
     from fastvocab.artifacts_schema.hidden_states import validate_direction
     from fastvocab.artifacts_schema.jsonfile import write_json
-    from fastvocab.decoding.hf_adapter import Seq2SeqAdapter
     from fastvocab.experiments import tune as tt
     from fastvocab.experiments.fidelity import run_meta
     from fastvocab.pipeline.tracking import git_commit
@@ -246,11 +224,7 @@ def run(args: argparse.Namespace) -> int:
         from fastvocab.pipeline.tracking import Tracker
 
         tracker = Tracker.for_work_dir(args.work_dir, args.tracking_uri, args.experiment_name)
-    if args.threads is not None:
-        torch.set_num_threads(args.threads)
-    load_before = os.getloadavg()
-    t0 = time.perf_counter()
-    adapter = Seq2SeqAdapter.load(args.model, device=args.device)
+    adapter, load_before, t0 = load_model(args)
     try:
         files = validate_direction(states, direction, fingerprint=adapter.fingerprint)
     except ArtifactError as exc:
