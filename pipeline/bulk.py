@@ -210,10 +210,11 @@ def plot_throughput(result: BulkResult, path: Path) -> Path:
 
 
 def output_layout(given: str | Path) -> tuple[str, Path]:
-    """(``dataset`` | ``parquet`` | ``text``, the parts folder): a dataset output (a folder, or a name given
-    with a trailing ``/``) holds its parts itself; a file output's parts wait in ``OUTPUT.parts/``."""
+    """(``dataset`` | ``parquet`` | ``text``, the parts folder): a dataset output (named with a trailing
+    ``/``: an existing folder named without one is refused, not filled with parts) holds its parts itself;
+    a file output's parts wait in ``OUTPUT.parts/``."""
     output = Path(given)
-    if str(given).endswith(("/", os.sep)) or output.is_dir():
+    if str(given).endswith(("/", os.sep)):
         return "dataset", output
     return ("parquet" if output.suffix == ".parquet" else "text"), output.with_name(output.name + ".parts")
 
@@ -594,11 +595,20 @@ def check_request(request: BulkRequest) -> None:
             "--dtype int8 runs on CPU only (dynamic quantisation), not with --num-gpus-per-worker"
         )
     out = Path(request.output)
-    parent = out if out.is_dir() else out.parent
+    if output_layout(request.output)[0] != "dataset":
+        from fastvocab.pipeline.checks import check_output_file
+
+        if out.is_dir():
+            raise UserError(
+                f"--output {out} is a folder; name it {out}/ for a Parquet dataset of parts, or give a file"
+            )
+        check_output_file(out, "--output")
+        return
+    parent = out
     while not parent.exists():
         parent = parent.parent
-    if not os.access(parent, os.W_OK):
-        raise UserError(f"--output {out}: folder {parent} is not writable")
+    if not parent.is_dir() or not os.access(parent, os.W_OK):
+        raise UserError(f"--output {out}: {parent} is not a writable folder")
 
 
 def log_to_mlflow(result: BulkResult, uri: str, experiment: str, run_name: str) -> str:

@@ -516,3 +516,12 @@ def test_planning_reads_large_strings_and_narrow_ids_and_counts_null_texts(tmp_p
     inp, ranges = plan_input(describe_input(tmp_path / "in.parquet"), 2)
     assert (inp.rows, inp.nulls, inp.id_type, [r.lines for r in ranges]) == (3, 1, "int", [2, 1])
     assert ranges[0].load() == ([1, 2], ["a", ""]) and ranges[1].load() == ([3], ["c"])
+
+
+def test_an_existing_folder_is_a_dataset_output_only_when_named_with_a_slash(model_dir, tmp_path):
+    pq.write_table(pa.table({"text": ["the package"]}), tmp_path / "in.parquet")
+    folder = tmp_path / "out"
+    folder.mkdir()
+    with pytest.raises(UserError, match=r"is a folder; name it .*out/ for a Parquet dataset of parts"):
+        run_bulk(_request(model_dir, tmp_path / "in.parquet", folder), progress=False)
+    assert list(folder.iterdir()) == [] and not (tmp_path / "out.parts").exists()

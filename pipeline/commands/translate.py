@@ -77,7 +77,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--output",
         required=True,
         metavar="FILE",
-        help="output: FILE.parquet, DIR/ (a trailing / or an existing folder: a Parquet dataset of parts, "
+        help="output: FILE.parquet, DIR/ (with the trailing /: a Parquet dataset of parts, "
         "id/source/translation), else text, one line per input line; a missing folder is created",
     )
     add_beam(p, d.beam)
