@@ -109,3 +109,25 @@ def decoder_steps(adapter, batch: dict, tokens, fixed: bool = False):
         cache.length += 1
         pos += 1
     return torch.stack(hs, dim=1)
+
+
+@pytest.fixture(scope="session")
+def spread_model_dir(tiny_model_dir, tmp_path_factory) -> Path:
+    """The tiny model with larger random weights, so that different sources get different outputs."""
+    import torch
+    from transformers import AutoTokenizer, M2M100ForConditionalGeneration
+
+    from fastvocab.training.demo_model import model_config
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir, local_files_only=True)
+    torch.manual_seed(3)
+    model = M2M100ForConditionalGeneration(model_config(TINY_ARCH, tok, max_positions=128)).eval()
+    gen = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.normal_(0, 3.0 / p.shape[1] ** 0.5, generator=gen)
+    out = tmp_path_factory.mktemp("spread_model") / "model"
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+    return out

@@ -13,8 +13,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-import torch
-from conftest import TINY_ARCH, synthetic_sentences
+from conftest import synthetic_sentences
 
 from fastvocab.artifacts_schema.bulk_parts import MANIFEST, METHOD_KEY, PLAN_KEY, part_file
 from fastvocab.decoding import Seq2SeqAdapter
@@ -29,24 +28,8 @@ SEARCH = SearchSettings(batch_size=4, max_len=MAX_LEN)
 
 
 @pytest.fixture(scope="module")
-def model_dir(tiny_model_dir, tmp_path_factory):
-    """The tiny model with larger random weights, so that different sources get different outputs."""
-    from transformers import AutoTokenizer, M2M100ForConditionalGeneration
-
-    from fastvocab.training.demo_model import model_config
-
-    tok = AutoTokenizer.from_pretrained(tiny_model_dir, local_files_only=True)
-    torch.manual_seed(3)
-    model = M2M100ForConditionalGeneration(model_config(TINY_ARCH, tok, max_positions=128)).eval()
-    gen = torch.Generator().manual_seed(3)
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() == 2:
-                p.normal_(0, 3.0 / p.shape[1] ** 0.5, generator=gen)
-    out = tmp_path_factory.mktemp("bulk_model") / "model"
-    model.save_pretrained(out)
-    tok.save_pretrained(out)
-    return out
+def model_dir(spread_model_dir):
+    return spread_model_dir
 
 
 @pytest.fixture(scope="module")
