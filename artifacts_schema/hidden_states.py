@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -304,6 +305,25 @@ def validate_direction(
             f"shards of {direction} were dumped from model {meta.model_fingerprint}, not {fingerprint}"
         )
     return files
+
+
+def validate_beams(
+    root: str | Path, direction: str, fingerprint: str | None = None, beams: Sequence[int] | None = None
+) -> dict[int, list[Path]]:
+    """The validated shards of ``direction`` along every beam found under ``root`` (:func:`beam_roots`), or
+    along ``beams`` only, by beam: a beam named in ``beams`` without shards is an error, one found but not
+    named is left out. Raises ArtifactError (also when no beam has shards)."""
+    roots = beam_roots(root)
+    wanted = sorted(set(beams)) if beams is not None else list(roots)
+    found: dict[int, list[Path]] = {}
+    for b in wanted:
+        sub = roots.get(b, beam_root(root, b))
+        if beams is None and not direction_dir(sub, direction).is_dir():
+            continue
+        found[b] = validate_direction(sub, direction, fingerprint=fingerprint)
+    if not found:
+        raise ArtifactError(f"no hidden-state shards for {direction} under {root}")
+    return found
 
 
 def shard_rows(files: list[Path]) -> list[int]:

@@ -69,6 +69,13 @@ GRIDS = {
 RANK_BY = {"wall": "speed_ratio", "cpu": "cpu_ratio"}
 
 
+def beam_ks(beam: int) -> tuple[int, ...]:
+    """The grid's K at beam ``beam`` > 1: beam search keeps ``2 x beam`` candidates per row, so the sets are
+    tried with the top ``beam``, ``3 x beam / 2`` and ``2 x beam`` ids of each state (the greedy grid's 1, 3
+    and 5 would leave most of them out)."""
+    return tuple(sorted({beam, (3 * beam + 1) // 2, 2 * beam}))
+
+
 class BudgetNotMet(ValueError):
     """No candidate stayed within the search-error budget on the dev split."""
 
@@ -88,12 +95,14 @@ class Candidate:
     def map_key(self) -> tuple[int, int, int]:
         return (self.r, self.k, self.min_count)
 
-    def config_keys(self, beam: int) -> dict[str, Any]:
-        """The pipeline config keys (configs/demo.yaml) that build and use this map."""
+    def config_keys(self, beam: int, state_beams: Sequence[int] = (1,)) -> dict[str, Any]:
+        """The pipeline config keys (configs/demo.yaml) that build and use this map, from states dumped along
+        ``state_beams``."""
         return {
             "kmeans.r": self.r,
             "maps.k": self.k,
             "maps.min_count": self.min_count,
+            "maps.beams": list(state_beams),
             "translate.selection": self.selection,
             "translate.beam": beam,
         }
@@ -142,7 +151,11 @@ class TuneSettings:
 
     def _pick(self, name: str) -> tuple:
         own = getattr(self, name)
-        return tuple(own) if own else getattr(GRIDS[self.grid], name)
+        if own:
+            return tuple(own)
+        if name == "ks" and self.beam > 1:
+            return beam_ks(self.beam)
+        return getattr(GRIDS[self.grid], name)
 
     @property
     def resolved_rungs(self) -> tuple[int, ...]:

@@ -100,10 +100,13 @@ def test_tune_picks_the_fastest_configuration_within_the_budget(work, tiny_model
         "kmeans.r": chosen["r"],
         "maps.k": chosen["k"],
         "maps.min_count": chosen["min_count"],
+        "maps.beams": [1],
         "translate.selection": chosen["selection"],
         "translate.beam": 1,
     }
+    assert record["meta"]["state_beams"] == [1]
     assert f"map:    {record['map_path']}" in out and f"--set kmeans.r={chosen['r']}" in out
+    assert "--set maps.beams=[1]" in out
     assert f"chosen: {chosen['label']}" in out
     # the table artifacts and MLflow: one parent run, one child run per tried configuration
     folder = Path(record["map_path"]).parent
@@ -149,3 +152,60 @@ def test_bad_options_are_one_line_errors(work, tiny_model_dir, capsys):
     assert rc == 2 and "exceeds the K=3 the dump recorded" in err
     rc, _, err = _tune(capsys, work, tiny_model_dir, "--states", str(work / "nowhere"), "--no-mlflow")
     assert rc == 2 and "no hidden-state shards" in err
+
+
+@pytest.fixture(scope="module")
+def beam_work(tmp_path_factory, tiny_model_dir, work) -> Path:
+    """``work``'s corpus and a states root with the greedy path's states and beam 2's (top-4 per state)."""
+    from fastvocab.artifacts_schema.hidden_states import beam_root
+    from fastvocab.tasks.context import RunContext, describe_model
+    from fastvocab.tasks.dump import DumpDecoder, DumpSettings, plan_shards, run_dump_shard
+
+    root = tmp_path_factory.mktemp("tune-beams")
+    threads = torch.get_num_threads()
+    decoder = DumpDecoder(
+        RunContext(describe_model(tiny_model_dir), torch_threads=1),
+        DumpSettings(k=4, max_len=8, batch_size=8),
+    )
+    texts = synthetic_sentences("en", 30, seed=5)
+    for beam in (1, 2):
+        along = decoder.along(beam)
+        for spec in plan_shards("en-it", list(range(len(texts))), texts, shard_sentences=15):
+            run_dump_shard(along, spec, beam_root(root / "work" / "states", beam))
+    torch.set_num_threads(threads)
+    (root / "corpus").symlink_to(work / "corpus")
+    return root
+
+
+def test_tune_at_a_beam_reads_the_states_of_every_dumped_beam(beam_work, tiny_model_dir, capsys, caplog):
+    from fastvocab.artifacts_schema.cluster_map import load_cluster_map
+    from fastvocab.artifacts_schema.hidden_states import beam_root, shard_rows, validate_direction
+
+    states = beam_work / "work" / "states"
+    rows = {b: sum(shard_rows(validate_direction(beam_root(states, b), "en-it"))) for b in (1, 2)}
+    argv = ["tune", "--model", str(tiny_model_dir), "--work-dir", str(beam_work / "work")]
+    argv += ["--corpus", str(beam_work / "corpus"), "--direction", "en-it", "--max-len", "8"]
+    argv += ["--batch-size", "4", "--threads", "1", "--beam", "2", "--r", "3", "--min-count", "1"]
+    argv += ["--selection", "union", "--rungs", "4,6", "--budget", "0.5", "--no-mlflow"]
+    assert main(argv) == 0, capsys.readouterr().err
+    out = capsys.readouterr().out
+    record = json.loads((beam_work / "work" / "tune" / "en-it-beam2" / "tune.json").read_text())
+    # both beams' states, and at beam 2 the grid's K are 2, 3 and 4 (2 x beam: what beam search keeps a row)
+    assert record["meta"]["state_beams"] == [1, 2]
+    assert record["meta"]["ks"] == [2, 3, 4] and record["candidates"] == 3
+    assert record["chosen"]["config_keys"]["maps.beams"] == [1, 2] and "--set maps.beams=[1,2]" in out
+    cmap = load_cluster_map(record["map_path"])
+    assert cmap.manifest.extra["stored_states"] == rows[1] + rows[2]
+
+    # --state-beams picks the greedy path's alone (with a warning that beam 2 is then not served) ...
+    argv_greedy = [*argv, "--state-beams", "1", "--output", str(beam_work / "greedy-only")]
+    assert main(argv_greedy) == 0
+    capsys.readouterr()
+    assert "tuning for beam 2 from states dumped along beams [1] only" in caplog.text
+    record = json.loads((beam_work / "greedy-only" / "en-it-beam2" / "tune.json").read_text())
+    assert record["meta"]["state_beams"] == [1]
+    assert load_cluster_map(record["map_path"]).manifest.extra["stored_states"] == rows[1]
+    # ... and a beam without states is a one-line error
+    assert main([*argv, "--state-beams", "1,3"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "no hidden-state shards for en-it" in err and "beam=3" in err and len(err.splitlines()) == 1

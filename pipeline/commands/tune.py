@@ -9,6 +9,7 @@ configuration).
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import shutil
@@ -43,9 +44,10 @@ stays within --budget (default 1%: at most 1 sentence in 100 whose output scores
 than full softmax's own output, Hoang et al.), at your --beam and --batch-size.
 
 Candidate maps are built from the stored states of a pipeline work dir (<work-dir>/states, written by
-`fastvocab run`'s dump stage): Faiss k-means per r, one assignment pass per r for every K. Full softmax and
-the candidates decode the same dev sentences in one process, batch by batch in turn (the fidelity yardstick of
-`fastvocab bench fidelity`), so their speed ratios share the machine's load.
+`fastvocab run`'s dump stage), along every beam dumped there (maps.beams; --state-beams picks some): Faiss
+k-means per r, one assignment pass per r for every K. To tune for beam search, dump along that beam too.
+Full softmax and the candidates decode the same dev sentences in one process, batch by batch in turn (the
+fidelity yardstick of `fastvocab bench fidelity`), so their speed ratios share the machine's load.
 
 Search: successive halving. Rung 1 decodes the first n1 dev sentences with every candidate (quick grid:
 36 candidates, 30 sentences). A candidate whose erroneous sentences already exceed what the last rung
@@ -58,6 +60,7 @@ saw.
 Grids (--grid; --r, --k, --min-count, --selection, --rungs override single axes):
   quick  r 100,200,500   K 1,3,5  min_count 1,2    union,per-row  rungs 30,100
   full   r 100..2000 (5) K 1,3,5  min_count 1,2,3  union,per-row  rungs 60,200,600
+At --beam B > 1 both grids try K = B, 3B/2 and 2B (beam search keeps 2B candidates a row).
 
 Writes <output>/<direction>-beam<B>/: map/ (the chosen map: use it with `fastvocab translate --method
 clustered --clusters DIR`), tune.json (every measured row, the choice, the test check), tune.csv and tune.md;
@@ -87,6 +90,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--states", type=Path, metavar="DIR", help="hidden-state shards root (default: <work-dir>/states)"
+    )
+    p.add_argument(
+        "--state-beams",
+        metavar="B,B",
+        help="the beams whose stored states build the candidate maps, as the pipeline's maps.beams "
+        "(default: every beam dumped under --states)",
     )
     add_model(p)
     add_corpus(p, "corpus with dev and test splits (default: %(default)s)")
@@ -206,7 +215,7 @@ def settings_from(args: argparse.Namespace):
 def run(args: argparse.Namespace) -> int:
     from fastvocab.artifacts_schema.cluster_map import save_cluster_map
     from fastvocab.artifacts_schema.errors import ArtifactError
-    from fastvocab.artifacts_schema.hidden_states import validate_direction
+    from fastvocab.artifacts_schema.hidden_states import validate_beams
     from fastvocab.artifacts_schema.jsonfile import write_json
     from fastvocab.experiments import tune as tt
     from fastvocab.experiments.fidelity import run_meta
@@ -226,9 +235,20 @@ def run(args: argparse.Namespace) -> int:
         tracker = Tracker.for_work_dir(args.work_dir, args.tracking_uri, args.experiment_name)
     adapter, load_before, t0 = load_model(args)
     try:
-        files = validate_direction(states, direction, fingerprint=adapter.fingerprint)
+        beams = int_list(args.state_beams, "--state-beams")
+        by_beam = validate_beams(states, direction, fingerprint=adapter.fingerprint, beams=beams)
     except ArtifactError as exc:
         raise UserError(f"{exc} (run `fastvocab run` with a dump stage first, or pass --states)") from exc
+    files = [f for fs in by_beam.values() for f in fs]  # the greedy path's first, as the pipeline's maps
+    state_beams = list(by_beam)
+    if settings.beam > 1 and settings.beam not in by_beam:
+        log.warning(
+            "tuning for beam %d from states dumped along beams %s only: dump along beam %d too "
+            "(maps.beams in the pipeline config) for maps that serve it",
+            settings.beam,
+            state_beams,
+            settings.beam,
+        )
     command = command_line(args, "tune")
     print(
         f"{'rung':>4} {'configuration':<34} {'sent':>5} {'s.err':>6} {'ident':>6} {'wall x':>6} "
@@ -250,6 +270,7 @@ def run(args: argparse.Namespace) -> int:
         "commit": git_commit(),
         "model": str(args.model),
         "states": str(states),
+        "state_beams": state_beams,
         "corpus": str(args.corpus),
         "direction": direction,
         **settings.describe(),
@@ -290,7 +311,7 @@ def run(args: argparse.Namespace) -> int:
     map_dir = out_dir / "map"
     save_cluster_map(result["chosen_map"], map_dir)
     meta.update(_closing_meta(t0))
-    keys = cand.config_keys(settings.beam)
+    keys = cand.config_keys(settings.beam, state_beams)
     record = {
         "benchmark": "tune",
         "command": command,
@@ -332,6 +353,11 @@ def _closing_meta(t0: float) -> dict[str, Any]:
     }
 
 
+def _set_value(value: Any) -> str:
+    """A config value as ``--set`` reads it: a list without spaces, so the shell keeps it one word."""
+    return json.dumps(value, separators=(",", ":")) if isinstance(value, list) else str(value)
+
+
 def _copy(src: Path, dst: Path) -> None:
     dst.parent.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(src, dst)
@@ -367,7 +393,7 @@ def _print_choice(record: dict, settings, args: argparse.Namespace, map_dir: Pat
     for section, lines in sections.items():
         print(f"{section}:")
         print("\n".join(lines))
-    sets = " ".join(f"--set {k}={v}" for k, v in keys.items())
+    sets = " ".join(f"--set {k}={_set_value(v)}" for k, v in keys.items())
     print(f"  e.g. fastvocab run configs/demo.yaml {sets}")
     print("  (the pipeline's maps also count dump.stream_sentences' states, so its sets can only grow)")
     src, _, tgt = args.direction.partition("-")

@@ -21,15 +21,13 @@ from typing import Any
 from fastvocab.artifacts_schema.errors import ArtifactError
 from fastvocab.artifacts_schema.hidden_states import (
     ShardMeta,
-    beam_roots,
-    direction_dir,
     read_shard_meta,
     remove_shard,
     shard_path,
     shard_rows,
     shard_status,
     stale_shards,
-    validate_direction,
+    validate_beams,
 )
 from fastvocab.pipeline.context import StageContext
 from fastvocab.pipeline.errors import UserError
@@ -83,15 +81,10 @@ def extra_state_files(ctx: StageContext, directions: Sequence[str], k: int | Non
     fingerprint = ctx.model().fingerprint
     for root in ctx.cfg.maps.extra_states:
         for d in directions:
-            found: list[Path] = []
-            for sub in beam_roots(root).values():
-                if direction_dir(sub, d).is_dir():
-                    try:
-                        found += validate_direction(sub, d, fingerprint=fingerprint)
-                    except ArtifactError as exc:
-                        raise UserError(f"maps.extra_states: {exc}") from exc
-            if not found:
-                raise UserError(f"maps.extra_states: no hidden-state shards for {d} under {root}")
+            try:
+                found = [f for fs in validate_beams(root, d, fingerprint=fingerprint).values() for f in fs]
+            except ArtifactError as exc:
+                raise UserError(f"maps.extra_states: {exc}") from exc
             for f in found:
                 dumped_k = read_shard_meta(f).k
                 if k is not None and dumped_k < k:
