@@ -18,7 +18,9 @@ the same search and settings:
   the median over ``repeats`` passes, and their ratio; also the ratio of process CPU time, steadier than
   wall time when other jobs share the cores.
 
-Methods: ``clustered`` (the paper's union selection, no inactive-mass estimate), ``moments``, ``centroid``
+Methods: ``default`` (what ``fastvocab translate --method clustered`` decodes with at that beam: no
+inactive-mass estimate greedy, the stored normaliser in beam search; the one to quote for a map),
+``clustered`` (the paper's union selection, no inactive-mass estimate at any beam), ``moments``, ``centroid``
 and ``normaliser`` (the same with that ``inactive_mass``; beam > 1 only: greedy search reads logits only),
 ``oracle`` (a diagnostic: the exact mass of the columns not computed, from the full logits, so its search
 errors are those of the sets alone), ``exact`` (the certificate, ``exact_k`` = 1 for greedy and 2 x beam
@@ -49,12 +51,13 @@ from fastvocab.decoding.scoring import sequence_scores
 from fastvocab.decoding.search import ProjectionLike, decode
 from fastvocab.kernels.base import Projection
 from fastvocab.tasks.evaluate import score
-from fastvocab.tasks.projections import exact_k_for, make_projection
+from fastvocab.tasks.projections import clustered_options, exact_k_for, make_projection
 
 # The clustered projection's diagnostic inactive_mass (no CLI choice): the exact log-mass of the columns not
 # computed, from the full logits of every row, so its search errors are those of the sets alone.
 ORACLE_MASS = "oracle"
-METHODS = ("clustered", "moments", "centroid", "normaliser", ORACLE_MASS, "exact", "per-row")
+# "default": the options fastvocab translate picks at each beam (tasks.projections.clustered_options, auto)
+METHODS = ("default", "clustered", "moments", "centroid", "normaliser", ORACLE_MASS, "exact", "per-row")
 # an inactive-mass estimate (or the exact mass, ``oracle``: a diagnostic): beam search only
 MASS_METHODS = ("moments", "centroid", "normaliser", ORACLE_MASS)
 GRIDS = {"quick": ((1, 4), (32,)), "full": ((1, 2, 4, 5), (1, 32))}
@@ -132,6 +135,8 @@ def method_options(method: str, beam: int, selection: str, cluster_map: ClusterM
         opts["inactive_mass"] = method
     elif method == "exact":
         opts["exact_k"] = exact_k_for(beam)
+    elif method == "default":
+        opts.update(clustered_options(selection, "auto", False, beam))
     return opts
 
 

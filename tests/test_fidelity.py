@@ -371,3 +371,18 @@ def test_radius_and_oracle_methods_of_the_yardstick(tmp_path, adapter, mixed_map
     mf = mixed_map.manifest
     covers = {"r": mf.r, "k": mf.k, "beams": mf.beams, "states": mf.states_used}
     assert all(r["map"] == covers for r in rows)  # each row says what its map covers
+
+
+def test_the_default_method_is_what_translate_decodes_with_at_each_beam(adapter, mixed_map):
+    """``default``: no inactive-mass estimate greedy, the normaliser in beam search (as ``fastvocab
+    translate --method clustered``), and it runs at every beam, unlike the mass methods."""
+    from fastvocab.experiments.fidelity import FidelitySettings, method_options
+
+    FidelitySettings(methods=("default",))  # a known method
+    greedy, beam = (
+        method_options("default", 1, "union", mixed_map),
+        method_options("default", 4, "per-row", mixed_map),
+    )
+    assert greedy["inactive_mass"] == "none" and greedy["selection"] == "union"
+    assert beam["inactive_mass"] == "normaliser" and beam["selection"] == "per-row"
+    assert "exact_k" not in beam and "inactive_mass" not in method_options("clustered", 4, "union", mixed_map)
