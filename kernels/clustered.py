@@ -34,6 +34,14 @@ Backends, chosen once in ``__init__`` from the weight's device (never re-detecte
   is cached costs one small GEMV with no gather: that is what makes batch-1 decoding fast on CPU.
 - ``cupy`` (CUDA, fp16/bf16, sm_80+, d % 32 == 0): mask/compaction kernels and a fused gather-GEMM on tensor
   cores (``cupy_ops``), reading only the active rows of W once. CuPy is imported only then.
+
+``int8=True`` (torch backend, CPU only, as ``FullProjection``'s ``int8`` option): W quantised once, int8 per
+output row, the logits of the active columns those of the full int8 projection (``clustered_ops.Int8Weights``:
+a union step gathers ``u N d`` int8 bytes instead of float32 ones, or runs the packed int8 GEMM over all N
+when its union is large; cached clusters are packed int8 blocks). The inactive-mass estimates and the
+certificate keep their float32 tables; the certificate adds a bound on how far an int8 logit is from the
+float32 one, and rows without a certificate get the full int8 logits, so ``exact_k`` makes the output that
+of the full int8 projection.
 """
 
 from __future__ import annotations
@@ -86,7 +94,9 @@ class ClusteredProjection(Projection):
     moments | normaliser: the map's stored normaliser when it was built for the sets in use, that is
     without ``min_count`` pruning and with the same always-active ids; otherwise it is computed here, at
     load time, for the pruned sets), ``backend`` (auto | torch | cupy), ``cache_mb`` (cached per-cluster
-    sub-matrices; None = 512 on CPU, 0 on CUDA), ``exact_k`` (0 = off; 1 for greedy search, ``2 * beam``
+    sub-matrices; None = 512 on CPU, 0 on CUDA; with ``int8``, packed int8 blocks), ``int8`` (CPU, torch
+    backend: the full int8 projection's logits on the active columns; ``dtype:int8`` in the signature),
+    ``exact_k`` (0 = off; 1 for greedy search, ``2 * beam``
     for beam search: rows without an exactness certificate for their top-``exact_k`` get full logits),
     ``exact_tol`` (for ``exact_k > 1``: the largest change of a certified row's log-normaliser allowed, in
     nats), ``bound_blocks`` (column blocks of the certificate's bound), ``mass_radius`` (None = off; with an
@@ -112,9 +122,13 @@ class ClusteredProjection(Projection):
         exact_tol: float = 1e-5,
         bound_blocks: int = 64,
         mass_radius: float | None = None,
+        int8: bool = False,
         **common: Any,  # always_active, fingerprint: see Projection
     ) -> None:
         super().__init__(weight, bias, **common)
+        self.int8 = bool(int8)
+        if self.int8:
+            _check_int8(self.device, backend)
         self.selection = _choice("selection", selection, SELECTIONS)
         self.inactive_mass = _choice("inactive_mass", inactive_mass, (*INACTIVE_MASS, _ORACLE))
         _choice("backend", backend, BACKENDS)
@@ -147,9 +161,14 @@ class ClusteredProjection(Projection):
         self.cache_mb = float(cache_mb)
         if self.backend == "cupy":
             cache_mb = 0.0  # the fused kernel reads W in place; cached blocks would only cost memory
+        cache_bytes = int(cache_mb * 2**20)
+        aa = self.always_active.tolist()
         self._map = ops.prepare_map(
-            cmap, self.weight, self.bias, self.always_active.tolist(), cache_bytes=int(cache_mb * 2**20)
+            cmap, self.weight, self.bias, aa, cache_bytes=0 if self.int8 else cache_bytes
         )
+        self._w8: ops.Int8Weights | None = None  # int8: W as the full int8 projection holds it
+        if self.int8:
+            self._w8 = ops.int8_weights(self.weight, self.bias, self._map, cache_bytes=cache_bytes)
         self._mass: ops.MassTables | ops.NormaliserTables | None = None
         self.normaliser_source: str | None = None  # "map" or "computed at load"
         if self.inactive_mass == "normaliser":
@@ -164,12 +183,13 @@ class ClusteredProjection(Projection):
             if self.bias is not None:
                 self.bias = self.bias.contiguous()
         log.debug(
-            "clustered projection: r=%d, mean set %.1f ids (%.2f%% of N), backend %s, cached %.1f MB",
+            "clustered projection: r=%d, mean set %.1f ids (%.2f%% of N), backend %s%s, cached %.1f MB",
             self._map.r,
             float(np.mean(self._map.sizes)),
             100.0 * float(np.mean(self._map.sizes)) / self.n_vocab,
             self.backend,
-            self._map.cached_bytes / 2**20,
+            " int8" if self.int8 else "",
+            (self._map.cached_bytes if self._w8 is None else self._w8.cached_bytes) / 2**20,
         )
 
     # ------------------------------------------------------------------ construction
@@ -253,6 +273,8 @@ class ClusteredProjection(Projection):
             "backend": self.backend,
             "map": f"{m.direction}/{m.scope}/r{m.r}/K{m.k}",
         }
+        if self.int8:
+            opts["dtype"] = "int8"
         if self.mass_radius is not None:
             opts["mass_radius"] = self.mass_radius
         if self.exact_k:
@@ -307,9 +329,11 @@ class ClusteredProjection(Projection):
         """Union mode as a static-capacity union that no ``rows`` rows can outgrow (the same outputs,
         ``kernels.clustered_static.StaticUnion``); None for per-row selection, whose step groups rows by
         cluster on the host. A ValueError for what a static union cannot hold (``exact_k``,
-        ``mass_radius``, the oracle estimate)."""
+        ``mass_radius``, the oracle estimate, ``int8``)."""
         if self.selection != "union":
             return None
+        if self.int8:
+            raise ValueError("a static union has no int8 path: decode an int8 projection with the eager step")
         return StaticUnion(self, rows=rows).capturable(rows)
 
     def assign(self, h: torch.Tensor) -> torch.Tensor:
@@ -332,7 +356,7 @@ class ClusteredProjection(Projection):
         if isinstance(self._mass, ops.NormaliserTables):
             mass = ops.normaliser_log_mass(h, logits, ids, clusters, self._map, self._mass)
         elif self.inactive_mass == _ORACLE:
-            mass = _oracle_log_mass(h, logits, ids, self.weight, self.bias)
+            mass = _oracle_log_mass(logits, ids, self._full_logits(h).float())
         elif self._mass is not None:
             mass = ops.inactive_log_mass(self.inactive_mass, h, logits, clusters, self.n_vocab, self._mass)
         self._count(rows=rows, columns=self._computed_columns(logits, ids))
@@ -357,11 +381,11 @@ class ClusteredProjection(Projection):
             return out
         self._count(columns=n_far * self.n_vocab)
         if n_far == out.rows:
-            logits = torch.nn.functional.linear(h, self.weight, self.bias)
+            logits = self._full_logits(h)
             return ProjectionOutput(logits=logits, ids=None, n_vocab=self.n_vocab)
         idx = far.nonzero()[:, 0]
         dense = out.dense()
-        dense[idx] = torch.nn.functional.linear(h[idx], self.weight, self.bias).to(dense.dtype)
+        dense[idx] = self._full_logits(h[idx]).to(dense.dtype)
         assert out.log_inactive_mass is not None  # mass_radius comes with an estimate (__init__)
         mass = out.log_inactive_mass.index_fill(0, idx, -math.inf)  # those rows left nothing out
         return ProjectionOutput(logits=dense, ids=None, n_vocab=self.n_vocab, log_inactive_mass=mass)
@@ -376,6 +400,9 @@ class ClusteredProjection(Projection):
     ) -> ProjectionOutput:
         """Certify each row; rows that fail get their full logits, in a dense (rows, N) output."""
         top, mass = ops.inactive_bounds(h, clusters, bounds)
+        if self._w8 is not None:  # the tables bound float32 logits; an int8 logit may be this far from one
+            slack = ops.int8_logit_error(h, self._w8)
+            top, mass = top + slack, mass + slack
         log_tol = self.exact_tol if self.exact_k > 1 else None
         ok = ops.certify(out.logits, top, mass, self.exact_k, log_tol)  # (rows,)
         n_ok = int(ok.sum())  # the one host sync the certificate adds
@@ -388,26 +415,38 @@ class ClusteredProjection(Projection):
             return out
         self._count(columns=(out.rows - n_ok) * self.n_vocab)
         if n_ok == 0:  # every row falls back: the plain full projection, no scatter
-            logits = torch.nn.functional.linear(h, self.weight, self.bias)
+            logits = self._full_logits(h)
             return ProjectionOutput(logits=logits, ids=None, n_vocab=self.n_vocab)
         fallback = (~ok).nonzero()[:, 0]  # (f,)
         dense = out.dense()  # (rows, N), -inf where a certified row computed nothing
-        dense[fallback] = torch.nn.functional.linear(h[fallback], self.weight, self.bias).to(dense.dtype)
+        dense[fallback] = self._full_logits(h[fallback]).to(dense.dtype)
         left_out = out.log_inactive_mass
         if left_out is not None:  # an estimate for certified rows (exact_k == 1); fallback rows: nothing
             left_out = left_out.index_fill(0, fallback, -math.inf)
         return ProjectionOutput(logits=dense, ids=None, n_vocab=self.n_vocab, log_inactive_mass=left_out)
 
+    def _full_logits(self, h: torch.Tensor) -> torch.Tensor:
+        """All N columns, (rows, N): rows a certificate or ``mass_radius`` sends to the full projection."""
+        if self._w8 is not None:
+            return ops.int8_full_logits(h, self._w8)
+        return torch.nn.functional.linear(h, self.weight, self.bias)
+
     def _project_torch(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         clusters = self.assign(h)  # (rows,)
         cl = clusters.tolist()
         if self.selection == "per-row":
-            logits, ids = ops.per_row_logits(h, cl, self._map, self.weight, self.bias)
+            logits, ids = ops.per_row_logits(h, cl, self._map, self.weight, self.bias, self._w8)
             return logits, ids, clusters
         ids = ops.union_columns(cl, self._map.ids, self.n_vocab)  # (C,)
         uniq = set(cl)
         c = next(iter(uniq))
-        if len(uniq) == 1 and self._map.blocks[c] is not None:  # one cluster: its cached block, no gather
+        if self._w8 is not None:  # one cluster or many: int8 rows, a cached cluster's packed block if any
+            logits = (
+                ops.int8_cluster_logits(h, self._w8, self._map, c)
+                if len(uniq) == 1
+                else ops.int8_gathered_logits(h, self._w8, ids)
+            )
+        elif len(uniq) == 1 and self._map.blocks[c] is not None:  # one cluster: its cached block, no gather
             logits = ops.cluster_logits(h, self._map, c, self.weight, self.bias)
         else:
             logits = ops.gathered_logits(h, self.weight, self.bias, ids)  # (rows, C)
@@ -432,14 +471,22 @@ class ClusteredProjection(Projection):
         return logits, ids, clusters
 
 
-def _oracle_log_mass(
-    h: torch.Tensor, logits: torch.Tensor, ids: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
-) -> torch.Tensor:
-    """Exact ``logsumexp`` of the logits a row did not compute, (rows,) float32 (the ``oracle`` estimate)."""
-    full = torch.nn.functional.linear(h, weight, bias).float()  # (rows, N)
+def _oracle_log_mass(logits: torch.Tensor, ids: torch.Tensor, full: torch.Tensor) -> torch.Tensor:
+    """Exact ``logsumexp`` of the logits a row did not compute, (rows,) float32 (the ``oracle`` estimate),
+    from the row's ``full`` logits (rows, N) float32."""
     # per-row padding repeats an id with -inf; dense() keeps the real logit: only computed columns are finite
     computed = torch.isfinite(ProjectionOutput(logits, ids, full.shape[1]).dense())
     return torch.logsumexp(full.masked_fill(computed, -math.inf), dim=1)
+
+
+def _check_int8(device: torch.device, backend: str) -> None:
+    """``int8`` is a CPU path of the torch backend: a ValueError naming why not elsewhere."""
+    if device.type != "cpu":
+        raise ValueError(
+            f"int8 clustered projection runs on CPU only (its int8 GEMMs are CPU kernels), W is on {device}"
+        )
+    if backend == "cupy":
+        raise ValueError("int8 clustered projection needs the torch backend: the CuPy kernels are fp16/bf16")
 
 
 def _cupy_unsupported(weight: torch.Tensor) -> str | None:

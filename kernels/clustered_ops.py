@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from fastvocab.artifacts_schema.cluster_map import ClusterMap
+from fastvocab.kernels import int8
 
 # ------------------------------------------------------------------------------------------- map on device
 
@@ -205,9 +206,17 @@ def gathered_logits(
 
 
 def cluster_logits(
-    h: torch.Tensor, pm: PreparedMap, c: int, weight: torch.Tensor, bias: torch.Tensor | None
+    h: torch.Tensor,
+    pm: PreparedMap,
+    c: int,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    w8: Int8Weights | None = None,
 ) -> torch.Tensor:
-    """Logits of rows ``h`` (all in cluster ``c``) over the cluster's own set, (rows, size_c)."""
+    """Logits of rows ``h`` (all in cluster ``c``) over the cluster's own set, (rows, size_c); from the
+    int8 rows ``w8`` when given (:func:`int8_cluster_logits`)."""
+    if w8 is not None:
+        return int8_cluster_logits(h, w8, pm, c)
     block = pm.blocks[c]
     if block is not None:
         return F.linear(h, block, pm.block_bias[c])  # contiguous cached block: no gather
@@ -228,8 +237,10 @@ def per_row_logits(
     pm: PreparedMap,
     weight: torch.Tensor,
     bias: torch.Tensor | None,
+    w8: Int8Weights | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Each row against its own cluster's set: rows grouped by cluster, one GEMM per group.
+    """Each row against its own cluster's set: rows grouped by cluster, one GEMM per group (from the int8
+    rows ``w8`` when given).
 
     Returns ``(logits, ids)``: (rows, C) and shared ids (C,) when every row is in one cluster; otherwise
     (rows, W) and per-row ids (rows, W) with W the largest set among the rows' clusters, padding positions
@@ -238,7 +249,7 @@ def per_row_logits(
     groups = group_rows(clusters)
     if len(groups) == 1:
         c = next(iter(groups))
-        return cluster_logits(h, pm, c, weight, bias), pm.ids[c]
+        return cluster_logits(h, pm, c, weight, bias, w8), pm.ids[c]
     rows = h.shape[0]
     width = max(pm.sizes[c] for c in groups)
     logits = h.new_full((rows, width), -math.inf)  # (rows, W)
@@ -249,11 +260,157 @@ def per_row_logits(
             sel: slice | torch.Tensor = slice(members[0], members[-1] + 1)
         else:
             sel = torch.tensor(members, dtype=torch.int64, device=h.device)
-        logits[sel, :n] = cluster_logits(h[sel], pm, c, weight, bias)
+        logits[sel, :n] = cluster_logits(h[sel], pm, c, weight, bias, w8)
         ids[sel, :n] = pm.ids[c]
         if n < width:
             ids[sel, n:] = pm.ids[c][:1]
     return logits, ids
+
+
+# ------------------------------------------------------------------------------------------- int8
+
+# An int8 union step gathers its rows a block at a time and widens them to float32 in a buffer of this size,
+# like the float32 gather's block, so the GEMM reads it from cache (256 KiB to 16 MiB tried: 4 MiB fastest).
+INT8_GATHER_CHUNK_BYTES = 4 << 20
+# Which of the two int8 union kernels is cheaper, from per-column costs ``a + b * rows`` (microseconds at
+# d 1024, one thread, measured by benchmarks/bench_int8_gather.py on the 2-core AVX2 development VM): the
+# gather (random 1 KiB rows read at a few GB/s, widened, multiplied in float32) against the packed fbgemm
+# GEMM over all N columns (W read in order, int8 arithmetic). The gather wins below a union of about 15%
+# of N at 1 row and 35% at 32 rows. Both give the same logits: the choice changes only the time.
+INT8_GATHER_COST = (0.45, 0.022)
+INT8_DENSE_COST = (0.06, 0.011)
+
+
+@dataclass
+class Int8Weights:
+    """W and b as the full projection's ``int8`` option holds them, for the clustered projection's int8 path.
+
+    ``linear``: the dynamic int8 layer over all N columns (``kernels.int8.int8_linear``: one scale per
+    output row, symmetric, packed for fbgemm): large unions and rows that get full logits. ``q`` and
+    ``scale``: the same int8 rows unpacked, (N, d) and (N,) float32, for gathers. ``blocks[c]``: cluster
+    ``c``'s rows packed alone (a cached cluster, the int8 counterpart of ``PreparedMap.blocks``; None when it
+    is not cached). Every path computes the layer's own logits on its columns, to float rounding: the
+    activations are quantised as the layer quantises them (``kernels.int8.quantize_input``).
+    """
+
+    linear: torch.nn.Module
+    q: torch.Tensor  # (N, d) int8
+    scale: torch.Tensor  # (N,) float32
+    bias: torch.Tensor | None  # (N,) float32
+    blocks: list[torch.ScriptObject | None]
+    cached_bytes: int
+    max_norm: float  # max_i ||w_i||: the certificate's bound on what input rounding moves a logit
+    max_residual: float  # max_i ||w_i - scale_i q_i||: the same for the weights' rounding
+
+
+def int8_weights(
+    weight: torch.Tensor, bias: torch.Tensor | None, pm: PreparedMap, *, cache_bytes: int = 0
+) -> Int8Weights:
+    """Quantise W once (as ``FullProjection(int8=True)`` does) and pack the most-populated clusters' rows
+    alone, up to ``cache_bytes`` (each packed block holds its rows twice: fbgemm keeps the unpacked copy)."""
+    linear = int8.int8_linear(weight, bias)
+    q, scale = int8.int8_rows(linear)
+    b = None if bias is None else bias.detach().float().contiguous()
+    blocks: list[torch.ScriptObject | None] = [None] * pm.r
+    row_bytes, used = 2 * q.shape[1], 0
+    for c in np.argsort(-pm.population, kind="stable"):
+        need = pm.sizes[c] * row_bytes
+        if pm.sizes[c] and used + need <= cache_bytes:
+            ids = pm.ids[c]
+            bias_c = None if b is None else b.index_select(0, ids)
+            blocks[c] = int8.packed_rows(q.index_select(0, ids), scale.index_select(0, ids), bias_c)
+            used += need
+    max_norm, max_residual = _int8_residuals(weight, q, scale)
+    return Int8Weights(
+        linear=linear,
+        q=q,
+        scale=scale,
+        bias=b,
+        blocks=blocks,
+        cached_bytes=used,
+        max_norm=max_norm,
+        max_residual=max_residual,
+    )
+
+
+def _int8_residuals(
+    weight: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, rows_per_chunk: int = 1 << 14
+) -> tuple[float, float]:
+    """``max_i ||w_i||`` and ``max_i ||w_i - scale_i q_i||`` in float32, a chunk of rows at a time."""
+    norm = resid = 0.0
+    for lo in range(0, weight.shape[0], rows_per_chunk):
+        w = weight[lo : lo + rows_per_chunk].float()
+        deq = q[lo : lo + rows_per_chunk].float() * scale[lo : lo + rows_per_chunk, None]
+        norm = max(norm, float(w.norm(dim=1).max()))
+        resid = max(resid, float((w - deq).norm(dim=1).max()))
+    return norm, resid
+
+
+def int8_logit_error(h: torch.Tensor, w8: Int8Weights) -> torch.Tensor:
+    """Per row, a bound on ``|z_i - z8_i|`` over every column i, (rows,) float32: how far an int8 logit
+    ``z8_i`` (the int8 layer's, of the batch ``h``) can be from the float32 logit ``z_i`` the certificate's
+    tables bound. With the input quantised as ``s a`` (``kernels.int8.quantize_input``) and ``w_i`` as
+    ``scale_i q_i``: ``z_i - z8_i = (h - s a)·w_i + s a·(w_i - scale_i q_i)``, at most
+    ``||h - s a|| max||w_i|| + ||s a|| max||w_i - scale_i q_i||`` (Cauchy-Schwarz). The input's rounding is
+    known per call, so the bound is a few percent of the certificate's own slope, not the worst case."""
+    ints, h_scale = int8.quantize_input(h)
+    deq = ints * h_scale  # (rows, d)
+    return (h.float() - deq).norm(dim=1) * w8.max_norm + deq.norm(dim=1) * w8.max_residual
+
+
+def int8_full_logits(h: torch.Tensor, w8: Int8Weights) -> torch.Tensor:
+    """All N columns through the int8 layer, (rows, N) float32."""
+    return w8.linear(h.float().contiguous())
+
+
+def int8_gathered_logits(h: torch.Tensor, w8: Int8Weights, cols: torch.Tensor) -> torch.Tensor:
+    """Logits of columns ``cols`` only from the int8 rows, (rows, C) float32: the layer's logits on them.
+
+    :func:`int8_gather_gemm` for small unions; otherwise the layer over all N, keeping ``cols``
+    (:func:`int8_dense_cheaper`).
+    """
+    if int8_dense_cheaper(cols.numel(), h.shape[0], w8.q.shape[0]):
+        return int8_full_logits(h, w8).index_select(1, cols)
+    return int8_gather_gemm(h, w8, cols)
+
+
+def int8_dense_cheaper(columns: int, rows: int, n_vocab: int) -> bool:
+    """Whether ``rows`` rows cost less over all ``n_vocab`` columns (packed int8 GEMM) than over ``columns``
+    gathered ones (:data:`INT8_GATHER_COST`, :data:`INT8_DENSE_COST`)."""
+    gather = columns * (INT8_GATHER_COST[0] + INT8_GATHER_COST[1] * rows)
+    return gather > n_vocab * (INT8_DENSE_COST[0] + INT8_DENSE_COST[1] * rows)
+
+
+def int8_gather_gemm(h: torch.Tensor, w8: Int8Weights, cols: torch.Tensor) -> torch.Tensor:
+    """The input quantised as the layer does, the int8 rows ``cols`` gathered a block at a time and widened
+    to float32 in a cache-sized buffer, one float32 GEMM per block: the layer's int32 sums exactly (integers
+    below 2^24: ``127 * 127 * d`` for d up to 1040; beyond, within float32 rounding of them), scaled back as
+    the layer scales them. (rows, C) float32."""
+    c, rows, d = cols.numel(), h.shape[0], w8.q.shape[1]
+    ints, h_scale = int8.quantize_input(h)  # (rows, d) float32 integers, 0-d scale
+    step = max(1, INT8_GATHER_CHUNK_BYTES // (4 * d))
+    buf8 = torch.empty((min(step, c), d), dtype=torch.int8)
+    buf = torch.empty((min(step, c), d), dtype=torch.float32)
+    acc_t = torch.empty((c, rows), dtype=torch.float32)  # (C, rows): each block fills contiguous rows
+    ints_t = ints.t()
+    for lo in range(0, c, step):
+        sel = cols[lo : lo + step]
+        n = sel.numel()
+        torch.index_select(w8.q, 0, sel, out=buf8[:n])
+        buf[:n].copy_(buf8[:n])
+        torch.mm(buf[:n], ints_t, out=acc_t[lo : lo + n])
+    logits = acc_t.t() * (h_scale * w8.scale.index_select(0, cols))
+    if w8.bias is not None:
+        logits += w8.bias.index_select(0, cols)
+    return logits
+
+
+def int8_cluster_logits(h: torch.Tensor, w8: Int8Weights, pm: PreparedMap, c: int) -> torch.Tensor:
+    """Logits of rows ``h`` (all in cluster ``c``) over the cluster's own set from the int8 rows."""
+    block = w8.blocks[c]
+    if block is not None:
+        return int8.linear_packed(h.float().contiguous(), block)  # packed once: no gather, int8 GEMM
+    return int8_gathered_logits(h, w8, pm.ids[c])
 
 
 # ------------------------------------------------------------------------------------------- inactive mass

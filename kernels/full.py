@@ -31,7 +31,7 @@ import torch
 from torch import nn
 
 from fastvocab.kernels.base import CapturableStep, Projection, ProjectionOutput, register
-from fastvocab.kernels.int8 import quantize_linears
+from fastvocab.kernels.int8 import int8_linear
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +82,7 @@ class FullProjection(Projection):
         self._packed_version = -1  # W's version counter when the copies were made
         self._q: nn.Module | None = None  # the int8 linear layer
         if self.int8:
-            self._q = _int8_linear(weight, bias)
+            self._q = int8_linear(weight, bias)
         self._pack()
 
     def _pack(self) -> None:
@@ -145,16 +145,3 @@ class FullProjection(Projection):
                 h.contiguous(), self._packed, self.bias, "none", [], ""
             )
         return ProjectionOutput(logits=logits, ids=None, n_vocab=self.n_vocab)
-
-
-def _int8_linear(weight: torch.Tensor, bias: torch.Tensor | None) -> nn.Module:
-    """``W`` and ``b`` as a dynamic int8 ``nn.Linear`` (CPU only)."""
-    if weight.device.type != "cpu":
-        raise ValueError(f"int8 projection runs on CPU only, W is on {weight.device}")
-    n_vocab, d = weight.shape
-    lin = nn.Linear(d, n_vocab, bias=bias is not None)
-    with torch.no_grad():
-        lin.weight.copy_(weight.float())
-        if bias is not None:
-            lin.bias.copy_(bias.float())
-    return quantize_linears(nn.Sequential(lin))[0]
