@@ -339,11 +339,12 @@ def part_statuses(job: BulkJob, ranges: list[BulkRange]) -> list[str]:
 
 
 def build_projection(adapter: Seq2SeqAdapter, job: BulkJob) -> Projection:
-    """The job's output layer over a loaded model (int8 for the full projection with dtype int8)."""
-    from fastvocab.tasks.projections import make_projection
+    """The job's output layer over a loaded model (with dtype int8, the full and clustered projections' own
+    int8 option)."""
+    from fastvocab.tasks.projections import INT8_METHODS, make_projection
 
     options = dict(job.options)
-    if job.dtype == "int8" and job.method == "full":  # the clustered projection stays float32 (few columns)
+    if job.dtype == "int8" and job.method in INT8_METHODS:
         options["int8"] = True
     return make_projection(adapter, job.method, **options)
 

@@ -14,6 +14,9 @@ from fastvocab.tasks.methods import INDEXED_METHODS
 # What ``inactive_mass="auto"`` stands for in beam search: the estimator with the fewest search errors
 # measured (benchmarks/results/fidelity-cpu-2026-11-23-normaliser.json). Greedy search reads logits only.
 BEAM_INACTIVE_MASS = "normaliser"
+# The methods with an ``int8`` option (int8 output layer, CPU): a model loaded in int8 hands it to them; the
+# others (lsh, graph, shortlist) compute their few columns in float32 beside the int8 decoder.
+INT8_METHODS = ("full", "clustered")
 
 
 def make_projection(adapter: Seq2SeqAdapter, method: str = "full", **options: object) -> Projection:

@@ -184,7 +184,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default="float32",
         choices=_DTYPES,
         help="model dtype; int8: CPU dynamic quantisation of the encoder and decoder linear layers and of "
-        "the full projection (outputs may differ from float32 on a few %% of lines) (default: %(default)s)",
+        "the full or clustered projection (outputs may differ from float32 on a few %% of lines) "
+        "(default: %(default)s)",
     )
     p.add_argument(
         "--threads",
@@ -344,7 +345,7 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from fastvocab.tasks.inputs import iter_text_lines
-    from fastvocab.tasks.projections import make_projection
+    from fastvocab.tasks.projections import INT8_METHODS, make_projection
     from fastvocab.tasks.text_chunks import translate_text_file
     from fastvocab.tasks.translate import SearchSettings
 
@@ -371,7 +372,7 @@ def run(args: argparse.Namespace) -> int:
         adapter.check_language(args.src_lang)
         adapter.check_language(args.tgt_lang)
         options = _projection_options(args)
-        if int8 and args.method == "full":  # the clustered projection stays float32 (few columns)
+        if int8 and args.method in INT8_METHODS:
             options["int8"] = True
         projection = make_projection(adapter, args.method, **options)
         # the flags are named as SearchSettings' fields (--beam, --batch-size, ...)

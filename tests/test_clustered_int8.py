@@ -1,0 +1,216 @@
+"""The clustered projection's ``int8`` option (CPU): the full int8 projection's logits on the active columns,
+the float32 path's columns, both int8 union kernels, cached packed blocks, the certificate against full
+int8, what it refuses, and ``--dtype int8 --method clustered`` through the translate CLI and the bulk worker.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fastvocab.kernels import clustered_ops, create_projection
+from fastvocab.kernels.clustered import ClusteredProjection
+from tests.layers import random_layer, random_map, rows_near
+
+N, D = 400, 64
+
+
+def layer_and_map(bias: float = 1.0, size: int = 60, r: int = 12):
+    w, b = random_layer(n_vocab=N, d=D, seed=3, bias=bias)
+    w = w * D**-0.5  # logits of order 1, as a trained layer's
+    return w, b, random_map(w, b, r=r, size=size, seed=1)
+
+
+def clustered(w, b, cmap, **options) -> ClusteredProjection:
+    proj = create_projection("clustered", w, b, cluster_map=cmap, **options)
+    assert isinstance(proj, ClusteredProjection)
+    return proj
+
+
+def batch(cmap, rows: int, seed: int = 0) -> torch.Tensor:
+    """Rows near random clusters' centroids (several clusters: a union of several sets)."""
+    clusters = torch.randint(0, cmap.manifest.r, (rows,), generator=torch.Generator().manual_seed(seed))
+    return rows_near(cmap, clusters.tolist(), noise=0.3, seed=seed)
+
+
+@pytest.fixture(params=["gather", "dense"])
+def union_kernel(request, monkeypatch):
+    """Force one of the two int8 union kernels (the cost model picks between them by size)."""
+    cheap, dear = (0.0, 0.0), (1e9, 1e9)
+    gather = request.param == "gather"
+    monkeypatch.setattr(clustered_ops, "INT8_GATHER_COST", cheap if gather else dear)
+    monkeypatch.setattr(clustered_ops, "INT8_DENSE_COST", dear if gather else cheap)
+    return request.param
+
+
+@pytest.mark.parametrize("selection", ["union", "per-row"])
+@pytest.mark.parametrize("bias", [1.0, 0.0])
+@pytest.mark.parametrize("rows", [1, 7])
+def test_int8_logits_are_full_int8_on_the_active_columns(union_kernel, selection, bias, rows):
+    """Union: the full int8 projection's logits of the batch. Per-row: of each cluster's group of rows (the
+    int8 layer quantises its input per tensor, so a row's int8 logits depend on the rows beside it)."""
+    w, b, cmap = layer_and_map(bias=bias)
+    h = batch(cmap, rows)
+    full8 = create_projection("full", w, b, int8=True)
+    proj = clustered(w, b, cmap, selection=selection, int8=True, cache_mb=0)
+    out = proj(h)
+    want = full8(h).logits
+    if selection == "per-row":
+        clusters = proj.assign(h)
+        for c in clusters.unique():
+            want[clusters == c] = full8(h[clusters == c]).logits
+    want = torch.gather(want, 1, out.ids.expand(rows, -1) if out.ids.dim() == 1 else out.ids)
+    computed = torch.isfinite(out.logits)
+    assert computed.any(dim=1).all()
+    torch.testing.assert_close(out.logits[computed], want[computed], rtol=1e-5, atol=1e-5)
+
+
+def test_int8_logits_are_float32_ones_within_the_quantisation_error():
+    """Close to float32 (a few percent of the logits' range), not equal: the int8 rows are what ran."""
+    w, b, cmap = layer_and_map()
+    h = batch(cmap, 9)
+    out8 = clustered(w, b, cmap, int8=True)(h)
+    out32 = clustered(w, b, cmap)(h)
+    err = (out8.logits - out32.logits).abs().max()
+    scale = out32.logits.abs().max()
+    assert 0 < err < 0.05 * scale
+    # the bound the certificate uses holds row by row
+    slack = clustered_ops.int8_logit_error(h, clustered(w, b, cmap, int8=True)._w8)
+    assert ((out8.logits - out32.logits).abs().amax(dim=1) <= slack).all()
+
+
+@pytest.mark.parametrize("selection", ["union", "per-row"])
+def test_int8_computes_the_float32_projections_columns(selection):
+    w, b, cmap = layer_and_map()
+    for seed, rows in ((0, 1), (1, 5), (2, 16)):
+        h = batch(cmap, rows, seed=seed)
+        out8 = clustered(w, b, cmap, selection=selection, int8=True)(h)
+        out32 = clustered(w, b, cmap, selection=selection)(h)
+        assert torch.equal(out8.ids, out32.ids)
+        assert torch.equal(torch.isfinite(out8.logits), torch.isfinite(out32.logits))
+
+
+def test_cached_cluster_is_a_packed_int8_block_with_the_same_logits():
+    w, b, cmap = layer_and_map()
+    cached = clustered(w, b, cmap, int8=True, cache_mb=1.0)
+    plain = clustered(w, b, cmap, int8=True, cache_mb=0)
+    hit = [c for c, blk in enumerate(cached._w8.blocks) if blk is not None]
+    assert hit and all(blk is None for blk in plain._w8.blocks)
+    assert cached.prepared_map.cached_bytes == 0  # no float32 blocks beside the int8 ones
+    h = rows_near(cmap, [hit[0]] * 3, noise=0.01)
+    a, z = cached(h), plain(h)
+    assert torch.equal(a.ids, z.ids)
+    torch.testing.assert_close(a.logits, z.logits, rtol=1e-5, atol=1e-5)
+
+
+def test_options_and_signature_say_int8():
+    w, b, cmap = layer_and_map()
+    proj = clustered(w, b, cmap, int8=True)
+    assert proj.options()["dtype"] == "int8" and "|dtype:int8|" in proj.signature()
+    assert "dtype" not in clustered(w, b, cmap).options()
+
+
+def test_int8_refuses_cuda_the_cupy_backend_and_a_static_union():
+    w, b, cmap = layer_and_map()
+    with pytest.raises(ValueError, match="torch backend"):
+        clustered(w, b, cmap, int8=True, backend="cupy")
+    with pytest.raises(ValueError, match="CPU only"):
+        fp = cmap.manifest.model_fingerprint
+        ClusteredProjection(w.to("meta"), b.to("meta"), cluster_map=cmap, int8=True, fingerprint=fp)
+    with pytest.raises(ValueError, match="no int8 path"):
+        clustered(w, b, cmap, int8=True).capturable(4)
+
+
+@pytest.mark.parametrize(("exact_k", "exact_tol"), [(1, 1e-5), (4, 0.5)])
+def test_certificate_gives_full_int8_top_k(exact_k, exact_tol):
+    """With ``exact_k`` every row's top-k is the full int8 projection's (certified or not)."""
+    w, b, cmap = layer_and_map(size=300)
+    h = torch.cat([rows_near(cmap, list(range(12)), noise=0.02), batch(cmap, 12, seed=5)])
+    proj = clustered(w, b, cmap, int8=True, exact_k=exact_k, exact_tol=exact_tol, inactive_mass="moments")
+    out = proj(h)
+    full8 = create_projection("full", w, b, int8=True)(h).logits
+    got = torch.topk(out.dense(), exact_k, dim=1)
+    want = torch.topk(full8, exact_k, dim=1)
+    assert torch.equal(got.indices, want.indices)
+    assert proj.certified_fraction > 0  # the int8 margin leaves rows near a centroid certified
+
+
+@pytest.mark.parametrize("estimator", ["centroid", "moments", "normaliser", "oracle"])
+def test_inactive_mass_estimates_run_on_int8_logits(estimator):
+    w, b, cmap = layer_and_map()
+    h = batch(cmap, 6)
+    out = clustered(w, b, cmap, int8=True, inactive_mass=estimator)(h)
+    assert out.log_inactive_mass is not None and torch.isfinite(out.log_inactive_mass).all()
+    if estimator == "oracle":  # the exact mass of the columns left out, of the int8 logits
+        full8 = create_projection("full", w, b, int8=True)(h).logits
+        left = full8.masked_fill(torch.isfinite(out.dense()), float("-inf"))
+        torch.testing.assert_close(out.log_inactive_mass, torch.logsumexp(left, dim=1))
+
+
+def test_mass_radius_far_rows_get_full_int8_logits():
+    w, b, cmap = layer_and_map()
+    h = batch(cmap, 5)
+    proj = clustered(w, b, cmap, int8=True, inactive_mass="moments", mass_radius=1e-6)
+    out = proj(h)  # every row is far
+    assert out.ids is None
+    torch.testing.assert_close(out.logits, create_projection("full", w, b, int8=True)(h).logits)
+
+
+def test_cost_model_prefers_the_gather_for_small_unions_only():
+    assert not clustered_ops.int8_dense_cheaper(12_811, 1, 128_112)  # 10% of N, one row
+    assert clustered_ops.int8_dense_cheaper(87_000, 32, 128_112)  # 68% of N, 32 rows
+
+
+# ------------------------------------------------------------------------- the CLI and the bulk worker
+
+
+def save_full_map(adapter, root, clusters: int = 2):
+    """A map folder ``<root>/en-it`` whose every set holds every id: clustered computes what full does."""
+    import numpy as np
+
+    from fastvocab.artifacts_schema.cluster_map import save_cluster_map
+    from tests.layers import map_from_sets
+
+    centroids = np.random.default_rng(0).standard_normal((clusters, adapter.d_model))
+    sets = [list(range(adapter.n_vocab))] * clusters
+    cmap = map_from_sets(centroids, sets, adapter.n_vocab, adapter.fingerprint)
+    return save_cluster_map(cmap, root / "en-it")
+
+
+def test_translate_cli_int8_clustered(spread_model_dir, tmp_path, capsys):
+    from fastvocab.decoding import Seq2SeqAdapter
+    from fastvocab.pipeline.cli import main
+    from tests.conftest import synthetic_sentences
+
+    adapter = Seq2SeqAdapter.load(spread_model_dir)
+    inp, out, full_out = tmp_path / "in.txt", tmp_path / "out.txt", tmp_path / "full.txt"
+    inp.write_text("\n".join(synthetic_sentences("en", 4, seed=3)) + "\n", encoding="utf-8")
+    maps = tmp_path / "maps"
+    save_full_map(adapter, maps)
+    base = ["translate", "--model", str(spread_model_dir), "--src-lang", "en", "--tgt-lang", "it"]
+    base += ["-i", str(inp), "--max-len", "6", "--dtype", "int8", "--no-progress"]
+    assert main([*base, "-o", str(full_out)]) == 0
+    rc = main([*base, "-o", str(out), "--method", "clustered", "--clusters", str(maps)])
+    assert rc == 0, capsys.readouterr().err
+    # every id in every set: the int8 clustered projection computes the full int8 projection's logits
+    assert out.read_text(encoding="utf-8") == full_out.read_text(encoding="utf-8")
+
+
+def test_bulk_worker_hands_int8_to_the_clustered_projection(spread_model_dir, tmp_path):
+    from fastvocab.decoding import Seq2SeqAdapter
+    from fastvocab.tasks.bulk import BulkJob, build_projection
+
+    adapter = Seq2SeqAdapter.load(spread_model_dir)
+    path = save_full_map(adapter, tmp_path / "maps")
+    for dtype in ("int8", "float32"):
+        job = BulkJob(
+            model=None,  # type: ignore[arg-type]  # build_projection reads the method, options and dtype
+            src_lang="en",
+            tgt_lang="it",
+            method="clustered",
+            signature="",
+            parts=str(tmp_path / "parts"),
+            options={"cluster_map": path},
+            dtype=dtype,
+        )
+        assert build_projection(adapter, job).options().get("dtype") == ("int8" if dtype == "int8" else None)
