@@ -1,0 +1,322 @@
+"""Kernels for "logits of the active columns only" with an int8 output layer, on CPU.
+
+    .venv/bin/python benchmarks/bench_int8_gather.py                     # d 1024, N 128,112, 2 threads
+    .venv/bin/python benchmarks/bench_int8_gather.py --quick             # a smoke run, small sizes
+
+The clustered projection's union step computes ``h @ W[cols]^T + b[cols]`` for a batch's union ``cols`` of
+active ids (a share ``u`` of the N columns). In float32 it copies the rows of W block by block
+(``clustered_ops.gathered_logits``) and multiplies them. With an int8 decoder that float32 gather is what
+costs: each step reads ``u N d`` float32 bytes. The candidates here read ``u N d`` int8 bytes instead, W
+quantised once per output row (symmetric, one scale per vocabulary entry, as the full projection's int8
+option does):
+
+- ``fp32-gather``: the float32 path as it is (the reference);
+- ``int8-wpack``: int8 rows gathered a cache-sized block at a time, then ``torch._weight_int8pack_mm``
+  (weight-only int8: float activations, the row scales applied in the kernel), one call per block;
+- ``int8-wpack-whole``: the same with one gather of all the active rows and one call;
+- ``int8-intmm``: the activations quantised per row to int8 (symmetric), int8 rows gathered per block,
+  ``torch._int_mm`` (int32 accumulation), then both scales;
+- ``int8-dequant``: int8 rows gathered per block and widened to float32 in a cache-sized buffer, then the
+  float32 GEMM (int8 bytes from memory, float32 arithmetic);
+- ``int8-prepack``: the gathered int8 rows packed for fbgemm on every call
+  (``quantized.linear_prepack``), then ``quantized.linear_dynamic`` (what the full int8 projection runs, on
+  its W packed once);
+- ``int8-gather``: ``clustered_ops.int8_gather_gemm``, what the clustered projection's int8 option runs:
+  ``int8-dequant`` on the activations quantised as the full int8 layer quantises them (per tensor, 7 bits),
+  so its float32 GEMM computes the layer's integer sums exactly and its logits are the full int8
+  projection's on those columns;
+- ``int8-dense``: the full int8 layer (fbgemm, W packed once) over all N columns, then the C columns kept:
+  int8 arithmetic, but N rows read;
+- ``int8-clustered``: what ``ClusteredProjection(int8=True)`` runs for a union of several clusters
+  (``clustered_ops.int8_gathered_logits``): ``int8-gather`` or ``int8-dense``, whichever its cost model
+  (``clustered_ops.INT8_GATHER_COST``, ``INT8_DENSE_COST``) says is cheaper at this C and row count;
+
+and, for comparison at the same rows, the full projections over all N columns: ``full-fp32``
+(``create_projection("full")``, pre-packed) and ``full-int8`` (``create_projection("full", int8=True)``).
+
+A batch-1 step whose cluster's sub-matrix is cached (``cache_mb``) has no gather: ``cached-fp32`` (F.linear
+on the contiguous float32 block), ``cached-int8-wpack`` (``_weight_int8pack_mm`` on the contiguous int8
+block) and ``cached-int8-packed`` (the block packed for fbgemm once, ``linear_dynamic`` per call:
+``clustered_ops.int8_cluster_logits`` on a cached cluster) time that case for one row.
+
+Columns: ``u N`` ids drawn at random, sorted. Each candidate is checked against float64 logits of the weights
+it reads (the dequantised int8 weights for int8 candidates): the largest error relative to the largest
+logit, and whether the row's argmax agrees; int8 candidates also against the full int8 projection's logits
+on the same columns (``max_rel_diff_full_int8``: 0 to float rounding for those that quantise the
+activations as it does). Times: median of ``--repeats`` calls after two warm-up calls.
+Writes JSON (``--out``) with the device, its CPU flags, torch's version, the commit and the load average.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from bench_meta import ROOT, cpu_name, git_commit
+
+from fastvocab.kernels import clustered_ops, create_projection
+from fastvocab.kernels.int8 import packed_rows
+
+OUT = ROOT / "benchmarks" / "results" / "int8-gather-cpu-2026-11-25.json"
+CHUNK_BYTES = 4 << 20  # the float32 gather's block (clustered_ops.GATHER_CHUNK_BYTES)
+
+Kernel = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (h, cols) -> (rows, C) logits
+
+
+def blocks(cols: torch.Tensor, rows_per_block: int):
+    for lo in range(0, cols.numel(), rows_per_block):
+        yield lo, cols[lo : lo + rows_per_block]
+
+
+def fp32_gather(w: torch.Tensor, b: torch.Tensor | None) -> Kernel:
+    from fastvocab.kernels.clustered_ops import gathered_logits
+
+    return lambda h, cols: gathered_logits(h, w, b, cols)
+
+
+def int8_wpack(q: torch.Tensor, scale: torch.Tensor, b: torch.Tensor | None, block_bytes: int) -> Kernel:
+    d = q.shape[1]
+    step = max(1, block_bytes // d)
+    buf = torch.empty((step, d), dtype=torch.int8)
+
+    def run(h: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
+        out = h.new_empty((h.shape[0], cols.numel()))
+        for lo, sel in blocks(cols, step):
+            n = sel.numel()
+            torch.index_select(q, 0, sel, out=buf[:n])
+            out[:, lo : lo + n] = torch._weight_int8pack_mm(h, buf[:n], scale.index_select(0, sel))
+        if b is not None:
+            out += b.index_select(0, cols)
+        return out
+
+    return run
+
+
+def int8_wpack_whole(q: torch.Tensor, scale: torch.Tensor, b: torch.Tensor | None) -> Kernel:
+    def run(h: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
+        out = torch._weight_int8pack_mm(h, q.index_select(0, cols), scale.index_select(0, cols))
+        return out if b is None else out + b.index_select(0, cols)
+
+    return run
+
+
+def int8_intmm(q: torch.Tensor, scale: torch.Tensor, b: torch.Tensor | None, block_bytes: int) -> Kernel:
+    d = q.shape[1]
+    step = max(1, block_bytes // d)
+    buf = torch.empty((step, d), dtype=torch.int8)
+
+    def run(h: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
+        hs = (h.abs().amax(dim=1) / 127.0).clamp(min=1e-12)  # (rows,)
+        hq = torch.round(h / hs[:, None]).to(torch.int8)
+        acc = torch.empty((h.shape[0], cols.numel()), dtype=torch.int32)
+        for lo, sel in blocks(cols, step):
+            n = sel.numel()
+            torch.index_select(q, 0, sel, out=buf[:n])
+            acc[:, lo : lo + n] = torch._int_mm(hq, buf[:n].t())
+        out = acc.float() * hs[:, None] * scale.index_select(0, cols)
+        return out if b is None else out + b.index_select(0, cols)
+
+    return run
+
+
+def int8_dequant(q: torch.Tensor, scale: torch.Tensor, b: torch.Tensor | None, block_bytes: int) -> Kernel:
+    d = q.shape[1]
+    step = max(1, block_bytes // (4 * d))  # the float32 block fits the same cache as the fp32 gather's
+    buf = torch.empty((step, d), dtype=torch.int8)
+    wf = torch.empty((step, d), dtype=torch.float32)
+
+    def run(h: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
+        out_t = h.new_empty((cols.numel(), h.shape[0]))
+        h_t = h.t()
+        for lo, sel in blocks(cols, step):
+            n = sel.numel()
+            torch.index_select(q, 0, sel, out=buf[:n])
+            wf[:n].copy_(buf[:n])
+            torch.mm(wf[:n], h_t, out=out_t[lo : lo + n])
+        out = out_t.t() * scale.index_select(0, cols)
+        return out if b is None else out + b.index_select(0, cols)
+
+    return run
+
+
+def int8_prepack(q: torch.Tensor, scale: torch.Tensor, b: torch.Tensor | None) -> Kernel:
+    scale64 = scale.double()
+
+    def run(h: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
+        n = cols.numel()
+        qw = torch._make_per_channel_quantized_tensor(
+            q.index_select(0, cols), scale64.index_select(0, cols), torch.zeros(n, dtype=torch.int64), 0
+        )
+        bias = None if b is None else b.index_select(0, cols)
+        packed = torch.ops.quantized.linear_prepack(qw, bias)
+        return torch.ops.quantized.linear_dynamic(h, packed, True)
+
+    return run
+
+
+def int8_gather(w8: clustered_ops.Int8Weights) -> Kernel:
+    return lambda h, cols: clustered_ops.int8_gather_gemm(h, w8, cols)
+
+
+def int8_dense(w8: clustered_ops.Int8Weights) -> Kernel:
+    return lambda h, cols: clustered_ops.int8_full_logits(h, w8).index_select(1, cols)
+
+
+def int8_clustered(w8: clustered_ops.Int8Weights) -> Kernel:
+    return lambda h, cols: clustered_ops.int8_gathered_logits(h, w8, cols)
+
+
+def cached_kernels(w, b, q, scale, cols: torch.Tensor) -> dict[str, Kernel]:
+    """Batch 1 on a cached cluster: the block is contiguous, built once (outside the timing)."""
+    block = w.index_select(0, cols).contiguous()
+    block_b = None if b is None else b.index_select(0, cols)
+    qb, sb = q.index_select(0, cols).contiguous(), scale.index_select(0, cols)
+    packed = packed_rows(qb, sb, block_b)
+
+    def wpack(h, _cols):
+        out = torch._weight_int8pack_mm(h, qb, sb)
+        return out if block_b is None else out + block_b
+
+    return {
+        "cached-fp32": lambda h, _cols: F.linear(h, block, block_b),
+        "cached-int8-wpack": wpack,
+        "cached-int8-packed": lambda h, _cols: torch.ops.quantized.linear_dynamic(h, packed, True),
+    }
+
+
+def timed(fn: Callable[[], torch.Tensor], repeats: int) -> dict[str, float]:
+    """Median and fastest of ``repeats`` calls in ms, after two warm-up calls. On shared cores the fastest is
+    the closer to the kernel's own cost (another job's time slices only ever add to a call)."""
+    fn()
+    fn()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return {"ms": round(1e3 * statistics.median(times), 3), "ms_min": round(1e3 * min(times), 3)}
+
+
+def check(out: torch.Tensor, ref: torch.Tensor) -> dict[str, float]:
+    err = (out.double() - ref).abs().max() / ref.abs().max()
+    agree = (out.argmax(dim=1) == ref.argmax(dim=1)).float().mean()
+    return {"max_rel_err": float(err), "argmax_agree": float(agree)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--d", type=int, default=1024)
+    p.add_argument("--vocab", type=int, default=128_112, help="N")
+    p.add_argument("--rows", type=lambda s: [int(x) for x in s.split(",")], default=[1, 8, 32])
+    p.add_argument("--union", type=lambda s: [float(x) for x in s.split(",")], default=[0.1, 0.3, 0.6])
+    p.add_argument("--threads", type=lambda s: [int(x) for x in s.split(",")], default=[2], help="e.g. 2,1")
+    p.add_argument("--repeats", type=int, default=7)
+    p.add_argument("--block-kib", type=int, default=CHUNK_BYTES >> 10, help="int8 gather block (KiB)")
+    p.add_argument("--bias", action="store_true", help="give W a bias (M2M100's tied head has none)")
+    p.add_argument("--only", help="comma-separated candidate names (default: all)")
+    p.add_argument("--quick", action="store_true", help="d 256, N 8,000, 2 repeats")
+    p.add_argument("--out", default=str(OUT))
+    args = p.parse_args(argv)
+    if args.quick:
+        args.d, args.vocab, args.repeats = 256, 8000, 2
+    torch.manual_seed(0)
+    n, d = args.vocab, args.d
+    w = torch.randn(n, d) * d**-0.5
+    b = torch.randn(n) * 0.1 if args.bias else None
+    full32 = create_projection("full", w, b)
+    full8 = create_projection("full", w, b, int8=True)
+    # every int8 candidate reads the full int8 projection's own rows (int8 per output row, symmetric)
+    no_map = SimpleNamespace(r=0, population=np.zeros(0), sizes=[], ids=[])
+    w8 = clustered_ops.int8_weights(w, b, no_map)
+    q, scale = w8.q, w8.scale
+    wq = q.double() * scale.double()[:, None]  # what the int8 candidates compute with
+    block = args.block_kib << 10
+    kernels: dict[str, Kernel] = {
+        "fp32-gather": fp32_gather(w, b),
+        "int8-wpack": int8_wpack(q, scale, b, block),
+        "int8-wpack-whole": int8_wpack_whole(q, scale, b),
+        "int8-intmm": int8_intmm(q, scale, b, block),
+        "int8-dequant": int8_dequant(q, scale, b, block),
+        "int8-prepack": int8_prepack(q, scale, b),
+        "int8-gather": int8_gather(w8),
+        "int8-dense": int8_dense(w8),
+        "int8-clustered": int8_clustered(w8),
+    }
+    if args.only:
+        keep = set(args.only.split(","))
+        kernels = {k: v for k, v in kernels.items() if k in keep}
+    result: dict = {
+        "benchmark": "bench_int8_gather",
+        "date": dt.datetime.now().isoformat(timespec="seconds"),
+        "commit": git_commit("kernels", "benchmarks/bench_int8_gather.py"),
+        "command": " ".join([".venv/bin/python", "benchmarks/bench_int8_gather.py", *(argv or sys.argv[1:])]),
+        "device": f"{cpu_name()} ({os.cpu_count()} cores visible)",
+        "torch": torch.__version__,
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "threads": args.threads,
+        "sizes": {"d": d, "N": n, "rows": args.rows, "union": args.union, "block_bytes": block},
+        "bias": args.bias,
+        "repeats": args.repeats,
+        "load_avg": {"start": [round(x, 2) for x in os.getloadavg()]},
+        "rows": [],
+    }
+    for threads in args.threads:
+        torch.set_num_threads(threads)
+        measure(args, result, kernels, full32, full8, w, b, q, scale, wq, threads)
+    result["load_avg"]["end"] = [round(x, 2) for x in os.getloadavg()]
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1) + "\n")
+    print(f"wrote {out}", file=sys.stderr)
+    return 0
+
+
+def measure(args, result: dict, kernels: dict[str, Kernel], full32, full8, w, b, q, scale, wq, threads: int):
+    """Every candidate at every (rows, union) point on ``threads`` threads; rows appended to ``result``."""
+    n, d = args.vocab, args.d
+    gen = torch.Generator().manual_seed(1)
+    for rows in args.rows:
+        h = torch.randn(rows, d, generator=gen)
+        ref32 = h.double() @ w.double().T + (0 if b is None else b.double())
+        ref8 = h.double() @ wq.T + (0 if b is None else b.double())
+        for name, proj, ref in (("full-fp32", full32, ref32), ("full-int8", full8, ref8)):
+            row = {"kernel": name, "threads": threads, "rows": rows, "union": 1.0}
+            row.update(timed(lambda proj=proj, h=h: proj(h).logits, args.repeats))
+            row.update(check(proj(h).logits, ref))
+            row["load_1min"] = round(os.getloadavg()[0], 2)
+            result["rows"].append(row)
+            print(row, flush=True)
+        full8_logits = full8(h).logits
+        for u in args.union:
+            cols = torch.randperm(n, generator=gen)[: round(u * n)].sort().values
+            cands = dict(kernels)
+            if rows == 1 and (not args.only or "cached" in args.only):
+                cands.update(cached_kernels(w, b, q, scale, cols))
+            for name, fn in cands.items():
+                ref = (ref32 if "fp32" in name else ref8)[:, cols]
+                row = {"kernel": name, "threads": threads, "rows": rows, "union": u}
+                row.update(timed(lambda fn=fn, h=h, cols=cols: fn(h, cols), args.repeats))
+                got = fn(h, cols)
+                row.update(check(got, ref))
+                if "int8" in name:  # the full int8 projection's logits on the same columns
+                    row["max_rel_diff_full_int8"] = float(
+                        (got - full8_logits[:, cols]).abs().max() / full8_logits.abs().max()
+                    )
+                row["load_1min"] = round(os.getloadavg()[0], 2)
+                result["rows"].append(row)
+                print(row, flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
