@@ -45,7 +45,13 @@ from fastvocab.experiments.fidelity import Reference, Scorer, decode_passes
 from fastvocab.kernels.base import Projection
 from fastvocab.kernels.clustered import SELECTIONS
 from fastvocab.tasks.kmeans import KMeansParams, sample_states, train_kmeans
-from fastvocab.tasks.maps import ActiveSetCounter, attach_normaliser, count_shards_by_k, make_cluster_map
+from fastvocab.tasks.maps import (
+    ActiveSetCounter,
+    MapParams,
+    attach_normaliser,
+    count_shards_by_k,
+    make_cluster_map,
+)
 from fastvocab.tasks.projections import clustered_options, make_projection
 
 
@@ -95,14 +101,18 @@ class Candidate:
     def map_key(self) -> tuple[int, int, int]:
         return (self.r, self.k, self.min_count)
 
-    def config_keys(self, beam: int, state_beams: Sequence[int] = (1,)) -> dict[str, Any]:
+    def config_keys(
+        self, beam: int, state_beams: Sequence[int] = (1,), normaliser_rank: int | None = None
+    ) -> dict[str, Any]:
         """The pipeline config keys (configs/demo.yaml) that build and use this map, from states dumped along
-        ``state_beams``."""
+        ``state_beams`` (and, with ``normaliser_rank``, its normaliser's)."""
+        rank = {} if normaliser_rank is None else {"maps.normaliser_rank": normaliser_rank}
         return {
             "kmeans.r": self.r,
             "maps.k": self.k,
             "maps.min_count": self.min_count,
             "maps.beams": list(state_beams),
+            **rank,
             "translate.selection": self.selection,
             "translate.beam": beam,
         }
@@ -129,7 +139,7 @@ class TuneSettings:
     inactive_mass: str = "auto"  # as translate.inactive_mass (auto: none greedy, normaliser beam search)
     repeats: int = 1  # timed passes per rung (median)
     kmeans: KMeansParams = field(default_factory=KMeansParams)  # niter, seed, points; r comes from the grid
-    normaliser_rank: int = 32
+    normaliser_rank: int = MapParams().normaliser_rank  # the pipeline's maps.normaliser_rank default
 
     def __post_init__(self) -> None:
         if self.grid not in GRIDS:
@@ -146,6 +156,8 @@ class TuneSettings:
             raise ValueError(
                 f"beam, batch size, eta, repeats, r, K, min_count and rungs must be >= 1: {self}"
             )
+        if self.normaliser_rank < 0:
+            raise ValueError(f"normaliser_rank must be >= 0, got {self.normaliser_rank}")
         if list(self.resolved_rungs) != sorted(set(self.resolved_rungs)):
             raise ValueError(f"rungs must grow, got {self.resolved_rungs}")
 

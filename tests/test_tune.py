@@ -101,6 +101,7 @@ def test_tune_picks_the_fastest_configuration_within_the_budget(work, tiny_model
         "maps.k": chosen["k"],
         "maps.min_count": chosen["min_count"],
         "maps.beams": [1],
+        "maps.normaliser_rank": 32,
         "translate.selection": chosen["selection"],
         "translate.beam": 1,
     }
@@ -186,7 +187,17 @@ def test_tune_at_a_beam_reads_the_states_of_every_dumped_beam(beam_work, tiny_mo
     argv = ["tune", "--model", str(tiny_model_dir), "--work-dir", str(beam_work / "work")]
     argv += ["--corpus", str(beam_work / "corpus"), "--direction", "en-it", "--max-len", "8"]
     argv += ["--batch-size", "4", "--threads", "1", "--beam", "2", "--r", "3", "--min-count", "1"]
-    argv += ["--selection", "union", "--rungs", "4,6", "--budget", "0.5", "--no-mlflow"]
+    argv += [
+        "--selection",
+        "union",
+        "--rungs",
+        "4,6",
+        "--budget",
+        "0.5",
+        "--no-mlflow",
+        "--normaliser-rank",
+        "3",
+    ]
     assert main(argv) == 0, capsys.readouterr().err
     out = capsys.readouterr().out
     record = json.loads((beam_work / "work" / "tune" / "en-it-beam2" / "tune.json").read_text())
@@ -196,6 +207,8 @@ def test_tune_at_a_beam_reads_the_states_of_every_dumped_beam(beam_work, tiny_mo
     assert record["chosen"]["config_keys"]["maps.beams"] == [1, 2] and "--set maps.beams=[1,2]" in out
     cmap = load_cluster_map(record["map_path"])
     assert cmap.manifest.extra["stored_states"] == rows[1] + rows[2]
+    assert cmap.normaliser is not None and cmap.normaliser.curv.shape[1:] == (3, 3)
+    assert record["chosen"]["config_keys"]["maps.normaliser_rank"] == 3
 
     # --state-beams picks the greedy path's alone (with a warning that beam 2 is then not served) ...
     argv_greedy = [*argv, "--state-beams", "1", "--output", str(beam_work / "greedy-only")]

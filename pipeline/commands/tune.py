@@ -154,6 +154,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_length_penalty(p, d.length_penalty)
     add_inactive_mass(p, d.inactive_mass, "as fastvocab translate (default: %(default)s)")
     p.add_argument(
+        "--normaliser-rank",
+        type=int,
+        default=d.normaliser_rank,
+        metavar="N",
+        help="curvature basis of the maps' stored normaliser, as the pipeline's maps.normaliser_rank "
+        "(default: %(default)s)",
+    )
+    p.add_argument(
         "--repeats",
         type=int,
         default=d.repeats,
@@ -205,6 +213,7 @@ def settings_from(args: argparse.Namespace):
             max_len=args.max_len,
             length_penalty=args.length_penalty,
             inactive_mass=args.inactive_mass,
+            normaliser_rank=args.normaliser_rank,
             repeats=args.repeats,
             kmeans=KMeansParams(niter=args.niter, seed=args.seed, threads=args.threads),
         )
@@ -311,7 +320,7 @@ def run(args: argparse.Namespace) -> int:
     map_dir = out_dir / "map"
     save_cluster_map(result["chosen_map"], map_dir)
     meta.update(_closing_meta(t0))
-    keys = cand.config_keys(settings.beam, state_beams)
+    keys = cand.config_keys(settings.beam, state_beams, settings.normaliser_rank)
     record = {
         "benchmark": "tune",
         "command": command,
