@@ -28,11 +28,12 @@ generated ``sentences x steps`` tokens and stops otherwise. Source lines: ``--se
 **Systems** (``--systems``, short keys): ``full-fp32`` / ``full-int8`` (``tasks.translate.translate`` with the
 full projection; int8 = ``Seq2SeqAdapter.quantize_int8()`` + the full projection's ``int8`` option),
 ``clustered-fp32`` / ``clustered-int8`` (union selection, one per ``--active`` fraction, ``--inactive-mass``
-none by default: a synthetic map has no meaningful normaliser), ``ct2-float32`` / ``ct2-int8``
-(``bench_peer.Ct2System``, the peer benchmark's CTranslate2 runner) and ``ct2-int8-vmap`` (one per
-``--active`` fraction: a vocabulary map whose always-allowed line holds as many tokens as the clustered int8
-union at that point, measured in an untimed clustered run over the point's lines, the most popular tokens of
-the synthetic pool first; so each batch gets the same candidate count as clustered's union).
+none by default: a synthetic map has no meaningful normaliser; int8 = the int8 decoder + the clustered
+projection's own ``int8`` option, two projections over the same map when both run), ``ct2-float32`` /
+``ct2-int8`` (``bench_peer.Ct2System``, the peer benchmark's CTranslate2 runner) and ``ct2-int8-vmap`` (one
+per ``--active`` fraction: a vocabulary map whose always-allowed line holds as many tokens as the clustered
+int8 union at that point, measured in an untimed clustered run over the point's lines, the most popular tokens
+of the synthetic pool first; so each batch gets the same candidate count as clustered's union).
 
 **Synthetic cluster maps**: ``--clusters`` clusters (r), each set ``round(frac * N)`` ids drawn without
 replacement with weights ``1 / rank^zipf`` over a random ranking of the vocabulary (Gumbel top-k), so popular
@@ -175,9 +176,14 @@ def memory_needed(shape: Shape, systems: list[str], fractions: list[float], args
         need["fastvocab int8 model (fp32 load + int8 copies + int8 W)"] = 8 * p + nd
     if any(s.startswith("clustered") or s == "ct2-int8-vmap" for s in systems):
         nnz = args.clusters * shape.vocab * sum(fractions)
-        need["cluster maps (ids, counts, prepared sets) + sub-matrix caches"] = int(24 * nnz) + len(
-            fractions
-        ) * (512 << 20)
+        projections = max(1, sum(1 for s in systems if s.startswith("clustered")))  # a map each
+        need["cluster maps (ids, counts, prepared sets) + sub-matrix caches"] = projections * (
+            int(24 * nnz) + len(fractions) * (512 << 20)
+        )
+    if "clustered-int8" in systems:
+        # each int8 clustered projection's own int8 W: fbgemm's packed layer (packed + unpacked int8) and the
+        # rows it gathers (int8), plus a float32 copy of W while the layer is built (freed after)
+        need["int8 clustered W (packed layer, its copy, gathered rows)"] = len(fractions) * 3 * nd + 4 * nd
     if "ct2-float32" in systems:
         need["ct2 float32"] = 4 * p
     if "ct2-int8" in systems or "ct2-int8-vmap" in systems:
@@ -621,7 +627,7 @@ def run_shape(name: str, args, result: dict) -> None:
         a8 = load_adapter(model_dir, a32.fingerprint, int8=True)
         full8 = make_projection(a32, "full", int8=True)  # the int8 option of full
         load_mib["fastvocab int8"] = (meminfo("VmRSS") - rss0) / 2**20
-    clustered: dict[float, object] = {}
+    clustered: dict[str, dict[float, object]] = {"fp32": {}, "int8": {}}  # by dtype, then fraction
     maps_info = {}
     logw = zipf_pool(a32.n_vocab, args.zipf, seed=0)
     if any(s.startswith("clustered") or s == "ct2-int8-vmap" for s in systems):
@@ -643,9 +649,11 @@ def run_shape(name: str, args, result: dict) -> None:
                 "disk_mib": du_mib(out),
                 "union_fraction": union_growth(cmap),
             }
-            clustered[frac] = make_projection(
-                a32, "clustered", cluster_map=out, selection="union", inactive_mass=args.inactive_mass
-            )
+            opts = {"cluster_map": out, "selection": "union", "inactive_mass": args.inactive_mass}
+            if "clustered-fp32" in systems:
+                clustered["fp32"][frac] = make_projection(a32, "clustered", **opts)
+            if "clustered-int8" in systems:  # the int8 option: W quantised as full int8's
+                clustered["int8"][frac] = make_projection(a32, "clustered", int8=True, **opts)
             del cmap
     info["load_rss_mib"] = {k: round(v) for k, v in load_mib.items()}
     info["synthetic_maps"] = maps_info
@@ -702,29 +710,28 @@ def run_point(
     # the projection's share and the clustered unions, apart from the timed rounds
     prof: dict[str, tuple[float, dict]] = {}
     if any(s.endswith(("fp32",)) for s in systems):
-        prof["fp32"] = step_profile(a32, full32, clustered, lines, batch, beam, args.steps, intra)
+        prof["fp32"] = step_profile(a32, full32, clustered["fp32"], lines, batch, beam, args.steps, intra)
     if a8 is not None:
-        prof["int8"] = step_profile(a8, full8, clustered, lines, batch, beam, args.steps, intra)
+        prof["int8"] = step_profile(a8, full8, clustered["int8"], lines, batch, beam, args.steps, intra)
     runs: dict[str, tuple] = {}  # label -> (run, key, frac, dtype)
     if "full-fp32" in systems:
         runs["fastvocab full fp32"] = (fastvocab_run(a32, full32, ns), "full-fp32", None, "fp32")
     if "full-int8" in systems:
         runs["fastvocab full int8"] = (fastvocab_run(a8, full8, ns), "full-int8", None, "int8")
-    for frac, proj in clustered.items():
-        if "clustered-fp32" in systems:
-            runs[system_label("fastvocab clustered fp32", frac)] = (
-                fastvocab_run(a32, proj, ns),
-                "clustered-fp32",
-                frac,
-                "fp32",
-            )
-        if "clustered-int8" in systems:
-            runs[system_label("fastvocab clustered int8", frac)] = (
-                fastvocab_run(a8, proj, ns),
-                "clustered-int8",
-                frac,
-                "int8",
-            )
+    for frac, proj in clustered["fp32"].items():
+        runs[system_label("fastvocab clustered fp32", frac)] = (
+            fastvocab_run(a32, proj, ns),
+            "clustered-fp32",
+            frac,
+            "fp32",
+        )
+    for frac, proj in clustered["int8"].items():
+        runs[system_label("fastvocab clustered int8", frac)] = (
+            fastvocab_run(a8, proj, ns),
+            "clustered-int8",
+            frac,
+            "int8",
+        )
     vmap_count: dict[float, int] = {}
     warm: set[str] = set()  # systems already run once
     if ct2_dir is not None:
@@ -738,13 +745,11 @@ def run_point(
         if "ct2-int8" in systems:
             runs["ct2 int8"] = (FixedStepsCt2(ct2_dir, "int8", a32, ns).run, "ct2-int8", None, "int8")
         if "ct2-int8-vmap" in systems:
-            for frac, proj in clustered.items():
+            prec = "int8" if clustered["int8"] else "fp32"
+            for frac, proj in clustered[prec].items():
                 # the clustered union over this point's lines (an untimed run, which is also the clustered
                 # system's warm-up): the vmap gets that many candidates
-                label = system_label(
-                    "fastvocab clustered int8" if "clustered-int8" in systems else "fastvocab clustered fp32",
-                    frac,
-                )
+                label = system_label(f"fastvocab clustered {prec}", frac)
                 proj.reset_counters()
                 runs[label][0](lines, beam)
                 warm.add(label)
@@ -764,8 +769,8 @@ def run_point(
     tokens: dict[str, int] = {}
     load = os.getloadavg()
     for i in range(args.repeats):
-        for label, (run, _key, frac, _dtype) in runs.items():
-            proj = clustered.get(frac) if label.startswith("fastvocab clustered") else None
+        for label, (run, _key, frac, dtype) in runs.items():
+            proj = clustered[dtype].get(frac) if label.startswith("fastvocab clustered") else None
             if proj is not None:
                 proj.reset_counters()
             base = meminfo("VmRSS")

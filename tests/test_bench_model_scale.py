@@ -84,3 +84,27 @@ def test_toy_shape_end_to_end(tmp_path):
     s, u = clustered["full_projection_share"], clustered["union_fraction"]
     assert clustered["bound"] == pytest.approx(1 / ((1 - s) + s * u), abs=2e-3)
     assert rows["ct2 float32"]["engine"] == "ctranslate2" and rows["ct2 float32"]["projection_share"] is None
+
+
+@pytest.mark.slow  # ~10 s: no CTranslate2 system, so no conversion
+def test_toy_shape_clustered_int8_uses_the_int8_projection(tmp_path):
+    """``clustered-int8`` is the int8 decoder with the clustered projection's own int8 option: its row is
+    int8, its union and shares are measured, and the memory estimate counts its int8 W."""
+    out = tmp_path / "result.json"
+    cmd = [
+        sys.executable, str(SCRIPT), "--shapes", "toy", "--systems", "full-int8,clustered-int8",
+        "--batch", "2", "--beam", "1", "--threads", "1", "--repeats", "1", "--steps", "2", "--active", "0.1",
+        "--clusters", "20", "--root", str(tmp_path / "work"), "--real-map", str(tmp_path / "no-map"),
+        "--out", str(out),
+    ]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    needed = result["shapes"]["toy"]["memory"]["needed_mib"]
+    assert any(k.startswith("int8 clustered W") for k in needed)
+    rows = {r["system"]: r for r in result["rows"]}
+    assert set(rows) == {"fastvocab full int8", "fastvocab clustered int8 10%"}
+    clustered = rows["fastvocab clustered int8 10%"]
+    assert clustered["dtype"] == "int8" and 0 < clustered["union_fraction"] < 1
+    assert 0 < clustered["projection_share"] < 1 and clustered["bound"] is not None
+    assert clustered["tokens"] == clustered["sentences"] * clustered["steps"]
