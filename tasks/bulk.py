@@ -321,7 +321,7 @@ class BulkJob:
             "signature": self.signature,
             "dtype": self.dtype,
             "direction": self.direction,
-            "search": asdict(self.search),
+            "search": self.search.plan(),
         }
 
 

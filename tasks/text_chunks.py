@@ -68,7 +68,8 @@ def translate_text_file(
     with bar:
         for index, start in enumerate(range(0, total, chunk_lines)):
             chunk = list(itertools.islice(lines, chunk_lines))
-            plan = f"{setting}|{search}|{src_lang}-{tgt_lang}|lines {start}+{len(chunk)}|{text_digest(chunk)}"
+            where = f"lines {start}+{len(chunk)}|{text_digest(chunk)}"
+            plan = f"{setting}|{search.plan()}|{src_lang}-{tgt_lang}|{where}"
             path = part_path(parts, index)
             paths.append(path)
             plans.append(plan)

@@ -17,7 +17,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import torch
 
@@ -42,6 +42,13 @@ class SearchSettings:
     early_stopping: bool | str | None = None
     # the whole decoding step in CUDA graphs: "on", "off", "auto" (decoding.steppers.use_graphs)
     graphs: str = "auto"
+
+    def plan(self) -> dict[str, object]:
+        """What a translated chunk's or bulk part's plan records, so a rerun redoes it when it changed: every
+        field but ``graphs``, which changes how a step runs and never what it returns."""
+        fields = asdict(self)
+        del fields["graphs"]
+        return fields
 
 
 class LineTooLongError(ValueError):

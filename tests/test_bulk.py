@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+from dataclasses import replace
 from pathlib import Path
 
 import pyarrow as pa
@@ -113,6 +114,9 @@ def test_text_input_resumes_and_redoes_a_corrupt_part(model_dir, adapter, tmp_pa
     got = pa.concat_tables([pq.read_table(part_file(out, i)) for i in range(5)])
     assert got.column("translation").to_pylist() == _expect(adapter, lines)
     assert got.column("id").to_pylist() == list(range(23))
+    # the steps run another way (--graphs), with the same results: every part reused
+    graphs = run_bulk(_request(model_dir, inp, str(out) + "/", search=replace(SEARCH, graphs="on")))
+    assert (graphs.parts_translated, graphs.parts_reused) == (0, 5)
     # other search settings: every part redone
     beam = run_bulk(_request(model_dir, inp, str(out) + "/", search=SearchSettings(beam=2, max_len=MAX_LEN)))
     assert beam.parts_translated == 5
