@@ -40,12 +40,13 @@ def int8_linear(weight: torch.Tensor, bias: torch.Tensor | None) -> nn.Module:
     if weight.device.type != "cpu":
         raise ValueError(f"int8 projection runs on CPU only, W is on {weight.device}")
     n_vocab, d = weight.shape
-    lin = nn.Linear(d, n_vocab, bias=bias is not None)
+    # no random init of N x d weights that are overwritten at once, and no second copy while quantising
+    lin = nn.utils.skip_init(nn.Linear, d, n_vocab, bias=bias is not None)
     with torch.no_grad():
         lin.weight.copy_(weight.float())
         if bias is not None:
             lin.bias.copy_(bias.float())
-    return quantize_linears(nn.Sequential(lin))[0]
+    return quantize_linears(nn.Sequential(lin), inplace=True)[0]
 
 
 def int8_rows(layer: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
@@ -84,14 +85,16 @@ def quantize_input(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return ints, torch.tensor(qx.q_scale(), dtype=torch.float32)
 
 
-def quantize_linears(module: M) -> M:
-    """A copy of ``module`` whose ``nn.Linear`` layers are dynamic int8 (per-channel weight scales)."""
+def quantize_linears(module: M, inplace: bool = False) -> M:
+    """A copy of ``module`` (``module`` itself with ``inplace``) whose ``nn.Linear`` layers are dynamic int8
+    (per-channel weight scales)."""
     from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
 
     ctx = _quiet()
     try:
+        target = module if inplace else copy.deepcopy(module)
         return quantize_dynamic(
-            copy.deepcopy(module), {nn.Linear: per_channel_dynamic_qconfig}, dtype=torch.qint8, inplace=True
+            target, {nn.Linear: per_channel_dynamic_qconfig}, dtype=torch.qint8, inplace=True
         )
     finally:
         ctx.__exit__(None, None, None)
