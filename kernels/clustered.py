@@ -40,8 +40,9 @@ output row, the logits of the active columns those of the full int8 projection (
 a union step gathers ``u N d`` int8 bytes instead of float32 ones, or runs the packed int8 GEMM over all N
 when its union is large; cached clusters are packed int8 blocks). The inactive-mass estimates and the
 certificate keep their float32 tables; the certificate adds a bound on how far an int8 logit is from the
-float32 one, and rows without a certificate get the full int8 logits, so ``exact_k`` makes the output that
-of the full int8 projection.
+float32 one, and rows without a certificate get the full int8 logits, so ``exact_k`` makes each row's top-k
+that of the full int8 projection (which, like it, quantises its input per call: a row's int8 logits move
+slightly with the rows beside it).
 """
 
 from __future__ import annotations
