@@ -52,7 +52,7 @@ def int8_linear(weight: torch.Tensor, bias: torch.Tensor | None) -> nn.Module:
 def int8_rows(layer: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
     """The int8 weight of a layer from :func:`int8_linear`, unpacked: (N, d) int8 and the (N,) float32 row
     scales the layer multiplies by (its zero points are 0: the weights are symmetric)."""
-    qw = layer.weight()
+    qw = layer.weight()  # type: ignore[operator]  # a dynamic int8 Linear unpacks its weight in a method
     if qw.qscheme() not in (torch.per_channel_affine, torch.per_channel_symmetric):
         raise ValueError(f"expected int8 weights per output row, got {qw.qscheme()}")
     if bool(qw.q_per_channel_zero_points().any()):
