@@ -31,22 +31,29 @@ GRID = (
 )
 
 
-@pytest.fixture(scope="module")
-def work(tmp_path_factory, tiny_model_dir) -> Path:
-    """A work dir with en-it states (top-3 per step) from the dump task, and a corpus with dev and test."""
+def _dump(model_dir: Path, states: Path, texts: list[str], k: int, beams: tuple[int, ...]) -> None:
+    """en-it states of ``texts`` (top-``k`` ids a step) under ``states``, along each of ``beams``, by the dump
+    task, in shards of half the sentences."""
+    from fastvocab.artifacts_schema.hidden_states import beam_root
     from fastvocab.tasks.context import RunContext, describe_model
     from fastvocab.tasks.dump import DumpDecoder, DumpSettings, plan_shards, run_dump_shard
 
-    root = tmp_path_factory.mktemp("tune")
     threads = torch.get_num_threads()
     decoder = DumpDecoder(
-        RunContext(describe_model(tiny_model_dir), torch_threads=1),
-        DumpSettings(k=3, max_len=8, batch_size=8),
+        RunContext(describe_model(model_dir), torch_threads=1), DumpSettings(k=k, max_len=8, batch_size=8)
     )
-    texts = synthetic_sentences("en", 40, seed=3)
-    for spec in plan_shards("en-it", list(range(len(texts))), texts, shard_sentences=20):
-        run_dump_shard(decoder, spec, root / "work" / "states")
+    for beam in beams:
+        along = decoder.along(beam)
+        for spec in plan_shards("en-it", list(range(len(texts))), texts, shard_sentences=len(texts) // 2):
+            run_dump_shard(along, spec, beam_root(states, beam))
     torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory, tiny_model_dir) -> Path:
+    """A work dir with en-it states (top-3 per step) from the dump task, and a corpus with dev and test."""
+    root = tmp_path_factory.mktemp("tune")
+    _dump(tiny_model_dir, root / "work" / "states", synthetic_sentences("en", 40, seed=3), k=3, beams=(1,))
     write_en_it_split(root / "corpus", "dev", 8, seed=11)
     write_en_it_split(root / "corpus", "test", 6, seed=12)
     return root
@@ -158,22 +165,8 @@ def test_bad_options_are_one_line_errors(work, tiny_model_dir, capsys):
 @pytest.fixture(scope="module")
 def beam_work(tmp_path_factory, tiny_model_dir, work) -> Path:
     """``work``'s corpus and a states root with the greedy path's states and beam 2's (top-4 per state)."""
-    from fastvocab.artifacts_schema.hidden_states import beam_root
-    from fastvocab.tasks.context import RunContext, describe_model
-    from fastvocab.tasks.dump import DumpDecoder, DumpSettings, plan_shards, run_dump_shard
-
     root = tmp_path_factory.mktemp("tune-beams")
-    threads = torch.get_num_threads()
-    decoder = DumpDecoder(
-        RunContext(describe_model(tiny_model_dir), torch_threads=1),
-        DumpSettings(k=4, max_len=8, batch_size=8),
-    )
-    texts = synthetic_sentences("en", 30, seed=5)
-    for beam in (1, 2):
-        along = decoder.along(beam)
-        for spec in plan_shards("en-it", list(range(len(texts))), texts, shard_sentences=15):
-            run_dump_shard(along, spec, beam_root(root / "work" / "states", beam))
-    torch.set_num_threads(threads)
+    _dump(tiny_model_dir, root / "work" / "states", synthetic_sentences("en", 30, seed=5), k=4, beams=(1, 2))
     (root / "corpus").symlink_to(work / "corpus")
     return root
 
