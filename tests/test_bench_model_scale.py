@@ -48,18 +48,23 @@ FIELDS = {
 }
 
 
-@pytest.mark.slow  # ~25 s on 2 idle cores, most of it the CTranslate2 conversion
-def test_toy_shape_end_to_end(tmp_path):
+def _run_toy(tmp_path: Path, systems: str) -> tuple[dict, Path]:
+    """The script on the toy shape with ``systems`` (a batch of 2, 2 steps, 10% sets): record and path."""
     out = tmp_path / "result.json"
     cmd = [
-        sys.executable, str(SCRIPT), "--shapes", "toy", "--systems", "full-fp32,clustered-fp32,ct2-float32",
+        sys.executable, str(SCRIPT), "--shapes", "toy", "--systems", systems,
         "--batch", "2", "--beam", "1", "--threads", "1", "--repeats", "1", "--steps", "2", "--active", "0.1",
         "--clusters", "20", "--root", str(tmp_path / "work"), "--real-map", str(tmp_path / "no-map"),
         "--out", str(out),
     ]  # fmt: skip
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    result = json.loads(out.read_text())
+    return json.loads(out.read_text()), out
+
+
+@pytest.mark.slow  # ~25 s on 2 idle cores, most of it the CTranslate2 conversion
+def test_toy_shape_end_to_end(tmp_path):
+    result, out = _run_toy(tmp_path, "full-fp32,clustered-fp32,ct2-float32")
     assert out.with_suffix(".png").stat().st_size > 0
     assert result["real_map_union_growth"]["skipped"].startswith("skipped: no cluster map")
     assert result["ctranslate2"] and result["torch"] and result["device"]
@@ -90,16 +95,7 @@ def test_toy_shape_end_to_end(tmp_path):
 def test_toy_shape_clustered_int8_uses_the_int8_projection(tmp_path):
     """``clustered-int8`` is the int8 decoder with the clustered projection's own int8 option: its row is
     int8, its union and shares are measured, and the memory estimate counts its int8 W."""
-    out = tmp_path / "result.json"
-    cmd = [
-        sys.executable, str(SCRIPT), "--shapes", "toy", "--systems", "full-int8,clustered-int8",
-        "--batch", "2", "--beam", "1", "--threads", "1", "--repeats", "1", "--steps", "2", "--active", "0.1",
-        "--clusters", "20", "--root", str(tmp_path / "work"), "--real-map", str(tmp_path / "no-map"),
-        "--out", str(out),
-    ]  # fmt: skip
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    result = json.loads(out.read_text())
+    result, _ = _run_toy(tmp_path, "full-int8,clustered-int8")
     needed = result["shapes"]["toy"]["memory"]["needed_mib"]
     assert any(k.startswith("int8 clustered W") for k in needed)
     rows = {r["system"]: r for r in result["rows"]}
