@@ -24,8 +24,9 @@ inactive-mass estimate greedy, the stored normaliser in beam search; the one to 
 and ``normaliser`` (the same with that ``inactive_mass``; beam > 1 only: greedy search reads logits only),
 ``oracle`` (a diagnostic: the exact mass of the columns not computed, from the full logits, so its search
 errors are those of the sets alone), ``exact`` (the certificate, ``exact_k`` = 1 for greedy and 2 x beam
-for beam search), ``per-row`` (per-row selection); a mass method with ``@R`` (``normaliser@8``) sends rows
-farther than R from their centroid to the full projection (``mass_radius``). Plain functions: no Ray, no
+for beam search), ``per-row`` (per-row selection); a mass method with ``@R`` (``normaliser@8``) gives rows
+farther than R from their centroid the exact mass, from their full logits (``mass_radius``; counted in
+``full_rows_far``). Plain functions: no Ray, no
 MLflow; the callers print and write.
 """
 
@@ -110,8 +111,8 @@ class FidelitySettings:
 
 
 def method_base(method: str) -> str:
-    """``normaliser@8`` -> ``normaliser``: a mass method with ``@R`` sends rows farther than R from their
-    centroid to the full projection (``mass_radius``)."""
+    """``normaliser@8`` -> ``normaliser``: a mass method with ``@R`` gives rows farther than R from their
+    centroid the exact mass (``mass_radius``)."""
     base, _, radius = method.partition("@")
     if radius:
         try:

@@ -15,8 +15,9 @@ At each decoding step:
    ``centroid`` and ``moments`` estimate it from statistics computed at load time
    (``clustered_ops.inactive_log_mass``). ``normaliser`` errs least, and its error grows with the row's
    distance to the centroid (the measured errors of each estimator: benchmarks/README.md, "Fidelity").
-   ``mass_radius`` sends rows farther than it from their centroid (where the expansion errs most) to the
-   full projection; ``inactive_mass="oracle"`` is the exact mass, a diagnostic of the fidelity harness.
+   ``mass_radius`` gives rows farther than it from their centroid (where the expansion errs most) the exact
+   mass, from their full logits; ``inactive_mass="oracle"`` is the exact mass of every row, a diagnostic of
+   the fidelity harness.
 
 4. optionally (``exact_k``) an exactness certificate per row: an upper bound on every logit the row did not
    compute (``clustered_ops.BoundTables``: the centroid's logits plus ``||w_i|| ||h - C_c||``). A row whose
@@ -101,8 +102,8 @@ class ClusteredProjection(Projection):
     for beam search: rows without an exactness certificate for their top-``exact_k`` get full logits),
     ``exact_tol`` (for ``exact_k > 1``: the largest change of a certified row's log-normaliser allowed, in
     nats), ``bound_blocks`` (column blocks of the certificate's bound), ``mass_radius`` (None = off; with an
-    ``inactive_mass`` estimate and no ``exact_k``: rows with ``||h - C_c||`` above it get full logits, counted
-    in ``counters["far"]``).
+    ``inactive_mass`` estimate and no ``exact_k``: rows with ``||h - C_c||`` above it get the exact mass of
+    the columns they did not compute, from their full logits, counted in ``counters["far"]``).
 
     ``counters`` accumulates, over calls, the rows projected, the columns computed (a fallback row counts
     its set and N) and the certified rows; :meth:`reset_counters` clears them. They never change an output.
@@ -363,17 +364,18 @@ class ClusteredProjection(Projection):
         self._count(rows=rows, columns=self._computed_columns(logits, ids))
         out = ProjectionOutput(logits=logits, ids=ids, n_vocab=self.n_vocab, log_inactive_mass=mass)
         if self.mass_radius is not None:
-            return self._full_far_rows(h, out, clusters)
+            return self._exact_mass_far_rows(h, out, clusters)
         if self._bounds is None:
             return out
         return self._exact(h, out, clusters, self._bounds)
 
-    def _full_far_rows(
+    def _exact_mass_far_rows(
         self, h: torch.Tensor, out: ProjectionOutput, clusters: torch.Tensor
     ) -> ProjectionOutput:
-        """Rows farther than ``mass_radius`` from their centroid get full logits (a dense output): the
-        normaliser's expansion errs most there (its error grows with the cube of the distance), and a beam
-        search compares their scores with those of rows near a centroid."""
+        """Rows farther than ``mass_radius`` from their centroid get the exact mass of the columns they did
+        not compute, from their full logits: the normaliser's expansion errs most there (its error grows with
+        the cube of the distance), and a beam search compares their scores with those of rows near a
+        centroid. Their logits and the output's columns stay as computed, so the step stays sparse."""
         cent = self._map.centroids_t.T[clusters].float()  # (rows, d)
         far = (h.float() - cent).norm(dim=1) > self.mass_radius
         n_far = int(far.sum())  # one host sync
@@ -381,15 +383,13 @@ class ClusteredProjection(Projection):
         if n_far == 0:
             return out
         self._count(columns=n_far * self.n_vocab)
-        if n_far == out.rows:
-            logits = self._full_logits(h)
-            return ProjectionOutput(logits=logits, ids=None, n_vocab=self.n_vocab)
+        # a clustered output has ids, and mass_radius comes with an estimate (__init__)
+        assert out.ids is not None and out.log_inactive_mass is not None
         idx = far.nonzero()[:, 0]
-        dense = out.dense()
-        dense[idx] = self._full_logits(h[idx]).to(dense.dtype)
-        assert out.log_inactive_mass is not None  # mass_radius comes with an estimate (__init__)
-        mass = out.log_inactive_mass.index_fill(0, idx, -math.inf)  # those rows left nothing out
-        return ProjectionOutput(logits=dense, ids=None, n_vocab=self.n_vocab, log_inactive_mass=mass)
+        ids = out.ids if out.ids.dim() == 1 else out.ids[idx]
+        exact = _oracle_log_mass(out.logits[idx], ids, self._full_logits(h[idx]).float())
+        mass = out.log_inactive_mass.index_copy(0, idx, exact.to(out.log_inactive_mass.dtype))
+        return ProjectionOutput(logits=out.logits, ids=out.ids, n_vocab=self.n_vocab, log_inactive_mass=mass)
 
     def _computed_columns(self, logits: torch.Tensor, ids: torch.Tensor) -> int:
         if ids.dim() == 1:
@@ -427,7 +427,8 @@ class ClusteredProjection(Projection):
         return ProjectionOutput(logits=dense, ids=None, n_vocab=self.n_vocab, log_inactive_mass=left_out)
 
     def _full_logits(self, h: torch.Tensor) -> torch.Tensor:
-        """All N columns, (rows, N): rows a certificate or ``mass_radius`` sends to the full projection."""
+        """All N columns, (rows, N): rows a certificate sends to the full projection, or whose
+        mass ``mass_radius`` computes exactly."""
         if self._w8 is not None:
             return ops.int8_full_logits(h, self._w8)
         return torch.nn.functional.linear(h, self.weight, self.bias)

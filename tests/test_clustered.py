@@ -390,7 +390,7 @@ def test_oracle_mass_is_the_exact_mass_of_the_columns_not_computed(mode):
 
 
 @pytest.mark.parametrize("mode", SELECTIONS)
-def test_mass_radius_sends_only_far_rows_to_the_full_projection(mode):
+def test_mass_radius_gives_only_far_rows_the_exact_mass(mode):
     w, b, cmap, h = lm_like_case(4)
     h = h.clone()
     h[1] = torch.from_numpy(cmap.centroids[3]) + 0.01  # near its centroid
@@ -407,13 +407,19 @@ def test_mass_radius_sends_only_far_rows_to_the_full_projection(mode):
     out, proj = run(1.0)
     far = proj.counters["far"]
     assert 0 < far < 4 and proj.options()["mass_radius"] == 1.0
+    assert out.ids is not None  # the step stays sparse: same columns, same logits
+    torch.testing.assert_close(out.logits, plain.logits, rtol=0, atol=0)
+    computed = torch.isfinite(out.dense())
     lp = ProjectionOutput(out.log_probs(), out.ids, out.n_vocab).dense()
-    torch.testing.assert_close(lp[2], full[2], rtol=0, atol=1e-5)  # the far row: full softmax
-    assert torch.isneginf(out.log_inactive_mass[2]) and torch.isfinite(out.log_inactive_mass[1])
+    # the far row: full softmax's log-probs on the columns it computed (the exact mass of the others)
+    torch.testing.assert_close(lp[2][computed[2]], full[2][computed[2]], rtol=0, atol=1e-5)
+    assert not torch.allclose(plain.log_inactive_mass[2], out.log_inactive_mass[2])  # the estimate was off
     near = ProjectionOutput(plain.log_probs(), plain.ids, plain.n_vocab).dense()
     torch.testing.assert_close(lp[1], near[1])  # the near row: as without a radius
-    out, proj = run(1e-6)  # every row is far: the full projection
-    torch.testing.assert_close(out.log_probs(), full, rtol=0, atol=1e-5)
+    out, proj = run(1e-6)  # every row is far: full softmax's log-probs on every computed column
+    lp = ProjectionOutput(out.log_probs(), out.ids, out.n_vocab).dense()
+    torch.testing.assert_close(lp[computed], full[computed], rtol=0, atol=1e-5)
+    assert proj.counters["far"] == 4
     out, proj = run(1e6)  # no row is far
     assert proj.counters["far"] == 0 and out.ids is not None
     with pytest.raises(ValueError, match="mass_radius"):

@@ -147,13 +147,15 @@ def test_inactive_mass_estimates_run_on_int8_logits(estimator):
         torch.testing.assert_close(out.log_inactive_mass, torch.logsumexp(left, dim=1))
 
 
-def test_mass_radius_far_rows_get_full_int8_logits():
+def test_mass_radius_far_rows_get_the_exact_mass_of_the_int8_logits():
     w, b, cmap = layer_and_map()
     h = batch(cmap, 5)
     proj = clustered(w, b, cmap, int8=True, inactive_mass="moments", mass_radius=1e-6)
     out = proj(h)  # every row is far
-    assert out.ids is None
-    torch.testing.assert_close(out.logits, create_projection("full", w, b, int8=True)(h).logits)
+    assert out.ids is not None and proj.counters["far"] == 5
+    full8 = create_projection("full", w, b, int8=True)(h).logits
+    left = full8.masked_fill(torch.isfinite(out.dense()), float("-inf"))
+    torch.testing.assert_close(out.log_inactive_mass, torch.logsumexp(left, dim=1))
 
 
 def test_cost_model_prefers_the_gather_for_small_unions_only():

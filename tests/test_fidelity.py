@@ -347,7 +347,7 @@ def test_fastvocab_bench_fidelity_writes_the_record_and_prints_the_table(
 
 
 def test_radius_and_oracle_methods_of_the_yardstick(tmp_path, adapter, mixed_map):
-    """``normaliser@R`` (far rows to full softmax) and the ``oracle`` diagnostic, in process."""
+    """``normaliser@R`` (far rows get the exact mass) and the ``oracle`` diagnostic, in process."""
     from fastvocab.artifacts_schema.cluster_map import save_cluster_map
     from fastvocab.experiments.fidelity import FidelitySettings, method_options, run_fidelity
 
@@ -366,8 +366,10 @@ def test_radius_and_oracle_methods_of_the_yardstick(tmp_path, adapter, mixed_map
     got = {(r["beam"], r["method"]): r for r in rows}
     assert set(got) == {(2, "normaliser@1e-6"), (2, "oracle")}  # mass methods: beam > 1 only
     far = got[(2, "normaliser@1e-6")]
-    assert far["full_rows_far"] == 1.0 and far["identical"] == 1.0  # every row went to full softmax
+    assert far["full_rows_far"] == 1.0  # every row got the exact mass: the oracle's decoding
     assert got[(2, "oracle")]["full_rows_far"] is None
+    assert far["identical"] == got[(2, "oracle")]["identical"]
+    assert far["search_errors"] == got[(2, "oracle")]["search_errors"]
     mf = mixed_map.manifest
     covers = {"r": mf.r, "k": mf.k, "beams": mf.beams, "states": mf.states_used}
     assert all(r["map"] == covers for r in rows)  # each row says what its map covers
