@@ -73,9 +73,13 @@ def agreement(
     full_out: Sequence[Sequence[int]],
     scores: Sequence[float],
     full_scores: Sequence[float],
-) -> dict[str, float]:
+) -> dict[str, Any]:
     """``identical``, ``search_errors`` (Hoang et al.: differs and scores lower under the full model) and
-    ``better`` (differs and scores higher) as shares of the sentences; scores from :class:`Scorer`."""
+    ``better`` (differs and scores higher) as shares of the sentences; scores from :class:`Scorer`.
+
+    ``differing``: ``[sentence, score gap]`` of every differing output, the gap being its full-model score
+    minus full softmax's output's (negative: a search error), so a reader can tell near-ties (|gap| ~1e-4)
+    from real losses."""
     differ = [a != b for a, b in zip(out, full_out, strict=True)]
     pairs = list(zip(differ, scores, full_scores, strict=True))
     n = len(differ)
@@ -83,6 +87,7 @@ def agreement(
         "identical": round(1 - sum(differ) / n, 4),
         "search_errors": round(sum(d and s < f - SCORE_TOL for d, s, f in pairs) / n, 4),
         "better": round(sum(d and s > f + SCORE_TOL for d, s, f in pairs) / n, 4),
+        "differing": [[i, round(s - f, 5)] for i, (d, s, f) in enumerate(pairs) if d],
     }
 
 

@@ -74,7 +74,10 @@ INACTIVE_MASS = ("none", "centroid", "moments", "normaliser")
 # due to the sets from those due to the estimate of their mass (experiments/fidelity.py names it ORACLE_MASS);
 # it costs more than the full projection.
 _ORACLE = "oracle"
-DEFAULT_NORMALISER_RANK = 32  # when a map has no normaliser for the sets in use and it is computed here
+# The curvature basis of a map's normaliser: the maps' default (tasks.maps.MapParams, the pipeline's
+# maps.normaliser_rank), and the rank used when a map has no normaliser for the sets in use and it is computed
+# here.
+DEFAULT_NORMALISER_RANK = 32
 BACKENDS = ("auto", "torch", "cupy")
 # Cached sub-matrices on CPU by default (MB): a cached cluster turns the per-step gather (a copy of the active
 # rows) into a plain GEMV (measured: benchmarks/README.md, "Output layer alone").

@@ -157,8 +157,9 @@ class MapsConfig(_Strict):
     # for 1, full-softmax beam search for b > 1, and k-means and the maps read them all
     beams: list[int] = [1]
     min_count: int = Field(1, ge=1)
-    # basis of the stored normaliser's curvature (inactive_mass: normaliser); 0 = isotropic only
-    normaliser_rank: int = Field(32, ge=0)
+    # basis of the stored normaliser's curvature (inactive_mass: normaliser); 0 = isotropic only; default
+    # the maps' own (kernels.clustered.DEFAULT_NORMALISER_RANK)
+    normaliser_rank: int | None = Field(None, ge=0)
     # states folders of dumps made elsewhere (another run's <work_dir>/states, every beam under it) that
     # k-means and the maps read with this run's own
     extra_states: list[str] = []
@@ -184,12 +185,13 @@ class MapsConfig(_Strict):
             raise UserError(
                 f"maps.k={k} exceeds dump.k={dump_k}: the dump recorded only {dump_k} ids per state"
             )
+        rank = {} if self.normaliser_rank is None else {"normaliser_rank": self.normaliser_rank}
         return MapParams(
             scope=self.scope,
             k=k,
             min_count=self.min_count,
-            normaliser_rank=self.normaliser_rank,
             compare_ks=tuple(c for c in COMPARE_KS if c < k),
+            **rank,
         )
 
 

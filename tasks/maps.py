@@ -40,6 +40,7 @@ from fastvocab.artifacts_schema.hidden_states import (
 )
 from fastvocab.artifacts_schema.kmeans_result import load_kmeans
 from fastvocab.artifacts_schema.stream_counts import read_stream_arrays, stream_beam
+from fastvocab.kernels.clustered import DEFAULT_NORMALISER_RANK
 from fastvocab.tasks.context import RunContext
 
 log = logging.getLogger(__name__)
@@ -311,7 +312,7 @@ class MapParams:
     k: int = 5  # top-K ids of each state that enter its cluster's set (<= the dump's K)
     min_count: int = 1  # drop (cluster, id) pairs predicted fewer times
     compare_ks: tuple[int, ...] = ()  # also report per-cluster fractions at these K (Fig. 4)
-    normaliser_rank: int = 32  # curvature basis of the stored normaliser (clustered_ops.NormaliserTables)
+    normaliser_rank: int = DEFAULT_NORMALISER_RANK  # curvature basis of the stored normaliser
 
     def __post_init__(self) -> None:
         if self.scope not in MAP_SCOPES:

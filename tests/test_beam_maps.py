@@ -232,3 +232,12 @@ def test_an_old_map_without_beams_gets_the_rebuild_hint_not_a_traceback(tiny_mod
     (line,) = _warnings(_translate(capsys, tiny_model_dir, maps, tmp_path, 4))
     assert "does not record which beams it was built for" in line
     assert "rebuild it with fastvocab run CONFIG --set 'maps.beams=[1, 4]'" in line
+
+
+def test_maps_normaliser_rank_defaults_to_the_kernels_rank_and_a_config_overrides_it():
+    from fastvocab.kernels.clustered import DEFAULT_NORMALISER_RANK
+    from fastvocab.pipeline.config import MapsConfig
+
+    assert MapsConfig().params(dump_k=8).normaliser_rank == DEFAULT_NORMALISER_RANK
+    assert MapsConfig(normaliser_rank=64).params(dump_k=8).normaliser_rank == 64
+    assert MapsConfig(normaliser_rank=0).params(dump_k=8).normaliser_rank == 0  # isotropic only, not "unset"

@@ -1,4 +1,4 @@
-"""The static decoder engine on the Marian and MBart families (issue 16, item 1), at the token-id level.
+"""The static decoder engine on the Marian and MBart families at the token-id level.
 
 Tiny random models built from configs (nothing downloaded) with a stub tokenizer: the adapter only needs the
 tokenizer for language tags, and these tests feed token ids. Each family checks what sets it apart:

@@ -1,4 +1,4 @@
-"""Fidelity (issue 10): the exactness certificate of the clustered projection, ``exact_k`` decoding identical
+"""Fidelity: the exactness certificate of the clustered projection, ``exact_k`` decoding identical
 to full softmax (greedy and beam, rows that fall back included), and the forced-decoding scorer.
 """
 
@@ -388,3 +388,17 @@ def test_the_default_method_is_what_translate_decodes_with_at_each_beam(adapter,
     assert greedy["inactive_mass"] == "none" and greedy["selection"] == "union"
     assert beam["inactive_mass"] == "normaliser" and beam["selection"] == "per-row"
     assert "exact_k" not in beam and "inactive_mass" not in method_options("clustered", 4, "union", mixed_map)
+
+
+def test_agreement_counts_search_errors_and_lists_each_differing_output():
+    from fastvocab.experiments.fidelity import SCORE_TOL, agreement
+
+    full = [[1, 2], [1, 4], [4, 5], [5], [6]]
+    out = [[1, 2], [1, 3], [4], [5], [7]]
+    scores = [-1.0, -2.0, -0.5, -1.0, -1.0 - SCORE_TOL / 10]
+    full_scores = [-1.0, -1.5, -1.0, -1.0, -1.0]
+    got = agreement(out, full, scores, full_scores)
+    assert got["identical"] == 0.4
+    assert got["search_errors"] == 0.2  # sentence 1; sentence 4 is worse by less than rounding
+    assert got["better"] == 0.2  # sentence 2
+    assert got["differing"] == [[1, -0.5], [2, 0.5], [4, 0.0]]

