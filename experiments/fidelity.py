@@ -26,8 +26,7 @@ and ``normaliser`` (the same with that ``inactive_mass``; beam > 1 only: greedy 
 errors are those of the sets alone), ``exact`` (the certificate, ``exact_k`` = 1 for greedy and 2 x beam
 for beam search), ``per-row`` (per-row selection); a mass method with ``@R`` (``normaliser@8``) gives rows
 farther than R from their centroid the exact mass, from their full logits (``mass_radius``; counted in
-``full_rows_far``). Plain functions: no Ray, no
-MLflow; the callers print and write.
+``full_rows_far``). Plain functions: no Ray, no MLflow; the callers print and write.
 """
 
 from __future__ import annotations
