@@ -29,7 +29,7 @@ option does):
   int8 arithmetic, but N rows read;
 - ``int8-clustered``: what ``ClusteredProjection(int8=True)`` runs for a union of several clusters
   (``clustered_ops.int8_gathered_logits``): ``int8-gather`` or ``int8-dense``, whichever its cost model
-  (``clustered_ops.INT8_GATHER_COST``, ``INT8_DENSE_COST``) says is cheaper at this C and row count;
+  (``clustered_ops.INT8_GATHER_US``, ``INT8_DENSE_US``) says is cheaper at this C and row count;
 
 and, for comparison at the same rows, the full projections over all N columns: ``full-fp32``
 (``create_projection("full")``, pre-packed) and ``full-int8`` (``create_projection("full", int8=True)``).

@@ -272,13 +272,18 @@ def per_row_logits(
 # An int8 union step gathers its rows a block at a time and widens them to float32 in a buffer of this size,
 # like the float32 gather's block, so the GEMM reads it from cache (256 KiB to 16 MiB tried: 4 MiB fastest).
 INT8_GATHER_CHUNK_BYTES = 4 << 20
-# Which of the two int8 union kernels is cheaper, from per-column costs ``a + b * rows`` (microseconds at
-# d 1024, one thread, measured by benchmarks/bench_int8_gather.py on the 2-core AVX2 development VM): the
-# gather (random 1 KiB rows read at a few GB/s, widened, multiplied in float32) against the packed fbgemm
-# GEMM over all N columns (W read in order, int8 arithmetic). The gather wins below a union of about 15%
-# of N at 1 row and 35% at 32 rows. Both give the same logits: the choice changes only the time.
-INT8_GATHER_COST = (0.45, 0.022)
-INT8_DENSE_COST = (0.06, 0.011)
+# Which of the two int8 union kernels is cheaper, from their per-column costs in microseconds at d 1024, one
+# thread, by the rows of the step (benchmarks/bench_int8_gather.py on the 2-core AVX2 development VM, the
+# median over unions of 5-40% of N: benchmarks/results/int8-gather-cpu-2026-11-26-cost-table.json): the gather
+# per gathered column (random 1 KiB rows read, widened, multiplied in float32) against the packed fbgemm GEMM
+# per vocabulary column (W read in order, int8 arithmetic). Neither is linear in rows: the float32 GEMM behind
+# the gather runs 6-12 and 24 rows at nearly the cost per column of 32, so the gather wins below a union of
+# 18% of N at 1 row, 10-13% at 2-12 rows, 26-35% at 16-32 rows. Between the rows measured the costs are
+# interpolated; beyond 32 rows both grow with the rows alike, so 32 rows' ratio decides. Both kernels give the
+# same logits: the choice changes only the time.
+INT8_COST_ROWS = (1, 2, 4, 6, 8, 12, 16, 24, 32)
+INT8_GATHER_US = (0.344, 0.552, 0.582, 0.849, 1.372, 1.304, 0.893, 1.34, 1.357)
+INT8_DENSE_US = (0.0605, 0.0681, 0.0656, 0.0867, 0.1385, 0.1647, 0.2485, 0.3432, 0.4688)
 
 
 @dataclass
@@ -376,9 +381,9 @@ def int8_gathered_logits(h: torch.Tensor, w8: Int8Weights, cols: torch.Tensor) -
 
 def int8_dense_cheaper(columns: int, rows: int, n_vocab: int) -> bool:
     """Whether ``rows`` rows cost less over all ``n_vocab`` columns (packed int8 GEMM) than over ``columns``
-    gathered ones (:data:`INT8_GATHER_COST`, :data:`INT8_DENSE_COST`)."""
-    gather = columns * (INT8_GATHER_COST[0] + INT8_GATHER_COST[1] * rows)
-    return gather > n_vocab * (INT8_DENSE_COST[0] + INT8_DENSE_COST[1] * rows)
+    gathered ones (the measured costs :data:`INT8_GATHER_US`, :data:`INT8_DENSE_US` at ``rows``)."""
+    gather = columns * float(np.interp(rows, INT8_COST_ROWS, INT8_GATHER_US))
+    return gather > n_vocab * float(np.interp(rows, INT8_COST_ROWS, INT8_DENSE_US))
 
 
 def int8_gather_gemm(h: torch.Tensor, w8: Int8Weights, cols: torch.Tensor) -> torch.Tensor:

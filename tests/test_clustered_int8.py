@@ -36,10 +36,11 @@ def batch(cmap, rows: int, seed: int = 0) -> torch.Tensor:
 @pytest.fixture(params=["gather", "dense"])
 def union_kernel(request, monkeypatch):
     """Force one of the two int8 union kernels (the cost model picks between them by size)."""
-    cheap, dear = (0.0, 0.0), (1e9, 1e9)
+    n = len(clustered_ops.INT8_COST_ROWS)
+    cheap, dear = (0.0,) * n, (1e9,) * n
     gather = request.param == "gather"
-    monkeypatch.setattr(clustered_ops, "INT8_GATHER_COST", cheap if gather else dear)
-    monkeypatch.setattr(clustered_ops, "INT8_DENSE_COST", dear if gather else cheap)
+    monkeypatch.setattr(clustered_ops, "INT8_GATHER_US", cheap if gather else dear)
+    monkeypatch.setattr(clustered_ops, "INT8_DENSE_US", dear if gather else cheap)
     return request.param
 
 
@@ -159,8 +160,21 @@ def test_mass_radius_far_rows_get_the_exact_mass_of_the_int8_logits():
 
 
 def test_cost_model_prefers_the_gather_for_small_unions_only():
-    assert not clustered_ops.int8_dense_cheaper(12_811, 1, 128_112)  # 10% of N, one row
-    assert clustered_ops.int8_dense_cheaper(87_000, 32, 128_112)  # 68% of N, 32 rows
+    n = 128_112
+    assert not clustered_ops.int8_dense_cheaper(12_811, 1, n)  # 10% of N, one row
+    assert clustered_ops.int8_dense_cheaper(87_000, 32, n)  # 68% of N, 32 rows
+    # 8 rows: the gather pays below ~10% of N only (measured), not at 20%
+    assert not clustered_ops.int8_dense_cheaper(6_400, 8, n)
+    assert clustered_ops.int8_dense_cheaper(25_622, 8, n)
+    # beyond the rows measured, 32 rows' costs decide: 20% gathered, 45% dense
+    assert not clustered_ops.int8_dense_cheaper(25_622, 128, n)
+    assert clustered_ops.int8_dense_cheaper(57_650, 128, n)
+
+
+def test_cost_tables_cover_the_same_rows():
+    rows = clustered_ops.INT8_COST_ROWS
+    assert list(rows) == sorted(rows) and rows[0] == 1
+    assert len(clustered_ops.INT8_GATHER_US) == len(clustered_ops.INT8_DENSE_US) == len(rows)
 
 
 # ------------------------------------------------------------------------- the CLI and the bulk worker
