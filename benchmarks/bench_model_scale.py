@@ -73,6 +73,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime as dt
+import functools
 import gc
 import json
 import math
@@ -549,6 +550,25 @@ def decode_flops(
     return enc + cross_kv + dec + proj
 
 
+def union_without_skip(proj, run, lines, beam, n_vocab: int) -> float:
+    """The map's union fraction over ``run(lines, beam)`` (or ``run()`` without lines) with the int8
+    projection's ``full_when_cheaper`` off: the columns the map gives, where the timed runs computed all N
+    at the row counts whose expected union costs more."""
+    proj.full_when_cheaper = False
+    proj.reset_counters()
+    try:
+        run() if lines is None else run(lines, beam)
+        return proj.stats()["active_columns_per_row"] / n_vocab
+    finally:
+        proj.full_when_cheaper = True
+        proj.reset_counters()
+
+
+def project_all(proj, hs: list[torch.Tensor]) -> None:
+    for x in hs:
+        proj(x)
+
+
 @torch.inference_mode()
 def step_profile(
     adapter, full, clustered: dict, lines: list[str], batch: int, beam: int, steps: int, threads: int
@@ -587,6 +607,9 @@ def step_profile(
             proj(x)
         tc = time.perf_counter() - t0
         u = proj.stats()["active_columns_per_row"] / adapter.n_vocab
+        if proj.stats()["full_fraction"]:
+            every = functools.partial(project_all, proj, hs)
+            u = union_without_skip(proj, every, None, None, adapter.n_vocab)
         proj.reset_counters()
         out[key] = (tc / (tc + t_dec), u)
     return t_proj / (t_proj + t_dec), out
@@ -750,10 +773,8 @@ def run_point(
                 # the clustered union over this point's lines (an untimed run, which is also the clustered
                 # system's warm-up): the vmap gets that many candidates
                 label = system_label(f"fastvocab clustered {prec}", frac)
-                proj.reset_counters()
-                runs[label][0](lines, beam)
+                u = union_without_skip(proj, runs[label][0], lines, beam, a32.n_vocab)
                 warm.add(label)
-                u = proj.stats()["active_columns_per_row"] / a32.n_vocab
                 vfile = Path(tempfile.mkdtemp(prefix="vmap-")) / "vmap.txt"
                 vmap_count[frac] = write_vmap(a32, max(1, round(u * a32.n_vocab)), logw, vfile)
                 vdir = vmap_model_dir(ct2_dir, a32, SimpleNamespace(vmap=vfile, vmap_no_reset=False), {})
@@ -765,7 +786,8 @@ def run_point(
             run(lines[:batch], beam)
     times: dict[str, list[float]] = {k: [] for k in runs}
     rss: dict[str, list[float]] = {k: [] for k in runs}
-    union: dict[str, list[float]] = {k: [] for k in runs}
+    union: dict[str, list[float]] = {k: [] for k in runs}  # columns computed per row / N
+    full_rows: dict[str, list[float]] = {k: [] for k in runs}  # rows whose step skipped the map
     tokens: dict[str, int] = {}
     load = os.getloadavg()
     for i in range(args.repeats):
@@ -781,7 +803,10 @@ def run_point(
             rss[label].append(hwm / 2**20)
             rss.setdefault(label + " run", []).append((hwm - base) / 2**20)
             if proj is not None:
-                union[label].append(proj.stats()["active_columns_per_row"] / a32.n_vocab)
+                stats = proj.stats()
+                union[label].append(stats["active_columns_per_row"] / a32.n_vocab)
+                if stats["full_fraction"] is not None:
+                    full_rows[label].append(stats["full_fraction"])
             if tokens.setdefault(label, tok) != tok or tok != n * args.steps:
                 raise RuntimeError(
                     f"{label}: {tok} tokens generated, expected {n} x {args.steps} = {n * args.steps}"
@@ -792,6 +817,12 @@ def run_point(
                 flush=True,
             )
     load_after = os.getloadavg()
+    map_union: dict[str, float] = {}
+    for label, (run, _key, frac, dtype) in runs.items():
+        if any(full_rows[label]):
+            # steps that skipped the map computed all N: the map's own union comes from one untimed run
+            # with the skip off (what `u` and the bound are defined on)
+            map_union[label] = union_without_skip(clustered[dtype][frac], run, lines, beam, a32.n_vocab)
     for label, (_run, key, frac, dtype) in runs.items():
         sec = statistics.median(times[label])
         prec = "int8" if dtype == "int8" else "fp32"
@@ -799,7 +830,7 @@ def run_point(
         s_own, u = None, 1.0
         if key.startswith("clustered"):
             s_own, u_prof = prof[prec][1][frac]
-            u = statistics.mean(union[label]) if union[label] else u_prof
+            u = map_union.get(label, statistics.mean(union[label]) if union[label] else u_prof)
         elif key == "full-fp32" or key == "full-int8":
             s_own = s_full
         elif key == "ct2-int8-vmap":
@@ -835,6 +866,9 @@ def run_point(
                 "projection_share": None if s_own is None else round(s_own, 4),
                 "full_projection_share": None if s_full is None else round(s_full, 4),
                 "union_fraction": round(u, 5),
+                "full_rows_fraction": (
+                    round(statistics.mean(full_rows[label]), 4) if full_rows[label] else None
+                ),
                 "bound": None if bound is None else round(bound, 3),
                 "gflops": round(gflops, 2),
                 "gemm_peak_gflops": peak,

@@ -209,7 +209,12 @@ class Projection:
         """What the method counted over its calls so far: active columns per decoder row, the share of rows
         with an exactness certificate and of rows sent to the full projection for being far from their
         centroid; None where the method keeps no such count (override to report yours)."""
-        return {"active_columns_per_row": None, "certified_fraction": None, "far_fraction": None}
+        return {
+            "active_columns_per_row": None,
+            "certified_fraction": None,
+            "far_fraction": None,
+            "full_fraction": None,
+        }
 
     def capturable(self, rows: int) -> CapturableStep | None:
         """This method's step for ``rows`` rows as a CUDA graph can capture it (:class:`CapturableStep`), or

@@ -43,7 +43,11 @@ when its union is large; cached clusters are packed int8 blocks). The inactive-m
 certificate keep their float32 tables; the certificate adds a bound on how far an int8 logit is from the
 float32 one, and rows without a certificate get the full int8 logits, so ``exact_k`` makes each row's top-k
 that of the full int8 projection (which, like it, quantises its input per call: a row's int8 logits move
-slightly with the rows beside it).
+slightly with the rows beside it). In union mode, at a row count where the union the map's sets are expected
+to form costs more gathered than the packed GEMM over all N (``clustered_ops.expected_union``, with a margin
+for a beam's shared clusters), the step skips the map altogether and returns the full int8 logits
+(``full_when_cheaper``; counted in ``counters["full"]``): the assignment and the union would cost time there
+and save none.
 """
 
 from __future__ import annotations
@@ -106,7 +110,9 @@ class ClusteredProjection(Projection):
     ``exact_tol`` (for ``exact_k > 1``: the largest change of a certified row's log-normaliser allowed, in
     nats), ``bound_blocks`` (column blocks of the certificate's bound), ``mass_radius`` (None = off; with an
     ``inactive_mass`` estimate and no ``exact_k``: rows with ``||h - C_c||`` above it get the exact mass of
-    the columns they did not compute, from their full logits, counted in ``counters["far"]``).
+    the columns they did not compute, from their full logits, counted in ``counters["far"]``),
+    ``full_when_cheaper`` (int8 union mode: at row counts where the map's expected union costs more than the
+    full int8 GEMM, every column without assigning clusters; counted in ``counters["full"]``).
 
     ``counters`` accumulates, over calls, the rows projected, the columns computed (a fallback row counts
     its set and N) and the certified rows; :meth:`reset_counters` clears them. They never change an output.
@@ -128,6 +134,7 @@ class ClusteredProjection(Projection):
         bound_blocks: int = 64,
         mass_radius: float | None = None,
         int8: bool = False,
+        full_when_cheaper: bool = True,
         **common: Any,  # always_active, fingerprint: see Projection
     ) -> None:
         super().__init__(weight, bias, **common)
@@ -152,7 +159,7 @@ class ClusteredProjection(Projection):
         if mass_radius is not None and (inactive_mass == "none" or exact_k):
             raise ValueError("mass_radius needs an inactive_mass estimate and no exact_k")
         self.mass_radius = None if mass_radius is None else float(mass_radius)
-        self.counters = {"rows": 0, "columns": 0, "certified": 0, "far": 0}
+        self.counters = {"rows": 0, "columns": 0, "certified": 0, "far": 0, "full": 0}
 
         cmap = self._load_map(cluster_map)
         self.map_manifest = cmap.manifest
@@ -174,6 +181,12 @@ class ClusteredProjection(Projection):
         self._w8: ops.Int8Weights | None = None  # int8: W as the full int8 projection holds it
         if self.int8:
             self._w8 = ops.int8_weights(self.weight, self.bias, self._map, cache_bytes=cache_bytes)
+        # int8 union mode: each id's chance to be in a row's set, for the union expected at a row count
+        self.full_when_cheaper = bool(full_when_cheaper)  # may be switched off later (the benchmarks do)
+        self._hit = (
+            ops.hit_probability(self._map, self.n_vocab) if self.int8 and self.selection == "union" else None
+        )
+        self._full_at_rows: dict[int, bool] = {}
         self._mass: ops.MassTables | ops.NormaliserTables | None = None
         self.normaliser_source: str | None = None  # "map" or "computed at load"
         if self.inactive_mass == "normaliser":
@@ -282,6 +295,8 @@ class ClusteredProjection(Projection):
             opts["dtype"] = "int8"
         if self.mass_radius is not None:
             opts["mass_radius"] = self.mass_radius
+        if self._hit is not None and not self.full_when_cheaper:
+            opts["full_when_cheaper"] = False
         if self.exact_k:
             opts["exact_k"] = self.exact_k
             if self.exact_k > 1:
@@ -306,6 +321,7 @@ class ClusteredProjection(Projection):
             "active_columns_per_row": self.counters["columns"] / rows,
             "certified_fraction": self.certified_fraction,
             "far_fraction": self.counters["far"] / rows if self.mass_radius else None,
+            "full_fraction": self.counters["full"] / rows if self._hit is not None else None,
         }
 
     @property
@@ -352,6 +368,9 @@ class ClusteredProjection(Projection):
         if rows == 0:
             empty = h.new_empty((0, 0))
             return ProjectionOutput(empty, torch.zeros(0, dtype=torch.int64, device=h.device), self.n_vocab)
+        if self._full_cheaper(rows):
+            self._count(rows=rows, columns=rows * self.n_vocab, full=rows)
+            return ProjectionOutput(logits=self._full_logits(h), ids=None, n_vocab=self.n_vocab)
         # The CuPy grouping kernel runs in one block: beyond 1024 rows per-row selection takes the torch path.
         if self.backend == "cupy" and (self.selection == "union" or rows <= 1024):
             logits, ids, clusters = self._project_cupy(h)
@@ -371,6 +390,18 @@ class ClusteredProjection(Projection):
         if self._bounds is None:
             return out
         return self._exact(h, out, clusters, self._bounds)
+
+    def _full_cheaper(self, rows: int) -> bool:
+        """Whether a step of ``rows`` rows skips the map (``full_when_cheaper``), decided once per row
+        count."""
+        if self._hit is None or not self.full_when_cheaper:
+            return False
+        full = self._full_at_rows.get(rows)
+        if full is None:
+            expected = ops.expected_union(self._hit, rows) / ops.DENSE_UNION_MARGIN
+            full = ops.int8_dense_cheaper(int(expected), rows, self.n_vocab)
+            self._full_at_rows[rows] = full
+        return full
 
     def _exact_mass_far_rows(
         self, h: torch.Tensor, out: ProjectionOutput, clusters: torch.Tensor

@@ -386,6 +386,29 @@ def int8_dense_cheaper(columns: int, rows: int, n_vocab: int) -> bool:
     return gather > n_vocab * float(np.interp(rows, INT8_COST_ROWS, INT8_DENSE_US))
 
 
+# The int8 union step skips the map at a row count where even 1 / DENSE_UNION_MARGIN of the union expected
+# there (:func:`expected_union`) would cost more gathered than the full int8 GEMM over all N: the assignment
+# and the union then cost time and save none. The expectation draws rows independently; a beam's rows share
+# clusters and have smaller unions, hence the margin.
+DENSE_UNION_MARGIN = 2.0
+
+
+def hit_probability(pm: PreparedMap, n_vocab: int) -> np.ndarray:
+    """Per id, the chance that a row in a cluster drawn by the clusters' populations has it in its set, (N,)
+    float64 (always-active ids: 1)."""
+    pop = pm.population.astype(np.float64) * (np.asarray(pm.sizes) > 0)
+    p = pop / pop.sum() if pop.sum() > 0 else (np.asarray(pm.sizes) > 0) / np.count_nonzero(pm.sizes)
+    weights = np.repeat(p, pm.sizes)
+    return np.minimum(np.bincount(pm.indices.cpu().numpy(), weights=weights, minlength=n_vocab), 1.0)
+
+
+def expected_union(hit: np.ndarray, rows: int) -> float:
+    """Expected size of the union of ``rows`` sets drawn independently, each id in with probability ``hit``:
+    ``sum_i 1 - (1 - hit_i) ** rows``."""
+    with np.errstate(divide="ignore"):  # hit 1: log1p(-1) = -inf, and the id is in every union
+        return float(-np.expm1(rows * np.log1p(-hit)).sum())
+
+
 def int8_gather_gemm(h: torch.Tensor, w8: Int8Weights, cols: torch.Tensor) -> torch.Tensor:
     """The input quantised as the layer does, the int8 rows ``cols`` gathered a block at a time and widened
     to float32 in a cache-sized buffer, one float32 GEMM per block: the layer's int32 sums exactly (integers

@@ -39,6 +39,7 @@ FIELDS = {
     "projection_share",
     "full_projection_share",
     "union_fraction",
+    "full_rows_fraction",
     "bound",
     "gflops",
     "gemm_peak_share",
@@ -48,14 +49,15 @@ FIELDS = {
 }
 
 
-def _run_toy(tmp_path: Path, systems: str) -> tuple[dict, Path]:
-    """The script on the toy shape with ``systems`` (a batch of 2, 2 steps, 10% sets): record and path."""
+def _run_toy(tmp_path: Path, systems: str, batch: int = 2) -> tuple[dict, Path]:
+    """The script on the toy shape with ``systems`` (2 steps, 10% sets, a batch of ``batch``): record and
+    path."""
     out = tmp_path / "result.json"
     cmd = [
         sys.executable, str(SCRIPT), "--shapes", "toy", "--systems", systems,
-        "--batch", "2", "--beam", "1", "--threads", "1", "--repeats", "1", "--steps", "2", "--active", "0.1",
-        "--clusters", "20", "--root", str(tmp_path / "work"), "--real-map", str(tmp_path / "no-map"),
-        "--out", str(out),
+        "--batch", str(batch), "--beam", "1", "--threads", "1", "--repeats", "1", "--steps", "2",
+        "--active", "0.1", "--clusters", "20", "--root", str(tmp_path / "work"),
+        "--real-map", str(tmp_path / "no-map"), "--out", str(out),
     ]  # fmt: skip
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -78,6 +80,7 @@ def test_toy_shape_end_to_end(tmp_path):
     for r in rows.values():
         assert set(r) >= FIELDS, FIELDS - set(r)
         assert (r["vocabulary"], r["d_model"], r["batch"], r["beam"], r["threads"]) == (2000, 64, 2, 1, 1)
+        assert r["full_rows_fraction"] is None  # only the int8 clustered projection skips its map
         # both engines: every sentence decoded exactly --steps tokens
         assert r["tokens"] == r["sentences"] * r["steps"] == 2 * 2 * 2
         assert r["tokens_per_s"] > 0 and r["gflops"] > 0 and r["rss_mib"] > 0
@@ -94,13 +97,16 @@ def test_toy_shape_end_to_end(tmp_path):
 @pytest.mark.slow  # ~10 s: no CTranslate2 system, so no conversion
 def test_toy_shape_clustered_int8_uses_the_int8_projection(tmp_path):
     """``clustered-int8`` is the int8 decoder with the clustered projection's own int8 option: its row is
-    int8, its union and shares are measured, and the memory estimate counts its int8 W."""
-    result, _ = _run_toy(tmp_path, "full-int8,clustered-int8")
+    int8, its union and shares are measured, and the memory estimate counts its int8 W. At 8 rows the
+    10% sets' expected union costs more than the full int8 GEMM: the steps skip the map (``full_rows``),
+    and ``u`` is still the map's union, from a run with the skip off."""
+    result, _ = _run_toy(tmp_path, "full-int8,clustered-int8", batch=8)
     needed = result["shapes"]["toy"]["memory"]["needed_mib"]
     assert any(k.startswith("int8 clustered W") for k in needed)
     rows = {r["system"]: r for r in result["rows"]}
     assert set(rows) == {"fastvocab full int8", "fastvocab clustered int8 10%"}
     clustered = rows["fastvocab clustered int8 10%"]
     assert clustered["dtype"] == "int8" and 0 < clustered["union_fraction"] < 1
+    assert clustered["full_rows_fraction"] > 0.5
     assert 0 < clustered["projection_share"] < 1 and clustered["bound"] is not None
     assert clustered["tokens"] == clustered["sentences"] * clustered["steps"]

@@ -5,6 +5,7 @@ int8, what it refuses, and ``--dtype int8 --method clustered`` through the trans
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -22,6 +23,8 @@ def layer_and_map(bias: float = 1.0, size: int = 60, r: int = 12):
 
 
 def clustered(w, b, cmap, **options) -> ClusteredProjection:
+    # the tests of the union kernels keep the map at every row count (skipping it has tests of its own)
+    options.setdefault("full_when_cheaper", False)
     proj = create_projection("clustered", w, b, cluster_map=cmap, **options)
     assert isinstance(proj, ClusteredProjection)
     return proj
@@ -171,6 +174,40 @@ def test_cost_model_prefers_the_gather_for_small_unions_only():
     assert clustered_ops.int8_dense_cheaper(57_650, 128, n)
 
 
+def test_union_step_skips_the_map_where_its_expected_union_costs_more_than_full():
+    """Sets of 15% of N: one row's set is cheaper gathered, 32 rows' union is not: that step computes every
+    column without assigning clusters, the full int8 projection's logits, and counts its rows."""
+    w, b, cmap = layer_and_map()
+    proj = clustered(w, b, cmap, int8=True, full_when_cheaper=True)
+    full8 = create_projection("full", w, b, int8=True)
+    one = proj(batch(cmap, 1))
+    assert one.ids is not None and proj.counters["full"] == 0
+    h = batch(cmap, 32)
+    out = proj(h)
+    assert out.ids is None
+    torch.testing.assert_close(out.logits, full8(h).logits)
+    assert proj.counters["full"] == 32 and proj.stats()["full_fraction"] == 32 / 33
+    proj.full_when_cheaper = False  # switched off: the union again
+    assert proj(h).ids is not None and proj.counters["full"] == 32
+    assert proj.options()["full_when_cheaper"] is False
+
+
+def test_expected_union_matches_drawn_unions():
+    """The expectation the skip decides on: independent rows drawn by population, checked by drawing."""
+    w, b, cmap = layer_and_map()
+    pm = clustered(w, b, cmap, int8=True).prepared_map
+    hit = clustered_ops.hit_probability(pm, N)
+    p = pm.population / pm.population.sum()
+    rng = np.random.default_rng(0)
+    for rows in (1, 4, 16):
+        drawn = [
+            torch.unique(torch.cat([pm.ids[c] for c in rng.choice(pm.r, size=rows, p=p)])).numel()
+            for _ in range(400)
+        ]
+        assert abs(clustered_ops.expected_union(hit, rows) - np.mean(drawn)) < 0.03 * np.mean(drawn)
+    assert clustered_ops.expected_union(hit, 1) == pytest.approx(float(np.dot(p, pm.sizes)))
+
+
 def test_cost_tables_cover_the_same_rows():
     rows = clustered_ops.INT8_COST_ROWS
     assert list(rows) == sorted(rows) and rows[0] == 1
@@ -206,10 +243,14 @@ def test_translate_cli_int8_clustered(spread_model_dir, tmp_path, capsys):
     base = ["translate", "--model", str(spread_model_dir), "--src-lang", "en", "--tgt-lang", "it"]
     base += ["-i", str(inp), "--max-len", "6", "--dtype", "int8", "--no-progress"]
     assert main([*base, "-o", str(full_out)]) == 0
+    capsys.readouterr()
     rc = main([*base, "-o", str(out), "--method", "clustered", "--clusters", str(maps)])
-    assert rc == 0, capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert rc == 0, err
     # every id in every set: the int8 clustered projection computes the full int8 projection's logits
     assert out.read_text(encoding="utf-8") == full_out.read_text(encoding="utf-8")
+    # ... and with sets of all N, no row count is cheaper through the map: every step skips it
+    assert "100.0% of rows computed every column" in err, err
 
 
 def test_bulk_worker_hands_int8_to_the_clustered_projection(spread_model_dir, tmp_path):

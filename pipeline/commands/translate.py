@@ -416,6 +416,11 @@ def run(args: argparse.Namespace) -> int:
                 f", {100 * stats['certified_fraction']:.1f}% of rows certified exact "
                 "(the others used the full projection)"
             )
+        if stats["full_fraction"]:
+            line += (
+                f", {100 * stats['full_fraction']:.1f}% of rows computed every column "
+                "(at their batch's rows the map's union costs more)"
+            )
         print(line, file=sys.stderr)
     return 0
 
