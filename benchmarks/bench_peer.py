@@ -159,15 +159,37 @@ class Ct2System:
         return res
 
 
+def timed_projection(projection, spent: list[float]) -> None:
+    """Add the wall time of each of ``projection``'s steps to ``spent[0]`` (its ``_project``, wrapped on the
+    instance: the step's own work, without the search's choice among its logits)."""
+    inner = projection._project
+
+    def project(h):
+        t0 = time.perf_counter()
+        try:
+            return inner(h)
+        finally:
+            spent[0] += time.perf_counter() - t0
+
+    projection._project = project
+
+
 def fastvocab_system(adapter, projection, args) -> Callable[[list[str], int], tuple[float, list[str]]]:
     """``projection``: one projection for every beam, or a dict beam -> projection (clustered: the
-    inactive-mass estimate depends on the beam, as in ``fastvocab translate``)."""
+    inactive-mass estimate depends on the beam, as in ``fastvocab translate``). The returned function's
+    ``projection_seconds[0]`` holds the seconds its last call spent in projection steps (summed over worker
+    threads)."""
     from fastvocab.tasks.translate import translate
+
+    spent = [0.0]
+    for proj in projection.values() if isinstance(projection, dict) else [projection]:
+        timed_projection(proj, spent)
 
     def run(lines: list[str], beam: int) -> tuple[float, list[str]]:
         # Creating a ctranslate2.Translator sets the calling thread's OpenMP thread count to its
         # intra_threads (torch.get_num_threads() reads 1 after one with intra_threads=1): set it back.
         torch.set_num_threads(args.threads)
+        spent[0] = 0.0
         r = translate(
             adapter,
             projection[beam] if isinstance(projection, dict) else projection,
@@ -183,6 +205,7 @@ def fastvocab_system(adapter, projection, args) -> Callable[[list[str], int], tu
         )
         return r.seconds, r.hypotheses
 
+    run.projection_seconds = spent  # type: ignore[attr-defined]
     return run
 
 
@@ -418,6 +441,7 @@ def main(argv: list[str] | None = None) -> int:
     for beam in beams:
         load_before = os.getloadavg()
         times: dict[str, list[float]] = {name: [] for name in systems}
+        in_projection: dict[str, list[float]] = {name: [] for name in systems}
         outputs: dict[str, list[str]] = {}
         for run in systems.values():  # warm-up on one batch (allocations, lazy inits, first-call caches)
             run(lines[: args.batch_size], beam)
@@ -425,6 +449,8 @@ def main(argv: list[str] | None = None) -> int:
             for name, run in systems.items():
                 seconds, out = run(lines, beam)
                 times[name].append(seconds)
+                if hasattr(run, "projection_seconds"):
+                    in_projection[name].append(run.projection_seconds[0])
                 print(f"beam {beam} round {i + 1}: {name} {seconds:.2f} s", file=sys.stderr, flush=True)
                 if outputs.setdefault(name, out) != out:
                     raise RuntimeError(f"{name}: outputs changed between rounds")
@@ -437,6 +463,15 @@ def main(argv: list[str] | None = None) -> int:
                 "seconds": [round(t, 4) for t in times[name]],
                 "lines_changed_vs_fastvocab_full_fp32": round(search_error_rate(outputs[name], base), 4),
             }
+            if in_projection[name]:
+                # thread-seconds in projection steps over the thread-seconds of the run (workers x wall)
+                workers = args.threads if args.parallel == "workers" else 1
+                row["projection_share"] = round(
+                    statistics.median(
+                        [p / (t * workers) for p, t in zip(in_projection[name], times[name], strict=True)]
+                    ),
+                    4,
+                )
             if "int8" in name:
                 twin = name.replace("int8", "fp32" if name.startswith("fastvocab") else "float32")
                 row["lines_changed_by_int8"] = round(search_error_rate(outputs[name], outputs[twin]), 4)
