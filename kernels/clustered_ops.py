@@ -277,7 +277,7 @@ INT8_GATHER_CHUNK_BYTES = 4 << 20
 # median over unions of 5-40% of N: benchmarks/results/int8-gather-cpu-2026-11-26-cost-table.json): the gather
 # per gathered column (random 1 KiB rows read, widened, multiplied in float32) against the packed fbgemm GEMM
 # per vocabulary column (W read in order, int8 arithmetic). Neither is linear in rows: the float32 GEMM behind
-# the gather runs 6-12 and 24 rows at nearly the cost per column of 32, so the gather wins below a union of
+# the gather runs 8, 12 and 24 rows at nearly the cost per column of 32, so the gather wins below a union of
 # 18% of N at 1 row, 10-13% at 2-12 rows, 26-35% at 16-32 rows. Between the rows measured the costs are
 # interpolated; beyond 32 rows both grow with the rows alike, so 32 rows' ratio decides. Both kernels give the
 # same logits: the choice changes only the time.
