@@ -396,9 +396,11 @@ DENSE_UNION_MARGIN = 2.0
 def hit_probability(pm: PreparedMap, n_vocab: int) -> np.ndarray:
     """Per id, the chance that a row in a cluster drawn by the clusters' populations has it in its set, (N,)
     float64 (always-active ids: 1)."""
-    pop = pm.population.astype(np.float64) * (np.asarray(pm.sizes) > 0)
-    p = pop / pop.sum() if pop.sum() > 0 else (np.asarray(pm.sizes) > 0) / np.count_nonzero(pm.sizes)
-    weights = np.repeat(p, pm.sizes)
+    nonempty = np.asarray(pm.sizes) > 0
+    pop = pm.population.astype(np.float64) * nonempty
+    if pop.sum() == 0:  # no prediction counts: every non-empty cluster equally likely
+        pop = nonempty.astype(np.float64)
+    weights = np.repeat(pop / pop.sum(), pm.sizes)
     return np.minimum(np.bincount(pm.indices.cpu().numpy(), weights=weights, minlength=n_vocab), 1.0)
 
 
