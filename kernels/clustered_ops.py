@@ -396,12 +396,19 @@ DENSE_UNION_MARGIN = 2.0
 def hit_probability(pm: PreparedMap, n_vocab: int) -> np.ndarray:
     """Per id, the chance that a row in a cluster drawn by the clusters' populations has it in its set, (N,)
     float64 (always-active ids: 1)."""
-    nonempty = np.asarray(pm.sizes) > 0
-    pop = pm.population.astype(np.float64) * nonempty
+    sizes = np.asarray(pm.sizes)
+    pop = pm.population.astype(np.float64) * (sizes > 0)
     if pop.sum() == 0:  # no prediction counts: every non-empty cluster equally likely
-        pop = nonempty.astype(np.float64)
-    weights = np.repeat(pop / pop.sum(), pm.sizes)
-    return np.minimum(np.bincount(pm.indices.cpu().numpy(), weights=weights, minlength=n_vocab), 1.0)
+        pop = (sizes > 0).astype(np.float64)
+    p = pop / pop.sum()
+    indptr, indices = pm.indptr.cpu().numpy(), pm.indices.cpu().numpy()
+    hit = np.zeros(n_vocab)
+    step = 256  # clusters at a time: a map of 2,000 sets of 20% of 256K ids holds 100M (cluster, id) pairs
+    for lo in range(0, pm.r, step):
+        hi = min(pm.r, lo + step)
+        weights = np.repeat(p[lo:hi], sizes[lo:hi])
+        hit += np.bincount(indices[indptr[lo] : indptr[hi]], weights=weights, minlength=n_vocab)
+    return np.minimum(hit, 1.0)
 
 
 def expected_union(hit: np.ndarray, rows: int) -> float:
