@@ -208,6 +208,18 @@ def test_expected_union_matches_drawn_unions():
     assert clustered_ops.expected_union(hit, 1) == pytest.approx(float(np.dot(p, pm.sizes)))
 
 
+def test_hit_probability_sums_the_populations_of_the_sets_holding_each_id():
+    """Against a dense (clusters x ids) count, on a map of more clusters than one chunk of the sum."""
+    w, b = random_layer(n_vocab=N, d=D, seed=3, bias=1.0)
+    cmap = random_map(w, b, r=600, size=30, seed=2)
+    pm = clustered(w, b, cmap, int8=True).prepared_map
+    member = np.zeros((pm.r, N))
+    for c in range(pm.r):
+        member[c, pm.ids[c].numpy()] = 1.0
+    want = np.minimum((pm.population / pm.population.sum()) @ member, 1.0)
+    np.testing.assert_allclose(clustered_ops.hit_probability(pm, N), want, rtol=1e-12, atol=1e-15)
+
+
 def test_cost_tables_cover_the_same_rows():
     rows = clustered_ops.INT8_COST_ROWS
     assert list(rows) == sorted(rows) and rows[0] == 1
