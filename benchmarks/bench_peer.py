@@ -8,7 +8,8 @@ The defaults are the peer table's: the first 200 rows of ``data/corpus``'s en-it
 of ``runs/demo/maps``, batch 32, 2 threads, ``--max-len 128``, beams 1 and 4, 5 rounds.
 
 Systems, each timed end to end on the same ``--n`` source lines (tokenizing and detokenizing included, model
-load excluded), interleaved round by round after a warm-up on one batch, median of ``--repeats`` rounds:
+load excluded), interleaved round by round after a warm-up on one batch (each round starts one system later
+than the one before), median of ``--repeats`` rounds:
 
 - ``fastvocab full fp32`` / ``clustered fp32``: ``tasks.translate.translate`` (what ``fastvocab translate``
   runs) with the static decoder engine; full = ``kernels.full`` (on CPU fp32 with W pre-packed for oneDNN);
@@ -445,8 +446,10 @@ def main(argv: list[str] | None = None) -> int:
         outputs: dict[str, list[str]] = {}
         for run in systems.values():  # warm-up on one batch (allocations, lazy inits, first-call caches)
             run(lines[: args.batch_size], beam)
+        order = list(systems.items())
         for i in range(args.repeats):
-            for name, run in systems.items():
+            shift = i % len(order)  # each round starts one system later: no system keeps the first place
+            for name, run in order[shift:] + order[:shift]:
                 seconds, out = run(lines, beam)
                 times[name].append(seconds)
                 if hasattr(run, "projection_seconds"):
