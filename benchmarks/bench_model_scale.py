@@ -85,13 +85,14 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
 import torch
-from bench_meta import cpu_name, git_commit
+from bench_meta import cpu_name, git_commit, round_order
 from bench_peer import Ct2System, convert_ct2, vmap_model_dir
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -551,17 +552,18 @@ def decode_flops(
     return enc + cross_kv + dec + proj
 
 
-def union_without_skip(proj, run, lines, beam, n_vocab: int) -> float:
-    """The map's union fraction over ``run(lines, beam)`` (or ``run()`` without lines) with the int8
-    projection's ``full_when_cheaper`` off: the columns the map gives, where the timed runs computed all N
-    at the row counts whose expected union costs more."""
+def union_without_skip(proj, run: Callable[[], object], n_vocab: int) -> float:
+    """The map's union fraction over ``run()`` with the int8 projection's ``full_when_cheaper`` off: the
+    columns the map gives, where the timed runs computed all N at the row counts whose expected union costs
+    more."""
+    was = proj.full_when_cheaper
     proj.full_when_cheaper = False
     proj.reset_counters()
     try:
-        run() if lines is None else run(lines, beam)
+        run()
         return proj.stats()["active_columns_per_row"] / n_vocab
     finally:
-        proj.full_when_cheaper = True
+        proj.full_when_cheaper = was
         proj.reset_counters()
 
 
@@ -607,10 +609,10 @@ def step_profile(
         for x in hs:
             proj(x)
         tc = time.perf_counter() - t0
-        u = proj.stats()["active_columns_per_row"] / adapter.n_vocab
-        if proj.stats()["full_fraction"]:
-            every = functools.partial(project_all, proj, hs)
-            u = union_without_skip(proj, every, None, None, adapter.n_vocab)
+        stats = proj.stats()
+        u = stats["active_columns_per_row"] / adapter.n_vocab
+        if stats["full_fraction"]:
+            u = union_without_skip(proj, functools.partial(project_all, proj, hs), adapter.n_vocab)
         proj.reset_counters()
         out[key] = (tc / (tc + t_dec), u)
     return t_proj / (t_proj + t_dec), out
@@ -774,7 +776,7 @@ def run_point(
                 # the clustered union over this point's lines (an untimed run, which is also the clustered
                 # system's warm-up): the vmap gets that many candidates
                 label = system_label(f"fastvocab clustered {prec}", frac)
-                u = union_without_skip(proj, runs[label][0], lines, beam, a32.n_vocab)
+                u = union_without_skip(proj, functools.partial(runs[label][0], lines, beam), a32.n_vocab)
                 warm.add(label)
                 vfile = Path(tempfile.mkdtemp(prefix="vmap-")) / "vmap.txt"
                 vmap_count[frac] = write_vmap(a32, max(1, round(u * a32.n_vocab)), logw, vfile)
@@ -791,13 +793,8 @@ def run_point(
     full_rows: dict[str, list[float]] = {k: [] for k in runs}  # rows whose step skipped the map
     tokens: dict[str, int] = {}
     load = os.getloadavg()
-    order = list(runs.items())
     for i in range(args.repeats):
-        # Each round starts one system later, so no system keeps the first place: fastvocab full int8, always
-        # first before this, ran 4-25% slower than the int8 clustered projection doing the same computation
-        # (a step that skipped its map) at every point of two runs.
-        shift = i % len(order)
-        for label, (run, _key, frac, dtype) in order[shift:] + order[:shift]:
+        for label, (run, _key, frac, dtype) in round_order(list(runs.items()), i):
             proj = clustered[dtype].get(frac) if label.startswith("fastvocab clustered") else None
             if proj is not None:
                 proj.reset_counters()
@@ -828,7 +825,8 @@ def run_point(
         if any(full_rows[label]):
             # steps that skipped the map computed all N: the map's own union comes from one untimed run
             # with the skip off (what `u` and the bound are defined on)
-            map_union[label] = union_without_skip(clustered[dtype][frac], run, lines, beam, a32.n_vocab)
+            again = functools.partial(run, lines, beam)
+            map_union[label] = union_without_skip(clustered[dtype][frac], again, a32.n_vocab)
     for label, (_run, key, frac, dtype) in runs.items():
         sec = statistics.median(times[label])
         prec = "int8" if dtype == "int8" else "fp32"

@@ -71,7 +71,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from bench_meta import cpu_name, git_commit
+from bench_meta import cpu_name, git_commit, round_order
 
 from fastvocab.decoding.search import parse_early_stopping, stopping_rule
 from fastvocab.kernels.clustered import INACTIVE_MASS
@@ -446,10 +446,8 @@ def main(argv: list[str] | None = None) -> int:
         outputs: dict[str, list[str]] = {}
         for run in systems.values():  # warm-up on one batch (allocations, lazy inits, first-call caches)
             run(lines[: args.batch_size], beam)
-        order = list(systems.items())
         for i in range(args.repeats):
-            shift = i % len(order)  # each round starts one system later: no system keeps the first place
-            for name, run in order[shift:] + order[:shift]:
+            for name, run in round_order(list(systems.items()), i):
                 seconds, out = run(lines, beam)
                 times[name].append(seconds)
                 if hasattr(run, "projection_seconds"):

@@ -207,8 +207,9 @@ class Projection:
 
     def stats(self) -> dict[str, float | None]:
         """What the method counted over its calls so far: active columns per decoder row, the share of rows
-        with an exactness certificate and of rows sent to the full projection for being far from their
-        centroid; None where the method keeps no such count (override to report yours)."""
+        with an exactness certificate, of rows sent to the full projection for being far from their
+        centroid, and of rows whose step computed every column because the map could not pay at their row
+        count; None where the method keeps no such count (override to report yours)."""
         return {
             "active_columns_per_row": None,
             "certified_fraction": None,
