@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import ClassVar, TypeVar
 
 import torch
@@ -95,18 +95,27 @@ class ProjectionOutput:
     ids: torch.Tensor | None
     n_vocab: int
     log_inactive_mass: torch.Tensor | None = None
+    _log_probs: torch.Tensor | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
     def rows(self) -> int:
         return self.logits.shape[0]
 
     def log_probs(self) -> torch.Tensor:
-        """Log-softmax over the computed columns, (rows, C), in float32."""
-        logits = self.logits.float()
-        if self.log_inactive_mass is None:
-            return torch.log_softmax(logits, dim=-1)
-        norm = torch.logaddexp(torch.logsumexp(logits, dim=-1), self.log_inactive_mass.float())
-        return logits - norm[:, None]
+        """Log-softmax over the computed columns, (rows, C), in float32.
+
+        Computed on the first call and kept: the dump's step hook and beam search both read it, and over a
+        full vocabulary it costs as much as a tenth of a beam step. An output is not changed once its
+        projection has returned it, and callers treat the result as read-only.
+        """
+        if self._log_probs is None:
+            logits = self.logits.float()
+            if self.log_inactive_mass is None:
+                self._log_probs = torch.log_softmax(logits, dim=-1)
+            else:
+                norm = torch.logaddexp(torch.logsumexp(logits, dim=-1), self.log_inactive_mass.float())
+                self._log_probs = logits - norm[:, None]
+        return self._log_probs
 
     def to_vocab_ids(self, cols: torch.Tensor) -> torch.Tensor:
         """Map column positions (rows, k) to vocabulary ids (rows, k)."""

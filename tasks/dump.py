@@ -208,6 +208,7 @@ class DumpDecoder:
         }
 
     def _decode(self, texts: list[str], src_lang: str, tgt_lang: str) -> dict[str, np.ndarray]:
+        from fastvocab.decoding.rowwise import topk_rows
         from fastvocab.decoding.search import decode
 
         rec: dict[str, list[np.ndarray]] = {
@@ -216,7 +217,9 @@ class DumpDecoder:
 
         def hook(r) -> None:
             row_ids, hidden = r.row_ids, r.hidden  # (rows,), (rows, d)
-            logp, ids = r.output.topk(self.k)  # (rows, K) best first
+            # The output's log-probs are computed once and shared with beam search's own candidates.
+            logp, cols = topk_rows(r.output.log_probs(), min(self.k, r.output.logits.shape[1]))
+            ids = r.output.to_vocab_ids(cols)  # (rows, K) best first
             if self.beam > 1:
                 keep = distinct_hypotheses(row_ids, hidden)
                 row_ids, hidden, logp, ids = row_ids[keep], hidden[keep], logp[keep], ids[keep]
