@@ -171,12 +171,16 @@ def memory_needed(shape: Shape, systems: list[str], fractions: list[float], args
     positions = args.steps + 2
     cache = 2 * shape.dec_layers * shape.d_model * positions * 4 * rows
     cross = 2 * shape.dec_layers * shape.d_model * (args.src_words * 3) * 4 * rows
+    d, f = shape.d_model, shape.ffn
+    # the decoder layers' pre-packed float32 copies (kernels/prepack.py): QKV, cross Q, both outputs, FFN
+    packed_layers = 4 * shape.dec_layers * (6 * d * d + 2 * d * f)
     need = {}
-    need["fastvocab fp32 model + packed W copies"] = 4 * p + 8 * nd  # always loaded (the tokenizer)
+    # always loaded (the tokenizer)
+    need["fastvocab fp32 model + packed W and decoder copies"] = 4 * p + 8 * nd + packed_layers
     if any(s.endswith("int8") and not s.startswith("ct2") for s in systems):
         # measured at m2m100-418m: the int8 load adds ~1.9x its fp32 weights (the fp32 load stays, plus the
-        # quantized copies of the engine's linears)
-        need["fastvocab int8 model (fp32 load + int8 copies + int8 W)"] = 8 * p + nd
+        # quantized copies of the engine's linears); the packed copies live until the layers are quantised
+        need["fastvocab int8 model (fp32 load + int8 copies + int8 W)"] = 8 * p + nd + packed_layers
     if any(s.startswith("clustered") or s == "ct2-int8-vmap" for s in systems):
         nnz = args.clusters * shape.vocab * sum(fractions)
         projections = max(1, sum(1 for s in systems if s.startswith("clustered")))  # a map each

@@ -182,12 +182,14 @@ class Seq2SeqAdapter:
         is quantised separately (``create_projection("full", ..., int8=True)``), ``W`` here stays exact.
         """
         from fastvocab.kernels.int8 import quantize_linears
+        from fastvocab.kernels.prepack import unpack_linears
 
         if self.device.type != "cpu":
             raise ValueError(f"int8 dynamic quantisation runs on CPU only, the model is on {self.device}")
         if self.dtype != torch.float32:
             raise ValueError(f"int8 quantisation starts from a float32 model, got {self.dtype}")
         if self._static is not None:
+            unpack_linears(self._static)  # float32 fast path: its layers go back to nn.Linear, then to int8
             self._static = quantize_linears(self._static)
         else:
             self._decoder = quantize_linears(self._decoder)

@@ -15,13 +15,15 @@ weights of the loaded Hugging Face model into a few small modules whose step is 
 - row selection (finished rows, beam reordering) by ``index_select`` of the filled part of the cache only,
   into a second buffer that then swaps with the first (a fresh allocation every beam step cost more than
   the copy on CPU: page faults);
-- every cache allocation checked first (``cache_memory``).
+- every cache allocation checked first (``cache_memory``);
+- on CPU in float32, the layers' linears of at least 4 MiB multiply a pre-packed copy of their weight from 4
+  rows on (``kernels.prepack``: 1.3-4x faster GEMMs at M2M100-418M's sizes, one more copy of those weights).
 
 ``h`` is what ``lm_head`` multiplies: the output projection is not applied here.
 :meth:`StaticDecoder.step_fixed` is the step with every shape fixed (the position on the device, attention
 over the whole capacity with later positions masked), which a CUDA graph can capture
 (``decoding.steppers.CapturedStepper``). Measurements, and what was tried and left out (``torch.compile``,
-pre-packed weights, ``scaled_dot_product_attention``): benchmarks/engine-notes.md.
+pre-packed weights at the demo model's sizes, ``scaled_dot_product_attention``): benchmarks/engine-notes.md.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from fastvocab.decoding.model_families import (
     fused_qkv,
     unsupported_reason,
 )
+from fastvocab.kernels.prepack import prepack_linears
 
 log = logging.getLogger(__name__)
 
@@ -206,6 +209,10 @@ class StaticDecoder(nn.Module):
                 torch.cat([p.weight for pair in kv for p in pair]),
                 cat_bias([(p, 1.0) for pair in kv for p in pair]),
             )
+        # The per-step linears on pre-packed weights where they are large enough to pay (kernels/prepack.py);
+        # not the cross K/V GEMM, which runs once per batch over every source token, where packing gains
+        # nothing.
+        prepack_linears(self.layers)
 
     @property
     def dtype(self) -> torch.dtype:

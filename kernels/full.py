@@ -4,11 +4,11 @@ On CPU in float32 the GEMM does not run on ``W`` as stored (N, d): MKL's ``h @ W
 slower than necessary for decoding shapes (the measurements, and the end-to-end gain:
 benchmarks/engine-notes.md, "The full projection's weight layouts"). So the projection keeps, besides
 ``self.weight`` (which other users read: the fingerprint, the clustered fallbacks), two copies in
-GEMM-friendly layouts, built once at construction when ``W`` is at least ``PREPACK_MIN_BYTES`` (4 MiB;
-below that ``W`` sits in cache and oneDNN's per-call overhead wins):
+GEMM-friendly layouts, built once at construction when ``W`` is at least ``prepack.PREPACK_MIN_BYTES`` (4
+MiB; below that ``W`` sits in cache and oneDNN's per-call overhead wins):
 
-- ``W`` pre-packed for oneDNN (``torch.ops.mkldnn._reorder_linear_weight``, what inductor's frozen linears
-  use), multiplied by ``torch.ops.mkldnn._linear_pointwise`` from ``SMALL_ROWS`` rows on;
+- ``W`` pre-packed for oneDNN (``kernels.prepack``, the decoder's linears use it too), from
+  ``prepack.SMALL_ROWS`` rows on;
 - a contiguous ``W^T`` (d, N) for fewer rows (greedy at batch 1, the tail of a batch), where one GEMV
   streaming W^T beats both.
 
@@ -30,32 +30,11 @@ from typing import Any
 import torch
 from torch import nn
 
+from fastvocab.kernels import prepack
 from fastvocab.kernels.base import CapturableStep, Projection, ProjectionOutput, register
 from fastvocab.kernels.int8 import int8_linear
 
 log = logging.getLogger(__name__)
-
-# From this many rows on the pre-packed oneDNN GEMM; below it the GEMV on the contiguous W^T (measured:
-# benchmarks/engine-notes.md).
-SMALL_ROWS = 4
-# Smaller W stays with F.linear: it sits in cache and oneDNN's per-call overhead wins (measured: ibid.).
-PREPACK_MIN_BYTES = 4 << 20
-
-
-def prepack_unavailable(weight: torch.Tensor) -> str | None:
-    """None when ``weight`` can be pre-packed for oneDNN here; otherwise why not (for the log line)."""
-    if weight.device.type != "cpu":
-        return f"W is on {weight.device} (pre-packing is a CPU path)"
-    if weight.dtype != torch.float32:
-        return f"W is {weight.dtype} (pre-packing is a float32 path)"
-    if not torch.backends.mkldnn.is_available():
-        return "this torch build has no oneDNN (mkldnn)"
-    try:
-        probe = torch.ops.mkldnn._reorder_linear_weight(torch.zeros(2, 2))
-        torch.ops.mkldnn._linear_pointwise(torch.zeros(1, 2), probe, None, "none", [], "")
-    except (AttributeError, RuntimeError) as exc:  # op missing or not built for this CPU
-        return f"torch.ops.mkldnn linear ops unavailable ({type(exc).__name__}: {exc})"
-    return None
 
 
 @register("full")
@@ -88,18 +67,17 @@ class FullProjection(Projection):
     def _pack(self) -> None:
         if not self.prepack:
             return
-        reason = prepack_unavailable(self.weight)
+        reason = prepack.prepack_unavailable(self.weight)
         nbytes = self.weight.numel() * self.weight.element_size()
-        if reason is None and nbytes < PREPACK_MIN_BYTES:
-            reason = (
-                f"W is {nbytes / 2**20:.1f} MiB < {PREPACK_MIN_BYTES >> 20} MiB, where packing does not pay"
-            )
+        floor = prepack.PREPACK_MIN_BYTES
+        if reason is None and nbytes < floor:
+            reason = f"W is {nbytes / 2**20:.1f} MiB < {floor >> 20} MiB, where packing does not pay"
         if reason is not None:
             log.debug("full projection: F.linear on W (N=%d, d=%d): %s", self.n_vocab, self.d, reason)
             return
         with torch.no_grad():
             w = self.weight.detach()  # shares W's version counter
-            self._packed = torch.ops.mkldnn._reorder_linear_weight(w)
+            self._packed = prepack.pack_weight(w)
             self._wt = w.t().contiguous()
         self._packed_version = self.weight._version
         if self.bias is not None:
@@ -137,11 +115,9 @@ class FullProjection(Projection):
             self._pack()
         if self._packed is None or self._wt is None:  # (packed together: both or neither)
             logits = torch.nn.functional.linear(h, self.weight, self.bias)  # (rows, N)
-        elif h.shape[0] < SMALL_ROWS:
+        elif h.shape[0] < prepack.SMALL_ROWS:
             h = h.contiguous()
             logits = h @ self._wt if self.bias is None else torch.addmm(self.bias, h, self._wt)  # (rows, N)
         else:
-            logits = torch.ops.mkldnn._linear_pointwise(
-                h.contiguous(), self._packed, self.bias, "none", [], ""
-            )
+            logits = prepack.packed_linear(h, self._packed, self.bias)
         return ProjectionOutput(logits=logits, ids=None, n_vocab=self.n_vocab)

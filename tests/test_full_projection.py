@@ -12,8 +12,9 @@ import torch
 import torch.nn.functional as F
 
 from fastvocab.kernels import create_projection
-from fastvocab.kernels import full as full_mod
-from fastvocab.kernels.full import FullProjection, prepack_unavailable
+from fastvocab.kernels import prepack as prepack_mod
+from fastvocab.kernels.full import FullProjection
+from fastvocab.kernels.prepack import prepack_unavailable
 
 needs_prepack = pytest.mark.skipif(
     prepack_unavailable(torch.zeros(1, 1)) is not None, reason="torch.ops.mkldnn linear ops unavailable"
@@ -23,7 +24,7 @@ needs_prepack = pytest.mark.skipif(
 @pytest.fixture(autouse=True)
 def pack_small_w(monkeypatch):
     """The test matrices are far below PREPACK_MIN_BYTES: pack them anyway (unless a test says otherwise)."""
-    monkeypatch.setattr(full_mod, "PREPACK_MIN_BYTES", 0)
+    monkeypatch.setattr(prepack_mod, "PREPACK_MIN_BYTES", 0)
 
 
 def _wb(n: int = 300, d: int = 24, bias: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -34,7 +35,7 @@ def _wb(n: int = 300, d: int = 24, bias: bool = True) -> tuple[torch.Tensor, tor
 
 @needs_prepack
 @pytest.mark.parametrize("bias", [True, False])
-@pytest.mark.parametrize("rows", [0, 1, full_mod.SMALL_ROWS - 1, full_mod.SMALL_ROWS, 33])
+@pytest.mark.parametrize("rows", [0, 1, prepack_mod.SMALL_ROWS - 1, prepack_mod.SMALL_ROWS, 33])
 def test_packed_logits_equal_f_linear(rows, bias):
     w, b = _wb(bias=bias)
     proj = create_projection("full", w, b)
@@ -73,7 +74,7 @@ def test_in_place_change_of_w_is_seen():
 
 def test_fallback_is_f_linear_and_logged(caplog, monkeypatch):
     w, b = _wb()
-    monkeypatch.setattr(full_mod, "PREPACK_MIN_BYTES", 4 << 20)
+    monkeypatch.setattr(prepack_mod, "PREPACK_MIN_BYTES", 4 << 20)
     with caplog.at_level(logging.DEBUG, logger="fastvocab.kernels.full"):
         small = FullProjection(w, b)  # 29 KB: F.linear is as fast
     assert not small.packed and "where packing does not pay" in caplog.text
