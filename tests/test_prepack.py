@@ -17,6 +17,8 @@ from fastvocab.kernels import create_projection
 from fastvocab.kernels import prepack as prepack_mod
 from fastvocab.kernels.prepack import PackedLinear, prepack_linears, prepack_unavailable, unpack_linears
 
+orig_packed_linear = prepack_mod.packed_linear
+
 pytestmark = pytest.mark.skipif(
     prepack_unavailable(torch.zeros(1, 1)) is not None, reason="torch.ops.mkldnn linear ops unavailable"
 )
@@ -28,19 +30,35 @@ def _linear(d_in: int = 24, d_out: int = 40, bias: bool = True, seed: int = 0) -
 
 
 @pytest.mark.parametrize("bias", [True, False])
-@pytest.mark.parametrize("rows", [0, 1, prepack_mod.SMALL_ROWS - 1, prepack_mod.SMALL_ROWS, 33])
-def test_packed_linear_equals_the_linear(rows, bias):
+@pytest.mark.parametrize("rows", [0, 1, prepack_mod.SMALL_ROWS - 1, prepack_mod.SMALL_ROWS, 33, 300])
+def test_packed_linear_equals_the_linear(rows, bias, monkeypatch):
     lin = _linear(bias=bias)
     packed = PackedLinear(lin)
     x = torch.randn(rows, 24)
     want = lin(x)
+    calls = []
+    monkeypatch.setattr(prepack_mod, "packed_linear", lambda *a: calls.append(1) or orig_packed_linear(*a))
     got = packed(x)
     assert got.shape == want.shape
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
-    if rows < prepack_mod.SMALL_ROWS:
-        assert torch.equal(got, want)  # few rows: the linear itself
+    # few rows, or more than the packed GEMM pays for at this thread count: the linear itself
+    plain = not prepack_mod.SMALL_ROWS <= rows < prepack_mod.packed_max_rows()
+    assert bool(calls) is not plain
+    if plain:
+        assert torch.equal(got, want)
     # 3-D input (a sequence): the linear itself
     assert torch.equal(packed(x[None]), lin(x[None]))
+
+
+def test_packed_max_rows_follows_the_thread_count():
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        assert prepack_mod.packed_max_rows() == prepack_mod.PACKED_MAX_ROWS_ONE_THREAD
+        torch.set_num_threads(2)
+        assert prepack_mod.packed_max_rows() == prepack_mod.PACKED_MAX_ROWS
+    finally:
+        torch.set_num_threads(threads)
 
 
 def test_packed_linear_follows_an_in_place_weight_change():
