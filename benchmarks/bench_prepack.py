@@ -4,8 +4,8 @@
     .venv/bin/python benchmarks/bench_prepack.py          # M2M100-418M's decoder matrices, 1 and 2 threads
     .venv/bin/python benchmarks/bench_prepack.py --quick  # a smoke run
 
-The static decoder multiplies its layers' linears on the packed copy from ``prepack.SMALL_ROWS`` rows up to
-``prepack.packed_max_rows()`` (which depends on the thread count), where this benchmark found the packed GEMM
+The static decoder multiplies its layers' linears on the packed copy for the row counts of
+``prepack.packed_rows()`` (which depend on the thread count), where this benchmark found the packed GEMM
 faster. Each call is checked against ``F.linear`` (largest relative difference). Times: the best of
 ``--blocks`` blocks of ``--calls`` calls, after warm-up (the best, not the median: the machine is shared and
 noise only adds). Writes JSON (``--out``) with the device, torch's version, the commit and the load average.

@@ -4,10 +4,10 @@
 ``W`` out on every call: for decoding's few rows that costs more than the multiply. A copy of ``W`` packed
 once for oneDNN (``torch.ops.mkldnn._reorder_linear_weight``, what inductor's frozen linears use) and
 multiplied by ``torch.ops.mkldnn._linear_pointwise`` does not. On M2M100-418M's decoder matrices (AMD EPYC,
-AVX2; benchmarks/engine-notes.md, "Pre-packed decoder linears") it is 1.5-4x faster at 4-16 rows; from some
-tens of rows on, depending on the thread count, MKL's own GEMM catches up. Below ``SMALL_ROWS`` rows, above
-:func:`packed_max_rows` and for matrices under ``PREPACK_MIN_BYTES`` (which sit in cache, where oneDNN's
-per-call overhead wins) the plain GEMM stays.
+AVX2; benchmarks/engine-notes.md, "Pre-packed decoder linears") it is 1.4-4x faster at 4-16 rows; from some
+tens of rows on, depending on the thread count, MKL's own GEMM catches up. Outside :func:`packed_rows` and
+for matrices under ``PREPACK_MIN_BYTES`` (which sit in cache, where oneDNN's per-call overhead wins) the
+plain GEMM stays.
 
 The results differ from ``F.linear``'s in the last bits (another summation order, ~1e-6 relative), as between
 any two BLAS libraries. The cost is memory: one more copy of every packed ``W``.
@@ -18,20 +18,22 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-# From this many rows on the pre-packed GEMM; below it the plain one (measured: benchmarks/engine-notes.md).
+# The full projection: from this many rows on the pre-packed GEMM, below it a GEMV on W^T (kernels/full.py;
+# measured: benchmarks/engine-notes.md).
 SMALL_ROWS = 4
-# Up to this many rows (excluded) the decoder's packed linears beat MKL's GEMM: on one thread the packed GEMM
-# wins below ~48 rows and loses 5-15% from 64; on two it wins up to 128 and is even at 256 (measured:
-# benchmarks/engine-notes.md, "Pre-packed decoder linears").
-PACKED_MAX_ROWS_ONE_THREAD = 48
-PACKED_MAX_ROWS = 256
+# The rows for which the decoder's packed linears beat MKL's GEMM, by thread count (measured at 1 and 2
+# threads: benchmarks/engine-notes.md, "Pre-packed decoder linears"). On one thread the packed GEMM loses at 1
+# row (0.7x), wins from 4 to 32, is even at 48 and loses 5-15% from 64; on two it wins from 1 row up to 128
+# and is even at 256. More threads get the two-thread range (not measured).
+PACKED_ROWS_ONE_THREAD = range(SMALL_ROWS, 48)
+PACKED_ROWS = range(1, 256)
 # Smaller W stays plain: it sits in cache and oneDNN's per-call overhead wins (measured: ibid.).
 PREPACK_MIN_BYTES = 4 << 20
 
 
-def packed_max_rows() -> int:
-    """Rows from which :class:`PackedLinear` hands the GEMM back to ``F.linear``, at torch's thread count."""
-    return PACKED_MAX_ROWS_ONE_THREAD if torch.get_num_threads() == 1 else PACKED_MAX_ROWS
+def packed_rows() -> range:
+    """The row counts :class:`PackedLinear` multiplies on its packed copy, at torch's thread count."""
+    return PACKED_ROWS_ONE_THREAD if torch.get_num_threads() == 1 else PACKED_ROWS
 
 
 def prepack_unavailable(weight: torch.Tensor) -> str | None:
@@ -62,9 +64,8 @@ def packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | No
 
 
 class PackedLinear(nn.Module):
-    """An ``nn.Linear`` (kept as ``linear``, weights shared) that multiplies 2-D float32 inputs of
-    ``SMALL_ROWS`` up to :func:`packed_max_rows` rows on a pre-packed copy of its weight; other inputs go to
-    ``linear`` itself.
+    """An ``nn.Linear`` (kept as ``linear``, weights shared) that multiplies 2-D float32 inputs with a row
+    count in :func:`packed_rows` on a pre-packed copy of its weight; other inputs go to ``linear`` itself.
 
     An in-place change of the weight (its version counter moves) is seen at the next call, which packs again.
     """
@@ -87,7 +88,7 @@ class PackedLinear(nn.Module):
         self._version = self.linear.weight._version
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.dim() != 2 or x.dtype != torch.float32 or not SMALL_ROWS <= x.shape[0] < packed_max_rows():
+        if x.dim() != 2 or x.dtype != torch.float32 or x.shape[0] not in packed_rows():
             return self.linear(x)
         if self.linear.weight._version != self._version:
             self._packed = pack_weight(self.linear.weight)

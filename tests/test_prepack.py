@@ -30,7 +30,7 @@ def _linear(d_in: int = 24, d_out: int = 40, bias: bool = True, seed: int = 0) -
 
 
 @pytest.mark.parametrize("bias", [True, False])
-@pytest.mark.parametrize("rows", [0, 1, prepack_mod.SMALL_ROWS - 1, prepack_mod.SMALL_ROWS, 33, 300])
+@pytest.mark.parametrize("rows", [0, 1, 3, 4, 33, 300])
 def test_packed_linear_equals_the_linear(rows, bias, monkeypatch):
     lin = _linear(bias=bias)
     packed = PackedLinear(lin)
@@ -42,7 +42,7 @@ def test_packed_linear_equals_the_linear(rows, bias, monkeypatch):
     assert got.shape == want.shape
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     # few rows, or more than the packed GEMM pays for at this thread count: the linear itself
-    plain = not prepack_mod.SMALL_ROWS <= rows < prepack_mod.packed_max_rows()
+    plain = rows not in prepack_mod.packed_rows()
     assert bool(calls) is not plain
     if plain:
         assert torch.equal(got, want)
@@ -50,15 +50,21 @@ def test_packed_linear_equals_the_linear(rows, bias, monkeypatch):
     assert torch.equal(packed(x[None]), lin(x[None]))
 
 
-def test_packed_max_rows_follows_the_thread_count():
-    threads = torch.get_num_threads()
+@pytest.mark.parametrize("threads", [1, 2])
+def test_packed_rows_follow_the_thread_count(threads):
+    before = torch.get_num_threads()
+    lin = _linear()
+    packed = PackedLinear(lin)
     try:
-        torch.set_num_threads(1)
-        assert prepack_mod.packed_max_rows() == prepack_mod.PACKED_MAX_ROWS_ONE_THREAD
-        torch.set_num_threads(2)
-        assert prepack_mod.packed_max_rows() == prepack_mod.PACKED_MAX_ROWS
-    finally:
         torch.set_num_threads(threads)
+        assert (1 in prepack_mod.packed_rows()) is (threads > 1)  # one row: packed only on several threads
+        assert 8 in prepack_mod.packed_rows() and 300 not in prepack_mod.packed_rows()
+        x = torch.randn(1, 24)
+        torch.testing.assert_close(packed(x), lin(x), rtol=1e-5, atol=1e-5)
+        if threads == 1:
+            assert torch.equal(packed(x), lin(x))  # the linear itself
+    finally:
+        torch.set_num_threads(before)
 
 
 def test_packed_linear_follows_an_in_place_weight_change():
