@@ -391,3 +391,47 @@ if __name__ == "__main__":  # used by the eos_model_dir fixture
 
     torch.set_num_threads(1)
     build_eos_model(Path(sys.argv[1]), Path(sys.argv[2]))
+
+
+@pytest.mark.parametrize("ids_kind", ["full", "shared", "per_row"])
+def test_row_candidates_in_row_blocks_equal_one_block(monkeypatch, ids_kind):
+    """On CPU, row_candidates takes its log-probs a few rows at a time: the same values and ids as the whole
+    matrix at once, for every kind of output, with banned ids and a left-out mass."""
+    from fastvocab.decoding import search
+
+    gen = torch.Generator().manual_seed(0)
+    rows, n_vocab, c = 10, 60, 24
+    logits = torch.randn(rows, c if ids_kind != "full" else n_vocab, generator=gen) * 3
+    ids = None
+    if ids_kind == "shared":
+        ids = torch.randperm(n_vocab, generator=gen)[:c].sort().values
+    elif ids_kind == "per_row":
+        ids = torch.stack([torch.randperm(n_vocab, generator=gen)[:c] for _ in range(rows)])
+    mass = None if ids_kind == "full" else torch.randn(rows, generator=gen)
+    banned = torch.tensor([3, 7]) if ids is None else (ids.reshape(-1)[:2].clone())
+
+    def candidates(block_bytes: int, cached: bool = False):
+        out = ProjectionOutput(logits.clone(), ids, n_vocab, mass)
+        if cached:
+            out.log_probs()
+        monkeypatch.setattr(search, "ROW_BLOCK_BYTES", block_bytes)
+        return search.row_candidates(out, banned, 3)
+
+    whole_vals, whole_toks = candidates(1 << 30)
+    assert torch.isin(whole_toks, banned).sum() == 0  # the banned ids are out
+    for block_bytes in (4 * logits.shape[1], 3 * 4 * logits.shape[1], 1):  # 1 row, 3 rows, 1 row
+        for cached in (False, True):
+            vals, toks = candidates(block_bytes, cached)
+            assert torch.equal(vals, whole_vals)
+            assert torch.equal(toks, whole_toks)
+
+
+def test_beam_with_row_blocks_equals_generate(adapter, full, monkeypatch):
+    """Candidates taken 3 rows at a time (as a large vocabulary's are on CPU): still generate's output."""
+    from fastvocab.decoding import search
+
+    monkeypatch.setattr(search, "ROW_BLOCK_BYTES", 3 * 4 * adapter.n_vocab)
+    src, tgt = DIRECTIONS[0]
+    batch = adapter.encode_texts(_sources(src), src)
+    ours = beam_search(adapter, full, batch, src, tgt, beam=4, max_len=MAX_LEN)
+    assert ours == generate_ids(adapter, batch, tgt, MAX_LEN, num_beams=4, early_stopping=False)
