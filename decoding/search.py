@@ -105,10 +105,11 @@ def stopping_rule(adapter, early_stopping: bool | str | None = None) -> bool | s
     return rule
 
 
-# row_candidates' block of log-probs on CPU. A (rows, C) float32 temporary above glibc's mmap threshold (at
-# most 32 MiB) is a fresh mapping every step, whose page faults cost more than the log-softmax itself (beam 4
-# x batch 32 over 128,112 columns is 65 MB): blocks of 8 MiB stay in the heap and are reused
-# (benchmarks/engine-notes.md, "Beam candidates in row blocks").
+# row_candidates' block of log-probs on CPU. A (rows, C) float32 temporary of tens of MB is fresh memory
+# every step (glibc maps it, or trims it from the heap after use), and its page faults cost more than the
+# arithmetic: with a new matrix of logits each call, as the search meets them, 128 x 32,108 (beam 4 x batch
+# 32 on the demo model, 16 MB) took 28.9 ms whole and 11.4 ms in blocks, 32 x 128,112 28.1 / 13.8 ms; at
+# 63-125 MB neither way wins (benchmarks/engine-notes.md, "Beam candidates in row blocks").
 ROW_BLOCK_BYTES = 8 << 20
 
 
