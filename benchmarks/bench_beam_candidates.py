@@ -14,31 +14,15 @@ blocks of ``--calls`` calls, one thread. Writes JSON (``--out``) with the device
 from __future__ import annotations
 
 import argparse
-import datetime as dt
-import json
-import os
-import sys
-import time
 from pathlib import Path
 
 import torch
-from bench_meta import cpu_name, git_commit
+from bench_meta import best_seconds, result_header, write_result
 
 from fastvocab.decoding import search
 from fastvocab.kernels.base import ProjectionOutput
 
 SIZES = [(32, 32_108), (128, 32_108), (32, 128_112), (128, 128_112), (256, 128_112), (128, 256_206)]
-
-
-def best_ms(fn, calls: int, blocks: int) -> float:
-    fn()
-    best = float("inf")
-    for _ in range(blocks):
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        best = min(best, (time.perf_counter() - t0) / calls)
-    return best * 1e3
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -66,8 +50,8 @@ def main(argv: list[str] | None = None) -> int:
 
         whole, blocked = run(1 << 40), run(block_bytes)
         same = torch.equal(whole[0], blocked[0]) and torch.equal(whole[1], blocked[1])
-        t_whole = best_ms(lambda run=run: run(1 << 40), args.calls, args.blocks)
-        t_blocks = best_ms(lambda run=run: run(block_bytes), args.calls, args.blocks)
+        t_whole = 1e3 * best_seconds(lambda run=run: run(1 << 40), args.calls, args.blocks)
+        t_blocks = 1e3 * best_seconds(lambda run=run: run(block_bytes), args.calls, args.blocks)
         search.ROW_BLOCK_BYTES = block_bytes
         rows_out.append(
             {
@@ -83,23 +67,14 @@ def main(argv: list[str] | None = None) -> int:
         )
         print(f"{rows:4d} x {n:7d}: whole {t_whole:7.2f} ms, blocks {t_blocks:7.2f} ms, same {same}")
     result = {
-        "benchmark": "bench_beam_candidates",
-        "date": dt.datetime.now().isoformat(timespec="seconds"),
-        "commit": git_commit(),
-        "command": " ".join([Path(sys.executable).name, *sys.argv]),
-        "device": cpu_name(),
-        "torch": torch.__version__,
+        **result_header("bench_beam_candidates"),
         "threads": 1,
         "row_block_bytes": block_bytes,
         "timing": f"best of {args.blocks} blocks of {args.calls} calls (each on a new matrix; the matrix's "
         "own allocation is timed in both)",
-        "load_avg": os.getloadavg(),
         "rows": rows_out,
     }
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(result, indent=1) + "\n")
-        print(f"wrote {args.out}")
+    write_result(args.out, result)
     return 0
 
 

@@ -7,9 +7,14 @@ on ``sys.path``).
 
 from __future__ import annotations
 
+import datetime as dt
+import json
+import os
 import platform
 import subprocess
-from collections.abc import Sequence
+import sys
+import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TypeVar
 
@@ -75,3 +80,42 @@ def round_order(systems: Sequence[T], round_index: int) -> list[T]:
     than the int8 clustered projection doing the same computation, at every point of two model-scale runs)."""
     shift = round_index % len(systems) if systems else 0
     return [*systems[shift:], *systems[:shift]]
+
+
+def best_seconds(fn: Callable[[], object], calls: int, blocks: int, warmup: int = 1) -> float:
+    """Seconds per call of ``fn``: the best of ``blocks`` blocks of ``calls`` calls, after ``warmup`` calls.
+    The best, not the median: on a shared machine noise only adds."""
+    for _ in range(warmup):
+        fn()
+    best = float("inf")
+    for _ in range(blocks):
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        best = min(best, (time.perf_counter() - t0) / calls)
+    return best
+
+
+def result_header(benchmark: str) -> dict[str, object]:
+    """What a result file starts with: the benchmark, when, the commit, the command, the CPU, torch's version
+    and the load average at the end of the run."""
+    import torch
+
+    return {
+        "benchmark": benchmark,
+        "date": dt.datetime.now().isoformat(timespec="seconds"),
+        "commit": git_commit(),
+        "command": " ".join([Path(sys.executable).name, *sys.argv]),
+        "device": cpu_name(),
+        "torch": torch.__version__,
+        "load_avg": os.getloadavg(),
+    }
+
+
+def write_result(path: Path | None, result: dict) -> None:
+    """Write ``result`` as JSON to ``path`` (folders made as needed); nothing when ``path`` is None."""
+    if path is None:
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=1) + "\n")
+    print(f"wrote {path}")

@@ -14,16 +14,11 @@ noise only adds). Writes JSON (``--out``) with the device, torch's version, the 
 from __future__ import annotations
 
 import argparse
-import datetime as dt
-import json
-import os
-import sys
-import time
 from functools import partial
 from pathlib import Path
 
 import torch
-from bench_meta import cpu_name, git_commit
+from bench_meta import best_seconds, result_header, write_result
 
 from fastvocab.kernels import prepack
 
@@ -31,18 +26,6 @@ from fastvocab.kernels import prepack
 # demo model's fc1 (d 256, FFN 1024), below the packing floor.
 SHAPES = [(3072, 1024), (1024, 1024), (4096, 1024), (1024, 4096), (1024, 256)]
 ROWS = [1, 4, 8, 16, 32, 48, 64, 96, 128, 256]
-
-
-def best_us(fn, calls: int, blocks: int) -> float:
-    for _ in range(3):
-        fn()
-    best = float("inf")
-    for _ in range(blocks):
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        best = min(best, (time.perf_counter() - t0) / calls)
-    return best * 1e6
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -68,8 +51,9 @@ def main(argv: list[str] | None = None) -> int:
                 want = torch.nn.functional.linear(x, w, b)
                 got = prepack.packed_linear(x, packed, b)
                 rel = float((got - want).abs().max() / want.abs().max().clamp(min=1e-30))
-                plain = best_us(partial(torch.nn.functional.linear, x, w, b), args.calls, args.blocks)
-                pk = best_us(partial(prepack.packed_linear, x, packed, b), args.calls, args.blocks)
+                time_us = partial(best_seconds, calls=args.calls, blocks=args.blocks, warmup=3)
+                plain = 1e6 * time_us(partial(torch.nn.functional.linear, x, w, b))
+                pk = 1e6 * time_us(partial(prepack.packed_linear, x, packed, b))
                 rows_out.append(
                     {
                         "threads": threads,
@@ -89,20 +73,11 @@ def main(argv: list[str] | None = None) -> int:
                     flush=True,
                 )
     result = {
-        "benchmark": "bench_prepack",
-        "date": dt.datetime.now().isoformat(timespec="seconds"),
-        "commit": git_commit(),
-        "command": " ".join([Path(sys.executable).name, *sys.argv]),
-        "device": cpu_name(),
-        "torch": torch.__version__,
+        **result_header("bench_prepack"),
         "timing": f"best of {args.blocks} blocks of {args.calls} calls, float32",
-        "load_avg": os.getloadavg(),
         "rows": rows_out,
     }
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(result, indent=1) + "\n")
-        print(f"wrote {args.out}")
+    write_result(args.out, result)
     return 0
 
 
