@@ -16,8 +16,9 @@ weights of the loaded Hugging Face model into a few small modules whose step is 
   into a second buffer that then swaps with the first (a fresh allocation every beam step cost more than
   the copy on CPU: page faults);
 - every cache allocation checked first (``cache_memory``);
-- on CPU in float32, the layers' linears of at least 4 MiB multiply a pre-packed copy of their weight from 4
-  rows on (``kernels.prepack``: 1.3-4x faster GEMMs at M2M100-418M's sizes, one more copy of those weights).
+- on CPU in float32, the layers' linears of at least 4 MiB multiply a pre-packed copy of their weight at the
+  row counts where that measured faster (``kernels.prepack``: up to 4x at M2M100-418M's sizes; one more copy
+  of those weights).
 
 ``h`` is what ``lm_head`` multiplies: the output projection is not applied here.
 :meth:`StaticDecoder.step_fixed` is the step with every shape fixed (the position on the device, attention

@@ -104,9 +104,9 @@ class ProjectionOutput:
     def log_probs(self) -> torch.Tensor:
         """Log-softmax over the computed columns, (rows, C), in float32.
 
-        Computed on the first call and kept: the dump's step hook and beam search both read it, and over a
-        full vocabulary it costs as much as a tenth of a beam step. An output is not changed once its
-        projection has returned it, and callers treat the result as read-only.
+        Computed on the first call and kept: the dump's step hook and beam search both read it, and each
+        computation is a pass over every computed column. An output is not changed once its projection has
+        returned it, and callers treat the result as read-only.
         """
         if self._log_probs is None:
             logits = self.logits.float()

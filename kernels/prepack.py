@@ -88,7 +88,12 @@ class PackedLinear(nn.Module):
         self._version = self.linear.weight._version
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.dim() != 2 or x.dtype != torch.float32 or x.shape[0] not in packed_rows():
+        if (
+            x.dim() != 2
+            or x.dtype != torch.float32
+            or x.device.type != "cpu"
+            or x.shape[0] not in packed_rows()
+        ):
             return self.linear(x)
         if self.linear.weight._version != self._version:
             self._packed = pack_weight(self.linear.weight)
