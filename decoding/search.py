@@ -105,14 +105,6 @@ def stopping_rule(adapter, early_stopping: bool | str | None = None) -> bool | s
     return rule
 
 
-# row_candidates' block of log-probs on CPU. A (rows, C) float32 temporary of tens of MB is fresh memory
-# every step (glibc maps it, or trims it from the heap after use), and its page faults cost more than the
-# arithmetic: with a new matrix of logits each call, as the search meets them, 128 x 32,108 (beam 4 x batch
-# 32 on the demo model, 16 MB) took 28.9 ms whole and 11.4 ms in blocks, 32 x 128,112 28.1 / 13.8 ms; at
-# 63-125 MB neither way wins (benchmarks/engine-notes.md, "Beam candidates in row blocks").
-ROW_BLOCK_BYTES = 8 << 20
-
-
 def _sync_every(device: torch.device, step_hook: StepHook | None) -> int:
     if step_hook is not None:
         return 1
@@ -429,24 +421,10 @@ def row_candidates(
     """Each row's best ``2k`` continuations (log-probs, vocabulary ids) from a projection's output, the
     ``banned`` ids at -inf after the log-softmax (as generate's processors): a sentence's best ``2k`` over
     its ``k`` rows lie within them. ``first``: the rows are one per sentence (the first step), copied to its
-    ``k`` beams. ``topk``: the per-row top-k (the CPU's blocked one; ``torch.topk`` gives the same values).
-
-    On CPU the rows go through in blocks of at most ``ROW_BLOCK_BYTES`` of log-probs (the same values: the
-    log-softmax is per row; log-probs the output holds already are sliced, not computed again)."""
-    c = out.logits.shape[1]
-    block = max(1, ROW_BLOCK_BYTES // (4 * max(c, 1)))
-    blocks = [out]
-    if out.logits.device.type == "cpu" and out.rows > block:
-        blocks = [out.row_block(lo, lo + block) for lo in range(0, out.rows, block)]
-    parts = []
-    for part in blocks:
-        logp = _suppress(part, part.log_probs(), banned)  # (block rows, C)
-        v, cols = topk(logp, min(2 * k, c))
-        parts.append((v, part.to_vocab_ids(cols)))
-    if len(parts) == 1:
-        vals, toks = parts[0]
-    else:
-        vals, toks = torch.cat([v for v, _ in parts]), torch.cat([t for _, t in parts])
+    ``k`` beams. ``topk``: the per-row top-k (the CPU's blocked one; ``torch.topk`` gives the same values)."""
+    logp = _suppress(out, out.log_probs(), banned)  # (rows, C)
+    vals, cols = topk(logp, min(2 * k, logp.shape[1]))
+    toks = out.to_vocab_ids(cols)
     if first:
         return vals.repeat_interleave(k, 0), toks.repeat_interleave(k, 0)
     return vals, toks

@@ -117,15 +117,6 @@ class ProjectionOutput:
                 self._log_probs = logits - norm[:, None]
         return self._log_probs
 
-    def row_block(self, lo: int, hi: int) -> ProjectionOutput:
-        """Rows ``lo:hi`` of this output, as views (its log-probs too, when computed already)."""
-        ids = self.ids if self.ids is None or self.ids.dim() == 1 else self.ids[lo:hi]
-        mass = None if self.log_inactive_mass is None else self.log_inactive_mass[lo:hi]
-        block = ProjectionOutput(self.logits[lo:hi], ids, self.n_vocab, mass)
-        if self._log_probs is not None:
-            block._log_probs = self._log_probs[lo:hi]
-        return block
-
     def to_vocab_ids(self, cols: torch.Tensor) -> torch.Tensor:
         """Map column positions (rows, k) to vocabulary ids (rows, k)."""
         if self.ids is None:
