@@ -4,7 +4,7 @@
 ``W`` out on every call: for decoding's few rows that costs more than the multiply. A copy of ``W`` packed
 once for oneDNN (``torch.ops.mkldnn._reorder_linear_weight``, what inductor's frozen linears use) and
 multiplied by ``torch.ops.mkldnn._linear_pointwise`` does not. On M2M100-418M's decoder matrices (AMD EPYC,
-AVX2; benchmarks/engine-notes.md, "Pre-packed decoder linears") it is 1.4-4x faster at 4-16 rows; from some
+AVX2; benchmarks/engine-notes.md, "Pre-packed decoder linears") it is 1.2-4x faster at 4-16 rows; from some
 tens of rows on, depending on the thread count, MKL's own GEMM catches up. Outside :func:`packed_rows` and
 for matrices under ``PREPACK_MIN_BYTES`` (which sit in cache, where oneDNN's per-call overhead wins) the
 plain GEMM stays.
