@@ -39,6 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     shapes, rows_list = SHAPES, ROWS
     if args.quick:
         shapes, rows_list, args.calls, args.blocks = [(96, 64)], [1, 8], 3, 1
+    time_us = partial(best_seconds, calls=args.calls, blocks=args.blocks, warmup=3)
     rows_out = []
     for threads in (int(t) for t in args.threads.split(",")):
         torch.set_num_threads(threads)
@@ -51,7 +52,6 @@ def main(argv: list[str] | None = None) -> int:
                 want = torch.nn.functional.linear(x, w, b)
                 got = prepack.packed_linear(x, packed, b)
                 rel = float((got - want).abs().max() / want.abs().max().clamp(min=1e-30))
-                time_us = partial(best_seconds, calls=args.calls, blocks=args.blocks, warmup=3)
                 plain = 1e6 * time_us(partial(torch.nn.functional.linear, x, w, b))
                 pk = 1e6 * time_us(partial(prepack.packed_linear, x, packed, b))
                 rows_out.append(
