@@ -63,6 +63,7 @@ def meta(device: str, args: argparse.Namespace, **extra: object) -> dict:
         "loadavg": list(os.getloadavg()),
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
         "smoke": bool(args.smoke),
+        "quick": bool(getattr(args, "quick", False)),
     }
     try:
         import cupy
@@ -175,8 +176,8 @@ def step_static(args: argparse.Namespace) -> dict:
     cuda = device == "cuda"
     n_vocab, d, r = (4000, 64, 50) if args.smoke else (128_112, 1024, 2000)
     dtype = DTYPE
-    rows_list = [1, 5, 40] if args.smoke else [1, 5, 40, 128]
-    fractions = [0.1] if args.smoke else [0.05, 0.1, 0.2]
+    rows_list = [1, 5, 40] if args.smoke else [1, 40] if args.quick else [1, 5, 40, 128]
+    fractions = [0.1] if args.smoke or args.quick else [0.05, 0.1, 0.2]
     repeats, inner = (3, 2) if args.smoke else (15, 20)
     g = torch.Generator().manual_seed(0)
     w = (torch.randn(n_vocab, d, generator=g) / math.sqrt(d)).to(device, dtype)
@@ -346,7 +347,9 @@ def step_e2e(args: argparse.Namespace) -> dict:
     steps = 4 if args.smoke else args.steps
     src_len = 8 if args.smoke else 32
     settings = [(1, 1), (2, 4)] if args.smoke else [(1, 1), (2, 20), (4, 64)]  # (beam, batch)
-    fractions = [0.1] if args.smoke else [0.05, 0.1, 0.2]
+    if args.quick:
+        settings = settings[:2]
+    fractions = [0.1] if args.smoke or args.quick else [0.05, 0.1, 0.2]
     repeats = 2 if args.smoke else args.repeats
     t0 = time.perf_counter()
     model = random_model(arch, device, dtype)
@@ -466,7 +469,7 @@ def step_e2e(args: argparse.Namespace) -> dict:
             }
         )
     # the full projection's share of a greedy static-engine step at several batch sizes
-    for batch in [2] if args.smoke else [1, 5, 40, 128]:
+    for batch in [2] if args.smoke else [1, 40] if args.quick else [1, 5, 40, 128]:
         src = torch.randint(4, n_vocab, (batch, src_len), generator=g).to(device)
         t = {"full": [], "decoder-only": []}
         with torch.inference_mode():
@@ -591,8 +594,10 @@ def step_e2e_demo(args: argparse.Namespace) -> dict:
     ad = Seq2SeqAdapter.load(ROOT / "models" / "demo", device=device, dtype=dtype)
     # (beam, batch, lines)
     settings = [(1, 1, 6), (2, 4, 8)] if args.smoke else [(1, 1, 64), (2, 20, 200), (4, 64, 256)]
+    if args.quick and not args.smoke:
+        settings = [(1, 1, 32), (2, 20, 100)]
     max_len = 24 if args.smoke else 128
-    repeats = 1 if args.smoke else 3
+    repeats = 1 if args.smoke else 2 if args.quick else 3
     texts = _dump_texts(max(n for *_, n in settings))
     try:
         map_dir: Path | None = resolve_map_dir(ROOT / "runs" / "demo" / "maps", "en", "it")
@@ -726,6 +731,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("step", choices=["env", "static", "e2e", "e2e-demo", "dump"])
     p.add_argument("--out", type=Path, required=True, help="folder for gpu-<step>.json")
     p.add_argument("--smoke", action="store_true", help="tiny sizes, CPU allowed: checks the script")
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="the goal points only (10%% active; rows 1 and 40; beam 1 batch 1, beam 2 batch 20)",
+    )
     p.add_argument("--steps", type=int, default=32, help="e2e: decoder steps per run")
     p.add_argument("--repeats", type=int, default=5, help="e2e: timed rounds (median)")
     p.add_argument("--r", type=int, default=2000, help="e2e: clusters of the synthetic maps")
