@@ -235,7 +235,18 @@ def step_static(args: argparse.Namespace) -> dict:
                         "ratio_vs_full": t_full / t,
                     }
                 )
-    payload = {"meta": meta(device, args, dtype=str(dtype)), "results": records}
+    # Where the time goes at the last row count: each variant's kernels and their device time per call.
+    profiles = {k: kernel_table(fn, device) for k, fn in fns.items() if not k.endswith("/graph")}
+    payload = {
+        "meta": meta(device, args, dtype=str(dtype)),
+        "results": records,
+        "kernels_per_call": {"rows": rows, "active_fraction": frac, "variants": profiles},
+    }
+    for k, table in profiles.items():
+        total = sum(row["us_per_call"] for row in table)
+        print(f"# {k} at {rows} rows: {len(table)} kernels, {total:.1f} us of device time per call")
+        for row in table[:6]:
+            print(f"    {row['us_per_call']:8.1f} us  x{row['calls_per_call']:<4g} {row['name'][:70]}")
     print(f"{'rows':>4} {'act':>4} {'C':>6} {'variant':<22} {'us':>9} {'vs full':>7}")
     for rec in records:
         print(
@@ -244,6 +255,34 @@ def step_static(args: argparse.Namespace) -> dict:
         )
     write(args.out, "static", payload)
     return payload
+
+
+def kernel_table(fn: Callable[[], object], device: str, calls: int = 10) -> list[dict]:
+    """The kernels ``fn`` launches (CPU ops on a CPU), by device time per call, largest first: what a
+    CUDA-graph replay of ``fn`` costs at least, launch gaps aside."""
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = device == "cuda"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    fn()
+    sync(device)
+    with profile(activities=activities) as prof:
+        for _ in range(calls):
+            fn()
+        sync(device)
+    rows = []
+    for e in prof.key_averages():
+        if cuda:
+            if "CUDA" not in str(e.device_type):
+                continue
+            us = e.self_device_time_total
+        else:
+            if e.cpu_children or not e.key.startswith("aten::"):
+                continue  # leaf CPU ops only, so nothing is counted twice
+            us = e.self_cpu_time_total
+        if us > 0:
+            rows.append({"name": e.key, "us_per_call": us / calls, "calls_per_call": e.count / calls})
+    return sorted(rows, key=lambda r: -r["us_per_call"])
 
 
 def _graphed(su, h: torch.Tensor) -> Callable[[], object]:
@@ -350,7 +389,7 @@ def step_e2e(args: argparse.Namespace) -> dict:
     if args.quick:
         settings = settings[:2]
     fractions = [0.1] if args.smoke or args.quick else [0.05, 0.1, 0.2]
-    repeats = 2 if args.smoke else args.repeats
+    repeats = 2 if args.smoke else min(args.repeats, 3) if args.quick else args.repeats
     t0 = time.perf_counter()
     model = random_model(arch, device, dtype)
     tok = demo_tokenizer()
