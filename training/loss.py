@@ -30,8 +30,8 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
         n, vocab = h.shape[0], weight.shape[0]
         grad_h = torch.empty_like(h)  # (n, d)
         grad_w = torch.zeros_like(weight)  # (V, d)
-        loss_sum = torch.zeros((), dtype=torch.float64)
-        nll_sum = torch.zeros((), dtype=torch.float64)
+        loss_sum = torch.zeros((), dtype=torch.float64, device=h.device)
+        nll_sum = torch.zeros((), dtype=torch.float64, device=h.device)
         for s in range(0, n, chunk):
             hc, tc = h[s : s + chunk], target[s : s + chunk]
             logits = hc @ weight.T  # (c, V)
@@ -42,7 +42,7 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
             nll_sum += nll.sum().double()
             # d loss_row / d logits = softmax - (1 - eps) * onehot - eps / V, all divided by n (the mean)
             g = logits.sub_(lse[:, None]).exp_().sub_(smoothing / vocab)
-            g[torch.arange(len(tc)), tc] -= 1.0 - smoothing
+            g[torch.arange(len(tc), device=h.device), tc] -= 1.0 - smoothing
             g.mul_(1.0 / n)
             torch.mm(g, weight, out=grad_h[s : s + chunk])
             grad_w.addmm_(g.T, hc)
@@ -107,6 +107,7 @@ def dev_loss(
     model.eval()
     pairs = [(k, i) for k, e in enumerate(data) for i in range(len(e.src))]
     pairs.sort(key=lambda p: max(len(data[p[0]].src[p[1]]), len(data[p[0]].tgt[p[1]])))
+    device = next(model.parameters()).device
     total, n = 0.0, 0
     start = 0
     while start < len(pairs):
@@ -119,6 +120,7 @@ def dev_loss(
                 break
             end += 1
         batch = collate(data, np.array(pairs[start:end]), pad_id, decoder_start_id)
+        batch = {k: v.to(device) for k, v in batch.items()}
         _, nll, ntok = seq2seq_loss(model, batch, pad_id, 0.0)
         total, n = total + float(nll) * ntok, n + ntok
         start = end

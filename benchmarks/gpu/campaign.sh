@@ -38,7 +38,7 @@ if [ -x "$ROOT/.venv/bin/python" ]; then PY="$ROOT/.venv/bin/python"; else PY="$
 # importable (an editable install, where there is one, keeps working beside it).
 PKG="${TMPDIR:-/tmp}/fvpkg-$$"
 mkdir -p "$PKG/fastvocab"
-for room in artifacts_schema kernels decoding tasks pipeline; do ln -sfn "$ROOT/$room" "$PKG/fastvocab/$room"; done
+for room in artifacts_schema kernels decoding tasks training experiments pipeline; do ln -sfn "$ROOT/$room" "$PKG/fastvocab/$room"; done
 ln -sf "$ROOT/fastvocab/__init__.py" "$PKG/fastvocab/__init__.py"
 export PYTHONPATH="$ROOT/benchmarks/gpu/noextras:$PKG:$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
