@@ -74,8 +74,8 @@ class TranslateConfig(_Strict):
     length_penalty: float = 1.0
     # beam search's stopping rule (true, false, never), as generate's early_stopping; null: the model's own
     early_stopping: bool | Literal["never"] | None = None
-    # the whole decoding step in CUDA graphs (decoding.steppers.use_graphs): on, off, or auto (eager until the
-    # captured step has been measured on a GPU)
+    # the whole decoding step in CUDA graphs (decoding.steppers.use_graphs): on, off, or auto (captured on
+    # CUDA where the step can be, eager otherwise)
     graphs: Literal["auto", "on", "off"] = "auto"
     device: str = "cpu"
 

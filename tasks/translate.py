@@ -112,14 +112,14 @@ def translate(
     ``early_stopping``: beam search's stopping rule (True, False, "never"); None takes the model's generation
     config, as ``generate`` does. ``graphs``: "on" decodes each batch with the captured stepper (the whole
     step in CUDA graphs on CUDA, the same fixed-shape step eagerly on CPU; the same outputs; the static
-    engine and a projection with a capturable step required), "off" with the eager one, "auto" eagerly for
-    now, on CUDA too, until the captured step has been measured on a GPU
+    engine and a projection with a capturable step required), "off" with the eager one, "auto" with the
+    captured one on CUDA where the step can be captured, else eagerly
     (:func:`fastvocab.decoding.steppers.use_graphs`). ``on_lines(n)`` is called as each batch of ``n``
     lines is done (a caller's own progress bar).
     """
     if early_stopping is not None:
         check_stopping_rule(early_stopping)
-    captured = use_graphs(graphs, adapter.device)
+    captured = use_graphs(graphs, adapter, projection)
     adapter.check_language(src_lang)
     adapter.check_language(tgt_lang)
     if beam < 1 or batch_size < 1 or max_len < 1 or max_input_tokens < 1:

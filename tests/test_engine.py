@@ -541,6 +541,35 @@ def test_translate_with_graphs_equals_the_eager_search(demo, monkeypatch, beam):
         translate(demo, per_row, DEMO_SOURCES[:2], "en", "it", graphs="on", **kw)
 
 
+def test_graphs_auto_captures_on_cuda_only_where_the_step_can_be_captured(demo, static, hf):
+    """``auto``: eager on CPU; on CUDA (the device stood in for: only the choice is under test) the captured
+    stepper for the static engine with a full or union-mode projection, eager for the HF engine, per-row
+    selection and int8 clustered (which a static union cannot hold); ``on``/``off`` as they say."""
+    from types import SimpleNamespace
+
+    from fastvocab.decoding.steppers import use_graphs
+    from fastvocab.tasks.projections import make_projection
+
+    full = make_projection(demo, "full")
+    cmap = map_from_decoding(demo, full, beam=1, max_len=20)
+    union = make_projection(demo, "clustered", cluster_map=cmap)
+    per_row = make_projection(demo, "clustered", cluster_map=cmap, selection="per-row")
+    union_int8 = make_projection(demo, "clustered", cluster_map=cmap, int8=True)
+
+    def on_cuda(adapter):
+        return SimpleNamespace(device=torch.device("cuda"), static_decoder=adapter.static_decoder)
+
+    assert not use_graphs("auto", demo, full)  # CPU
+    assert use_graphs("auto", on_cuda(demo), full)
+    assert use_graphs("auto", on_cuda(demo), union)
+    assert not use_graphs("auto", on_cuda(demo), per_row)
+    assert not use_graphs("auto", on_cuda(demo), union_int8)
+    assert not use_graphs("auto", on_cuda(hf), make_projection(hf, "full"))
+    assert use_graphs("on", demo, per_row) and not use_graphs("off", on_cuda(demo), full)
+    with pytest.raises(ValueError, match="graphs must be one of"):
+        use_graphs("always", demo, full)
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_translate_with_graphs_in_half_precision(demo, monkeypatch, dtype):
     """The GPU decodes in float16: the comparison above in float16 and bfloat16 on CPU (the engine's, the

@@ -107,8 +107,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=d.graphs,
         help="the whole decoding step in CUDA graphs: on = the fixed-shape step (captured on CUDA, run "
         "eagerly on CPU; the same outputs; needs the static engine and --method full or clustered with "
-        "union selection); off = the eager step; auto = eager for now, on CUDA too, until the captured "
-        "step has been measured on a GPU (default: %(default)s)",
+        "union selection); off = the eager step; auto = captured on CUDA where the step can be (the "
+        "static engine, full or union-mode clustered), eager otherwise (default: %(default)s)",
     )
     p.add_argument(
         "--method",
