@@ -216,6 +216,7 @@ def bench_size(n_vocab: int, d: int, rows_list: list[int], args, meta: dict) -> 
         for _ in range(args.repeats):
             for key, fn in fns.items():  # interleaved: every variant once per round
                 times[key].append(timed(fn, device, inner))
+        first = len(records)
         t_full = statistics.median(times[("full", None, None)])
         full_bytes = n_vocab * (d + 1) * itemsize
         t_all = times[("full", None, None)]
@@ -235,12 +236,13 @@ def bench_size(n_vocab: int, d: int, rows_list: list[int], args, meta: dict) -> 
                             rows_w * (d + 1) * itemsize + cent, stats)
                 )  # fmt: skip
                 gkey = ("union/cupy-gemm", frac, ratio)
-                if gkey in times:  # the kernel's floor: the active rows of W and b, no centroids
+                # the fused kernel's floor: the active rows of W and b, no centroids
+                if label == "union/cupy" and gkey in times:
                     records.append(
                         _record(meta, n_vocab, d, r, rows, frac, ratio, gkey[0], "cupy", times[gkey], t_full,
                                 rows_w * (d + 1) * itemsize, dict(stats))
                     )  # fmt: skip
-        _print_rows(records[-(len(times)) :])
+        _print_rows(records[first:])
     return records
 
 
