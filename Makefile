@@ -14,11 +14,17 @@ LINK_TREE := build/__editable__.fastvocab-$(VERSION)-py3-none-any
 
 .PHONY: setup demo test typecheck format FORCE
 
+# Python keeps the bytecode it compiles in the venv even where the environment says not to: with
+# PYTHONDONTWRITEBYTECODE set, every process (each CLI run of the tests, each Ray worker of the pipeline)
+# compiled torch, transformers, Ray and MLflow from source again, ~8 s a process on 2 cores, and a fresh
+# clone's test suite took twice as long as a warm one.
+unexport PYTHONDONTWRITEBYTECODE
+
 setup: $(VENV)/.fastvocab-installed
 
 # The pinned dependencies (slow): only when requirements.txt changes. An existing venv is kept.
 # --no-compile: pip would byte-compile every installed module (torch, Ray, MLflow: ~70 of the ~130 s on 2
-# cores); Python compiles the few thousand it imports on first use instead.
+# cores); Python compiles the few thousand it imports on first use instead (see the unexport below).
 $(VENV)/.requirements-installed: requirements.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --no-compile -r requirements.txt
