@@ -13,8 +13,8 @@
 # benchmarks/gpu/noextras marks them absent so a smoke run proves it. Record the commit with
 # FV_COMMIT=<hash> (the GPU machine's copy of the tree has no .git). --quick measures the goal points only
 # (10% active, rows 1 and 40, beam 1 batch 1 and beam 2 batch 20) and leaves the core CPU tests to CI: env,
-# test, static, e2e and e2e-demo then took 3 minutes on an H100/H200; bench needs more (its synthetic maps are
-# built on the CPU: N = 128,112 took most of 150 s).
+# test, static, e2e and e2e-demo then took 3 minutes on an H100/H200; bench needs more (at 150 s it had done
+# N = 128,112 and not 256,206; where that time goes is not measured yet).
 set -uo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
