@@ -38,7 +38,7 @@ def use_graphs(choice: str, adapter, projection) -> bool:
     ``on`` runs it anywhere (on CPU its fixed-shape step runs eagerly, with the same outputs); ``off`` never.
     ``auto`` runs it on CUDA when :func:`can_capture` says the step can be captured, and eagerly otherwise:
     on CPU a step is arithmetic, not launches, while on a GPU the eager step is launch-bound (the captured
-    one decoded the demo model 2.3-3.6x and an M2M100-418M-shaped one 1.6-2.4x faster in fp16;
+    one decoded the demo model 2.8-3.6x and an M2M100-418M-shaped one 1.6-2.4x faster in fp16;
     benchmarks/gpu.md)."""
     if choice not in GRAPHS:
         raise ValueError(f"graphs must be one of {', '.join(GRAPHS)}; got {choice!r}")
