@@ -40,7 +40,7 @@ from dataclasses import dataclass
 import torch
 
 from fastvocab.decoding.rowwise import argmax_rows, topk_rows
-from fastvocab.decoding.steppers import CapturedStepper, EagerStepper, Stepper
+from fastvocab.decoding.steppers import CapturedStepper, EagerStepper, Stepper, capturable_step
 from fastvocab.kernels.base import CapturableStep, Projection, ProjectionOutput
 
 log = logging.getLogger(__name__)
@@ -163,8 +163,7 @@ def _projector(
     returned (its overflow flag, its fallback), or a ValueError when it has none."""
     if not stepper.fixed:
         return _bind(projection, batch), None
-    capturable = getattr(projection, "capturable", None)
-    step = None if capturable is None else capturable(rows)
+    step = capturable_step(projection, rows)
     if step is None:
         raise ValueError(
             f"{type(projection).__name__} has no capturable output: the captured step runs the full "

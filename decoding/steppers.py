@@ -27,6 +27,8 @@ from typing import Protocol
 
 import torch
 
+from fastvocab.kernels.base import CapturableStep
+
 # ``fastvocab translate --graphs`` and the translate stage's ``graphs``: "on" = the captured stepper, "off" =
 # the eager one, "auto" = the captured one on CUDA where the step can be captured, else the eager one.
 GRAPHS = ("auto", "on", "off")
@@ -52,13 +54,18 @@ def can_capture(adapter, projection) -> bool:
     step (full, union-mode clustered without a certificate; not per-row selection or int8 clustered)."""
     if getattr(adapter, "static_decoder", None) is None:
         return False
-    capturable = getattr(projection, "capturable", None)
-    if capturable is None:
-        return False
     try:
-        return capturable(1) is not None
+        return capturable_step(projection, 1) is not None
     except ValueError:  # what a static union cannot hold (exact_k, mass_radius, int8)
         return False
+
+
+def capturable_step(projection, rows: int) -> CapturableStep | None:
+    """``projection``'s step for ``rows`` rows as a CUDA graph can capture it (``Projection.capturable``), or
+    None when it offers none (a method without the hook, per-row selection). A ValueError passes through for
+    what the projection cannot capture as configured."""
+    capturable = getattr(projection, "capturable", None)
+    return None if capturable is None else capturable(rows)
 
 
 class Stepper(Protocol):
