@@ -10,7 +10,8 @@ Folder layout (docs/DESIGN-NOTES.md, "Formats")::
                                 normaliser_resid [r] f32
     <map_dir>/manifest.json     schema version, model fingerprint, direction, scope, r, K, niter, seed,
                                 the digest of map.safetensors, the beams whose states it was built
-                                from and the states of each (version 4), ...
+                                from and the states of each (version 4), the probes decoding
+                                reads by default (version 5), ...
 
 A map's *scope* says which decoder states fed it (Amer et al. Sec. 2.2): ``direction`` (source and target
 known: one map per direction) or ``target`` (target only: one map per target language). Loading checks the
@@ -25,6 +26,11 @@ What a map covers (version 4): ``beams``, the beam sizes whose search states fed
 path), and ``beam_states``, how many states of each. Beam search at beam ``B`` extends every hypothesis with
 its ``2 x B`` best tokens, so a map serves ``B`` as measured when ``B`` is among its beams and ``K >= 2 x B``
 (:func:`coverage_problem`). A version-3 map does not say; it is still read.
+
+Probes (version 5): ``probes``, how many nearest clusters' sets each row adds to a union batch's columns when
+the decoder is not told otherwise (``maps.probes``; the clustered projection's ``probes``): the map's builder
+measured its fidelity at that setting, as an inverted-file index keeps its ``nprobe``. A version-3 or -4
+map reads as 1, the nearest cluster only (Amer et al.'s method).
 """
 
 from __future__ import annotations
@@ -44,8 +50,10 @@ from fastvocab.artifacts_schema.tensor_folder import read_manifest, read_tensors
 # Version 3: the per-cluster normaliser of the inactive columns (``normaliser_*`` tensors and the manifest's
 # ``normaliser``).
 # Version 4: the manifest records what the map covers (``beams``, ``beam_states``); tensors as version 3.
-MAP_SCHEMA_VERSION = 4
-READABLE_MAP_VERSIONS = (3, MAP_SCHEMA_VERSION)  # oldest first: a version-3 map serves, its beams unknown
+# Version 5: the manifest's ``probes``, the decoding default (a version-4 reader would ignore it).
+MAP_SCHEMA_VERSION = 5
+# oldest first: a version-3 map serves, its beams unknown; a version-3 or -4 map probes 1 cluster
+READABLE_MAP_VERSIONS = (3, 4, MAP_SCHEMA_VERSION)
 MAP_SCOPES = ("direction", "target")  # source+target known / target-only (Amer et al. Sec. 2.2)
 TARGET_PREFIX = "to-"  # a target-scope map's folder and manifest direction: "to-it"
 LEGACY_TARGET_PREFIX = "*-"  # how earlier maps' manifests spelled it ("*-it"), still read
@@ -75,6 +83,9 @@ class MapManifest:
     beams: list[int] = field(default_factory=list)
     # states per beam ("4": 123456), stored and streamed, over every direction that fed the map
     beam_states: dict[str, int] = field(default_factory=dict)
+    # how many nearest clusters' sets each row adds to a union batch's columns unless the decoder is told
+    # otherwise (1: the nearest only, and every map before version 5)
+    probes: int = 1
     schema_version: int = MAP_SCHEMA_VERSION
     fastvocab_version: str = __version__
     created: str = field(default_factory=lambda: time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
@@ -177,6 +188,8 @@ def validate(cmap: ClusterMap, where: str = "cluster map") -> None:
         problems.append(f"token ids outside [0, {m.n_vocab})")
     if m.scope not in MAP_SCOPES:
         problems.append(f"unknown scope {m.scope!r}")
+    if isinstance(m.probes, bool) or not isinstance(m.probes, int) or m.probes < 1:
+        problems.append(f"probes {m.probes!r} is not an integer >= 1")
     if cmap.centroids.size and not np.isfinite(cmap.centroids).all():
         problems.append("centroids contain NaN or inf")
     if cmap.normaliser is not None:

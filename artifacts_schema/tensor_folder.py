@@ -52,10 +52,12 @@ def read_manifest(
     found = data.get("schema_version")
     versions = version if isinstance(version, tuple) else (version,)
     if found not in versions:
-        readable = " and ".join(str(v) for v in versions)
+        names = [str(v) for v in versions]
+        readable = f"version {names[0]}"
+        if len(names) > 1:
+            readable = f"versions {', '.join(names[:-1])} and {names[-1]}"
         raise ArtifactError(
-            f"{what} {folder} has schema version {found}, this fastvocab reads version {readable}: "
-            f"{rebuild_hint}"
+            f"{what} {folder} has schema version {found}, this fastvocab reads {readable}: {rebuild_hint}"
         )
     try:
         return cls(**data)

@@ -13,8 +13,9 @@ than the one before), median of ``--repeats`` rounds:
 
 - ``fastvocab full fp32`` / ``clustered fp32``: ``tasks.translate.translate`` (what ``fastvocab translate``
   runs) with the static decoder engine; full = ``kernels.full`` (on CPU fp32 with W pre-packed for oneDNN);
-  clustered = union mode with the pipeline's map (``--maps``) and ``--inactive-mass`` as ``fastvocab
-  translate`` takes it (default ``auto``: no estimate for greedy, the map's normaliser for beam search);
+  clustered = union mode with the pipeline's map (``--maps``), ``--probes`` and ``--inactive-mass`` as
+  ``fastvocab translate`` takes them (default ``auto``: no estimate for greedy, the map's normaliser for beam
+  search);
 - ``fastvocab full fp32, F.linear on W`` (``--with-unpacked``): full without the pre-packed weights
   (``prepack=False``), to measure what packing gives in the same rounds;
 - ``fastvocab full int8`` / ``clustered int8``: the same after ``Seq2SeqAdapter.quantize_int8()`` (encoder
@@ -242,25 +243,33 @@ def build_systems(args) -> tuple[dict[str, Callable], dict]:
         beams = sorted({int(b) for b in args.beams.split(",")})
         # union selection with --inactive-mass as fastvocab translate reads it (auto: none for greedy, the
         # normaliser for beam search), one projection per beam, built before any timing
-        clustered = {
-            beam: make_projection(
-                a32,
-                "clustered",
-                cluster_map=map_dir,
-                **clustered_options("union", args.inactive_mass, False, beam),
-            )
-            for beam in beams
-        }
-        systems["fastvocab clustered fp32"] = fastvocab_system(a32, clustered, args)
-        if not args.no_int8:
-            systems["fastvocab clustered int8"] = fastvocab_system(a8, clustered, args)
+        probes_list: list[int | None] = [None]  # the map's own
+        if args.probes:
+            probes_list = [int(x) for x in args.probes.split(",") if x]
         info["map"] = str(map_dir)
-        info["map_signature"] = {f"beam{b}": p.signature() for b, p in clustered.items()}
+        info["map_signature"] = {}
+        first: dict = {}  # --with-hf's clustered system: the first probes
+        for probes in probes_list:
+            by_beam = {
+                beam: make_projection(
+                    a32,
+                    "clustered",
+                    cluster_map=map_dir,
+                    **clustered_options("union", args.inactive_mass, False, beam, probes),
+                )
+                for beam in beams
+            }
+            first = first or by_beam
+            tag = f", probes {probes}" if len(probes_list) > 1 else ""
+            systems[f"fastvocab clustered fp32{tag}"] = fastvocab_system(a32, by_beam, args)
+            if not args.no_int8:
+                systems[f"fastvocab clustered int8{tag}"] = fastvocab_system(a8, by_beam, args)
+            info["map_signature"].update({f"beam{b}{tag}": p.signature() for b, p in by_beam.items()})
     if args.with_hf:
         hf = Seq2SeqAdapter.load(args.model, engine="hf")
         systems["fastvocab-hf full fp32"] = fastvocab_system(hf, full, args)
         if not args.no_clustered:
-            systems["fastvocab-hf clustered fp32"] = fastvocab_system(hf, clustered, args)
+            systems["fastvocab-hf clustered fp32"] = fastvocab_system(hf, first, args)
     if not args.no_ct2:
         ct2_dir = Path(args.ct2_dir) if args.ct2_dir else _scratch("ct2-") / "model"
         if not (ct2_dir / "model.bin").exists():
@@ -385,6 +394,12 @@ def main(argv: list[str] | None = None) -> int:
         choices=["auto", *INACTIVE_MASS],
         help="the clustered systems' estimate of the mass not computed, as fastvocab translate takes it "
         f"(default auto: none for greedy, {BEAM_INACTIVE_MASS} for beam search)",
+    )
+    p.add_argument(
+        "--probes",
+        metavar="N[,N]",
+        help="the clustered systems' probes (translate --probes: each row adds the sets of its N nearest "
+        "clusters to the union); several: one clustered system each (default: the map's own)",
     )
     p.add_argument("--engine", default="auto", choices=["auto", "static", "hf"])
     p.add_argument("--no-int8", action="store_true", help="skip the fastvocab int8 systems")

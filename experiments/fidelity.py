@@ -98,6 +98,7 @@ class FidelitySettings:
     batches: tuple[int, ...] = GRIDS["quick"][1]
     methods: tuple[str, ...] = DEFAULT_METHODS
     selection: str = "union"
+    probes: int | None = None  # union selection: each row adds its nearest clusters' sets (None: the map's)
     sentences: int = 50  # first N sentences of the split (0 = all)
     split: str = "test"
     max_len: int = 128
@@ -110,8 +111,8 @@ class FidelitySettings:
             raise ValueError(f"unknown methods {bad}; valid: {', '.join(METHODS)}")
         if not self.beams or not self.batches or min(*self.beams, *self.batches) < 1:
             raise ValueError(f"beam and batch sizes must be >= 1, got {self.beams} and {self.batches}")
-        if self.repeats < 1 or self.sentences < 0 or self.max_len < 1:
-            raise ValueError(f"repeats and max_len must be >= 1, sentences >= 0: {self}")
+        if self.repeats < 1 or self.sentences < 0 or self.max_len < 1 or self.probes == 0:
+            raise ValueError(f"repeats, max_len and probes must be >= 1, sentences >= 0: {self}")
 
 
 def method_base(method: str) -> str:
@@ -128,20 +129,25 @@ def method_base(method: str) -> str:
     return base
 
 
-def method_options(method: str, beam: int, selection: str, cluster_map: ClusterMap) -> dict[str, object]:
+def method_options(
+    method: str, beam: int, selection: str, cluster_map: ClusterMap, probes: int | None = None
+) -> dict[str, object]:
     """The clustered projection's options for a yardstick method."""
     opts: dict[str, object] = {"cluster_map": cluster_map, "selection": selection}
+    if probes is not None:
+        opts["probes"] = probes
     method, _, radius = method.partition("@")
     if radius:
         opts["mass_radius"] = float(radius)
     if method == "per-row":
         opts["selection"] = "per-row"
+        opts.pop("probes", None)  # per-row reads each row's one cluster
     elif method in MASS_METHODS:
         opts["inactive_mass"] = method
     elif method == "exact":
         opts["exact_k"] = exact_k_for(beam)
     elif method == "default":
-        opts.update(clustered_options(selection, "auto", False, beam))
+        opts.update(clustered_options(selection, "auto", False, beam, probes))
     return opts
 
 
@@ -332,7 +338,9 @@ def measure_setting(
     for m in settings.methods:
         if method_base(m) in MASS_METHODS and beam == 1:
             continue  # greedy reads logits only: an inactive-mass estimate changes nothing
-        projs[m] = make_projection(adapter, "clustered", **method_options(m, beam, settings.selection, cmap))
+        projs[m] = make_projection(
+            adapter, "clustered", **method_options(m, beam, settings.selection, cmap, settings.probes)
+        )
     everything = {"full": full, **projs}
     args = (src, tgt, beam, batch_size, settings.max_len, settings.length_penalty)
     passes = decode_passes(adapter, everything, seqs, args, settings.repeats)

@@ -112,7 +112,13 @@ class ClusteredProjection(Projection):
     ``inactive_mass`` estimate and no ``exact_k``: rows with ``||h - C_c||`` above it get the exact mass of
     the columns they did not compute, from their full logits, counted in ``counters["far"]``),
     ``full_when_cheaper`` (int8 union mode: at row counts where the map's expected union costs more than the
-    full int8 GEMM, every column without assigning clusters; counted in ``counters["full"]``).
+    full int8 GEMM, every column without assigning clusters; counted in ``counters["full"]``), ``probes``
+    (union selection, torch backend: each row adds the sets of its ``probes`` nearest clusters to the union,
+    not only its nearest's, as an inverted-file index probes several lists; a state near the border of its
+    cluster then still gets the tokens the clusters beside it hold; 1 = Amer et al.'s method; None = the
+    map's own ``probes``, which per-row selection reads as 1). Every estimate and certificate reads the
+    nearest cluster, and takes the other columns as computed extras, as it does for the other rows' sets of
+    a union.
 
     ``counters`` accumulates, over calls, the rows projected, the columns computed (a fallback row counts
     its set and N) and the certified rows; :meth:`reset_counters` clears them. They never change an output.
@@ -135,6 +141,7 @@ class ClusteredProjection(Projection):
         mass_radius: float | None = None,
         int8: bool = False,
         full_when_cheaper: bool = True,
+        probes: int | None = None,
         **common: Any,  # always_active, fingerprint: see Projection
     ) -> None:
         super().__init__(weight, bias, **common)
@@ -159,10 +166,17 @@ class ClusteredProjection(Projection):
         if mass_radius is not None and (inactive_mass == "none" or exact_k):
             raise ValueError("mass_radius needs an inactive_mass estimate and no exact_k")
         self.mass_radius = None if mass_radius is None else float(mass_radius)
+        if probes is not None and (isinstance(probes, bool) or not isinstance(probes, int) or probes < 1):
+            raise ValueError(f"probes must be an integer >= 1, got {probes!r}")
+        if probes is not None and probes > 1 and self.selection != "union":
+            raise ValueError("probes > 1 needs union selection (per-row groups rows by their one cluster)")
         self.counters = {"rows": 0, "columns": 0, "certified": 0, "far": 0, "full": 0}
 
         cmap = self._load_map(cluster_map)
         self.map_manifest = cmap.manifest
+        if probes is None:  # the map's, measured by its builder; per-row reads one cluster a row
+            probes = cmap.manifest.probes if self.selection == "union" else 1
+        self.probes = probes
         if min_count > 1:
             cmap = cmap.pruned(min_count)  # drops the normaliser when it removes anything
         self.backend = self._pick_backend(backend)
@@ -272,7 +286,7 @@ class ClusteredProjection(Projection):
             return "torch"
         if backend == "torch":
             return "torch"
-        reason = _cupy_unsupported(self.weight)
+        reason = "probes > 1" if self.probes > 1 else _cupy_unsupported(self.weight)
         if reason is None:
             return "cupy"
         if backend == "cupy":
@@ -293,6 +307,8 @@ class ClusteredProjection(Projection):
         }
         if self.int8:
             opts["dtype"] = "int8"
+        if self.probes > 1:
+            opts["probes"] = self.probes
         if self.mass_radius is not None:
             opts["mass_radius"] = self.mass_radius
         if self._hit is not None and not self.full_when_cheaper:
@@ -355,6 +371,8 @@ class ClusteredProjection(Projection):
             return None
         if self.int8:
             raise ValueError("a static union has no int8 path: decode an int8 projection with the eager step")
+        if self.probes > 1:
+            raise ValueError("a static union reads one cluster a row: decode probes > 1 with the eager step")
         return StaticUnion(self, rows=rows).capturable(rows)
 
     def assign(self, h: torch.Tensor) -> torch.Tensor:
@@ -468,8 +486,12 @@ class ClusteredProjection(Projection):
         return torch.nn.functional.linear(h, self.weight, self.bias)
 
     def _project_torch(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        clusters = self.assign(h)  # (rows,)
-        cl = clusters.tolist()
+        if self.probes > 1:
+            near = ops.nearest_clusters(h, self._map.centroids_t, self._map.sq_norms, self.probes)
+            clusters, cl = near[:, 0], near.reshape(-1).tolist()  # the estimates read the nearest
+        else:
+            clusters = self.assign(h)  # (rows,)
+            cl = clusters.tolist()
         if self.selection == "per-row":
             logits, ids = ops.per_row_logits(h, cl, self._map, self.weight, self.bias, self._w8)
             return logits, ids, clusters

@@ -160,6 +160,15 @@ def assign_clusters(h: torch.Tensor, centroids_t: torch.Tensor, sq_norms: torch.
     return (sq_norms - 2.0 * dots.float()).argmin(dim=1)
 
 
+def nearest_clusters(
+    h: torch.Tensor, centroids_t: torch.Tensor, sq_norms: torch.Tensor, probes: int
+) -> torch.Tensor:
+    """The ``probes`` nearest clusters of each row, nearest first, (rows, probes) int64 (the first column is
+    :func:`assign_clusters`' choice up to exact ties)."""
+    dist = torch.addmm(sq_norms, h.float(), centroids_t.float(), alpha=-2.0)  # (rows, r)
+    return dist.topk(min(probes, dist.shape[1]), dim=1, largest=False).indices
+
+
 def union_columns(clusters: Sequence[int], ids: Sequence[torch.Tensor], n_vocab: int) -> torch.Tensor:
     """Sorted union of the rows' active sets, (C,) int64: boolean mask over N, then compaction."""
     uniq = sorted(set(clusters))
@@ -662,8 +671,8 @@ def normaliser_log_mass(
     if ids.dim() != 1 or logits.shape[1] == 0:
         return est  # per-row ids: each row computed exactly its own set
     uniq, inverse = torch.unique(clusters, return_inverse=True)
-    if uniq.numel() == 1:
-        return est  # one cluster: the union is its own set
+    if uniq.numel() == 1 and ids.numel() == pm.sizes[int(uniq[0])]:
+        return est  # one cluster, and the union is its own set (no other probed cluster added to it)
     # (clusters in the batch, C): which computed columns belong to each cluster's own set
     own = torch.zeros((uniq.numel(), ids.numel()), dtype=torch.bool, device=ids.device)
     cl = uniq.tolist()

@@ -67,6 +67,9 @@ class TranslateConfig(_Strict):
     # for beam search: tasks/projections.py BEAM_INACTIVE_MASS)
     inactive_mass: Literal["auto", "none", "centroid", "moments", "normaliser"] = "auto"
     exact: bool = False  # clustered: rows without an exactness certificate get the full projection
+    # clustered, union selection: each row adds the sets of its `probes` nearest clusters (1: the nearest);
+    # null: the map's own (maps.probes, recorded in it)
+    probes: int | None = Field(None, ge=1)
     beam: int = Field(1, ge=1)
     batch_size: int = Field(32, ge=1)
     max_len: int = Field(128, ge=1)  # max target tokens per sentence
@@ -87,6 +90,12 @@ class TranslateConfig(_Strict):
 
         check_device_name(value, "translate.device")
         return value
+
+    @model_validator(mode="after")
+    def _check_probes(self) -> TranslateConfig:
+        if (self.probes or 1) > 1 and self.selection != "union":
+            raise ValueError("probes above 1 needs selection: union (per-row reads each row's one cluster)")
+        return self
 
     def search(self) -> SearchSettings:
         from fastvocab.tasks.translate import SearchSettings
@@ -157,6 +166,9 @@ class MapsConfig(_Strict):
     # for 1, full-softmax beam search for b > 1, and k-means and the maps read them all
     beams: list[int] = [1]
     min_count: int = Field(1, ge=1)
+    # the probes the maps record for decoding (used where translate.probes and --probes are unset): how many
+    # nearest clusters' sets each row adds to a union batch's columns (1: the nearest, Amer et al.'s method)
+    probes: int = Field(1, ge=1)
     # basis of the stored normaliser's curvature (inactive_mass: normaliser); 0 = isotropic only; default
     # the maps' own (kernels.clustered.DEFAULT_NORMALISER_RANK)
     normaliser_rank: int | None = Field(None, ge=0)
@@ -190,6 +202,7 @@ class MapsConfig(_Strict):
             scope=self.scope,
             k=k,
             min_count=self.min_count,
+            probes=self.probes,
             compare_ks=tuple(c for c in COMPARE_KS if c < k),
             **rank,
         )

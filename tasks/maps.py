@@ -236,11 +236,13 @@ def make_cluster_map(
     min_count: int = 1,
     extra: dict[str, object] | None = None,
     beam_states: dict[int, int] | None = None,
+    probes: int = 1,
 ) -> ClusterMap:
     """A validated-shape ClusterMap (+ manifest with active-fraction statistics) from centroids and counts.
 
     ``name`` is the map's direction: ``en-it`` in direction scope, ``to-it`` in target scope.
     ``beam_states``: the states of each beam that fed the counts (the manifest's ``beams``, ``beam_states``).
+    ``probes``: the nearest clusters each row reads when decoding is not told otherwise (the manifest's).
     """
     if scope not in MAP_SCOPES:
         raise ValueError(f"unknown map scope {scope!r}; valid: {', '.join(MAP_SCOPES)}")
@@ -270,6 +272,7 @@ def make_cluster_map(
         },
         beams=sorted(beam_states or {}),
         beam_states={str(b): int(n) for b, n in sorted((beam_states or {}).items())},
+        probes=probes,
     )
     return ClusterMap(manifest, centroids, centroid_sq_norms(centroids), indptr, indices, counts)
 
@@ -313,12 +316,13 @@ class MapParams:
     min_count: int = 1  # drop (cluster, id) pairs predicted fewer times
     compare_ks: tuple[int, ...] = ()  # also report per-cluster fractions at these K (Fig. 4)
     normaliser_rank: int = DEFAULT_NORMALISER_RANK  # curvature basis of the stored normaliser
+    probes: int = 1  # nearest clusters a row reads when decoding is not told otherwise (the manifest's)
 
     def __post_init__(self) -> None:
         if self.scope not in MAP_SCOPES:
             raise ValueError(f"unknown map scope {self.scope!r}; valid: {', '.join(MAP_SCOPES)}")
-        if self.k < 1 or self.min_count < 1 or self.normaliser_rank < 0:
-            raise ValueError(f"k and min_count must be >= 1, normaliser_rank >= 0, got {self}")
+        if self.k < 1 or self.min_count < 1 or self.probes < 1 or self.normaliser_rank < 0:
+            raise ValueError(f"k, min_count and probes must be >= 1, normaliser_rank >= 0, got {self}")
 
 
 def map_name(scope: str, directions: Iterable[str]) -> str:
@@ -410,6 +414,7 @@ def maps_job(
             **(extra or {}),
         },
         beam_states=beam_states,
+        probes=params.probes,
     )
     adapter = run_ctx.load_adapter()
     t1 = time.perf_counter()

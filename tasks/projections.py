@@ -42,12 +42,17 @@ def exact_k_for(beam: int) -> int:
     return 1 if beam == 1 else 2 * beam
 
 
-def clustered_options(selection: str, inactive_mass: str, exact: bool, beam: int) -> dict[str, object]:
-    """The clustered projection's options, its map aside (``inactive_mass`` may be ``auto``)."""
+def clustered_options(
+    selection: str, inactive_mass: str, exact: bool, beam: int, probes: int | None = None
+) -> dict[str, object]:
+    """The clustered projection's options, its map aside (``inactive_mass`` may be ``auto``; ``probes``
+    None: the map's own)."""
     mass = auto_inactive_mass(beam) if inactive_mass == "auto" else inactive_mass
     options: dict[str, object] = {"selection": selection, "inactive_mass": mass}
     if exact:
         options["exact_k"] = exact_k_for(beam)
+    if probes is not None:
+        options["probes"] = probes
     return options
 
 
@@ -60,6 +65,7 @@ def method_options(
     selection: str = "union",
     inactive_mass: str = "auto",
     exact: bool = False,
+    probes: int | None = None,
     candidates: int | None = None,
     bits: int | None = None,
     ef_search: int | None = None,
@@ -70,15 +76,15 @@ def method_options(
 
     ``artifact``: the clustered map's folder (required for clustered), or the folder of an indexed method's
     artifact (:data:`~fastvocab.tasks.methods.INDEXED_METHODS`; lsh and graph build theirs in memory without
-    it), found and checked by the caller; it is passed on as given. ``selection``, ``inactive_mass`` and
-    ``exact`` are clustered's; ``candidates`` is the indexed methods' k, ``bits`` lsh's, ``ef_search``
-    graph's, ``frequent`` and ``scope`` the shortlist's. None leaves the projection's own default (or the
-    artifact's). Any other method gets no options.
+    it), found and checked by the caller; it is passed on as given. ``selection``, ``inactive_mass``,
+    ``exact`` and ``probes`` are clustered's; ``candidates`` is the indexed methods' k, ``bits`` lsh's,
+    ``ef_search`` graph's, ``frequent`` and ``scope`` the shortlist's. None leaves the projection's own
+    default (or the artifact's). Any other method gets no options.
     """
     if method == "clustered":
         if artifact is None:
             raise ValueError("the clustered method needs a cluster map")
-        return {"cluster_map": artifact, **clustered_options(selection, inactive_mass, exact, beam)}
+        return {"cluster_map": artifact, **clustered_options(selection, inactive_mass, exact, beam, probes)}
     if method not in INDEXED_METHODS:
         return {}
     options: dict[str, object] = {}

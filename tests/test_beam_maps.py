@@ -153,6 +153,50 @@ def test_rerun_skips_every_beam_and_translate_warns_for_an_uncovered_beam(beam_r
     assert "maps.beams=[1, 2, 3]" in line
 
 
+def test_maps_probes_is_recorded_in_the_map_and_translate_decodes_with_it(beam_run, tmp_path, capsys):
+    import shutil
+
+    path, _ = beam_run
+    work = shutil.copytree(load_config(path).work_dir, tmp_path / "work")
+    before = load_cluster_map(work / "maps" / "en-it")
+    assert before.manifest.probes == 1
+
+    def maps_stage(probes: int):
+        cfg = load_config(path, {"work_dir": str(work), "maps.probes": probes})
+        (rec,) = run_pipeline(cfg, stages=["maps"], progress=False, log_to_driver=False).records
+        return rec, load_cluster_map(work / "maps" / "en-it")
+
+    rec, cmap = maps_stage(3)
+    assert rec.status == "ran" and rec.params["probes"] == 3 and "; decoded with 3 probes" in rec.message
+    assert cmap.manifest.probes == 3
+    np.testing.assert_array_equal(cmap.indices, before.indices)  # the sets are as counted
+    assert maps_stage(3)[0].status == "skipped"
+
+    def translate_stage() -> str:
+        cfg = load_config(path, {"work_dir": str(work), "maps.probes": 3})
+        (rec,) = run_pipeline(cfg, stages=["translate"], progress=False, log_to_driver=False).records
+        return rec.status
+
+    # the tensors are the same, the decoding is not: translations made with probes 1 are redone, once
+    assert translate_stage() == "ran" and translate_stage() == "skipped"
+
+    # fastvocab translate reads the map's probes unless --probes says otherwise
+    from fastvocab.decoding.hf_adapter import Seq2SeqAdapter
+    from fastvocab.pipeline.cli import build_parser
+    from fastvocab.pipeline.commands.translate import _projection_options
+    from fastvocab.tasks.projections import make_projection
+
+    argv = ["translate", "--src-lang", "en", "--tgt-lang", "it", "-i", "x", "-o", "y"]
+    argv += ["--method", "clustered", "--clusters", str(work / "maps")]
+    adapter = Seq2SeqAdapter.load(load_config(path).model)
+    for flags, want in (((), 3), (("--probes", "2"), 2)):
+        args = build_parser("translate").parse_args([*argv, *flags])
+        assert make_projection(adapter, "clustered", **_projection_options(args)).probes == want
+
+    rec, cmap = maps_stage(1)
+    assert rec.status == "ran" and cmap.manifest.probes == 1
+
+
 # ---- translate's warning, with hand-made maps ----
 
 

@@ -79,7 +79,7 @@ def test_a_map_of_an_older_format_is_refused_naming_the_rebuild_command(tmp_path
     if version == 1:
         old["mode"] = old.pop("scope")
     path.write_text(json.dumps(old))
-    match = rf"schema version {version}, this fastvocab reads version 3 and 4: .*--stages kmeans,maps"
+    match = rf"schema version {version}, this fastvocab reads versions 3, 4 and 5: .*--stages kmeans,maps"
     with pytest.raises(ArtifactError, match=match):
         load_cluster_map(tmp_path / "m")
 
@@ -117,3 +117,18 @@ def test_non_finite_centroids_are_refused(tmp_path):
     with pytest.raises(ArtifactError, match="NaN or inf"):
         save_cluster_map(cmap, tmp_path / "m")
     assert not (tmp_path / "m").exists()
+
+
+def test_a_version_4_map_reads_with_probes_1_and_bad_probes_are_refused(tmp_path):
+    save_cluster_map(_map([0, 3, 5, 5], [2, 4, 6, 8, 9], [1, 2, 3, 1, 1]), tmp_path / "m")
+    path = tmp_path / "m" / "manifest.json"
+    old = json.loads(path.read_text())
+    del old["probes"]
+    old["schema_version"] = 4  # maps before they recorded their probes
+    path.write_text(json.dumps(old))
+    assert load_cluster_map(tmp_path / "m").manifest.probes == 1
+    for bad in (0, 1.5, True):
+        cmap = _map([0, 3, 5, 5], [2, 4, 6, 8, 9], [1, 2, 3, 1, 1])
+        cmap.manifest.probes = bad
+        with pytest.raises(ArtifactError, match=r"probes .* is not an integer >= 1"):
+            save_cluster_map(cmap, tmp_path / "bad")

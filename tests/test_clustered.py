@@ -215,6 +215,8 @@ def test_map_folder_loads_and_missing_folder_is_an_artifact_error(tmp_path):
         ({"backend": "cupy"}, "needs a CUDA device"),
         ({"min_count": 0}, "min_count must be an integer >= 1"),
         ({"cache_mb": -1}, "cache_mb must be >= 0"),
+        ({"probes": 0}, "probes must be an integer >= 1"),
+        ({"probes": 2, "selection": "per-row"}, "probes > 1 needs union selection"),
         ({"centroids": 3}, "bad options for method 'clustered'"),
     ],
 )
@@ -298,6 +300,70 @@ def test_always_active_ids_are_computed_for_every_row_and_can_win(mode):
     assert torch.isfinite(dense[:, [eos, *tags]]).all()
     _, top = out.topk(1)
     assert top[1, 0].item() == eos
+
+
+# ---------------------------------------------------------------------------------------------------- probes
+
+
+def test_probes_add_the_sets_of_each_rows_nearest_clusters_to_the_union():
+    w, b = random_layer()
+    cmap = random_map(w, b)
+    h = rows_near(cmap, [0, 4, 9], noise=1.0, seed=3)
+    one = create_projection("clustered", w, b, cluster_map=cmap)
+    plain = one(h)
+    dist = torch.cdist(h, torch.from_numpy(cmap.centroids))  # (rows, r)
+    for probes in (1, 2, 3):
+        proj = create_projection("clustered", w, b, cluster_map=cmap, probes=probes)
+        near = dist.topk(probes, dim=1, largest=False).indices
+        want = sorted(set().union(*(own_set(proj, c) for c in near.reshape(-1).tolist())))
+        out = proj(h)
+        assert out.ids.tolist() == want
+        full = torch.nn.functional.linear(h, w, b)
+        torch.testing.assert_close(out.logits, full[:, out.ids], rtol=0, atol=1e-5)
+        assert proj.assign(h).tolist() == near[:, 0].tolist()
+        assert ("probes:" in proj.signature()) == (probes > 1)
+    assert out.ids.numel() > plain.ids.numel()
+    with pytest.raises(ValueError, match="probes > 1 with the eager step"):
+        proj.capturable(3)
+
+
+def test_probes_default_to_the_maps_own_and_per_row_reads_one_cluster():
+    w, b = random_layer()
+    cmap = random_map(w, b)
+    h = rows_near(cmap, [0, 4, 9], noise=1.0, seed=3)
+    cmap.manifest.probes = 3  # as maps.probes: 3 records it
+
+    def build(**options):
+        return create_projection("clustered", w, b, cluster_map=cmap, **options)
+
+    assert build().probes == 3 and build(probes=1).probes == 1 and build(selection="per-row").probes == 1
+    assert build()(h).ids.tolist() == build(probes=3)(h).ids.tolist()
+    assert build()(h).ids.numel() > build(probes=1)(h).ids.numel()
+
+
+def test_probes_take_the_other_clusters_columns_off_the_nearests_normaliser_estimate():
+    """One row, so its union is its nearest cluster's set plus the second cluster's: the estimate of the mass
+    left out is the nearest cluster's, less the exact mass of the second cluster's columns it computed."""
+    from fastvocab.tasks.maps import attach_normaliser
+
+    w, b = random_layer(300, 16, seed=8)
+    cmap = random_map(w, b, r=5, size=20, seed=8)
+    attach_normaliser(cmap, w, b, [], rank=4)
+    h = rows_near(cmap, [2], noise=0.5, seed=1)
+
+    def project(probes):
+        proj = create_projection(
+            "clustered", w, b, cluster_map=cmap, inactive_mass="normaliser", probes=probes
+        )
+        return proj, proj(h)
+
+    proj, one = project(1)
+    _, two = project(2)
+    extra = sorted(set(two.ids.tolist()) - set(one.ids.tolist()))
+    assert extra and set(one.ids.tolist()) == own_set(proj, int(proj.assign(h)[0]))
+    full = torch.nn.functional.linear(h, w, b)[0].double()
+    want = torch.log(torch.exp(one.log_inactive_mass.double()) - torch.exp(full[extra]).sum())
+    torch.testing.assert_close(two.log_inactive_mass.double(), want, rtol=0, atol=1e-4)
 
 
 # ------------------------------------------------------------------------------------ no state between calls

@@ -388,6 +388,13 @@ def test_the_default_method_is_what_translate_decodes_with_at_each_beam(adapter,
     assert greedy["inactive_mass"] == "none" and greedy["selection"] == "union"
     assert beam["inactive_mass"] == "normaliser" and beam["selection"] == "per-row"
     assert "exact_k" not in beam and "inactive_mass" not in method_options("clustered", 4, "union", mixed_map)
+    # --probes reaches every union-selection method, and not per-row, which reads one cluster a row
+    assert method_options("default", 4, "union", mixed_map, 3)["probes"] == 3
+    assert method_options("normaliser", 4, "union", mixed_map, 3)["probes"] == 3
+    assert "probes" not in method_options("per-row", 4, "union", mixed_map, 3)
+    assert "probes" not in method_options("default", 4, "union", mixed_map)
+    with pytest.raises(ValueError, match="probes must be >= 1"):
+        FidelitySettings(probes=0)
 
 
 def test_agreement_counts_search_errors_and_lists_each_differing_output():

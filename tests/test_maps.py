@@ -234,3 +234,15 @@ def test_stored_normaliser_is_the_logsumexp_of_the_inactive_logits_at_the_centro
         assert back.normaliser.lse[c] == pytest.approx(lse, abs=1e-4)
         np.testing.assert_allclose(back.normaliser.grad[c], p @ w.double().numpy()[inactive], atol=1e-5)
     assert back.normaliser.basis.shape == (d, 3) and back.normaliser.curv.shape == (r, 3, 3)
+
+
+def test_a_map_records_the_probes_it_is_decoded_with():
+    from fastvocab.tasks.maps import MapParams
+
+    counter = ActiveSetCounter(2, 20)
+    counter.add(np.array([0, 1]), np.array([[7, 3], [5, 9]]))
+    kw = dict(model_fingerprint="fp", name="en-it", scope="direction", k=2, niter=1, seed=0)
+    assert make_cluster_map(np.zeros((2, 2), np.float32), counter, **kw).manifest.probes == 1
+    assert make_cluster_map(np.zeros((2, 2), np.float32), counter, probes=3, **kw).manifest.probes == 3
+    with pytest.raises(ValueError, match="probes must be >= 1"):
+        MapParams(probes=0)

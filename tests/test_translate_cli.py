@@ -409,6 +409,29 @@ def test_cli_clustered_method(model_dir, adapter, tmp_path, capsys, mode):
     assert all(h == "" for line, h in zip(_lines(), got, strict=True) if not line.strip())
 
 
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (("--probes", "2"), "--probes applies to --method clustered, not --method full"),
+        (("--method", "clustered", "--probes", "0"), "--probes must be >= 1, got 0"),
+        (("--method", "clustered", "--probes", "2", "--selection", "per-row"), "--probes above 1 needs"),
+    ],
+    ids=["not-clustered", "zero", "per-row"],
+)
+def test_cli_probes_refusals(model_dir, adapter, tmp_path, capsys, flags, message):
+    from fastvocab.pipeline.config import TranslateConfig
+
+    inp, out = tmp_path / "in.txt", tmp_path / "out.txt"
+    inp.write_text("the package\n", encoding="utf-8")
+    maps = tmp_path / "maps"
+    _save_map(adapter, maps, [list(range(adapter.n_vocab))])
+    rc, _, err = _cli(capsys, *_translate_args(model_dir, inp, out, "--clusters", str(maps), *flags))
+    assert rc != 0 and message in err and len(err.strip().splitlines()) == 1, err
+    assert not out.exists()
+    with pytest.raises(ValueError, match="probes above 1 needs selection: union"):
+        TranslateConfig(probes=2, selection="per-row")
+
+
 def test_cli_clustered_map_applies_in_another_dtype(model_dir, adapter, tmp_path, capsys):
     """A map built from the float32 load (as the pipeline builds them) serves ``--dtype bfloat16`` too."""
     inp, out = tmp_path / "in.txt", tmp_path / "out.txt"
@@ -446,6 +469,8 @@ def test_cli_clustered_refuses_foreign_or_missing_map(model_dir, adapter, tmp_pa
         (("--beam", "4", "--inactive-mass", "moments"), {"inactive_mass": "moments"}),
         (("--beam", "4", "--exact"), {"inactive_mass": "normaliser", "exact_k": 8}),
         (("--exact",), {"inactive_mass": "none", "exact_k": 1}),
+        (("--probes", "1"), {"inactive_mass": "none", "probes": 1}),  # unset: the map's own
+        (("--beam", "4", "--probes", "3"), {"inactive_mass": "normaliser", "probes": 3}),
     ],
 )
 def test_cli_inactive_mass_auto_and_exact_options(adapter, tmp_path, flags, want):
@@ -474,8 +499,10 @@ def test_cli_inactive_mass_auto_and_exact_options(adapter, tmp_path, flags, want
     args = build_parser("translate").parse_args([*argv, "--clusters", str(maps), *flags])
     got = _projection_options(args)
     assert got == {"cluster_map": maps / "en-it", "selection": "union", **want}
-    cfg = TranslateConfig(beam=args.beam, inactive_mass=args.inactive_mass, exact=args.exact)
-    assert clustered_options(cfg.selection, cfg.inactive_mass, cfg.exact, cfg.beam) == {
+    cfg = TranslateConfig(
+        beam=args.beam, inactive_mass=args.inactive_mass, exact=args.exact, probes=args.probes
+    )
+    assert clustered_options(cfg.selection, cfg.inactive_mass, cfg.exact, cfg.beam, cfg.probes) == {
         "selection": "union",
         **want,
     }

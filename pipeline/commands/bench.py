@@ -112,6 +112,11 @@ def add_fidelity_arguments(p: argparse.ArgumentParser) -> None:
         choices=("union", "per-row"),
         help="clustered selection (default: %(default)s)",
     )
+    add_count(
+        p,
+        "--probes",
+        "union selection: each row adds the sets of its N nearest clusters (default: the map's)",
+    )
     add_count(p, "--sentences", "first N sentences of the split, 0 = all (default: %(default)s)", d.sentences)
     _add_search_and_device(p, d.max_len, d.length_penalty)
     add_count(p, "--repeats", "timed runs per method, median reported (default: %(default)s)", d.repeats)
@@ -164,6 +169,7 @@ def run_fidelity_command(
         batches=batches,
         methods=tuple(m for m in args.methods.split(",") if m),
         selection=args.selection,
+        probes=args.probes,
     )
     directions = [d for d in args.directions.split(",") if d]
     out = args.output or Path(f"fidelity-{dt.date.today().isoformat()}.json")

@@ -42,6 +42,7 @@ _METHOD_FLAGS = {
     "ef_search": ("graph",),
     "frequent": ("shortlist",),
     "scope": ("shortlist",),
+    "probes": ("clustered",),
 }
 
 
@@ -162,6 +163,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="clustered: every row of a batch gets the union of the batch's clusters' columns (union), or "
         "only its own cluster's (per-row) (default: %(default)s)",
     )
+    p.add_argument(
+        "--probes",
+        type=int,
+        help="clustered, union selection: each row adds the sets of its N nearest clusters to the union, not "
+        "only its nearest's (fewer misses for states between clusters, more columns) (default: the map's "
+        "own, which its builder chose, maps.probes; 1 for maps that do not record one)",
+    )
     add_inactive_mass(
         p,
         d.inactive_mass,
@@ -243,12 +251,14 @@ def _check_args(args: argparse.Namespace, parts: bool = False) -> None:
         if getattr(args, flag) is not None and args.method not in methods:
             name = "--" + flag.replace("_", "-")
             raise UserError(f"{name} applies to --method {' or '.join(methods)}, not --method {args.method}")
-    for flag in ("candidates", "bits", "ef_search", "frequent"):
+    for flag in ("candidates", "bits", "ef_search", "frequent", "probes"):
         value = getattr(args, flag)
         if value is not None and value < (0 if flag == "frequent" else 1):
             raise UserError(
                 f"--{flag.replace('_', '-')} must be >= {0 if flag == 'frequent' else 1}, got {value}"
             )
+    if (args.probes or 1) > 1 and args.selection != "union":
+        raise UserError("--probes above 1 needs --selection union (per-row groups rows by their one cluster)")
     if args.method == "shortlist" and args.index is None:
         raise UserError(
             "--method shortlist needs --index (a shortlist table of this model and direction: build it with "
@@ -325,6 +335,7 @@ def _projection_options(args: argparse.Namespace) -> dict[str, object]:
         selection=args.selection,
         inactive_mass=args.inactive_mass,
         exact=args.exact,
+        probes=args.probes,
         candidates=args.candidates,
         bits=args.bits,
         ef_search=args.ef_search,

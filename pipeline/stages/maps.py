@@ -63,6 +63,7 @@ def run(ctx: StageContext) -> list[StageRecord]:
             "seed": info.seed,
             "min_count": params.min_count,
             "normaliser_rank": params.normaliser_rank,
+            "probes": params.probes,
             "stream_sentences": extra["stream_sentences"],
             "extra_states": ",".join(ctx.cfg.maps.extra_states),
             "beams": ",".join(str(b) for b in covered),
@@ -117,6 +118,8 @@ def run(ctx: StageContext) -> list[StageRecord]:
         )
         if mf["beams"] != [1]:
             rec.message += f"; beams {', '.join(map(str, mf['beams']))}"
+        if mf["probes"] != 1:
+            rec.message += f"; decoded with {mf['probes']} probes"
         rec.metrics = {f"active_fraction_{s}": v for s, v in af.items()}
         rec.metrics.update(
             states_used=mf["states_used"],
@@ -160,4 +163,5 @@ def _map_current(mf, params: MapParams, info, fingerprint: str, extra: dict[str,
     )
     same = same and mf.extra.get("min_count") == params.min_count
     same = same and mf.normaliser.get("rank") == min(params.normaliser_rank, mf.d)
+    same = same and mf.probes == params.probes  # maps before version 5 read as 1
     return same and all(mf.extra.get(key) == v for key, v in extra.items())

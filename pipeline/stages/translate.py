@@ -78,6 +78,8 @@ def _method_plan(
         artifact = str(map_dir)
         # the manifest names the map's tensors by their digest: no need to read and hash them here
         prov.update(map=map_dir.name, map_digest=manifest.tensors_digest, selection=t.selection)
+        # the probes decoding reads (the map's unless the config says): not in the tensors' digest
+        prov["probes"] = t.probes if t.probes is not None else manifest.probes
     elif method in INDEXED_METHODS:
         found = _index_artifact(ctx, direction, method)
         if isinstance(found, str):
@@ -96,6 +98,7 @@ def _method_plan(
         selection=t.selection,
         inactive_mass=t.inactive_mass,
         exact=t.exact,
+        probes=t.probes,
     )
     if method == "clustered":  # the options as recorded: the map is named by its digest above
         prov["options"] = {k: v for k, v in options.items() if k != "cluster_map"}
