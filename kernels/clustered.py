@@ -416,7 +416,8 @@ class ClusteredProjection(Projection):
             return False
         full = self._full_at_rows.get(rows)
         if full is None:
-            expected = ops.expected_union(self._hit, rows) / ops.DENSE_UNION_MARGIN
+            # each row brings the sets of its `probes` nearest clusters: as many draws
+            expected = ops.expected_union(self._hit, rows * self.probes) / ops.DENSE_UNION_MARGIN
             full = ops.int8_dense_cheaper(int(expected), rows, self.n_vocab)
             self._full_at_rows[rows] = full
         return full

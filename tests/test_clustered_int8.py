@@ -190,6 +190,9 @@ def test_union_step_skips_the_map_where_its_expected_union_costs_more_than_full(
     proj.full_when_cheaper = False  # switched off: the union again
     assert proj(h).ids is not None and proj.counters["full"] == 32
     assert proj.options()["full_when_cheaper"] is False
+    # a row that probes 3 clusters brings 3 sets: one row's union then already costs more than full
+    probed = clustered(w, b, cmap, int8=True, full_when_cheaper=True, probes=3)
+    assert probed(batch(cmap, 1)).ids is None and probed.counters["full"] == 1
 
 
 def test_expected_union_matches_drawn_unions():
