@@ -166,6 +166,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--probes",
         type=int,
+        metavar="N",
         help="clustered, union selection: each row adds the sets of its N nearest clusters to the union, not "
         "only its nearest's (fewer misses for states between clusters, more columns) (default: the map's "
         "own, which its builder chose, maps.probes; 1 for maps that do not record one)",
