@@ -88,6 +88,14 @@ BACKENDS = ("auto", "torch", "cupy")
 DEFAULT_CPU_CACHE_MB = 512.0
 
 
+def decoding_probes(asked: int | None, map_probes: int, selection: str) -> int:
+    """The probes a decode reads: those asked for, else the map's own (measured by its builder); per-row
+    selection reads one cluster a row."""
+    if asked is not None:
+        return asked
+    return map_probes if selection == "union" else 1
+
+
 def _choice(name: str, value: str, valid: Sequence[str]) -> str:
     if value not in valid:
         raise ValueError(f"{name} must be one of {', '.join(valid)}; got {value!r}")
@@ -174,9 +182,7 @@ class ClusteredProjection(Projection):
 
         cmap = self._load_map(cluster_map)
         self.map_manifest = cmap.manifest
-        if probes is None:  # the map's, measured by its builder; per-row reads one cluster a row
-            probes = cmap.manifest.probes if self.selection == "union" else 1
-        self.probes = probes
+        self.probes = decoding_probes(probes, cmap.manifest.probes, self.selection)
         if min_count > 1:
             cmap = cmap.pruned(min_count)  # drops the normaliser when it removes anything
         self.backend = self._pick_backend(backend)

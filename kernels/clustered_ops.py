@@ -147,17 +147,23 @@ def prepare_map(
 # ------------------------------------------------------------------------------------------- the steps
 
 
-def assign_clusters(h: torch.Tensor, centroids_t: torch.Tensor, sq_norms: torch.Tensor) -> torch.Tensor:
-    """Eq. 2 of Amer et al.: ``argmin_j ||C_j||^2 - 2 h·C_j`` per row, (rows,) int64 (ties: lowest j).
+def centroid_distances(h: torch.Tensor, centroids_t: torch.Tensor, sq_norms: torch.Tensor) -> torch.Tensor:
+    """``||C_j||^2 - 2 h·C_j`` for every row and centroid, (rows, r) float32: the squared distance less
+    ``||h||^2``, which is the same for every j.
 
-    ``||h||^2`` is the same for every j and is left out. The GEMM runs in ``centroids_t``'s dtype, the
-    subtraction in float32 (the CuPy ``assign`` kernel does exactly this on the same GEMM output). With
-    float32 centroids one ``addmm`` does both (half the op overhead of a 1-row CPU step).
+    The GEMM runs in ``centroids_t``'s dtype, the subtraction in float32 (the CuPy ``assign`` kernel does
+    exactly this on the same GEMM output). With float32 centroids one ``addmm`` does both (half the op
+    overhead of a 1-row CPU step).
     """
     if centroids_t.dtype == torch.float32:
-        return torch.addmm(sq_norms, h.float(), centroids_t, alpha=-2.0).argmin(dim=1)  # (rows,)
+        return torch.addmm(sq_norms, h.float(), centroids_t, alpha=-2.0)
     dots = h.to(centroids_t.dtype) @ centroids_t  # (rows, r)
-    return (sq_norms - 2.0 * dots.float()).argmin(dim=1)
+    return sq_norms - 2.0 * dots.float()
+
+
+def assign_clusters(h: torch.Tensor, centroids_t: torch.Tensor, sq_norms: torch.Tensor) -> torch.Tensor:
+    """Eq. 2 of Amer et al.: the nearest centroid of each row, (rows,) int64 (ties: lowest j)."""
+    return centroid_distances(h, centroids_t, sq_norms).argmin(dim=1)
 
 
 def nearest_clusters(
@@ -165,7 +171,7 @@ def nearest_clusters(
 ) -> torch.Tensor:
     """The ``probes`` nearest clusters of each row, nearest first, (rows, probes) int64 (the first column is
     :func:`assign_clusters`' choice up to exact ties)."""
-    dist = torch.addmm(sq_norms, h.float(), centroids_t.float(), alpha=-2.0)  # (rows, r)
+    dist = centroid_distances(h, centroids_t, sq_norms)  # (rows, r)
     return dist.topk(min(probes, dist.shape[1]), dim=1, largest=False).indices
 
 
@@ -671,11 +677,11 @@ def normaliser_log_mass(
     if ids.dim() != 1 or logits.shape[1] == 0:
         return est  # per-row ids: each row computed exactly its own set
     uniq, inverse = torch.unique(clusters, return_inverse=True)
-    if uniq.numel() == 1 and ids.numel() == pm.sizes[int(uniq[0])]:
+    cl = uniq.tolist()
+    if len(cl) == 1 and ids.numel() == pm.sizes[cl[0]]:
         return est  # one cluster, and the union is its own set (no other probed cluster added to it)
     # (clusters in the batch, C): which computed columns belong to each cluster's own set
-    own = torch.zeros((uniq.numel(), ids.numel()), dtype=torch.bool, device=ids.device)
-    cl = uniq.tolist()
+    own = torch.zeros((len(cl), ids.numel()), dtype=torch.bool, device=ids.device)
     pos = torch.searchsorted(ids, torch.cat([pm.ids[c] for c in cl]))
     seg = torch.repeat_interleave(
         torch.arange(len(cl), device=ids.device),

@@ -21,6 +21,7 @@ from fastvocab.artifacts_schema.digest import text_digest
 from fastvocab.artifacts_schema.errors import ArtifactError
 from fastvocab.artifacts_schema.jsonfile import read_json
 from fastvocab.artifacts_schema.translations import sidecar_path
+from fastvocab.kernels.clustered import decoding_probes
 from fastvocab.pipeline.checks import check_map_direction
 from fastvocab.pipeline.context import StageContext
 from fastvocab.pipeline.tracking import StageRecord
@@ -79,7 +80,7 @@ def _method_plan(
         # the manifest names the map's tensors by their digest: no need to read and hash them here
         prov.update(map=map_dir.name, map_digest=manifest.tensors_digest, selection=t.selection)
         # the probes decoding reads (the map's unless the config says): not in the tensors' digest
-        prov["probes"] = t.probes if t.probes is not None else manifest.probes
+        prov["probes"] = decoding_probes(t.probes, manifest.probes, t.selection)
     elif method in INDEXED_METHODS:
         found = _index_artifact(ctx, direction, method)
         if isinstance(found, str):
