@@ -191,9 +191,12 @@ def memory_needed(shape: Shape, systems: list[str], fractions: list[float], args
             int(24 * nnz) + len(fractions) * (512 << 20)
         )
     if "clustered-int8" in systems:
-        # each int8 clustered projection's own int8 W: fbgemm's packed layer (packed + unpacked int8) and the
-        # rows it gathers (int8), plus a float32 copy of W while the layer is built (freed after)
-        need["int8 clustered W (packed layer, its copy, gathered rows)"] = len(fractions) * 3 * nd + 4 * nd
+        # each int8 clustered projection's own int8 W: fbgemm's packed layer (packed + unpacked int8), the
+        # rows it gathers (int8) and the popularity-ordered packed blocks (packed + unpacked), plus a float32
+        # copy of W while the layer is built (freed after)
+        need["int8 clustered W (packed layer and blocks, their copies, gathered rows)"] = (
+            len(fractions) * 5 * nd + 4 * nd
+        )
     if "ct2-float32" in systems:
         need["ct2 float32"] = 4 * p
     if "ct2-int8" in systems or "ct2-int8-vmap" in systems:

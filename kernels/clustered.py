@@ -43,11 +43,13 @@ when its union is large; cached clusters are packed int8 blocks). The inactive-m
 certificate keep their float32 tables; the certificate adds a bound on how far an int8 logit is from the
 float32 one, and rows without a certificate get the full int8 logits, so ``exact_k`` makes each row's top-k
 that of the full int8 projection (which, like it, quantises its input per call: a row's int8 logits move
-slightly with the rows beside it). In union mode, at a row count where the union the map's sets are expected
-to form costs more gathered than the packed GEMM over all N (``clustered_ops.expected_union``, with a margin
-for a beam's shared clusters), the step skips the map altogether and returns the full int8 logits
-(``full_when_cheaper``; counted in ``counters["full"]``): the assignment and the union would cost time there
-and save none.
+slightly with the rows beside it). In union mode the int8 rows are also packed in blocks, ids ordered by how
+many clusters' sets hold them (``clustered_ops.PopularBlocks``): a step runs the packed GEMM on the blocks its
+union fills densely and gathers the rest (``clustered_ops.int8_union_logits``). At a row count where the
+union the map's sets are expected to form would fill every block densely enough
+(``clustered_ops.int8_map_skipped``, with a margin for a beam's shared clusters), the step skips the map
+altogether and returns the full int8 logits (``full_when_cheaper``; counted in ``counters["full"]``): the
+assignment and the union would cost time there and save none.
 """
 
 from __future__ import annotations
@@ -198,14 +200,16 @@ class ClusteredProjection(Projection):
         self._map = ops.prepare_map(
             cmap, self.weight, self.bias, aa, cache_bytes=0 if self.int8 else cache_bytes
         )
-        self._w8: ops.Int8Weights | None = None  # int8: W as the full int8 projection holds it
-        if self.int8:
-            self._w8 = ops.int8_weights(self.weight, self.bias, self._map, cache_bytes=cache_bytes)
         # int8 union mode: each id's chance to be in a row's set, for the union expected at a row count
         self.full_when_cheaper = bool(full_when_cheaper)  # may be switched off later (the benchmarks do)
         self._hit = (
             ops.hit_probability(self._map, self.n_vocab) if self.int8 and self.selection == "union" else None
         )
+        self._w8: ops.Int8Weights | None = None  # int8: W as the full int8 projection holds it
+        if self.int8:
+            self._w8 = ops.int8_weights(
+                self.weight, self.bias, self._map, cache_bytes=cache_bytes, hit=self._hit
+            )
         self._full_at_rows: dict[int, bool] = {}
         self._mass: ops.MassTables | ops.NormaliserTables | None = None
         self.normaliser_source: str | None = None  # "map" or "computed at load"
@@ -423,8 +427,9 @@ class ClusteredProjection(Projection):
         full = self._full_at_rows.get(rows)
         if full is None:
             # each row brings the sets of its `probes` nearest clusters: as many draws
-            expected = ops.expected_union(self._hit, rows * self.probes) / ops.DENSE_UNION_MARGIN
-            full = ops.int8_dense_cheaper(int(expected), rows, self.n_vocab)
+            pb = None if self._w8 is None else self._w8.popular
+            width = None if pb is None else pb.block_columns
+            full = ops.int8_map_skipped(self._hit, rows * self.probes, rows, self.n_vocab, width)
             self._full_at_rows[rows] = full
         return full
 
@@ -509,7 +514,7 @@ class ClusteredProjection(Projection):
             logits = (
                 ops.int8_cluster_logits(h, self._w8, self._map, c)
                 if len(uniq) == 1
-                else ops.int8_gathered_logits(h, self._w8, ids)
+                else ops.int8_union_logits(h, self._w8, ids)
             )
         elif len(uniq) == 1 and self._map.blocks[c] is not None:  # one cluster: its cached block, no gather
             logits = ops.cluster_logits(h, self._map, c, self.weight, self.bias)

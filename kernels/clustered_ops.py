@@ -321,13 +321,38 @@ class Int8Weights:
     cached_bytes: int
     max_norm: float  # max_i ||w_i||: the certificate's bound on what input rounding moves a logit
     max_residual: float  # max_i ||w_i - scale_i q_i||: the same for the weights' rounding
+    popular: PopularBlocks | None = None
+
+
+# A union step's columns, ordered by how likely a row's set holds them, fall in blocks of this many: the
+# popular ids' blocks are nearly full in every union of many rows and cost less run dense than gathered.
+INT8_BLOCK_COLUMNS = 4096
+
+
+@dataclass
+class PopularBlocks:
+    """The int8 rows of W in decreasing order of their ids' hit probability (:func:`hit_probability`),
+    packed for fbgemm ``INT8_BLOCK_COLUMNS`` rows at a time: a union step runs the packed GEMM on the blocks
+    its union fills densely enough and gathers the columns of the rest (:func:`int8_union_logits`).
+    Costs ``2 N d`` bytes (fbgemm keeps each block's unpacked copy besides the packed one)."""
+
+    rank: torch.Tensor  # (N,) int64: each id's position in the order
+    block_columns: int
+    packed: list[torch.ScriptObject]  # block j: the ids at positions [j * block_columns, (j + 1) * ...)
 
 
 def int8_weights(
-    weight: torch.Tensor, bias: torch.Tensor | None, pm: PreparedMap, *, cache_bytes: int = 0
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    pm: PreparedMap,
+    *,
+    cache_bytes: int = 0,
+    hit: np.ndarray | None = None,
 ) -> Int8Weights:
     """Quantise W once (as ``FullProjection(int8=True)`` does) and pack the most-populated clusters' rows
-    alone, up to ``cache_bytes`` (each packed block holds its rows twice: fbgemm keeps the unpacked copy)."""
+    alone, up to ``cache_bytes`` (each packed block holds its rows twice: fbgemm keeps the unpacked copy).
+    With ``hit`` (the ids' hit probabilities) also pack W's rows in popularity order (:class:`PopularBlocks`),
+    for union steps."""
     linear = int8.int8_linear(weight, bias)
     q, scale = int8.int8_rows(linear)
     b = None if bias is None else bias.detach().float().contiguous()
@@ -350,7 +375,27 @@ def int8_weights(
         cached_bytes=used,
         max_norm=max_norm,
         max_residual=max_residual,
+        popular=None if hit is None else popular_blocks(q, scale, b, hit),
     )
+
+
+def popular_blocks(
+    q: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None, hit: np.ndarray
+) -> PopularBlocks:
+    """Pack the int8 rows ``q`` in decreasing ``hit`` order, ``INT8_BLOCK_COLUMNS`` at a time."""
+    order = torch.from_numpy(np.argsort(-hit, kind="stable"))
+    rank = torch.empty_like(order)
+    rank[order] = torch.arange(len(order))
+    width = INT8_BLOCK_COLUMNS
+    packed = []
+    for lo in range(0, len(order), width):
+        ids = order[lo : lo + width]
+        packed.append(
+            int8.packed_rows(
+                q.index_select(0, ids), scale.index_select(0, ids), None if bias is None else bias[ids]
+            )
+        )
+    return PopularBlocks(rank=rank, block_columns=width, packed=packed)
 
 
 def _int8_residuals(
@@ -394,6 +439,45 @@ def int8_gathered_logits(h: torch.Tensor, w8: Int8Weights, cols: torch.Tensor) -
     return int8_gather_gemm(h, w8, cols)
 
 
+def int8_union_logits(h: torch.Tensor, w8: Int8Weights, cols: torch.Tensor) -> torch.Tensor:
+    """Logits of the union ``cols`` (sorted ids), (rows, C) float32, the layer's own on each column.
+
+    Without :class:`PopularBlocks`: :func:`int8_gathered_logits`. With them, each block of the popularity
+    order runs the packed GEMM over all its columns when the union holds enough of them that this costs less
+    than gathering those (:func:`int8_dense_cheaper` on the block), keeping the union's; the union's other
+    columns are gathered in one :func:`int8_gather_gemm`. Many rows' unions are dense in the popular blocks
+    and sparse in the rest, so this is cheaper than either kernel over the whole union.
+    """
+    pb = w8.popular
+    if pb is None:
+        return int8_gathered_logits(h, w8, cols)
+    rows, width = h.shape[0], pb.block_columns
+    n_vocab = w8.q.shape[0]
+    pos = pb.rank.index_select(0, cols)  # (C,) positions in the popularity order
+    block = pos // width
+    counts = torch.bincount(block, minlength=len(pb.packed)).tolist()
+    sizes = [min(width, n_vocab - j * width) for j in range(len(pb.packed))]
+    dense = [j for j, c in enumerate(counts) if c and int8_dense_cheaper(c, rows, sizes[j])]
+    if not dense:
+        return int8_gather_gemm(h, w8, cols)
+    if len(dense) == len(counts):
+        return int8_full_logits(h, w8).index_select(1, cols)  # every block dense: one GEMM over all N
+    out_t = torch.empty((cols.numel(), rows), dtype=torch.float32)  # (C, rows): each part fills rows of it
+    by_block = torch.argsort(block, stable=True)  # union positions grouped by block
+    starts = np.concatenate([[0], np.cumsum(counts)])
+    x = h.float().contiguous()
+    is_dense = torch.zeros(len(counts), dtype=torch.bool)
+    is_dense[dense] = True
+    for j in dense:
+        at = by_block[starts[j] : starts[j + 1]]  # the union's columns in block j
+        logits = int8.linear_packed(x, pb.packed[j])  # (rows, size_j)
+        out_t.index_copy_(0, at, logits.t().index_select(0, pos.index_select(0, at) - j * width))
+    rest = (~is_dense.index_select(0, block)).nonzero().squeeze(1)
+    if rest.numel():
+        out_t.index_copy_(0, rest, int8_gather_gemm(h, w8, cols.index_select(0, rest)).t())
+    return out_t.t().contiguous()
+
+
 def int8_dense_cheaper(columns: int, rows: int, n_vocab: int) -> bool:
     """Whether ``rows`` rows cost less over all ``n_vocab`` columns (packed int8 GEMM) than over ``columns``
     gathered ones (the measured costs :data:`INT8_GATHER_US`, :data:`INT8_DENSE_US` at ``rows``)."""
@@ -402,9 +486,10 @@ def int8_dense_cheaper(columns: int, rows: int, n_vocab: int) -> bool:
 
 
 # The int8 union step skips the map at a row count where even 1 / DENSE_UNION_MARGIN of the union expected
-# there (:func:`expected_union`) would cost more gathered than the full int8 GEMM over all N: the assignment
-# and the union then cost time and save none. The expectation draws rows independently; a beam's rows share
-# clusters and have smaller unions, hence the margin.
+# there (:func:`expected_union`; per block of :class:`PopularBlocks`, :func:`expected_block_unions`) would
+# cost more gathered than the packed int8 GEMM over all N (over every block): the assignment and the union
+# then cost time and save none. The expectation draws rows independently; a beam's rows share clusters and
+# have smaller unions, hence the margin.
 DENSE_UNION_MARGIN = 2.0
 
 
@@ -431,6 +516,26 @@ def expected_union(hit: np.ndarray, rows: int) -> float:
     ``sum_i 1 - (1 - hit_i) ** rows``."""
     with np.errstate(divide="ignore"):  # hit 1: log1p(-1) = -inf, and the id is in every union
         return float(-np.expm1(rows * np.log1p(-hit)).sum())
+
+
+def int8_map_skipped(hit: np.ndarray, draws: int, rows: int, n_vocab: int, width: int | None) -> bool:
+    """Whether an int8 union step of ``rows`` rows (``draws`` sets) skips the map: whether the packed GEMM
+    beats the gather over all N (``width`` None) or over every block of ``width`` ids of
+    :class:`PopularBlocks`, with ``1 / DENSE_UNION_MARGIN`` of the union expected there."""
+    if width is None:
+        return int8_dense_cheaper(int(expected_union(hit, draws) / DENSE_UNION_MARGIN), rows, n_vocab)
+    per_block = expected_block_unions(hit, draws, width) / DENSE_UNION_MARGIN
+    sizes = np.minimum(width, n_vocab - width * np.arange(len(per_block)))
+    return all(int8_dense_cheaper(int(e), rows, int(n)) for e, n in zip(per_block, sizes, strict=True))
+
+
+def expected_block_unions(hit: np.ndarray, rows: int, width: int) -> np.ndarray:
+    """:func:`expected_union` per block of ``width`` ids in decreasing ``hit`` order (the blocks of
+    :class:`PopularBlocks`), (blocks,) float64."""
+    ordered = np.sort(hit)[::-1]
+    with np.errstate(divide="ignore"):
+        inc = -np.expm1(rows * np.log1p(-ordered))
+    return np.add.reduceat(inc, np.arange(0, len(inc), width))
 
 
 def int8_gather_gemm(h: torch.Tensor, w8: Int8Weights, cols: torch.Tensor) -> torch.Tensor:

@@ -223,6 +223,61 @@ def test_hit_probability_sums_the_populations_of_the_sets_holding_each_id():
     np.testing.assert_allclose(clustered_ops.hit_probability(pm, N), want, rtol=1e-12, atol=1e-15)
 
 
+@pytest.mark.parametrize("rows", [3, 6])
+def test_union_over_popular_blocks_runs_dense_and_gathered_blocks_with_full_int8_logits(monkeypatch, rows):
+    """Blocks of 32 ids in popularity order; a block runs dense when the union holds over half of it (costs
+    set so): both kinds run in one step, and every column is the full int8 projection's logit."""
+    monkeypatch.setattr(clustered_ops, "INT8_BLOCK_COLUMNS", 32)
+    n = len(clustered_ops.INT8_COST_ROWS)
+    monkeypatch.setattr(clustered_ops, "INT8_GATHER_US", (1.0,) * n)
+    monkeypatch.setattr(clustered_ops, "INT8_DENSE_US", (0.5,) * n)
+    w, b, cmap = layer_and_map()
+    proj = clustered(w, b, cmap, int8=True, cache_mb=0)
+    pb = proj._w8.popular
+    assert pb is not None and len(pb.packed) == -(-N // 32)
+    hit = clustered_ops.hit_probability(proj.prepared_map, N)
+    assert np.all(np.diff(hit[np.argsort(pb.rank.numpy())]) <= 0)  # the order is by hit probability
+    calls = {"dense": 0, "gather": 0}
+    packed, gather = clustered_ops.int8.linear_packed, clustered_ops.int8_gather_gemm
+
+    def spy_packed(*a):
+        calls["dense"] += 1
+        return packed(*a)
+
+    def spy_gather(*a):
+        calls["gather"] += 1
+        return gather(*a)
+
+    monkeypatch.setattr(clustered_ops.int8, "linear_packed", spy_packed)
+    monkeypatch.setattr(clustered_ops, "int8_gather_gemm", spy_gather)
+    h = batch(cmap, rows, seed=rows)
+    out = proj(h)
+    assert calls["dense"] >= 1 and calls["gather"] == 1
+    want = create_projection("full", w, b, int8=True)(h).logits.index_select(1, out.ids)
+    torch.testing.assert_close(out.logits, want, rtol=1e-5, atol=1e-5)
+
+
+def test_map_skip_with_popular_blocks_needs_every_block_dense():
+    """One block is the rule over all N; with blocks, a step skips only when every block's expected share
+    of the union would run dense, and the expected shares add up to the expected union."""
+    w, b, cmap = layer_and_map()
+    hit = clustered_ops.hit_probability(clustered(w, b, cmap, int8=True).prepared_map, N)
+    for rows in (1, 8, 32):
+        per_block = clustered_ops.expected_block_unions(hit, rows, 32)
+        assert per_block.sum() == pytest.approx(clustered_ops.expected_union(hit, rows))
+        assert np.all(np.diff(per_block[:-1]) <= 1e-9)  # popular blocks first
+        assert clustered_ops.int8_map_skipped(hit, rows, rows, N, N) == clustered_ops.int8_map_skipped(
+            hit, rows, rows, N, None
+        )
+        blocks = [
+            clustered_ops.int8_dense_cheaper(
+                int(e / clustered_ops.DENSE_UNION_MARGIN), rows, min(32, N - 32 * j)
+            )
+            for j, e in enumerate(per_block)
+        ]
+        assert clustered_ops.int8_map_skipped(hit, rows, rows, N, 32) == all(blocks)
+
+
 def test_cost_tables_cover_the_same_rows():
     rows = clustered_ops.INT8_COST_ROWS
     assert list(rows) == sorted(rows) and rows[0] == 1
