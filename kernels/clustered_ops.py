@@ -455,9 +455,8 @@ def int8_union_logits(h: torch.Tensor, w8: Int8Weights, cols: torch.Tensor) -> t
     n_vocab = w8.q.shape[0]
     pos = pb.rank.index_select(0, cols)  # (C,) positions in the popularity order
     block = pos // width
-    counts = torch.bincount(block, minlength=len(pb.packed)).tolist()
-    sizes = [min(width, n_vocab - j * width) for j in range(len(pb.packed))]
-    dense = [j for j, c in enumerate(counts) if c and int8_dense_cheaper(c, rows, sizes[j])]
+    counts = torch.bincount(block, minlength=len(pb.packed)).numpy()
+    dense = np.flatnonzero(int8_dense_cheaper(counts, rows, block_sizes(n_vocab, width))).tolist()
     if not dense:
         return int8_gather_gemm(h, w8, cols)
     if len(dense) == len(counts):
@@ -481,11 +480,17 @@ def int8_union_logits(h: torch.Tensor, w8: Int8Weights, cols: torch.Tensor) -> t
     return src.index_select(1, where)
 
 
-def int8_dense_cheaper(columns: int, rows: int, n_vocab: int) -> bool:
+def int8_dense_cheaper(columns: int | np.ndarray, rows: int, n_vocab: int | np.ndarray) -> bool | np.ndarray:
     """Whether ``rows`` rows cost less over all ``n_vocab`` columns (packed int8 GEMM) than over ``columns``
-    gathered ones (the measured costs :data:`INT8_GATHER_US`, :data:`INT8_DENSE_US` at ``rows``)."""
+    gathered ones (the measured costs :data:`INT8_GATHER_US`, :data:`INT8_DENSE_US` at ``rows``). ``columns``
+    and ``n_vocab`` may be arrays (one decision per block of :class:`PopularBlocks`)."""
     gather = columns * float(np.interp(rows, INT8_COST_ROWS, INT8_GATHER_US))
     return gather > n_vocab * float(np.interp(rows, INT8_COST_ROWS, INT8_DENSE_US))
+
+
+def block_sizes(n_vocab: int, width: int) -> np.ndarray:
+    """Ids per block when ``n_vocab`` ids are cut into blocks of ``width`` (the last one shorter)."""
+    return np.minimum(width, n_vocab - width * np.arange(-(-n_vocab // width)))
 
 
 # The int8 union step skips the map at a row count where even 1 / DENSE_UNION_MARGIN of the union expected
@@ -526,10 +531,9 @@ def int8_map_skipped(hit: np.ndarray, draws: int, rows: int, n_vocab: int, width
     beats the gather over all N (``width`` None) or over every block of ``width`` ids of
     :class:`PopularBlocks`, with ``1 / DENSE_UNION_MARGIN`` of the union expected there."""
     if width is None:
-        return int8_dense_cheaper(int(expected_union(hit, draws) / DENSE_UNION_MARGIN), rows, n_vocab)
-    per_block = expected_block_unions(hit, draws, width) / DENSE_UNION_MARGIN
-    sizes = np.minimum(width, n_vocab - width * np.arange(len(per_block)))
-    return all(int8_dense_cheaper(int(e), rows, int(n)) for e, n in zip(per_block, sizes, strict=True))
+        return bool(int8_dense_cheaper(int(expected_union(hit, draws) / DENSE_UNION_MARGIN), rows, n_vocab))
+    per_block = (expected_block_unions(hit, draws, width) / DENSE_UNION_MARGIN).astype(np.int64)
+    return bool(np.all(int8_dense_cheaper(per_block, rows, block_sizes(n_vocab, width))))
 
 
 def expected_block_unions(hit: np.ndarray, rows: int, width: int) -> np.ndarray:
