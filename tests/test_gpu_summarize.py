@@ -70,3 +70,19 @@ def test_cli_refuses_a_folder_without_results(summarize, tmp_path, capsys):
     assert summarize.main([str(tmp_path)]) == 2
     assert "no gpu-*.json" in capsys.readouterr().err
     assert summarize.main([str(tmp_path / "absent")]) == 2
+
+
+@pytest.mark.parametrize(("bleu", "verdict"), [(25.0, "met"), (19.9, "missed")])
+def test_training_steps_and_the_bleu_goal(summarize, tmp_path, bleu, verdict):
+    def dev(b):
+        return {"en-it": {"bleu": b}, "it-en": {"bleu": b + 1}, "en-fr": {"bleu": 3.0}}
+
+    write(tmp_path, "train-1", {"meta": {}, "steps": 10, "train_minutes_total": 1.0, "train_tokens": 2e6,
+                                "dev": dev(1.0)})  # fmt: skip
+    write(tmp_path, "train-2", {"meta": {}, "steps": 20, "train_minutes_total": 2.0, "train_tokens": 4e6,
+                                "dev": dev(bleu)})  # fmt: skip
+    text = summarize.summarize(summarize.load([tmp_path]))
+    rows = [line for line in text.splitlines() if line.startswith("| train-")]
+    assert [r.split(" | ")[0] for r in rows] == ["| train-1", "| train-2"] and "en-fr" in text
+    goal = next(line for line in text.splitlines() if line.startswith("Goal BLEU"))
+    assert goal.endswith(verdict) and "(dev, train-2)" in goal  # the last step is judged

@@ -7,8 +7,9 @@ reads out. Runs on the CPU side, on the files as they came back:
 Goals: projection at N=128,112, 40 rows, 10% active, fp16: clustered >= 6x faster than full
 and <= 1.3x its byte floor; the static union's graph replay within 1.5x of the fused gather-GEMM alone; the
 full projection >= 30% of a greedy batch-1 step; end to end clustered >= 1.4x full at beam 1 batch 1 and
->= 1.25x at beam 2 batch 20. A smoke run's files read the same (their sizes are not the goals', so no goal
-row is printed for them).
+>= 1.25x at beam 2 batch 20; the demo model trained by ``train-N``: BLEU >= 20 on en->it and it->en (the dev
+BLEU of each step's json; the test split's is ``demo_model_quality.py``'s, run on the CPU side). A smoke
+run's files read the same (their sizes are not the goals', so no goal row is printed for them).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import sys
 from pathlib import Path
 
 GOAL_N, GOAL_ROWS, GOAL_FRACTION = 128_112, 40, 0.1
+GOAL_BLEU, GOAL_DIRECTIONS = 20.0, ("en-it", "it-en")
 
 
 def load(dirs: list[Path]) -> dict[str, dict]:
@@ -180,6 +182,32 @@ def dump_section(res: dict) -> str:
     return "### Dump\n\n" + table(["batch", "sentences", "states", "s", "states/s"], rows)
 
 
+def train_section(found: dict[str, dict]) -> str:
+    """One row per ``train-N`` step: steps, minutes and tokens so far, then dev BLEU per direction; the goal
+    row judges the last step (the model a run would keep)."""
+    steps = sorted((k for k in found if k.startswith("train-")), key=lambda k: int(k.removeprefix("train-")))
+    directions = sorted({d for k in steps for d in found[k].get("dev", {})})
+    rows = []
+    for k in steps:
+        res = found[k]
+        dev = res.get("dev", {})
+        tokens = f"{res.get('train_tokens', 0) / 1e6:.0f}M"
+        rows.append([k, res.get("steps"), res.get("train_minutes_total"), tokens]
+                    + [dev.get(d, {}).get("bleu") for d in directions])  # fmt: skip
+    out = [
+        "### Demo model training (dev BLEU, greedy)",
+        table(["step", "steps", "minutes", "tokens", *directions], rows),
+    ]
+    last = found[steps[-1]]
+    if not last.get("meta", {}).get("smoke"):
+        bleu = {d: last.get("dev", {}).get(d, {}).get("bleu") for d in GOAL_DIRECTIONS}
+        ok = all(b is not None and b >= GOAL_BLEU for b in bleu.values())
+        said = ", ".join(f"{d} {b}" for d, b in bleu.items())
+        goal = f"BLEU >= {GOAL_BLEU:g} on {' and '.join(GOAL_DIRECTIONS)}"
+        out.append(f"Goal {goal} (dev, {steps[-1]}): {said}: {mark(ok)}")
+    return "\n\n".join(out)
+
+
 def summarize(found: dict[str, dict]) -> str:
     parts = []
     if "env" in found:
@@ -197,6 +225,8 @@ def summarize(found: dict[str, dict]) -> str:
         parts.append(e2e_demo_section(found["e2e-demo"]))
     if "dump" in found:
         parts.append(dump_section(found["dump"]))
+    if any(k.startswith("train-") for k in found):
+        parts.append(train_section(found))
     return "\n\n".join(parts) + "\n"
 
 
