@@ -38,9 +38,10 @@ of the synthetic pool first; so each batch gets the same candidate count as clus
 **Synthetic cluster maps**: ``--clusters`` clusters (r), each set ``round(frac * N)`` ids drawn without
 replacement with weights ``1 / rank^zipf`` over a random ranking of the vocabulary (Gumbel top-k), so popular
 ids are in most sets and the union of a batch's sets grows with its rows as a real map's does (sets overlap).
-The default ``--zipf 2`` is what real maps of the same set fraction measured: ``bench_union_growth.py`` builds
-the demo model's maps at 2-20% of N per set and the union of real batches' clusters matched zipf 2's within
-about 10% at 2-10% (zipf 1, the default before, gave 1.4-1.9x larger unions).
+The default ``--zipf 1`` is the closest to what real maps of the same set fraction measured, and still on
+the small side: ``bench_union_growth.py`` builds the demo model's maps at 2-20% of N per set, and on the demo
+model that translates the union of real batches' clusters was 1.1-1.4x zipf 1's (zipf 2's: 1.4-2.9x smaller
+than real). The earlier, undertrained demo model's unions had matched zipf 2, the default for a while.
 Centroids: r hidden states of the model's own greedy decoding of random lines (so decoding states spread
 over clusters). The map is written with ``artifacts_schema.cluster_map.save_cluster_map`` with the model's
 fingerprint (``<root>/<shape>/maps/``) and loaded by the clustered projection as any map. Union growth (the
@@ -962,8 +963,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--zipf",
         type=float,
-        default=2.0,
-        help="exponent of the synthetic maps' id popularity (2: as real maps' batch unions grow)",
+        default=1.0,
+        help="exponent of the synthetic maps' id popularity (default 1; real unions grow a little faster)",
     )
     p.add_argument(
         "--inactive-mass", default="none", help="the clustered projection's estimate (default none)"
