@@ -348,9 +348,12 @@ class States:
 
     @staticmethod
     def concat(parts: Sequence[States], source: str) -> States:
+        """One pool of ``parts``' states; their top-K ids are cut to the smallest K among them (a run's dump
+        records 2 x its largest beam, a dump made here ``max_k``; ids are stored best first)."""
+        k = min(p.topk.shape[1] for p in parts)
         return States(
             np.concatenate([p.hidden for p in parts]),
-            np.concatenate([p.topk for p in parts]),
+            np.concatenate([p.topk[:, :k] for p in parts]),
             sum(p.sentences for p in parts),
             source,
         )

@@ -205,3 +205,14 @@ def test_pool_without_source_text_is_refused_before_any_work(tiny_model_dir, cor
     named = err.split("no source text for ", 1)[1].split(" in ", 1)[0]
     assert named == "es-en" and "--pool-corpus" in err  # fr-en has text (the corpus' mono/fr.parquet)
     assert not out.exists() and not (tmp_path / "cache").exists()
+
+
+def test_pool_of_states_with_different_k_keeps_the_common_best_ids():
+    from fastvocab.experiments.experiment_paper import States
+
+    rng = np.random.default_rng(0)
+    run = States(rng.normal(size=(3, 4)), np.arange(24).reshape(3, 8), 1, "run")  # a [1, 4]-beam dump: K 8
+    here = States(rng.normal(size=(2, 4)), 100 + np.arange(10).reshape(2, 5), 1, "pool")  # dumped here: K 5
+    pooled = States.concat([run, here], "run+pool")
+    assert pooled.topk.shape == (5, 5) and pooled.hidden.shape == (5, 4) and pooled.sentences == 2
+    assert pooled.topk[0].tolist() == [0, 1, 2, 3, 4] and pooled.topk[3].tolist() == [100, 101, 102, 103, 104]
