@@ -155,8 +155,8 @@ def write_parts(out_dir: Path, n: int, model_dir: Path, work: Path) -> list[str]
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    from bench_meta import git_commit
+    sys.path.insert(0, str(ROOT / "benchmarks" / "gpu"))
+    from steps import meta  # device, driver, CUDA, torch, CuPy, commit: what every campaign result records
 
     from fastvocab.training import TrainConfig, train_demo
     from fastvocab.training.checkpoint import CHECKPOINT
@@ -218,17 +218,7 @@ def main(argv: list[str] | None = None) -> int:
     wall = time.perf_counter() - t0
     parts = write_parts(args.out, args.n, model_dir, work)
     payload = {
-        "meta": {
-            "device": device,
-            "device_name": torch.cuda.get_device_name(0) if cuda else "cpu",
-            "torch": torch.__version__,
-            "commit": os.environ.get("FV_COMMIT") or git_commit(),
-            "loadavg": list(os.getloadavg()),
-            "command": cfg.command,
-            "smoke": args.smoke,
-            "preset": args.preset,
-            "tf32": cuda,
-        },
+        "meta": meta(device, args, command=cfg.command, preset=args.preset, tf32=cuda),
         "step": args.n,
         "wall_s": wall,
         "steps": result.steps,
