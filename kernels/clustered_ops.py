@@ -519,11 +519,16 @@ def hit_probability(pm: PreparedMap, n_vocab: int) -> np.ndarray:
     return np.minimum(hit, 1.0)
 
 
-def expected_union(hit: np.ndarray, rows: int) -> float:
-    """Expected size of the union of ``rows`` sets drawn independently, each id in with probability ``hit``:
-    ``sum_i 1 - (1 - hit_i) ** rows``."""
+def union_probability(hit: np.ndarray, rows: int) -> np.ndarray:
+    """Each id's chance to be in the union of ``rows`` sets drawn independently, each holding it with
+    probability ``hit``: ``1 - (1 - hit_i) ** rows``."""
     with np.errstate(divide="ignore"):  # hit 1: log1p(-1) = -inf, and the id is in every union
-        return float(-np.expm1(rows * np.log1p(-hit)).sum())
+        return -np.expm1(rows * np.log1p(-hit))
+
+
+def expected_union(hit: np.ndarray, rows: int) -> float:
+    """Expected size of the union of ``rows`` sets drawn independently (:func:`union_probability`, summed)."""
+    return float(union_probability(hit, rows).sum())
 
 
 def int8_map_skipped(hit: np.ndarray, draws: int, rows: int, n_vocab: int, width: int | None) -> bool:
@@ -539,9 +544,7 @@ def int8_map_skipped(hit: np.ndarray, draws: int, rows: int, n_vocab: int, width
 def expected_block_unions(hit: np.ndarray, rows: int, width: int) -> np.ndarray:
     """:func:`expected_union` per block of ``width`` ids in decreasing ``hit`` order (the blocks of
     :class:`PopularBlocks`), (blocks,) float64."""
-    ordered = np.sort(hit)[::-1]
-    with np.errstate(divide="ignore"):
-        inc = -np.expm1(rows * np.log1p(-ordered))
+    inc = union_probability(np.sort(hit)[::-1], rows)
     return np.add.reduceat(inc, np.arange(0, len(inc), width))
 
 
