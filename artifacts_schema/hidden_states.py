@@ -8,7 +8,8 @@ dumped along beam search's hypotheses holds several rows per ``(sent_id, step)``
 treat the pair as a key. Shards live in ``<root>/direction=<src>-<tgt>/part-<i:05d>.parquet`` (hive
 partitioning), written atomically. A run that dumps along several beams keeps each beam's shards apart: the
 greedy path's (beam 1) at ``<root>/direction=...`` as always, beam ``b``'s under ``<root>/beam=<b>/``, which
-is a shard root of its own (:func:`beam_root`).
+is a shard root of its own (:func:`beam_root`); states along the reference translations (teacher forcing,
+"beam" :data:`REFERENCE_BEAM`) under ``<root>/reference/``.
 
 Content checksum: beside each shard, ``_part-<i:05d>.parquet.sha256`` holds the SHA-256 of the shard's bytes
 in ``sha256sum`` format (``sha256sum -c`` checks it; the ``_`` prefix keeps it out of Parquet datasets). The
@@ -103,22 +104,40 @@ def shard_table(
     return pa.Table.from_arrays(cols, schema=schema)
 
 
+# The "beam" of states recorded along each line's reference translation (teacher forcing: the decoder fed the
+# reference, no search). It is a path through the model like a beam, so it shares the beams' plumbing
+# (shard roots, plans, stream files); only its folder has a name of its own.
+REFERENCE_BEAM = 0
+REFERENCE_DIR = "reference"
+
+
+def beam_label(beam: int) -> str:
+    """How a path is named to people: ``reference``, ``greedy`` or ``beam 4``."""
+    return REFERENCE_DIR if beam == REFERENCE_BEAM else "greedy" if beam == 1 else f"beam {beam}"
+
+
 def beam_root(root: str | Path, beam: int) -> Path:
     """The shard root of the states dumped along ``beam``: ``root`` itself for the greedy path (beam 1, the
-    layout of every run before beams), ``<root>/beam=<b>`` for beam search."""
-    if beam < 1:
-        raise ValueError(f"beam must be >= 1, got {beam}")
+    layout of every run before beams), ``<root>/beam=<b>`` for beam search, ``<root>/reference`` for the
+    reference path (:data:`REFERENCE_BEAM`)."""
+    if beam < 0:
+        raise ValueError(f"beam must be >= 1 (or {REFERENCE_BEAM}: the reference path), got {beam}")
+    if beam == REFERENCE_BEAM:
+        return Path(root) / REFERENCE_DIR
     return Path(root) if beam == 1 else Path(root) / f"beam={beam}"
 
 
 def beam_roots(root: str | Path) -> dict[int, Path]:
-    """Every beam's shard root found under ``root`` (``{1: root}`` and ``{b: root/beam=<b>}``), by beam."""
+    """Every beam's shard root found under ``root`` (``{1: root}``, ``{b: root/beam=<b>}`` and
+    ``{0: root/reference}``), by beam."""
     root = Path(root)
     found = {1: root}
     for sub in root.glob("beam=*"):
         tail = sub.name.removeprefix("beam=")
         if sub.is_dir() and tail.isdigit() and int(tail) > 1:
             found[int(tail)] = sub
+    if (root / REFERENCE_DIR).is_dir():
+        found[REFERENCE_BEAM] = root / REFERENCE_DIR
     return dict(sorted(found.items()))
 
 

@@ -372,6 +372,17 @@ class Seq2SeqAdapter:
         """Tokenize and pad a batch: ``{"input_ids", "attention_mask"}`` (rows, S) on the device."""
         return self.pad(self.tokenize(texts, src_lang, tgt_lang))
 
+    def tokenize_targets(self, texts: list[str], tgt_lang: str) -> list[list[int]]:
+        """Target-side ids of reference translations, without language tags or EOS (the pieces a search
+        would generate), tokenized as the model's target side (Marian has a vocabulary per side)."""
+        self.check_language(tgt_lang)
+        if not texts:
+            return []
+        tok = self.tokenizer
+        if self.family in (_M2M, _NLLB, _MBART):
+            tok.tgt_lang = tgt_lang
+        return [list(ids) for ids in tok(text_target=list(texts), add_special_tokens=False)["input_ids"]]
+
     def decode_ids(self, seqs: list[list[int]]) -> list[str]:
         """Token ids -> text, without specials or language tags."""
         drop = set(self.always_active_ids()) | {self.pad_id, self.decoder_start_id}
@@ -435,6 +446,50 @@ class Seq2SeqAdapter:
         )
         h = out.last_hidden_state[:, -1, :]  # (rows, d): after the final layer norm, what lm_head multiplies
         return h, DecoderState(state.encoder, out.past_key_values, state.length + 1)
+
+    @torch.inference_mode()
+    def teacher_forced(
+        self, state: EncoderState, tgt_lang: str, targets: list[list[int]], max_len: int
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The states a search would give the projection if it generated ``targets`` (teacher forcing): one
+        batched decoder pass over ``start_tokens + target`` per row, no search and no cache.
+
+        Returns ``(h (states, d), row (states,), step (states,))`` for steps ``0 .. len(target)`` of each row
+        (the last one predicts EOS), at most ``max_len`` steps a row, rows in order, steps ascending: the
+        rows and steps a greedy search along the same tokens would record. The HF decoder runs here whatever
+        the engine (the static engine has no causal multi-token step); the two agree to fp32 rounding.
+        """
+        prefix = self.start_tokens(tgt_lang)
+        if len(targets) != state.hidden.shape[0]:
+            raise ValueError(f"{len(targets)} targets for {state.hidden.shape[0]} encoded sources")
+        # step t's state sits at position len(prefix) - 1 + t; a row has len(target) + 1 steps
+        steps = [min(len(t) + 1, max_len) for t in targets]
+        seqs = [prefix + list(t[: n - 1]) for t, n in zip(targets, steps, strict=True)]
+        width = max(len(s) for s in seqs)
+        ids = torch.full((len(seqs), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(seqs), width), dtype=torch.long)
+        for i, s in enumerate(seqs):
+            ids[i, : len(s)] = torch.tensor(s, dtype=torch.long)
+            mask[i, : len(s)] = 1
+        out = self._decoder(
+            input_ids=ids.to(self.device),
+            attention_mask=mask.to(self.device),
+            encoder_hidden_states=state.hidden,
+            encoder_attention_mask=state.mask,
+            use_cache=False,
+        )
+        hidden = (
+            out.last_hidden_state
+        )  # (rows, width, d): after the final layer norm, what lm_head multiplies
+        keep = mask.bool()
+        keep[:, : len(prefix) - 1] = False  # the prefix's own states predict the forced prefix
+        pos = torch.arange(width).expand(len(seqs), width)
+        row = torch.arange(len(seqs))[:, None].expand(len(seqs), width)
+        return (
+            hidden[keep.to(self.device)],
+            row[keep].to(self.device),
+            (pos[keep] - (len(prefix) - 1)).to(self.device),
+        )
 
     def reorder(
         self, state: EncoderState | DecoderState, index: torch.Tensor, group: int | None = None

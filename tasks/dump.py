@@ -32,6 +32,7 @@ import numpy as np
 
 from fastvocab.artifacts_schema.digest import digest
 from fastvocab.artifacts_schema.hidden_states import (
+    REFERENCE_BEAM,
     ShardMeta,
     shard_is_current,
     shard_path,
@@ -43,9 +44,15 @@ from fastvocab.tasks.context import RunContext
 if TYPE_CHECKING:
     import torch
 
+    from fastvocab.kernels.base import ProjectionOutput
+
 log = logging.getLogger(__name__)
 
 OUTPUT_COLUMNS = ("sent_id", "step", "hidden", "topk_ids", "topk_logprobs")
+_RECORD_COLUMNS = ("row", "step", "hidden", "topk_ids", "topk_logprobs")
+# Rows per projection call on the reference path: 256 ran the demo model's 32K x 256 GEMM fastest on 2 cores
+# (121 GFLOP/s against 85 at 1,024 rows).
+TEACHER_ROWS = 256
 
 
 @dataclass(frozen=True)
@@ -55,11 +62,13 @@ class DumpSettings:
     k: int = 5  # top-K ids recorded per state
     max_len: int = 128  # max target tokens decoded per sentence
     batch_size: int = 32  # sentences a batch (padding changes float rounding, so it is in the plan)
-    beam: int = 1  # 1: the greedy path; > 1: every live hypothesis of full-softmax beam search
+    # 1: the greedy path; > 1: every live hypothesis of full-softmax beam search; REFERENCE_BEAM (0): the
+    # states along each line's reference translation (teacher forcing, one batched decoder pass)
+    beam: int = 1
 
     def __post_init__(self) -> None:
-        if min(self.k, self.max_len, self.batch_size, self.beam) < 1:
-            raise ValueError(f"dump settings must be >= 1, got {self}")
+        if min(self.k, self.max_len, self.batch_size) < 1 or self.beam < REFERENCE_BEAM:
+            raise ValueError(f"dump settings must be >= 1 (beam >= {REFERENCE_BEAM}), got {self}")
         # Beam search extends each hypothesis with its 2 x beam best tokens, so a map must know at least those
         # ids per state. Refused, not k silently raised: k is in every shard's plan and bounds maps.k, so the
         # user should see (and log) the k the states were actually recorded with.
@@ -79,6 +88,8 @@ class ShardSpec:
     sent_ids: tuple[int, ...]
     texts: tuple[str, ...]
     max_states: int | None = None  # keep at most this many rows (the first ones, in sentence order)
+    # each sentence's reference translation ("" where it has none), for the reference path
+    references: tuple[str, ...] | None = None
 
     @property
     def src_lang(self) -> str:
@@ -103,8 +114,12 @@ class ShardSpec:
         }
         # Only a beam dump names its beam: greedy plans (and so the bytes of greedy shards, and their resume
         # against shards written before the beam setting existed) stay as they were.
-        if settings.beam > 1:
+        if settings.beam != 1:
             plan["beam"] = settings.beam
+        if settings.beam == REFERENCE_BEAM:
+            refs = self.references or ("",) * len(self.sent_ids)
+            lines = "".join(f"{i}\t{t}\n" for i, t in zip(self.sent_ids, refs, strict=True))
+            plan["references_digest"] = digest(lines)
         return plan
 
 
@@ -176,13 +191,23 @@ class DumpDecoder:
         texts = [str(t) for t in batch["text"]]
         src = [str(x) for x in batch["src_lang"]]
         tgt = [str(x) for x in batch["tgt_lang"]]
+        refs = None
+        if self.beam == REFERENCE_BEAM:
+            if "reference" not in batch:
+                raise ValueError("the reference path needs a 'reference' column")
+            refs = ["" if r is None else str(r) for r in batch["reference"]]
         parts: list[dict[str, np.ndarray]] = []
         # One search per direction in the batch (the forced target tag is per call).
         for pair in sorted(set(zip(src, tgt, strict=True))):
             rows = np.array([i for i, p in enumerate(zip(src, tgt, strict=True)) if p == pair])
+            if refs is not None:  # a line without a reference has no reference path
+                rows = rows[[bool(refs[i].strip()) for i in rows]] if len(rows) else rows
             for lo in range(0, len(rows), self.batch_size):
                 sel = rows[lo : lo + self.batch_size]
-                part = self._decode([texts[i] for i in sel], pair[0], pair[1])
+                if refs is None:
+                    part = self._decode([texts[i] for i in sel], pair[0], pair[1])
+                else:
+                    part = self._teacher([texts[i] for i in sel], [refs[i] for i in sel], pair[0], pair[1])
                 part["row"] = sel[part["row"]]
                 parts.append(part)
         if not parts:
@@ -207,27 +232,63 @@ class DumpDecoder:
             "topk_logprobs": np.zeros((0, self.k), np.float32),
         }
 
-    def _decode(self, texts: list[str], src_lang: str, tgt_lang: str) -> dict[str, np.ndarray]:
+    def _record(
+        self,
+        rec: dict[str, list[np.ndarray]],
+        row_ids: torch.Tensor,
+        steps: torch.Tensor,
+        hidden: torch.Tensor,
+        output: ProjectionOutput,
+    ) -> None:
+        """Append the rows' states and top-K of the projection's ``output`` to ``rec``."""
         from fastvocab.decoding.rowwise import topk_rows
+
+        # The output's log-probs are computed once and shared with beam search's own candidates.
+        logp, cols = topk_rows(output.log_probs(), min(self.k, output.logits.shape[1]))
+        ids = output.to_vocab_ids(cols)  # (rows, K) best first
+        if self.beam > 1:
+            keep = distinct_hypotheses(row_ids, hidden)
+            row_ids, steps, hidden, logp, ids = (
+                row_ids[keep],
+                steps[keep],
+                hidden[keep],
+                logp[keep],
+                ids[keep],
+            )
+        rec["row"].append(row_ids.cpu().numpy())
+        rec["step"].append(steps.cpu().numpy().astype(np.int32))
+        rec["hidden"].append(hidden.float().cpu().numpy().astype(np.float16))  # (rows, d)
+        rec["topk_ids"].append(ids.cpu().numpy().astype(np.int32))
+        rec["topk_logprobs"].append(logp.float().cpu().numpy())
+
+    def _teacher(
+        self, texts: list[str], references: list[str], src_lang: str, tgt_lang: str
+    ) -> dict[str, np.ndarray]:
+        """The reference path: the states of one batched decoder pass along each reference translation."""
+        import torch
+
+        rec: dict[str, list[np.ndarray]] = {k: [] for k in _RECORD_COLUMNS}
+        state = self.adapter.encode(self.adapter.encode_texts(texts, src_lang, tgt_lang))
+        targets = self.adapter.tokenize_targets(references, tgt_lang)
+        hidden, rows, steps = self.adapter.teacher_forced(state, tgt_lang, targets, self.max_len)
+        with torch.inference_mode():
+            # a few hundred rows per GEMM: the (rows, N) logits stay in cache-sized blocks
+            for lo in range(0, len(hidden), TEACHER_ROWS):
+                h = hidden[lo : lo + TEACHER_ROWS]
+                part = slice(lo, lo + TEACHER_ROWS)
+                self._record(rec, rows[part], steps[part], h, self.projection(h))
+        return {k: np.concatenate(v) for k, v in rec.items()}
+
+    def _decode(self, texts: list[str], src_lang: str, tgt_lang: str) -> dict[str, np.ndarray]:
+        import torch
+
         from fastvocab.decoding.search import decode
 
-        rec: dict[str, list[np.ndarray]] = {
-            k: [] for k in ("row", "step", "hidden", "topk_ids", "topk_logprobs")
-        }
+        rec: dict[str, list[np.ndarray]] = {k: [] for k in _RECORD_COLUMNS}
 
         def hook(r) -> None:
-            row_ids, hidden = r.row_ids, r.hidden  # (rows,), (rows, d)
-            # The output's log-probs are computed once and shared with beam search's own candidates.
-            logp, cols = topk_rows(r.output.log_probs(), min(self.k, r.output.logits.shape[1]))
-            ids = r.output.to_vocab_ids(cols)  # (rows, K) best first
-            if self.beam > 1:
-                keep = distinct_hypotheses(row_ids, hidden)
-                row_ids, hidden, logp, ids = row_ids[keep], hidden[keep], logp[keep], ids[keep]
-            rec["row"].append(row_ids.cpu().numpy())
-            rec["step"].append(np.full(len(row_ids), r.step, dtype=np.int32))
-            rec["hidden"].append(hidden.float().cpu().numpy().astype(np.float16))  # (rows, d)
-            rec["topk_ids"].append(ids.cpu().numpy().astype(np.int32))
-            rec["topk_logprobs"].append(logp.float().cpu().numpy())
+            steps = torch.full((len(r.row_ids),), r.step, dtype=torch.int32, device=r.row_ids.device)
+            self._record(rec, r.row_ids, steps, r.hidden, r.output)  # (rows,), (rows, d)
 
         batch = self.adapter.encode_texts(texts, src_lang, tgt_lang)
         decode(
@@ -249,16 +310,20 @@ class DumpDecoder:
         sentence order. Padding can change float rounding, so the batch size is part of the shard's plan. With
         a beam a sentence has several rows per step, so the same cap covers fewer sentences.
         """
-        order = sorted(range(len(spec.texts)), key=lambda i: (len(spec.texts[i]), i))
+        refs = spec.references
+        # the reference path's length is the reference's (a search's is unknown until it ends)
+        lengths = spec.texts if refs is None or self.beam != REFERENCE_BEAM else refs
+        order = sorted(range(len(spec.texts)), key=lambda i: (len(lengths[i]), i))
         n = len(order)
-        cols = self(
-            {
-                "sent_id": np.arange(n, dtype=np.int64),  # positions, mapped back below
-                "text": np.array([spec.texts[i] for i in order], dtype=object),
-                "src_lang": np.array([spec.src_lang] * n, dtype=object),
-                "tgt_lang": np.array([spec.tgt_lang] * n, dtype=object),
-            }
-        )
+        batch = {
+            "sent_id": np.arange(n, dtype=np.int64),  # positions, mapped back below
+            "text": np.array([spec.texts[i] for i in order], dtype=object),
+            "src_lang": np.array([spec.src_lang] * n, dtype=object),
+            "tgt_lang": np.array([spec.tgt_lang] * n, dtype=object),
+        }
+        if self.beam == REFERENCE_BEAM:
+            batch["reference"] = np.array([(refs or ("",) * n)[i] for i in order], dtype=object)
+        cols = self(batch)
         pos = np.asarray(order, dtype=np.int64)[cols["sent_id"]]  # input position in the shard
         resort = np.lexsort((cols["step"], pos))
         cols = {k: v[resort] for k, v in cols.items()}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -11,6 +12,7 @@ import torch
 
 from fastvocab.artifacts_schema.errors import ArtifactError
 from fastvocab.artifacts_schema.hidden_states import (
+    REFERENCE_BEAM,
     fixed_list_to_numpy,
     shard_is_current,
     stale_shards,
@@ -109,6 +111,48 @@ def test_hidden_is_what_the_projection_saw_and_topk_its_logits(decoder, tiny_mod
     assert out["topk_ids"][:, 0].tolist() == gen[: len(out["step"])]
 
 
+def test_reference_path_states_equal_a_search_along_the_same_tokens(decoder):
+    """Teacher forcing along the greedy output gives the greedy dump's rows: same steps, same top-K, states
+    equal to fp32 rounding (one batched pass against a step-by-step cached search)."""
+    texts = synthetic_sentences("en", 5, seed=11)
+    greedy = decoder(columns(texts, "en", "it"))
+    adapter = decoder.adapter
+    targets = []
+    for sid in range(100, 105):
+        rows = greedy["sent_id"] == sid
+        top1 = greedy["topk_ids"][rows, 0].tolist()
+        # the last step's best token is EOS (or the length limit cut the search): not fed back
+        targets.append(top1[:-1] if top1[-1] == adapter.eos_id else top1[: MAX_LEN - 1])
+    state = adapter.encode(adapter.encode_texts(texts, "en", "it"))
+    h, row, step = adapter.teacher_forced(state, "it", targets, MAX_LEN)
+    assert row.tolist() == [i for i, t in enumerate(targets) for _ in range(min(len(t) + 1, MAX_LEN))]
+    assert step.tolist() == (greedy["step"]).tolist()
+    np.testing.assert_allclose(h.float().numpy(), greedy["hidden"].astype(np.float32), atol=2e-2, rtol=1e-2)
+    best = decoder.projection(h).logits.argmax(-1).numpy()
+    assert (best == greedy["topk_ids"][:, 0]).mean() >= 0.98
+
+
+def test_reference_path_records_each_reference_and_skips_lines_without_one(decoder):
+    along = decoder.along(0)
+    texts = synthetic_sentences("en", 4, seed=12)
+    refs = synthetic_sentences("it", 4, seed=13)
+    refs[2] = ""  # a monolingual line: no reference path
+    batch = columns(texts, "en", "it")
+    batch["reference"] = np.array(refs, dtype=object)
+    out = along(batch)
+    pieces = along.adapter.tokenize_targets(refs, "it")
+    for i, sid in enumerate(range(100, 104)):
+        steps = out["step"][out["sent_id"] == sid].tolist()
+        want = 0 if i == 2 else min(len(pieces[i]) + 1, MAX_LEN)
+        assert steps == list(range(want))
+    assert out["hidden"].shape == (len(out["sent_id"]), along.d) and len(out["sent_id"]) > 0
+    # the states are the projection's inputs for those tokens: the top-K come from their logits
+    logits = along.projection(torch.from_numpy(out["hidden"]).float()).logits
+    assert (logits.argmax(-1).numpy() == out["topk_ids"][:, 0]).mean() >= 0.9
+    with pytest.raises(ValueError, match="reference"):
+        along(columns(texts, "en", "it"))
+
+
 def test_shards_validate_resume_and_detect_corruption(decoder, tmp_path):
     texts = synthetic_sentences("it", 7)
     specs = plan_shards("it-en", list(range(7)), texts, shard_sentences=3)
@@ -149,9 +193,12 @@ def test_state_cap_keeps_first_rows(decoder, tmp_path):
     np.testing.assert_array_equal(a["hidden"][:5], b["hidden"])
 
 
-def test_streamed_counts_equal_counts_of_stored_states(decoder, tmp_path):
+@pytest.mark.parametrize("beam", [1, REFERENCE_BEAM])
+def test_streamed_counts_equal_counts_of_stored_states(decoder, tmp_path, beam):
+    decoder = decoder.along(beam)
     texts = synthetic_sentences("en", 6, seed=9)
     (spec,) = plan_shards("en-it", list(range(6)), texts, shard_sentences=6)
+    spec = replace(spec, references=tuple(synthetic_sentences("it", 6, seed=10)))
     run_dump_shard(decoder, spec, tmp_path / "states")
     files = validate_direction(tmp_path / "states", "en-it")
     centroids = np.random.default_rng(0).standard_normal((5, decoder.d)).astype(np.float32)
@@ -167,6 +214,33 @@ def test_streamed_counts_equal_counts_of_stored_states(decoder, tmp_path):
     back = read_stream_counts(path)
     assert isinstance(back, ActiveSetCounter) and back.states == stored.states
     assert not run_stream_shard(decoder, spec, centroids + 1, 2, path)["skipped"]
+
+
+def test_a_killed_stream_resumes_without_counting_a_sentence_twice(decoder, tmp_path):
+    """Each shard's counts live in one file, renamed into place when whole: after a kill (one shard done,
+    one half-written, one not started) the rerun does the other two, and the merged counts are exactly those
+    of one pass over every sentence."""
+    texts = synthetic_sentences("en", 9, seed=21)
+    specs = plan_shards("en-it", list(range(9)), texts, shard_sentences=3)
+    centroids = np.random.default_rng(1).standard_normal((4, decoder.d)).astype(np.float32)
+    paths = [stream_path(tmp_path / "stream", "en-it", "en-it", s.index) for s in specs]
+    assert not run_stream_shard(decoder, specs[0], centroids, 2, paths[0])["skipped"]
+    # the kill: shard 1 was being written (its temporary folder is left behind), shard 2 never started
+    leftover = paths[1].parent / f".{paths[1].name}.killed.tmp"
+    leftover.mkdir(parents=True)
+    (leftover / paths[1].name).write_bytes(b"half a file")
+    resumed = [run_stream_shard(decoder, s, centroids, 2, p) for s, p in zip(specs, paths, strict=True)]
+    assert [r["skipped"] for r in resumed] == [True, False, False]
+    merged = ActiveSetCounter(len(centroids), decoder.n_vocab)
+    for p in paths:
+        part = read_stream_counts(p)
+        assert part is not None
+        merged.merge(part)
+    (whole,) = plan_shards("en-it", list(range(9)), texts, shard_sentences=9)
+    once, _ = stream_counts(decoder, whole, centroids, k=2)
+    assert merged.states == once.states > 0
+    for a, b in zip(merged.to_csr(), once.to_csr(), strict=True):
+        np.testing.assert_array_equal(a, b)
 
 
 def test_stream_counts_file_is_byte_identical_across_processes(tmp_path):
@@ -338,6 +412,7 @@ def test_the_dump_stage_plans_row_ranges_without_loading_the_sample(row_corpus, 
         (22, 23, 3),
     ]
     settings = cfg.dump.settings()
+    # the sample is the direction's sources file: the train split's lines, numbered by row
     assert [s.plan(settings) for s in stream] == [
-        o.plan(settings) for o in plan_shards("it-en", ids[10:], it[10:], 4)
+        o.plan(settings) for o in plan_shards("it-en", list(range(10, len(ids))), it[10:], 4)
     ]
