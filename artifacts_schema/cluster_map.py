@@ -23,9 +23,11 @@ always-active ids, which the manifest records (``normaliser``: rank, always_acti
 hand-made map), and the clustered projection then computes it at load time.
 
 What a map covers (version 4): ``beams``, the beam sizes whose search states fed its clusters (1: the greedy
-path), and ``beam_states``, how many states of each. Beam search at beam ``B`` extends every hypothesis with
-its ``2 x B`` best tokens, so a map serves ``B`` as measured when ``B`` is among its beams and ``K >= 2 x B``
-(:func:`coverage_problem`). A version-3 map does not say; it is still read.
+path), and ``beam_states``, how many states of each (key ``0``: the states along reference translations,
+teacher-forced, which serve every beam as extra text and are not a beam of their own). Beam search at beam
+``B`` extends every hypothesis with its ``2 x B`` best tokens, so a map serves ``B`` as measured when ``B``
+is among its beams and ``K >= 2 x B`` (:func:`coverage_problem`). A version-3 map does not say; it is still
+read.
 
 Probes (version 5): ``probes``, how many nearest clusters' sets each row adds to a union batch's columns when
 the decoder is not told otherwise (``maps.probes``; the clustered projection's ``probes``): the map's builder
@@ -229,15 +231,25 @@ def load_manifest(map_dir: str | Path) -> MapManifest:
     return read_manifest(map_dir, "cluster map", MapManifest, READABLE_MAP_VERSIONS, REBUILD_HINT)
 
 
+def check_map_model(map_dir: str | Path, fingerprint: str) -> MapManifest:
+    """The manifest of a map built for the model whose fingerprint is ``fingerprint``; ArtifactError naming
+    both models when it was built for another (its sets would name another vocabulary's columns)."""
+    manifest = load_manifest(map_dir)
+    if manifest.model_fingerprint != fingerprint:
+        raise ArtifactError(
+            f"cluster map {map_dir} was built for model {manifest.model_fingerprint}, "
+            f"but the loaded model is {fingerprint}"
+        )
+    return manifest
+
+
 def load_cluster_map(map_dir: str | Path, expect_fingerprint: str | None = None) -> ClusterMap:
     """Load and validate a map; with ``expect_fingerprint``, refuse a map built for another model."""
     map_dir = Path(map_dir)
-    manifest = load_manifest(map_dir)
-    if expect_fingerprint is not None and manifest.model_fingerprint != expect_fingerprint:
-        raise ArtifactError(
-            f"cluster map {map_dir} was built for model {manifest.model_fingerprint}, "
-            f"but the loaded model is {expect_fingerprint}"
-        )
+    if expect_fingerprint is not None:
+        manifest = check_map_model(map_dir, expect_fingerprint)
+    else:
+        manifest = load_manifest(map_dir)
     t = read_tensors(map_dir, TENSORS_FILE, manifest.tensors_digest, "cluster map")
     try:
         normaliser = None

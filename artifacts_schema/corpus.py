@@ -110,6 +110,40 @@ def _read_table(path: Path, schema: pa.Schema, what: str, limit: int | None) -> 
     return table.slice(0, limit) if limit is not None else table
 
 
+# A direction's dump input (built by tasks.dump_sources): every source line the dump reads, in order,
+# de-duplicated, without a dev or test line; ``reference`` is the line's translation where a parallel source
+# gave one (null elsewhere), ``origin`` the source it came from. The build record (inputs, their digests,
+# counts) is JSON in the footer under SOURCES_KEY.
+SOURCES_SCHEMA = pa.schema(
+    [
+        pa.field("id", pa.int64(), nullable=False),  # the row number
+        pa.field("text", pa.string(), nullable=False),
+        pa.field("reference", pa.string()),
+        pa.field("origin", pa.string(), nullable=False),
+    ]
+)
+SOURCES_KEY = b"fastvocab.dump_sources"
+
+
+def sources_path(root: str | Path, direction: str) -> Path:
+    return Path(root) / f"{direction}.parquet"
+
+
+def read_sources_record(path: str | Path) -> dict | None:
+    """A dump-sources file's build record; None when it is missing, unreadable or of another schema."""
+    try:
+        pf = pq.ParquetFile(path)
+        raw = (pf.metadata.metadata or {}).get(SOURCES_KEY)
+        record = json.loads(raw) if raw is not None else None
+    except (OSError, pa.ArrowException, ValueError):
+        return None
+    if not isinstance(record, dict) or record.get("rows") != pf.metadata.num_rows:
+        return None
+    if [(f.name, f.type) for f in pf.schema_arrow] != [(f.name, f.type) for f in SOURCES_SCHEMA]:
+        return None
+    return record
+
+
 def mono_path(corpus_dir: str | Path, lang: str) -> Path:
     return Path(corpus_dir) / "mono" / f"{lang}.parquet"
 

@@ -62,11 +62,13 @@ def text_digest(texts: Iterable[str]) -> str:
 
 
 def files_digest(*paths: Path) -> str:
-    """Digest of each file's name and full content, in the order given."""
+    """Digest of each file's name and full content, in the order given (read a MiB at a time)."""
     d = Digest()
     for p in paths:
         d.update(p.name.encode() + b";")
-        d.update(p.read_bytes())
+        with Path(p).open("rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                d.update(chunk)
     return d.value
 
 

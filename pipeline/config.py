@@ -59,6 +59,9 @@ class CorpusConfig(_Strict):
     test_size: int = Field(1000, ge=0)
     seed: int = 0
     lists_dir: Path | None = None  # apt lists folder to reuse; default: <out_dir>/apt-lists
+    # also each language's Debian descriptions as its monolingual file (mono/<lang>.parquet), which the dump
+    # source "mono" reads
+    mono: bool = False
 
 
 class TranslateConfig(_Strict):
@@ -112,9 +115,19 @@ class TranslateConfig(_Strict):
 
 
 class DumpConfig(_Strict):
-    sentences: int = Field(2000, ge=1)  # sentences per direction whose states are stored
+    # what a direction's dump reads, in order (tasks/dump_sources.py): "train" (the pair's train split, with
+    # its references), "pairs" (the source side of the other pairs' train splits), "mono"
+    # (<corpus>/mono/<src>.parquet), or a path (a text file, or a Parquet file, folder or glob); lines
+    # de-duplicated, and no dev or test line
+    sources: list[str] = ["train"]
+    # sentences per direction whose states are stored (the first ones; "all": every line of the sources)
+    sentences: int | Literal["all"] = 2000
     max_states: int | None = Field(None, ge=1)  # cap on stored states per direction
-    stream_sentences: int = Field(0, ge=0)  # further sentences: counts only, states not stored
+    # further sentences: counts only, states not stored ("all": every line after the stored ones)
+    stream_sentences: int | Literal["all"] = 0
+    # also record the states along each line's reference translation, where its source has one (teacher
+    # forcing: one batched decoder pass, no search), stored and streamed like a beam's
+    reference: bool = False
     # top-K ids recorded per state; raised to 2 x the largest of maps.beams when lower (beam search keeps the
     # 2 x beam best tokens of every hypothesis)
     k: int = Field(5, ge=1)
@@ -122,12 +135,32 @@ class DumpConfig(_Strict):
     beam: int | None = Field(None, ge=1)
     batch_size: int = Field(32, ge=1)
     shard_rows: int = Field(50_000, ge=1)  # Parquet row-group size inside a shard
-    split: str = "train"  # corpus split whose source side is decoded ("mono": <corpus>/mono/<src>.parquet)
     num_workers: int = Field(2, ge=1)
     num_gpus_per_worker: float = Field(0.0, ge=0)
     shard_sentences: int = Field(500, ge=1)  # sentences per shard (the unit of work, resume and parallelism)
     max_len: int = Field(128, ge=1)  # max target tokens decoded per sentence
     torch_threads: int | None = Field(None, ge=1)  # per worker; default: Ray CPUs / workers (>= 1)
+
+    @field_validator("sentences", "stream_sentences")
+    @classmethod
+    def _check_count(cls, value: int | str, info) -> int | str:
+        least = 1 if info.field_name == "sentences" else 0
+        if isinstance(value, int) and value < least:
+            raise ValueError(f"must be >= {least} or 'all', got {value}")
+        return value
+
+    @field_validator("sources")
+    @classmethod
+    def _check_sources(cls, value: list[str]) -> list[str]:
+        if not value:
+            raise ValueError("at least one source is needed, e.g. [train]")
+        dup = sorted({s for s in value if value.count(s) > 1})
+        if dup:
+            raise ValueError(f"{', '.join(dup)} listed more than once")
+        held = [s for s in value if s in ("dev", "test")]
+        if held:
+            raise ValueError(f"{held[0]!r} is held out for measuring the maps: it is never dumped")
+        return value
 
     def settings(self, beam: int = 1) -> DumpSettings:
         """How the states along ``beam`` (1: the greedy path) are decoded and recorded."""
@@ -212,6 +245,21 @@ class EvalConfig(_Strict):
     split: str = "test"
     sentences: int = Field(200, ge=1)
     methods: list[str] = ["full", "clustered"]
+    # maps built elsewhere, evaluated beside the run's own: name -> a folder holding one map per direction
+    # (as maps/ does), each run as the method "clustered-<name>" (e.g. the maps shipped beside the model)
+    maps: dict[str, Path] = {}
+
+    @field_validator("maps")
+    @classmethod
+    def _check_maps(cls, value: dict[str, Path]) -> dict[str, Path]:
+        bad = [n for n in value if not n or not n.replace("_", "").replace("-", "").isalnum()]
+        if bad:
+            raise ValueError(f"map names are letters, digits, '-' and '_' (they name a method): {bad}")
+        return value
+
+    def labels(self) -> list[str]:
+        """Every method the evaluation runs, as its outputs and metrics name it."""
+        return [*self.methods, *(f"clustered-{name}" for name in self.maps)]
 
 
 class LshIndexConfig(_Strict):

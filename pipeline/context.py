@@ -34,6 +34,7 @@ class StageContext:
     def __post_init__(self) -> None:
         self.work_dir = self.cfg.work_dir.resolve()
         self.corpus_dir = self.cfg.corpus.out_dir.resolve()
+        self.sources_root = self.work_dir / "sources"  # dump: each direction's source lines, one file
         self.states_root = self.work_dir / "states"  # dump: hidden-state shards (beam b > 1: states/beam=<b>)
         self.kmeans_root = self.work_dir / "kmeans"  # k-means results, one folder per map
         self.stream_root = self.work_dir / "stream"  # streamed partial counts
@@ -59,8 +60,16 @@ class StageContext:
     def run_context(self, device: str = "cpu", torch_threads: int | None = None) -> RunContext:
         return RunContext(self.model(), device=device, torch_threads=torch_threads)
 
+    def dump_beams(self) -> list[int]:
+        """The paths the dump decodes, in order: the reference path (``dump.reference``), then every beam of
+        ``maps.beams``."""
+        from fastvocab.artifacts_schema.hidden_states import REFERENCE_BEAM
+
+        return ([REFERENCE_BEAM] if self.cfg.dump.reference else []) + list(self.cfg.maps.beams)
+
     def beam_states_root(self, beam: int) -> Path:
-        """Where the states dumped along ``beam`` live: ``states/`` (greedy), ``states/beam=<b>/``."""
+        """Where the states dumped along ``beam`` live: ``states/`` (greedy), ``states/beam=<b>/``,
+        ``states/reference/``."""
         from fastvocab.artifacts_schema.hidden_states import beam_root
 
         return beam_root(self.states_root, beam)

@@ -57,6 +57,7 @@ __all__ = [
     "iter_parallel_tsv",
     "pair_descriptions",
     "split_rows",
+    "write_debian_mono",
 ]
 
 log = logging.getLogger(__name__)
@@ -134,7 +135,7 @@ def _doc_rank(seed: int, doc_id: str) -> int:
     return int.from_bytes(hashlib.sha256(f"{seed}\x00{doc_id}".encode()).digest()[:8], "big")
 
 
-def _line_key(text: str) -> int:
+def line_key(text: str) -> int:
     """64-bit digest of a text: the de-duplication index holds 8 bytes a row, not the text.
 
     Two distinct texts share a key with probability ~n^2 / 2^65 (about 1e-5 at 20M rows); the later one is
@@ -143,7 +144,7 @@ def _line_key(text: str) -> int:
     return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little")
 
 
-def _first_occurrences(keys: np.ndarray, skip: np.ndarray | None = None) -> np.ndarray:
+def first_occurrences(keys: np.ndarray, skip: np.ndarray | None = None) -> np.ndarray:
     """True at the first index of every distinct key, False where ``skip`` is True.
 
     Skipped rows take part in the search (no compacted copy of ``keys``: the index is the memory that grows
@@ -180,10 +181,10 @@ def _in_memory(rows: Sequence[Row]) -> RowSource:
 def _plan_split(rows: RowSource, *, dev_size: int, test_size: int, seed: int) -> _SplitPlan:
     pair_keys, doc_keys = array.array("Q"), array.array("Q")  # 8 bytes a row (a list of ints takes 36)
     for row in rows():
-        pair_keys.append(_line_key(f"{row[2]}\x00{row[3]}"))
+        pair_keys.append(line_key(f"{row[2]}\x00{row[3]}"))
         doc_keys.append(_doc_rank(seed, row[1]))
     pair, doc = np.frombuffer(pair_keys, dtype=np.uint64), np.frombuffer(doc_keys, dtype=np.uint64)
-    keep = _first_occurrences(pair)
+    keep = first_occurrences(pair)
     order, sizes = np.unique(doc[keep], return_counts=True)  # documents in split order, their unique rows
     # Read the rows of the first documents (enough to fill test and dev unless overlaps drop rows; then
     # twice as many, and so on): only those are held in memory.
@@ -426,6 +427,55 @@ def build_debian_corpus(
     return pairs
 
 
+def write_debian_mono(
+    out_dir: str | Path, lists_dir: str | Path | None, lang: str, *, force: bool = False
+) -> MonoResult:
+    """Write every segment of the language's Debian descriptions (one per short description and paragraph,
+    as the pairs are cut, distinct, in description order) to ``<out_dir>/mono/<lang>.parquet``.
+
+    Segments whose description has a translation are in it too: the dump's sources drop lines they already
+    hold and every dev or test line, so what it adds is the text no pair has (descriptions without a
+    translation, and those whose paragraphs do not align). A monolingual file the user imported is replaced
+    only with ``force``.
+    """
+    out_dir = Path(out_dir)
+    lists_dir = Path(lists_dir) if lists_dir is not None else out_dir / "apt-lists"
+    lang = check_lang(lang)
+    paths = debian.find_indexes(lists_dir, lang)
+    if not paths:
+        raise CorpusError(f"no Translation-{lang} index in {lists_dir} (run fastvocab corpus first)")
+    build = {"source": DEBIAN_SOURCE, "segmentation": debian.SEGMENTATION, "indexes": [p.name for p in paths]}
+    target = mono_path(out_dir, lang)
+    record = read_manifest(out_dir)["mono"].get(lang)
+    if not force and record and valid_file(target, MONO_SCHEMA, record.get("count", -1)):
+        if record.get("build") == build:
+            return MonoResult(lang, record["count"], record.get("stats", {}), skipped=True)
+        if record.get("build", {}).get("source") != DEBIAN_SOURCE:
+            raise CorpusError(
+                f"{target} holds the monolingual file imported from {record.get('source', {}).get('path')}: "
+                "pass --force to replace it with the Debian descriptions"
+            )
+    docs = debian.load_descriptions(paths, lang)
+    segments = [seg for md5 in sorted(docs) for seg in docs[md5].segments if seg]
+    texts = list(dict.fromkeys(segments))  # the first copy of each, in order
+    stats = {
+        "descriptions": len(docs),
+        "segments": len(segments),
+        "duplicates_removed": len(segments) - len(texts),
+    }
+    with atomic_path(target) as tmp:
+        pq.write_table(pa.table([list(range(len(texts))), texts], schema=MONO_SCHEMA), tmp)
+    source = {"kind": DEBIAN_SOURCE, "lists_dir": str(lists_dir), "release": debian.release_info(paths)}
+    update_manifest(
+        out_dir,
+        "mono",
+        lang,
+        {"build": build, "source": source, "count": len(texts), "stats": stats, "created": _now()},
+    )
+    log.info("mono %s: %d distinct segments of %d descriptions", lang, len(texts), len(docs))
+    return MonoResult(lang, len(texts), stats)
+
+
 # ---------------------------------------------------------------------------------------- the user's files
 
 
@@ -563,10 +613,10 @@ def _mono_first_lines(path: Path, stats: dict[str, int]) -> np.ndarray:
     buf = array.array("Q")  # 8 bytes a line, over-allocating little as it grows
     for _, raw in _decoded_lines(path):
         text = normalise(raw)
-        buf.append(_line_key(text) if text else 0)
+        buf.append(line_key(text) if text else 0)
     keys = np.frombuffer(buf, dtype=np.uint64)
     blank = keys == 0  # an empty line; a text whose key is 0 (p = 2^-64) would be taken for one
-    keep = _first_occurrences(keys, skip=blank)
+    keep = first_occurrences(keys, skip=blank)
     stats.update(lines=len(keys), empty=int(blank.sum()), duplicates_removed=int((~blank).sum() - keep.sum()))
     return keep
 

@@ -32,6 +32,7 @@ from fastvocab.artifacts_schema.cluster_map import (
 )
 from fastvocab.artifacts_schema.digest import array_digest
 from fastvocab.artifacts_schema.hidden_states import (
+    REFERENCE_BEAM,
     fixed_list_to_numpy,
     iter_batches,
     read_shard_meta,
@@ -270,7 +271,8 @@ def make_cluster_map(
             "centroids_digest": array_digest(centroids),
             **(extra or {}),
         },
-        beams=sorted(beam_states or {}),
+        # the beams a map serves; the reference path (teacher forcing) is counted in beam_states only
+        beams=sorted(b for b in (beam_states or {}) if b != REFERENCE_BEAM),
         beam_states={str(b): int(n) for b, n in sorted((beam_states or {}).items())},
         probes=probes,
     )

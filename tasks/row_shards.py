@@ -45,6 +45,7 @@ class SampleFile:
     id_column: str
     text_column: str
     rows: int
+    reference_column: str | None = None  # each line's reference translation (null where it has none)
 
 
 def sample_file(corpus_dir: str | Path, direction: str, split: str) -> SampleFile:
@@ -78,6 +79,10 @@ class RowRangeSpec:
     stop: int
     sentences_digest: str  # digest of the rows' "id<TAB>text<LF>" lines, as ShardSpec.plan computes it
     max_states: int | None = None
+    # the reference path's input: the rows' reference column and the digest of its "id<TAB>reference<LF>"
+    # lines (a missing reference read as "")
+    reference_column: str | None = None
+    references_digest: str | None = None
 
     @property
     def sentences(self) -> int:
@@ -88,21 +93,32 @@ class RowRangeSpec:
         # ShardSpec.plan stays the one definition of a plan; only its sentences come from the rows here
         plan = ShardSpec(self.direction, self.index, (), (), self.max_states).plan(settings)
         plan.update(sentences=self.sentences, sentences_digest=self.sentences_digest)
+        if "references_digest" in plan:
+            if self.references_digest is None:
+                raise ValueError(f"shard {self.index} of {self.direction} was planned without its references")
+            plan["references_digest"] = self.references_digest
         return plan
 
     def load(self) -> ShardSpec:
         """Read the rows (on the worker) and return the in-memory spec; ArtifactError when the file changed
         since the shard was planned (other rows, or fewer)."""
+        ids, texts = self._read(self.text_column, self.sentences_digest)
+        refs = None
+        if self.reference_column is not None and self.references_digest is not None:
+            refs = tuple(self._read(self.reference_column, self.references_digest, allow_nulls=True)[1])
+        return ShardSpec(self.direction, self.index, tuple(ids), tuple(texts), self.max_states, refs)
+
+    def _read(self, column: str, planned: str, allow_nulls: bool = False) -> tuple[list, list[str]]:
         ids, texts, digest = read_range(
-            Path(self.path), self.id_column, self.text_column, self.start, self.stop
+            Path(self.path), self.id_column, column, self.start, self.stop, allow_nulls=allow_nulls
         )
-        if len(ids) != self.sentences or digest != self.sentences_digest:
+        if len(ids) != self.sentences or digest != planned:
             raise ArtifactError(
-                f"{self.path}: rows {self.start}-{self.stop} of column {self.text_column} changed since the "
+                f"{self.path}: rows {self.start}-{self.stop} of column {column} changed since the "
                 f"{self.direction} dump was planned ({len(ids)} rows read, digest {digest}, planned "
-                f"{self.sentences_digest}); rerun the stage to plan again"
+                f"{planned}); rerun the stage to plan again"
             )
-        return ShardSpec(self.direction, self.index, tuple(ids), tuple(texts), self.max_states)
+        return ids, texts
 
 
 def as_shard_spec(spec: ShardSpec | RowRangeSpec) -> ShardSpec:
@@ -261,17 +277,28 @@ def plan_row_shards(
     stop: int,
     shard_sentences: int,
     max_states: int | None = None,
+    *,
+    references: bool = False,
 ) -> list[RowRangeSpec]:
     """Cut rows ``[start, stop)`` of ``source`` into shards of ``shard_sentences`` rows, numbered from 0; a
-    state cap is split evenly over them (as :func:`~fastvocab.tasks.dump.plan_shards` does).
+    state cap is split evenly over them (as :func:`~fastvocab.tasks.dump.plan_shards` does). With
+    ``references`` (and a source that has them), each shard also carries its references' digest: the
+    reference path's plan.
 
-    Streams the rows once to digest each shard's lines (:func:`plan_ranges`): memory holds one batch, never
-    the sample.
+    Streams the rows once (twice with references) to digest each shard's lines (:func:`plan_ranges`): memory
+    holds one batch, never the sample.
     """
     if shard_sentences < 1:
         raise ValueError(f"shard_sentences must be >= 1, got {shard_sentences}")
     stop = min(stop, source.rows)
     ranges = plan_ranges(source.path, source.id_column, source.text_column, start, stop, shard_sentences)
+    ref_column = source.reference_column if references else None
+    ref_digests: list[str | None] = [None] * len(ranges)
+    if ref_column is not None:
+        ref_ranges = plan_ranges(
+            source.path, source.id_column, ref_column, start, stop, shard_sentences, allow_nulls=True
+        )
+        ref_digests = [r.digest for r in ref_ranges]
     cap = None if max_states is None else -(-max_states // max(len(ranges), 1))
     return [
         RowRangeSpec(
@@ -284,6 +311,8 @@ def plan_row_shards(
             r.stop,
             r.digest,
             cap,
+            ref_column,
+            ref_digest,
         )
-        for i, r in enumerate(ranges)
+        for i, (r, ref_digest) in enumerate(zip(ranges, ref_digests, strict=True))
     ]

@@ -46,6 +46,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help=f"languages, pivot included (default: {','.join(d.languages)}, {config})",
     )
     deb.add_argument(
+        "--mono-debian",
+        action="store_true",
+        default=None,
+        help="also write each language's descriptions as its monolingual file, mono/<lang>.parquet: the "
+        "text a dump source 'mono' adds beyond the pairs (default: off, or the --config file's corpus.mono)",
+    )
+    deb.add_argument(
         "--lists-dir",
         metavar="DIR",
         help="apt lists folder to read, fetched into when incomplete (default: OUTPUT/apt-lists)",
@@ -76,13 +83,16 @@ def _check_flags(args: argparse.Namespace) -> str:
     """Which source the flags ask for; flags that do not belong to it are an error."""
     mode = "tsv" if args.from_tsv else "parquet" if args.from_parquet else "mono" if args.mono else "debian"
     allowed = {
-        "debian": {"languages", "lists_dir"},
+        "debian": {"languages", "lists_dir", "mono_debian"},
         "tsv": {"src_lang", "tgt_lang"},
         "parquet": {"src_lang", "tgt_lang", "src_col", "tgt_col", "doc_col"},
         "mono": {"lang"},
     }[mode]
     source = {"debian": "the Debian corpus", "mono": "--mono"}.get(mode, f"--from-{mode}")
-    specific = ["languages", "lists_dir", "src_lang", "tgt_lang", "src_col", "tgt_col", "doc_col", "lang"]
+    specific = [
+        *("languages", "lists_dir", "mono_debian", "src_lang", "tgt_lang", "src_col", "tgt_col", "doc_col"),
+        "lang",
+    ]
     wrong = [name for name in specific if getattr(args, name) is not None and name not in allowed]
     if wrong:
         raise UserError(f"{_flags(wrong)} cannot be used with {source}")
@@ -121,6 +131,8 @@ def run(args: argparse.Namespace) -> int:
     for name in ("dev_size", "test_size", "seed", "lists_dir"):
         if getattr(args, name) is not None:
             overrides[f"corpus.{name}"] = getattr(args, name)
+    if args.mono_debian:
+        overrides["corpus.mono"] = True
     cfg = load_config(args.config, overrides).corpus
     split = {"dev_size": cfg.dev_size, "test_size": cfg.test_size, "seed": cfg.seed}
 
@@ -134,6 +146,10 @@ def run(args: argparse.Namespace) -> int:
                 force=args.force,
                 **split,
             )
+            monos = [
+                corpus.write_debian_mono(cfg.out_dir, cfg.lists_dir, lang, force=args.force)
+                for lang in (cfg.languages if cfg.mono else [])
+            ]
         elif mode == "mono":
             mono = corpus.import_mono(cfg.out_dir, args.mono, args.lang, force=args.force)
             state = "up to date" if mono.skipped else "written"
@@ -158,5 +174,8 @@ def run(args: argparse.Namespace) -> int:
         unique = pairs - dups if pairs is not None and dups is not None else "-"
         rows.append([r.name, "-" if pairs is None else pairs, unique, *(r.counts[s] for s in SPLITS), state])
     print(_table(["pair", "paired", "unique", *SPLITS, ""], rows))
+    if mode == "debian" and monos:
+        mono_rows = [[m.lang, m.count, "up to date" if m.skipped else "written"] for m in monos]
+        print(_table(["mono", "sentences", ""], mono_rows))
     print(f"corpus in {cfg.out_dir} ({cfg.out_dir / MANIFEST})")
     return 0

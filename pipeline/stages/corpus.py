@@ -27,23 +27,11 @@ def _pair_file(ctx: StageContext, direction: str, split: str):
 
 
 def run(ctx: StageContext) -> list[StageRecord]:
+    """Every direction's pair files (train, dev and test: the dump reads train, holds dev and test out and
+    the evaluation reads them), built from the Debian corpus when missing; and, with ``corpus.mono`` and a
+    dump source ``mono``, each source language's Debian monolingual file."""
     cfg = ctx.cfg
-    split = cfg.dump.split
-    if split == "mono":
-        from fastvocab.artifacts_schema.corpus import mono_path
-
-        records = []
-        for direction in cfg.directions:
-            src = direction.partition("-")[0]
-            path = mono_path(ctx.corpus_dir, src)
-            if not path.exists():
-                raise UserError(
-                    f"dump.split is 'mono' but {path} does not exist (fastvocab corpus --mono ...)"
-                )
-            rows = pq.ParquetFile(path).metadata.num_rows
-            records.append(StageRecord("corpus", direction, "skipped", f"{rows} {src} sentences in {path}"))
-        return records
-
+    split = "train"
     missing = [d for d in cfg.directions if _pair_file(ctx, d, split) is None]
     built: set[str] = set()
     if missing:
@@ -73,6 +61,7 @@ def run(ctx: StageContext) -> list[StageRecord]:
             lists_dir=cfg.corpus.lists_dir,
         )
         built = set(missing)
+    mono = _mono_files(ctx)
     records = []
     for direction in cfg.directions:
         path = _pair_file(ctx, direction, split)
@@ -81,15 +70,36 @@ def run(ctx: StageContext) -> list[StageRecord]:
                 f"the corpus stage produced no {split} split for {direction} in {ctx.corpus_dir}"
             )
         rows = pq.ParquetFile(path).metadata.num_rows
-        status = "ran" if direction in built else "skipped"
+        status = "ran" if direction in built or direction in mono else "skipped"
+        msg = f"{rows} {split} pairs in {path}" + mono.get(direction, "")
         records.append(
             StageRecord(
                 "corpus",
                 direction,
                 status,
-                f"{rows} {split} pairs in {path}",
+                msg,
                 params={"corpus_dir": str(ctx.corpus_dir), "split": split},
                 metrics={f"{split}_pairs": rows},
             )
         )
     return records
+
+
+def _mono_files(ctx: StageContext) -> dict[str, str]:
+    """Write the Debian monolingual file of each source language a dump source ``mono`` reads, when
+    ``corpus.mono`` asks for it and it is missing; returns what was written, by direction, for the record."""
+    cfg = ctx.cfg
+    if "mono" not in cfg.dump.sources or not cfg.corpus.mono:
+        return {}
+    from fastvocab.tasks.corpus import CorpusError, write_debian_mono
+
+    written: dict[str, str] = {}
+    for direction in cfg.directions:
+        src = direction.partition("-")[0]
+        try:
+            result = write_debian_mono(ctx.corpus_dir, cfg.corpus.lists_dir, src)
+        except CorpusError as exc:
+            raise UserError(f"corpus.mono: {exc}") from exc
+        if not result.skipped:
+            written[direction] = f"; mono {src}: {result.count} sentences written"
+    return written

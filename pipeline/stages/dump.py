@@ -18,9 +18,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from fastvocab.artifacts_schema.corpus import sources_path
 from fastvocab.artifacts_schema.errors import ArtifactError
 from fastvocab.artifacts_schema.hidden_states import (
+    REFERENCE_BEAM,
     ShardMeta,
+    beam_label,
     read_shard_meta,
     remove_shard,
     shard_path,
@@ -32,45 +35,70 @@ from fastvocab.artifacts_schema.hidden_states import (
 from fastvocab.pipeline.context import StageContext
 from fastvocab.pipeline.errors import UserError
 from fastvocab.pipeline.tracking import StageRecord
-from fastvocab.tasks.row_shards import RowRangeSpec, SampleFile, plan_row_shards, sample_file
+from fastvocab.tasks.dump_sources import SourcesResult
+from fastvocab.tasks.row_shards import RowRangeSpec, SampleFile, plan_row_shards
 from fastvocab.tasks.workers import DecoderWorker
 
 log = logging.getLogger(__name__)
 
 
+def build_source_file(ctx: StageContext, direction: str) -> SourcesResult:
+    """The direction's dump input (``dump.sources`` into ``sources/<direction>.parquet``), built on the
+    driver unless current."""
+    from fastvocab.tasks.dump_sources import build_sources
+
+    try:
+        return build_sources(
+            ctx.corpus_dir, direction, ctx.cfg.dump.sources, sources_path(ctx.sources_root, direction)
+        )
+    except ArtifactError as exc:
+        raise UserError(f"dump.sources: {exc}") from exc
+
+
 def sample_source(ctx: StageContext, direction: str) -> SampleFile:
-    """The corpus file of a direction's sample (its first ``dump.sentences + dump.stream_sentences`` rows);
-    warns when it has fewer rows than that."""
+    """The file of a direction's sample (its first ``dump.sentences + dump.stream_sentences`` rows); warns
+    when it has fewer rows than that."""
     cfg = ctx.cfg.dump
-    source = sample_file(ctx.corpus_dir, direction, cfg.split)
-    want = cfg.sentences + cfg.stream_sentences
-    if source.rows < want:
-        log.warning("%s: the corpus has %d source sentences, %d asked for", direction, source.rows, want)
+    built = build_source_file(ctx, direction)
+    source = SampleFile(built.path, "id", "text", built.rows, "reference")
+    if "all" not in (cfg.sentences, cfg.stream_sentences):
+        want = int(cfg.sentences) + int(cfg.stream_sentences)
+        if source.rows < want:
+            log.warning("%s: the dump sources hold %d sentences, %d asked for", direction, source.rows, want)
     return source
+
+
+def _stored(cfg, source: SampleFile) -> int:
+    """How many of the sample's first rows are stored (``dump.sentences``, ``all``: every row)."""
+    return source.rows if cfg.sentences == "all" else min(int(cfg.sentences), source.rows)
 
 
 def dump_specs(ctx: StageContext, direction: str) -> list[RowRangeSpec]:
     """The direction's dump shards: rows ``[0, dump.sentences)`` of its sample file, as row ranges."""
     cfg = ctx.cfg.dump
     source = sample_source(ctx, direction)
-    return plan_row_shards(source, direction, 0, cfg.sentences, cfg.shard_sentences, cfg.max_states)
+    n = _stored(cfg, source)
+    return plan_row_shards(
+        source, direction, 0, n, cfg.shard_sentences, cfg.max_states, references=cfg.reference
+    )
 
 
 def stream_specs(ctx: StageContext, direction: str) -> list[RowRangeSpec]:
-    """The direction's stream shards: the ``dump.stream_sentences`` rows after the dumped ones."""
+    """The direction's stream shards: the ``dump.stream_sentences`` rows after the dumped ones (``all``:
+    every row after them)."""
     cfg = ctx.cfg.dump
     if cfg.stream_sentences == 0:
         return []
     source = sample_source(ctx, direction)
-    n = min(cfg.sentences, source.rows)
-    return plan_row_shards(source, direction, n, n + cfg.stream_sentences, cfg.shard_sentences)
+    n = _stored(cfg, source)
+    stop = source.rows if cfg.stream_sentences == "all" else n + int(cfg.stream_sentences)
+    return plan_row_shards(source, direction, n, stop, cfg.shard_sentences, references=cfg.reference)
 
 
 def own_state_files(ctx: StageContext, directions: Sequence[str]) -> list[Path]:
-    """This run's validated shards of every direction feeding one map, along every beam of ``maps.beams``:
-    the greedy path's first, then each beam's, sorted within each."""
-    beams = ctx.cfg.maps.beams
-    return [f for b in beams for f in sorted(f for d in directions for f in ctx.shard_files(d, b))]
+    """This run's validated shards of every direction feeding one map, along every path it dumps
+    (:meth:`StageContext.dump_beams`), each path's sorted."""
+    return [f for b in ctx.dump_beams() for f in sorted(f for d in directions for f in ctx.shard_files(d, b))]
 
 
 def extra_state_files(ctx: StageContext, directions: Sequence[str], k: int | None = None) -> list[Path]:
@@ -115,16 +143,17 @@ def decode_on_workers(
 
 def run(ctx: StageContext) -> list[StageRecord]:
     cfg = ctx.cfg.dump
-    beams = ctx.cfg.maps.beams
+    beams = ctx.dump_beams()
     m = ctx.model()
     plans: dict[str, list[RowRangeSpec]] = {}
+    sources = {d: build_source_file(ctx, d) for d in ctx.cfg.directions}
     todo: list[tuple[RowRangeSpec, int]] = []  # (shard, beam)
     corrupt: dict[str, list[str]] = {}  # direction -> shard files found corrupt and redone
     for direction in ctx.cfg.directions:
         specs = dump_specs(ctx, direction)
         if not specs:
             raise ArtifactError(
-                f"no source sentences for {direction} in {ctx.corpus_dir} ({cfg.split} split)"
+                f"no source sentences for {direction} in {sources[direction].path} (dump.sources)"
             )
         plans[direction] = specs
         meta = ShardMeta(model_fingerprint=m.fingerprint, d=m.d, k=cfg.k, direction=direction)
@@ -141,7 +170,7 @@ def run(ctx: StageContext) -> list[StageRecord]:
                     # our own shard (it has our checksum file), damaged after it was written: redo it
                     log.warning("dump %s: %s is corrupt (%s): redoing it", direction, path, status[9:])
                     remove_shard(path)
-                    name = path.name if beam == 1 else f"beam={beam}/{path.name}"
+                    name = path.name if beam == 1 else f"{path.parent.parent.name}/{path.name}"
                     corrupt.setdefault(direction, []).append(name)
                 if status != "current":
                     todo.append((spec, beam))
@@ -163,7 +192,7 @@ def run(ctx: StageContext) -> list[StageRecord]:
             own = ctx.shard_files(direction, beam)
             files += own
             if beams != [1]:
-                metrics[f"states_beam{beam}"] = sum(shard_rows(own))
+                metrics[f"states_{path_key(beam)}"] = sum(shard_rows(own))
         n_sent = sum(s.sentences for s in specs)
         params: dict[str, Any] = {
             "model_fingerprint": m.fingerprint,
@@ -175,15 +204,26 @@ def run(ctx: StageContext) -> list[StageRecord]:
             "shard_sentences": cfg.shard_sentences,
             "batch_size": cfg.batch_size,
             "max_len": cfg.max_len,
-            "split": cfg.split,
+            "sources": ",".join(cfg.sources),
+            "reference": cfg.reference,
             "num_workers": cfg.num_workers,
             "num_gpus_per_worker": cfg.num_gpus_per_worker,
         }
-        metrics.update(states=sum(shard_rows(files)), shards=len(files), sentences=n_sent)
+        src = sources[direction]
+        metrics.update(
+            states=sum(shard_rows(files)),
+            shards=len(files),
+            sentences=n_sent,
+            source_lines=src.rows,
+            source_lines_with_reference=src.with_reference,
+            held_out_lines_dropped=src.held_out,
+        )
+        held = (
+            f"; {src.held_out} dev/test lines left out of {src.rows + src.held_out}" if src.held_out else ""
+        )
         if not ran:
-            records.append(
-                StageRecord("dump", direction, "skipped", f"{len(files)} shards valid", params, metrics)
-            )
+            msg = f"{len(files)} shards valid" + held
+            records.append(StageRecord("dump", direction, "skipped", msg, params, metrics))
             continue
         redone = corrupt.get(direction, [])
         if redone:
@@ -201,9 +241,13 @@ def run(ctx: StageContext) -> list[StageRecord]:
         if beams != [1]:
             for beam in beams:
                 mine = [r for r in ran if r["beam"] == beam]
-                metrics[f"decode_seconds_beam{beam}"] = sum(float(r["seconds"]) for r in mine)
-            per_beam = "; decode s by beam: " + ", ".join(
-                f"{b}: {metrics[f'decode_seconds_beam{b}']:.0f}" for b in beams
+                key = path_key(beam)
+                secs = sum(float(r["seconds"]) for r in mine)
+                metrics[f"decode_seconds_{key}"] = secs
+                if secs > 0:
+                    metrics[f"states_per_s_per_worker_{key}"] = sum(float(r["states"]) for r in mine) / secs
+            per_beam = "; decode s by path: " + ", ".join(
+                f"{beam_label(b)}: {metrics[f'decode_seconds_{path_key(b)}']:.0f}" for b in beams
             )
         records.append(
             StageRecord(
@@ -213,9 +257,15 @@ def run(ctx: StageContext) -> list[StageRecord]:
                 f"{len(ran)} of {len(files)} shards written, {int(written)} states, "
                 f"{metrics['states_per_s_per_worker']:.0f} states/s per worker"
                 + per_beam
+                + held
                 + (f"; corrupt shards redone: {', '.join(redone)}" if redone else ""),
                 params,
                 metrics,
             )
         )
     return records
+
+
+def path_key(beam: int) -> str:
+    """A path's name in metric keys: ``reference``, ``beam1``, ``beam4``."""
+    return "reference" if beam == REFERENCE_BEAM else f"beam{beam}"

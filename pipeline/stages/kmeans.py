@@ -19,8 +19,8 @@ log = logging.getLogger(__name__)
 
 
 def group_files(ctx: StageContext, directions: list[str]) -> list[Path]:
-    """The validated shards of every direction feeding one map, along every beam of ``maps.beams`` (the
-    greedy path's first, then each beam's), sorted within each beam."""
+    """The validated shards of every direction feeding one map, along every path the dump decodes (the
+    reference path's first when ``dump.reference``, then each beam's), sorted within each."""
     return own_state_files(ctx, directions)
 
 
@@ -51,7 +51,7 @@ def run(ctx: StageContext) -> list[StageRecord]:
             "inputs_digest": digest,
             "scope": ctx.cfg.maps.scope,
             "map": name,
-            "beams": ",".join(str(b) for b in ctx.cfg.maps.beams),
+            "beams": ",".join(str(b) for b in ctx.dump_beams()),
         }
         out = ctx.kmeans_root / name
         if out.exists():

@@ -14,11 +14,11 @@ from typing import Any
 from fastvocab.artifacts_schema.cluster_map import MANIFEST_FILE, load_manifest
 from fastvocab.artifacts_schema.digest import array_digest, footer_digest
 from fastvocab.artifacts_schema.errors import ArtifactError
-from fastvocab.artifacts_schema.hidden_states import shard_beam
+from fastvocab.artifacts_schema.hidden_states import REFERENCE_BEAM, shard_beam
 from fastvocab.artifacts_schema.kmeans_result import load_kmeans
 from fastvocab.artifacts_schema.stream_counts import read_stream_arrays, stream_meta, stream_path
 from fastvocab.pipeline.context import StageContext
-from fastvocab.pipeline.stages.dump import decode_on_workers, extra_state_files, stream_specs
+from fastvocab.pipeline.stages.dump import decode_on_workers, extra_state_files, path_key, stream_specs
 from fastvocab.pipeline.stages.kmeans import group_files
 from fastvocab.pipeline.tracking import StageRecord
 from fastvocab.tasks.maps import MapParams, map_name, maps_job
@@ -28,7 +28,7 @@ log = logging.getLogger(__name__)
 
 
 def run(ctx: StageContext) -> list[StageRecord]:
-    beams = ctx.cfg.maps.beams
+    beams = ctx.dump_beams()
     params = ctx.cfg.maps.params(dump_k=ctx.cfg.dump.k)
     m = ctx.model()
     records: dict[str, StageRecord] = {}
@@ -46,7 +46,7 @@ def run(ctx: StageContext) -> list[StageRecord]:
             for spec in stream_specs(ctx, d)
         ]
         # what the map covers: the run's beams and those of the states from elsewhere
-        covered = sorted(set(beams) | {shard_beam(f) for f in extra_files})
+        covered = sorted(set(ctx.cfg.maps.beams) | ({shard_beam(f) for f in extra_files} - {REFERENCE_BEAM}))
         extra = {
             "inputs_digest": footer_digest(files),
             "centroids_digest": array_digest(centroids),
@@ -131,7 +131,7 @@ def run(ctx: StageContext) -> list[StageRecord]:
             stream_seconds=sum(float(r.get("seconds", 0.0)) for r in streamed),
         )
         if mf["beams"] != [1]:
-            rec.metrics.update({f"states_beam{b}": float(n) for b, n in mf["beam_states"].items()})
+            rec.metrics.update({f"states_{path_key(int(b))}": float(n) for b, n in mf["beam_states"].items()})
         for kk, frac in res["fractions"].items():
             rec.metrics[f"active_fraction_mean_k{kk}"] = float(frac.mean())
             rec.metrics[f"active_fraction_max_k{kk}"] = float(frac.max())
