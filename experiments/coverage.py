@@ -1,0 +1,304 @@
+"""How much text a clustered map needs, and at which (K, probes, r), measured without decoding every setting.
+
+For greedy decoding the clustered projection's output differs from full softmax's exactly when the full
+model's greedy path has a step whose best token is outside the columns that step computes (before the first
+such step both decode the same tokens; at it the clustered search cannot pick the best token). With union
+selection a step computes at least its own row's probed sets, so a *miss* (the best token outside the sets of
+the row's ``probes`` nearest clusters) bounds the differing sentences from above, and is exact with per-row
+selection; the other rows of a batch can only add columns. So one full-softmax greedy pass over the test
+split, plus the dumped states' clusters and top-K ids, gives every setting's greedy fidelity:
+
+- ``sentence_differ``: the share of sentences with a miss on their path;
+- ``step_miss``: the share of steps that miss;
+- ``row_cols``: columns a row computes (the union of its probed sets), as a share of N;
+- ``union_batch``: the union of the rows of a batch of ``batch`` consecutive test sentences at each step, as
+  a share of N (what a union step computes), averaged over rows.
+
+The dump's sentences enter in their order (the sources file's rows: nested prefixes), so a table over
+``sentences`` is the data-scale curve for sets built from that much text; the centroids are trained once per
+r on a sample of all stored states. Plain functions: no Ray, no MLflow.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from fastvocab.artifacts_schema.hidden_states import fixed_list_to_numpy, iter_batches, read_shard_meta
+from fastvocab.kernels import clustered_ops as ops
+from fastvocab.tasks.dump import DumpDecoder
+from fastvocab.tasks.kmeans import sample_states, train_kmeans
+
+BATCH_ROWS = 65_536  # stored states read (and assigned) at a time
+
+
+@dataclass(frozen=True)
+class GreedyPath:
+    """Full softmax's greedy path over some sentences: every step's state and its best token."""
+
+    hidden: torch.Tensor  # (steps, d) float32
+    best: torch.Tensor  # (steps,) int64
+    sentence: torch.Tensor  # (steps,) int64: index of the sentence in the input list
+    sentences: int
+
+
+def greedy_path(
+    decoder: DumpDecoder, sources: Sequence[str], src: str, tgt: str, batch: int = 32
+) -> GreedyPath:
+    """Decode ``sources`` greedily with full softmax (``decoder``'s model and projection), keeping each
+    step's state in float32: the dump stores float16, whose rounding can move a state across a near-tie
+    between two centroids, and the decoder assigns the float32 state."""
+    from fastvocab.decoding.search import decode
+
+    adapter = decoder.adapter
+    hidden: list[torch.Tensor] = []
+    best: list[torch.Tensor] = []
+    sentence: list[torch.Tensor] = []
+    for lo in range(0, len(sources), batch):
+
+        def hook(r, lo: int = lo) -> None:
+            hidden.append(r.hidden.float().cpu())
+            best.append(r.output.to_vocab_ids(r.output.logits.argmax(1, keepdim=True))[:, 0].cpu())
+            sentence.append(r.row_ids.cpu() + lo)
+
+        texts = list(sources[lo : lo + batch])
+        enc = adapter.encode_texts(texts, src, tgt)
+        decode(adapter, decoder.projection, enc, src, tgt, max_len=decoder.max_len, step_hook=hook)
+    if not hidden:
+        return GreedyPath(torch.zeros((0, decoder.d)), torch.zeros(0, dtype=torch.long), torch.zeros(0), 0)
+    h, b, s = torch.cat(hidden), torch.cat(best).long(), torch.cat(sentence).long()
+    order = torch.argsort(s * (decoder.max_len + 1) + _steps_in_call_order(s), stable=True)
+    return GreedyPath(h[order], b[order], s[order], len(sources))
+
+
+def _steps_in_call_order(sentence: torch.Tensor) -> torch.Tensor:
+    """The step of each row recorded in call order (a sentence's rows come one a step, in order)."""
+    step = torch.zeros_like(sentence)
+    seen: dict[int, int] = {}
+    for i, x in enumerate(sentence.tolist()):
+        step[i] = seen.get(x, 0)
+        seen[x] = step[i].item() + 1
+    return step
+
+
+@dataclass
+class DumpLabels:
+    """What the sets need of the stored states: each state's sentence (its row in the sources file, so
+    ``sentence < n`` is the first n dumped sentences) and top-K ids; hidden states are read per r."""
+
+    files: list[Path]
+    sentence: np.ndarray  # (states,) int64
+    topk: np.ndarray  # (states, K) int32
+    d: int
+
+    @property
+    def states(self) -> int:
+        return len(self.sentence)
+
+    @property
+    def dumped_sentences(self) -> int:
+        return int(self.sentence.max()) + 1 if len(self.sentence) else 0
+
+
+def load_labels(files: Sequence[Path], k: int) -> DumpLabels:
+    """The sentence and top-``k`` ids of every stored state of ``files`` (streamed; no hidden state kept)."""
+    files = list(files)
+    meta = read_shard_meta(files[0])
+    if k > meta.k:
+        raise ValueError(f"K={k} exceeds the K={meta.k} the dump recorded")
+    sent, top = [], []
+    for batch in iter_batches(files, columns=["sent_id", "topk_ids"], batch_size=BATCH_ROWS):
+        sent.append(batch.column("sent_id").to_numpy())
+        top.append(fixed_list_to_numpy(batch.column("topk_ids"), meta.k, np.int32)[:, :k])
+    return DumpLabels(files, np.concatenate(sent), np.concatenate(top), meta.d)
+
+
+def train_centroids(files: Sequence[Path], r: int, seed: int = 1234, sample: int | None = None) -> np.ndarray:
+    """Faiss k-means with ``r`` centroids on a seeded sample of the stored states (``r x 256`` by
+    default, what the pipeline's k-means trains on)."""
+    x, _ = sample_states(files, sample or r * 256, seed)
+    centroids, _ = train_kmeans(x, r, seed=seed)
+    return centroids
+
+
+def assign_stored(labels: DumpLabels, centroids: np.ndarray) -> np.ndarray:
+    """The nearest centroid of every stored state, (states,) int64, by the decoder's own assignment."""
+    c = torch.from_numpy(np.ascontiguousarray(centroids, dtype=np.float32))
+    ct, norms = c.T.contiguous(), (c * c).sum(1)
+    out = []
+    for batch in iter_batches(labels.files, columns=["hidden"], batch_size=BATCH_ROWS):
+        h = torch.from_numpy(fixed_list_to_numpy(batch.column("hidden"), labels.d, np.float32))
+        out.append(ops.assign_clusters(h, ct, norms).numpy())
+    return np.concatenate(out)
+
+
+def set_masks(
+    clusters: np.ndarray,
+    topk: np.ndarray,
+    sentence: np.ndarray,
+    r: int,
+    n_vocab: int,
+    sizes: Sequence[int],
+    always_active: Sequence[int] = (),
+) -> Iterator[tuple[int, torch.Tensor]]:
+    """``(n, mask)`` for each n of ``sizes`` (ascending): the (r, N) bool sets built from the states of the
+    first n sentences, plus ``always_active`` (the ids every set gets at decode time: EOS, the language
+    tags); nested: each mask grows from the last one (yielded masks are views, copy to keep)."""
+    order = np.argsort(sentence, kind="stable")
+    sent_sorted = sentence[order]
+    mask = torch.zeros((r, n_vocab), dtype=torch.bool)
+    mask[:, list(always_active)] = True
+    done = 0
+    for n in sizes:
+        upto = int(np.searchsorted(sent_sorted, n, side="left"))
+        rows = order[done:upto]
+        if len(rows):
+            cl = torch.from_numpy(np.repeat(clusters[rows], topk.shape[1]))
+            ids = torch.from_numpy(topk[rows].reshape(-1).astype(np.int64))
+            mask[cl, ids] = True
+        done = upto
+        yield n, mask
+
+
+def step_misses(mask: torch.Tensor, near: torch.Tensor, path: GreedyPath, probes: int) -> torch.Tensor:
+    """(steps,) bool: the step's best token is outside the sets of its ``probes`` nearest clusters."""
+    hit = torch.zeros(len(path.best), dtype=torch.bool)
+    for j in range(probes):
+        hit |= mask[near[:, j], path.best]
+    return ~hit
+
+
+def differing_sentences(mask: torch.Tensor, near: torch.Tensor, path: GreedyPath, probes: int) -> set[int]:
+    """The sentences whose greedy output the sets change (per-row selection; union: at most these)."""
+    return set(path.sentence[step_misses(mask, near, path, probes)].tolist())
+
+
+def path_coverage(
+    mask: torch.Tensor, near: torch.Tensor, path: GreedyPath, probes: int, batch: int = 32
+) -> dict[str, float]:
+    """Greedy fidelity of the sets ``mask`` (r, N) on ``path`` with ``probes`` nearest clusters (``near``:
+    the path's (steps, >= probes) nearest clusters, nearest first)."""
+    n_vocab = mask.shape[1]
+    miss = step_misses(mask, near, path, probes)
+    differ = torch.unique(path.sentence[miss]).numel()
+    # columns per row: the union of a row's probed sets (in blocks: (rows, N) masks are large)
+    row_cols = 0.0
+    for lo in range(0, len(near), 4096):
+        m = mask[near[lo : lo + 4096, 0]].clone()
+        for j in range(1, probes):
+            m |= mask[near[lo : lo + 4096, j]]
+        row_cols += float(m.sum())
+    # the union a batch computes at each step: the rows of ``batch`` consecutive sentences at that step,
+    # averaged over rows (each row of the step pays for the whole union)
+    union_cols = 0.0
+    step = _steps(path.sentence)
+    group = path.sentence // batch
+    key = group * 10_000 + step
+    _, inverse = torch.unique(key, return_inverse=True)
+    for g in range(int(inverse.max()) + 1 if len(inverse) else 0):
+        rows = (inverse == g).nonzero().squeeze(1)
+        clusters = torch.unique(near[rows, :probes].reshape(-1))
+        union_cols += len(rows) * float(mask[clusters].any(0).sum())
+    steps = max(len(near), 1)
+    return {
+        "step_miss": float(miss.float().mean()),
+        "sentence_differ": differ / path.sentences,
+        "row_cols": row_cols / steps / n_vocab,
+        "union_batch": union_cols / steps / n_vocab,
+    }
+
+
+def _steps(sentence: torch.Tensor) -> torch.Tensor:
+    """Each row's step within its sentence (rows of a sentence are consecutive, in step order)."""
+    starts = torch.ones(len(sentence), dtype=torch.bool)
+    starts[1:] = sentence[1:] != sentence[:-1]
+    idx = torch.arange(len(sentence))
+    first = torch.cummax(torch.where(starts, idx, torch.zeros_like(idx)), 0).values
+    return idx - first
+
+
+def nearest(path: GreedyPath, centroids: np.ndarray, probes: int) -> torch.Tensor:
+    """The path's ``probes`` nearest clusters per step, nearest first (the decoder's own rule)."""
+    c = torch.from_numpy(np.ascontiguousarray(centroids, dtype=np.float32))
+    return ops.nearest_clusters(path.hidden, c.T.contiguous(), (c * c).sum(1), probes)
+
+
+def doubling_sizes(total: int, first: int = 1500) -> list[int]:
+    """``first``, then doubling, then ``total``: the curve's data sizes."""
+    sizes, n = [], first
+    while n < total:
+        sizes.append(n)
+        n *= 2
+    return [*sizes, total]
+
+
+def coverage_curve(
+    labels: DumpLabels,
+    path: GreedyPath,
+    n_vocab: int,
+    *,
+    rs: Sequence[int],
+    ks: Sequence[int],
+    probes: Sequence[int],
+    sizes: Sequence[int],
+    batch: int = 32,
+    seed: int = 1234,
+    centroids: dict[int, np.ndarray] | None = None,
+    always_active: Sequence[int] = (),
+) -> list[dict[str, float | int]]:
+    """Every (r, sentences, K, probes) point's greedy fidelity and columns (:func:`path_coverage`);
+    ``always_active``: the model's ids every set gets at decode time (``adapter.always_active_ids()``)."""
+    rows: list[dict[str, float | int]] = []
+    for r in rs:
+        c = centroids[r] if centroids and r in centroids else train_centroids(labels.files, r, seed)
+        clusters = assign_stored(labels, c)
+        near = nearest(path, c, max(probes))
+        for k in ks:
+            masks = set_masks(clusters, labels.topk[:, :k], labels.sentence, r, n_vocab, sizes, always_active)
+            for n, mask in masks:
+                set_frac = float(mask.sum()) / r / n_vocab
+                for p in probes:
+                    point = path_coverage(mask, near, path, p, batch)
+                    rows.append({"r": r, "sentences": n, "K": k, "probes": p, "set_frac": set_frac, **point})
+    return rows
+
+
+def misses_per_doubling(rows: Sequence[dict], r: int, k: int, probes: int) -> float | None:
+    """How the differing share shrinks per doubling of the text at one setting: the mean of
+    ``differ(2n) / differ(n)`` over the curve's doubling steps (None with fewer than two points)."""
+    pts = sorted(
+        (int(x["sentences"]), float(x["sentence_differ"]))
+        for x in rows
+        if (x["r"], x["K"], x["probes"]) == (r, k, probes)
+    )
+    ratios = [
+        (b / a) ** (1 / math.log2(n2 / n1))
+        for (n1, a), (n2, b) in itertools.pairwise(pts)
+        if a > 0 and b > 0 and n2 > n1
+    ]
+    return float(np.exp(np.mean(np.log(ratios)))) if ratios else None
+
+
+def sentences_for(rows: Sequence[dict], r: int, k: int, probes: int, budget: float) -> int | None:
+    """The dumped sentences this setting needs for ``sentence_differ <= budget``, extrapolated from its last
+    point by the curve's rate per doubling (None when the curve does not fall)."""
+    pts = sorted(
+        (int(x["sentences"]), float(x["sentence_differ"]))
+        for x in rows
+        if (x["r"], x["K"], x["probes"]) == (r, k, probes)
+    )
+    if not pts:
+        return None
+    n, differ = pts[-1]
+    if differ <= budget:
+        return n
+    rate = misses_per_doubling(rows, r, k, probes)
+    if rate is None or rate >= 1:
+        return None
+    return math.ceil(n * 2 ** (math.log(budget / differ) / math.log(rate)))
