@@ -208,6 +208,9 @@ class MapsConfig(_Strict):
     # states folders of dumps made elsewhere (another run's <work_dir>/states, every beam under it) that
     # k-means and the maps read with this run's own
     extra_states: list[str] = []
+    # also write the maps, with the record of how they were built, to this folder (maps shipped beside the
+    # model: tasks/publish.py)
+    publish: Path | None = None
 
     @field_validator("beams")
     @classmethod

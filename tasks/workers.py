@@ -59,6 +59,11 @@ class MethodJob:
     out: str  # translations Parquet file; its JSON record goes beside it
     options: dict[str, object] = field(default_factory=dict)  # create_projection options
     provenance: dict[str, object] = field(default_factory=dict)  # what the outputs were made from
+    label: str | None = None  # how outputs and records name it, when not by the method (another map)
+
+    @property
+    def name(self) -> str:
+        return self.label or self.method
 
 
 @dataclass(frozen=True)
@@ -108,7 +113,7 @@ class TranslateWorker:
                 sources=sources,
                 ids=list(job.ids),
                 direction=job.direction,
-                method=mj.method,
+                method=mj.name,
             )
             record = {
                 **mj.provenance,

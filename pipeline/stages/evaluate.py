@@ -19,7 +19,7 @@ def run(ctx: StageContext) -> list[StageRecord]:
     for direction in ctx.cfg.directions:
         _, sources, refs = eval_sample(ctx, direction)
         tdir = ctx.translations_root / direction
-        methods = [m for m in ctx.cfg.eval.methods if (tdir / f"{m}.parquet").exists()]
+        methods = [m for m in ctx.cfg.eval.labels() if (tdir / f"{m}.parquet").exists()]
         params = {"split": ctx.cfg.eval.split, "sentences": len(refs), "methods": ",".join(methods)}
         if not methods:
             records.append(

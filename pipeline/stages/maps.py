@@ -9,6 +9,7 @@ the beams it covers.
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 from typing import Any
 
 from fastvocab.artifacts_schema.cluster_map import MANIFEST_FILE, load_manifest
@@ -98,13 +99,14 @@ def run(ctx: StageContext) -> list[StageRecord]:
         calls[name] = ((*args, params), kwargs)
         records[name] = StageRecord("maps", name, "ran", "", rec_params)
 
+    if not calls:
+        _publish(ctx)
+        return list(records.values())
     stream_results: list[dict[str, Any]] = []
     if pending_streams:
         refs = {name: ctx.ray.put(c) for name, c in centroids_of.items()}
         items = [(spec, refs[name], params.k, path, beam) for spec, beam, name, path in pending_streams]
         stream_results = decode_on_workers(ctx, "stream", items, "stream")
-    if not calls:
-        return list(records.values())
     with ctx.bar(len(calls), "maps", unit="map") as bar:
         results = ctx.ray.run_tasks(maps_job, calls, bar, num_cpus=1)
     for name, res in results.items():
@@ -137,7 +139,42 @@ def run(ctx: StageContext) -> list[StageRecord]:
             rec.metrics[f"active_fraction_max_k{kk}"] = float(frac.max())
         rec.fractions = res["fractions"]
         rec.artifacts = [ctx.maps_root / name / MANIFEST_FILE]
+    _publish(ctx)
     return list(records.values())
+
+
+def _publish(ctx: StageContext) -> None:
+    """Copy the maps to ``maps.publish`` with their build record (tasks/publish.py), when it is set."""
+    out = ctx.cfg.maps.publish
+    if out is None:
+        return
+    import sys
+
+    from fastvocab.artifacts_schema.corpus import read_sources_record, sources_path
+    from fastvocab.pipeline.tracking import git_commit
+    from fastvocab.tasks.publish import publish_maps
+
+    cfg = ctx.cfg
+    sources = {}
+    for d in cfg.directions:
+        found = read_sources_record(sources_path(ctx.sources_root, d)) or {}
+        sources[d] = {k: found.get(k) for k in ("rows", "with_reference", "stats")}
+        sources[d]["inputs"] = [i.get("name") for i in found.get("inputs", [])]
+    record = {
+        "model": str(cfg.model),
+        "model_fingerprint": ctx.model().fingerprint,
+        "command": " ".join(["fastvocab", *sys.argv[1:]]),
+        "commit": git_commit(),
+        "sources": sources,
+        "settings": {
+            "dump": cfg.dump.model_dump(mode="json", exclude={"num_workers", "num_gpus_per_worker"}),
+            "kmeans": cfg.kmeans.model_dump(mode="json"),
+            "maps": cfg.maps.model_dump(mode="json", exclude={"publish"}),
+        },
+    }
+    copied = publish_maps(ctx.maps_root, list(ctx.groups()), Path(out), record)
+    if copied:
+        log.info("published %s to %s", ", ".join(copied), out)
 
 
 def _current_manifest(map_dir):

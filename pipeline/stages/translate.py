@@ -8,6 +8,7 @@ the reason, and the run goes on. Outputs whose JSON record matches the current p
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 from typing import Any
 
 from fastvocab.artifacts_schema.cluster_map import (
@@ -53,23 +54,38 @@ def eval_sample(ctx: StageContext, direction: str) -> tuple[list[int], list[str]
     return list(ids), list(sources), list(refs)
 
 
+def eval_methods(ctx: StageContext) -> list[tuple[str, str, Path | None]]:
+    """``(label, method, maps folder)`` of every method the evaluation runs: ``eval.methods`` (clustered
+    with the run's maps), then ``clustered-<name>`` for each of ``eval.maps``."""
+    own = [(m, m, ctx.maps_root if m == "clustered" else None) for m in ctx.cfg.eval.methods]
+    other = [(f"clustered-{name}", "clustered", Path(root)) for name, root in ctx.cfg.eval.maps.items()]
+    return own + other
+
+
 def _method_plan(
-    ctx: StageContext, direction: str, method: str
+    ctx: StageContext, direction: str, method: str, label: str | None = None, maps_root: Path | None = None
 ) -> tuple[dict[str, Any], dict[str, Any]] | str:
-    """(projection options, provenance) of a method for a direction, or the reason it cannot run."""
+    """(projection options, provenance) of a method for a direction, or the reason it cannot run;
+    clustered reads its map from ``maps_root`` (default: the run's)."""
     from fastvocab.kernels import available_projections
 
     if method not in available_projections():
         return f"method {method!r} is not registered (available: {', '.join(available_projections())})"
     t = ctx.cfg.translate
-    prov: dict[str, Any] = {"method": method}
+    prov: dict[str, Any] = {"method": label or method}
     artifact: str | None = None
     if method == "clustered":
         src, _, tgt = direction.partition("-")
         # the map of the configured scope (a folder of the other scope may be left from an earlier run)
-        map_dir = ctx.maps_root / map_dir_name(src, tgt, ctx.cfg.maps.scope)
+        own = maps_root is None or maps_root == ctx.maps_root
+        root = ctx.maps_root if maps_root is None else maps_root
+        map_dir = root / map_dir_name(src, tgt, ctx.cfg.maps.scope)
         if not (map_dir / MANIFEST_FILE).exists():
-            return f"no cluster map at {map_dir} (run the maps stage)"
+            return f"no cluster map at {map_dir}" + (" (run the maps stage)" if own else "")
+        if not own:  # a map of another model decodes nonsense: refused with the one-line fingerprint error
+            from fastvocab.artifacts_schema.cluster_map import check_map_model
+
+            check_map_model(map_dir, ctx.model().fingerprint)
         # a map of another direction (copied into place) would decode with the wrong language's tokens
         manifest = check_map_direction(map_dir, src, tgt, fix=REBUILD_HINT)
         # a map not built for translate.beam still decodes; one line says so, and how to rebuild it
@@ -149,11 +165,11 @@ def run(ctx: StageContext) -> list[StageRecord]:
         unavailable: list[str] = []
         current: list[MethodJob] = []
         jobs: list[MethodJob] = []
-        for method in ctx.cfg.eval.methods:
-            plan = _method_plan(ctx, direction, method)
+        for label, method, maps_root in eval_methods(ctx):
+            plan = _method_plan(ctx, direction, method, label, maps_root)
             if isinstance(plan, str):
-                log.warning("translate %s: skipping %s: %s", direction, method, plan)
-                unavailable.append(f"{method}: {plan}")
+                log.warning("translate %s: skipping %s: %s", direction, label, plan)
+                unavailable.append(f"{label}: {plan}")
                 continue
             options, prov = plan
             prov.update(
@@ -165,8 +181,8 @@ def run(ctx: StageContext) -> list[StageRecord]:
                 length_penalty=t.length_penalty,
                 early_stopping=t.early_stopping,
             )
-            out = out_dir / f"{method}.parquet"
-            mjob = MethodJob(method=method, out=str(out), options=options, provenance=prov)
+            out = out_dir / f"{label}.parquet"
+            mjob = MethodJob(method, str(out), options, prov, None if label == method else label)
             found = read_json(sidecar_path(out))
             if out.exists() and found is not None and all(found.get(k) == v for k, v in prov.items()):
                 current.append(mjob)
@@ -176,7 +192,7 @@ def run(ctx: StageContext) -> list[StageRecord]:
             # speed ratios compare methods timed in the same process: time full again with the others
             jobs += [j for j in current if j.method == "full"]
             current = [j for j in current if j.method != "full"]
-        params["methods"] = ",".join(ctx.cfg.eval.methods)
+        params["methods"] = ",".join(ctx.cfg.eval.labels())
         note = f"; unavailable: {'; '.join(unavailable)}" if unavailable else ""
         if not jobs:
             status = "skipped" if current else "unavailable"

@@ -1,0 +1,69 @@
+"""Maps shipped beside a model: copies of a run's cluster maps, and the record of how they were built.
+
+A map is an artifact of its model, built once from all the text a direction has (far more than a quick run
+dumps) and versioned with it. ``maps.publish`` (``configs/demo-maps.yaml``) writes the run's maps to a folder
+beside the model, one map folder per direction as ``maps/`` holds them (``fastvocab translate --clusters
+DIR`` and ``eval.maps`` read it), and ``maps.json`` there: the model's fingerprint, each direction's source
+text (inputs, line counts, dev and test lines left out) and dumped states per path, the settings, and the
+command, commit and fastvocab version that built them. A map whose tensors did not change is not copied
+again, and the record is rewritten only when a map changed, so a rerun leaves the folder as it was.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+from fastvocab import __version__
+from fastvocab.artifacts_schema.atomic import atomic_path
+from fastvocab.artifacts_schema.cluster_map import MapManifest, load_manifest
+from fastvocab.artifacts_schema.errors import ArtifactError
+from fastvocab.artifacts_schema.jsonfile import read_json, write_json
+
+BUILD_FILE = "maps.json"
+BUILD_FORMAT = "fastvocab-published-maps/1"
+
+
+def _current(path: Path) -> MapManifest | None:
+    try:
+        return load_manifest(path)
+    except ArtifactError:
+        return None
+
+
+def map_summary(mf: MapManifest) -> dict[str, Any]:
+    """What the build record says of one map (its manifest has the rest)."""
+    return {
+        "r": mf.r,
+        "k": mf.k,
+        "probes": mf.probes,
+        "states_used": mf.states_used,
+        "beam_states": mf.beam_states,
+        "active_fraction_mean": mf.active_fraction["mean"],
+        "tensors_digest": mf.tensors_digest,
+        "normaliser_rank": (mf.normaliser or {}).get("rank"),
+    }
+
+
+def publish_maps(maps_root: Path, names: list[str], out: Path, record: dict[str, Any]) -> list[str]:
+    """Copy the maps ``names`` of ``maps_root`` into ``out`` (each atomically, unless its tensors and
+    manifest are there already) and write ``out/maps.json`` from ``record`` when a map changed; returns the
+    names copied."""
+    out = Path(out)
+    copied: list[str] = []
+    summaries: dict[str, Any] = {}
+    for name in names:
+        src = load_manifest(maps_root / name)  # ArtifactError: the maps stage did not finish
+        there = _current(out / name)
+        if there is None or there != src:
+            with atomic_path(out / name) as tmp:
+                shutil.copytree(maps_root / name, tmp)
+            copied.append(name)
+        summaries[name] = map_summary(src)
+    if copied or read_json(out / BUILD_FILE) is None:
+        write_json(
+            out / BUILD_FILE,
+            {"format": BUILD_FORMAT, "fastvocab_version": __version__, **record, "maps": summaries},
+        )
+    return copied

@@ -1,0 +1,101 @@
+"""Maps shipped beside a model: published with their build record, evaluated beside the run's own, refused
+for another model."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from fastvocab.artifacts_schema.cluster_map import save_cluster_map
+from fastvocab.artifacts_schema.errors import ArtifactError
+from fastvocab.tasks.publish import BUILD_FILE, publish_maps
+from tests.layers import random_layer, random_map
+
+
+def _maps(root, fingerprint_of=None, seed=0):
+    w, b = random_layer(n_vocab=50, d=8, seed=seed)
+    for name in ("en-it", "it-en"):
+        cmap = random_map(w, b, r=3, size=5, seed=seed)
+        cmap.manifest.direction = name
+        save_cluster_map(cmap, root / name)
+    return root
+
+
+def test_published_maps_are_copied_once_with_their_record(tmp_path):
+    maps = _maps(tmp_path / "maps")
+    out = tmp_path / "shipped"
+    record = {"model": "models/x", "command": "fastvocab run c.yaml", "commit": "abc"}
+    assert publish_maps(maps, ["en-it", "it-en"], out, record) == ["en-it", "it-en"]
+    built = json.loads((out / BUILD_FILE).read_text())
+    assert built["command"] == "fastvocab run c.yaml" and set(built["maps"]) == {"en-it", "it-en"}
+    assert built["maps"]["en-it"]["r"] == 3
+    assert (out / "en-it" / "map.safetensors").read_bytes() == (
+        maps / "en-it" / "map.safetensors"
+    ).read_bytes()
+    # a rerun with the same maps changes nothing, not even the record
+    stamp = (out / BUILD_FILE).stat().st_mtime_ns
+    assert publish_maps(maps, ["en-it", "it-en"], out, {**record, "commit": "def"}) == []
+    assert (out / BUILD_FILE).stat().st_mtime_ns == stamp
+    # a rebuilt map is copied again, and the record says how it was built now
+    _maps(tmp_path / "maps", seed=1)
+    assert publish_maps(maps, ["en-it", "it-en"], out, {**record, "commit": "def"}) == ["en-it", "it-en"]
+    assert json.loads((out / BUILD_FILE).read_text())["commit"] == "def"
+
+
+def test_publishing_an_unfinished_map_is_an_error(tmp_path):
+    (tmp_path / "maps" / "en-it").mkdir(parents=True)
+    with pytest.raises(ArtifactError, match="no cluster map"):
+        publish_maps(tmp_path / "maps", ["en-it"], tmp_path / "out", {})
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.fixture
+def stage_ctx(tiny_model_dir, tmp_path):
+    from fastvocab.pipeline.config import load_config
+    from fastvocab.pipeline.context import StageContext
+
+    def make(shipped):
+        cfg = load_config(
+            None,
+            {
+                "model": str(tiny_model_dir),
+                "work_dir": str(tmp_path / "work"),
+                "directions": ["en-it"],
+                "eval.maps": {"shipped": str(shipped)},
+            },
+        )
+        return StageContext(cfg, ray=None, progress=False)
+
+    return make
+
+
+def test_shipped_maps_run_as_their_own_method(stage_ctx, tmp_path):
+    from fastvocab.decoding.hf_adapter import Seq2SeqAdapter
+    from fastvocab.pipeline.stages.translate import _method_plan, eval_methods
+
+    ctx = stage_ctx(tmp_path / "shipped")
+    adapter = Seq2SeqAdapter.load(ctx.cfg.model, device="cpu")
+    w, b = adapter.output_weight, adapter.output_bias
+    cmap = random_map(w.float(), None if b is None else b.float(), r=3, size=20)
+    cmap.manifest.model_fingerprint = ctx.model().fingerprint
+    save_cluster_map(cmap, tmp_path / "shipped" / "en-it")
+    labels = [label for label, _, _ in eval_methods(ctx)]
+    assert labels == ["full", "clustered", "clustered-shipped"]
+    options, prov = _method_plan(ctx, "en-it", "clustered", "clustered-shipped", tmp_path / "shipped")
+    assert prov["method"] == "clustered-shipped" and options["cluster_map"] == str(
+        tmp_path / "shipped" / "en-it"
+    )
+
+
+def test_shipped_maps_of_another_model_are_refused_with_the_fingerprint_error(stage_ctx, tmp_path):
+    from fastvocab.pipeline.stages.translate import _method_plan
+
+    w, b = random_layer(n_vocab=50, d=8)
+    save_cluster_map(random_map(w, b, r=3, size=5), tmp_path / "other" / "en-it")
+    ctx = stage_ctx(tmp_path / "other")
+    with pytest.raises(
+        ArtifactError, match=r"was built for model sha256:\S+, but the loaded model is"
+    ) as err:
+        _method_plan(ctx, "en-it", "clustered", "clustered-shipped", tmp_path / "other")
+    assert "\n" not in str(err.value)
