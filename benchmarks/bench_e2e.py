@@ -29,10 +29,11 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_meta import device_name, git_commit
+from bench_meta import ROOT, device_name
 
 from fastvocab.artifacts_schema.cluster_map import resolve_map_dir
 from fastvocab.artifacts_schema.corpus import read_direction
+from fastvocab.artifacts_schema.provenance import git_commit
 from fastvocab.kernels.base import Projection, ProjectionOutput
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -185,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
 
     adapter = Seq2SeqAdapter.load(args.model, device=args.device, dtype=DTYPES[args.dtype])
     name = device_name(args.device)
-    commit = git_commit()
+    commit = git_commit(cwd=ROOT)
     print(
         f"# {name}, {args.dtype}, model {args.model} (N={adapter.n_vocab}, d={adapter.d_model}), "
         f"commit {commit}"

@@ -72,8 +72,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from bench_meta import cpu_name, git_commit, round_order
+from bench_meta import cpu_name, round_order
 
+from fastvocab.artifacts_schema.provenance import git_commit
 from fastvocab.decoding.search import parse_early_stopping, stopping_rule
 from fastvocab.kernels.clustered import INACTIVE_MASS
 from fastvocab.tasks.evaluate import score, search_error_rate
@@ -437,7 +438,7 @@ def main(argv: list[str] | None = None) -> int:
     result: dict = {
         "benchmark": "bench_peer",
         "date": dt.datetime.now().isoformat(timespec="seconds"),
-        "commit": git_commit("decoding", "kernels", "tasks", "benchmarks/bench_peer.py"),
+        "commit": git_commit("decoding", "kernels", "tasks", "benchmarks/bench_peer.py", cwd=ROOT),
         "command": " ".join([".venv/bin/python", "benchmarks/bench_peer.py", *(argv or sys.argv[1:])]),
         "args": vars(args),  # every setting, defaults included
         "device": f"{cpu_name()} ({os.cpu_count()} cores visible)",

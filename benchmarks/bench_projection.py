@@ -35,10 +35,11 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from bench_meta import device_name, git_commit
+from bench_meta import ROOT, device_name
 
 from fastvocab.artifacts_schema.cluster_map import ClusterMap, MapManifest, active_fraction_stats
 from fastvocab.artifacts_schema.fingerprint import projection_fingerprint
+from fastvocab.artifacts_schema.provenance import git_commit
 from fastvocab.kernels import create_projection
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -432,7 +433,7 @@ def main(argv: list[str] | None = None) -> int:
         "peak_source": peak_src,
         "copy_bandwidth_GBps": meta["copy_gbps"],
         "torch": torch.__version__,
-        "commit": git_commit(),
+        "commit": git_commit(cwd=ROOT),
         "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "threads": torch.get_num_threads(),
         "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},

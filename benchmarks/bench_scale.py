@@ -47,7 +47,9 @@ import time
 from pathlib import Path
 
 import numpy as np
-from bench_meta import cpu_name, git_commit
+from bench_meta import cpu_name
+
+from fastvocab.artifacts_schema.provenance import git_commit
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
@@ -534,7 +536,7 @@ def main() -> None:
     import torch
 
     meta = {
-        "commit": git_commit("tasks", "artifacts_schema", "pipeline"),
+        "commit": git_commit("tasks", "artifacts_schema", "pipeline", cwd=ROOT),
         "device": "cpu",
         "torch": torch.__version__,
         "load_average_start": load_start,
