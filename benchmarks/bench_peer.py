@@ -355,7 +355,7 @@ def bleu_chrf(hyps: list[str], refs: list[str]) -> dict:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="models/demo")
-    p.add_argument("--corpus", default="data/corpus", help="corpus folder (fastvocab corpus --out)")
+    p.add_argument("--corpus", default="data/corpus", help="corpus folder (fastvocab corpus --output)")
     p.add_argument("--split", default="test")
     p.add_argument("--lines", help="a text file of source lines instead of a corpus split (no BLEU)")
     p.add_argument("--src-lang", default="en")

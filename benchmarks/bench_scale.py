@@ -492,11 +492,11 @@ def main() -> None:
                 generate(src, n, parallel=kind == "tsv")
                 gen = time.perf_counter() - t0
                 out = tmp / f"corpus-{kind}-{n}"
+                argv = [str(FASTVOCAB), "corpus", "--output", str(out)]
                 if kind == "mono":
-                    argv = [str(FASTVOCAB), "corpus", "--out", str(out), "--mono", str(src), "--lang", "it"]
+                    argv += ["--mono", str(src), "--lang", "it"]
                 else:
-                    argv = [str(FASTVOCAB), "corpus", "--out", str(out), "--from-tsv", str(src)]
-                    argv += ["--src-lang", "de", "--tgt-lang", "fr"]
+                    argv += ["--from-tsv", str(src), "--src-lang", "de", "--tgt-lang", "fr"]
                 res = run_child(argv)
                 manifest = json.loads((out / "corpus.json").read_text())
                 record = manifest["mono"]["it"] if kind == "mono" else manifest["pairs"]["de-fr"]

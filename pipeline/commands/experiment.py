@@ -3,7 +3,8 @@
 ``fastvocab experiment paper``: the tables and figures of Amer et al. (2022) measured on a model, its corpus
 and a pipeline work dir's maps and stored states (``experiment_paper``). Each table and figure is one
 child run of one parent run (tables as CSV and Markdown artifacts, figures as PNG); the same files and a JSON
-record of every number go to ``--out``. ``fastvocab report <parent run id>`` renders the result as one page.
+record of every number go to ``--output``. ``fastvocab report <parent run id>`` renders the result as one
+page.
 """
 
 from __future__ import annotations
