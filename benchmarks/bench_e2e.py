@@ -71,7 +71,7 @@ def variants(configs_beam: int, args) -> list[tuple[str, dict]]:
 
 def projection_bytes(proj: Projection) -> int:
     """Memory the output layer holds besides W and b: the map's device tensors and cached blocks."""
-    pm = getattr(proj, "_map", None)
+    pm = getattr(proj, "prepared_map", None)  # the clustered projection's
     if pm is None:
         return 0
     tensors = [pm.centroids_t, pm.sq_norms, pm.indptr, pm.indices]
