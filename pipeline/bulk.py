@@ -56,8 +56,6 @@ from fastvocab.tasks.translate import SearchSettings
 
 log = logging.getLogger(__name__)
 
-MAX_RETRIES = 2  # a range whose actor died is retried this many times before the job fails
-
 
 @dataclass(frozen=True)
 class BulkRequest:
@@ -507,7 +505,6 @@ def _on_ray(
         size=request.workers,
         num_cpus=request.num_cpus_per_worker,
         num_gpus=request.num_gpus_per_worker,
-        max_retries=MAX_RETRIES,
     )
 
 
