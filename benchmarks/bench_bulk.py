@@ -27,7 +27,9 @@ import time
 from pathlib import Path
 
 import numpy as np
-from bench_meta import cpu_name, git_commit
+from bench_meta import cpu_name
+
+from fastvocab.artifacts_schema.provenance import git_commit
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
@@ -209,7 +211,7 @@ def main() -> None:
     rows: list[dict[str, object]] = []
     record: dict[str, object] = {
         "meta": {
-            "commit": git_commit(),
+            "commit": git_commit(cwd=ROOT),
             "cpu": cpu_name(),
             "cores": os.cpu_count(),
             "date": dt.date.today().isoformat(),

@@ -25,7 +25,9 @@ import time
 from pathlib import Path
 
 import numpy as np
-from bench_meta import cpu_name, git_commit
+from bench_meta import cpu_name
+
+from fastvocab.artifacts_schema.provenance import git_commit
 
 log = logging.getLogger("bench")
 ROOT = Path(__file__).resolve().parents[1]
@@ -180,7 +182,7 @@ def main() -> None:
     result: dict[str, object] = {
         "benchmark": "dump throughput and faiss k-means time",
         "date": time.strftime("%Y-%m-%d"),
-        "commit": git_commit(),
+        "commit": git_commit(cwd=ROOT),
         "device": f"cpu: {cpu_name()}, {os.cpu_count()} cores",
         "load_average_at_start": load_avg(),
         "quick": args.quick,

@@ -29,10 +29,11 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_meta import device_name, git_commit
+from bench_meta import ROOT, device_name
 
 from fastvocab.artifacts_schema.cluster_map import resolve_map_dir
 from fastvocab.artifacts_schema.corpus import read_direction
+from fastvocab.artifacts_schema.provenance import git_commit
 from fastvocab.kernels.base import Projection, ProjectionOutput
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -70,7 +71,7 @@ def variants(configs_beam: int, args) -> list[tuple[str, dict]]:
 
 def projection_bytes(proj: Projection) -> int:
     """Memory the output layer holds besides W and b: the map's device tensors and cached blocks."""
-    pm = getattr(proj, "_map", None)
+    pm = getattr(proj, "prepared_map", None)  # the clustered projection's
     if pm is None:
         return 0
     tensors = [pm.centroids_t, pm.sq_norms, pm.indptr, pm.indices]
@@ -185,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
 
     adapter = Seq2SeqAdapter.load(args.model, device=args.device, dtype=DTYPES[args.dtype])
     name = device_name(args.device)
-    commit = git_commit()
+    commit = git_commit(cwd=ROOT)
     print(
         f"# {name}, {args.dtype}, model {args.model} (N={adapter.n_vocab}, d={adapter.d_model}), "
         f"commit {commit}"

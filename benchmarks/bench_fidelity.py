@@ -15,8 +15,9 @@ import datetime as dt
 import sys
 from pathlib import Path
 
-from bench_meta import device_name, git_commit
+from bench_meta import device_name
 
+from fastvocab.artifacts_schema.provenance import git_commit
 from fastvocab.pipeline.commands.bench import fidelity_parser, run_fidelity_command
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -36,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
         tag = f"-{args.tag}" if args.tag else ""
         args.output = RESULTS / f"fidelity-{device}-{dt.date.today().isoformat()}{tag}.json"
     command = " ".join([".venv/bin/python", "benchmarks/bench_fidelity.py", *argv])
-    commit = git_commit("kernels", "decoding", "tasks")
+    commit = git_commit("kernels", "decoding", "tasks", cwd=ROOT)
     return run_fidelity_command(args, command, lambda: {"commit": commit, "device": device_name(args.device)})
 
 

@@ -63,8 +63,9 @@ from types import SimpleNamespace
 import numpy as np
 import torch
 import torch.nn.functional as F
-from bench_meta import ROOT, cpu_name, git_commit
+from bench_meta import ROOT, cpu_name
 
+from fastvocab.artifacts_schema.provenance import git_commit
 from fastvocab.kernels import clustered_ops, create_projection
 from fastvocab.kernels.int8 import packed_rows
 
@@ -259,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
     result: dict = {
         "benchmark": "bench_int8_gather",
         "date": dt.datetime.now().isoformat(timespec="seconds"),
-        "commit": git_commit("kernels", "benchmarks/bench_int8_gather.py"),
+        "commit": git_commit("kernels", "benchmarks/bench_int8_gather.py", cwd=ROOT),
         "command": " ".join([".venv/bin/python", "benchmarks/bench_int8_gather.py", *(argv or sys.argv[1:])]),
         "device": f"{cpu_name()} ({os.cpu_count()} cores visible)",
         "torch": torch.__version__,

@@ -11,33 +11,16 @@ import datetime as dt
 import json
 import os
 import platform
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TypeVar
 
+from fastvocab.artifacts_schema.provenance import git_commit
+
 ROOT = Path(__file__).resolve().parent.parent
 T = TypeVar("T")
-
-
-def git_commit(*paths: str) -> str:
-    """HEAD's hash, and ``+dirty`` when tracked files under ``paths`` (default: all) are changed."""
-    try:
-        head = subprocess.run(
-            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True, cwd=ROOT
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no", "--", *paths],
-            capture_output=True,
-            text=True,
-            check=True,
-            cwd=ROOT,
-        ).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-    return head + ("+dirty" if dirty else "")
 
 
 # /proc/cpuinfo flags that decide which GEMM kernels run (fp32 width, int8 dot products, bf16), by name.
@@ -104,7 +87,7 @@ def result_header(benchmark: str) -> dict[str, object]:
     return {
         "benchmark": benchmark,
         "date": dt.datetime.now().isoformat(timespec="seconds"),
-        "commit": git_commit(),
+        "commit": git_commit(cwd=ROOT),
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
         "device": cpu_name(),
         "torch": torch.__version__,

@@ -96,8 +96,10 @@ from types import SimpleNamespace
 
 import numpy as np
 import torch
-from bench_meta import cpu_name, git_commit, round_order
+from bench_meta import cpu_name, round_order
 from bench_peer import Ct2System, convert_ct2, vmap_model_dir
+
+from fastvocab.artifacts_schema.provenance import git_commit
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
@@ -1000,7 +1002,7 @@ def main(argv: list[str] | None = None) -> int:
     result: dict = {
         "benchmark": "bench_model_scale",
         "date": dt.datetime.now().isoformat(timespec="seconds"),
-        "commit": git_commit("decoding", "kernels", "tasks", "benchmarks/bench_model_scale.py"),
+        "commit": git_commit("decoding", "kernels", "tasks", "benchmarks/bench_model_scale.py", cwd=ROOT),
         "command": " ".join([".venv/bin/python", "benchmarks/bench_model_scale.py", *(argv or sys.argv[1:])]),
         "args": vars(args),
         "device": f"{cpu_name()} ({os.cpu_count()} cores visible)",

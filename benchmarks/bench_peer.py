@@ -72,8 +72,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from bench_meta import cpu_name, git_commit, round_order
+from bench_meta import cpu_name, round_order
 
+from fastvocab.artifacts_schema.provenance import git_commit
 from fastvocab.decoding.search import parse_early_stopping, stopping_rule
 from fastvocab.kernels.clustered import INACTIVE_MASS
 from fastvocab.tasks.evaluate import score, search_error_rate
@@ -161,21 +162,6 @@ class Ct2System:
         return res
 
 
-def timed_projection(projection, spent: list[float]) -> None:
-    """Add the wall time of each of ``projection``'s steps to ``spent[0]`` (its ``_project``, wrapped on the
-    instance: the step's own work, without the search's choice among its logits)."""
-    inner = projection._project
-
-    def project(h):
-        t0 = time.perf_counter()
-        try:
-            return inner(h)
-        finally:
-            spent[0] += time.perf_counter() - t0
-
-    projection._project = project
-
-
 def fastvocab_system(adapter, projection, args) -> Callable[[list[str], int], tuple[float, list[str]]]:
     """``projection``: one projection for every beam, or a dict beam -> projection (clustered: the
     inactive-mass estimate depends on the beam, as in ``fastvocab translate``). The returned function's
@@ -184,17 +170,16 @@ def fastvocab_system(adapter, projection, args) -> Callable[[list[str], int], tu
     from fastvocab.tasks.translate import translate
 
     spent = [0.0]
-    for proj in projection.values() if isinstance(projection, dict) else [projection]:
-        timed_projection(proj, spent)
 
     def run(lines: list[str], beam: int) -> tuple[float, list[str]]:
         # Creating a ctranslate2.Translator sets the calling thread's OpenMP thread count to its
         # intra_threads (torch.get_num_threads() reads 1 after one with intra_threads=1): set it back.
         torch.set_num_threads(args.threads)
-        spent[0] = 0.0
+        proj = projection[beam] if isinstance(projection, dict) else projection
+        proj.time_steps()  # from zero: another system may share this projection
         r = translate(
             adapter,
-            projection[beam] if isinstance(projection, dict) else projection,
+            proj,
             lines,
             args.src_lang,
             args.tgt_lang,
@@ -205,6 +190,7 @@ def fastvocab_system(adapter, projection, args) -> Callable[[list[str], int], tu
             workers=None if args.parallel == "workers" else 1,
             early_stopping=args.early_stopping,
         )
+        spent[0] = proj.step_seconds
         return r.seconds, r.hypotheses
 
     run.projection_seconds = spent  # type: ignore[attr-defined]
@@ -284,12 +270,12 @@ def build_systems(args) -> tuple[dict[str, Callable], dict]:
             vmap_dir = vmap_model_dir(ct2_dir, a32, args, info)
             systems["ct2 float32 + vmap"] = Ct2System(vmap_dir, "float32", a32, args, use_vmap=True)
             systems["ct2 int8 + vmap"] = Ct2System(vmap_dir, "int8", a32, args, use_vmap=True)
-    if a32._static is not None:
+    if a32.static_decoder is not None:
         # fp32 self-attention K/V for prefix + max_len - 1 positions (what the search allocates), per decoder
         # row (batch x beam rows); the cross-attention K/V come on top, per source sentence.
         positions = len(a32.start_tokens(args.tgt_lang)) + args.max_len - 1
         info["static_cache_positions"] = positions
-        info["static_cache_bytes_per_row"] = a32._static.cache_bytes_per_row(positions)
+        info["static_cache_bytes_per_row"] = a32.static_decoder.cache_bytes_per_row(positions)
     return systems, info
 
 
@@ -354,7 +340,7 @@ def bleu_chrf(hyps: list[str], refs: list[str]) -> dict:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="models/demo")
-    p.add_argument("--corpus", default="data/corpus", help="corpus folder (fastvocab corpus --out)")
+    p.add_argument("--corpus", default="data/corpus", help="corpus folder (fastvocab corpus --output)")
     p.add_argument("--split", default="test")
     p.add_argument("--lines", help="a text file of source lines instead of a corpus split (no BLEU)")
     p.add_argument("--src-lang", default="en")
@@ -437,7 +423,7 @@ def main(argv: list[str] | None = None) -> int:
     result: dict = {
         "benchmark": "bench_peer",
         "date": dt.datetime.now().isoformat(timespec="seconds"),
-        "commit": git_commit("decoding", "kernels", "tasks", "benchmarks/bench_peer.py"),
+        "commit": git_commit("decoding", "kernels", "tasks", "benchmarks/bench_peer.py", cwd=ROOT),
         "command": " ".join([".venv/bin/python", "benchmarks/bench_peer.py", *(argv or sys.argv[1:])]),
         "args": vars(args),  # every setting, defaults included
         "device": f"{cpu_name()} ({os.cpu_count()} cores visible)",

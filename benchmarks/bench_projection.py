@@ -35,10 +35,11 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from bench_meta import device_name, git_commit
+from bench_meta import ROOT, device_name
 
 from fastvocab.artifacts_schema.cluster_map import ClusterMap, MapManifest, active_fraction_stats
 from fastvocab.artifacts_schema.fingerprint import projection_fingerprint
+from fastvocab.artifacts_schema.provenance import git_commit
 from fastvocab.kernels import create_projection
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -228,7 +229,7 @@ def bench_size(n_vocab: int, d: int, rows_list: list[int], args, meta: dict) -> 
             for label, proj in projs.items():
                 stats = _active_stats(proj, proj(h), h)
                 rows_w = stats.pop("bytes_w")
-                cent = r * d * proj._map.centroids_t.element_size()
+                cent = r * d * proj.prepared_map.centroids_t.element_size()
                 stats["distinct_clusters"] = distinct
                 key = (label, frac, ratio)
                 records.append(
@@ -249,21 +250,23 @@ def bench_size(n_vocab: int, d: int, rows_list: list[int], args, meta: dict) -> 
 def _gemm_only(proj, h: torch.Tensor) -> Callable[[], object]:
     from fastvocab.kernels import cupy_ops
 
+    pm = proj.prepared_map
     clusters = proj.assign(h)
-    mask = cupy_ops.mark_active(clusters, proj._map.indptr, proj._indices32, proj.n_vocab, proj._map.max_size)
+    mask = cupy_ops.mark_active(clusters, pm.indptr, pm.indices.to(torch.int32), proj.n_vocab, pm.max_size)
     cols32, _ = cupy_ops.compact(mask)
     return lambda: cupy_ops.gather_gemm_union(h, proj.weight, proj.bias, cols32)
 
 
 def _active_stats(proj, out, h) -> dict:
     """Union and per-row active fractions, W rows the call reads, cache hits."""
+    pm = proj.prepared_map
     clusters = proj.assign(h).tolist()
-    sizes = [proj._map.sizes[c] for c in clusters]
+    sizes = [pm.sizes[c] for c in clusters]
     uniq = sorted(set(clusters))
-    union = torch.unique(torch.cat([proj._map.ids[c] for c in uniq])).numel()
+    union = torch.unique(torch.cat([pm.ids[c] for c in uniq])).numel()
     n = proj.n_vocab
-    rows_w = union if proj.selection == "union" else sum(proj._map.sizes[c] for c in uniq)
-    hits = sum(proj._map.blocks[c] is not None for c in clusters) / len(clusters)
+    rows_w = union if proj.selection == "union" else sum(pm.sizes[c] for c in uniq)
+    hits = sum(pm.blocks[c] is not None for c in clusters) / len(clusters)
     return {
         "union_fraction": union / n,
         "per_row_fraction": float(np.mean(sizes)) / n,
@@ -432,7 +435,7 @@ def main(argv: list[str] | None = None) -> int:
         "peak_source": peak_src,
         "copy_bandwidth_GBps": meta["copy_gbps"],
         "torch": torch.__version__,
-        "commit": git_commit(),
+        "commit": git_commit(cwd=ROOT),
         "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "threads": torch.get_num_threads(),
         "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},

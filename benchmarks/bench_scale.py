@@ -47,7 +47,9 @@ import time
 from pathlib import Path
 
 import numpy as np
-from bench_meta import cpu_name, git_commit
+from bench_meta import cpu_name
+
+from fastvocab.artifacts_schema.provenance import git_commit
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
@@ -490,11 +492,11 @@ def main() -> None:
                 generate(src, n, parallel=kind == "tsv")
                 gen = time.perf_counter() - t0
                 out = tmp / f"corpus-{kind}-{n}"
+                argv = [str(FASTVOCAB), "corpus", "--output", str(out)]
                 if kind == "mono":
-                    argv = [str(FASTVOCAB), "corpus", "--out", str(out), "--mono", str(src), "--lang", "it"]
+                    argv += ["--mono", str(src), "--lang", "it"]
                 else:
-                    argv = [str(FASTVOCAB), "corpus", "--out", str(out), "--from-tsv", str(src)]
-                    argv += ["--src-lang", "de", "--tgt-lang", "fr"]
+                    argv += ["--from-tsv", str(src), "--src-lang", "de", "--tgt-lang", "fr"]
                 res = run_child(argv)
                 manifest = json.loads((out / "corpus.json").read_text())
                 record = manifest["mono"]["it"] if kind == "mono" else manifest["pairs"]["de-fr"]
@@ -534,7 +536,7 @@ def main() -> None:
     import torch
 
     meta = {
-        "commit": git_commit("tasks", "artifacts_schema", "pipeline"),
+        "commit": git_commit("tasks", "artifacts_schema", "pipeline", cwd=ROOT),
         "device": "cpu",
         "torch": torch.__version__,
         "load_average_start": load_start,

@@ -38,8 +38,10 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from bench_meta import cpu_name, git_commit
+from bench_meta import cpu_name
 from bench_model_scale import set_union_growth, synthetic_sets
+
+from fastvocab.artifacts_schema.provenance import git_commit
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
@@ -208,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
     result = {
         "meta": {
             "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-            "commit": git_commit(),
+            "commit": git_commit(cwd=ROOT),
             "cpu": cpu_name(),
             "argv": sys.argv[1:] if argv is None else argv,
             "model": args.model,

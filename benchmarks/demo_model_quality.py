@@ -26,9 +26,9 @@ import time
 from pathlib import Path
 
 import torch
-from bench_meta import git_commit
 
 from fastvocab.artifacts_schema.corpus import available_pairs, read_direction
+from fastvocab.artifacts_schema.provenance import git_commit
 from fastvocab.training import TEST_SCORES_MARKER, load_saved_model, translate
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -149,7 +149,7 @@ def main() -> int:
         directions = [d for d in MAIN + EXTRA if d in pairs and set(d.split("-")) <= langs]
     result: dict = {
         "model": str(args.model.relative_to(ROOT) if args.model.is_absolute() else args.model),
-        "commit": git_commit("models/demo"),
+        "commit": git_commit("models/demo", cwd=ROOT),
         "date": dt.date.today().isoformat(),
         "device": f"CPU ({platform.machine()}), 2 torch threads, shared with other jobs",
         "dtype": "float32",

@@ -651,7 +651,7 @@ def run_paper(
         if missing:
             raise ValueError(
                 f"no stored states and no source text for {', '.join(missing)} in {pool_corpus or corpus}: "
-                "build a corpus with those languages (e.g. `fastvocab corpus --out DIR "
+                "build a corpus with those languages (e.g. `fastvocab corpus --output DIR "
                 "--languages en,fr,es`) and pass it as --pool-corpus DIR"
             )
     res = PaperResult()

@@ -12,6 +12,8 @@ results as two fresh objects (the CTranslate2 ``use_vmap`` bug, docs/DESIGN-NOTE
 from __future__ import annotations
 
 import math
+import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar, TypeVar
@@ -22,6 +24,7 @@ from fastvocab import __version__
 from fastvocab.artifacts_schema.fingerprint import projection_fingerprint
 
 _REGISTRY: dict[str, type[Projection]] = {}
+_TIMING_LOCK = threading.Lock()  # translate() may call one projection from several worker threads
 
 P = TypeVar("P", bound="type[Projection]")
 
@@ -177,6 +180,9 @@ class Projection:
     """
 
     name: ClassVar[str] = "?"
+    # What time_steps() sums; class defaults, so that a subclass that skips __init__ (a proxy) still has them.
+    step_seconds: float = 0.0
+    _timing: bool = False
 
     def __init__(
         self,
@@ -232,6 +238,14 @@ class Projection:
         one."""
         return None
 
+    def time_steps(self, on: bool = True) -> None:
+        """Zero ``step_seconds`` and, while ``on``, add to it the wall time of each call's step: the method's
+        own work, not the caller's use of its logits, summed over the threads that call the projection.
+        A step a captured graph replays (:meth:`capturable`) does not pass through here and is not counted.
+        Never changes an output."""
+        self.step_seconds = 0.0
+        self._timing = on
+
     def signature(self) -> str:
         """``method:clustered|mode:union|...|fastvocab:0.1.0|model:<fingerprint>`` (sacrebleu-style)."""
         parts = [f"method:{self.name}"] + [f"{k}:{v}" for k, v in sorted(self.options().items())]
@@ -243,7 +257,16 @@ class Projection:
             raise ValueError(f"hidden states must be (rows, {self.d}), got {tuple(h.shape)}")
         if h.device != self.device:
             raise ValueError(f"hidden states on {h.device}, projection on {self.device}")
-        return self._project(h.to(self.weight.dtype))
+        h = h.to(self.weight.dtype)
+        if not self._timing:
+            return self._project(h)
+        t0 = time.perf_counter()
+        try:
+            return self._project(h)
+        finally:
+            seconds = time.perf_counter() - t0
+            with _TIMING_LOCK:
+                self.step_seconds += seconds
 
     def _project(self, h: torch.Tensor) -> ProjectionOutput:
         raise NotImplementedError

@@ -40,6 +40,7 @@ from fastvocab.artifacts_schema.bulk_parts import (
 from fastvocab.artifacts_schema.lock import WorkDirBusy, WorkDirLock
 from fastvocab.pipeline.errors import UserError
 from fastvocab.pipeline.tracking import StageRecord
+from fastvocab.pipeline.wording import plural
 from fastvocab.tasks.bulk import (
     PART_LINES,
     BulkJob,
@@ -54,8 +55,6 @@ from fastvocab.tasks.bulk import (
 from fastvocab.tasks.translate import SearchSettings
 
 log = logging.getLogger(__name__)
-
-MAX_RETRIES = 2  # a range whose actor died is retried this many times before the job fails
 
 
 @dataclass(frozen=True)
@@ -170,18 +169,14 @@ class BulkResult:
         if self.parts_reused:
             done += f" ({self.parts_reused} done by an earlier run)"
         text = (
-            f"{_count(self.lines, 'line')} ({self.sentences} non-empty, {self.tokens} target tokens, "
-            f"{_count(self.empty_outputs, 'empty output')}); {done}"
+            f"{plural(self.lines, 'line')} ({self.sentences} non-empty, {self.tokens} target tokens, "
+            f"{plural(self.empty_outputs, 'empty output')}); {done}"
         )
         if self.parts_retried:
-            text += f", {_count(self.parts_retried, 'part')} retried after a worker died"
+            text += f", {plural(self.parts_retried, 'part')} retried after a worker died"
         if self.corrupt_redone:
             text += f"; corrupt parts redone: {', '.join(self.corrupt_redone)}"
         return text
-
-
-def _count(n: int, noun: str) -> str:
-    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
 def plot_throughput(result: BulkResult, path: Path) -> Path:
@@ -314,7 +309,7 @@ def _run(request, inp, layout, parts, output, t0, ray, progress, worker_cls, own
         log.warning(
             "%s: %s in column %r read as empty lines",
             inp.name,
-            _count(inp.nulls, "null text"),
+            plural(inp.nulls, "null text"),
             inp.text_column,
         )
     job = BulkJob(
@@ -510,7 +505,6 @@ def _on_ray(
         size=request.workers,
         num_cpus=request.num_cpus_per_worker,
         num_gpus=request.num_gpus_per_worker,
-        max_retries=MAX_RETRIES,
     )
 
 
@@ -657,11 +651,11 @@ def run_command(args: argparse.Namespace, output: str, options: dict[str, object
     if args.workers == 1 and args.ray_address is None:
         import torch
 
-        where = f"{_count(torch.get_num_threads(), 'thread')}, in this process"
+        where = f"{plural(torch.get_num_threads(), 'thread')}, in this process"
     else:
         where = (
-            f"{_count(request.num_cpus_per_worker, 'thread')} a worker, "
-            f"{_count(len(result.workers), 'Ray worker')} used of {args.workers}"
+            f"{plural(request.num_cpus_per_worker, 'thread')} a worker, "
+            f"{plural(len(result.workers), 'Ray worker')} used of {args.workers}"
         )
     busy = [w["tokens"] / w["seconds"] for w in result.workers.values() if w["seconds"] > 0]
     per_worker = f" ({sum(busy) / len(busy):.0f} a worker while busy)" if busy else ""

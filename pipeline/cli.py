@@ -47,12 +47,13 @@ def build_parser(load: str | None = "*") -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="fastvocab",
         description="Clustered vocabulary projection for fast multilingual MT decoding (Amer et al. 2022).",
+        allow_abbrev=False,  # one spelling an option (pipeline/commands/__init__.py)
     )
     parser.add_argument("--version", action="version", version=f"fastvocab {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="log debug messages")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name, module in COMMANDS.items():
-        p = sub.add_parser(name, help=_HELP[name], description=_HELP[name])
+        p = sub.add_parser(name, help=_HELP[name], description=_HELP[name], allow_abbrev=False)
         if load in ("*", name):
             mod = importlib.import_module(f"fastvocab.pipeline.commands.{module}")
             mod.add_arguments(p)

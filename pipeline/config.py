@@ -7,7 +7,6 @@ stages never pass untyped dicts to tasks.
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
@@ -24,8 +23,6 @@ if TYPE_CHECKING:
     from fastvocab.tasks.maps import MapParams
     from fastvocab.tasks.shortlist import ShortlistParams
     from fastvocab.tasks.translate import SearchSettings
-
-log = logging.getLogger(__name__)
 
 # Per-cluster active fractions are also reported at these K (Amer et al. Fig. 4).
 COMPARE_KS = (1, 3, 5)
@@ -131,8 +128,6 @@ class DumpConfig(_Strict):
     # top-K ids recorded per state; raised to 2 x the largest of maps.beams when lower (beam search keeps the
     # 2 x beam best tokens of every hypothesis)
     k: int = Field(5, ge=1)
-    # replaced by maps.beams (dump.beam: b reads as maps.beams: [b], with a warning)
-    beam: int | None = Field(None, ge=1)
     batch_size: int = Field(32, ge=1)
     shard_rows: int = Field(50_000, ge=1)  # Parquet row-group size inside a shard
     num_workers: int = Field(2, ge=1)
@@ -405,14 +400,7 @@ class RunConfig(_Strict):
 
     @model_validator(mode="after")
     def _k_follows_the_beams(self) -> RunConfig:
-        """``dump.beam`` reads as ``maps.beams``; dump.k and maps.k are raised to what the beams need."""
-        if self.dump.beam is not None:
-            beam, self.dump.beam = self.dump.beam, None
-            if "beams" in self.maps.model_fields_set:
-                log.warning("dump.beam is replaced by maps.beams, which is set: dump.beam=%d ignored", beam)
-            else:
-                log.warning("dump.beam is replaced by maps.beams: read as maps.beams=[%d]", beam)
-                self.maps.beams = [beam]
+        """dump.k and maps.k are raised to what the beams need."""
         # states dumped along beam b carry their 2 x b best ids, and a map that keeps fewer drops what they
         # were dumped for: both K follow the beams (the K used is logged with every stage's parameters)
         need = beam_k(self.maps.beams)

@@ -2,9 +2,9 @@
 
 Workers that hold a model (``tasks.workers``) run as Ray actors in a ``ray.util.ActorPool``: the model is
 loaded once per actor, Ray schedules work items as actors free up (backpressure), restarts a dead actor and
-retries its item (``max_restarts``/``max_task_retries``), and the driver shows progress as results come
-back. k-means and map building hold no model and run as plain Ray tasks. Ray starts only when a stage has
-work, so a fully resumed run never pays for ``ray.init``.
+retries its item (:data:`RETRIES`), and the driver shows progress as results come back. k-means and map
+building hold no model and run as plain Ray tasks. Ray starts only when a stage has work, so a fully resumed
+run never pays for ``ray.init``.
 """
 
 from __future__ import annotations
@@ -13,13 +13,36 @@ import contextlib
 import os
 import signal
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from fastvocab.artifacts_schema.errors import ArtifactError
 from fastvocab.pipeline.errors import Interrupted, UserError
 
-# An actor process that dies (OOM killer, a lost node) is restarted and its item retried once.
-MAX_RESTARTS = 1
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How often work is tried again after the actor process running it died.
+
+    Only a death is retried (the OOM killer, a lost or preempted node): it says nothing about the item, and
+    the item usually succeeds on a fresh process. An error raised by the work itself is not: the same input
+    would fail the same way. Retries are few because an item that kills every process it runs on (one that
+    always runs out of memory) must fail the run rather than loop, and a failed run loses nothing: what was
+    done is on disk and the next run resumes from it.
+    """
+
+    # map_actors (the stages' ActorPools): Ray restarts a dead actor this many times over its life
+    # (max_restarts) and runs the item it held again each time (max_task_retries). The budget is per actor,
+    # so a stage survives as many deaths as it has actors, one each.
+    actor_restarts: int
+    # pull_actors (bulk translation): the driver replaces a dead actor with a new one itself and puts the
+    # item back in the queue, this many times per item. The budget is per item, so a long job survives any
+    # number of deaths spread over its ranges, and only a range that kills three processes ends it.
+    item_retries: int
+
+
+RETRIES = RetryPolicy(actor_restarts=1, item_retries=2)
+
 # The address that starts a private local Ray (with ``num_cpus`` CPUs) instead of attaching to one.
 LOCAL = "local"
 # Errors that are the user's to fix re-raise as themselves on the driver (one line, no remote traceback).
@@ -112,8 +135,9 @@ class RaySession:
         ray = self.ensure()
         from ray.util import ActorPool
 
+        restarts = RETRIES.actor_restarts
         remote = ray.remote(
-            num_cpus=num_cpus, num_gpus=num_gpus, max_restarts=MAX_RESTARTS, max_task_retries=MAX_RESTARTS
+            num_cpus=num_cpus, num_gpus=num_gpus, max_restarts=restarts, max_task_retries=restarts
         )(cls)
         actors = [remote.remote(*args) for _ in range(max(1, min(size, len(items))))]
         pool = ActorPool(actors)
@@ -140,7 +164,7 @@ class RaySession:
         size: int,
         num_cpus: float,
         num_gpus: float = 0,
-        max_retries: int = 2,
+        max_retries: int = RETRIES.item_retries,
     ) -> int:
         """Call ``actor.<method>(item)`` for every item on ``size`` actors ``cls(*args)`` that pull items from
         one queue: an actor gets its next item when it returns the last, so a slow actor (or node) takes

@@ -64,13 +64,6 @@ HEADER_TAGS = {
     "fastvocab.work_dir": "work dir",
     "fastvocab.all_skipped": "all stages skipped",
 }
-CHILD_TAGS = (
-    "mlflow.parentRunId",
-    "fastvocab.stage",
-    "fastvocab.unit",
-    "fastvocab.status",
-    "fastvocab.message",
-)
 
 
 # --------------------------------------------------------------------------------------------- collected data

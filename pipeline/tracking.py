@@ -16,7 +16,6 @@ import math
 import os
 import socket
 import sqlite3
-import subprocess
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -25,6 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from fastvocab import __version__
+from fastvocab.artifacts_schema.provenance import git_commit
 from fastvocab.pipeline.errors import UserError
 
 log = logging.getLogger(__name__)
@@ -142,16 +142,6 @@ def relocate_artifacts(db: Path, artifact_root: Path) -> str | None:
         con.close()
 
 
-def git_commit(cwd: Path | None = None) -> str:
-    try:
-        out = subprocess.run(
-            ["git", "rev-parse", "--short=12", "HEAD"], cwd=cwd, capture_output=True, text=True, timeout=5
-        )
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-    return out.stdout.strip() if out.returncode == 0 else "unknown"
-
-
 def flatten(d: dict[str, object], prefix: str = "") -> dict[str, str]:
     """Nested config dict -> ``{"kmeans.r": "200", ...}`` (MLflow params are strings)."""
     out: dict[str, str] = {}
@@ -253,7 +243,11 @@ class Tracker:
         run = self.client.create_run(
             self.experiment_id,
             run_name=run_name,
-            tags={"fastvocab.version": __version__, "fastvocab.commit": git_commit(), **tags},
+            tags={
+                "fastvocab.version": __version__,
+                "fastvocab.commit": git_commit(digits=12, mark_dirty=False),
+                **tags,
+            },
         )
         self.parent_id = run.info.run_id
         params = [Param(k, v) for k, v in sorted(flatten(config).items())]

@@ -273,11 +273,6 @@ def split_rows(
 # -------------------------------------------------------------------------------------------- files, manifest
 
 
-def _write_table(path: Path, table: pa.Table) -> None:
-    with atomic_path(path) as tmp:
-        pq.write_table(table, tmp)
-
-
 def _up_to_date_pair(out_dir: Path, lang1: str, lang2: str, build: dict) -> PairResult | None:
     record = read_manifest(out_dir)["pairs"].get(pair_name(lang1, lang2))
     if not record or record.get("build") != build:

@@ -179,20 +179,14 @@ def test_k_follows_the_beams(overrides, dump_k, maps_k):
         assert cfg.dump.settings(beam) == DumpSettings(k=dump_k, max_len=128, batch_size=32, beam=beam)
 
 
-def test_dump_beam_reads_as_maps_beams_with_a_warning(caplog):
-    with caplog.at_level("WARNING", logger="fastvocab.pipeline.config"):
-        cfg = load_config(None, {"dump.beam": 4})
-    assert cfg.maps.beams == [4] and cfg.dump.k == 8 and cfg.dump.beam is None
-    assert [r.getMessage() for r in caplog.records] == [
-        "dump.beam is replaced by maps.beams: read as maps.beams=[4]"
-    ]
-    caplog.clear()
-    with caplog.at_level("WARNING", logger="fastvocab.pipeline.config"):
-        cfg = load_config(None, {"dump.beam": 1, "maps.beams": [1, 4]})  # an old config with the new key
-    assert cfg.maps.beams == [1, 4] and cfg.dump.k == 8
-    assert [r.getMessage() for r in caplog.records] == [
-        "dump.beam is replaced by maps.beams, which is set: dump.beam=1 ignored"
-    ]
+def test_dump_beam_is_an_unknown_key(tmp_path):
+    # the beam sizes are maps.beams; dump.beam is refused like any other key the config does not have
+    with pytest.raises(UserError, match=r"dump\.beam: Extra inputs are not permitted"):
+        load_config(None, {"dump.beam": 4})
+    path = tmp_path / "run.yaml"
+    path.write_text("dump:\n  beam: 4\n")
+    with pytest.raises(UserError, match=r"dump\.beam: Extra inputs are not permitted"):
+        load_config(path)
 
 
 @pytest.mark.parametrize(

@@ -1,10 +1,10 @@
 """One CLI vocabulary across the ``fastvocab`` subcommands: defaults shown as ``(default: X)``, counts with a
-metavar, the same flag names for the output and the MLflow store, earlier spellings still parsed."""
+metavar, the same flag names for the output and the MLflow store, and no other spelling of them (no earlier
+names, no prefixes)."""
 
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 import pytest
 
@@ -60,20 +60,27 @@ def test_the_output_and_the_mlflow_store_have_one_name_each():
 
 
 @pytest.mark.parametrize(
-    ("argv", "dest", "value"),
+    "argv",
     [
-        (["corpus", "--out", "c"], "output", Path("c")),
-        (["train-demo", "--out", "m"], "output", Path("m")),
-        (["report", "latest", "--out", "r.html"], "output", Path("r.html")),
-        (["bench", "methods", "--out", "x.json"], "output", Path("x.json")),
-        (["bench", "methods", "--mlflow", "sqlite:///x.db"], "tracking_uri", "sqlite:///x.db"),
-        (["bench", "methods", "--experiment", "e"], "experiment_name", "e"),
-        (["bench", "methods", "--quick"], "grid", "quick"),
-        (["tune", "--quick", "--out", "t"], "output", Path("t")),
-        (["tune", "--mlflow", "sqlite:///x.db"], "tracking_uri", "sqlite:///x.db"),
-        (["experiment", "paper", "--out", "p"], "output", Path("p")),
+        ["corpus", "--out", "c"],
+        ["train-demo", "--out", "m"],
+        ["report", "latest", "--out", "r.html"],
+        ["translate", "--src-lang", "en", "--tgt-lang", "it", "-i", "s.txt", "-o", "t.txt", "--out", "u.txt"],
+        ["bench", "methods", "--out", "x.json"],
+        ["bench", "methods", "--mlflow", "sqlite:///x.db"],
+        ["bench", "methods", "--experiment", "e"],
+        ["tune", "--mlflow", "sqlite:///x.db"],
+        ["experiment", "paper", "--out", "p"],
+        ["run", "c.yaml", "--stage", "dump"],  # a prefix of --stages
     ],
 )
-def test_earlier_spellings_still_parse(argv, dest, value):
-    args = build_parser(argv[0]).parse_args(argv)
-    assert getattr(args, dest) == value
+def test_earlier_spellings_and_prefixes_are_refused(argv, capsys):
+    with pytest.raises(SystemExit) as exc:
+        build_parser(argv[0]).parse_args(argv)
+    assert exc.value.code == 2
+    assert f"unrecognized arguments: {argv[-2]}" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv", [["bench", "methods", "--quick"], ["tune", "--quick"]])
+def test_quick_still_names_the_default_grid(argv):
+    assert build_parser(argv[0]).parse_args(argv).grid == "quick"

@@ -1,11 +1,14 @@
 """The full projection's pre-packed CPU path (``fastvocab.kernels.full``): same logits as ``F.linear`` (to
-float rounding) on every row-count path, ``self.weight`` kept, pickling, and the F.linear fallback."""
+float rounding) on every row-count path, ``self.weight`` kept, pickling, and the F.linear fallback; and the
+step timer every projection has (``Projection.time_steps``)."""
 
 from __future__ import annotations
 
 import copy
 import logging
 import pickle
+import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
@@ -132,3 +135,28 @@ def test_capturable_steps():
         pass
 
     assert NoStep(w, b).capturable(rows=5) is None
+
+
+def test_time_steps_sums_the_steps_over_threads_and_changes_no_output():
+    from fastvocab.kernels.base import Projection, ProjectionOutput
+
+    class Slow(Projection):
+        def _project(self, h: torch.Tensor) -> ProjectionOutput:
+            time.sleep(0.02)
+            return ProjectionOutput(h @ self.weight.t(), None, self.n_vocab)
+
+    w, _ = _wb(bias=False)
+    proj = Slow(w, None)
+    h = torch.randn(3, w.shape[1])
+    untimed = proj(h).logits
+    assert proj.step_seconds == 0.0  # off until asked
+    proj.time_steps()
+    assert torch.equal(proj(h).logits, untimed)
+    with ThreadPoolExecutor(4) as pool:
+        list(pool.map(proj, [h] * 4))
+    assert 5 * 0.02 <= proj.step_seconds < 5 * 0.02 + 1.0  # summed over the threads, not wall time
+    proj.time_steps()  # zeroes
+    assert proj.step_seconds == 0.0
+    proj.time_steps(False)
+    proj(h)
+    assert proj.step_seconds == 0.0

@@ -32,8 +32,10 @@ import torch
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from bench_meta import device_name, git_commit  # noqa: E402
+from bench_meta import device_name  # noqa: E402
 from bench_projection import copy_bandwidth_gbps, synthetic_map, synthetic_rows, timed  # noqa: E402
+
+from fastvocab.artifacts_schema.provenance import git_commit  # noqa: E402
 
 # --------------------------------------------------------------------------------------------- common
 
@@ -57,7 +59,7 @@ def meta(device: str, args: argparse.Namespace, **extra: object) -> dict:
         "device_name": device_name(device),
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
-        "commit": os.environ.get("FV_COMMIT") or git_commit(),
+        "commit": os.environ.get("FV_COMMIT") or git_commit(cwd=ROOT),
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "host": platform.node(),
         "loadavg": list(os.getloadavg()),

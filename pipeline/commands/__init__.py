@@ -14,15 +14,15 @@ if TYPE_CHECKING:
 
 # The CLI's vocabulary, the same in every subcommand: an option with a default says it as "(default: X)",
 # a count's metavar is N, the output is -o/--output, the MLflow store --tracking-uri and its experiment
-# --experiment-name. Earlier spellings (--out, --mlflow, --experiment) still parse, hidden from --help.
+# --experiment-name. Every parser is built with allow_abbrev=False: argparse would otherwise take any unique
+# prefix (--out for --output) as the option, and each such prefix becomes a spelling that has to keep working.
 
 
 def add_output(
     p: argparse.ArgumentParser, help: str, *, metavar: str = "FILE", default: Path | None = None
 ) -> None:
-    """``-o/--output`` (``args.output``, a Path), and its earlier spelling ``--out``, hidden."""
+    """``-o/--output`` (``args.output``, a Path)."""
     p.add_argument("-o", "--output", type=Path, default=default, metavar=metavar, help=help)
-    p.add_argument("--out", dest="output", type=Path, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
 
 
 def add_subcommand(
@@ -31,7 +31,11 @@ def add_subcommand(
     """Subcommand ``name`` of ``sub`` (``bench fidelity``, ``experiment paper``): ``help`` in its parent's
     list, ``description`` printed by its --help as written (its line breaks kept)."""
     return sub.add_parser(
-        name, help=help, description=description, formatter_class=argparse.RawDescriptionHelpFormatter
+        name,
+        help=help,
+        description=description,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        allow_abbrev=False,
     )
 
 
@@ -103,20 +107,18 @@ def add_grid_alias(p: argparse.ArgumentParser) -> None:
 
 def add_mlflow_options(p: argparse.ArgumentParser, store: str, experiment: str) -> None:
     """``--tracking-uri URI`` (``store`` says what it defaults to) and ``--experiment-name NAME`` (default
-    ``experiment``), and their earlier spellings ``--mlflow`` and ``--experiment``, hidden."""
+    ``experiment``)."""
     p.add_argument(
         "--tracking-uri",
         metavar="URI",
         help=f"MLflow store: sqlite:///FILE, http(s)://HOST:PORT, file:DIR (default: {store})",
     )
-    p.add_argument("--mlflow", dest="tracking_uri", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     p.add_argument(
         "--experiment-name",
         default=experiment,
         metavar="NAME",
         help="MLflow experiment (default: %(default)s)",
     )
-    p.add_argument("--experiment", dest="experiment_name", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
 
 
 def load_model(args: argparse.Namespace) -> tuple[Seq2SeqAdapter, tuple[float, float, float], float]:

@@ -9,7 +9,7 @@ identical-output rate, the search error rate, BLEU, active columns per row, the 
 shortlist) over a grid of its parameters (``experiments.bench_methods``, which reuses the yardstick's decoding
 and scoring): speed, projection time, candidates per row, search errors, BLEU/chrF, peak RSS, offline build
 time and artifact size; writes a JSON record and a PNG (speed ratio against search error rate, Pareto front
-marked) and logs both to MLflow with ``--mlflow`` or ``--work-dir``.
+marked) and logs both to MLflow with ``--tracking-uri`` or ``--work-dir``.
 """
 
 from __future__ import annotations
@@ -74,7 +74,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def fidelity_parser(description: str) -> argparse.ArgumentParser:
     """A standalone parser with the fidelity options (the benchmark script's)."""
-    p = argparse.ArgumentParser(description=description)
+    p = argparse.ArgumentParser(description=description, allow_abbrev=False)
     add_fidelity_arguments(p)
     return p
 

@@ -3,7 +3,8 @@
 ``fastvocab experiment paper``: the tables and figures of Amer et al. (2022) measured on a model, its corpus
 and a pipeline work dir's maps and stored states (``experiment_paper``). Each table and figure is one
 child run of one parent run (tables as CSV and Markdown artifacts, figures as PNG); the same files and a JSON
-record of every number go to ``--out``. ``fastvocab report <parent run id>`` renders the result as one page.
+record of every number go to ``--output``. ``fastvocab report <parent run id>`` renders the result as one
+page.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import sys
 import time
 from pathlib import Path
 
+from fastvocab.artifacts_schema.provenance import git_commit
 from fastvocab.pipeline import commands
 from fastvocab.pipeline.errors import UserError
 
@@ -302,7 +304,7 @@ def run_paper_command(args: argparse.Namespace) -> int:
         "pool_corpus": str(args.pool_corpus or args.corpus),
         "maps": str(maps),
         "states": res.states,
-        "commit": _git_commit(),
+        "commit": git_commit(digits=12, mark_dirty=False),
         "preset": "quick" if args.quick else "full",
         "parts": list(parts),
         "seconds": res.seconds,
@@ -317,12 +319,6 @@ def run_paper_command(args: argparse.Namespace) -> int:
         parent = log_to_mlflow(tracker, res, files, settings, meta, command)
         print(f"MLflow: run {parent} in {tracker.uri}  (fastvocab report {parent})", file=sys.stderr)
     return 0
-
-
-def _git_commit() -> str:
-    from fastvocab.pipeline.tracking import git_commit
-
-    return git_commit()
 
 
 TITLES = {

@@ -135,7 +135,9 @@ def run(args: argparse.Namespace) -> int:
     from fastvocab.training import TrainConfig, parse_direction, train_demo
 
     if not args.corpus.is_dir() or not available_pairs(args.corpus):
-        raise UserError(f"no corpus at {args.corpus}: build one with `fastvocab corpus --out {args.corpus}`")
+        raise UserError(
+            f"no corpus at {args.corpus}: build one with `fastvocab corpus --output {args.corpus}`"
+        )
     directions = None
     if args.directions:
         directions = [d.strip() for d in args.directions.split(",") if d.strip()]

@@ -27,6 +27,7 @@ from fastvocab.pipeline.commands import (
 )
 from fastvocab.pipeline.config import TranslateConfig
 from fastvocab.pipeline.errors import UserError
+from fastvocab.pipeline.wording import plural
 from fastvocab.tasks.methods import INDEXED_METHODS
 
 HELP = "translate a text file or Parquet dataset for one direction (full, clustered, lsh, graph, shortlist)"
@@ -409,14 +410,14 @@ def run(args: argparse.Namespace) -> int:
 
     setting = (
         f"[{args.method}, beam {args.beam}, batch {args.batch_size}, {args.device}, {args.dtype}, "
-        f"{_plural(torch.get_num_threads(), 'thread')}] -> {args.output}"
+        f"{plural(torch.get_num_threads(), 'thread')}] -> {args.output}"
     )
     if n_lines == 0:
         print(f"translated 0 lines: the input is empty; wrote an empty output {setting}", file=sys.stderr)
         return 0
     print(
-        f"translated {_plural(n_lines, 'line')} ({result.sentences} non-empty, {result.target_tokens} target "
-        f"tokens, {_plural(result.empty_outputs, 'empty output')}) in {result.seconds:.2f} s: "
+        f"translated {plural(n_lines, 'line')} ({result.sentences} non-empty, {result.target_tokens} target "
+        f"tokens, {plural(result.empty_outputs, 'empty output')}) in {result.seconds:.2f} s: "
         f"{result.sentences_per_second:.1f} sentences/s, {result.tokens_per_second:.0f} tokens/s {setting}",
         file=sys.stderr,
     )
@@ -435,7 +436,3 @@ def run(args: argparse.Namespace) -> int:
             )
         print(line, file=sys.stderr)
     return 0
-
-
-def _plural(n: int, noun: str) -> str:
-    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"

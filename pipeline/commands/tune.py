@@ -226,9 +226,9 @@ def run(args: argparse.Namespace) -> int:
     from fastvocab.artifacts_schema.errors import ArtifactError
     from fastvocab.artifacts_schema.hidden_states import validate_beams
     from fastvocab.artifacts_schema.jsonfile import write_json
+    from fastvocab.artifacts_schema.provenance import git_commit
     from fastvocab.experiments import tune as tt
     from fastvocab.experiments.fidelity import run_meta
-    from fastvocab.pipeline.tracking import git_commit
 
     settings = settings_from(args)
     direction = args.direction
@@ -276,7 +276,7 @@ def run(args: argparse.Namespace) -> int:
 
     meta = {
         **run_meta(adapter, args.device, load_before, finished=False),  # written before the run
-        "commit": git_commit(),
+        "commit": git_commit(digits=12, mark_dirty=False),
         "model": str(args.model),
         "states": str(states),
         "state_beams": state_beams,

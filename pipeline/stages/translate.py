@@ -32,17 +32,6 @@ from fastvocab.tasks.workers import MethodJob, TranslateJob, TranslateWorker
 
 log = logging.getLogger(__name__)
 
-PROVENANCE_KEYS = (
-    "method",
-    "map",
-    "map_digest",
-    "selection",
-    "options",
-    "index_digest",
-    "model_fingerprint",
-    "sources_digest",
-)
-
 
 def eval_sample(ctx: StageContext, direction: str) -> tuple[list[int], list[str], list[str]]:
     """(ids, sources, references) of the direction's evaluation split (``eval.split``, ``eval.sentences``)."""
