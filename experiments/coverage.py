@@ -79,12 +79,12 @@ def greedy_path(
 
 def _steps_in_call_order(sentence: torch.Tensor) -> torch.Tensor:
     """The step of each row recorded in call order (a sentence's rows come one a step, in order)."""
-    step = torch.zeros_like(sentence)
+    steps: list[int] = []
     seen: dict[int, int] = {}
-    for i, x in enumerate(sentence.tolist()):
-        step[i] = seen.get(x, 0)
-        seen[x] = step[i].item() + 1
-    return step
+    for x in sentence.tolist():
+        steps.append(seen.get(x, 0))
+        seen[x] = steps[-1] + 1
+    return torch.tensor(steps, dtype=torch.long)
 
 
 @dataclass

@@ -151,7 +151,7 @@ def _publish(ctx: StageContext) -> None:
     import sys
 
     from fastvocab.artifacts_schema.corpus import read_sources_record, sources_path
-    from fastvocab.pipeline.tracking import git_commit
+    from fastvocab.artifacts_schema.provenance import git_commit
     from fastvocab.tasks.publish import publish_maps
 
     cfg = ctx.cfg
@@ -164,7 +164,7 @@ def _publish(ctx: StageContext) -> None:
         "model": str(cfg.model),
         "model_fingerprint": ctx.model().fingerprint,
         "command": " ".join(["fastvocab", *sys.argv[1:]]),
-        "commit": git_commit(),
+        "commit": git_commit(digits=12),
         "sources": sources,
         "settings": {
             "dump": cfg.dump.model_dump(mode="json", exclude={"num_workers", "num_gpus_per_worker"}),
