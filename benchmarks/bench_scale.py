@@ -314,7 +314,7 @@ corpus, n, mode = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 t0 = time.perf_counter()
 if mode == "rows":
-    cfg = load_config(None, {"corpus.out_dir": corpus, "directions": ["it-en"], "dump.split": "mono",
+    cfg = load_config(None, {"corpus.out_dir": corpus, "directions": ["it-en"], "dump.sources": ["mono"],
                              "dump.sentences": n, "dump.stream_sentences": 0, "dump.shard_sentences": 500})
     specs = dump_specs(StageContext(cfg, ray=None, progress=False), "it-en")
     out = {"shards": len(specs), "sentences": sum(s.sentences for s in specs)}
@@ -452,6 +452,78 @@ def dump_scaling(workers: list[int], repeats: int, sentences: int, shard: int, m
     }
 
 
+# `fastvocab run --stages dump,kmeans,maps` in this process, the driver's peak RSS sampled by the parent.
+STREAM_CHILD = """
+import json, sys, time
+from fastvocab.pipeline.config import load_config
+from fastvocab.pipeline.run import run_pipeline
+from fastvocab.pipeline.tracking import NullTracker
+t0 = time.perf_counter()
+res = run_pipeline(load_config(sys.argv[1]), stages=["dump", "kmeans", "maps"], tracker=NullTracker(),
+                   progress=False, log_to_driver=False)
+out = {r.stage: {"status": r.status, "metrics": r.metrics} for r in res.records}
+out["seconds"] = round(time.perf_counter() - t0, 2)
+print(json.dumps(out))
+"""
+
+
+def dump_stream(sizes: list[int], stored: int, max_len: int, workdir: str | None) -> list[dict]:
+    """The dump with streaming (``dump.sentences`` stored, ``dump.stream_sentences: all``) over generated
+    monolingual inputs of ``sizes`` lines, tiny fixture model, greedy, local Ray with 2 workers: the driver
+    process's peak RSS (VmHWM, sampled; the Ray workers are other processes), the stored states and the
+    states counted into the maps, each size from an empty work dir."""
+    import yaml
+
+    rows = []
+    with tempfile.TemporaryDirectory(dir=workdir) as tmp:
+        model = build_tiny_model(Path(tmp) / "tiny")
+        for n in sizes:
+            corpus = Path(tmp) / f"corpus-{n}"
+            write_mono_parquet(corpus / "mono" / "it.parquet", n)
+            cfg = {
+                "work_dir": str(Path(tmp) / f"work-{n}"),
+                "model": str(model),
+                "directions": ["it-en"],
+                "corpus": {"out_dir": str(corpus)},
+                "ray_num_cpus": 2,
+                "dump": {
+                    "sources": ["mono"],
+                    "sentences": stored,
+                    "stream_sentences": "all",
+                    "shard_sentences": 20_000,
+                    "max_len": max_len,
+                    "batch_size": 64,
+                    "k": 2,
+                    "num_workers": 2,
+                    "torch_threads": 1,
+                },
+                "kmeans": {"r": 32, "niter": 5},
+            }
+            path = Path(tmp) / f"stream-{n}.yaml"
+            path.write_text(yaml.safe_dump(cfg))
+            res = watch([sys.executable, "-c", STREAM_CHILD, str(path)], Path(tmp) / "none", None, every=0.5)
+            if res["returncode"]:
+                raise SystemExit(f"streamed dump of {n} lines failed:\n{res['output_tail']}")
+            child = json.loads([ln for ln in res["output_tail"].splitlines() if ln.startswith("{")][-1])
+            dump, maps = child["dump"]["metrics"], child["maps"]["metrics"]
+            row = {
+                "kind": "dump-stream",
+                "lines": n,
+                "stored_sentences": stored,
+                "stored_states": dump["states"],
+                "states_counted": maps["states_used"],
+                "streamed_states": maps["streamed_states"],
+                "driver_peak_rss_mb": res["peak_rss_mb"],
+                "seconds": child["seconds"],
+                "max_len": max_len,
+            }
+            print(json.dumps(row), flush=True)
+            rows.append(row)
+            shutil.rmtree(Path(tmp) / f"work-{n}", ignore_errors=True)
+            shutil.rmtree(corpus, ignore_errors=True)
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -476,6 +548,13 @@ def main() -> None:
     parser.add_argument("--dump-sentences", type=int, default=256, help="--dump-workers: sentences dumped")
     parser.add_argument("--dump-shard", type=int, default=32, help="--dump-workers: sentences a shard")
     parser.add_argument("--dump-max-len", type=int, default=128, help="--dump-workers: max target tokens")
+    parser.add_argument(
+        "--dump-stream",
+        default="",
+        help="comma-separated input lines for the streamed dump (driver's memory)",
+    )
+    parser.add_argument("--stream-stored", type=int, default=2000, help="--dump-stream: sentences stored")
+    parser.add_argument("--stream-max-len", type=int, default=4, help="--dump-stream: max target tokens")
     parser.add_argument("--model", default=None, help="--translate-resume: model folder")
     parser.add_argument("--max-len", type=int, default=8, help="--translate-resume: max target tokens")
     parser.add_argument("--chunk-lines", type=int, default=10_000, help="--translate-resume: lines a chunk")
@@ -529,6 +608,9 @@ def main() -> None:
         )
     if args.plan:
         rows += plan_rows([int(x) for x in args.plan.split(",")], args.workdir, args.plan_old_upto)
+    if args.dump_stream:
+        sizes = [int(x) for x in args.dump_stream.split(",")]
+        rows += dump_stream(sizes, args.stream_stored, args.stream_max_len, args.workdir)
     if args.translate_resume:
         rows.append(
             translate_resume(args.translate_resume, args.workdir, args.model, args.max_len, args.chunk_lines)

@@ -302,3 +302,70 @@ def sentences_for(rows: Sequence[dict], r: int, k: int, probes: int, budget: flo
     if rate is None or rate >= 1:
         return None
     return math.ceil(n * 2 ** (math.log(budget / differ) / math.log(rate)))
+
+
+def choose(rows: Sequence[dict], budget: float, sentences: int) -> dict | None:
+    """The cheapest point built from ``sentences`` whose predicted differing share is within ``budget``:
+    fewest columns a union batch computes, then fewest a row computes (None when no point is)."""
+    ok = [r for r in rows if r["sentences"] == sentences and r["sentence_differ"] <= budget]
+    return min(ok, key=lambda r: (r["union_batch"], r["row_cols"]), default=None)
+
+
+def tune_by_coverage(
+    decoder: DumpDecoder,
+    files: Sequence[Path],
+    dev: Sequence[str],
+    test: Sequence[str],
+    direction: str,
+    *,
+    budget: float,
+    rs: Sequence[int],
+    ks: Sequence[int],
+    probes: Sequence[int],
+    batch: int = 32,
+    seed: int = 1234,
+    first: int = 1500,
+) -> dict:
+    """``fastvocab tune --by coverage``: every (r, K, probes) point's predicted greedy differences on
+    ``dev`` (and the data-scale curve), the cheapest point within ``budget``, its prediction on ``test``,
+    and, for every point not within it, how many dumped sentences its curve says it needs."""
+    src, _, tgt = direction.partition("-")
+    dev_path = greedy_path(decoder, dev, src, tgt)
+    labels = load_labels(files, max(ks))
+    sizes = doubling_sizes(labels.dumped_sentences, first)
+    centroids = {r: train_centroids(labels.files, r, seed) for r in rs}
+    aa = decoder.adapter.always_active_ids()
+    rows = coverage_curve(
+        labels, dev_path, decoder.n_vocab, rs=rs, ks=ks, probes=probes, sizes=sizes, batch=batch,
+        centroids=centroids, always_active=aa,
+    )  # fmt: skip
+    full = labels.dumped_sentences
+    chosen = choose(rows, budget, full)
+    need = {
+        f"r={r} K={k} probes={p}": sentences_for(rows, r, k, p, budget)
+        for r in rs
+        for k in ks
+        for p in probes
+    }
+    result: dict = {
+        "dumped_sentences": full,
+        "stored_states": labels.states,
+        "sizes": sizes,
+        "rows": rows,
+        "chosen": chosen,
+        "sentences_needed": need,
+        "test": None,
+    }
+    if chosen is not None:
+        result["halving"] = misses_per_doubling(rows, chosen["r"], chosen["K"], chosen["probes"])
+        test_path = greedy_path(decoder, test, src, tgt)
+        r, k, p = chosen["r"], chosen["K"], chosen["probes"]
+        clusters = assign_stored(labels, centroids[r])
+        ((_, mask),) = set_masks(
+            clusters, labels.topk[:, :k], labels.sentence, r, decoder.n_vocab, [full], aa
+        )
+        result["test"] = {
+            "sentences": test_path.sentences,
+            **path_coverage(mask, nearest(test_path, centroids[r], p), test_path, p, batch),
+        }
+    return result

@@ -215,3 +215,32 @@ def test_tune_at_a_beam_reads_the_states_of_every_dumped_beam(beam_work, tiny_mo
     assert main([*argv, "--state-beams", "1,3"]) == 2
     err = capsys.readouterr().err.strip()
     assert "no hidden-state shards for en-it" in err and "beam=3" in err and len(err.splitlines()) == 1
+
+
+def test_tune_by_coverage_picks_the_cheapest_point_within_the_budget(work, tiny_model_dir, tmp_path, capsys):
+    """No candidate decoded: every (r, K, probes) point predicted from full softmax's dev path; the choice is
+    the point within the budget whose union batch computes fewest columns, checked on the test split."""
+    argv = ["tune", "--by", "coverage", "--model", str(tiny_model_dir), "--work-dir", str(work / "work")]
+    argv += ["--corpus", str(work / "corpus"), "--direction", "en-it", "--max-len", "8", "--batch-size", "4"]
+    argv += ["--r", "3,6", "--k", "1,3", "--probes", "1,2", "--threads", "1", "--budget", "0.5"]
+    argv += ["--output", str(tmp_path)]
+    assert main(argv) == 0, capsys.readouterr().err
+    out = capsys.readouterr().out
+    record = json.loads((tmp_path / "en-it-coverage" / "coverage.json").read_text())
+    full = record["dumped_sentences"]
+    assert full == 40 and record["sizes"][-1] == 40
+    points = [r for r in record["rows"] if r["sentences"] == full]
+    assert len(points) == 2 * 2 * 2
+    chosen = record["chosen"]
+    assert chosen["sentence_differ"] <= 0.5
+    within = [r for r in points if r["sentence_differ"] <= 0.5]
+    assert chosen["union_batch"] == min(r["union_batch"] for r in within)
+    assert record["test"]["sentences"] == 6 and 0 <= record["test"]["sentence_differ"] <= 1
+    assert f"maps.probes: {chosen['probes']}" in out and "| r | K | probes |" in out
+    # a budget nothing meets: a one-line error naming the best point
+    argv[argv.index("0.5")] = "-1"
+    assert main(argv) == 2
+    assert "no (r, K, probes) point is within" in capsys.readouterr().err
+    # beam search is not predicted by coverage
+    assert main([*argv, "--beam", "2"]) == 2
+    assert "--by coverage predicts greedy outputs" in capsys.readouterr().err

@@ -57,6 +57,15 @@ candidate within the budget. The choice is then decoded on the test split (--tes
 rung's count) and its search error rate there reported: whether the budget held on sentences the choice never
 saw.
 
+--by coverage (greedy only) decodes nothing but the dev and test splits once with full softmax: a greedy
+clustered output differs from full softmax's exactly when its full-softmax path has a step whose best token
+is outside the row's probed sets, so every (r, K, probes) point of --r, --k and --probes is measured from
+the stored states alone (k-means once per r), on nested prefixes of the dumped sentences too: the
+data-scale curve. It picks the point within --budget whose union batch (--batch-size rows) computes the
+fewest columns, checks it on the test split the same way, and says for every point how many dumped
+sentences its curve needs for the budget. Writes <output>/<direction>-coverage/coverage.json and .md; no
+map is saved (the printed config keys build it).
+
 Grids (--grid; --r, --k, --min-count, --selection, --rungs override single axes):
   quick  r 100,200,500   K 1,3,5  min_count 1,2    union,per-row  rungs 30,100
   full   r 100..2000 (5) K 1,3,5  min_count 1,2,3  union,per-row  rungs 60,200,600
@@ -178,6 +187,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--threads", type=int, metavar="N", help="CPU threads for torch and Faiss (default: torch's)"
     )
     p.add_argument("--device", default="cpu", help="torch device (default: %(default)s)")
+    p.add_argument(
+        "--by",
+        choices=("decode", "coverage"),
+        default="decode",
+        help="decode: successive halving, every candidate decoded; coverage: greedy fidelity of every "
+        "(r, K, probes) predicted from full softmax's path, above (default: %(default)s)",
+    )
+    p.add_argument(
+        "--probes",
+        metavar="P,P",
+        default="1,2,4,8",
+        help="--by coverage: nearest clusters a row reads (default: %(default)s)",
+    )
     add_output(p, "output root (default: <work-dir>/tune)", metavar="DIR")
     p.add_argument("--json", type=Path, metavar="FILE", help="also write the JSON record here")
     add_mlflow_options(p, "<work-dir>/mlflow.db", "fastvocab-tune")
@@ -222,6 +244,142 @@ def settings_from(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.by == "coverage":
+        return run_coverage(args)
+    return run_decode(args)
+
+
+COVERAGE_RS = (500, 1000, 2000)
+COVERAGE_KS = (1, 3, 8)
+
+
+def run_coverage(args: argparse.Namespace) -> int:
+    """``--by coverage``: see the description."""
+    from fastvocab.artifacts_schema.corpus import read_direction
+    from fastvocab.artifacts_schema.errors import ArtifactError
+    from fastvocab.artifacts_schema.hidden_states import validate_beams
+    from fastvocab.artifacts_schema.jsonfile import write_json
+    from fastvocab.artifacts_schema.provenance import git_commit
+    from fastvocab.experiments import coverage
+    from fastvocab.tasks.context import RunContext, describe_model
+    from fastvocab.tasks.dump import DumpDecoder, DumpSettings
+
+    if args.beam != 1:
+        raise UserError("--by coverage predicts greedy outputs (--beam 1): tune beam search with --by decode")
+    budget = parse_budget(args.budget)
+    direction = args.direction
+    src, sep, tgt = direction.partition("-")
+    if not sep or not src or not tgt:
+        raise UserError(f"--direction must look like en-it, got {direction!r}")
+    rs = int_list(args.rs, "--r") or COVERAGE_RS
+    ks = int_list(args.ks, "--k") or COVERAGE_KS
+    probes = int_list(args.probes, "--probes") or (1,)
+    states = args.states or args.work_dir / "states"
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    try:
+        ref = describe_model(args.model)
+        by_beam = validate_beams(states, direction, fingerprint=ref.fingerprint)
+        _, dev, _ = read_direction(args.corpus, src, tgt, "dev")
+        _, test, _ = read_direction(args.corpus, src, tgt, "test")
+    except ArtifactError as exc:
+        raise UserError(f"{exc} (run `fastvocab run` with a dump stage first, or pass --states)") from exc
+    except ValueError as exc:
+        raise UserError(str(exc)) from exc
+    files = [f for fs in by_beam.values() for f in fs]
+    ctx = RunContext(ref, device=args.device, torch_threads=args.threads)
+    decoder = DumpDecoder(ctx, DumpSettings(k=1, max_len=args.max_len))
+    t0 = time.perf_counter()
+    try:
+        result = coverage.tune_by_coverage(
+            decoder, files, dev, test, direction, budget=budget, rs=rs, ks=ks, probes=probes,
+            batch=args.batch_size, seed=args.seed,
+        )  # fmt: skip
+    except ValueError as exc:  # a K the states do not hold, too few states for an r
+        raise UserError(str(exc)) from exc
+    out_dir = (args.output or args.work_dir / "tune") / f"{direction}-coverage"
+    record = {
+        "benchmark": "tune-coverage",
+        "command": command_line(args, "tune"),
+        "meta": {
+            "model": str(args.model),
+            "model_fingerprint": ref.fingerprint,
+            "states": str(states),
+            "paths": sorted(by_beam),
+            "direction": direction,
+            "budget": budget,
+            "batch": args.batch_size,
+            "commit": git_commit(digits=12, mark_dirty=False),
+            "seconds": round(time.perf_counter() - t0, 1),
+        },
+        **result,
+    }
+    out_dir.mkdir(parents=True, exist_ok=True)
+    write_json(out_dir / "coverage.json", record)
+    (out_dir / "coverage.md").write_text(_coverage_markdown(record), encoding="utf-8")
+    if args.json:
+        _copy(out_dir / "coverage.json", args.json)
+    print(_coverage_markdown(record))
+    chosen = result["chosen"]
+    if chosen is None:
+        best = min(
+            (r for r in result["rows"] if r["sentences"] == result["dumped_sentences"]),
+            key=lambda r: r["sentence_differ"],
+        )
+        raise UserError(
+            f"no (r, K, probes) point is within the {100 * budget:g}% budget on dev: the best, r={best['r']} "
+            f"K={best['K']} probes={best['probes']}, differs on {100 * best['sentence_differ']:.1f}% "
+            f"(dump more text: see {out_dir / 'coverage.md'})"
+        )
+    keys = {"kmeans.r": chosen["r"], "maps.k": chosen["K"], "maps.probes": chosen["probes"]}
+    sets = " ".join(f"--set {k}={v}" for k, v in keys.items())
+    print(f"config keys: {', '.join(f'{k}: {v}' for k, v in keys.items())}")
+    print(f"  e.g. fastvocab run CONFIG {sets}")
+    return 0
+
+
+def _coverage_markdown(record: dict) -> str:
+    """The coverage tune's tables: every point at the full dump, the choice, its test check, the curve."""
+    full = record["dumped_sentences"]
+    budget = 100 * record["meta"]["budget"]
+    lines = [
+        f"# tune --by coverage: {record['meta']['direction']}, budget {budget:g}%",
+        "",
+        f"{record['stored_states']:,} stored states of {full:,} dumped sentences; predicted greedy outputs "
+        f"differing on the dev split; columns as shares of N (union: batches of {record['meta']['batch']}).",
+        "",
+        "| r | K | probes | dev differing | per row | union | sentences for the budget |",
+        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for row in sorted(
+        (r for r in record["rows"] if r["sentences"] == full), key=lambda r: (r["r"], r["K"], r["probes"])
+    ):
+        need = record["sentences_needed"].get(f"r={row['r']} K={row['K']} probes={row['probes']}")
+        lines.append(
+            f"| {row['r']} | {row['K']} | {row['probes']} | {100 * row['sentence_differ']:.1f}% | "
+            f"{100 * row['row_cols']:.2f}% | {100 * row['union_batch']:.1f}% | "
+            f"{'-' if need is None else f'{need:,}'} |"
+        )
+    chosen, test = record["chosen"], record["test"]
+    lines.append("")
+    if chosen is None:
+        lines.append(f"No point is within the {budget:g}% budget.")
+    else:
+        halving = record.get("halving")
+        lines.append(
+            f"Chosen: r={chosen['r']} K={chosen['K']} probes={chosen['probes']}: dev "
+            f"{100 * chosen['sentence_differ']:.1f}%, test {100 * test['sentence_differ']:.1f}% predicted "
+            f"differing ({test['sentences']} sentences), {100 * chosen['union_batch']:.1f}% of N"
+            + " a union batch"
+            + (f"; each doubling of the text multiplies its misses by {halving:.2f}" if halving else "")
+            + "."
+        )
+    return "\n".join(lines) + "\n"
+
+
+def run_decode(args: argparse.Namespace) -> int:
     from fastvocab.artifacts_schema.cluster_map import save_cluster_map
     from fastvocab.artifacts_schema.errors import ArtifactError
     from fastvocab.artifacts_schema.hidden_states import validate_beams
