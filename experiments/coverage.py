@@ -34,6 +34,7 @@ from fastvocab.artifacts_schema.hidden_states import fixed_list_to_numpy, iter_b
 from fastvocab.kernels import clustered_ops as ops
 from fastvocab.tasks.dump import DumpDecoder
 from fastvocab.tasks.kmeans import sample_states, train_kmeans
+from fastvocab.tasks.maps import assign, centroid_sq_norms
 
 BATCH_ROWS = 65_536  # stored states read (and assigned) at a time
 
@@ -128,13 +129,13 @@ def train_centroids(files: Sequence[Path], r: int, seed: int = 1234, sample: int
 
 
 def assign_stored(labels: DumpLabels, centroids: np.ndarray) -> np.ndarray:
-    """The nearest centroid of every stored state, (states,) int64, by the decoder's own assignment."""
-    c = torch.from_numpy(np.ascontiguousarray(centroids, dtype=np.float32))
-    ct, norms = c.T.contiguous(), (c * c).sum(1)
+    """The nearest centroid of every stored state, (states,) int64, as the maps stage assigns them."""
+    norms = centroid_sq_norms(centroids)
     out = []
     for batch in iter_batches(labels.files, columns=["hidden"], batch_size=BATCH_ROWS):
-        h = torch.from_numpy(fixed_list_to_numpy(batch.column("hidden"), labels.d, np.float32))
-        out.append(ops.assign_clusters(h, ct, norms).numpy())
+        out.append(
+            assign(fixed_list_to_numpy(batch.column("hidden"), labels.d, np.float32), centroids, norms)
+        )
     return np.concatenate(out)
 
 

@@ -63,9 +63,13 @@ def assign(
 ) -> np.ndarray:
     """Nearest centroid of every state, Eq. 2: ``argmin_j ||C_j||^2 - 2 h·C_j``; (n,) int64.
 
-    ``||h||^2`` is the same for every j, so it is left out (as at inference). Ties go to the lowest index.
-    Computed in float32, ``chunk`` rows at a time so the (rows, r) score matrix stays small.
+    The decoder's own assignment (``kernels.clustered_ops.assign_clusters``, float32 on the CPU), ``chunk``
+    rows at a time so the (rows, r) score matrix stays small: a state on a near-tie between two centroids
+    goes to the same cluster when the map is built as when it is decoded (two implementations round such a
+    tie differently). Ties go to the lowest index.
     """
+    from fastvocab.kernels import clustered_ops as ops
+
     c = np.ascontiguousarray(centroids, dtype=np.float32)
     if c.ndim != 2:
         raise ValueError(f"centroids must be (r, d), got shape {c.shape}")
@@ -75,11 +79,12 @@ def assign(
     norms = centroid_sq_norms(c) if sq_norms is None else np.asarray(sq_norms, dtype=np.float32)
     if norms.shape != (c.shape[0],):
         raise ValueError(f"sq_norms must be ({c.shape[0]},), got {norms.shape}")
+    ct, norms_t = torch.from_numpy(np.ascontiguousarray(c.T)), torch.from_numpy(norms)
     out = np.empty(len(states), dtype=np.int64)
-    for lo in range(0, len(states), chunk):
-        h = np.asarray(states[lo : lo + chunk], dtype=np.float32)  # (rows, d)
-        scores = norms[None, :] - 2.0 * (h @ c.T)  # (rows, r)
-        out[lo : lo + len(h)] = np.argmin(scores, axis=1)
+    with torch.inference_mode():
+        for lo in range(0, len(states), chunk):
+            h = torch.from_numpy(np.ascontiguousarray(states[lo : lo + chunk], dtype=np.float32))  # (rows, d)
+            out[lo : lo + len(h)] = ops.assign_clusters(h, ct, norms_t).numpy()
     return out
 
 

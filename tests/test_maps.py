@@ -11,6 +11,7 @@ import pytest
 
 from fastvocab.artifacts_schema.cluster_map import load_cluster_map, save_cluster_map
 from fastvocab.artifacts_schema.hidden_states import ShardMeta, direction_dir, shard_table
+from fastvocab.kernels import create_projection
 from fastvocab.tasks.maps import (
     ActiveSetCounter,
     assign,
@@ -111,6 +112,31 @@ def test_assign_is_nearest_centroid_in_chunks():
     np.testing.assert_array_equal(got, assign(states, centroids, chunk=10_000))
     with pytest.raises(ValueError, match="states must be"):
         assign(states[:, :8], centroids)
+
+
+def test_a_map_assigns_near_ties_as_its_decoder_does():
+    """States on near-ties between two centroids (a hair either side of the bisecting plane): the maps
+    stage puts each in the cluster the clustered projection reads for it at decode time."""
+    import torch
+
+    from tests.layers import fingerprint, map_from_sets, random_layer
+
+    rng = np.random.default_rng(3)
+    d, r = 32, 6
+    centroids = (4.0 * rng.standard_normal((r, d))).astype(np.float32)
+    mid = (centroids[0] + centroids[1]) / 2
+    normal = (centroids[1] - centroids[0]) / np.linalg.norm(centroids[1] - centroids[0])
+    eps = np.linspace(-1e-5, 1e-5, 401, dtype=np.float32)[:, None]
+    drift = 0.5 * rng.standard_normal((401, d)).astype(np.float32)
+    drift -= (drift @ normal)[:, None] * normal  # along the plane: both distances change alike
+    states = mid + drift + eps * normal
+    w, b = random_layer(n_vocab=40, d=d)
+    cmap = map_from_sets(centroids, [[i] for i in range(r)], 40, fingerprint(w, b))
+    proj = create_projection("clustered", w, b, cluster_map=cmap)
+    built = assign(states, centroids, chunk=64)
+    decoded = proj.assign(torch.from_numpy(states)).numpy()
+    assert set(built.tolist()) == {0, 1}  # the states do sit on the tie
+    np.testing.assert_array_equal(built, decoded)
 
 
 def test_group_directions_and_names():
