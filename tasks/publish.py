@@ -3,7 +3,8 @@
 A map is an artifact of its model, built once from all the text a direction has (far more than a quick run
 dumps) and versioned with it. ``maps.publish`` (``configs/demo-maps.yaml``) writes the run's maps to a folder
 beside the model, one map folder per direction as ``maps/`` holds them (``fastvocab translate --clusters
-DIR`` and ``eval.maps`` read it), and ``maps.json`` there: the model's fingerprint, each direction's source
+DIR`` and ``eval.maps`` read it; the tensors zstd-compressed, as ``map.safetensors.zst``), and
+``maps.json`` there: the model's fingerprint, each direction's source
 text (inputs, line counts, dev and test lines left out) and dumped states per path, the settings, and the
 command, commit and fastvocab version that built them. A map whose tensors did not change is not copied
 again, and the record is rewritten only when a map changed, so a rerun leaves the folder as it was.
@@ -17,17 +18,19 @@ from typing import Any
 
 from fastvocab import __version__
 from fastvocab.artifacts_schema.atomic import atomic_path
-from fastvocab.artifacts_schema.cluster_map import MapManifest, load_manifest
+from fastvocab.artifacts_schema.cluster_map import TENSORS_FILE, MapManifest, load_cluster_map, load_manifest
 from fastvocab.artifacts_schema.errors import ArtifactError
 from fastvocab.artifacts_schema.jsonfile import read_json, write_json
+from fastvocab.artifacts_schema.tensor_folder import compress_tensor_file
 
 BUILD_FILE = "maps.json"
 BUILD_FORMAT = "fastvocab-published-maps/1"
 
 
 def _current(path: Path) -> MapManifest | None:
+    """The manifest of a published map whose tensors read back whole (None: missing or damaged)."""
     try:
-        return load_manifest(path)
+        return load_cluster_map(path).manifest
     except ArtifactError:
         return None
 
@@ -59,6 +62,7 @@ def publish_maps(maps_root: Path, names: list[str], out: Path, record: dict[str,
         if there is None or there != src:
             with atomic_path(out / name) as tmp:
                 shutil.copytree(maps_root / name, tmp)
+                compress_tensor_file(tmp, TENSORS_FILE)  # shipped: carried by every clone
             copied.append(name)
         summaries[name] = map_summary(src)
     if copied or read_json(out / BUILD_FILE) is None:

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 
-from fastvocab.artifacts_schema.cluster_map import save_cluster_map
+from fastvocab.artifacts_schema.cluster_map import load_cluster_map, save_cluster_map
 from fastvocab.artifacts_schema.errors import ArtifactError
 from fastvocab.tasks.publish import BUILD_FILE, publish_maps
 from tests.layers import random_layer, random_map
@@ -30,9 +31,18 @@ def test_published_maps_are_copied_once_with_their_record(tmp_path):
     built = json.loads((out / BUILD_FILE).read_text())
     assert built["command"] == "fastvocab run c.yaml" and set(built["maps"]) == {"en-it", "it-en"}
     assert built["maps"]["en-it"]["r"] == 3
-    assert (out / "en-it" / "map.safetensors").read_bytes() == (
-        maps / "en-it" / "map.safetensors"
-    ).read_bytes()
+    # shipped compressed, read back as the map it was made from
+    assert not (out / "en-it" / "map.safetensors").exists()
+    assert (out / "en-it" / "map.safetensors.zst").exists()
+    a, b = load_cluster_map(out / "en-it"), load_cluster_map(maps / "en-it")
+    assert a.manifest == b.manifest
+    assert np.array_equal(a.indices, b.indices) and np.array_equal(a.counts, b.counts)
+    (out / "it-en" / "map.safetensors.zst").write_bytes(b"\0" * 8 + b"garbage")
+    with pytest.raises(ArtifactError, match="corrupt cluster map tensors"):
+        load_cluster_map(out / "it-en")
+    # a damaged copy is not current: published again
+    assert publish_maps(maps, ["en-it", "it-en"], out, record) == ["it-en"]
+    assert load_cluster_map(out / "it-en").manifest == load_cluster_map(maps / "it-en").manifest
     # a rerun with the same maps changes nothing, not even the record
     stamp = (out / BUILD_FILE).stat().st_mtime_ns
     assert publish_maps(maps, ["en-it", "it-en"], out, {**record, "commit": "def"}) == []
