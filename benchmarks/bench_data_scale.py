@@ -48,7 +48,9 @@ def main() -> None:
     p.add_argument("--model", type=Path, default=ROOT / "models" / "demo")
     p.add_argument("--corpus", type=Path, default=ROOT / "data" / "corpus")
     p.add_argument("--directions", default="en-it,it-en")
-    p.add_argument("--split", default="test", help="the split whose greedy path is measured (default: test)")
+    p.add_argument(
+        "--splits", default="dev,test", help="the splits whose greedy paths are measured (default: dev,test)"
+    )
     p.add_argument("--sentences", type=int, default=None, help="first N sentences of the split (default all)")
     p.add_argument("--rs", type=_ints, default=[500, 1000, 2000])
     p.add_argument("--ks", type=_ints, default=[1, 3, 8])
@@ -73,7 +75,7 @@ def main() -> None:
             "model_fingerprint": ref.fingerprint,
             "N": ref.n_vocab,
             "work_dir": str(a.work_dir),
-            "split": a.split,
+            "splits": a.splits,
             "batch": a.batch,
             "commit": git_commit(),
             "date": dt.datetime.now().isoformat(timespec="seconds"),
@@ -87,8 +89,10 @@ def main() -> None:
     for direction in a.directions.split(","):
         src, _, tgt = direction.partition("-")
         t0 = time.perf_counter()
-        _, sources, _ = read_direction(a.corpus, src, tgt, a.split, limit=a.sentences)
-        path = coverage.greedy_path(decoder, sources, src, tgt)
+        paths = {}
+        for split in a.splits.split(","):
+            _, sources, _ = read_direction(a.corpus, src, tgt, split, limit=a.sentences)
+            paths[split] = coverage.greedy_path(decoder, sources, src, tgt)
         path_s = time.perf_counter() - t0
         by_path = {
             b: validate_direction(root, direction, fingerprint=ref.fingerprint)
@@ -100,14 +104,14 @@ def main() -> None:
         sizes = coverage.doubling_sizes(labels.dumped_sentences, a.first)
         print(
             f"{direction}: {labels.states:,} stored states of {labels.dumped_sentences:,} sentences "
-            f"({', '.join(beam_label(b) for b in sorted(by_path))}); test path {len(path.best):,} steps "
-            f"in {path_s:.0f} s",
+            f"({', '.join(beam_label(b) for b in sorted(by_path))}); "
+            f"{', '.join(f'{k} path {len(v.best):,} steps' for k, v in paths.items())} in {path_s:.0f} s",
             flush=True,
         )
         centroids = {r: coverage.train_centroids(files, r) for r in a.rs}
         t0 = time.perf_counter()
         rows = coverage.coverage_curve(
-            labels, path, ref.n_vocab, rs=a.rs, ks=a.ks, probes=a.probes, sizes=sizes, batch=a.batch,
+            labels, paths, ref.n_vocab, rs=a.rs, ks=a.ks, probes=a.probes, sizes=sizes, batch=a.batch,
             centroids=centroids, always_active=decoder.adapter.always_active_ids(),
         )  # fmt: skip
         for row in rows:
@@ -119,7 +123,7 @@ def main() -> None:
                 break
             alone = coverage.load_labels(fs, max(a.ks))
             part = coverage.coverage_curve(
-                alone, path, ref.n_vocab, rs=[r0], ks=a.ks, probes=a.probes,
+                alone, paths, ref.n_vocab, rs=[r0], ks=a.ks, probes=a.probes,
                 sizes=[alone.dumped_sentences], batch=a.batch, centroids={r0: centroids[r0]},
                 always_active=decoder.adapter.always_active_ids(),
             )  # fmt: skip
@@ -127,7 +131,11 @@ def main() -> None:
                 row["paths"] = beam_label(b)
             rows += part
         for row in rows:
-            if row["paths"] == "both" and row["sentences"] == labels.dumped_sentences:
+            if (
+                row["paths"] == "both"
+                and row["sentences"] == labels.dumped_sentences
+                and row["split"] == "test"
+            ):
                 where = f"  r={row['r']} K={row['K']} probes={row['probes']}"
                 print(
                     f"{where}: differ {100 * row['sentence_differ']:.1f}%, row {100 * row['row_cols']:.1f}% "
@@ -139,13 +147,16 @@ def main() -> None:
             "dumped_sentences": labels.dumped_sentences,
             "paths": [beam_label(b) for b in sorted(by_path)],
             "reference_path": REFERENCE_BEAM in by_path,
-            "test_sentences": path.sentences,
-            "test_steps": len(path.best),
+            "split_sentences": {k: v.sentences for k, v in paths.items()},
+            "split_steps": {k: len(v.best) for k, v in paths.items()},
             "sizes": sizes,
             "curve_seconds": time.perf_counter() - t0,
             "rows": rows,
             "halving": {
-                f"r{r}-K{k}-P{pr}": coverage.misses_per_doubling(rows_both(rows), r, k, pr)
+                f"{split}-r{r}-K{k}-P{pr}": coverage.misses_per_doubling(
+                    [x for x in rows_both(rows) if x["split"] == split], r, k, pr
+                )
+                for split in paths
                 for r in a.rs
                 for k in a.ks
                 for pr in a.probes
@@ -170,7 +181,7 @@ def plot(record: dict, png: Path) -> None:
     dirs = list(record["directions"])
     fig, axes = plt.subplots(1, len(dirs), figsize=(6 * len(dirs), 4.5), squeeze=False)
     for ax, d in zip(axes[0], dirs, strict=True):
-        rows = rows_both(record["directions"][d]["rows"])
+        rows = [r for r in rows_both(record["directions"][d]["rows"]) if r["split"] == "test"]
         r0 = 1000 if any(r["r"] == 1000 for r in rows) else rows[0]["r"]
         for k in sorted({r["K"] for r in rows}):
             for pr in sorted({r["probes"] for r in rows}):

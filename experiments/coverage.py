@@ -241,7 +241,7 @@ def doubling_sizes(total: int, first: int = 1500) -> list[int]:
 
 def coverage_curve(
     labels: DumpLabels,
-    path: GreedyPath,
+    path: GreedyPath | dict[str, GreedyPath],
     n_vocab: int,
     *,
     rs: Sequence[int],
@@ -253,20 +253,34 @@ def coverage_curve(
     centroids: dict[int, np.ndarray] | None = None,
     always_active: Sequence[int] = (),
 ) -> list[dict[str, float | int]]:
-    """Every (r, sentences, K, probes) point's greedy fidelity and columns (:func:`path_coverage`);
+    """Every (r, sentences, K, probes) point's greedy fidelity and columns (:func:`path_coverage`), on one
+    path or on several named ones (rows then carry ``split``: the states are assigned once for all);
     ``always_active``: the model's ids every set gets at decode time (``adapter.always_active_ids()``)."""
+    paths = path if isinstance(path, dict) else {"": path}
     rows: list[dict[str, float | int]] = []
     for r in rs:
         c = centroids[r] if centroids and r in centroids else train_centroids(labels.files, r, seed)
         clusters = assign_stored(labels, c)
-        near = nearest(path, c, max(probes))
+        near = {name: nearest(p, c, max(probes)) for name, p in paths.items()}
         for k in ks:
             masks = set_masks(clusters, labels.topk[:, :k], labels.sentence, r, n_vocab, sizes, always_active)
             for n, mask in masks:
                 set_frac = float(mask.sum()) / r / n_vocab
-                for p in probes:
-                    point = path_coverage(mask, near, path, p, batch)
-                    rows.append({"r": r, "sentences": n, "K": k, "probes": p, "set_frac": set_frac, **point})
+                for name, p_ in paths.items():
+                    for p in probes:
+                        point = path_coverage(mask, near[name], p_, p, batch)
+                        split = {"split": name} if name else {}
+                        rows.append(
+                            {
+                                "r": r,
+                                "sentences": n,
+                                "K": k,
+                                "probes": p,
+                                "set_frac": set_frac,
+                                **split,
+                                **point,
+                            }
+                        )
     return rows
 
 
