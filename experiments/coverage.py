@@ -282,18 +282,10 @@ def coverage_curve(
                 for name, p_ in paths.items():
                     for p in probes:
                         point = path_coverage(mask, near[name], p_, p, batch)
-                        split = {"split": name} if name else {}
-                        rows.append(
-                            {
-                                "r": r,
-                                "sentences": n,
-                                "K": k,
-                                "probes": p,
-                                "set_frac": set_frac,
-                                **split,
-                                **point,
-                            }
-                        )
+                        row: dict = {"r": r, "sentences": n, "K": k, "probes": p, "set_frac": set_frac}
+                        if name:
+                            row["split"] = name
+                        rows.append({**row, **point})
     return rows
 
 
