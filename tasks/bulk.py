@@ -9,7 +9,7 @@ A :class:`BulkRange` is a few hundred bytes whatever its text; the :class:`BulkW
 rows, checks them against the digest, translates them with :func:`fastvocab.tasks.translate.translate` and
 writes the part. A part records its plan (:meth:`BulkJob.plan`), so a rerun after any kill redoes only the
 parts that are missing, of another plan, or damaged. Plain functions and classes: the pipeline hosts the
-worker in Ray actors (``pipeline/bulk.py``), or runs it in-process.
+worker in Ray actors (``pipeline/bulk_driver.py``), or runs it in-process.
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ from conftest import synthetic_sentences
 
 from fastvocab.artifacts_schema.bulk_parts import MANIFEST, METHOD_KEY, PLAN_KEY, part_file
 from fastvocab.decoding import Seq2SeqAdapter
-from fastvocab.pipeline.bulk import BulkRequest, run_bulk
+from fastvocab.pipeline.bulk_driver import BulkRequest, run_bulk
 from fastvocab.pipeline.errors import UserError
 from fastvocab.tasks.bulk import BulkWorker
 from fastvocab.tasks.projections import make_projection
@@ -251,7 +251,7 @@ def test_two_ray_workers_one_killed_equal_the_in_process_run(model_dir, adapter,
 DRIVER = """
 import os, signal, sys
 from pathlib import Path
-from fastvocab.pipeline.bulk import BulkRequest, run_bulk
+from fastvocab.pipeline.bulk_driver import BulkRequest, run_bulk
 from fastvocab.tasks.bulk import BulkWorker
 from fastvocab.tasks.translate import SearchSettings
 

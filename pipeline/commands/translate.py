@@ -14,6 +14,7 @@ import logging
 import sys
 from dataclasses import fields
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from fastvocab.artifacts_schema.errors import ArtifactError
 from fastvocab.pipeline.checks import check_device, check_map_direction, check_output_file
@@ -23,12 +24,16 @@ from fastvocab.pipeline.commands import (
     add_inactive_mass,
     add_length_penalty,
     add_max_len,
+    add_mlflow_options,
     add_model,
 )
 from fastvocab.pipeline.config import TranslateConfig
 from fastvocab.pipeline.errors import UserError
 from fastvocab.pipeline.wording import plural
 from fastvocab.tasks.methods import INDEXED_METHODS
+
+if TYPE_CHECKING:
+    from fastvocab.pipeline.bulk_driver import BulkResult
 
 HELP = "translate a text file or Parquet dataset for one direction (full, clustered, lsh, graph, shortlist)"
 
@@ -226,14 +231,44 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "(default: 10000)",
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    from fastvocab.pipeline.bulk import add_arguments as add_bulk_arguments
-
-    add_bulk_arguments(p)
+    g = p.add_argument_group("bulk translation on Ray (a text file, a Parquet file, folder or glob)")
+    g.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        metavar="N",
+        help="decode on N Ray actors, each loading the model once and pulling ranges of --chunk-lines lines "
+        "from one queue; finished parts are kept and a rerun resumes; 1 without --ray-address: in this "
+        "process (default: 1)",
+    )
+    g.add_argument(
+        "--ray-address",
+        default=None,
+        metavar="ADDRESS",
+        help="Ray cluster to attach to ('auto', 'HOST:PORT', 'ray://HOST:10001'; 'local': a private Ray on "
+        "this machine, also for --workers 1); on a cluster the input, the output and any map must be on "
+        "storage every node sees (default: a local Ray when --workers > 1)",
+    )
+    g.add_argument(
+        "--num-cpus-per-worker",
+        type=int,
+        default=1,
+        metavar="N",
+        help="CPUs (torch threads) each actor reserves (default: 1)",
+    )
+    g.add_argument(
+        "--num-gpus-per-worker",
+        type=float,
+        default=0.0,
+        metavar="G",
+        help="GPUs each actor reserves; > 0 decodes on the actor's GPU (default: 0)",
+    )
+    add_mlflow_options(p, "$MLFLOW_TRACKING_URI; neither: the job is not logged", "fastvocab-bulk")
 
 
 def _check_args(args: argparse.Namespace, parts: bool = False) -> None:
     """Everything that can be refused before the model loads; ``parts``: the parts path (its output is
-    checked by pipeline/bulk.py)."""
+    checked by pipeline/bulk_driver.py)."""
     for flag in ("beam", "batch_size", "max_len", "max_input_tokens", "chunk_lines"):
         if flag == "chunk_lines" and args.chunk_lines is None:
             continue
@@ -346,14 +381,101 @@ def _projection_options(args: argparse.Namespace) -> dict[str, object]:
     )
 
 
-def run(args: argparse.Namespace) -> int:
-    from fastvocab.pipeline.bulk import run_command, wants_bulk
+def wants_bulk(args: argparse.Namespace, output: str) -> bool:
+    """The parts path (pipeline/bulk_driver.py): several workers, a cluster, a Parquet input (file, folder
+    or glob), a dataset output (``output`` as typed: a trailing ``/`` names a folder), or ``--tracking-uri``
+    (the job's MLflow run). A text file into a file otherwise stays on the in-process chunked path
+    (``tasks.text_chunks``)."""
+    from fastvocab.pipeline.bulk_driver import output_layout
+    from fastvocab.tasks.bulk import is_parquet_input
 
+    return (
+        args.workers != 1
+        or args.ray_address is not None
+        or args.tracking_uri is not None
+        or output_layout(output)[0] == "dataset"
+        or is_parquet_input(args.input)
+    )
+
+
+def log_to_mlflow(result: BulkResult, uri: str, experiment: str, run_name: str) -> str:
+    """One MLflow run for the job (a parent with the job's child record, as the report reads pipelines)."""
+    import tempfile
+
+    from fastvocab.pipeline.tracking import Tracker
+
+    tracker = Tracker(uri, experiment)
+    tracker.start(run_name, {"bulk": result.params}, {"fastvocab.kind": "bulk"})
+    with tempfile.TemporaryDirectory() as tmp:
+        tracker.log_stage(result.record(artifacts_dir=Path(tmp)))
+    tracker.end("FINISHED", {"lines": result.lines, "tokens_per_s": result.tokens_per_second})
+    return str(tracker.parent_id)
+
+
+def run_command(args: argparse.Namespace, output: str, options: dict[str, object]) -> int:
+    """``fastvocab translate`` on the parts path: the flags as a :class:`BulkRequest`, the job, its summary
+    line and its MLflow run. ``options``: the method's projection options, its artifact located."""
+    import os
+
+    from fastvocab.pipeline.bulk_driver import BulkRequest, run_bulk
+    from fastvocab.pipeline.tracking import check_tracking_uri
+    from fastvocab.tasks.bulk import PART_LINES
+    from fastvocab.tasks.translate import SearchSettings
+
+    uri = args.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
+    if uri:
+        check_tracking_uri(uri, "--tracking-uri" if args.tracking_uri else "MLFLOW_TRACKING_URI")
+    request = BulkRequest(
+        str(args.input),
+        output,
+        args.model,
+        args.src_lang,
+        args.tgt_lang,
+        method=args.method,
+        options=options,
+        search=SearchSettings(**{f.name: getattr(args, f.name) for f in fields(SearchSettings)}),
+        dtype=args.dtype,
+        device=args.device,
+        workers=args.workers,
+        ray_address=args.ray_address,
+        num_cpus_per_worker=args.threads or args.num_cpus_per_worker,
+        num_gpus_per_worker=args.num_gpus_per_worker,
+        threads=args.threads,
+        lines_per_part=args.chunk_lines or PART_LINES,
+        text_column=args.input_column,
+        id_column=args.id_column,
+    )
+    result = run_bulk(request, progress=not args.no_progress)
+    if args.workers == 1 and args.ray_address is None:
+        import torch
+
+        where = f"{plural(torch.get_num_threads(), 'thread')}, in this process"
+    else:
+        where = (
+            f"{plural(request.num_cpus_per_worker, 'thread')} a worker, "
+            f"{plural(len(result.workers), 'Ray worker')} used of {args.workers}"
+        )
+    busy = [w["tokens"] / w["seconds"] for w in result.workers.values() if w["seconds"] > 0]
+    per_worker = f" ({sum(busy) / len(busy):.0f} a worker while busy)" if busy else ""
+    print(
+        f"translated {result.summary()} in {result.seconds:.2f} s, {result.tokens_per_second:.0f} tokens/s"
+        f"{per_worker} "
+        f"[{args.method}, beam {args.beam}, batch {args.batch_size}, {args.device}, {args.dtype}, {where}] "
+        f"-> {output}",
+        file=sys.stderr,
+    )
+    if uri:
+        run_id = log_to_mlflow(result, uri, args.experiment_name, f"translate {result.params['direction']}")
+        print(f"MLflow run {run_id} in {uri}", file=sys.stderr)
+    return 0
+
+
+def run(args: argparse.Namespace) -> int:
     typed = args.output  # as typed: DIR/ names a dataset folder
     args.output = Path(typed)
     parts = wants_bulk(args, typed)
     _check_args(args, parts)
-    if parts:  # Ray workers, a Parquet input, or a dataset output: row-range parts (pipeline/bulk.py)
+    if parts:  # Ray workers, a Parquet input, or a dataset output: row-range parts (pipeline/bulk_driver.py)
         return run_command(args, typed, _projection_options(args))
     import torch
 

@@ -17,12 +17,10 @@ parts with their plan in the file's metadata resume exactly.
 
 from __future__ import annotations
 
-import argparse
 import logging
 import os
 import shutil
 import sys
-import tempfile
 import time
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field
@@ -48,7 +46,6 @@ from fastvocab.tasks.bulk import (
     InputError,
     describe_input,
     input_digest,
-    is_parquet_input,
     part_statuses,
     plan_input,
 )
@@ -508,71 +505,6 @@ def _on_ray(
     )
 
 
-# ------------------------------------------------------------------------------------- the CLI's options
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    """``fastvocab translate``'s options for bulk translation on Ray."""
-    g = p.add_argument_group("bulk translation on Ray (a text file, a Parquet file, folder or glob)")
-    g.add_argument(
-        "--workers",
-        type=int,
-        default=1,
-        metavar="N",
-        help="decode on N Ray actors, each loading the model once and pulling ranges of --chunk-lines lines "
-        "from one queue; finished parts are kept and a rerun resumes; 1 without --ray-address: in this "
-        "process (default: 1)",
-    )
-    g.add_argument(
-        "--ray-address",
-        default=None,
-        metavar="ADDRESS",
-        help="Ray cluster to attach to ('auto', 'HOST:PORT', 'ray://HOST:10001'; 'local': a private Ray on "
-        "this machine, also for --workers 1); on a cluster the input, the output and any map must be on "
-        "storage every node sees (default: a local Ray when --workers > 1)",
-    )
-    g.add_argument(
-        "--num-cpus-per-worker",
-        type=int,
-        default=1,
-        metavar="N",
-        help="CPUs (torch threads) each actor reserves (default: 1)",
-    )
-    g.add_argument(
-        "--num-gpus-per-worker",
-        type=float,
-        default=0.0,
-        metavar="G",
-        help="GPUs each actor reserves; > 0 decodes on the actor's GPU (default: 0)",
-    )
-    # as pipeline.commands.add_mlflow_options spells them (this module is below the commands)
-    g.add_argument(
-        "--tracking-uri",
-        metavar="URI",
-        help="MLflow store for the job's run: sqlite:///FILE, http(s)://HOST:PORT, file:DIR "
-        "(default: $MLFLOW_TRACKING_URI; neither: the job is not logged)",
-    )
-    g.add_argument(
-        "--experiment-name",
-        default="fastvocab-bulk",
-        metavar="NAME",
-        help="MLflow experiment (default: %(default)s)",
-    )
-
-
-def wants_bulk(args: argparse.Namespace, output: str) -> bool:
-    """The parts path: several workers, a cluster, a Parquet input (file, folder or glob), a dataset output
-    (``output`` as typed: a trailing ``/`` names a folder), or ``--tracking-uri`` (the job's MLflow run). A
-    text file into a file otherwise stays on the in-process chunked path (``tasks.text_chunks``)."""
-    return (
-        args.workers != 1
-        or args.ray_address is not None
-        or args.tracking_uri is not None
-        or output_layout(output)[0] == "dataset"
-        or is_parquet_input(args.input)
-    )
-
-
 def check_request(request: BulkRequest) -> None:
     """What can be refused before anything loads: counts, resources, where the output goes."""
     for flag, value, low in (
@@ -603,70 +535,3 @@ def check_request(request: BulkRequest) -> None:
         parent = parent.parent
     if not parent.is_dir() or not os.access(parent, os.W_OK):
         raise UserError(f"--output {out}: {parent} is not a writable folder")
-
-
-def log_to_mlflow(result: BulkResult, uri: str, experiment: str, run_name: str) -> str:
-    """One MLflow run for the job (a parent with the job's child record, as the report reads pipelines)."""
-    from fastvocab.pipeline.tracking import Tracker
-
-    tracker = Tracker(uri, experiment)
-    tracker.start(run_name, {"bulk": result.params}, {"fastvocab.kind": "bulk"})
-    with tempfile.TemporaryDirectory() as tmp:
-        tracker.log_stage(result.record(artifacts_dir=Path(tmp)))
-    tracker.end("FINISHED", {"lines": result.lines, "tokens_per_s": result.tokens_per_second})
-    return str(tracker.parent_id)
-
-
-def run_command(args: argparse.Namespace, output: str, options: dict[str, object]) -> int:
-    """``fastvocab translate`` on the parts path: the flags as a :class:`BulkRequest`, the job, its summary
-    line and its MLflow run. ``options``: the method's projection options, its artifact located."""
-    from dataclasses import fields
-
-    from fastvocab.pipeline.tracking import check_tracking_uri
-
-    uri = args.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
-    if uri:
-        check_tracking_uri(uri, "--tracking-uri" if args.tracking_uri else "MLFLOW_TRACKING_URI")
-    request = BulkRequest(
-        str(args.input),
-        output,
-        args.model,
-        args.src_lang,
-        args.tgt_lang,
-        method=args.method,
-        options=options,
-        search=SearchSettings(**{f.name: getattr(args, f.name) for f in fields(SearchSettings)}),
-        dtype=args.dtype,
-        device=args.device,
-        workers=args.workers,
-        ray_address=args.ray_address,
-        num_cpus_per_worker=args.threads or args.num_cpus_per_worker,
-        num_gpus_per_worker=args.num_gpus_per_worker,
-        threads=args.threads,
-        lines_per_part=args.chunk_lines or PART_LINES,
-        text_column=args.input_column,
-        id_column=args.id_column,
-    )
-    result = run_bulk(request, progress=not args.no_progress)
-    if args.workers == 1 and args.ray_address is None:
-        import torch
-
-        where = f"{plural(torch.get_num_threads(), 'thread')}, in this process"
-    else:
-        where = (
-            f"{plural(request.num_cpus_per_worker, 'thread')} a worker, "
-            f"{plural(len(result.workers), 'Ray worker')} used of {args.workers}"
-        )
-    busy = [w["tokens"] / w["seconds"] for w in result.workers.values() if w["seconds"] > 0]
-    per_worker = f" ({sum(busy) / len(busy):.0f} a worker while busy)" if busy else ""
-    print(
-        f"translated {result.summary()} in {result.seconds:.2f} s, {result.tokens_per_second:.0f} tokens/s"
-        f"{per_worker} "
-        f"[{args.method}, beam {args.beam}, batch {args.batch_size}, {args.device}, {args.dtype}, {where}] "
-        f"-> {output}",
-        file=sys.stderr,
-    )
-    if uri:
-        run_id = log_to_mlflow(result, uri, args.experiment_name, f"translate {result.params['direction']}")
-        print(f"MLflow run {run_id} in {uri}", file=sys.stderr)
-    return 0
