@@ -1,5 +1,5 @@
-"""Bulk translation of a corpus on N Ray actors (or in-process): the driver of ``fastvocab translate
---workers N`` and of the pipeline's ``bulk`` stage.
+"""Translation in resumable row-range parts, in this process or on N Ray actors: the driver of every
+``fastvocab translate`` (a text file, Parquet, a dataset output) and of the pipeline's ``bulk`` stage.
 
 The driver describes the input from its files, plans row-range parts (``tasks.bulk.plan_input``: digests
 only, never the texts), skips every part already written with the same plan, and hands the rest to a pool of
@@ -7,7 +7,8 @@ only, never the texts), skips every part already written with the same plan, and
 each actor loads the model and the method once, reads its own ranges and writes their parts. A dead actor is
 replaced and its range retried; a part is written atomically, so a retried range is written once. At the end
 a text (or single Parquet file) output is assembled from the parts in input order, atomically; a dataset
-output (``-o DIR/``) keeps its parts and gets ``_manifest.json``. The driver logs one MLflow run per job.
+output (``-o DIR/``) keeps its parts and gets ``_manifest.json``. With one worker and no Ray address the
+driver translates the parts itself, with the model it loaded to describe the job.
 
 Why parts on an actor pool and not Ray Data: a rerun after a kill must re-translate nothing that finished.
 ``ray.data.read_parquet -> map_batches -> write_parquet`` has no notion of a finished block that a new job
@@ -17,6 +18,7 @@ parts with their plan in the file's metadata resume exactly.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
@@ -95,6 +97,9 @@ class BulkResult:
     null_texts: int = 0
     duplicate_ids: int = 0
     seconds: float = 0.0  # wall time of the translation (planning and assembly included)
+    decode_seconds: float = 0.0  # the workers' time in tasks.translate.translate, summed
+    # the method's counts over the parts translated in this process (Projection.stats); empty on Ray
+    method_stats: dict[str, float | None] = field(default_factory=dict)
     workers: dict[str, dict[str, float]] = field(default_factory=dict)  # per worker: tokens, seconds, lines
     timeline: list[tuple[float, int]] = field(default_factory=list)  # (seconds since start, tokens) per part
     params: dict[str, object] = field(default_factory=dict)
@@ -211,35 +216,63 @@ def output_layout(given: str | Path) -> tuple[str, Path]:
     return ("parquet" if output.suffix == ".parquet" else "text"), output.with_name(output.name + ".parts")
 
 
-def _describe(request: BulkRequest):
-    """The model's identity and the method's signature, on the driver (the workers must match it)."""
+def _device(request: BulkRequest) -> str:
+    """Where a worker decodes: its reserved GPU, else the requested device."""
+    return "cuda" if request.num_gpus_per_worker > 0 else request.device
+
+
+def _describe(request: BulkRequest, here: bool):
+    """The model's identity and the method's signature, on the driver (the workers must match it).
+
+    ``here``: the parts are translated in this process, so the model is loaded as they decode it (device,
+    dtype, threads) and returned with the method's projection for the worker, which would otherwise load
+    both a second time; else a CPU float32 load only describes them. A language the model lacks or an option
+    the method refuses is a ``UserError``; a missing or mismatched map or index stays an ``ArtifactError``.
+    """
+    import torch
     from transformers.utils import logging as hf_logging
 
+    from fastvocab.artifacts_schema.errors import ArtifactError
     from fastvocab.artifacts_schema.fingerprint import ModelRef
     from fastvocab.decoding.hf_adapter import Seq2SeqAdapter
     from fastvocab.tasks.bulk import build_projection
 
     hf_logging.disable_progress_bar()
-    adapter = Seq2SeqAdapter.load(request.model)
-    for lang in (request.src_lang, request.tgt_lang):
-        adapter.check_language(lang)
-    model = ModelRef(
-        path=str(Path(request.model).resolve()),
-        fingerprint=adapter.fingerprint,
-        d=int(adapter.d_model),
-        n_vocab=int(adapter.n_vocab),
-    )
-    probe = BulkJob(
-        model,
-        request.src_lang,
-        request.tgt_lang,
-        request.method,
-        "",
-        "",
-        options=request.options,
-        dtype=request.dtype,
-    )
-    return model, build_projection(adapter, probe).signature()
+    int8 = request.dtype == "int8"
+    if here:
+        if request.threads is not None:
+            torch.set_num_threads(request.threads)
+        dtype = torch.float32 if int8 else getattr(torch, request.dtype)
+        adapter = Seq2SeqAdapter.load(request.model, device=_device(request), dtype=dtype)
+    else:
+        adapter = Seq2SeqAdapter.load(request.model)
+    try:
+        for lang in (request.src_lang, request.tgt_lang):
+            adapter.check_language(lang)
+        model = ModelRef(
+            path=str(Path(request.model).resolve()),
+            fingerprint=adapter.fingerprint,
+            d=int(adapter.d_model),
+            n_vocab=int(adapter.n_vocab),
+        )
+        if here and int8:
+            adapter.quantize_int8()
+        probe = BulkJob(
+            model,
+            request.src_lang,
+            request.tgt_lang,
+            request.method,
+            "",
+            "",
+            options=request.options,
+            dtype=request.dtype,
+        )
+        projection = build_projection(adapter, probe)
+    except ArtifactError:
+        raise
+    except ValueError as exc:
+        raise UserError(str(exc)) from exc
+    return model, projection.signature(), (adapter, projection) if here else None
 
 
 def run_bulk(
@@ -254,7 +287,9 @@ def run_bulk(
     ``ray``: a :class:`~fastvocab.pipeline.ray_session.RaySession` (the pipeline's); None makes one when the
     job needs Ray (``workers`` > 1 or an address), else the parts are translated in this process.
     ``worker_cls`` is the worker class hosted (tests substitute one that dies). Bad input is a ``UserError``
-    before the model loads; nothing is written then.
+    before anything is written: a missing file or invalid UTF-8 before the model loads, a language the model
+    lacks before any part is translated. A line longer than ``search.max_input_tokens`` stops the job with
+    its file and line number; the parts finished before it are kept for a rerun.
     """
 
     t0 = time.perf_counter()
@@ -285,23 +320,29 @@ def run_bulk(
 def _run(request, inp, layout, parts, output, t0, ray, progress, worker_cls, own) -> BulkResult:
 
     phases: dict[str, float] = {}
+
+    def prepare():
+        # the input before the model: invalid UTF-8 is reported without waiting for a load
+        t = time.perf_counter()
+        try:
+            planned = plan_input(inp, request.lines_per_part)
+        except (InputError, ValueError) as exc:
+            raise UserError(str(exc)) from exc
+        phases["plan"] = time.perf_counter() - t
+        return planned, _describe(request, here=ray is None)
+
     if own and not parts.exists():
-        # a fresh job on its own Ray: start Ray while the model is described (both take seconds)
+        # a fresh job on its own Ray: start Ray while the input is planned and the model described (seconds)
         from concurrent.futures import ThreadPoolExecutor
 
         with ThreadPoolExecutor(1) as pool:
-            described = pool.submit(_describe, request)
+            prepared = pool.submit(prepare)
             t = time.perf_counter()
             ray.ensure()
             phases["ray_start"] = time.perf_counter() - t
-            model, signature = described.result()
+            (inp, ranges), (model, signature, loaded) = prepared.result()
     else:
-        model, signature = _describe(request)
-    t_plan = time.perf_counter()
-    try:
-        inp, ranges = plan_input(inp, request.lines_per_part)
-    except (InputError, ValueError) as exc:
-        raise UserError(str(exc)) from exc
+        (inp, ranges), (model, signature, loaded) = prepare()
     if inp.nulls:
         log.warning(
             "%s: %s in column %r read as empty lines",
@@ -319,7 +360,7 @@ def _run(request, inp, layout, parts, output, t0, ray, progress, worker_cls, own
         search=request.search,
         options=request.options,
         dtype=request.dtype,
-        device="cuda" if request.num_gpus_per_worker > 0 else request.device,
+        device=_device(request),
         torch_threads=request.num_cpus_per_worker if ray is not None else request.threads,
         id_type=inp.id_type,
         input_root=request.input,
@@ -344,6 +385,7 @@ def _run(request, inp, layout, parts, output, t0, ray, progress, worker_cls, own
         "output": str(request.output),
         "lines_per_part": request.lines_per_part,
     }
+    created = not parts.exists()
     # one job per output: a second one on the same parts would redo what the first is writing
     lock = WorkDirLock(parts)
     try:
@@ -367,17 +409,23 @@ def _run(request, inp, layout, parts, output, t0, ray, progress, worker_cls, own
             ranges,
             result,
             phases,
-            t_plan,
+            loaded,
         )
     finally:
         lock.release()
+        if created:  # a job stopped before its first part leaves no empty folder behind
+            with contextlib.suppress(OSError):
+                parts.rmdir()
 
 
 def _translate_parts(
-    request, inp, layout, parts, output, t0, ray, progress, worker_cls, job, ranges, result, phases, t_plan
+    request, inp, layout, parts, output, t0, ray, progress, worker_cls, job, ranges, result, phases, loaded
 ) -> BulkResult:
     from tqdm.auto import tqdm
 
+    t_check = time.perf_counter()
+    # the input's and the model's description (and Ray's start, overlapped), the planning apart
+    phases["setup"] = t_check - t0 - phases["plan"]
     if parts.exists():
         for stale in stale_parts(parts, len(ranges)):
             log.warning("removing %s: beyond the current plan of %d parts", stale, len(ranges))
@@ -396,9 +444,8 @@ def _translate_parts(
     parts.mkdir(parents=True, exist_ok=True)
     if todo:  # the dataset is unfinished until every part is written again
         (parts / MANIFEST).unlink(missing_ok=True)
-    phases["setup"] = t_plan - t0  # the input's and the model's description (and Ray's start, overlapped)
-    phases["plan"] = time.perf_counter() - t_plan
     started = time.perf_counter()
+    phases["plan"] += started - t_check  # finding the parts done is planning too
     workers: dict[str, dict[str, float]] = defaultdict(lambda: {"tokens": 0.0, "seconds": 0.0, "lines": 0.0})
     bar = tqdm(
         total=inp.rows,
@@ -417,6 +464,7 @@ def _translate_parts(
         result.parts_translated += 1
         result.sentences += int(res["sentences"])
         result.tokens += int(res["tokens"])
+        result.decode_seconds += float(res["decode_seconds"])
         result.empty_outputs += int(res["empty_outputs"])
         result.duplicate_ids += int(res["duplicate_ids"])
         w = workers[str(res["worker"])]
@@ -426,14 +474,21 @@ def _translate_parts(
         result.timeline.append((time.perf_counter() - started, int(res["tokens"])))
         bar.update(shown[0] + int(res["lines"]) - bar.n)  # the lines not counted batch by batch
 
-    with bar:
-        if todo and ray is not None:
-            result.parts_retried = _on_ray(request, job, todo, on_result, ray, worker_cls, phases)
-        elif todo:
-            worker = worker_cls(job)
-            for r in todo:
-                shown[0] = bar.n
-                on_result(worker.translate_range(r, on_lines=bar.update))
+    try:
+        with bar:
+            if todo and ray is not None:
+                result.parts_retried = _on_ray(request, job, todo, on_result, ray, worker_cls, phases)
+            elif todo:
+                worker = worker_cls(job, *loaded)
+                for r in todo:
+                    shown[0] = bar.n
+                    on_result(worker.translate_range(r, on_lines=bar.update))
+                # one projection decoded every part translated: its counts are the job's
+                result.method_stats = worker.projection.stats()
+    except InputError as exc:  # a line too long: said with its file and line, the finished parts kept
+        done = result.parts_reused + result.parts_translated
+        kept = f"; {plural(done, 'finished part')} kept in {parts}/ (a rerun resumes)" if done else ""
+        raise UserError(f"{exc}{kept}") from None
     phases["translate"] = time.perf_counter() - started - phases.get("ray_start_late", 0.0)
     result.workers = dict(workers)
     if result.duplicate_ids:
