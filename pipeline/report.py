@@ -4,7 +4,8 @@ Works for a pipeline run (a parent run with one child run per stage and directio
 for an experiment run (a parent with one child per table or figure). The page needs nothing but itself: PNG
 figures are embedded as ``data:`` URIs, CSV and Markdown tables become HTML tables, JSON and text artifacts
 are shown in collapsed blocks, and there is no external CSS, JavaScript or font. Every string from the store
-is escaped by the template (Jinja2 autoescape; Jinja2 comes with MLflow's server dependencies).
+is escaped by the template (``report_template.html``, package data; Jinja2 autoescape; Jinja2 comes with
+MLflow's server dependencies).
 
 The store is only read: a missing SQLite file is an error, not a new empty store.
 """
@@ -24,6 +25,7 @@ import tempfile
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from importlib.resources import files
 from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import unquote, urlsplit
@@ -727,171 +729,21 @@ def groups(runs: list[RunInfo]) -> list[Group]:
 
 # ------------------------------------------------------------------------------------------------ rendering
 
-TEMPLATE = """<!DOCTYPE html>
-<html lang="en">
-<head>
-<meta charset="utf-8">
-<meta name="viewport" content="width=device-width, initial-scale=1">
-<meta name="generator" content="fastvocab {{ version }}">
-<title>fastvocab report: {{ root.name }}</title>
-<style>
-body { font: 14px/1.45 system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; margin: 0; color: #1d232b;
-       background: #f6f7f9; }
-main { max-width: 1280px; margin: 0 auto; padding: 16px 24px 48px; }
-h1 { font-size: 22px; margin: 8px 0 4px; } h2 { font-size: 18px; margin: 28px 0 8px;
-     border-bottom: 1px solid #d5d9e0; padding-bottom: 4px; }
-h3 { font-size: 15px; margin: 18px 0 6px; } h4 { font-size: 14px; margin: 12px 0 4px; }
-nav a { margin-right: 12px; }
-a { color: #1f5fbf; text-decoration: none; } a:hover { text-decoration: underline; }
-.sub { color: #5a6472; margin: 0 0 12px; }
-.scroll { overflow-x: auto; max-width: 100%; }
-table { border-collapse: collapse; background: #fff; margin: 4px 0 8px; font-size: 13px; }
-th, td { border: 1px solid #d5d9e0; padding: 3px 8px; text-align: left; vertical-align: top; }
-thead th { background: #eceff3; position: sticky; top: 0; }
-tbody th { background: #f8f9fb; font-weight: 600; white-space: nowrap; }
-td.num { text-align: right; font-variant-numeric: tabular-nums; white-space: nowrap; }
-td.wrap { max-width: 520px; overflow-wrap: anywhere; } td.short, td.nowrap { white-space: nowrap; }
-table.metrics thead th { max-width: 9em; font-size: 12px; }
-th.differ { background: #fff6d6; }
-.status { font-weight: 600; }
-.finished, .ran { color: #17743a; } .failed { color: #b3261e; } .killed, .unavailable { color: #a15c00; }
-.running { color: #1f5fbf; } .skipped { color: #6b7280; }
-.note { color: #5a6472; font-size: 12px; margin: 0 0 8px; }
-figure { margin: 8px 0 16px; background: #fff; border: 1px solid #d5d9e0; padding: 8px; display: inline-block;
-         max-width: calc(100% - 18px); }
-figure img { max-width: 100%; height: auto; display: block; }
-figcaption { font-size: 12px; color: #5a6472; margin-top: 4px; }
-details { margin: 4px 0 8px; } summary { cursor: pointer; color: #1f5fbf; }
-pre { background: #fff; border: 1px solid #d5d9e0; padding: 8px; overflow-x: auto; font-size: 12px;
-      max-height: 480px; }
-section.run { margin-left: 8px; padding-left: 12px; border-left: 3px solid #d5d9e0; }
-footer { color: #5a6472; font-size: 12px; margin-top: 32px; }
-</style>
-</head>
-<body>
-<main>
-{%- macro table(t, cls="") -%}
-{%- if t.header %}
-<div class="scroll"><table class="{{ cls }}">
-<thead><tr>{% for h in t.header %}<th scope="col">{{ h | replace("_", "_<wbr>" | safe) }}</th>
-{%- endfor %}</tr></thead>
-<tbody>
-{%- for row in t.rows %}
-<tr>
-{%- for c in row %}
-{%- if loop.first %}<th scope="row" class="{{ c.css if not c.css.startswith('link:') else "" }}"
-{%- if c.title %} title="{{ c.title }}"{% endif %}>
-{%- if c.css.startswith('link:') %}<a href="#{{ c.css[5:] }}">{{ c.text }}</a>
-{%- else %}{{ c.text }}{% endif %}</th>
-{%- else %}<td class="{{ c.td_class }}"
-{%- if c.title %} title="{{ c.title }}"{% endif %}>{{ c.text }}</td>
-{%- endif %}
-{%- endfor %}</tr>
-{%- endfor %}
-</tbody></table></div>
-{%- endif %}
-{%- if t.note %}<p class="note">{{ t.note }}</p>{% endif %}
-{%- endmacro %}
-{%- macro artifacts(run) -%}
-{%- for a in run.artifacts %}
-{%- if a.kind == "image" %}
-<figure><img src="{{ a.data_uri }}" alt="{{ run.name }}: {{ a.path }}">
-<figcaption>{{ run.name }} / {{ a.path }} ({{ size(a.size) }})</figcaption></figure>
-{%- elif a.kind == "table" and a.note %}
-<details><summary>{{ a.path }} ({{ size(a.size) }}): {{ a.note }}</summary>{{ table(a.table) }}</details>
-{%- elif a.kind == "table" %}
-<h4>{{ a.path }} <span class="note">({{ size(a.size) }})</span></h4>
-{{ table(a.table) }}
-{%- elif a.kind == "markdown" %}
-<h4>{{ a.path }} <span class="note">({{ size(a.size) }})</span></h4>
-{%- for b in a.markdown %}
-{%- if b.table %}{{ table(b.table) }}{% elif b.heading %}<p><strong>{{ b.text }}</strong></p>
-{%- else %}<p>{{ b.text }}</p>{% endif %}
-{%- endfor %}
-{%- elif a.kind == "text" %}
-<details><summary>{{ a.path }} ({{ size(a.size) }}{{ "; " ~ a.note if a.note else "" }})</summary>
-<pre>{{ a.text }}</pre></details>
-{%- else %}
-<p class="note">{{ a.path }} ({{ size(a.size) }}){{ ": " ~ a.note if a.note else "" }}</p>
-{%- endif %}
-{%- endfor %}
-{%- endmacro %}
-<h1>fastvocab report: {{ root.name }}</h1>
-<p class="sub">MLflow run <code>{{ root.run_id }}</code> &middot; experiment {{ experiment }} &middot;
-<span class="status {{ root.status | lower }}">{{ root.status }}</span></p>
-<nav>
-<a href="#summary">summary</a>
-{%- if descendants %}<a href="#runs">child runs</a>{% endif %}
-{%- for g in groups %}<a href="#{{ g.anchor }}">{{ g.name }}</a>{% endfor %}
-{%- if root.params %}<a href="#parent-params">parameters</a>{% endif %}
-</nav>
+TEMPLATE = "report_template.html"  # beside this module, shipped in the wheel as package data
 
-<h2 id="summary">Summary</h2>
-{{ table(header, "kv") }}
-{%- if root.metrics %}
-<h3>Metrics of the run</h3>
-{{ table(root_metrics, "kv") }}
-{%- endif %}
-{%- if root_history %}
-<figure><img src="{{ root_history }}" alt="metrics by step"><figcaption>metrics by step</figcaption></figure>
-{%- endif %}
-{{ artifacts(root) }}
 
-{%- if descendants %}
-<h2 id="runs">Child runs ({{ descendants | length }})</h2>
-{{ table(overview, "overview") }}
-{%- endif %}
-
-{%- for g in groups %}
-<h2 id="{{ g.anchor }}">{{ g.name }}
-<span class="note">({{ g.runs | length }} run{{ "s" if g.runs | length != 1 else "" }})</span></h2>
-{%- if g.metrics %}
-<h3>Metrics</h3>
-{%- for t in g.metrics %}{{ table(t, "metrics") }}{% endfor %}
-{%- endif %}
-{%- if g.history %}
-<figure><img src="{{ g.history }}" alt="{{ g.name }}: metrics by step">
-<figcaption>{{ g.name }}: metrics logged at several steps</figcaption></figure>
-{%- endif %}
-{%- if g.params.rows %}
-<h3>Parameters</h3>
-{{ table(g.params, "params") }}
-{%- endif %}
-{%- for r in g.runs if r.artifacts %}
-<section class="run" id="{{ r.anchor }}">
-<h3>{{ r.name }} <span class="note">{{ r.run_id }}
-{{- " \u00b7 child of " ~ r.parent_name if r.depth > 1 else "" }}</span></h3>
-{{ artifacts(r) }}
-</section>
-{%- endfor %}
-{%- set bare = g.runs | rejectattr("artifacts") | list %}
-{%- if bare %}
-<p class="note">No artifacts:
-{%- for r in bare %} <span id="{{ r.anchor }}" title="{{ r.run_id }}">{{ r.name }}</span>
-{{- "," if not loop.last else "" }}{% endfor %}</p>
-{%- endif %}
-{%- endfor %}
-
-{%- if root.params %}
-<h2 id="parent-params">Parameters of the run ({{ root.params | length }})</h2>
-<details{{ " open" if root.params | length <= 40 else "" }}><summary>show all</summary>
-{{ table(root_params, "kv") }}</details>
-{%- endif %}
-
-<footer>Generated by fastvocab {{ version }} on {{ generated }} from {{ tracking_uri }}. Self-contained:
-figures are embedded, nothing is loaded from elsewhere.</footer>
-</main>
-</body>
-</html>
-"""
+def template_text() -> str:
+    """The page's Jinja2 template, read from the installed package."""
+    return files("fastvocab.pipeline").joinpath(TEMPLATE).read_text(encoding="utf-8")
 
 
 def render(data: ReportData) -> str:
+    """The page of what was read: the template filled with its tables and figures."""
     import jinja2
 
     env = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
     env.globals["size"] = fmt_size
-    template = env.from_string(TEMPLATE)
+    template = env.from_string(template_text())
     root = data.root
     return template.render(
         version=__version__,
