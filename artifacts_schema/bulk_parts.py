@@ -1,4 +1,5 @@
-"""Bulk translation's output: a Parquet dataset of parts, one per planned row range of the input.
+"""Translation in parts (``fastvocab translate``, the bulk stage): a Parquet dataset of parts, one per
+planned row range of the input.
 
 ``<dataset>/part-NNNNN.parquet`` holds ``id`` (int64, or string when the input's ids are strings), ``source``
 and ``translation``, one row per input line in input order. Its schema metadata records
@@ -29,6 +30,7 @@ from fastvocab.artifacts_schema.atomic import atomic_path
 from fastvocab.artifacts_schema.digest import text_digest
 from fastvocab.artifacts_schema.errors import ArtifactError
 from fastvocab.artifacts_schema.jsonfile import write_json
+from fastvocab.artifacts_schema.translations import TRANSLATIONS_SCHEMA, text_lines
 
 PLAN_KEY = b"fastvocab.plan"
 DIGEST_KEY = b"fastvocab.translations_digest"
@@ -133,15 +135,7 @@ def assemble(
     written = 0
     with atomic_path(output) as tmp:
         if output.suffix == ".parquet":
-            schema = pa.schema(
-                [
-                    pa.field("id", ID_TYPES[id_type], nullable=False),
-                    pa.field("direction", pa.string(), nullable=False),
-                    pa.field("source", pa.string(), nullable=False),
-                    pa.field("hypothesis", pa.string(), nullable=False),
-                    pa.field("method", pa.string(), nullable=False),
-                ]
-            )
+            schema = TRANSLATIONS_SCHEMA.set(0, pa.field("id", ID_TYPES[id_type], nullable=False))
             with pq.ParquetWriter(tmp, schema) as writer:
                 for path in parts:
                     t = read_part_table(path)
@@ -160,8 +154,7 @@ def assemble(
                 for path in parts:
                     hyps = read_part_table(path).column("translation").to_pylist()
                     written += len(hyps)
-                    # a newline inside an output would shift every later line: one output per line
-                    f.write("".join(h.replace("\r", " ").replace("\n", " ") + "\n" for h in hyps))
+                    f.write(text_lines(hyps))
         if written != lines:
             raise ArtifactError(f"{output}: the parts hold {written} lines, the input has {lines}")
 

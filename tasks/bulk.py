@@ -1,5 +1,7 @@
-"""Bulk translation in row-range parts: the input described from its files, cut into ranges, each range
-translated by a worker that reads it itself and writes one part (``artifacts_schema.bulk_parts``).
+"""Translation in row-range parts: the input described from its files, cut into ranges, each range
+translated by a worker that reads it itself and writes one part (``artifacts_schema.bulk_parts``). The one
+resumable path of ``fastvocab translate`` (any input, in this process or on Ray) and of the pipeline's
+``bulk`` stage.
 
 The driver never holds the texts. A Parquet input (a file, a folder of files, hive-partitioned or not, or a
 glob) is described from its footers and cut into ranges by the row-range planner
@@ -9,7 +11,7 @@ A :class:`BulkRange` is a few hundred bytes whatever its text; the :class:`BulkW
 rows, checks them against the digest, translates them with :func:`fastvocab.tasks.translate.translate` and
 writes the part. A part records its plan (:meth:`BulkJob.plan`), so a rerun after any kill redoes only the
 parts that are missing, of another plan, or damaged. Plain functions and classes: the pipeline hosts the
-worker in Ray actors (``pipeline/bulk.py``), or runs it in-process.
+worker in Ray actors (``pipeline/bulk_driver.py``), or runs it in-process.
 """
 
 from __future__ import annotations
@@ -362,12 +364,18 @@ def load_model(job: BulkJob) -> Seq2SeqAdapter:
 
 class BulkWorker:
     """Translates ranges and writes their parts; the model and the method load once, on the first range
-    (so a load error reaches the driver as the error it is, not as a dead worker)."""
+    (so a load error reaches the driver as the error it is, not as a dead worker).
 
-    def __init__(self, job: BulkJob) -> None:
+    ``adapter`` and ``projection``: the job's model and method already loaded in this process (the driver's,
+    when it translates the parts itself), so they are not loaded a second time.
+    """
+
+    def __init__(
+        self, job: BulkJob, adapter: Seq2SeqAdapter | None = None, projection: Projection | None = None
+    ) -> None:
         self.job = job
-        self.adapter: Seq2SeqAdapter | None = None
-        self.projection: Projection | None = None
+        self.adapter = adapter
+        self.projection = projection
         self.name = f"{socket.gethostname()}:{os.getpid()}"
 
     def _load(self) -> tuple[Seq2SeqAdapter, Projection]:

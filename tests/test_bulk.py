@@ -1,5 +1,6 @@
-"""Bulk translation (``fastvocab translate --workers N``, the pipeline's ``bulk`` stage): row-range parts on
-Ray actors or in-process, equal to the in-process translation line for line, resumable after any kill."""
+"""Translation in row-range parts (every ``fastvocab translate``, the pipeline's ``bulk`` stage), on Ray
+actors or in-process: each part what ``translate`` makes of its lines, the same on Ray as in this process,
+resumable after any kill."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from conftest import synthetic_sentences
 
 from fastvocab.artifacts_schema.bulk_parts import MANIFEST, METHOD_KEY, PLAN_KEY, part_file
 from fastvocab.decoding import Seq2SeqAdapter
-from fastvocab.pipeline.bulk import BulkRequest, run_bulk
+from fastvocab.pipeline.bulk_driver import BulkRequest, run_bulk
 from fastvocab.pipeline.errors import UserError
 from fastvocab.tasks.bulk import BulkWorker
 from fastvocab.tasks.projections import make_projection
@@ -168,30 +169,30 @@ def _cluster_map(adapter, root: Path) -> Path:
     return save_cluster_map(cmap, root / "en-it")
 
 
-def _in_process(adapter, inp, out, method="full", options=None, beam=1):
-    """``fastvocab translate``'s in-process run (``translate_text_file``, chunks of 5 lines: the parts' size;
-    a clustered union's columns depend on which lines share a batch, so both runs cut the file alike)."""
-    from fastvocab.tasks.text_chunks import translate_text_file
-
+def _by_range(adapter, inp, method="full", options=None, beam=1):
+    """The text the parts must make of ``inp``: ``translate`` on each range of 5 lines, the parts' size, by
+    itself (a clustered union's columns depend on which lines share a batch, so the ranges must be alike)."""
+    lines = inp.read_text(encoding="utf-8").splitlines()
     projection = make_projection(adapter, method, **(options or {}))
-    search = SearchSettings(beam=beam, batch_size=4, max_len=MAX_LEN)
-    translate_text_file(
-        adapter,
-        projection,
-        inp,
-        out,
-        "en",
-        "it",
-        search=search,
-        setting=projection.signature(),
-        method=method,
-        chunk_lines=5,
-        progress=False,
-    )
-    return out.read_text(encoding="utf-8")
+    hypotheses = []
+    for start in range(0, len(lines), 5):
+        hypotheses += translate(
+            adapter,
+            projection,
+            lines[start : start + 5],
+            "en",
+            "it",
+            beam=beam,
+            batch_size=4,
+            max_len=MAX_LEN,
+            progress=False,
+        ).hypotheses
+    return "".join(f"{h}\n" for h in hypotheses)
 
 
-def test_parts_equal_the_in_process_run_full_and_clustered_greedy_and_beam(model_dir, adapter, tmp_path):
+def test_parts_in_process_equal_translate_by_range_full_and_clustered_greedy_and_beam(
+    model_dir, adapter, tmp_path
+):
     from fastvocab.tasks.projections import method_options
 
     inp = _write_text(tmp_path / "in.txt", _lines())
@@ -207,9 +208,7 @@ def test_parts_equal_the_in_process_run_full_and_clustered_greedy_and_beam(model
             req = _request(model_dir, inp, out, method=method, options=options, search=search)
             assert run_bulk(req, progress=False).parts_translated == 5
             outputs[method, beam] = out.read_text(encoding="utf-8")
-            assert outputs[method, beam] == _in_process(
-                adapter, inp, tmp_path / "ref.txt", method, options, beam
-            )
+            assert outputs[method, beam] == _by_range(adapter, inp, method, options, beam)
     assert outputs["clustered", 2] != outputs["full", 2]  # the map is used: the comparison can fail
 
 
@@ -225,10 +224,10 @@ class DiesOnce(BulkWorker):
         return super().translate_range(r, **kw)
 
 
-def test_two_ray_workers_one_killed_equal_the_in_process_run(model_dir, adapter, tmp_path, ray_session):
+def test_two_ray_workers_one_killed_equal_translate_by_range(model_dir, adapter, tmp_path, ray_session):
     """Clustered, beam 2, on 2 actors pulling parts from one queue, one of them SIGKILLed as it takes a
     range: the range is retried on a new actor, each part is written once, and the text assembled from the
-    parts is the in-process run's, line for line."""
+    parts is what the in-process run makes (``translate`` by range), line for line."""
     import ray.cloudpickle
 
     from fastvocab.tasks.projections import method_options
@@ -243,15 +242,14 @@ def test_two_ray_workers_one_killed_equal_the_in_process_run(model_dir, adapter,
     result = run_bulk(req, ray=ray_session, progress=False, worker_cls=DiesOnce)
     assert Path(DiesOnce.marker).exists() and result.parts_retried == 1
     assert result.parts_translated == 5 and result.lines == 23 and result.tokens > 0  # each range once
-    expect = _in_process(adapter, inp, tmp_path / "ref.txt", "clustered", options, 2)
-    assert out.read_text(encoding="utf-8") == expect
+    assert out.read_text(encoding="utf-8") == _by_range(adapter, inp, "clustered", options, 2)
     assert not Path(str(out) + ".parts").exists()
 
 
 DRIVER = """
 import os, signal, sys
 from pathlib import Path
-from fastvocab.pipeline.bulk import BulkRequest, run_bulk
+from fastvocab.pipeline.bulk_driver import BulkRequest, run_bulk
 from fastvocab.tasks.bulk import BulkWorker
 from fastvocab.tasks.translate import SearchSettings
 
@@ -342,18 +340,19 @@ def _cli(capsys, model_dir, inp, out, *extra: str) -> tuple[int, str]:
     return rc, capsys.readouterr().err
 
 
-@pytest.mark.parametrize("parts_path", [False, True], ids=["in-process", "parts"])
-def test_a_too_long_line_is_named_by_file_and_real_line(model_dir, tmp_path, capsys, parts_path):
+@pytest.mark.parametrize("dataset", [False, True], ids=["file", "dataset"])
+def test_a_too_long_line_is_named_by_file_and_real_line(model_dir, tmp_path, capsys, dataset):
     lines = _lines(30)
-    lines[24] = "package " * 40  # line 25, in the third chunk of 10
+    lines[24] = "package " * 40  # line 25, in the third part of 10
     inp = _write_text(tmp_path / "in.txt", lines)
-    out = f"{tmp_path / 'out'}/" if parts_path else tmp_path / "out.txt"
+    out = f"{tmp_path / 'out'}/" if dataset else tmp_path / "out.txt"
     rc, err = _cli(capsys, model_dir, inp, out, "--chunk-lines", "10", "--max-input-tokens", "16")
     assert rc == 2 and len(err.strip().splitlines()) == 1, err
     assert f"{inp}: line 25 has " in err and "more than --max-input-tokens=16" in err
-    if not parts_path:
-        assert f"the 2 chunks before it kept in {tmp_path / 'out.txt.parts'}/" in err
-        assert not (tmp_path / "out.txt").exists()
+    parts = tmp_path / ("out" if dataset else "out.txt.parts")
+    assert f"; 2 finished parts kept in {parts}/ (a rerun resumes)" in err
+    assert sorted(p.name for p in parts.glob("part-*")) == ["part-00000.parquet", "part-00001.parquet"]
+    assert not (tmp_path / "out.txt").exists()
 
 
 def test_chunk_lines_0_is_refused_before_the_model_loads(tmp_path, capsys):
@@ -385,7 +384,7 @@ def test_the_progress_bar_counts_lines_as_batches_finish(model_dir, tmp_path, ca
 
     monkeypatch.setattr(tqdm.auto, "tqdm", Bar)
     inp = _write_text(tmp_path / "in.txt", _lines(18))
-    if kind == "parquet":  # the parts path, in this process
+    if kind == "parquet":  # a Parquet input, read range by range
         pq.write_table(pa.table({"text": _lines(18)}), tmp_path / "in.parquet")
         inp = tmp_path / "in.parquet"
     rc, _ = _cli(capsys, model_dir, inp, tmp_path / "out.txt", "--batch-size", "4")

@@ -234,19 +234,15 @@ def test_bulk_translation_on_two_nodes_equals_the_in_process_run(cluster, inputs
         "-o", str(tmp_path / "cluster.txt"), "--max-len", "6", "--chunk-lines", "5", "--no-progress",
         "--workers", "2", "--ray-address", cluster["gcs"], env=_env(),
     )  # fmt: skip
-    # meanwhile, the in-process run (fastvocab translate's text path, the same chunks)
-    from fastvocab.decoding import Seq2SeqAdapter
-    from fastvocab.tasks.projections import make_projection
-    from fastvocab.tasks.text_chunks import translate_text_file
+    # meanwhile, the in-process run (fastvocab translate without Ray, the same parts)
+    from fastvocab.pipeline.bulk_driver import BulkRequest, run_bulk
     from fastvocab.tasks.translate import SearchSettings
 
-    adapter = Seq2SeqAdapter.load(model)
-    projection = make_projection(adapter)
     local = tmp_path / "local.txt"
-    translate_text_file(
-        adapter, projection, inp, local, "en", "it", search=SearchSettings(max_len=6),
-        setting=projection.signature(), method="full", chunk_lines=5, progress=False,
-    )  # fmt: skip
+    request = BulkRequest(
+        str(inp), str(local), model, "en", "it", search=SearchSettings(max_len=6), lines_per_part=5
+    )
+    run_bulk(request, progress=False)
     out, _ = proc.communicate(timeout=600)
     assert proc.returncode == 0, out
     assert "6 of 6 parts translated" in out and "2 Ray workers used of 2" in out, out

@@ -81,6 +81,8 @@ def test_wheel_holds_every_room_module_under_fastvocab(wheel: Path):
         # What is shipped is the working tree's file, byte for byte.
         for name, path in expected.items():
             assert zf.read(name) == path.read_bytes(), name
+        # The report's page template is package data, not a module: read at run time, it must ship.
+        assert "fastvocab/pipeline/report_template.html" in names
         # Only fastvocab at the top level: no `tasks`, `pipeline`, ... package lands in site-packages.
         top = {n.split("/")[0] for n in names}
         assert {t for t in top if not t.endswith(".dist-info")} == {"fastvocab"}
@@ -91,7 +93,7 @@ def test_wheel_holds_every_room_module_under_fastvocab(wheel: Path):
 def test_installed_wheel_finds_every_module(wheel: Path, tmp_path: Path):
     # Installed into a plain folder first on the path, run outside the repository: the wheel's modules are as
     # many as the rooms', each is found in that folder (its packages imported, not the module itself:
-    # kernels.cupy_ops needs CuPy), and the CLI imports.
+    # kernels.cupy_ops needs CuPy), the CLI imports, and the report reads its template from the package.
     site = tmp_path / "site"
     cmd = [sys.executable, "-m", "pip", "install", "--no-deps", "--no-index", "-q", "--target", str(site)]
     done = subprocess.run([*cmd, str(wheel)], capture_output=True, text=True, timeout=120)
@@ -107,6 +109,8 @@ def test_installed_wheel_finds_every_module(wheel: Path, tmp_path: Path):
         "    spec = importlib.util.find_spec(name)\n"
         f"    assert spec.origin.startswith({str(site)!r}), (name, spec.origin)\n"
         "importlib.import_module('fastvocab.pipeline.cli')\n"
+        "from fastvocab.pipeline.report import template_text\n"
+        "assert template_text().startswith('<!DOCTYPE html>')\n"
     )
     env = {**os.environ, "PYTHONPATH": str(site)}
     done = subprocess.run(

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from fastvocab.pipeline.cli import main
-from fastvocab.pipeline.report import PNG_SIGNATURE, fmt_number, markdown_blocks
+from fastvocab.pipeline.report_artifacts import PNG_SIGNATURE, fmt_number, markdown_blocks
 from fastvocab.pipeline.tracking import StageRecord, Tracker
 
 HOSTILE = "<script>alert('x')</script> & <b>bold</b>"

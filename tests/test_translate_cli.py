@@ -508,27 +508,19 @@ def test_cli_inactive_mass_auto_and_exact_options(adapter, tmp_path, flags, want
     }
 
 
-# ------------------------------------------------------------------------- long inputs: chunks and resume
+# -------------------------------------------------------------------------- long inputs: parts and resume
 
 
-def _stream(adapter, inp, out, chunk_lines=3, beam=1, graphs="auto"):
-    from fastvocab.tasks.text_chunks import translate_text_file
+def _stream(model_dir, inp, out, chunk_lines=3, beam=1, graphs="auto"):
+    """``fastvocab translate``'s run of a text file in this process, in parts of ``chunk_lines`` lines."""
+    from fastvocab.pipeline.bulk_driver import BulkRequest, run_bulk
     from fastvocab.tasks.translate import SearchSettings
 
-    projection = make_projection(adapter)
-    return translate_text_file(
-        adapter,
-        projection,
-        inp,
-        out,
-        "en",
-        "it",
-        search=SearchSettings(beam=beam, batch_size=4, max_len=MAX_LEN, graphs=graphs),
-        setting=projection.signature(),
-        method="full",
-        chunk_lines=chunk_lines,
-        progress=False,
+    search = SearchSettings(beam=beam, batch_size=4, max_len=MAX_LEN, graphs=graphs)
+    request = BulkRequest(
+        str(inp), str(out), model_dir, "en", "it", search=search, lines_per_part=chunk_lines
     )
+    return run_bulk(request, progress=False)
 
 
 @pytest.fixture
@@ -542,57 +534,57 @@ def long_input(adapter, tmp_path):
     return inp, expect
 
 
-def test_chunks_give_the_whole_file_translation_in_order(adapter, long_input, tmp_path):
-    from fastvocab.artifacts_schema.translations import parts_dir
-
+def test_parts_give_the_whole_file_translation_in_order(model_dir, long_input, tmp_path):
     inp, expect = long_input
     out = tmp_path / "out.txt"
-    res = _stream(adapter, inp, out, chunk_lines=3)
+    res = _stream(model_dir, inp, out, chunk_lines=3)
     assert out.read_text(encoding="utf-8").split("\n")[:-1] == expect
-    assert res.sentences == 7 and not parts_dir(out).exists()
-    _stream(adapter, inp, tmp_path / "out.parquet")
+    assert res.sentences == 7 and res.parts == 4 and not (tmp_path / "out.txt.parts").exists()
+    _stream(model_dir, inp, tmp_path / "out.parquet")
     table = pq.read_table(tmp_path / "out.parquet")
     assert table.schema.equals(TRANSLATIONS_SCHEMA, check_metadata=False)
     assert table.column("id").to_pylist() == list(range(len(expect)))
     assert table.column("hypothesis").to_pylist() == expect
 
 
-def test_a_killed_run_resumes_after_its_last_finished_chunk(adapter, long_input, tmp_path, monkeypatch):
-    from fastvocab.artifacts_schema.translations import part_path, parts_dir
-    from fastvocab.tasks import text_chunks as task
+def test_a_killed_run_resumes_after_its_last_finished_part(model_dir, long_input, tmp_path, monkeypatch):
+    from fastvocab.artifacts_schema.bulk_parts import part_file
+    from fastvocab.tasks import bulk as task
 
     inp, expect = long_input
     out = tmp_path / "out.txt"
+    parts = tmp_path / "out.txt.parts"
     calls = []
     real = task.translate
 
-    def dies_on_third_chunk(*args, **kwargs):
+    def dies_on_third_part(*args, **kwargs):
         calls.append(len(args[2]))
         if len(calls) == 3:
-            raise KeyboardInterrupt  # what a kill leaves: the chunks before, nothing after
+            raise KeyboardInterrupt  # what a kill leaves: the parts before, nothing after
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(task, "translate", dies_on_third_chunk)
+    monkeypatch.setattr(task, "translate", dies_on_third_part)
     with pytest.raises(KeyboardInterrupt):
-        _stream(adapter, inp, out)
-    assert not out.exists() and sorted(p.name for p in parts_dir(out).iterdir()) == [
+        _stream(model_dir, inp, out)
+    assert not out.exists() and sorted(p.name for p in parts.iterdir()) == [
         "part-00000.parquet",
         "part-00001.parquet",
     ]
     calls.clear()
     monkeypatch.setattr(task, "translate", lambda *a, **k: calls.append(len(a[2])) or real(*a, **k))
-    # A part whose hypotheses no longer match their digest is redone, not reused.
-    first = pq.read_table(part_path(parts_dir(out), 0))
-    bad = first.set_column(2, "hypothesis", pa.array(["x"] * first.num_rows)).replace_schema_metadata(
+    # A part whose translations no longer match their digest is redone, not reused.
+    first = pq.read_table(part_file(parts, 0))
+    bad = first.set_column(2, "translation", pa.array(["x"] * first.num_rows)).replace_schema_metadata(
         first.schema.metadata
     )
-    pq.write_table(bad, part_path(parts_dir(out), 0))
-    # resumed with the steps run another way (--graphs): how a step runs is not part of a chunk's plan
-    _stream(adapter, inp, out, graphs="on")
-    assert calls == [3, 3, 2]  # chunks 0 (corrupt), 2 and 3; chunk 1 reused
+    pq.write_table(bad, part_file(parts, 0))
+    # resumed with the steps run another way (--graphs): how a step runs is not part of a part's plan
+    resumed = _stream(model_dir, inp, out, graphs="on")
+    assert calls == [3, 3, 2]  # parts 0 (corrupt), 2 and 3; part 1 reused
+    assert resumed.corrupt_redone == ["part-00000.parquet"] and resumed.parts_reused == 1
     assert out.read_text(encoding="utf-8").split("\n")[:-1] == expect
     calls.clear()
-    _stream(adapter, inp, out, beam=2)  # other settings: nothing reused
+    _stream(model_dir, inp, out, beam=2)  # other settings: nothing reused
     assert calls == [3, 3, 3, 2]
 
 

@@ -1,10 +1,13 @@
-"""``fastvocab translate``: bulk translation of a text file or Parquet dataset for one direction.
+"""``fastvocab translate``: translation of a text file or Parquet dataset for one direction.
 
-Input: UTF-8 text (one sentence a line) or Parquet (a file or a dataset folder; column ``source``, optional
-``id``). Output: Parquet with the translations schema when it ends in ``.parquet``, else text with one line
-per input line. The output is written atomically at the end: on any error no output file is left behind.
-A text input is streamed in chunks (``--chunk-lines``): memory holds one chunk, finished chunks wait in
-``OUTPUT.parts/``, and a rerun of the same command after a kill translates only the chunks not yet done.
+Input: UTF-8 text (one sentence a line) or Parquet (a file, a folder of files or a glob; column ``text`` or
+``source``, optional ``id``). Output: Parquet with the translations schema when it ends in ``.parquet``, a
+Parquet dataset of parts when it is named ``DIR/``, else text with one line per input line. Every input takes
+the one resumable path (pipeline/bulk_driver.py), in this process or on Ray actors (``--workers``,
+``--ray-address``): it is cut into parts of ``--chunk-lines`` lines, each finished part waits in
+``OUTPUT.parts/``, the output appears atomically, in input order, only when every part is done (on any error
+no output file is left behind), and a rerun of the same command after a kill translates only the parts not
+yet done.
 """
 
 from __future__ import annotations
@@ -14,21 +17,26 @@ import logging
 import sys
 from dataclasses import fields
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from fastvocab.artifacts_schema.errors import ArtifactError
-from fastvocab.pipeline.checks import check_device, check_map_direction, check_output_file
+from fastvocab.pipeline.checks import check_device, check_map_direction
 from fastvocab.pipeline.commands import (
     add_batch_size,
     add_beam,
     add_inactive_mass,
     add_length_penalty,
     add_max_len,
+    add_mlflow_options,
     add_model,
 )
 from fastvocab.pipeline.config import TranslateConfig
 from fastvocab.pipeline.errors import UserError
 from fastvocab.pipeline.wording import plural
 from fastvocab.tasks.methods import INDEXED_METHODS
+
+if TYPE_CHECKING:
+    from fastvocab.pipeline.bulk_driver import BulkResult
 
 HELP = "translate a text file or Parquet dataset for one direction (full, clustered, lsh, graph, shortlist)"
 
@@ -221,22 +229,49 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         type=int,
         default=None,
         metavar="N",
-        help="translate N lines at a time; memory holds one chunk, each finished chunk is kept as a part "
-        "(in OUTPUT.parts/, or in the dataset folder), and a rerun after a kill resumes there "
-        "(default: 10000)",
+        help="lines a part: memory holds one part a worker, each finished part is kept (in OUTPUT.parts/, "
+        "or in the dataset folder), and a rerun after a kill resumes there (default: 10000)",
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    from fastvocab.pipeline.bulk import add_arguments as add_bulk_arguments
+    g = p.add_argument_group("on Ray: the same parts, translated by Ray actors")
+    g.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        metavar="N",
+        help="decode on N Ray actors, each loading the model once and pulling ranges of --chunk-lines lines "
+        "from one queue; finished parts are kept and a rerun resumes; 1 without --ray-address: in this "
+        "process (default: 1)",
+    )
+    g.add_argument(
+        "--ray-address",
+        default=None,
+        metavar="ADDRESS",
+        help="Ray cluster to attach to ('auto', 'HOST:PORT', 'ray://HOST:10001'; 'local': a private Ray on "
+        "this machine, also for --workers 1); on a cluster the input, the output and any map must be on "
+        "storage every node sees (default: a local Ray when --workers > 1)",
+    )
+    g.add_argument(
+        "--num-cpus-per-worker",
+        type=int,
+        default=1,
+        metavar="N",
+        help="CPUs (torch threads) each actor reserves (default: 1)",
+    )
+    g.add_argument(
+        "--num-gpus-per-worker",
+        type=float,
+        default=0.0,
+        metavar="G",
+        help="GPUs each actor reserves; > 0 decodes on the actor's GPU (default: 0)",
+    )
+    add_mlflow_options(p, "$MLFLOW_TRACKING_URI; neither: the job is not logged", "fastvocab-bulk")
 
-    add_bulk_arguments(p)
 
-
-def _check_args(args: argparse.Namespace, parts: bool = False) -> None:
-    """Everything that can be refused before the model loads; ``parts``: the parts path (its output is
-    checked by pipeline/bulk.py)."""
-    for flag in ("beam", "batch_size", "max_len", "max_input_tokens", "chunk_lines"):
-        if flag == "chunk_lines" and args.chunk_lines is None:
-            continue
+def _check_args(args: argparse.Namespace) -> None:
+    """What the method and search flags can be refused for before the model loads (the input, the output
+    and the job's counts are checked by pipeline/bulk_driver.py)."""
+    for flag in ("beam", "batch_size", "max_len", "max_input_tokens"):
         if getattr(args, flag) < 1:
             raise UserError(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")
     if args.threads is not None and args.threads < 1:
@@ -266,10 +301,6 @@ def _check_args(args: argparse.Namespace, parts: bool = False) -> None:
             "--method shortlist needs --index (a shortlist table of this model and direction: build it with "
             "fastvocab run, methods.build: [shortlist])"
         )
-    if args.output.resolve() == args.input.resolve():
-        raise UserError(f"--output {args.output} would overwrite the input")
-    if not parts:
-        check_output_file(args.output, "--output")
     check_device(args.device, "--device")
     if args.method == "clustered":
         from fastvocab.artifacts_schema.cluster_map import coverage_problem, resolve_map_dir
@@ -346,93 +377,101 @@ def _projection_options(args: argparse.Namespace) -> dict[str, object]:
     )
 
 
+def log_to_mlflow(result: BulkResult, uri: str, experiment: str, run_name: str) -> str:
+    """One MLflow run for the job (a parent with the job's child record, as the report reads pipelines)."""
+    import tempfile
+
+    from fastvocab.pipeline.tracking import Tracker
+
+    tracker = Tracker(uri, experiment)
+    tracker.start(run_name, {"bulk": result.params}, {"fastvocab.kind": "bulk"})
+    with tempfile.TemporaryDirectory() as tmp:
+        tracker.log_stage(result.record(artifacts_dir=Path(tmp)))
+    tracker.end("FINISHED", {"lines": result.lines, "tokens_per_s": result.tokens_per_second})
+    return str(tracker.parent_id)
+
+
 def run(args: argparse.Namespace) -> int:
-    from fastvocab.pipeline.bulk import run_command, wants_bulk
+    """The flags as a :class:`~fastvocab.pipeline.bulk_driver.BulkRequest`, the job, its summary line (and
+    the method's counts when it ran in this process) and, with a tracking URI, its MLflow run."""
+    import os
 
-    typed = args.output  # as typed: DIR/ names a dataset folder
-    args.output = Path(typed)
-    parts = wants_bulk(args, typed)
-    _check_args(args, parts)
-    if parts:  # Ray workers, a Parquet input, or a dataset output: row-range parts (pipeline/bulk.py)
-        return run_command(args, typed, _projection_options(args))
-    import torch
-
-    from fastvocab.tasks.inputs import iter_text_lines
-    from fastvocab.tasks.projections import INT8_METHODS, make_projection
-    from fastvocab.tasks.text_chunks import translate_text_file
+    from fastvocab.pipeline.bulk_driver import BulkRequest, run_bulk
+    from fastvocab.pipeline.tracking import check_tracking_uri
+    from fastvocab.tasks.bulk import PART_LINES
     from fastvocab.tasks.translate import SearchSettings
 
-    # A text file into a file, in this process: checked (streamed) first, so bad input fails before the
-    # model loads; then streamed in chunks, resumable.
-    try:
-        n_lines = sum(1 for _ in iter_text_lines(args.input))
-    except ValueError as exc:
-        raise UserError(str(exc)) from exc
-
-    from transformers.utils import logging as hf_logging
-
-    from fastvocab.decoding.hf_adapter import Seq2SeqAdapter
-
-    hf_logging.disable_progress_bar()  # the weights-loading bar is noise on a CLI
-    if args.threads is not None:
-        torch.set_num_threads(args.threads)
-    int8 = args.dtype == "int8"
-    dtype = torch.float32 if int8 else getattr(torch, args.dtype)
-    adapter = Seq2SeqAdapter.load(args.model, device=args.device, dtype=dtype)
-    if int8:
-        adapter.quantize_int8()
-    try:
-        adapter.check_language(args.src_lang)
-        adapter.check_language(args.tgt_lang)
-        options = _projection_options(args)
-        if int8 and args.method in INT8_METHODS:
-            options["int8"] = True
-        projection = make_projection(adapter, args.method, **options)
+    _check_args(args)
+    uri = args.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
+    if uri:
+        check_tracking_uri(uri, "--tracking-uri" if args.tracking_uri else "MLFLOW_TRACKING_URI")
+    request = BulkRequest(
+        str(args.input),
+        args.output,  # as typed: a trailing / names a dataset folder
+        args.model,
+        args.src_lang,
+        args.tgt_lang,
+        method=args.method,
+        options=_projection_options(args),
         # the flags are named as SearchSettings' fields (--beam, --batch-size, ...)
-        search = SearchSettings(**{f.name: getattr(args, f.name) for f in fields(SearchSettings)})
-        result = translate_text_file(
-            adapter,
-            projection,
-            args.input,
-            args.output,
-            args.src_lang,
-            args.tgt_lang,
-            search=search,
-            setting=f"{projection.signature()}|dtype:{args.dtype}",
-            method=args.method,
-            progress=not args.no_progress,
-            **({"chunk_lines": args.chunk_lines} if args.chunk_lines is not None else {}),
-        )
-    except ArtifactError:  # a missing or mismatched map or index: the CLI reports it as it is
-        raise
-    except ValueError as exc:  # unknown language, bad method options, over-long line
-        raise UserError(str(exc)) from exc
+        search=SearchSettings(**{f.name: getattr(args, f.name) for f in fields(SearchSettings)}),
+        dtype=args.dtype,
+        device=args.device,
+        workers=args.workers,
+        ray_address=args.ray_address,
+        num_cpus_per_worker=args.threads or args.num_cpus_per_worker,
+        num_gpus_per_worker=args.num_gpus_per_worker,
+        threads=args.threads,
+        lines_per_part=PART_LINES if args.chunk_lines is None else args.chunk_lines,
+        text_column=args.input_column,
+        id_column=args.id_column,
+    )
+    result = run_bulk(request, progress=not args.no_progress)
+    if args.workers == 1 and args.ray_address is None:
+        import torch
 
-    setting = (
-        f"[{args.method}, beam {args.beam}, batch {args.batch_size}, {args.device}, {args.dtype}, "
-        f"{plural(torch.get_num_threads(), 'thread')}] -> {args.output}"
-    )
-    if n_lines == 0:
-        print(f"translated 0 lines: the input is empty; wrote an empty output {setting}", file=sys.stderr)
-        return 0
-    print(
-        f"translated {plural(n_lines, 'line')} ({result.sentences} non-empty, {result.target_tokens} target "
-        f"tokens, {plural(result.empty_outputs, 'empty output')}) in {result.seconds:.2f} s: "
-        f"{result.sentences_per_second:.1f} sentences/s, {result.tokens_per_second:.0f} tokens/s {setting}",
-        file=sys.stderr,
-    )
-    stats = projection.stats()
-    if stats["active_columns_per_row"] is not None:
-        line = f"clustered: {stats['active_columns_per_row']:.0f} active columns per decoder row"
-        if stats["certified_fraction"] is not None:
-            line += (
-                f", {100 * stats['certified_fraction']:.1f}% of rows certified exact "
-                "(the others used the full projection)"
+        where = plural(torch.get_num_threads(), "thread")
+    else:
+        where = (
+            f"{plural(request.num_cpus_per_worker, 'thread')} a worker, "
+            f"{plural(len(result.workers), 'Ray worker')} used of {args.workers}"
+        )
+    if result.lines == 0:
+        print(f"translated {result.summary()}", file=sys.stderr)
+    else:
+        speed = f"{result.tokens_per_second:.0f} tokens/s"
+        busy = [w["tokens"] / w["seconds"] for w in result.workers.values() if w["seconds"] > 0]
+        if busy and result.decode_seconds > 0:
+            speed += (
+                f" ({sum(busy) / len(busy):.0f} a worker while busy, "
+                f"{result.sentences / result.decode_seconds:.1f} sentences/s decoding)"
             )
-        if stats["full_fraction"]:
-            line += (
-                f", {100 * stats['full_fraction']:.1f}% of rows computed every column "
-                "(at their batch's rows the map's union costs more)"
-            )
-        print(line, file=sys.stderr)
+        print(
+            f"translated {result.summary()} in {result.seconds:.2f} s, {speed} "
+            f"[{args.method}, beam {args.beam}, batch {args.batch_size}, {args.device}, {args.dtype}, "
+            f"{where}] -> {args.output}",
+            file=sys.stderr,
+        )
+    _print_method_stats(result.method_stats)
+    if uri:
+        run_id = log_to_mlflow(result, uri, args.experiment_name, f"translate {result.params['direction']}")
+        print(f"MLflow run {run_id} in {uri}", file=sys.stderr)
     return 0
+
+
+def _print_method_stats(stats: dict[str, float | None]) -> None:
+    """The clustered method's counts: active columns per decoder row, certified and full rows."""
+    active, certified, full = (
+        stats.get(k) for k in ("active_columns_per_row", "certified_fraction", "full_fraction")
+    )
+    if active is None:
+        return
+    line = f"clustered: {active:.0f} active columns per decoder row"
+    if certified is not None:
+        line += f", {100 * certified:.1f}% of rows certified exact (the others used the full projection)"
+    if full:
+        line += (
+            f", {100 * full:.1f}% of rows computed every column "
+            "(at their batch's rows the map's union costs more)"
+        )
+    print(line, file=sys.stderr)

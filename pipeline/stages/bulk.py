@@ -1,6 +1,7 @@
 """The bulk stage: translate a user's corpus (``bulk.input``) with one method, in row-range parts on Ray
-actors (``bulk.workers``) or in the driver's process (pipeline/bulk.py). Off unless ``bulk.input`` is set, so
-the demo run is unchanged; the search settings and the clustered options are the ``translate`` section's.
+actors (``bulk.workers``) or in the driver's process (pipeline/bulk_driver.py). Off unless ``bulk.input`` is
+set, so the demo run is unchanged; the search settings and the clustered options are the ``translate``
+section's.
 
 Resumes like every stage: a part whose plan matches is not translated again, so a rerun of a finished job
 only checks its parts (its record then says ``skipped``).
@@ -30,7 +31,7 @@ def _artifact(ctx: StageContext, method: str, direction: str) -> Path | None:
 
 
 def run(ctx: StageContext) -> list[StageRecord]:
-    from fastvocab.pipeline.bulk import BulkRequest, run_bulk
+    from fastvocab.pipeline.bulk_driver import BulkRequest, run_bulk
     from fastvocab.tasks.projections import method_options
 
     cfg = ctx.cfg.bulk

@@ -1,5 +1,5 @@
-"""Bulk translation of a corpus on N Ray actors (or in-process): the driver of ``fastvocab translate
---workers N`` and of the pipeline's ``bulk`` stage.
+"""Translation in resumable row-range parts, in this process or on N Ray actors: the driver of every
+``fastvocab translate`` (a text file, Parquet, a dataset output) and of the pipeline's ``bulk`` stage.
 
 The driver describes the input from its files, plans row-range parts (``tasks.bulk.plan_input``: digests
 only, never the texts), skips every part already written with the same plan, and hands the rest to a pool of
@@ -7,7 +7,8 @@ only, never the texts), skips every part already written with the same plan, and
 each actor loads the model and the method once, reads its own ranges and writes their parts. A dead actor is
 replaced and its range retried; a part is written atomically, so a retried range is written once. At the end
 a text (or single Parquet file) output is assembled from the parts in input order, atomically; a dataset
-output (``-o DIR/``) keeps its parts and gets ``_manifest.json``. The driver logs one MLflow run per job.
+output (``-o DIR/``) keeps its parts and gets ``_manifest.json``. With one worker and no Ray address the
+driver translates the parts itself, with the model it loaded to describe the job.
 
 Why parts on an actor pool and not Ray Data: a rerun after a kill must re-translate nothing that finished.
 ``ray.data.read_parquet -> map_batches -> write_parquet`` has no notion of a finished block that a new job
@@ -17,12 +18,11 @@ parts with their plan in the file's metadata resume exactly.
 
 from __future__ import annotations
 
-import argparse
+import contextlib
 import logging
 import os
 import shutil
 import sys
-import tempfile
 import time
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field
@@ -48,7 +48,6 @@ from fastvocab.tasks.bulk import (
     InputError,
     describe_input,
     input_digest,
-    is_parquet_input,
     part_statuses,
     plan_input,
 )
@@ -98,6 +97,9 @@ class BulkResult:
     null_texts: int = 0
     duplicate_ids: int = 0
     seconds: float = 0.0  # wall time of the translation (planning and assembly included)
+    decode_seconds: float = 0.0  # the workers' time in tasks.translate.translate, summed
+    # the method's counts over the parts translated in this process (Projection.stats); empty on Ray
+    method_stats: dict[str, float | None] = field(default_factory=dict)
     workers: dict[str, dict[str, float]] = field(default_factory=dict)  # per worker: tokens, seconds, lines
     timeline: list[tuple[float, int]] = field(default_factory=list)  # (seconds since start, tokens) per part
     params: dict[str, object] = field(default_factory=dict)
@@ -214,35 +216,63 @@ def output_layout(given: str | Path) -> tuple[str, Path]:
     return ("parquet" if output.suffix == ".parquet" else "text"), output.with_name(output.name + ".parts")
 
 
-def _describe(request: BulkRequest):
-    """The model's identity and the method's signature, on the driver (the workers must match it)."""
+def _device(request: BulkRequest) -> str:
+    """Where a worker decodes: its reserved GPU, else the requested device."""
+    return "cuda" if request.num_gpus_per_worker > 0 else request.device
+
+
+def _describe(request: BulkRequest, here: bool):
+    """The model's identity and the method's signature, on the driver (the workers must match it).
+
+    ``here``: the parts are translated in this process, so the model is loaded as they decode it (device,
+    dtype, threads) and returned with the method's projection for the worker, which would otherwise load
+    both a second time; else a CPU float32 load only describes them. A language the model lacks or an option
+    the method refuses is a ``UserError``; a missing or mismatched map or index stays an ``ArtifactError``.
+    """
+    import torch
     from transformers.utils import logging as hf_logging
 
+    from fastvocab.artifacts_schema.errors import ArtifactError
     from fastvocab.artifacts_schema.fingerprint import ModelRef
     from fastvocab.decoding.hf_adapter import Seq2SeqAdapter
     from fastvocab.tasks.bulk import build_projection
 
     hf_logging.disable_progress_bar()
-    adapter = Seq2SeqAdapter.load(request.model)
-    for lang in (request.src_lang, request.tgt_lang):
-        adapter.check_language(lang)
-    model = ModelRef(
-        path=str(Path(request.model).resolve()),
-        fingerprint=adapter.fingerprint,
-        d=int(adapter.d_model),
-        n_vocab=int(adapter.n_vocab),
-    )
-    probe = BulkJob(
-        model,
-        request.src_lang,
-        request.tgt_lang,
-        request.method,
-        "",
-        "",
-        options=request.options,
-        dtype=request.dtype,
-    )
-    return model, build_projection(adapter, probe).signature()
+    int8 = request.dtype == "int8"
+    if here:
+        if request.threads is not None:
+            torch.set_num_threads(request.threads)
+        dtype = torch.float32 if int8 else getattr(torch, request.dtype)
+        adapter = Seq2SeqAdapter.load(request.model, device=_device(request), dtype=dtype)
+    else:
+        adapter = Seq2SeqAdapter.load(request.model)
+    try:
+        for lang in (request.src_lang, request.tgt_lang):
+            adapter.check_language(lang)
+        model = ModelRef(
+            path=str(Path(request.model).resolve()),
+            fingerprint=adapter.fingerprint,
+            d=int(adapter.d_model),
+            n_vocab=int(adapter.n_vocab),
+        )
+        if here and int8:
+            adapter.quantize_int8()
+        probe = BulkJob(
+            model,
+            request.src_lang,
+            request.tgt_lang,
+            request.method,
+            "",
+            "",
+            options=request.options,
+            dtype=request.dtype,
+        )
+        projection = build_projection(adapter, probe)
+    except ArtifactError:
+        raise
+    except ValueError as exc:
+        raise UserError(str(exc)) from exc
+    return model, projection.signature(), (adapter, projection) if here else None
 
 
 def run_bulk(
@@ -257,7 +287,9 @@ def run_bulk(
     ``ray``: a :class:`~fastvocab.pipeline.ray_session.RaySession` (the pipeline's); None makes one when the
     job needs Ray (``workers`` > 1 or an address), else the parts are translated in this process.
     ``worker_cls`` is the worker class hosted (tests substitute one that dies). Bad input is a ``UserError``
-    before the model loads; nothing is written then.
+    before anything is written: a missing file or invalid UTF-8 before the model loads, a language the model
+    lacks before any part is translated. A line longer than ``search.max_input_tokens`` stops the job with
+    its file and line number; the parts finished before it are kept for a rerun.
     """
 
     t0 = time.perf_counter()
@@ -288,23 +320,29 @@ def run_bulk(
 def _run(request, inp, layout, parts, output, t0, ray, progress, worker_cls, own) -> BulkResult:
 
     phases: dict[str, float] = {}
+
+    def prepare():
+        # the input before the model: invalid UTF-8 is reported without waiting for a load
+        t = time.perf_counter()
+        try:
+            planned = plan_input(inp, request.lines_per_part)
+        except (InputError, ValueError) as exc:
+            raise UserError(str(exc)) from exc
+        phases["plan"] = time.perf_counter() - t
+        return planned, _describe(request, here=ray is None)
+
     if own and not parts.exists():
-        # a fresh job on its own Ray: start Ray while the model is described (both take seconds)
+        # a fresh job on its own Ray: start Ray while the input is planned and the model described (seconds)
         from concurrent.futures import ThreadPoolExecutor
 
         with ThreadPoolExecutor(1) as pool:
-            described = pool.submit(_describe, request)
+            prepared = pool.submit(prepare)
             t = time.perf_counter()
             ray.ensure()
             phases["ray_start"] = time.perf_counter() - t
-            model, signature = described.result()
+            (inp, ranges), (model, signature, loaded) = prepared.result()
     else:
-        model, signature = _describe(request)
-    t_plan = time.perf_counter()
-    try:
-        inp, ranges = plan_input(inp, request.lines_per_part)
-    except (InputError, ValueError) as exc:
-        raise UserError(str(exc)) from exc
+        (inp, ranges), (model, signature, loaded) = prepare()
     if inp.nulls:
         log.warning(
             "%s: %s in column %r read as empty lines",
@@ -322,7 +360,7 @@ def _run(request, inp, layout, parts, output, t0, ray, progress, worker_cls, own
         search=request.search,
         options=request.options,
         dtype=request.dtype,
-        device="cuda" if request.num_gpus_per_worker > 0 else request.device,
+        device=_device(request),
         torch_threads=request.num_cpus_per_worker if ray is not None else request.threads,
         id_type=inp.id_type,
         input_root=request.input,
@@ -347,6 +385,7 @@ def _run(request, inp, layout, parts, output, t0, ray, progress, worker_cls, own
         "output": str(request.output),
         "lines_per_part": request.lines_per_part,
     }
+    created = not parts.exists()
     # one job per output: a second one on the same parts would redo what the first is writing
     lock = WorkDirLock(parts)
     try:
@@ -370,17 +409,23 @@ def _run(request, inp, layout, parts, output, t0, ray, progress, worker_cls, own
             ranges,
             result,
             phases,
-            t_plan,
+            loaded,
         )
     finally:
         lock.release()
+        if created:  # a job stopped before its first part leaves no empty folder behind
+            with contextlib.suppress(OSError):
+                parts.rmdir()
 
 
 def _translate_parts(
-    request, inp, layout, parts, output, t0, ray, progress, worker_cls, job, ranges, result, phases, t_plan
+    request, inp, layout, parts, output, t0, ray, progress, worker_cls, job, ranges, result, phases, loaded
 ) -> BulkResult:
     from tqdm.auto import tqdm
 
+    t_check = time.perf_counter()
+    # the input's and the model's description (and Ray's start, overlapped), the planning apart
+    phases["setup"] = t_check - t0 - phases["plan"]
     if parts.exists():
         for stale in stale_parts(parts, len(ranges)):
             log.warning("removing %s: beyond the current plan of %d parts", stale, len(ranges))
@@ -399,9 +444,8 @@ def _translate_parts(
     parts.mkdir(parents=True, exist_ok=True)
     if todo:  # the dataset is unfinished until every part is written again
         (parts / MANIFEST).unlink(missing_ok=True)
-    phases["setup"] = t_plan - t0  # the input's and the model's description (and Ray's start, overlapped)
-    phases["plan"] = time.perf_counter() - t_plan
     started = time.perf_counter()
+    phases["plan"] += started - t_check  # finding the parts done is planning too
     workers: dict[str, dict[str, float]] = defaultdict(lambda: {"tokens": 0.0, "seconds": 0.0, "lines": 0.0})
     bar = tqdm(
         total=inp.rows,
@@ -420,6 +464,7 @@ def _translate_parts(
         result.parts_translated += 1
         result.sentences += int(res["sentences"])
         result.tokens += int(res["tokens"])
+        result.decode_seconds += float(res["decode_seconds"])
         result.empty_outputs += int(res["empty_outputs"])
         result.duplicate_ids += int(res["duplicate_ids"])
         w = workers[str(res["worker"])]
@@ -429,14 +474,21 @@ def _translate_parts(
         result.timeline.append((time.perf_counter() - started, int(res["tokens"])))
         bar.update(shown[0] + int(res["lines"]) - bar.n)  # the lines not counted batch by batch
 
-    with bar:
-        if todo and ray is not None:
-            result.parts_retried = _on_ray(request, job, todo, on_result, ray, worker_cls, phases)
-        elif todo:
-            worker = worker_cls(job)
-            for r in todo:
-                shown[0] = bar.n
-                on_result(worker.translate_range(r, on_lines=bar.update))
+    try:
+        with bar:
+            if todo and ray is not None:
+                result.parts_retried = _on_ray(request, job, todo, on_result, ray, worker_cls, phases)
+            elif todo:
+                worker = worker_cls(job, *loaded)
+                for r in todo:
+                    shown[0] = bar.n
+                    on_result(worker.translate_range(r, on_lines=bar.update))
+                # one projection decoded every part translated: its counts are the job's
+                result.method_stats = worker.projection.stats()
+    except InputError as exc:  # a line too long: said with its file and line, the finished parts kept
+        done = result.parts_reused + result.parts_translated
+        kept = f"; {plural(done, 'finished part')} kept in {parts}/ (a rerun resumes)" if done else ""
+        raise UserError(f"{exc}{kept}") from None
     phases["translate"] = time.perf_counter() - started - phases.get("ray_start_late", 0.0)
     result.workers = dict(workers)
     if result.duplicate_ids:
@@ -508,71 +560,6 @@ def _on_ray(
     )
 
 
-# ------------------------------------------------------------------------------------- the CLI's options
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    """``fastvocab translate``'s options for bulk translation on Ray."""
-    g = p.add_argument_group("bulk translation on Ray (a text file, a Parquet file, folder or glob)")
-    g.add_argument(
-        "--workers",
-        type=int,
-        default=1,
-        metavar="N",
-        help="decode on N Ray actors, each loading the model once and pulling ranges of --chunk-lines lines "
-        "from one queue; finished parts are kept and a rerun resumes; 1 without --ray-address: in this "
-        "process (default: 1)",
-    )
-    g.add_argument(
-        "--ray-address",
-        default=None,
-        metavar="ADDRESS",
-        help="Ray cluster to attach to ('auto', 'HOST:PORT', 'ray://HOST:10001'; 'local': a private Ray on "
-        "this machine, also for --workers 1); on a cluster the input, the output and any map must be on "
-        "storage every node sees (default: a local Ray when --workers > 1)",
-    )
-    g.add_argument(
-        "--num-cpus-per-worker",
-        type=int,
-        default=1,
-        metavar="N",
-        help="CPUs (torch threads) each actor reserves (default: 1)",
-    )
-    g.add_argument(
-        "--num-gpus-per-worker",
-        type=float,
-        default=0.0,
-        metavar="G",
-        help="GPUs each actor reserves; > 0 decodes on the actor's GPU (default: 0)",
-    )
-    # as pipeline.commands.add_mlflow_options spells them (this module is below the commands)
-    g.add_argument(
-        "--tracking-uri",
-        metavar="URI",
-        help="MLflow store for the job's run: sqlite:///FILE, http(s)://HOST:PORT, file:DIR "
-        "(default: $MLFLOW_TRACKING_URI; neither: the job is not logged)",
-    )
-    g.add_argument(
-        "--experiment-name",
-        default="fastvocab-bulk",
-        metavar="NAME",
-        help="MLflow experiment (default: %(default)s)",
-    )
-
-
-def wants_bulk(args: argparse.Namespace, output: str) -> bool:
-    """The parts path: several workers, a cluster, a Parquet input (file, folder or glob), a dataset output
-    (``output`` as typed: a trailing ``/`` names a folder), or ``--tracking-uri`` (the job's MLflow run). A
-    text file into a file otherwise stays on the in-process chunked path (``tasks.text_chunks``)."""
-    return (
-        args.workers != 1
-        or args.ray_address is not None
-        or args.tracking_uri is not None
-        or output_layout(output)[0] == "dataset"
-        or is_parquet_input(args.input)
-    )
-
-
 def check_request(request: BulkRequest) -> None:
     """What can be refused before anything loads: counts, resources, where the output goes."""
     for flag, value, low in (
@@ -603,70 +590,3 @@ def check_request(request: BulkRequest) -> None:
         parent = parent.parent
     if not parent.is_dir() or not os.access(parent, os.W_OK):
         raise UserError(f"--output {out}: {parent} is not a writable folder")
-
-
-def log_to_mlflow(result: BulkResult, uri: str, experiment: str, run_name: str) -> str:
-    """One MLflow run for the job (a parent with the job's child record, as the report reads pipelines)."""
-    from fastvocab.pipeline.tracking import Tracker
-
-    tracker = Tracker(uri, experiment)
-    tracker.start(run_name, {"bulk": result.params}, {"fastvocab.kind": "bulk"})
-    with tempfile.TemporaryDirectory() as tmp:
-        tracker.log_stage(result.record(artifacts_dir=Path(tmp)))
-    tracker.end("FINISHED", {"lines": result.lines, "tokens_per_s": result.tokens_per_second})
-    return str(tracker.parent_id)
-
-
-def run_command(args: argparse.Namespace, output: str, options: dict[str, object]) -> int:
-    """``fastvocab translate`` on the parts path: the flags as a :class:`BulkRequest`, the job, its summary
-    line and its MLflow run. ``options``: the method's projection options, its artifact located."""
-    from dataclasses import fields
-
-    from fastvocab.pipeline.tracking import check_tracking_uri
-
-    uri = args.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
-    if uri:
-        check_tracking_uri(uri, "--tracking-uri" if args.tracking_uri else "MLFLOW_TRACKING_URI")
-    request = BulkRequest(
-        str(args.input),
-        output,
-        args.model,
-        args.src_lang,
-        args.tgt_lang,
-        method=args.method,
-        options=options,
-        search=SearchSettings(**{f.name: getattr(args, f.name) for f in fields(SearchSettings)}),
-        dtype=args.dtype,
-        device=args.device,
-        workers=args.workers,
-        ray_address=args.ray_address,
-        num_cpus_per_worker=args.threads or args.num_cpus_per_worker,
-        num_gpus_per_worker=args.num_gpus_per_worker,
-        threads=args.threads,
-        lines_per_part=args.chunk_lines or PART_LINES,
-        text_column=args.input_column,
-        id_column=args.id_column,
-    )
-    result = run_bulk(request, progress=not args.no_progress)
-    if args.workers == 1 and args.ray_address is None:
-        import torch
-
-        where = f"{plural(torch.get_num_threads(), 'thread')}, in this process"
-    else:
-        where = (
-            f"{plural(request.num_cpus_per_worker, 'thread')} a worker, "
-            f"{plural(len(result.workers), 'Ray worker')} used of {args.workers}"
-        )
-    busy = [w["tokens"] / w["seconds"] for w in result.workers.values() if w["seconds"] > 0]
-    per_worker = f" ({sum(busy) / len(busy):.0f} a worker while busy)" if busy else ""
-    print(
-        f"translated {result.summary()} in {result.seconds:.2f} s, {result.tokens_per_second:.0f} tokens/s"
-        f"{per_worker} "
-        f"[{args.method}, beam {args.beam}, batch {args.batch_size}, {args.device}, {args.dtype}, {where}] "
-        f"-> {output}",
-        file=sys.stderr,
-    )
-    if uri:
-        run_id = log_to_mlflow(result, uri, args.experiment_name, f"translate {result.params['direction']}")
-        print(f"MLflow run {run_id} in {uri}", file=sys.stderr)
-    return 0
