@@ -5,7 +5,7 @@
 
 The clustered projection's union step computes ``h @ W[cols]^T + b[cols]`` for a batch's union ``cols`` of
 active ids (a share ``u`` of the N columns). In float32 it copies the rows of W block by block
-(``clustered_ops.gathered_logits``) and multiplies them. With an int8 decoder that float32 gather is what
+(``gather.gathered_logits``) and multiplies them. With an int8 decoder that float32 gather is what
 costs: each step reads ``u N d`` float32 bytes. The candidates here read ``u N d`` int8 bytes instead, W
 quantised once per output row (symmetric, one scale per vocabulary entry, as the full projection's int8
 option does):
@@ -21,15 +21,15 @@ option does):
 - ``int8-prepack``: the gathered int8 rows packed for fbgemm on every call
   (``quantized.linear_prepack``), then ``quantized.linear_dynamic`` (what the full int8 projection runs, on
   its W packed once);
-- ``int8-gather``: ``clustered_ops.int8_gather_gemm``, what the clustered projection's int8 option runs:
+- ``int8-gather``: ``int8_union.int8_gather_gemm``, what the clustered projection's int8 option runs:
   ``int8-dequant`` on the activations quantised as the full int8 layer quantises them (per tensor, 7 bits),
   so its float32 GEMM computes the layer's integer sums exactly and its logits are the full int8
   projection's on those columns;
 - ``int8-dense``: the full int8 layer (fbgemm, W packed once) over all N columns, then the C columns kept:
   int8 arithmetic, but N rows read;
 - ``int8-clustered``: what ``ClusteredProjection(int8=True)`` runs for a union of several clusters
-  (``clustered_ops.int8_gathered_logits``): ``int8-gather`` or ``int8-dense``, whichever its cost model
-  (``clustered_ops.INT8_GATHER_US``, ``INT8_DENSE_US``) says is cheaper at this C and row count;
+  (``int8_union.int8_gathered_logits``): ``int8-gather`` or ``int8-dense``, whichever its cost model
+  (``int8_union.INT8_GATHER_US``, ``INT8_DENSE_US``) says is cheaper at this C and row count;
 
 and, for comparison at the same rows, the full projections over all N columns: ``full-fp32``
 (``create_projection("full")``, pre-packed) and ``full-int8`` (``create_projection("full", int8=True)``).
@@ -37,7 +37,7 @@ and, for comparison at the same rows, the full projections over all N columns: `
 A batch-1 step whose cluster's sub-matrix is cached (``cache_mb``) has no gather: ``cached-fp32`` (F.linear
 on the contiguous float32 block), ``cached-int8-wpack`` (``_weight_int8pack_mm`` on the contiguous int8
 block) and ``cached-int8-packed`` (the block packed for fbgemm once, ``linear_dynamic`` per call:
-``clustered_ops.int8_cluster_logits`` on a cached cluster) time that case for one row.
+``int8_union.int8_cluster_logits`` on a cached cluster) time that case for one row.
 
 Columns: ``u N`` ids drawn at random, sorted. Each candidate is checked against float64 logits of the weights
 it reads (the dequantised int8 weights for int8 candidates): the largest error relative to the largest
@@ -66,11 +66,11 @@ import torch.nn.functional as F
 from bench_meta import ROOT, cpu_name
 
 from fastvocab.artifacts_schema.provenance import git_commit
-from fastvocab.kernels import clustered_ops, create_projection
+from fastvocab.kernels import create_projection, int8_union
 from fastvocab.kernels.int8 import packed_rows
 
 OUT = ROOT / "benchmarks" / "results" / "int8-gather-cpu-2026-11-25.json"
-CHUNK_BYTES = 4 << 20  # the float32 gather's block (clustered_ops.GATHER_CHUNK_BYTES)
+CHUNK_BYTES = 4 << 20  # the float32 gather's block (gather.GATHER_CHUNK_BYTES)
 
 Kernel = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (h, cols) -> (rows, C) logits
 
@@ -81,7 +81,7 @@ def blocks(cols: torch.Tensor, rows_per_block: int):
 
 
 def fp32_gather(w: torch.Tensor, b: torch.Tensor | None) -> Kernel:
-    from fastvocab.kernels.clustered_ops import gathered_logits
+    from fastvocab.kernels.gather import gathered_logits
 
     return lambda h, cols: gathered_logits(h, w, b, cols)
 
@@ -166,16 +166,16 @@ def int8_prepack(q: torch.Tensor, scale: torch.Tensor, b: torch.Tensor | None) -
     return run
 
 
-def int8_gather(w8: clustered_ops.Int8Weights) -> Kernel:
-    return lambda h, cols: clustered_ops.int8_gather_gemm(h, w8, cols)
+def int8_gather(w8: int8_union.Int8Weights) -> Kernel:
+    return lambda h, cols: int8_union.int8_gather_gemm(h, w8, cols)
 
 
-def int8_dense(w8: clustered_ops.Int8Weights) -> Kernel:
-    return lambda h, cols: clustered_ops.int8_full_logits(h, w8).index_select(1, cols)
+def int8_dense(w8: int8_union.Int8Weights) -> Kernel:
+    return lambda h, cols: int8_union.int8_full_logits(h, w8).index_select(1, cols)
 
 
-def int8_clustered(w8: clustered_ops.Int8Weights) -> Kernel:
-    return lambda h, cols: clustered_ops.int8_gathered_logits(h, w8, cols)
+def int8_clustered(w8: int8_union.Int8Weights) -> Kernel:
+    return lambda h, cols: int8_union.int8_gathered_logits(h, w8, cols)
 
 
 def cached_kernels(w, b, q, scale, cols: torch.Tensor) -> dict[str, Kernel]:
@@ -239,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
     full8 = create_projection("full", w, b, int8=True)
     # every int8 candidate reads the full int8 projection's own rows (int8 per output row, symmetric)
     no_map = SimpleNamespace(r=0, population=np.zeros(0), sizes=[], ids=[])
-    w8 = clustered_ops.int8_weights(w, b, no_map)
+    w8 = int8_union.int8_weights(w, b, no_map)
     q, scale = w8.q, w8.scale
     wq = q.double() * scale.double()[:, None]  # what the int8 candidates compute with
     block = args.block_kib << 10

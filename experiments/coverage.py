@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 from fastvocab.artifacts_schema.hidden_states import fixed_list_to_numpy, iter_batches, read_shard_meta
-from fastvocab.kernels import clustered_ops as ops
+from fastvocab.kernels import cluster_assign
 from fastvocab.tasks.dump import DumpDecoder
 from fastvocab.tasks.kmeans import sample_states, train_kmeans
 
@@ -134,7 +134,7 @@ def assign_stored(labels: DumpLabels, centroids: np.ndarray) -> np.ndarray:
     out = []
     for batch in iter_batches(labels.files, columns=["hidden"], batch_size=BATCH_ROWS):
         h = torch.from_numpy(fixed_list_to_numpy(batch.column("hidden"), labels.d, np.float32))
-        out.append(ops.assign_clusters(h, ct, norms).numpy())
+        out.append(cluster_assign.assign_clusters(h, ct, norms).numpy())
     return np.concatenate(out)
 
 
@@ -226,7 +226,7 @@ def _steps(sentence: torch.Tensor) -> torch.Tensor:
 def nearest(path: GreedyPath, centroids: np.ndarray, probes: int) -> torch.Tensor:
     """The path's ``probes`` nearest clusters per step, nearest first (the decoder's own rule)."""
     c = torch.from_numpy(np.ascontiguousarray(centroids, dtype=np.float32))
-    return ops.nearest_clusters(path.hidden, c.T.contiguous(), (c * c).sum(1), probes)
+    return cluster_assign.nearest_clusters(path.hidden, c.T.contiguous(), (c * c).sum(1), probes)
 
 
 def doubling_sizes(total: int, first: int = 1500) -> list[int]:

@@ -11,16 +11,16 @@ At each decoding step:
 3. optionally an estimate of the probability mass of the columns not computed
    (``ProjectionOutput.log_inactive_mass``), so beam scores stay comparable across hypotheses. Greedy search
    needs none. ``inactive_mass="normaliser"`` expands the log-mass around the row's centroid to second order
-   from tables stored in the map (exact at the centroid; ``clustered_ops.NormaliserTables``);
+   from tables stored in the map (exact at the centroid; ``inactive_mass.NormaliserTables``);
    ``centroid`` and ``moments`` estimate it from statistics computed at load time
-   (``clustered_ops.inactive_log_mass``). ``normaliser`` errs least, and its error grows with the row's
+   (``inactive_mass.inactive_log_mass``). ``normaliser`` errs least, and its error grows with the row's
    distance to the centroid (the measured errors of each estimator: benchmarks/README.md, "Fidelity").
    ``mass_radius`` gives rows farther than it from their centroid (where the expansion errs most) the exact
    mass, from their full logits; ``inactive_mass="oracle"`` is the exact mass of every row, a diagnostic of
    the fidelity harness.
 
 4. optionally (``exact_k``) an exactness certificate per row: an upper bound on every logit the row did not
-   compute (``clustered_ops.BoundTables``: the centroid's logits plus ``||w_i|| ||h - C_c||``). A row whose
+   compute (``certificate.BoundTables``: the centroid's logits plus ``||w_i|| ||h - C_c||``). A row whose
    ``exact_k``-th best computed logit beats it has the exact top-``exact_k``; for ``exact_k > 1`` (beam
    search, which reads log-probs) the bound on the left-out mass must also move its log-normaliser by at most
    ``exact_tol``. Rows that fail get the full logits in the same call (the output is then dense), so greedy
@@ -30,24 +30,25 @@ Always-active ids (EOS, language tags) are added to every cluster's set at load 
 
 Backends, chosen once in ``__init__`` from the weight's device (never re-detected in the hot loop):
 
-- ``torch`` (CPU and CUDA): ``clustered_ops``, also the oracle of the CuPy kernels. On CPU the contiguous
-  sub-matrix ``W[set_c]`` of the most-populated clusters is cached (``cache_mb``), so a row whose cluster
-  is cached costs one small GEMV with no gather: that is what makes batch-1 decoding fast on CPU.
+- ``torch`` (CPU and CUDA): ``cluster_assign``, ``gather``, ``inactive_mass`` and ``certificate``, also the
+  oracle of the CuPy kernels (and ``int8_union``, CPU only). On CPU the contiguous sub-matrix ``W[set_c]`` of
+  the most-populated clusters is cached (``cache_mb``), so a row whose cluster is cached costs one small GEMV
+  with no gather: that is what makes batch-1 decoding fast on CPU.
 - ``cupy`` (CUDA, fp16/bf16, sm_80+, d % 32 == 0): mask/compaction kernels and a fused gather-GEMM on tensor
   cores (``cupy_ops``), reading only the active rows of W once. CuPy is imported only then.
 
 ``int8=True`` (torch backend, CPU only, as ``FullProjection``'s ``int8`` option): W quantised once, int8 per
-output row, the logits of the active columns those of the full int8 projection (``clustered_ops.Int8Weights``:
+output row, the logits of the active columns those of the full int8 projection (``int8_union.Int8Weights``:
 a union step gathers ``u N d`` int8 bytes instead of float32 ones, or runs the packed int8 GEMM over all N
 when its union is large; cached clusters are packed int8 blocks). The inactive-mass estimates and the
 certificate keep their float32 tables; the certificate adds a bound on how far an int8 logit is from the
 float32 one, and rows without a certificate get the full int8 logits, so ``exact_k`` makes each row's top-k
 that of the full int8 projection (which, like it, quantises its input per call: a row's int8 logits move
 slightly with the rows beside it). In union mode the int8 rows are also packed in blocks, ids ordered by how
-many clusters' sets hold them (``clustered_ops.PopularBlocks``): a step runs the packed GEMM on the blocks its
-union fills densely and gathers the rest (``clustered_ops.int8_union_logits``). At a row count where the
+many clusters' sets hold them (``int8_union.PopularBlocks``): a step runs the packed GEMM on the blocks its
+union fills densely and gathers the rest (``int8_union.int8_union_logits``). At a row count where the
 union the map's sets are expected to form would fill every block densely enough
-(``clustered_ops.int8_map_skipped``, with a margin for a beam's shared clusters), the step skips the map
+(``int8_union.int8_map_skipped``, with a margin for a beam's shared clusters), the step skips the map
 altogether and returns the full int8 logits (``full_when_cheaper``; counted in ``counters["full"]``): the
 assignment and the union would cost time there and save none.
 """
@@ -66,9 +67,35 @@ import torch
 
 from fastvocab.artifacts_schema.cluster_map import ClusterMap, load_cluster_map
 from fastvocab.artifacts_schema.errors import ArtifactError
-from fastvocab.kernels import clustered_ops as ops
 from fastvocab.kernels.base import CapturableStep, Projection, ProjectionOutput, register
+from fastvocab.kernels.certificate import BoundTables, bound_tables, certify, inactive_bounds
+from fastvocab.kernels.cluster_assign import (
+    PreparedMap,
+    assign_clusters,
+    nearest_clusters,
+    prepare_map,
+    union_columns,
+)
 from fastvocab.kernels.clustered_static import StaticUnion
+from fastvocab.kernels.gather import cluster_logits, gathered_logits, per_row_logits
+from fastvocab.kernels.inactive_mass import (
+    MassTables,
+    NormaliserTables,
+    inactive_log_mass,
+    mass_tables,
+    normaliser_log_mass,
+    normaliser_tables,
+)
+from fastvocab.kernels.int8_union import (
+    Int8Weights,
+    hit_probability,
+    int8_cluster_logits,
+    int8_full_logits,
+    int8_logit_error,
+    int8_map_skipped,
+    int8_union_logits,
+    int8_weights,
+)
 
 log = logging.getLogger(__name__)
 _COUNTERS_LOCK = threading.Lock()  # guards every projection's counters (rare, tiny updates)
@@ -197,29 +224,25 @@ class ClusteredProjection(Projection):
             cache_mb = 0.0  # the fused kernel reads W in place; cached blocks would only cost memory
         cache_bytes = int(cache_mb * 2**20)
         aa = self.always_active.tolist()
-        self._map = ops.prepare_map(
-            cmap, self.weight, self.bias, aa, cache_bytes=0 if self.int8 else cache_bytes
-        )
+        self._map = prepare_map(cmap, self.weight, self.bias, aa, cache_bytes=0 if self.int8 else cache_bytes)
         # int8 union mode: each id's chance to be in a row's set, for the union expected at a row count
         self.full_when_cheaper = bool(full_when_cheaper)  # may be switched off later (the benchmarks do)
         self._hit = (
-            ops.hit_probability(self._map, self.n_vocab) if self.int8 and self.selection == "union" else None
+            hit_probability(self._map, self.n_vocab) if self.int8 and self.selection == "union" else None
         )
-        self._w8: ops.Int8Weights | None = None  # int8: W as the full int8 projection holds it
+        self._w8: Int8Weights | None = None  # int8: W as the full int8 projection holds it
         if self.int8:
-            self._w8 = ops.int8_weights(
-                self.weight, self.bias, self._map, cache_bytes=cache_bytes, hit=self._hit
-            )
+            self._w8 = int8_weights(self.weight, self.bias, self._map, cache_bytes=cache_bytes, hit=self._hit)
         self._full_at_rows: dict[int, bool] = {}
-        self._mass: ops.MassTables | ops.NormaliserTables | None = None
+        self._mass: MassTables | NormaliserTables | None = None
         self.normaliser_source: str | None = None  # "map" or "computed at load"
         if self.inactive_mass == "normaliser":
             self._mass = self._normaliser(cmap)
         elif self.inactive_mass not in ("none", _ORACLE):
-            self._mass = ops.mass_tables(self._map, self.weight, self.bias)
+            self._mass = mass_tables(self._map, self.weight, self.bias)
         self._bounds = None
         if self.exact_k:
-            self._bounds = ops.bound_tables(self._map, self.weight, self.bias, n_blocks=max(1, bound_blocks))
+            self._bounds = bound_tables(self._map, self.weight, self.bias, n_blocks=max(1, bound_blocks))
         if self.backend == "cupy":
             self._indices32 = self._map.indices.to(torch.int32)  # (nnz,) what the kernels read
             if self.bias is not None:
@@ -257,7 +280,7 @@ class ClusteredProjection(Projection):
             )
         return cmap
 
-    def _normaliser(self, cmap: ClusterMap) -> ops.NormaliserTables:
+    def _normaliser(self, cmap: ClusterMap) -> NormaliserTables:
         """The map's stored normaliser when it describes the sets in use, else one computed now."""
         stored = cmap.normaliser
         aa = sorted(self.always_active.tolist())
@@ -268,7 +291,7 @@ class ClusteredProjection(Projection):
             def t(a: np.ndarray) -> torch.Tensor:
                 return torch.from_numpy(np.ascontiguousarray(a, dtype=np.float32)).to(dev)
 
-            return ops.NormaliserTables(
+            return NormaliserTables(
                 lse=t(stored.lse),
                 grad=t(stored.grad),
                 basis=t(stored.basis),
@@ -285,7 +308,7 @@ class ClusteredProjection(Projection):
         self.normaliser_source = "computed at load"
         rank = int(cast(int, cmap.manifest.normaliser.get("rank", DEFAULT_NORMALISER_RANK)))
         pm = self._map
-        return ops.normaliser_tables(
+        return normaliser_tables(
             torch.from_numpy(cmap.centroids), self.weight, self.bias, pm.indptr, pm.indices, min(rank, self.d)
         )
 
@@ -363,12 +386,12 @@ class ClusteredProjection(Projection):
         return list(self._map.ids)
 
     @property
-    def prepared_map(self) -> ops.PreparedMap:
+    def prepared_map(self) -> PreparedMap:
         """The map as the step reads it (centroids, CSR sets, cached blocks), on the device."""
         return self._map
 
     @property
-    def mass_tables(self) -> ops.MassTables | ops.NormaliserTables | None:
+    def mass_tables(self) -> MassTables | NormaliserTables | None:
         """The tables of the inactive-mass estimate in use (None: none, or the oracle)."""
         return self._mass
 
@@ -387,7 +410,7 @@ class ClusteredProjection(Projection):
 
     def assign(self, h: torch.Tensor) -> torch.Tensor:
         """Cluster of each row (Eq. 2), (rows,) int64."""
-        return ops.assign_clusters(h, self._map.centroids_t, self._map.sq_norms)
+        return assign_clusters(h, self._map.centroids_t, self._map.sq_norms)
 
     # ------------------------------------------------------------------ the step
 
@@ -405,12 +428,12 @@ class ClusteredProjection(Projection):
         else:
             logits, ids, clusters = self._project_torch(h)
         mass = None
-        if isinstance(self._mass, ops.NormaliserTables):
-            mass = ops.normaliser_log_mass(h, logits, ids, clusters, self._map, self._mass)
+        if isinstance(self._mass, NormaliserTables):
+            mass = normaliser_log_mass(h, logits, ids, clusters, self._map, self._mass)
         elif self.inactive_mass == _ORACLE:
             mass = _oracle_log_mass(logits, ids, self._full_logits(h).float())
         elif self._mass is not None:
-            mass = ops.inactive_log_mass(self.inactive_mass, h, logits, clusters, self.n_vocab, self._mass)
+            mass = inactive_log_mass(self.inactive_mass, h, logits, clusters, self.n_vocab, self._mass)
         self._count(rows=rows, columns=self._computed_columns(logits, ids))
         out = ProjectionOutput(logits=logits, ids=ids, n_vocab=self.n_vocab, log_inactive_mass=mass)
         if self.mass_radius is not None:
@@ -429,7 +452,7 @@ class ClusteredProjection(Projection):
             # each row brings the sets of its `probes` nearest clusters: as many draws
             pb = None if self._w8 is None else self._w8.popular
             width = None if pb is None else pb.block_columns
-            full = ops.int8_map_skipped(self._hit, rows * self.probes, rows, self.n_vocab, width)
+            full = int8_map_skipped(self._hit, rows * self.probes, rows, self.n_vocab, width)
             self._full_at_rows[rows] = full
         return full
 
@@ -461,15 +484,15 @@ class ClusteredProjection(Projection):
         return int(torch.isfinite(logits).sum())  # per-row padding holds -inf
 
     def _exact(
-        self, h: torch.Tensor, out: ProjectionOutput, clusters: torch.Tensor, bounds: ops.BoundTables
+        self, h: torch.Tensor, out: ProjectionOutput, clusters: torch.Tensor, bounds: BoundTables
     ) -> ProjectionOutput:
         """Certify each row; rows that fail get their full logits, in a dense (rows, N) output."""
-        top, mass = ops.inactive_bounds(h, clusters, bounds)
+        top, mass = inactive_bounds(h, clusters, bounds)
         if self._w8 is not None:  # the tables bound float32 logits; an int8 logit may be this far from one
-            slack = ops.int8_logit_error(h, self._w8)
+            slack = int8_logit_error(h, self._w8)
             top, mass = top + slack, mass + slack
         log_tol = self.exact_tol if self.exact_k > 1 else None
-        ok = ops.certify(out.logits, top, mass, self.exact_k, log_tol)  # (rows,)
+        ok = certify(out.logits, top, mass, self.exact_k, log_tol)  # (rows,)
         n_ok = int(ok.sum())  # the one host sync the certificate adds
         self._count(certified=n_ok)
         if self.exact_k > 1:
@@ -494,32 +517,32 @@ class ClusteredProjection(Projection):
         """All N columns, (rows, N): rows a certificate sends to the full projection, or whose
         mass ``mass_radius`` computes exactly."""
         if self._w8 is not None:
-            return ops.int8_full_logits(h, self._w8)
+            return int8_full_logits(h, self._w8)
         return torch.nn.functional.linear(h, self.weight, self.bias)
 
     def _project_torch(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         if self.probes > 1:
-            near = ops.nearest_clusters(h, self._map.centroids_t, self._map.sq_norms, self.probes)
+            near = nearest_clusters(h, self._map.centroids_t, self._map.sq_norms, self.probes)
             clusters, cl = near[:, 0], near.reshape(-1).tolist()  # the estimates read the nearest
         else:
             clusters = self.assign(h)  # (rows,)
             cl = clusters.tolist()
         if self.selection == "per-row":
-            logits, ids = ops.per_row_logits(h, cl, self._map, self.weight, self.bias, self._w8)
+            logits, ids = per_row_logits(h, cl, self._map, self.weight, self.bias, self._w8)
             return logits, ids, clusters
-        ids = ops.union_columns(cl, self._map.ids, self.n_vocab)  # (C,)
+        ids = union_columns(cl, self._map.ids, self.n_vocab)  # (C,)
         uniq = set(cl)
         c = next(iter(uniq))
         if self._w8 is not None:  # one cluster or many: int8 rows, a cached cluster's packed block if any
             logits = (
-                ops.int8_cluster_logits(h, self._w8, self._map, c)
+                int8_cluster_logits(h, self._w8, self._map, c)
                 if len(uniq) == 1
-                else ops.int8_union_logits(h, self._w8, ids)
+                else int8_union_logits(h, self._w8, ids)
             )
         elif len(uniq) == 1 and self._map.blocks[c] is not None:  # one cluster: its cached block, no gather
-            logits = ops.cluster_logits(h, self._map, c, self.weight, self.bias)
+            logits = cluster_logits(h, self._map, c, self.weight, self.bias)
         else:
-            logits = ops.gathered_logits(h, self.weight, self.bias, ids)  # (rows, C)
+            logits = gathered_logits(h, self.weight, self.bias, ids)  # (rows, C)
         return logits, ids, clusters
 
     def _project_cupy(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -288,13 +288,13 @@ def attach_normaliser(
 ) -> ClusterMap:
     """Compute the map's normaliser (for its sets plus ``always_active``, the ids every set gets at decode
     time) from the model's output layer; record the ids and rank in the manifest. Returns ``cmap``."""
-    from fastvocab.kernels import clustered_ops as ops
+    from fastvocab.kernels import cluster_assign, inactive_mass
 
     aa = np.asarray(sorted({int(i) for i in always_active}), dtype=np.int64)
-    indptr, indices = ops.merged_csr(cmap.indptr, cmap.indices, cmap.manifest.n_vocab, aa)
+    indptr, indices = cluster_assign.merged_csr(cmap.indptr, cmap.indices, cmap.manifest.n_vocab, aa)
     rank = min(rank, cmap.manifest.d)
     with torch.inference_mode():
-        t = ops.normaliser_tables(
+        t = inactive_mass.normaliser_tables(
             torch.from_numpy(cmap.centroids),
             weight,
             bias,
