@@ -2,6 +2,12 @@
 
     .venv/bin/python benchmarks/bench_int8_gather.py                     # d 1024, N 128,112, 2 threads
     .venv/bin/python benchmarks/bench_int8_gather.py --quick             # a smoke run, small sizes
+    .venv/bin/python benchmarks/bench_int8_gather.py --threads 1 --cost-table costs.json   # this machine's
+
+The last writes this machine's cost table for the clustered projection's choice between the two int8 union
+kernels (``int8_union.measure_costs``; ``FASTVOCAB_INT8_COSTS=costs.json`` makes the projection read it
+instead of the packaged ``kernels/int8_costs.json``), at the packaged table's rows and unions unless
+``--rows`` / ``--union`` say otherwise.
 
 The clustered projection's union step computes ``h @ W[cols]^T + b[cols]`` for a batch's union ``cols`` of
 active ids (a share ``u`` of the N columns). In float32 it copies the rows of W block by block
@@ -50,6 +56,7 @@ Writes JSON (``--out``) with the device, its CPU flags, torch's version, the com
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime as dt
 import json
 import os
@@ -219,8 +226,9 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--d", type=int, default=1024)
     p.add_argument("--vocab", type=int, default=128_112, help="N")
-    p.add_argument("--rows", type=lambda s: [int(x) for x in s.split(",")], default=[1, 8, 32])
-    p.add_argument("--union", type=lambda s: [float(x) for x in s.split(",")], default=[0.1, 0.3, 0.6])
+    # None: [1, 8, 32] and [0.1, 0.3, 0.6]; with --cost-table, the packaged table's
+    p.add_argument("--rows", type=lambda s: [int(x) for x in s.split(",")])
+    p.add_argument("--union", type=lambda s: [float(x) for x in s.split(",")])
     p.add_argument("--threads", type=lambda s: [int(x) for x in s.split(",")], default=[2], help="e.g. 2,1")
     p.add_argument("--repeats", type=int, default=7)
     p.add_argument("--block-kib", type=int, default=CHUNK_BYTES >> 10, help="int8 gather block (KiB)")
@@ -228,9 +236,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--only", help="comma-separated candidate names (default: all)")
     p.add_argument("--quick", action="store_true", help="d 256, N 8,000, 2 repeats")
     p.add_argument("--out", default=str(OUT))
+    p.add_argument("--cost-table", help="measure this machine's int8 cost table into this JSON file instead")
     args = p.parse_args(argv)
     if args.quick:
         args.d, args.vocab, args.repeats = 256, 8000, 2
+    if args.cost_table:
+        return write_cost_table(args, argv)
+    args.rows, args.union = args.rows or [1, 8, 32], args.union or [0.1, 0.3, 0.6]
     torch.manual_seed(0)
     n, d = args.vocab, args.d
     w = torch.randn(n, d) * d**-0.5
@@ -259,10 +271,7 @@ def main(argv: list[str] | None = None) -> int:
         kernels = {k: v for k, v in kernels.items() if k in keep}
     result: dict = {
         "benchmark": "bench_int8_gather",
-        "date": dt.datetime.now().isoformat(timespec="seconds"),
-        "commit": git_commit("kernels", "benchmarks/bench_int8_gather.py", cwd=ROOT),
-        "command": " ".join([".venv/bin/python", "benchmarks/bench_int8_gather.py", *(argv or sys.argv[1:])]),
-        "device": f"{cpu_name()} ({os.cpu_count()} cores visible)",
+        **provenance(argv),
         "torch": torch.__version__,
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "threads": args.threads,
@@ -276,10 +285,37 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(threads)
         measure(args, result, kernels, full32, full8, w, b, q, scale, wq, threads)
     result["load_avg"]["end"] = [round(x, 2) for x in os.getloadavg()]
-    out = Path(args.out)
+    write_json(args.out, result)
+    return 0
+
+
+def provenance(argv: list[str] | None) -> dict[str, str]:
+    """When, from which commit, with which command and on which device the run measured."""
+    return {
+        "date": dt.datetime.now().isoformat(timespec="seconds"),
+        "commit": git_commit("kernels", "benchmarks/bench_int8_gather.py", cwd=ROOT),
+        "command": " ".join([".venv/bin/python", "benchmarks/bench_int8_gather.py", *(argv or sys.argv[1:])]),
+        "device": f"{cpu_name()} ({os.cpu_count()} cores visible)",
+    }
+
+
+def write_json(path: str, data: dict) -> None:
+    out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1) + "\n")
+    out.write_text(json.dumps(data, indent=1) + "\n")
     print(f"wrote {out}", file=sys.stderr)
+
+
+def write_cost_table(args, argv: list[str] | None) -> int:
+    """``--cost-table``: ``int8_union.measure_costs`` on the first of ``--threads``, with the machine, the
+    commit and the command recorded beside the numbers."""
+    torch.set_num_threads(args.threads[0])
+    sizes = {"rows": args.rows, "unions": args.union}
+    table = int8_union.measure_costs(
+        args.d, args.vocab, repeats=args.repeats, **{k: v for k, v in sizes.items() if v}
+    )
+    table = dataclasses.replace(table, measured_on={**provenance(argv), **table.measured_on})
+    write_json(args.cost_table, table.to_json())
     return 0
 
 

@@ -1,6 +1,7 @@
 """The clustered projection's int8 path (CPU): W quantised once as the full int8 projection holds it, the
 logits of a union or a cluster from those int8 rows, which of the two union kernels (a gather, the packed
-GEMM over all N) costs less at a step's size, and whether a step should skip the map altogether.
+GEMM over all N) costs less at a step's size (by a table of their measured costs, ``int8_costs``, which
+:func:`measure_costs` measures on this machine), and whether a step should skip the map altogether.
 
 Every kernel here computes the full int8 layer's own logits on its columns, to float rounding
 (``kernels.int8.quantize_input``): the choice between them changes only the time.
@@ -8,6 +9,10 @@ Every kernel here computes the full int8 layer's own logits on its columns, to f
 
 from __future__ import annotations
 
+import functools
+import statistics
+import timeit
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -15,22 +20,22 @@ import torch
 
 from fastvocab.kernels import int8
 from fastvocab.kernels.cluster_assign import PreparedMap
+from fastvocab.kernels.int8_costs import CostTable, costs_from_timings, load_cost_table
 
 # An int8 union step gathers its rows a block at a time and widens them to float32 in a buffer of this size,
 # like the float32 gather's block, so the GEMM reads it from cache (256 KiB to 16 MiB tried: 4 MiB fastest).
 INT8_GATHER_CHUNK_BYTES = 4 << 20
-# Which of the two int8 union kernels is cheaper, from their per-column costs in microseconds at d 1024, one
-# thread, by the rows of the step (benchmarks/bench_int8_gather.py on the 2-core AVX2 development VM, the
-# median over unions of 5-40% of N: benchmarks/results/int8-gather-cpu-2026-11-26-cost-table.json): the gather
-# per gathered column (random 1 KiB rows read, widened, multiplied in float32) against the packed fbgemm GEMM
-# per vocabulary column (W read in order, int8 arithmetic). Neither is linear in rows: the float32 GEMM behind
-# the gather runs 8, 12 and 24 rows at nearly the cost per column of 32, so the gather wins below a union of
-# 18% of N at 1 row, 10-13% at 2-12 rows, 26-35% at 16-32 rows. Between the rows measured the costs are
-# interpolated; beyond 32 rows both grow with the rows alike, so 32 rows' ratio decides. Both kernels give the
-# same logits: the choice changes only the time.
-INT8_COST_ROWS = (1, 2, 4, 6, 8, 12, 16, 24, 32)
-INT8_GATHER_US = (0.344, 0.552, 0.582, 0.849, 1.372, 1.304, 0.893, 1.34, 1.357)
-INT8_DENSE_US = (0.0605, 0.0681, 0.0656, 0.0867, 0.1385, 0.1647, 0.2485, 0.3432, 0.4688)
+# Which of the two int8 union kernels is cheaper, from their per-column costs in microseconds by the rows of
+# the step, measured on a machine (``int8_costs``: the packaged table, or the one FASTVOCAB_INT8_COSTS names,
+# read once, here): the gather per gathered column (random rows read, widened, multiplied in float32) against
+# the packed fbgemm GEMM per vocabulary column (W read in order, int8 arithmetic). Neither is linear in rows:
+# on the machine of the packaged table (2-core AVX2, d 1024, one thread) the float32 GEMM behind the gather
+# runs 8, 12 and 24 rows at nearly the cost per column of 32, so the gather wins below a union of 18% of N at
+# 1 row, 10-13% at 2-12 rows, 26-35% at 16-32 rows. Between the rows measured the costs are interpolated;
+# beyond the last both grow with the rows alike, so its ratio decides. Both kernels give the same logits: the
+# choice changes only the time.
+COST_TABLE = load_cost_table()
+INT8_COST_ROWS, INT8_GATHER_US, INT8_DENSE_US = COST_TABLE.rows, COST_TABLE.gather_us, COST_TABLE.dense_us
 
 
 @dataclass
@@ -310,3 +315,49 @@ def int8_cluster_logits(h: torch.Tensor, w8: Int8Weights, pm: PreparedMap, c: in
     if block is not None:
         return int8.linear_packed(h.float().contiguous(), block)  # packed once: no gather, int8 GEMM
     return int8_gathered_logits(h, w8, pm.ids[c])
+
+
+def measure_costs(
+    d: int = 1024,
+    n_vocab: int = 128_112,
+    rows: Sequence[int] = (1, 2, 4, 6, 8, 12, 16, 24, 32),
+    unions: Sequence[float] = (0.05, 0.1, 0.2, 0.4),
+    repeats: int = 5,
+) -> CostTable:
+    """This machine's cost table: both union kernels timed on random weights (``n_vocab``, ``d``), int8 as
+    :func:`int8_weights` holds them, at each row count of ``rows`` over random unions of each share
+    ``unions`` of N, on torch's current threads; each time the median of ``repeats`` calls after two warm-up
+    calls, the table their medians over the unions (:func:`~fastvocab.kernels.int8_costs.costs_from_timings`).
+    The defaults are the packaged table's sizes: a few minutes on one thread."""
+    gen = torch.Generator().manual_seed(0)
+    linear = int8.int8_linear(torch.randn(n_vocab, d, generator=gen) * d**-0.5, None)
+    q, scale = int8.int8_rows(linear)
+    w8 = Int8Weights(linear, q, scale, bias=None, blocks=[], cached_bytes=0, max_norm=0.0, max_residual=0.0)
+    timings = []
+    for r in rows:
+        h = torch.randn(r, d, generator=gen)
+        for u in unions:
+            cols = torch.randperm(n_vocab, generator=gen)[: round(u * n_vocab)].sort().values
+            for kernel, run in (
+                ("int8-gather", functools.partial(int8_gather_gemm, h, w8, cols)),
+                ("int8-dense", functools.partial(_dense_columns, h, w8, cols)),
+            ):
+                run()
+                run()
+                ms = 1e3 * statistics.median(timeit.repeat(run, number=1, repeat=repeats))
+                timings.append({"kernel": kernel, "rows": r, "union": u, "ms": ms})
+    measured_on = {
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "d": d,
+        "N": n_vocab,
+        "unions": list(unions),
+        "repeats": repeats,
+    }
+    return costs_from_timings(timings, n_vocab, measured_on)
+
+
+def _dense_columns(h: torch.Tensor, w8: Int8Weights, cols: torch.Tensor) -> torch.Tensor:
+    """The packed GEMM over all N, then the columns ``cols``: :func:`int8_gathered_logits` run dense."""
+    return int8_full_logits(h, w8).index_select(1, cols)
