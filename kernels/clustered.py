@@ -58,7 +58,6 @@ from __future__ import annotations
 import logging
 import math
 import threading
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, cast
 
@@ -76,6 +75,7 @@ from fastvocab.kernels.cluster_assign import (
     prepare_map,
     union_columns,
 )
+from fastvocab.kernels.clustered_parts import ORACLE, ClusteredParts
 from fastvocab.kernels.clustered_static import StaticUnion
 from fastvocab.kernels.gather import cluster_logits, gathered_logits, per_row_logits
 from fastvocab.kernels.inactive_mass import (
@@ -100,18 +100,10 @@ from fastvocab.kernels.int8_union import (
 log = logging.getLogger(__name__)
 _COUNTERS_LOCK = threading.Lock()  # guards every projection's counters (rare, tiny updates)
 
-SELECTIONS = ("union", "per-row")  # which columns each row gets: the batch's union, or its own cluster's
-INACTIVE_MASS = ("none", "centroid", "moments", "normaliser")
-# Also accepted as inactive_mass, a diagnostic of the fidelity harness and not a method (no CLI choice): the
-# exact log-mass of the columns not computed, from the full logits of every row. It separates search errors
-# due to the sets from those due to the estimate of their mass (experiments/fidelity.py names it ORACLE_MASS);
-# it costs more than the full projection.
-_ORACLE = "oracle"
 # The curvature basis of a map's normaliser: the maps' default (tasks.maps.MapParams, the pipeline's
 # maps.normaliser_rank), and the rank used when a map has no normaliser for the sets in use and it is computed
 # here.
 DEFAULT_NORMALISER_RANK = 32
-BACKENDS = ("auto", "torch", "cupy")
 # Cached sub-matrices on CPU by default (MB): a cached cluster turns the per-step gather (a copy of the active
 # rows) into a plain GEMV (measured: benchmarks/README.md, "Output layer alone").
 DEFAULT_CPU_CACHE_MB = 512.0
@@ -125,37 +117,17 @@ def decoding_probes(asked: int | None, map_probes: int, selection: str) -> int:
     return map_probes if selection == "union" else 1
 
 
-def _choice(name: str, value: str, valid: Sequence[str]) -> str:
-    if value not in valid:
-        raise ValueError(f"{name} must be one of {', '.join(valid)}; got {value!r}")
-    return value
-
-
 @register("clustered")
 class ClusteredProjection(Projection):
     """Clustered output layer over a cluster map built for this model (refuses any other map).
 
-    Options: ``cluster_map`` (a :class:`ClusterMap` or a map folder), ``selection`` (union | per-row),
-    ``min_count`` (drop (cluster, id) pairs predicted fewer times), ``inactive_mass`` (none | centroid |
-    moments | normaliser: the map's stored normaliser when it was built for the sets in use, that is
-    without ``min_count`` pruning and with the same always-active ids; otherwise it is computed here, at
-    load time, for the pruned sets), ``backend`` (auto | torch | cupy), ``cache_mb`` (cached per-cluster
-    sub-matrices; None = 512 on CPU, 0 on CUDA; with ``int8``, packed int8 blocks), ``int8`` (CPU, torch
-    backend: the full int8 projection's logits on the active columns; ``dtype:int8`` in the signature),
-    ``exact_k`` (0 = off; 1 for greedy search, ``2 * beam``
-    for beam search: rows without an exactness certificate for their top-``exact_k`` get full logits),
-    ``exact_tol`` (for ``exact_k > 1``: the largest change of a certified row's log-normaliser allowed, in
-    nats), ``bound_blocks`` (column blocks of the certificate's bound), ``mass_radius`` (None = off; with an
-    ``inactive_mass`` estimate and no ``exact_k``: rows with ``||h - C_c||`` above it get the exact mass of
-    the columns they did not compute, from their full logits, counted in ``counters["far"]``),
-    ``full_when_cheaper`` (int8 union mode: at row counts where the map's expected union costs more than the
-    full int8 GEMM, every column without assigning clusters; counted in ``counters["full"]``), ``probes``
-    (union selection, torch backend: each row adds the sets of its ``probes`` nearest clusters to the union,
-    not only its nearest's, as an inverted-file index probes several lists; a state near the border of its
-    cluster then still gets the tokens the clusters beside it hold; 1 = Amer et al.'s method; None = the
-    map's own ``probes``, which per-row selection reads as 1). Every estimate and certificate reads the
-    nearest cluster, and takes the other columns as computed extras, as it does for the other rows' sets of
-    a union.
+    Options: ``cluster_map`` (a :class:`ClusterMap` or a map folder), and by name those of the four parts
+    the projection holds (``parts``, a :class:`ClusteredParts`; ``kernels/clustered_parts.py``, where
+    each part documents its own): ``selection``, ``probes``, ``min_count`` (``Selection``); ``backend``,
+    ``cache_mb``, ``int8``, ``full_when_cheaper`` (``Compute``); ``inactive_mass``, ``mass_radius``
+    (``MassEstimate``); ``exact_k``, ``exact_tol``, ``bound_blocks`` (``Certificate``). Every estimate and
+    certificate reads the nearest cluster, and takes the other columns as computed extras (the other probed
+    clusters' sets), as it does for the other rows' sets of a union.
 
     ``counters`` accumulates, over calls, the rows projected, the columns computed (a fallback row counts
     its set and N) and the certified rows; :meth:`reset_counters` clears them. They never change an output.
@@ -167,58 +139,29 @@ class ClusteredProjection(Projection):
         bias: torch.Tensor | None,
         *,
         cluster_map: ClusterMap | str | Path,
-        selection: str = "union",
-        min_count: int = 1,
-        inactive_mass: str = "none",
-        backend: str = "auto",
-        cache_mb: float | None = None,
-        exact_k: int = 0,
-        exact_tol: float = 1e-5,
-        bound_blocks: int = 64,
-        mass_radius: float | None = None,
-        int8: bool = False,
-        full_when_cheaper: bool = True,
-        probes: int | None = None,
-        **common: Any,  # always_active, fingerprint: see Projection
+        **options: Any,  # the parts' options by name (ClusteredParts), and always_active, fingerprint
     ) -> None:
-        super().__init__(weight, bias, **common)
-        self.int8 = bool(int8)
-        if self.int8:
-            _check_int8(self.device, backend)
-        self.selection = _choice("selection", selection, SELECTIONS)
-        self.inactive_mass = _choice("inactive_mass", inactive_mass, (*INACTIVE_MASS, _ORACLE))
-        _choice("backend", backend, BACKENDS)
-        if isinstance(min_count, bool) or not isinstance(min_count, int) or min_count < 1:
-            raise ValueError(f"min_count must be an integer >= 1, got {min_count!r}")
-        self.min_count = min_count
-        for name, value in (("exact_k", exact_k), ("bound_blocks", bound_blocks)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
-        if not exact_tol >= 0:
-            raise ValueError(f"exact_tol must be >= 0, got {exact_tol!r}")
-        self.exact_k = exact_k
-        self.exact_tol = float(exact_tol)
-        if mass_radius is not None and not mass_radius > 0:
-            raise ValueError(f"mass_radius must be > 0 (or None), got {mass_radius!r}")
-        if mass_radius is not None and (inactive_mass == "none" or exact_k):
-            raise ValueError("mass_radius needs an inactive_mass estimate and no exact_k")
-        self.mass_radius = None if mass_radius is None else float(mass_radius)
-        if probes is not None and (isinstance(probes, bool) or not isinstance(probes, int) or probes < 1):
-            raise ValueError(f"probes must be an integer >= 1, got {probes!r}")
-        if probes is not None and probes > 1 and self.selection != "union":
-            raise ValueError("probes > 1 needs union selection (per-row groups rows by their one cluster)")
+        parts = ClusteredParts.pop(options)
+        super().__init__(weight, bias, **options)  # Projection's options; it refuses any other name
+        if parts.compute.int8:
+            _check_int8(self.device)
+        self.parts = parts
+        # the options the static union, the benchmarks and the signature read
+        self.selection, self.min_count = parts.selection.selection, parts.selection.min_count
+        self.inactive_mass, self.mass_radius = parts.mass.inactive_mass, parts.mass.mass_radius
+        self.exact_k, self.exact_tol = parts.certificate.exact_k, parts.certificate.exact_tol
+        self.int8 = parts.compute.int8
         self.counters = {"rows": 0, "columns": 0, "certified": 0, "far": 0, "full": 0}
 
         cmap = self._load_map(cluster_map)
         self.map_manifest = cmap.manifest
-        self.probes = decoding_probes(probes, cmap.manifest.probes, self.selection)
-        if min_count > 1:
-            cmap = cmap.pruned(min_count)  # drops the normaliser when it removes anything
-        self.backend = self._pick_backend(backend)
+        self.probes = decoding_probes(parts.selection.probes, cmap.manifest.probes, self.selection)
+        if self.min_count > 1:
+            cmap = cmap.pruned(self.min_count)  # drops the normaliser when it removes anything
+        self.backend = self._pick_backend(parts.compute.backend)
+        cache_mb = parts.compute.cache_mb
         if cache_mb is None:
             cache_mb = DEFAULT_CPU_CACHE_MB if self.device.type == "cpu" else 0.0
-        if cache_mb < 0:
-            raise ValueError(f"cache_mb must be >= 0, got {cache_mb}")
         self.cache_mb = float(cache_mb)
         if self.backend == "cupy":
             cache_mb = 0.0  # the fused kernel reads W in place; cached blocks would only cost memory
@@ -226,7 +169,7 @@ class ClusteredProjection(Projection):
         aa = self.always_active.tolist()
         self._map = prepare_map(cmap, self.weight, self.bias, aa, cache_bytes=0 if self.int8 else cache_bytes)
         # int8 union mode: each id's chance to be in a row's set, for the union expected at a row count
-        self.full_when_cheaper = bool(full_when_cheaper)  # may be switched off later (the benchmarks do)
+        self.full_when_cheaper = parts.compute.full_when_cheaper  # may be switched off later (benchmarks do)
         self._hit = (
             hit_probability(self._map, self.n_vocab) if self.int8 and self.selection == "union" else None
         )
@@ -238,11 +181,12 @@ class ClusteredProjection(Projection):
         self.normaliser_source: str | None = None  # "map" or "computed at load"
         if self.inactive_mass == "normaliser":
             self._mass = self._normaliser(cmap)
-        elif self.inactive_mass not in ("none", _ORACLE):
+        elif self.inactive_mass not in ("none", ORACLE):
             self._mass = mass_tables(self._map, self.weight, self.bias)
         self._bounds = None
         if self.exact_k:
-            self._bounds = bound_tables(self._map, self.weight, self.bias, n_blocks=max(1, bound_blocks))
+            n_blocks = max(1, parts.certificate.bound_blocks)
+            self._bounds = bound_tables(self._map, self.weight, self.bias, n_blocks=n_blocks)
         if self.backend == "cupy":
             self._indices32 = self._map.indices.to(torch.int32)  # (nnz,) what the kernels read
             if self.bias is not None:
@@ -430,7 +374,7 @@ class ClusteredProjection(Projection):
         mass = None
         if isinstance(self._mass, NormaliserTables):
             mass = normaliser_log_mass(h, logits, ids, clusters, self._map, self._mass)
-        elif self.inactive_mass == _ORACLE:
+        elif self.inactive_mass == ORACLE:
             mass = _oracle_log_mass(logits, ids, self._full_logits(h).float())
         elif self._mass is not None:
             mass = inactive_log_mass(self.inactive_mass, h, logits, clusters, self.n_vocab, self._mass)
@@ -572,14 +516,12 @@ def _oracle_log_mass(logits: torch.Tensor, ids: torch.Tensor, full: torch.Tensor
     return torch.logsumexp(full.masked_fill(computed, -math.inf), dim=1)
 
 
-def _check_int8(device: torch.device, backend: str) -> None:
-    """``int8`` is a CPU path of the torch backend: a ValueError naming why not elsewhere."""
+def _check_int8(device: torch.device) -> None:
+    """``int8`` is a CPU path (its backend is checked with the options, :class:`Compute`)."""
     if device.type != "cpu":
         raise ValueError(
             f"int8 clustered projection runs on CPU only (its int8 GEMMs are CPU kernels), W is on {device}"
         )
-    if backend == "cupy":
-        raise ValueError("int8 clustered projection needs the torch backend: the CuPy kernels are fp16/bf16")
 
 
 def _cupy_unsupported(weight: torch.Tensor) -> str | None:

@@ -20,7 +20,8 @@ from fastvocab.artifacts_schema.errors import ArtifactError
 from fastvocab.kernels import create_projection
 from fastvocab.kernels.base import ProjectionOutput
 from fastvocab.kernels.cluster_assign import merged_csr
-from fastvocab.kernels.clustered import SELECTIONS, ClusteredProjection
+from fastvocab.kernels.clustered import ClusteredProjection
+from fastvocab.kernels.clustered_parts import SELECTIONS
 from tests.conftest import synthetic_sentences, write_en_it_split
 from tests.layers import (
     decode,

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from fastvocab.kernels import certificate, create_projection
-from fastvocab.kernels.clustered import SELECTIONS
+from fastvocab.kernels.clustered_parts import SELECTIONS
 from tests.conftest import synthetic_sentences, write_en_it_split
 from tests.layers import (
     decode,
