@@ -18,7 +18,7 @@ known: one map per direction) or ``target`` (target only: one map per target lan
 schema version, the tensors' digest, shapes, finite centroids, CSR invariants and (when given) the model
 fingerprint.
 
-The normaliser (``kernels/clustered_ops.NormaliserTables``) is computed for each set plus the model's
+The normaliser (``kernels/inactive_mass.NormaliserTables``) is computed for each set plus the model's
 always-active ids, which the manifest records (``normaliser``: rank, always_active); a map may lack it (a
 hand-made map), and the clustered projection then computes it at load time.
 
@@ -101,7 +101,7 @@ class MapManifest:
 @dataclass
 class Normaliser:
     """Per-cluster expansion of the log-mass of the columns outside each set, around the centroid
-    (see ``kernels/clustered_ops.NormaliserTables``, which computes it)."""
+    (see ``kernels/inactive_mass.NormaliserTables``, which computes it)."""
 
     lse: np.ndarray  # (r,) float32
     grad: np.ndarray  # (r, d) float32

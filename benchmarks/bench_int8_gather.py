@@ -2,10 +2,16 @@
 
     .venv/bin/python benchmarks/bench_int8_gather.py                     # d 1024, N 128,112, 2 threads
     .venv/bin/python benchmarks/bench_int8_gather.py --quick             # a smoke run, small sizes
+    .venv/bin/python benchmarks/bench_int8_gather.py --threads 1 --cost-table costs.json   # this machine's
+
+The last writes this machine's cost table for the clustered projection's choice between the two int8 union
+kernels (``int8_union.measure_costs``; ``FASTVOCAB_INT8_COSTS=costs.json`` makes the projection read it
+instead of the packaged ``kernels/int8_costs.json``), at the packaged table's rows and unions unless
+``--rows`` / ``--union`` say otherwise.
 
 The clustered projection's union step computes ``h @ W[cols]^T + b[cols]`` for a batch's union ``cols`` of
 active ids (a share ``u`` of the N columns). In float32 it copies the rows of W block by block
-(``clustered_ops.gathered_logits``) and multiplies them. With an int8 decoder that float32 gather is what
+(``gather.gathered_logits``) and multiplies them. With an int8 decoder that float32 gather is what
 costs: each step reads ``u N d`` float32 bytes. The candidates here read ``u N d`` int8 bytes instead, W
 quantised once per output row (symmetric, one scale per vocabulary entry, as the full projection's int8
 option does):
@@ -21,15 +27,15 @@ option does):
 - ``int8-prepack``: the gathered int8 rows packed for fbgemm on every call
   (``quantized.linear_prepack``), then ``quantized.linear_dynamic`` (what the full int8 projection runs, on
   its W packed once);
-- ``int8-gather``: ``clustered_ops.int8_gather_gemm``, what the clustered projection's int8 option runs:
+- ``int8-gather``: ``int8_union.int8_gather_gemm``, what the clustered projection's int8 option runs:
   ``int8-dequant`` on the activations quantised as the full int8 layer quantises them (per tensor, 7 bits),
   so its float32 GEMM computes the layer's integer sums exactly and its logits are the full int8
   projection's on those columns;
 - ``int8-dense``: the full int8 layer (fbgemm, W packed once) over all N columns, then the C columns kept:
   int8 arithmetic, but N rows read;
 - ``int8-clustered``: what ``ClusteredProjection(int8=True)`` runs for a union of several clusters
-  (``clustered_ops.int8_gathered_logits``): ``int8-gather`` or ``int8-dense``, whichever its cost model
-  (``clustered_ops.INT8_GATHER_US``, ``INT8_DENSE_US``) says is cheaper at this C and row count;
+  (``int8_union.int8_gathered_logits``): ``int8-gather`` or ``int8-dense``, whichever its cost model
+  (``int8_union.INT8_GATHER_US``, ``INT8_DENSE_US``) says is cheaper at this C and row count;
 
 and, for comparison at the same rows, the full projections over all N columns: ``full-fp32``
 (``create_projection("full")``, pre-packed) and ``full-int8`` (``create_projection("full", int8=True)``).
@@ -37,7 +43,7 @@ and, for comparison at the same rows, the full projections over all N columns: `
 A batch-1 step whose cluster's sub-matrix is cached (``cache_mb``) has no gather: ``cached-fp32`` (F.linear
 on the contiguous float32 block), ``cached-int8-wpack`` (``_weight_int8pack_mm`` on the contiguous int8
 block) and ``cached-int8-packed`` (the block packed for fbgemm once, ``linear_dynamic`` per call:
-``clustered_ops.int8_cluster_logits`` on a cached cluster) time that case for one row.
+``int8_union.int8_cluster_logits`` on a cached cluster) time that case for one row.
 
 Columns: ``u N`` ids drawn at random, sorted. Each candidate is checked against float64 logits of the weights
 it reads (the dequantised int8 weights for int8 candidates): the largest error relative to the largest
@@ -50,6 +56,7 @@ Writes JSON (``--out``) with the device, its CPU flags, torch's version, the com
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime as dt
 import json
 import os
@@ -66,11 +73,11 @@ import torch.nn.functional as F
 from bench_meta import ROOT, cpu_name
 
 from fastvocab.artifacts_schema.provenance import git_commit
-from fastvocab.kernels import clustered_ops, create_projection
+from fastvocab.kernels import create_projection, int8_union
 from fastvocab.kernels.int8 import packed_rows
 
 OUT = ROOT / "benchmarks" / "results" / "int8-gather-cpu-2026-11-25.json"
-CHUNK_BYTES = 4 << 20  # the float32 gather's block (clustered_ops.GATHER_CHUNK_BYTES)
+CHUNK_BYTES = 4 << 20  # the float32 gather's block (gather.GATHER_CHUNK_BYTES)
 
 Kernel = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (h, cols) -> (rows, C) logits
 
@@ -81,7 +88,7 @@ def blocks(cols: torch.Tensor, rows_per_block: int):
 
 
 def fp32_gather(w: torch.Tensor, b: torch.Tensor | None) -> Kernel:
-    from fastvocab.kernels.clustered_ops import gathered_logits
+    from fastvocab.kernels.gather import gathered_logits
 
     return lambda h, cols: gathered_logits(h, w, b, cols)
 
@@ -166,16 +173,16 @@ def int8_prepack(q: torch.Tensor, scale: torch.Tensor, b: torch.Tensor | None) -
     return run
 
 
-def int8_gather(w8: clustered_ops.Int8Weights) -> Kernel:
-    return lambda h, cols: clustered_ops.int8_gather_gemm(h, w8, cols)
+def int8_gather(w8: int8_union.Int8Weights) -> Kernel:
+    return lambda h, cols: int8_union.int8_gather_gemm(h, w8, cols)
 
 
-def int8_dense(w8: clustered_ops.Int8Weights) -> Kernel:
-    return lambda h, cols: clustered_ops.int8_full_logits(h, w8).index_select(1, cols)
+def int8_dense(w8: int8_union.Int8Weights) -> Kernel:
+    return lambda h, cols: int8_union.int8_full_logits(h, w8).index_select(1, cols)
 
 
-def int8_clustered(w8: clustered_ops.Int8Weights) -> Kernel:
-    return lambda h, cols: clustered_ops.int8_gathered_logits(h, w8, cols)
+def int8_clustered(w8: int8_union.Int8Weights) -> Kernel:
+    return lambda h, cols: int8_union.int8_gathered_logits(h, w8, cols)
 
 
 def cached_kernels(w, b, q, scale, cols: torch.Tensor) -> dict[str, Kernel]:
@@ -219,8 +226,9 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--d", type=int, default=1024)
     p.add_argument("--vocab", type=int, default=128_112, help="N")
-    p.add_argument("--rows", type=lambda s: [int(x) for x in s.split(",")], default=[1, 8, 32])
-    p.add_argument("--union", type=lambda s: [float(x) for x in s.split(",")], default=[0.1, 0.3, 0.6])
+    # None: [1, 8, 32] and [0.1, 0.3, 0.6]; with --cost-table, the packaged table's
+    p.add_argument("--rows", type=lambda s: [int(x) for x in s.split(",")])
+    p.add_argument("--union", type=lambda s: [float(x) for x in s.split(",")])
     p.add_argument("--threads", type=lambda s: [int(x) for x in s.split(",")], default=[2], help="e.g. 2,1")
     p.add_argument("--repeats", type=int, default=7)
     p.add_argument("--block-kib", type=int, default=CHUNK_BYTES >> 10, help="int8 gather block (KiB)")
@@ -228,9 +236,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--only", help="comma-separated candidate names (default: all)")
     p.add_argument("--quick", action="store_true", help="d 256, N 8,000, 2 repeats")
     p.add_argument("--out", default=str(OUT))
+    p.add_argument("--cost-table", help="measure this machine's int8 cost table into this JSON file instead")
     args = p.parse_args(argv)
     if args.quick:
         args.d, args.vocab, args.repeats = 256, 8000, 2
+    if args.cost_table:
+        return write_cost_table(args, argv)
+    args.rows, args.union = args.rows or [1, 8, 32], args.union or [0.1, 0.3, 0.6]
     torch.manual_seed(0)
     n, d = args.vocab, args.d
     w = torch.randn(n, d) * d**-0.5
@@ -239,7 +251,7 @@ def main(argv: list[str] | None = None) -> int:
     full8 = create_projection("full", w, b, int8=True)
     # every int8 candidate reads the full int8 projection's own rows (int8 per output row, symmetric)
     no_map = SimpleNamespace(r=0, population=np.zeros(0), sizes=[], ids=[])
-    w8 = clustered_ops.int8_weights(w, b, no_map)
+    w8 = int8_union.int8_weights(w, b, no_map)
     q, scale = w8.q, w8.scale
     wq = q.double() * scale.double()[:, None]  # what the int8 candidates compute with
     block = args.block_kib << 10
@@ -259,10 +271,7 @@ def main(argv: list[str] | None = None) -> int:
         kernels = {k: v for k, v in kernels.items() if k in keep}
     result: dict = {
         "benchmark": "bench_int8_gather",
-        "date": dt.datetime.now().isoformat(timespec="seconds"),
-        "commit": git_commit("kernels", "benchmarks/bench_int8_gather.py", cwd=ROOT),
-        "command": " ".join([".venv/bin/python", "benchmarks/bench_int8_gather.py", *(argv or sys.argv[1:])]),
-        "device": f"{cpu_name()} ({os.cpu_count()} cores visible)",
+        **provenance(argv),
         "torch": torch.__version__,
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "threads": args.threads,
@@ -276,10 +285,37 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(threads)
         measure(args, result, kernels, full32, full8, w, b, q, scale, wq, threads)
     result["load_avg"]["end"] = [round(x, 2) for x in os.getloadavg()]
-    out = Path(args.out)
+    write_json(args.out, result)
+    return 0
+
+
+def provenance(argv: list[str] | None) -> dict[str, str]:
+    """When, from which commit, with which command and on which device the run measured."""
+    return {
+        "date": dt.datetime.now().isoformat(timespec="seconds"),
+        "commit": git_commit("kernels", "benchmarks/bench_int8_gather.py", cwd=ROOT),
+        "command": " ".join([".venv/bin/python", "benchmarks/bench_int8_gather.py", *(argv or sys.argv[1:])]),
+        "device": f"{cpu_name()} ({os.cpu_count()} cores visible)",
+    }
+
+
+def write_json(path: str, data: dict) -> None:
+    out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1) + "\n")
+    out.write_text(json.dumps(data, indent=1) + "\n")
     print(f"wrote {out}", file=sys.stderr)
+
+
+def write_cost_table(args, argv: list[str] | None) -> int:
+    """``--cost-table``: ``int8_union.measure_costs`` on the first of ``--threads``, with the machine, the
+    commit and the command recorded beside the numbers."""
+    torch.set_num_threads(args.threads[0])
+    sizes = {"rows": args.rows, "unions": args.union}
+    table = int8_union.measure_costs(
+        args.d, args.vocab, repeats=args.repeats, **{k: v for k, v in sizes.items() if v}
+    )
+    table = dataclasses.replace(table, measured_on={**provenance(argv), **table.measured_on})
+    write_json(args.cost_table, table.to_json())
     return 0
 
 

@@ -76,7 +76,7 @@ from bench_meta import cpu_name, round_order
 
 from fastvocab.artifacts_schema.provenance import git_commit
 from fastvocab.decoding.search import parse_early_stopping, stopping_rule
-from fastvocab.kernels.clustered import INACTIVE_MASS
+from fastvocab.kernels.clustered_parts import INACTIVE_MASS
 from fastvocab.tasks.evaluate import score, search_error_rate
 from fastvocab.tasks.projections import BEAM_INACTIVE_MASS, clustered_options
 

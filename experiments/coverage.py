@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 from fastvocab.artifacts_schema.hidden_states import fixed_list_to_numpy, iter_batches, read_shard_meta
-from fastvocab.kernels import clustered_ops as ops
+from fastvocab.kernels import cluster_assign
 from fastvocab.tasks.dump import DumpDecoder
 from fastvocab.tasks.kmeans import sample_states, train_kmeans
 from fastvocab.tasks.maps import assign, centroid_sq_norms
@@ -240,7 +240,7 @@ def _steps(sentence: torch.Tensor) -> torch.Tensor:
 def nearest(path: GreedyPath, centroids: np.ndarray, probes: int) -> torch.Tensor:
     """The path's ``probes`` nearest clusters per step, nearest first (the decoder's own rule)."""
     c = torch.from_numpy(np.ascontiguousarray(centroids, dtype=np.float32))
-    return ops.nearest_clusters(path.hidden, c.T.contiguous(), (c * c).sum(1), probes)
+    return cluster_assign.nearest_clusters(path.hidden, c.T.contiguous(), (c * c).sum(1), probes)
 
 
 def doubling_sizes(total: int, first: int = 1500) -> list[int]:

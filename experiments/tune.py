@@ -43,7 +43,7 @@ from fastvocab.artifacts_schema.hidden_states import read_shard_meta, shard_rows
 from fastvocab.decoding.hf_adapter import Seq2SeqAdapter
 from fastvocab.experiments.fidelity import Reference, Scorer, decode_passes
 from fastvocab.kernels.base import Projection
-from fastvocab.kernels.clustered import SELECTIONS
+from fastvocab.kernels.clustered_parts import SELECTIONS
 from fastvocab.tasks.kmeans import KMeansParams, sample_states, train_kmeans
 from fastvocab.tasks.maps import (
     ActiveSetCounter,

@@ -11,16 +11,16 @@ At each decoding step:
 3. optionally an estimate of the probability mass of the columns not computed
    (``ProjectionOutput.log_inactive_mass``), so beam scores stay comparable across hypotheses. Greedy search
    needs none. ``inactive_mass="normaliser"`` expands the log-mass around the row's centroid to second order
-   from tables stored in the map (exact at the centroid; ``clustered_ops.NormaliserTables``);
+   from tables stored in the map (exact at the centroid; ``inactive_mass.NormaliserTables``);
    ``centroid`` and ``moments`` estimate it from statistics computed at load time
-   (``clustered_ops.inactive_log_mass``). ``normaliser`` errs least, and its error grows with the row's
+   (``inactive_mass.inactive_log_mass``). ``normaliser`` errs least, and its error grows with the row's
    distance to the centroid (the measured errors of each estimator: benchmarks/README.md, "Fidelity").
    ``mass_radius`` gives rows farther than it from their centroid (where the expansion errs most) the exact
    mass, from their full logits; ``inactive_mass="oracle"`` is the exact mass of every row, a diagnostic of
    the fidelity harness.
 
 4. optionally (``exact_k``) an exactness certificate per row: an upper bound on every logit the row did not
-   compute (``clustered_ops.BoundTables``: the centroid's logits plus ``||w_i|| ||h - C_c||``). A row whose
+   compute (``certificate.BoundTables``: the centroid's logits plus ``||w_i|| ||h - C_c||``). A row whose
    ``exact_k``-th best computed logit beats it has the exact top-``exact_k``; for ``exact_k > 1`` (beam
    search, which reads log-probs) the bound on the left-out mass must also move its log-normaliser by at most
    ``exact_tol``. Rows that fail get the full logits in the same call (the output is then dense), so greedy
@@ -30,24 +30,25 @@ Always-active ids (EOS, language tags) are added to every cluster's set at load 
 
 Backends, chosen once in ``__init__`` from the weight's device (never re-detected in the hot loop):
 
-- ``torch`` (CPU and CUDA): ``clustered_ops``, also the oracle of the CuPy kernels. On CPU the contiguous
-  sub-matrix ``W[set_c]`` of the most-populated clusters is cached (``cache_mb``), so a row whose cluster
-  is cached costs one small GEMV with no gather: that is what makes batch-1 decoding fast on CPU.
+- ``torch`` (CPU and CUDA): ``cluster_assign``, ``gather``, ``inactive_mass`` and ``certificate``, also the
+  oracle of the CuPy kernels (and ``int8_union``, CPU only). On CPU the contiguous sub-matrix ``W[set_c]`` of
+  the most-populated clusters is cached (``cache_mb``), so a row whose cluster is cached costs one small GEMV
+  with no gather: that is what makes batch-1 decoding fast on CPU.
 - ``cupy`` (CUDA, fp16/bf16, sm_80+, d % 32 == 0): mask/compaction kernels and a fused gather-GEMM on tensor
   cores (``cupy_ops``), reading only the active rows of W once. CuPy is imported only then.
 
 ``int8=True`` (torch backend, CPU only, as ``FullProjection``'s ``int8`` option): W quantised once, int8 per
-output row, the logits of the active columns those of the full int8 projection (``clustered_ops.Int8Weights``:
+output row, the logits of the active columns those of the full int8 projection (``int8_union.Int8Weights``:
 a union step gathers ``u N d`` int8 bytes instead of float32 ones, or runs the packed int8 GEMM over all N
 when its union is large; cached clusters are packed int8 blocks). The inactive-mass estimates and the
 certificate keep their float32 tables; the certificate adds a bound on how far an int8 logit is from the
 float32 one, and rows without a certificate get the full int8 logits, so ``exact_k`` makes each row's top-k
 that of the full int8 projection (which, like it, quantises its input per call: a row's int8 logits move
 slightly with the rows beside it). In union mode the int8 rows are also packed in blocks, ids ordered by how
-many clusters' sets hold them (``clustered_ops.PopularBlocks``): a step runs the packed GEMM on the blocks its
-union fills densely and gathers the rest (``clustered_ops.int8_union_logits``). At a row count where the
+many clusters' sets hold them (``int8_union.PopularBlocks``): a step runs the packed GEMM on the blocks its
+union fills densely and gathers the rest (``int8_union.int8_union_logits``). At a row count where the
 union the map's sets are expected to form would fill every block densely enough
-(``clustered_ops.int8_map_skipped``, with a margin for a beam's shared clusters), the step skips the map
+(``int8_union.int8_map_skipped``, with a margin for a beam's shared clusters), the step skips the map
 altogether and returns the full int8 logits (``full_when_cheaper``; counted in ``counters["full"]``): the
 assignment and the union would cost time there and save none.
 """
@@ -57,7 +58,6 @@ from __future__ import annotations
 import logging
 import math
 import threading
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, cast
 
@@ -66,25 +66,44 @@ import torch
 
 from fastvocab.artifacts_schema.cluster_map import ClusterMap, load_cluster_map
 from fastvocab.artifacts_schema.errors import ArtifactError
-from fastvocab.kernels import clustered_ops as ops
 from fastvocab.kernels.base import CapturableStep, Projection, ProjectionOutput, register
+from fastvocab.kernels.certificate import BoundTables, bound_tables, certify, inactive_bounds
+from fastvocab.kernels.cluster_assign import (
+    PreparedMap,
+    assign_clusters,
+    nearest_clusters,
+    prepare_map,
+    union_columns,
+)
+from fastvocab.kernels.clustered_parts import ORACLE, ClusteredParts
 from fastvocab.kernels.clustered_static import StaticUnion
+from fastvocab.kernels.gather import cluster_logits, gathered_logits, per_row_logits
+from fastvocab.kernels.inactive_mass import (
+    MassTables,
+    NormaliserTables,
+    inactive_log_mass,
+    mass_tables,
+    normaliser_log_mass,
+    normaliser_tables,
+)
+from fastvocab.kernels.int8_union import (
+    Int8Weights,
+    hit_probability,
+    int8_cluster_logits,
+    int8_full_logits,
+    int8_logit_error,
+    int8_map_skipped,
+    int8_union_logits,
+    int8_weights,
+)
 
 log = logging.getLogger(__name__)
 _COUNTERS_LOCK = threading.Lock()  # guards every projection's counters (rare, tiny updates)
 
-SELECTIONS = ("union", "per-row")  # which columns each row gets: the batch's union, or its own cluster's
-INACTIVE_MASS = ("none", "centroid", "moments", "normaliser")
-# Also accepted as inactive_mass, a diagnostic of the fidelity harness and not a method (no CLI choice): the
-# exact log-mass of the columns not computed, from the full logits of every row. It separates search errors
-# due to the sets from those due to the estimate of their mass (experiments/fidelity.py names it ORACLE_MASS);
-# it costs more than the full projection.
-_ORACLE = "oracle"
 # The curvature basis of a map's normaliser: the maps' default (tasks.maps.MapParams, the pipeline's
 # maps.normaliser_rank), and the rank used when a map has no normaliser for the sets in use and it is computed
 # here.
 DEFAULT_NORMALISER_RANK = 32
-BACKENDS = ("auto", "torch", "cupy")
 # Cached sub-matrices on CPU by default (MB): a cached cluster turns the per-step gather (a copy of the active
 # rows) into a plain GEMV (measured: benchmarks/README.md, "Output layer alone").
 DEFAULT_CPU_CACHE_MB = 512.0
@@ -98,37 +117,17 @@ def decoding_probes(asked: int | None, map_probes: int, selection: str) -> int:
     return map_probes if selection == "union" else 1
 
 
-def _choice(name: str, value: str, valid: Sequence[str]) -> str:
-    if value not in valid:
-        raise ValueError(f"{name} must be one of {', '.join(valid)}; got {value!r}")
-    return value
-
-
 @register("clustered")
 class ClusteredProjection(Projection):
     """Clustered output layer over a cluster map built for this model (refuses any other map).
 
-    Options: ``cluster_map`` (a :class:`ClusterMap` or a map folder), ``selection`` (union | per-row),
-    ``min_count`` (drop (cluster, id) pairs predicted fewer times), ``inactive_mass`` (none | centroid |
-    moments | normaliser: the map's stored normaliser when it was built for the sets in use, that is
-    without ``min_count`` pruning and with the same always-active ids; otherwise it is computed here, at
-    load time, for the pruned sets), ``backend`` (auto | torch | cupy), ``cache_mb`` (cached per-cluster
-    sub-matrices; None = 512 on CPU, 0 on CUDA; with ``int8``, packed int8 blocks), ``int8`` (CPU, torch
-    backend: the full int8 projection's logits on the active columns; ``dtype:int8`` in the signature),
-    ``exact_k`` (0 = off; 1 for greedy search, ``2 * beam``
-    for beam search: rows without an exactness certificate for their top-``exact_k`` get full logits),
-    ``exact_tol`` (for ``exact_k > 1``: the largest change of a certified row's log-normaliser allowed, in
-    nats), ``bound_blocks`` (column blocks of the certificate's bound), ``mass_radius`` (None = off; with an
-    ``inactive_mass`` estimate and no ``exact_k``: rows with ``||h - C_c||`` above it get the exact mass of
-    the columns they did not compute, from their full logits, counted in ``counters["far"]``),
-    ``full_when_cheaper`` (int8 union mode: at row counts where the map's expected union costs more than the
-    full int8 GEMM, every column without assigning clusters; counted in ``counters["full"]``), ``probes``
-    (union selection, torch backend: each row adds the sets of its ``probes`` nearest clusters to the union,
-    not only its nearest's, as an inverted-file index probes several lists; a state near the border of its
-    cluster then still gets the tokens the clusters beside it hold; 1 = Amer et al.'s method; None = the
-    map's own ``probes``, which per-row selection reads as 1). Every estimate and certificate reads the
-    nearest cluster, and takes the other columns as computed extras, as it does for the other rows' sets of
-    a union.
+    Options: ``cluster_map`` (a :class:`ClusterMap` or a map folder), and by name those of the four parts
+    the projection holds (``parts``, a :class:`ClusteredParts`; ``kernels/clustered_parts.py``, where
+    each part documents its own): ``selection``, ``probes``, ``min_count`` (``Selection``); ``backend``,
+    ``cache_mb``, ``int8``, ``full_when_cheaper`` (``Compute``); ``inactive_mass``, ``mass_radius``
+    (``MassEstimate``); ``exact_k``, ``exact_tol``, ``bound_blocks`` (``Certificate``). Every estimate and
+    certificate reads the nearest cluster, and takes the other columns as computed extras (the other probed
+    clusters' sets), as it does for the other rows' sets of a union.
 
     ``counters`` accumulates, over calls, the rows projected, the columns computed (a fallback row counts
     its set and N) and the certified rows; :meth:`reset_counters` clears them. They never change an output.
@@ -140,86 +139,54 @@ class ClusteredProjection(Projection):
         bias: torch.Tensor | None,
         *,
         cluster_map: ClusterMap | str | Path,
-        selection: str = "union",
-        min_count: int = 1,
-        inactive_mass: str = "none",
-        backend: str = "auto",
-        cache_mb: float | None = None,
-        exact_k: int = 0,
-        exact_tol: float = 1e-5,
-        bound_blocks: int = 64,
-        mass_radius: float | None = None,
-        int8: bool = False,
-        full_when_cheaper: bool = True,
-        probes: int | None = None,
-        **common: Any,  # always_active, fingerprint: see Projection
+        **options: Any,  # the parts' options by name (ClusteredParts), and always_active, fingerprint
     ) -> None:
-        super().__init__(weight, bias, **common)
-        self.int8 = bool(int8)
-        if self.int8:
-            _check_int8(self.device, backend)
-        self.selection = _choice("selection", selection, SELECTIONS)
-        self.inactive_mass = _choice("inactive_mass", inactive_mass, (*INACTIVE_MASS, _ORACLE))
-        _choice("backend", backend, BACKENDS)
-        if isinstance(min_count, bool) or not isinstance(min_count, int) or min_count < 1:
-            raise ValueError(f"min_count must be an integer >= 1, got {min_count!r}")
-        self.min_count = min_count
-        for name, value in (("exact_k", exact_k), ("bound_blocks", bound_blocks)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
-        if not exact_tol >= 0:
-            raise ValueError(f"exact_tol must be >= 0, got {exact_tol!r}")
-        self.exact_k = exact_k
-        self.exact_tol = float(exact_tol)
-        if mass_radius is not None and not mass_radius > 0:
-            raise ValueError(f"mass_radius must be > 0 (or None), got {mass_radius!r}")
-        if mass_radius is not None and (inactive_mass == "none" or exact_k):
-            raise ValueError("mass_radius needs an inactive_mass estimate and no exact_k")
-        self.mass_radius = None if mass_radius is None else float(mass_radius)
-        if probes is not None and (isinstance(probes, bool) or not isinstance(probes, int) or probes < 1):
-            raise ValueError(f"probes must be an integer >= 1, got {probes!r}")
-        if probes is not None and probes > 1 and self.selection != "union":
-            raise ValueError("probes > 1 needs union selection (per-row groups rows by their one cluster)")
+        parts = ClusteredParts.pop(options)
+        super().__init__(weight, bias, **options)  # Projection's options; it refuses any other name
+        if parts.compute.int8:
+            _check_int8(self.device)
+        self.parts = parts
+        # the options the static union, the benchmarks and the signature read
+        self.selection, self.min_count = parts.selection.selection, parts.selection.min_count
+        self.inactive_mass, self.mass_radius = parts.mass.inactive_mass, parts.mass.mass_radius
+        self.exact_k, self.exact_tol = parts.certificate.exact_k, parts.certificate.exact_tol
+        self.int8 = parts.compute.int8
         self.counters = {"rows": 0, "columns": 0, "certified": 0, "far": 0, "full": 0}
 
         cmap = self._load_map(cluster_map)
         self.map_manifest = cmap.manifest
-        self.probes = decoding_probes(probes, cmap.manifest.probes, self.selection)
-        if min_count > 1:
-            cmap = cmap.pruned(min_count)  # drops the normaliser when it removes anything
-        self.backend = self._pick_backend(backend)
+        self.probes = decoding_probes(parts.selection.probes, cmap.manifest.probes, self.selection)
+        if self.min_count > 1:
+            cmap = cmap.pruned(self.min_count)  # drops the normaliser when it removes anything
+        self.backend = self._pick_backend(parts.compute.backend)
+        cache_mb = parts.compute.cache_mb
         if cache_mb is None:
             cache_mb = DEFAULT_CPU_CACHE_MB if self.device.type == "cpu" else 0.0
-        if cache_mb < 0:
-            raise ValueError(f"cache_mb must be >= 0, got {cache_mb}")
         self.cache_mb = float(cache_mb)
         if self.backend == "cupy":
             cache_mb = 0.0  # the fused kernel reads W in place; cached blocks would only cost memory
         cache_bytes = int(cache_mb * 2**20)
         aa = self.always_active.tolist()
-        self._map = ops.prepare_map(
-            cmap, self.weight, self.bias, aa, cache_bytes=0 if self.int8 else cache_bytes
-        )
+        self._map = prepare_map(cmap, self.weight, self.bias, aa, cache_bytes=0 if self.int8 else cache_bytes)
         # int8 union mode: each id's chance to be in a row's set, for the union expected at a row count
-        self.full_when_cheaper = bool(full_when_cheaper)  # may be switched off later (the benchmarks do)
+        self.full_when_cheaper = parts.compute.full_when_cheaper  # may be switched off later (benchmarks do)
         self._hit = (
-            ops.hit_probability(self._map, self.n_vocab) if self.int8 and self.selection == "union" else None
+            hit_probability(self._map, self.n_vocab) if self.int8 and self.selection == "union" else None
         )
-        self._w8: ops.Int8Weights | None = None  # int8: W as the full int8 projection holds it
+        self._w8: Int8Weights | None = None  # int8: W as the full int8 projection holds it
         if self.int8:
-            self._w8 = ops.int8_weights(
-                self.weight, self.bias, self._map, cache_bytes=cache_bytes, hit=self._hit
-            )
+            self._w8 = int8_weights(self.weight, self.bias, self._map, cache_bytes=cache_bytes, hit=self._hit)
         self._full_at_rows: dict[int, bool] = {}
-        self._mass: ops.MassTables | ops.NormaliserTables | None = None
+        self._mass: MassTables | NormaliserTables | None = None
         self.normaliser_source: str | None = None  # "map" or "computed at load"
         if self.inactive_mass == "normaliser":
             self._mass = self._normaliser(cmap)
-        elif self.inactive_mass not in ("none", _ORACLE):
-            self._mass = ops.mass_tables(self._map, self.weight, self.bias)
+        elif self.inactive_mass not in ("none", ORACLE):
+            self._mass = mass_tables(self._map, self.weight, self.bias)
         self._bounds = None
         if self.exact_k:
-            self._bounds = ops.bound_tables(self._map, self.weight, self.bias, n_blocks=max(1, bound_blocks))
+            n_blocks = max(1, parts.certificate.bound_blocks)
+            self._bounds = bound_tables(self._map, self.weight, self.bias, n_blocks=n_blocks)
         if self.backend == "cupy":
             self._indices32 = self._map.indices.to(torch.int32)  # (nnz,) what the kernels read
             if self.bias is not None:
@@ -257,7 +224,7 @@ class ClusteredProjection(Projection):
             )
         return cmap
 
-    def _normaliser(self, cmap: ClusterMap) -> ops.NormaliserTables:
+    def _normaliser(self, cmap: ClusterMap) -> NormaliserTables:
         """The map's stored normaliser when it describes the sets in use, else one computed now."""
         stored = cmap.normaliser
         aa = sorted(self.always_active.tolist())
@@ -268,7 +235,7 @@ class ClusteredProjection(Projection):
             def t(a: np.ndarray) -> torch.Tensor:
                 return torch.from_numpy(np.ascontiguousarray(a, dtype=np.float32)).to(dev)
 
-            return ops.NormaliserTables(
+            return NormaliserTables(
                 lse=t(stored.lse),
                 grad=t(stored.grad),
                 basis=t(stored.basis),
@@ -285,7 +252,7 @@ class ClusteredProjection(Projection):
         self.normaliser_source = "computed at load"
         rank = int(cast(int, cmap.manifest.normaliser.get("rank", DEFAULT_NORMALISER_RANK)))
         pm = self._map
-        return ops.normaliser_tables(
+        return normaliser_tables(
             torch.from_numpy(cmap.centroids), self.weight, self.bias, pm.indptr, pm.indices, min(rank, self.d)
         )
 
@@ -363,12 +330,12 @@ class ClusteredProjection(Projection):
         return list(self._map.ids)
 
     @property
-    def prepared_map(self) -> ops.PreparedMap:
+    def prepared_map(self) -> PreparedMap:
         """The map as the step reads it (centroids, CSR sets, cached blocks), on the device."""
         return self._map
 
     @property
-    def mass_tables(self) -> ops.MassTables | ops.NormaliserTables | None:
+    def mass_tables(self) -> MassTables | NormaliserTables | None:
         """The tables of the inactive-mass estimate in use (None: none, or the oracle)."""
         return self._mass
 
@@ -387,7 +354,7 @@ class ClusteredProjection(Projection):
 
     def assign(self, h: torch.Tensor) -> torch.Tensor:
         """Cluster of each row (Eq. 2), (rows,) int64."""
-        return ops.assign_clusters(h, self._map.centroids_t, self._map.sq_norms)
+        return assign_clusters(h, self._map.centroids_t, self._map.sq_norms)
 
     # ------------------------------------------------------------------ the step
 
@@ -405,12 +372,12 @@ class ClusteredProjection(Projection):
         else:
             logits, ids, clusters = self._project_torch(h)
         mass = None
-        if isinstance(self._mass, ops.NormaliserTables):
-            mass = ops.normaliser_log_mass(h, logits, ids, clusters, self._map, self._mass)
-        elif self.inactive_mass == _ORACLE:
+        if isinstance(self._mass, NormaliserTables):
+            mass = normaliser_log_mass(h, logits, ids, clusters, self._map, self._mass)
+        elif self.inactive_mass == ORACLE:
             mass = _oracle_log_mass(logits, ids, self._full_logits(h).float())
         elif self._mass is not None:
-            mass = ops.inactive_log_mass(self.inactive_mass, h, logits, clusters, self.n_vocab, self._mass)
+            mass = inactive_log_mass(self.inactive_mass, h, logits, clusters, self.n_vocab, self._mass)
         self._count(rows=rows, columns=self._computed_columns(logits, ids))
         out = ProjectionOutput(logits=logits, ids=ids, n_vocab=self.n_vocab, log_inactive_mass=mass)
         if self.mass_radius is not None:
@@ -429,7 +396,7 @@ class ClusteredProjection(Projection):
             # each row brings the sets of its `probes` nearest clusters: as many draws
             pb = None if self._w8 is None else self._w8.popular
             width = None if pb is None else pb.block_columns
-            full = ops.int8_map_skipped(self._hit, rows * self.probes, rows, self.n_vocab, width)
+            full = int8_map_skipped(self._hit, rows * self.probes, rows, self.n_vocab, width)
             self._full_at_rows[rows] = full
         return full
 
@@ -461,15 +428,15 @@ class ClusteredProjection(Projection):
         return int(torch.isfinite(logits).sum())  # per-row padding holds -inf
 
     def _exact(
-        self, h: torch.Tensor, out: ProjectionOutput, clusters: torch.Tensor, bounds: ops.BoundTables
+        self, h: torch.Tensor, out: ProjectionOutput, clusters: torch.Tensor, bounds: BoundTables
     ) -> ProjectionOutput:
         """Certify each row; rows that fail get their full logits, in a dense (rows, N) output."""
-        top, mass = ops.inactive_bounds(h, clusters, bounds)
+        top, mass = inactive_bounds(h, clusters, bounds)
         if self._w8 is not None:  # the tables bound float32 logits; an int8 logit may be this far from one
-            slack = ops.int8_logit_error(h, self._w8)
+            slack = int8_logit_error(h, self._w8)
             top, mass = top + slack, mass + slack
         log_tol = self.exact_tol if self.exact_k > 1 else None
-        ok = ops.certify(out.logits, top, mass, self.exact_k, log_tol)  # (rows,)
+        ok = certify(out.logits, top, mass, self.exact_k, log_tol)  # (rows,)
         n_ok = int(ok.sum())  # the one host sync the certificate adds
         self._count(certified=n_ok)
         if self.exact_k > 1:
@@ -494,32 +461,32 @@ class ClusteredProjection(Projection):
         """All N columns, (rows, N): rows a certificate sends to the full projection, or whose
         mass ``mass_radius`` computes exactly."""
         if self._w8 is not None:
-            return ops.int8_full_logits(h, self._w8)
+            return int8_full_logits(h, self._w8)
         return torch.nn.functional.linear(h, self.weight, self.bias)
 
     def _project_torch(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         if self.probes > 1:
-            near = ops.nearest_clusters(h, self._map.centroids_t, self._map.sq_norms, self.probes)
+            near = nearest_clusters(h, self._map.centroids_t, self._map.sq_norms, self.probes)
             clusters, cl = near[:, 0], near.reshape(-1).tolist()  # the estimates read the nearest
         else:
             clusters = self.assign(h)  # (rows,)
             cl = clusters.tolist()
         if self.selection == "per-row":
-            logits, ids = ops.per_row_logits(h, cl, self._map, self.weight, self.bias, self._w8)
+            logits, ids = per_row_logits(h, cl, self._map, self.weight, self.bias, self._w8)
             return logits, ids, clusters
-        ids = ops.union_columns(cl, self._map.ids, self.n_vocab)  # (C,)
+        ids = union_columns(cl, self._map.ids, self.n_vocab)  # (C,)
         uniq = set(cl)
         c = next(iter(uniq))
         if self._w8 is not None:  # one cluster or many: int8 rows, a cached cluster's packed block if any
             logits = (
-                ops.int8_cluster_logits(h, self._w8, self._map, c)
+                int8_cluster_logits(h, self._w8, self._map, c)
                 if len(uniq) == 1
-                else ops.int8_union_logits(h, self._w8, ids)
+                else int8_union_logits(h, self._w8, ids)
             )
         elif len(uniq) == 1 and self._map.blocks[c] is not None:  # one cluster: its cached block, no gather
-            logits = ops.cluster_logits(h, self._map, c, self.weight, self.bias)
+            logits = cluster_logits(h, self._map, c, self.weight, self.bias)
         else:
-            logits = ops.gathered_logits(h, self.weight, self.bias, ids)  # (rows, C)
+            logits = gathered_logits(h, self.weight, self.bias, ids)  # (rows, C)
         return logits, ids, clusters
 
     def _project_cupy(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -549,14 +516,12 @@ def _oracle_log_mass(logits: torch.Tensor, ids: torch.Tensor, full: torch.Tensor
     return torch.logsumexp(full.masked_fill(computed, -math.inf), dim=1)
 
 
-def _check_int8(device: torch.device, backend: str) -> None:
-    """``int8`` is a CPU path of the torch backend: a ValueError naming why not elsewhere."""
+def _check_int8(device: torch.device) -> None:
+    """``int8`` is a CPU path (its backend is checked with the options, :class:`Compute`)."""
     if device.type != "cpu":
         raise ValueError(
             f"int8 clustered projection runs on CPU only (its int8 GEMMs are CPU kernels), W is on {device}"
         )
-    if backend == "cupy":
-        raise ValueError("int8 clustered projection needs the torch backend: the CuPy kernels are fp16/bf16")
 
 
 def _cupy_unsupported(weight: torch.Tensor) -> str | None:

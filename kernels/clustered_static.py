@@ -5,7 +5,7 @@ Today's union mode (``ClusteredProjection(selection="union")``) reads the union'
 host every step (``cupy_ops.compact``, the ``nonzero`` of ``union_columns``): the GEMM's shape depends on it.
 Here the shape is fixed in advance to a capacity ``C`` and the count stays on the device:
 
-1. cluster of each row: ``clustered_ops.assign_clusters`` (one GEMM + argmin, no sync);
+1. cluster of each row: ``cluster_assign.assign_clusters`` (one GEMM + argmin, no sync);
 2. mark: every row's CSR range expanded to a static (rows, max_size) grid of candidate ids (positions past a
    row's set point to a dump slot ``N``) and scattered into a mask over ``N + 1``;
 3. compact: inclusive ``cumsum`` of the mask gives each marked id its slot; ids whose slot is ``>= C`` (and
@@ -41,11 +41,10 @@ import torch
 import torch.nn.functional as F
 
 from fastvocab.kernels.base import CapturableStep, ProjectionOutput
-from fastvocab.kernels.clustered_ops import (
+from fastvocab.kernels.cluster_assign import PreparedMap, assign_clusters
+from fastvocab.kernels.inactive_mass import (
     MassTables,
     NormaliserTables,
-    PreparedMap,
-    assign_clusters,
     inactive_log_mass,
     minus_other_sets,
     normaliser_estimate,

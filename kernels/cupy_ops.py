@@ -2,7 +2,8 @@
 over torch CUDA tensors. Imported lazily: only ``ClusteredProjection(backend="cupy")`` and the
 GPU tests import this module, so the core imports without CuPy.
 
-Each kernel has a torch twin in ``clustered_ops`` (the oracle in tests/gpu/test_cupy_kernels.py):
+Each kernel has a torch twin in ``cluster_assign`` or ``gather`` (the oracle in
+tests/gpu/test_cupy_kernels.py):
 
 =====================  ==============================================  ======================================
 wrapper                what it does                                    torch twin

@@ -63,12 +63,12 @@ def assign(
 ) -> np.ndarray:
     """Nearest centroid of every state, Eq. 2: ``argmin_j ||C_j||^2 - 2 h·C_j``; (n,) int64.
 
-    The decoder's own assignment (``kernels.clustered_ops.assign_clusters``, float32 on the CPU), ``chunk``
+    The decoder's own assignment (``kernels.cluster_assign.assign_clusters``, float32 on the CPU), ``chunk``
     rows at a time so the (rows, r) score matrix stays small: a state on a near-tie between two centroids
     goes to the same cluster when the map is built as when it is decoded (two implementations round such a
     tie differently). Ties go to the lowest index.
     """
-    from fastvocab.kernels import clustered_ops as ops
+    from fastvocab.kernels import cluster_assign as ops
 
     c = np.ascontiguousarray(centroids, dtype=np.float32)
     if c.ndim != 2:
@@ -293,13 +293,13 @@ def attach_normaliser(
 ) -> ClusterMap:
     """Compute the map's normaliser (for its sets plus ``always_active``, the ids every set gets at decode
     time) from the model's output layer; record the ids and rank in the manifest. Returns ``cmap``."""
-    from fastvocab.kernels import clustered_ops as ops
+    from fastvocab.kernels import cluster_assign, inactive_mass
 
     aa = np.asarray(sorted({int(i) for i in always_active}), dtype=np.int64)
-    indptr, indices = ops.merged_csr(cmap.indptr, cmap.indices, cmap.manifest.n_vocab, aa)
+    indptr, indices = cluster_assign.merged_csr(cmap.indptr, cmap.indices, cmap.manifest.n_vocab, aa)
     rank = min(rank, cmap.manifest.d)
     with torch.inference_mode():
-        t = ops.normaliser_tables(
+        t = inactive_mass.normaliser_tables(
             torch.from_numpy(cmap.centroids),
             weight,
             bias,

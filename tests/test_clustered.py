@@ -19,8 +19,9 @@ from fastvocab.artifacts_schema.cluster_map import (
 from fastvocab.artifacts_schema.errors import ArtifactError
 from fastvocab.kernels import create_projection
 from fastvocab.kernels.base import ProjectionOutput
-from fastvocab.kernels.clustered import SELECTIONS, ClusteredProjection
-from fastvocab.kernels.clustered_ops import merged_csr
+from fastvocab.kernels.cluster_assign import merged_csr
+from fastvocab.kernels.clustered import ClusteredProjection
+from fastvocab.kernels.clustered_parts import SELECTIONS
 from tests.conftest import synthetic_sentences, write_en_it_split
 from tests.layers import (
     decode,
@@ -156,14 +157,14 @@ def test_cached_and_gathered_paths_agree():
 @pytest.mark.parametrize("bias", [True, False])
 @pytest.mark.parametrize("rows", [1, 3])
 def test_blockwise_cpu_gather_equals_one_gather(monkeypatch, bias, rows):
-    from fastvocab.kernels import clustered_ops
+    from fastvocab.kernels import gather
 
     w, b = random_layer(bias=bias)
     cols = torch.tensor(sorted(np.random.default_rng(0).choice(300, 77, replace=False).tolist()))
     h = torch.randn(rows, 16)
-    one = clustered_ops.gathered_logits(h, w, b, cols)
-    monkeypatch.setattr(clustered_ops, "GATHER_CHUNK_BYTES", 10 * 16 * 4)  # blocks of 10 rows, last one 7
-    blocks = clustered_ops.gathered_logits(h, w, b, cols)
+    one = gather.gathered_logits(h, w, b, cols)
+    monkeypatch.setattr(gather, "GATHER_CHUNK_BYTES", 10 * 16 * 4)  # blocks of 10 rows, last one 7
+    blocks = gather.gathered_logits(h, w, b, cols)
     assert blocks.shape == (rows, 77) and blocks.is_contiguous()
     torch.testing.assert_close(blocks, one, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(blocks, torch.nn.functional.linear(h, w, b)[:, cols], rtol=1e-5, atol=1e-5)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from fastvocab.kernels import clustered_ops, create_projection
+from fastvocab.kernels import create_projection, int8_union
 from fastvocab.kernels.clustered import ClusteredProjection
 from tests.layers import random_layer, random_map, rows_near
 
@@ -39,11 +39,11 @@ def batch(cmap, rows: int, seed: int = 0) -> torch.Tensor:
 @pytest.fixture(params=["gather", "dense"])
 def union_kernel(request, monkeypatch):
     """Force one of the two int8 union kernels (the cost model picks between them by size)."""
-    n = len(clustered_ops.INT8_COST_ROWS)
+    n = len(int8_union.INT8_COST_ROWS)
     cheap, dear = (0.0,) * n, (1e9,) * n
     gather = request.param == "gather"
-    monkeypatch.setattr(clustered_ops, "INT8_GATHER_US", cheap if gather else dear)
-    monkeypatch.setattr(clustered_ops, "INT8_DENSE_US", dear if gather else cheap)
+    monkeypatch.setattr(int8_union, "INT8_GATHER_US", cheap if gather else dear)
+    monkeypatch.setattr(int8_union, "INT8_DENSE_US", dear if gather else cheap)
     return request.param
 
 
@@ -79,7 +79,7 @@ def test_int8_logits_are_float32_ones_within_the_quantisation_error():
     scale = out32.logits.abs().max()
     assert 0 < err < 0.05 * scale
     # the bound the certificate uses holds row by row
-    slack = clustered_ops.int8_logit_error(h, clustered(w, b, cmap, int8=True)._w8)
+    slack = int8_union.int8_logit_error(h, clustered(w, b, cmap, int8=True)._w8)
     assert ((out8.logits - out32.logits).abs().amax(dim=1) <= slack).all()
 
 
@@ -164,14 +164,14 @@ def test_mass_radius_far_rows_get_the_exact_mass_of_the_int8_logits():
 
 def test_cost_model_prefers_the_gather_for_small_unions_only():
     n = 128_112
-    assert not clustered_ops.int8_dense_cheaper(12_811, 1, n)  # 10% of N, one row
-    assert clustered_ops.int8_dense_cheaper(87_000, 32, n)  # 68% of N, 32 rows
+    assert not int8_union.int8_dense_cheaper(12_811, 1, n)  # 10% of N, one row
+    assert int8_union.int8_dense_cheaper(87_000, 32, n)  # 68% of N, 32 rows
     # 8 rows: the gather pays below ~10% of N only (measured), not at 20%
-    assert not clustered_ops.int8_dense_cheaper(6_400, 8, n)
-    assert clustered_ops.int8_dense_cheaper(25_622, 8, n)
+    assert not int8_union.int8_dense_cheaper(6_400, 8, n)
+    assert int8_union.int8_dense_cheaper(25_622, 8, n)
     # beyond the rows measured, 32 rows' costs decide: 20% gathered, 45% dense
-    assert not clustered_ops.int8_dense_cheaper(25_622, 128, n)
-    assert clustered_ops.int8_dense_cheaper(57_650, 128, n)
+    assert not int8_union.int8_dense_cheaper(25_622, 128, n)
+    assert int8_union.int8_dense_cheaper(57_650, 128, n)
 
 
 def test_union_step_skips_the_map_where_its_expected_union_costs_more_than_full():
@@ -199,7 +199,7 @@ def test_expected_union_matches_drawn_unions():
     """The expectation the skip decides on: independent rows drawn by population, checked by drawing."""
     w, b, cmap = layer_and_map()
     pm = clustered(w, b, cmap, int8=True).prepared_map
-    hit = clustered_ops.hit_probability(pm, N)
+    hit = int8_union.hit_probability(pm, N)
     p = pm.population / pm.population.sum()
     rng = np.random.default_rng(0)
     for rows in (1, 4, 16):
@@ -207,8 +207,8 @@ def test_expected_union_matches_drawn_unions():
             torch.unique(torch.cat([pm.ids[c] for c in rng.choice(pm.r, size=rows, p=p)])).numel()
             for _ in range(400)
         ]
-        assert abs(clustered_ops.expected_union(hit, rows) - np.mean(drawn)) < 0.03 * np.mean(drawn)
-    assert clustered_ops.expected_union(hit, 1) == pytest.approx(float(np.dot(p, pm.sizes)))
+        assert abs(int8_union.expected_union(hit, rows) - np.mean(drawn)) < 0.03 * np.mean(drawn)
+    assert int8_union.expected_union(hit, 1) == pytest.approx(float(np.dot(p, pm.sizes)))
 
 
 def test_hit_probability_sums_the_populations_of_the_sets_holding_each_id():
@@ -220,25 +220,25 @@ def test_hit_probability_sums_the_populations_of_the_sets_holding_each_id():
     for c in range(pm.r):
         member[c, pm.ids[c].numpy()] = 1.0
     want = np.minimum((pm.population / pm.population.sum()) @ member, 1.0)
-    np.testing.assert_allclose(clustered_ops.hit_probability(pm, N), want, rtol=1e-12, atol=1e-15)
+    np.testing.assert_allclose(int8_union.hit_probability(pm, N), want, rtol=1e-12, atol=1e-15)
 
 
 @pytest.mark.parametrize("rows", [3, 6])
 def test_union_over_popular_blocks_runs_dense_and_gathered_blocks_with_full_int8_logits(monkeypatch, rows):
     """Blocks of 32 ids in popularity order; a block runs dense when the union holds over half of it (costs
     set so): both kinds run in one step, and every column is the full int8 projection's logit."""
-    monkeypatch.setattr(clustered_ops, "INT8_BLOCK_COLUMNS", 32)
-    n = len(clustered_ops.INT8_COST_ROWS)
-    monkeypatch.setattr(clustered_ops, "INT8_GATHER_US", (1.0,) * n)
-    monkeypatch.setattr(clustered_ops, "INT8_DENSE_US", (0.5,) * n)
+    monkeypatch.setattr(int8_union, "INT8_BLOCK_COLUMNS", 32)
+    n = len(int8_union.INT8_COST_ROWS)
+    monkeypatch.setattr(int8_union, "INT8_GATHER_US", (1.0,) * n)
+    monkeypatch.setattr(int8_union, "INT8_DENSE_US", (0.5,) * n)
     w, b, cmap = layer_and_map()
     proj = clustered(w, b, cmap, int8=True, cache_mb=0)
     pb = proj._w8.popular
     assert pb is not None and len(pb.packed) == -(-N // 32)
-    hit = clustered_ops.hit_probability(proj.prepared_map, N)
+    hit = int8_union.hit_probability(proj.prepared_map, N)
     assert np.all(np.diff(hit[np.argsort(pb.rank.numpy())]) <= 0)  # the order is by hit probability
     calls = {"dense": 0, "gather": 0}
-    packed, gather = clustered_ops.int8.linear_packed, clustered_ops.int8_gather_gemm
+    packed, gather = int8_union.int8.linear_packed, int8_union.int8_gather_gemm
 
     def spy_packed(*a):
         calls["dense"] += 1
@@ -248,8 +248,8 @@ def test_union_over_popular_blocks_runs_dense_and_gathered_blocks_with_full_int8
         calls["gather"] += 1
         return gather(*a)
 
-    monkeypatch.setattr(clustered_ops.int8, "linear_packed", spy_packed)
-    monkeypatch.setattr(clustered_ops, "int8_gather_gemm", spy_gather)
+    monkeypatch.setattr(int8_union.int8, "linear_packed", spy_packed)
+    monkeypatch.setattr(int8_union, "int8_gather_gemm", spy_gather)
     h = batch(cmap, rows, seed=rows)
     out = proj(h)
     assert calls["dense"] >= 1 and calls["gather"] == 1
@@ -261,27 +261,25 @@ def test_map_skip_with_popular_blocks_needs_every_block_dense():
     """One block is the rule over all N; with blocks, a step skips only when every block's expected share
     of the union would run dense, and the expected shares add up to the expected union."""
     w, b, cmap = layer_and_map()
-    hit = clustered_ops.hit_probability(clustered(w, b, cmap, int8=True).prepared_map, N)
+    hit = int8_union.hit_probability(clustered(w, b, cmap, int8=True).prepared_map, N)
     for rows in (1, 8, 32):
-        per_block = clustered_ops.expected_block_unions(hit, rows, 32)
-        assert per_block.sum() == pytest.approx(clustered_ops.expected_union(hit, rows))
+        per_block = int8_union.expected_block_unions(hit, rows, 32)
+        assert per_block.sum() == pytest.approx(int8_union.expected_union(hit, rows))
         assert np.all(np.diff(per_block[:-1]) <= 1e-9)  # popular blocks first
-        assert clustered_ops.int8_map_skipped(hit, rows, rows, N, N) == clustered_ops.int8_map_skipped(
+        assert int8_union.int8_map_skipped(hit, rows, rows, N, N) == int8_union.int8_map_skipped(
             hit, rows, rows, N, None
         )
         blocks = [
-            clustered_ops.int8_dense_cheaper(
-                int(e / clustered_ops.DENSE_UNION_MARGIN), rows, min(32, N - 32 * j)
-            )
+            int8_union.int8_dense_cheaper(int(e / int8_union.DENSE_UNION_MARGIN), rows, min(32, N - 32 * j))
             for j, e in enumerate(per_block)
         ]
-        assert clustered_ops.int8_map_skipped(hit, rows, rows, N, 32) == all(blocks)
+        assert int8_union.int8_map_skipped(hit, rows, rows, N, 32) == all(blocks)
 
 
 def test_cost_tables_cover_the_same_rows():
-    rows = clustered_ops.INT8_COST_ROWS
+    rows = int8_union.INT8_COST_ROWS
     assert list(rows) == sorted(rows) and rows[0] == 1
-    assert len(clustered_ops.INT8_GATHER_US) == len(clustered_ops.INT8_DENSE_US) == len(rows)
+    assert len(int8_union.INT8_GATHER_US) == len(int8_union.INT8_DENSE_US) == len(rows)
 
 
 # ------------------------------------------------------------------------- the CLI and the bulk worker

@@ -10,9 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from fastvocab.kernels import clustered_ops as ops
-from fastvocab.kernels import create_projection
-from fastvocab.kernels.clustered import SELECTIONS
+from fastvocab.kernels import certificate, create_projection
+from fastvocab.kernels.clustered_parts import SELECTIONS
 from tests.conftest import synthetic_sentences, write_en_it_split
 from tests.layers import (
     decode,
@@ -63,7 +62,7 @@ def test_bound_is_never_violated_on_random_states(bias, blocks):
         for noise in (0.0, 0.1, 1.0, 10.0):
             cmap_rows = rng.integers(0, r, 16).tolist()
             h = rows_near_proj(proj, cmap_rows, noise, seed)
-            top, mass = ops.inactive_bounds(h, proj.assign(h), proj._bounds)
+            top, mass = certificate.inactive_bounds(h, proj.assign(h), proj._bounds)
             true_top, true_mass = inactive_truth(proj, h)
             violations += int((true_top > top.double()).sum()) + int((true_mass > mass.double()).sum())
             rows += h.shape[0]
@@ -82,7 +81,7 @@ def test_bound_is_tight_at_the_centroid():
     cmap = random_map(w, b, r=6, size=40, seed=3)
     proj = create_projection("clustered", w, b, cluster_map=cmap, exact_k=1)
     h = torch.from_numpy(cmap.centroids.astype(np.float32))
-    top, _ = ops.inactive_bounds(h, proj.assign(h), proj._bounds)
+    top, _ = certificate.inactive_bounds(h, proj.assign(h), proj._bounds)
     true_top, _ = inactive_truth(proj, h)
     torch.testing.assert_close(top.double(), true_top, rtol=0, atol=1e-3)
 
@@ -100,8 +99,8 @@ def test_certified_rows_have_the_exact_top_k(mode, k):
     h = rows_near(cmap, list(range(10)) * 6, noise=0.02, seed=5)
     clusters = proj.assign(h)
     out = proj._project_torch(h)[0]
-    top, mass = ops.inactive_bounds(h, clusters, proj._bounds)
-    ok = ops.certify(out, top, mass, k, None)
+    top, mass = certificate.inactive_bounds(h, clusters, proj._bounds)
+    ok = certificate.certify(out, top, mass, k, None)
     assert int(ok.sum()) > 0  # the test means something only if rows certify
     full = torch.nn.functional.linear(h, w, b)
     got = proj(h).dense()

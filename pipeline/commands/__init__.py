@@ -88,7 +88,7 @@ def add_length_penalty(p: argparse.ArgumentParser, default: float) -> None:
 
 def add_inactive_mass(p: argparse.ArgumentParser, default: str, help: str) -> None:
     """``--inactive-mass``: auto or one of the clustered method's estimates (``kernels.clustered``)."""
-    from fastvocab.kernels.clustered import INACTIVE_MASS
+    from fastvocab.kernels.clustered_parts import INACTIVE_MASS
 
     p.add_argument("--inactive-mass", default=default, choices=("auto", *INACTIVE_MASS), help=help)
 

@@ -1,4 +1,5 @@
-"""CuPy kernels of the clustered projection against their torch twins (``kernels/clustered_ops.py``).
+"""CuPy kernels of the clustered projection against their torch twins (``kernels/cluster_assign.py``,
+``kernels/gather.py``).
 
 Skipped with a reason without a CUDA GPU or without CuPy. On a GPU machine:
 
@@ -22,8 +23,9 @@ if torch.cuda.is_available():
         "cupy", reason="needs CuPy on the GPU machine (the gpu extra: cupy-cuda13x for a cu13x torch)"
     )
 
-from fastvocab.kernels import clustered_ops as ops  # noqa: E402
 from fastvocab.kernels import create_projection  # noqa: E402
+from fastvocab.kernels.cluster_assign import assign_clusters, union_columns  # noqa: E402
+from fastvocab.kernels.gather import gathered_logits, group_rows  # noqa: E402
 from tests.gpu.common import DEV, HALF, TOL, csr, layer, make_map, random_sets, rows_near_centroids  # noqa: E402
 
 
@@ -70,7 +72,7 @@ def test_assign_matches_torch(cu, dtype, rows, r):
     want = (sq - 2.0 * dots.float()).argmin(dim=1)
     assert torch.equal(got, want)
     if dtype != torch.float32:  # fp32 centroids take addmm in the torch path: another GEMM, same argmin here
-        assert ops.assign_clusters(h, ct, sq).equal(want)
+        assert assign_clusters(h, ct, sq).equal(want)
 
 
 # ------------------------------------------------------------------------------------------- mask, compaction
@@ -95,14 +97,14 @@ def test_mark_and_compact_match_union_columns(cu, rows):
     mask = cu.mark_active(clusters, indptr, indices, n_vocab, max_set=max(len(s) for s in sets))
     _, cols = cu.compact(mask)
     ids = [indices[indptr[c] : indptr[c + 1]].long() for c in range(r)]
-    assert torch.equal(cols, ops.union_columns(clusters.tolist(), ids, n_vocab))
+    assert torch.equal(cols, union_columns(clusters.tolist(), ids, n_vocab))
 
 
 def test_group_rows_matches_python_grouping(cu):
     clusters_list = [5, 1, 5, 5, 0, 1] + [7] * 37 + [2]
     clusters = torch.tensor(clusters_list, device=DEV)
     order, grp_cluster, grp_rows = cu.group_rows(clusters, 16)
-    expect_order = [row for rows in ops.group_rows(clusters_list).values() for row in rows]
+    expect_order = [row for rows in group_rows(clusters_list).values() for row in rows]
     assert order.tolist() == expect_order
     assert grp_cluster.tolist() == [clusters_list[i] for i in expect_order]
     leaders = {i: n for i, n in enumerate(grp_rows.tolist()) if n}
@@ -124,7 +126,7 @@ def test_gather_gemm_union_matches_torch(cu, dtype, rows, bias):
     h = torch.randn(rows, w.shape[1], device=DEV).to(dtype)
     got = cu.gather_gemm_union(h, w, b, cols.to(torch.int32))
     assert got.dtype == dtype and got.shape == (rows, 333)
-    torch.testing.assert_close(got, ops.gathered_logits(h, w, b, cols), **TOL[dtype])
+    torch.testing.assert_close(got, gathered_logits(h, w, b, cols), **TOL[dtype])
 
 
 @pytest.mark.parametrize("dtype", HALF)
@@ -144,7 +146,7 @@ def test_gather_gemm_per_row_matches_torch(cu, dtype, clusters):
         n = s.numel()
         assert torch.equal(ids[i, :n], s) and (ids[i, n:] == s[0]).all()
         assert torch.isneginf(logits[i, n:]).all()
-        torch.testing.assert_close(logits[i, :n], ops.gathered_logits(h[i : i + 1], w, b, s)[0], **TOL[dtype])
+        torch.testing.assert_close(logits[i, :n], gathered_logits(h[i : i + 1], w, b, s)[0], **TOL[dtype])
 
 
 def test_gather_gemm_rejects_what_it_cannot_do(cu):
@@ -252,7 +254,7 @@ def test_cupy_path_assign_equals_torch_assign(dtype, mode):
     for rows in (1, 40, 200):
         h = rows_near_centroids(cmap, rows, rows, dtype)
         _, _, clusters = fast._project_cupy(h)
-        assert torch.equal(clusters, ops.assign_clusters(h, fast._map.centroids_t, fast._map.sq_norms))
+        assert torch.equal(clusters, assign_clusters(h, fast._map.centroids_t, fast._map.sq_norms))
 
 
 @pytest.mark.parametrize("dtype", HALF)

@@ -1,0 +1,164 @@
+"""The clustered projection's options, grouped by the part of the projection each configures: which columns
+a row gets (:class:`Selection`), how they are computed (:class:`Compute`), the estimate of the mass of the
+columns left out (:class:`MassEstimate`) and the exactness certificate (:class:`Certificate`).
+
+Each part checks its own values and their combinations when it is made, with a ValueError that names the
+option; :class:`ClusteredParts` holds the four and checks what spans two of them. The options keep the
+flat names that the registry, the configs and the command lines pass
+(``create_projection("clustered", W, b, cluster_map=..., selection="per-row", exact_k=1)``):
+:meth:`ClusteredParts.pop` takes them out of such keywords and makes the parts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+SELECTIONS = ("union", "per-row")  # which columns each row gets: the batch's union, or its own cluster's
+INACTIVE_MASS = ("none", "centroid", "moments", "normaliser")
+# Also accepted as inactive_mass, a diagnostic of the fidelity harness and not a method (no CLI choice): the
+# exact log-mass of the columns not computed, from the full logits of every row. It separates search errors
+# due to the sets from those due to the estimate of their mass (experiments/fidelity.py names it ORACLE_MASS);
+# it costs more than the full projection.
+ORACLE = "oracle"
+BACKENDS = ("auto", "torch", "cupy")
+_MASS_RADIUS_NEEDS = "mass_radius needs an inactive_mass estimate and no exact_k"
+
+
+def _choice(name: str, value: str, valid: Sequence[str]) -> None:
+    if value not in valid:
+        raise ValueError(f"{name} must be one of {', '.join(valid)}; got {value!r}")
+
+
+def _integer(name: str, value: object, least: int) -> None:
+    # a bool is an int to Python, never a count to a user
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        raise ValueError(f"{name} must be an integer >= {least}, got {value!r}")
+
+
+@dataclass(frozen=True)
+class Selection:
+    """Which columns each row gets.
+
+    ``selection``: union (the batch's union of the rows' sets, Amer et al.) or per-row (each row its own
+    cluster's set). ``probes`` (union selection, torch backend): each row adds the sets of its ``probes``
+    nearest clusters to the union, not only its nearest's, as an inverted-file index probes several lists; a
+    state near the border of its cluster then still gets the tokens the clusters beside it hold; 1 = Amer et
+    al.'s method; None = the map's own ``probes``, which per-row selection reads as 1. ``min_count``: the
+    (cluster, id) pairs predicted fewer times are dropped from the sets.
+    """
+
+    selection: str = "union"
+    probes: int | None = None
+    min_count: int = 1
+
+    def __post_init__(self) -> None:
+        _choice("selection", self.selection, SELECTIONS)
+        _integer("min_count", self.min_count, 1)
+        if self.probes is not None:
+            _integer("probes", self.probes, 1)
+            if self.probes > 1 and self.selection != "union":
+                raise ValueError(
+                    "probes > 1 needs union selection (per-row groups rows by their one cluster)"
+                )
+
+
+@dataclass(frozen=True)
+class Compute:
+    """How the selected columns are computed.
+
+    ``backend``: auto, torch or cupy. ``cache_mb``: the cached per-cluster sub-matrices (None = 512 on CPU,
+    0 on CUDA; with ``int8``, packed int8 blocks). ``int8`` (CPU, torch backend): the full int8 projection's
+    logits on the active columns (``dtype:int8`` in the signature). ``full_when_cheaper`` (int8 union
+    mode): at row counts where the map's expected union costs more than the full int8 GEMM, every column
+    without assigning clusters, counted in ``counters["full"]``.
+    """
+
+    backend: str = "auto"
+    cache_mb: float | None = None
+    int8: bool = False
+    full_when_cheaper: bool = True
+
+    def __post_init__(self) -> None:
+        if self.int8 and self.backend == "cupy":
+            raise ValueError(
+                "int8 clustered projection needs the torch backend: the CuPy kernels are fp16/bf16"
+            )
+        _choice("backend", self.backend, BACKENDS)
+        if self.cache_mb is not None and self.cache_mb < 0:
+            raise ValueError(f"cache_mb must be >= 0, got {self.cache_mb}")
+        # frozen: the normalised values are set once, here
+        object.__setattr__(self, "int8", bool(self.int8))
+        object.__setattr__(self, "full_when_cheaper", bool(self.full_when_cheaper))
+
+
+@dataclass(frozen=True)
+class MassEstimate:
+    """The estimate of the mass of the columns a row did not compute.
+
+    ``inactive_mass``: none, centroid, moments or normaliser (the map's stored normaliser when it was built
+    for the sets in use, that is without ``min_count`` pruning and with the same always-active ids;
+    otherwise it is computed at load time, for the pruned sets), or the :data:`ORACLE`. ``mass_radius``
+    (None = off; with an estimate and no ``exact_k``): rows with ``||h - C_c||`` above it get the exact mass
+    of the columns they did not compute, from their full logits, counted in ``counters["far"]``.
+    """
+
+    inactive_mass: str = "none"
+    mass_radius: float | None = None
+
+    def __post_init__(self) -> None:
+        _choice("inactive_mass", self.inactive_mass, (*INACTIVE_MASS, ORACLE))
+        if self.mass_radius is not None:
+            if not self.mass_radius > 0:
+                raise ValueError(f"mass_radius must be > 0 (or None), got {self.mass_radius!r}")
+            if self.inactive_mass == "none":
+                raise ValueError(_MASS_RADIUS_NEEDS)
+            object.__setattr__(self, "mass_radius", float(self.mass_radius))
+
+
+@dataclass(frozen=True)
+class Certificate:
+    """The exactness certificate.
+
+    ``exact_k``: 0 = off; 1 for greedy search, ``2 * beam`` for beam search: rows without an exactness
+    certificate for their top-``exact_k`` get full logits. ``exact_tol`` (for ``exact_k > 1``): the largest
+    change of a certified row's log-normaliser allowed, in nats. ``bound_blocks``: the column blocks of the
+    certificate's bound.
+    """
+
+    exact_k: int = 0
+    exact_tol: float = 1e-5
+    bound_blocks: int = 64
+
+    def __post_init__(self) -> None:
+        _integer("exact_k", self.exact_k, 0)
+        _integer("bound_blocks", self.bound_blocks, 0)
+        if not self.exact_tol >= 0:
+            raise ValueError(f"exact_tol must be >= 0, got {self.exact_tol!r}")
+        object.__setattr__(self, "exact_tol", float(self.exact_tol))
+
+
+@dataclass(frozen=True)
+class ClusteredParts:
+    """The four parts of a clustered projection's options."""
+
+    selection: Selection = field(default_factory=Selection)
+    compute: Compute = field(default_factory=Compute)
+    mass: MassEstimate = field(default_factory=MassEstimate)
+    certificate: Certificate = field(default_factory=Certificate)
+
+    def __post_init__(self) -> None:
+        # a certificate already sends the rows it cannot vouch for to their full logits
+        if self.mass.mass_radius is not None and self.certificate.exact_k:
+            raise ValueError(_MASS_RADIUS_NEEDS)
+
+    @classmethod
+    def pop(cls, options: dict[str, Any]) -> ClusteredParts:
+        """The parts from flat keyword options, as ``create_projection`` passes them, taken out of
+        ``options``: what is left there is no clustered option."""
+
+        def part(kind: type[Any]) -> Any:
+            return kind(**{f.name: options.pop(f.name) for f in fields(kind) if f.name in options})
+
+        return cls(part(Selection), part(Compute), part(MassEstimate), part(Certificate))

@@ -1,0 +1,114 @@
+"""Logits of the active columns only, float32 (or the weight's dtype): the rows of W a step needs, gathered
+and multiplied, or a cluster's cached block; each row against its own cluster's set (per-row selection).
+
+The torch twin of the CuPy gather-GEMM kernels (``cupy_ops``), and the CPU path. With int8 rows
+(:class:`~fastvocab.kernels.int8_union.Int8Weights`) a cluster's logits come from ``int8_union``.
+
+Shapes: ``h`` (rows, d); ``weight`` (N, d), one vocabulary entry contiguous; ``bias`` (N,) or None.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+
+from fastvocab.kernels.cluster_assign import PreparedMap
+from fastvocab.kernels.int8_union import Int8Weights, int8_cluster_logits
+
+# CPU gathers go through a reused 4 MB block: one big index_select would allocate a fresh C x d buffer per
+# call (beyond glibc's mmap threshold, so every page faults in again: 3-5x slower at C = 12.5K, d = 1024,
+# benchmarks/README.md) and stream it out of cache before the GEMM reads it back.
+GATHER_CHUNK_BYTES = 4 << 20
+
+
+def gathered_logits(
+    h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, cols: torch.Tensor
+) -> torch.Tensor:
+    """Logits of columns ``cols`` only, (rows, C): copy the active rows of W, then GEMM.
+
+    On CPU, sets above ``GATHER_CHUNK_BYTES`` are gathered and multiplied a cache-sized block at a time.
+    """
+    c, d = cols.numel(), weight.shape[1]
+    row_bytes = d * weight.element_size()
+    if weight.device.type != "cpu" or c * row_bytes <= GATHER_CHUNK_BYTES:
+        w = weight.index_select(0, cols)  # (C, d)
+        b = None if bias is None else bias.index_select(0, cols)
+        return F.linear(h, w, b)
+    step = max(1, GATHER_CHUNK_BYTES // row_bytes)
+    out_t = h.new_empty((c, h.shape[0]))  # (C, rows): each block fills contiguous rows
+    buf = weight.new_empty((step, d))
+    h_t = h.t()  # (d, rows)
+    for lo in range(0, c, step):
+        sel = cols[lo : lo + step]
+        n = sel.numel()
+        torch.index_select(weight, 0, sel, out=buf[:n])  # (n, d)
+        if bias is None:
+            torch.mm(buf[:n], h_t, out=out_t[lo : lo + n])
+        else:
+            torch.addmm(bias.index_select(0, sel).unsqueeze(1), buf[:n], h_t, out=out_t[lo : lo + n])
+    return out_t.t().contiguous()
+
+
+def cluster_logits(
+    h: torch.Tensor,
+    pm: PreparedMap,
+    c: int,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    w8: Int8Weights | None = None,
+) -> torch.Tensor:
+    """Logits of rows ``h`` (all in cluster ``c``) over the cluster's own set, (rows, size_c); from the
+    int8 rows ``w8`` when given (:func:`int8_cluster_logits`)."""
+    if w8 is not None:
+        return int8_cluster_logits(h, w8, pm, c)
+    block = pm.blocks[c]
+    if block is not None:
+        return F.linear(h, block, pm.block_bias[c])  # contiguous cached block: no gather
+    return gathered_logits(h, weight, bias, pm.ids[c])
+
+
+def group_rows(clusters: Sequence[int]) -> dict[int, list[int]]:
+    """Rows by cluster, clusters ascending, rows ascending within a cluster."""
+    groups: dict[int, list[int]] = {}
+    for row, c in enumerate(clusters):
+        groups.setdefault(int(c), []).append(row)
+    return dict(sorted(groups.items()))
+
+
+def per_row_logits(
+    h: torch.Tensor,
+    clusters: Sequence[int],
+    pm: PreparedMap,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    w8: Int8Weights | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row against its own cluster's set: rows grouped by cluster, one GEMM per group (from the int8
+    rows ``w8`` when given).
+
+    Returns ``(logits, ids)``: (rows, C) and shared ids (C,) when every row is in one cluster; otherwise
+    (rows, W) and per-row ids (rows, W) with W the largest set among the rows' clusters, padding positions
+    holding ``-inf`` and repeating the row's first id.
+    """
+    groups = group_rows(clusters)
+    if len(groups) == 1:
+        c = next(iter(groups))
+        return cluster_logits(h, pm, c, weight, bias, w8), pm.ids[c]
+    rows = h.shape[0]
+    width = max(pm.sizes[c] for c in groups)
+    logits = h.new_full((rows, width), -math.inf)  # (rows, W)
+    ids = torch.empty((rows, width), dtype=torch.int64, device=h.device)  # (rows, W)
+    for c, members in groups.items():
+        n = pm.sizes[c]
+        if len(members) == members[-1] - members[0] + 1:  # consecutive rows (beams of one sentence)
+            sel: slice | torch.Tensor = slice(members[0], members[-1] + 1)
+        else:
+            sel = torch.tensor(members, dtype=torch.int64, device=h.device)
+        logits[sel, :n] = cluster_logits(h[sel], pm, c, weight, bias, w8)
+        ids[sel, :n] = pm.ids[c]
+        if n < width:
+            ids[sel, n:] = pm.ids[c][:1]
+    return logits, ids

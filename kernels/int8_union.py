@@ -1,0 +1,363 @@
+"""The clustered projection's int8 path (CPU): W quantised once as the full int8 projection holds it, the
+logits of a union or a cluster from those int8 rows, which of the two union kernels (a gather, the packed
+GEMM over all N) costs less at a step's size (by a table of their measured costs, ``int8_costs``, which
+:func:`measure_costs` measures on this machine), and whether a step should skip the map altogether.
+
+Every kernel here computes the full int8 layer's own logits on its columns, to float rounding
+(``kernels.int8.quantize_input``): the choice between them changes only the time.
+"""
+
+from __future__ import annotations
+
+import functools
+import statistics
+import timeit
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from fastvocab.kernels import int8
+from fastvocab.kernels.cluster_assign import PreparedMap
+from fastvocab.kernels.int8_costs import CostTable, costs_from_timings, load_cost_table
+
+# An int8 union step gathers its rows a block at a time and widens them to float32 in a buffer of this size,
+# like the float32 gather's block, so the GEMM reads it from cache (256 KiB to 16 MiB tried: 4 MiB fastest).
+INT8_GATHER_CHUNK_BYTES = 4 << 20
+# Which of the two int8 union kernels is cheaper, from their per-column costs in microseconds by the rows of
+# the step, measured on a machine (``int8_costs``: the packaged table, or the one FASTVOCAB_INT8_COSTS names,
+# read once, here): the gather per gathered column (random rows read, widened, multiplied in float32) against
+# the packed fbgemm GEMM per vocabulary column (W read in order, int8 arithmetic). Neither is linear in rows:
+# on the machine of the packaged table (2-core AVX2, d 1024, one thread) the float32 GEMM behind the gather
+# runs 8, 12 and 24 rows at nearly the cost per column of 32, so the gather wins below a union of 18% of N at
+# 1 row, 10-13% at 2-12 rows, 26-35% at 16-32 rows. Between the rows measured the costs are interpolated;
+# beyond the last both grow with the rows alike, so its ratio decides. Both kernels give the same logits: the
+# choice changes only the time.
+COST_TABLE = load_cost_table()
+INT8_COST_ROWS, INT8_GATHER_US, INT8_DENSE_US = COST_TABLE.rows, COST_TABLE.gather_us, COST_TABLE.dense_us
+
+
+@dataclass
+class Int8Weights:
+    """W and b as the full projection's ``int8`` option holds them, for the clustered projection's int8 path.
+
+    ``linear``: the dynamic int8 layer over all N columns (``kernels.int8.int8_linear``: one scale per
+    output row, symmetric, packed for fbgemm): large unions and rows that get full logits. ``q`` and
+    ``scale``: the same int8 rows unpacked, (N, d) and (N,) float32, for gathers. ``blocks[c]``: cluster
+    ``c``'s rows packed alone (a cached cluster, the int8 counterpart of ``PreparedMap.blocks``; None when it
+    is not cached). Every path computes the layer's own logits on its columns, to float rounding: the
+    activations are quantised as the layer quantises them (``kernels.int8.quantize_input``).
+    """
+
+    linear: torch.nn.Module
+    q: torch.Tensor  # (N, d) int8
+    scale: torch.Tensor  # (N,) float32
+    bias: torch.Tensor | None  # (N,) float32
+    blocks: list[torch.ScriptObject | None]
+    cached_bytes: int
+    max_norm: float  # max_i ||w_i||: the certificate's bound on what input rounding moves a logit
+    max_residual: float  # max_i ||w_i - scale_i q_i||: the same for the weights' rounding
+    popular: PopularBlocks | None = None
+
+
+# A union step's columns, ordered by how likely a row's set holds them, fall in blocks of this many: the
+# popular ids' blocks are nearly full in every union of many rows and cost less run dense than gathered.
+INT8_BLOCK_COLUMNS = 4096
+
+
+@dataclass
+class PopularBlocks:
+    """The int8 rows of W in decreasing order of their ids' hit probability (:func:`hit_probability`),
+    packed for fbgemm ``INT8_BLOCK_COLUMNS`` rows at a time: a union step runs the packed GEMM on the blocks
+    its union fills densely enough and gathers the columns of the rest (:func:`int8_union_logits`).
+    Costs ``2 N d`` bytes (fbgemm keeps each block's unpacked copy besides the packed one)."""
+
+    rank: torch.Tensor  # (N,) int64: each id's position in the order
+    block_columns: int
+    packed: list[torch.ScriptObject]  # block j: the ids at positions [j * block_columns, (j + 1) * ...)
+
+
+def int8_weights(
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    pm: PreparedMap,
+    *,
+    cache_bytes: int = 0,
+    hit: np.ndarray | None = None,
+) -> Int8Weights:
+    """Quantise W once (as ``FullProjection(int8=True)`` does) and pack the most-populated clusters' rows
+    alone, up to ``cache_bytes`` (each packed block holds its rows twice: fbgemm keeps the unpacked copy).
+    With ``hit`` (the ids' hit probabilities) also pack W's rows in popularity order (:class:`PopularBlocks`),
+    for union steps."""
+    linear = int8.int8_linear(weight, bias)
+    q, scale = int8.int8_rows(linear)
+    b = None if bias is None else bias.detach().float().contiguous()
+    blocks: list[torch.ScriptObject | None] = [None] * pm.r
+    row_bytes, used = 2 * q.shape[1], 0
+    for c in np.argsort(-pm.population, kind="stable"):
+        need = pm.sizes[c] * row_bytes
+        if pm.sizes[c] and used + need <= cache_bytes:
+            ids = pm.ids[c]
+            bias_c = None if b is None else b.index_select(0, ids)
+            blocks[c] = int8.packed_rows(q.index_select(0, ids), scale.index_select(0, ids), bias_c)
+            used += need
+    max_norm, max_residual = _int8_residuals(weight, q, scale)
+    return Int8Weights(
+        linear=linear,
+        q=q,
+        scale=scale,
+        bias=b,
+        blocks=blocks,
+        cached_bytes=used,
+        max_norm=max_norm,
+        max_residual=max_residual,
+        popular=None if hit is None else popular_blocks(q, scale, b, hit),
+    )
+
+
+def popular_blocks(
+    q: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None, hit: np.ndarray
+) -> PopularBlocks:
+    """Pack the int8 rows ``q`` in decreasing ``hit`` order, ``INT8_BLOCK_COLUMNS`` at a time."""
+    order = torch.from_numpy(np.argsort(-hit, kind="stable"))
+    rank = torch.empty_like(order)
+    rank[order] = torch.arange(len(order))
+    width = INT8_BLOCK_COLUMNS
+    packed = []
+    for lo in range(0, len(order), width):
+        ids = order[lo : lo + width]
+        packed.append(
+            int8.packed_rows(
+                q.index_select(0, ids), scale.index_select(0, ids), None if bias is None else bias[ids]
+            )
+        )
+    return PopularBlocks(rank=rank, block_columns=width, packed=packed)
+
+
+def _int8_residuals(
+    weight: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, rows_per_chunk: int = 1 << 14
+) -> tuple[float, float]:
+    """``max_i ||w_i||`` and ``max_i ||w_i - scale_i q_i||`` in float32, a chunk of rows at a time."""
+    norm = resid = 0.0
+    for lo in range(0, weight.shape[0], rows_per_chunk):
+        w = weight[lo : lo + rows_per_chunk].float()
+        deq = q[lo : lo + rows_per_chunk].float() * scale[lo : lo + rows_per_chunk, None]
+        norm = max(norm, float(w.norm(dim=1).max()))
+        resid = max(resid, float((w - deq).norm(dim=1).max()))
+    return norm, resid
+
+
+def int8_logit_error(h: torch.Tensor, w8: Int8Weights) -> torch.Tensor:
+    """Per row, a bound on ``|z_i - z8_i|`` over every column i, (rows,) float32: how far an int8 logit
+    ``z8_i`` (the int8 layer's, of the batch ``h``) can be from the float32 logit ``z_i`` the certificate's
+    tables bound. With the input quantised as ``s a`` (``kernels.int8.quantize_input``) and ``w_i`` as
+    ``scale_i q_i``: ``z_i - z8_i = (h - s a)·w_i + s a·(w_i - scale_i q_i)``, at most
+    ``||h - s a|| max||w_i|| + ||s a|| max||w_i - scale_i q_i||`` (Cauchy-Schwarz). The input's rounding is
+    known per call, so the bound is a few percent of the certificate's own slope, not the worst case."""
+    ints, h_scale = int8.quantize_input(h)
+    deq = ints * h_scale  # (rows, d)
+    return (h.float() - deq).norm(dim=1) * w8.max_norm + deq.norm(dim=1) * w8.max_residual
+
+
+def int8_full_logits(h: torch.Tensor, w8: Int8Weights) -> torch.Tensor:
+    """All N columns through the int8 layer, (rows, N) float32."""
+    return w8.linear(h.float().contiguous())
+
+
+def int8_gathered_logits(h: torch.Tensor, w8: Int8Weights, cols: torch.Tensor) -> torch.Tensor:
+    """Logits of columns ``cols`` only from the int8 rows, (rows, C) float32: the layer's logits on them.
+
+    :func:`int8_gather_gemm` for small unions; otherwise the layer over all N, keeping ``cols``
+    (:func:`int8_dense_cheaper`).
+    """
+    if int8_dense_cheaper(cols.numel(), h.shape[0], w8.q.shape[0]):
+        return int8_full_logits(h, w8).index_select(1, cols)
+    return int8_gather_gemm(h, w8, cols)
+
+
+def int8_union_logits(h: torch.Tensor, w8: Int8Weights, cols: torch.Tensor) -> torch.Tensor:
+    """Logits of the union ``cols`` (sorted ids), (rows, C) float32, the layer's own on each column.
+
+    Without :class:`PopularBlocks`: :func:`int8_gathered_logits`. With them, each block of the popularity
+    order runs the packed GEMM over all its columns when the union holds enough of them that this costs less
+    than gathering those (:func:`int8_dense_cheaper` on the block), keeping the union's; the union's other
+    columns are gathered in one :func:`int8_gather_gemm`. Many rows' unions are dense in the popular blocks
+    and sparse in the rest, so this is cheaper than either kernel over the whole union.
+    """
+    pb = w8.popular
+    if pb is None:
+        return int8_gathered_logits(h, w8, cols)
+    rows, width = h.shape[0], pb.block_columns
+    n_vocab = w8.q.shape[0]
+    pos = pb.rank.index_select(0, cols)  # (C,) positions in the popularity order
+    block = pos // width
+    counts = torch.bincount(block, minlength=len(pb.packed)).numpy()
+    dense = np.flatnonzero(int8_dense_cheaper(counts, rows, block_sizes(n_vocab, width))).tolist()
+    if not dense:
+        return int8_gather_gemm(h, w8, cols)
+    if len(dense) == len(counts):
+        return int8_full_logits(h, w8).index_select(1, cols)  # every block dense: one GEMM over all N
+    # Every dense block's logits and the gathered columns' side by side in one (rows, S) buffer, then one
+    # gather of the union's columns from it: cheaper than a scatter per block.
+    slot = torch.full((len(counts),), -1, dtype=torch.int64)
+    slot[dense] = torch.arange(len(dense))
+    where = slot.index_select(0, block)  # (C,) the dense slot of each union column's block, -1: gathered
+    rest = (where < 0).nonzero().squeeze(1)
+    base = len(dense) * width
+    src = torch.empty((rows, base + rest.numel()), dtype=torch.float32)
+    x = h.float().contiguous()
+    for i, j in enumerate(dense):
+        part = int8.linear_packed(x, pb.packed[j])  # (rows, size_j)
+        src[:, i * width : i * width + part.shape[1]] = part
+    where = where * width + pos % width  # a dense column's place in src
+    if rest.numel():
+        src[:, base:] = int8_gather_gemm(h, w8, cols.index_select(0, rest))
+        where[rest] = base + torch.arange(rest.numel())
+    return src.index_select(1, where)
+
+
+def int8_dense_cheaper(columns: int | np.ndarray, rows: int, n_vocab: int | np.ndarray) -> bool | np.ndarray:
+    """Whether ``rows`` rows cost less over all ``n_vocab`` columns (packed int8 GEMM) than over ``columns``
+    gathered ones (the measured costs :data:`INT8_GATHER_US`, :data:`INT8_DENSE_US` at ``rows``). ``columns``
+    and ``n_vocab`` may be arrays (one decision per block of :class:`PopularBlocks`)."""
+    gather = columns * float(np.interp(rows, INT8_COST_ROWS, INT8_GATHER_US))
+    return gather > n_vocab * float(np.interp(rows, INT8_COST_ROWS, INT8_DENSE_US))
+
+
+def block_sizes(n_vocab: int, width: int) -> np.ndarray:
+    """Ids per block when ``n_vocab`` ids are cut into blocks of ``width`` (the last one shorter)."""
+    return np.minimum(width, n_vocab - width * np.arange(-(-n_vocab // width)))
+
+
+# The int8 union step skips the map at a row count where even 1 / DENSE_UNION_MARGIN of the union expected
+# there (:func:`expected_union`; per block of :class:`PopularBlocks`, :func:`expected_block_unions`) would
+# cost more gathered than the packed int8 GEMM over all N (over every block): the assignment and the union
+# then cost time and save none. The expectation draws rows independently; a beam's rows share clusters and
+# have smaller unions, hence the margin.
+DENSE_UNION_MARGIN = 2.0
+
+
+def hit_probability(pm: PreparedMap, n_vocab: int) -> np.ndarray:
+    """Per id, the chance that a row in a cluster drawn by the clusters' populations has it in its set, (N,)
+    float64 (always-active ids: 1)."""
+    sizes = np.asarray(pm.sizes)
+    pop = pm.population.astype(np.float64) * (sizes > 0)
+    if pop.sum() == 0:  # no prediction counts: every non-empty cluster equally likely
+        pop = (sizes > 0).astype(np.float64)
+    p = pop / pop.sum()
+    indptr, indices = pm.indptr.cpu().numpy(), pm.indices.cpu().numpy()
+    hit = np.zeros(n_vocab)
+    step = 256  # clusters at a time: a map of 2,000 sets of 20% of 256K ids holds 100M (cluster, id) pairs
+    for lo in range(0, pm.r, step):
+        hi = min(pm.r, lo + step)
+        weights = np.repeat(p[lo:hi], sizes[lo:hi])
+        hit += np.bincount(indices[indptr[lo] : indptr[hi]], weights=weights, minlength=n_vocab)
+    return np.minimum(hit, 1.0)
+
+
+def union_probability(hit: np.ndarray, rows: int) -> np.ndarray:
+    """Each id's chance to be in the union of ``rows`` sets drawn independently, each holding it with
+    probability ``hit``: ``1 - (1 - hit_i) ** rows``."""
+    with np.errstate(divide="ignore"):  # hit 1: log1p(-1) = -inf, and the id is in every union
+        return -np.expm1(rows * np.log1p(-hit))
+
+
+def expected_union(hit: np.ndarray, rows: int) -> float:
+    """Expected size of the union of ``rows`` sets drawn independently (:func:`union_probability`, summed)."""
+    return float(union_probability(hit, rows).sum())
+
+
+def int8_map_skipped(hit: np.ndarray, draws: int, rows: int, n_vocab: int, width: int | None) -> bool:
+    """Whether an int8 union step of ``rows`` rows (``draws`` sets) skips the map: whether the packed GEMM
+    beats the gather over all N (``width`` None) or over every block of ``width`` ids of
+    :class:`PopularBlocks`, with ``1 / DENSE_UNION_MARGIN`` of the union expected there."""
+    if width is None:
+        return bool(int8_dense_cheaper(int(expected_union(hit, draws) / DENSE_UNION_MARGIN), rows, n_vocab))
+    per_block = (expected_block_unions(hit, draws, width) / DENSE_UNION_MARGIN).astype(np.int64)
+    return bool(np.all(int8_dense_cheaper(per_block, rows, block_sizes(n_vocab, width))))
+
+
+def expected_block_unions(hit: np.ndarray, rows: int, width: int) -> np.ndarray:
+    """:func:`expected_union` per block of ``width`` ids in decreasing ``hit`` order (the blocks of
+    :class:`PopularBlocks`), (blocks,) float64."""
+    inc = union_probability(np.sort(hit)[::-1], rows)
+    return np.add.reduceat(inc, np.arange(0, len(inc), width))
+
+
+def int8_gather_gemm(h: torch.Tensor, w8: Int8Weights, cols: torch.Tensor) -> torch.Tensor:
+    """The input quantised as the layer does, the int8 rows ``cols`` gathered a block at a time and widened
+    to float32 in a cache-sized buffer, one float32 GEMM per block: the layer's int32 sums exactly (integers
+    below 2^24: ``127 * 127 * d`` for d up to 1040; beyond, within float32 rounding of them), scaled back as
+    the layer scales them. (rows, C) float32."""
+    c, rows, d = cols.numel(), h.shape[0], w8.q.shape[1]
+    ints, h_scale = int8.quantize_input(h)  # (rows, d) float32 integers, 0-d scale
+    step = max(1, INT8_GATHER_CHUNK_BYTES // (4 * d))
+    buf8 = torch.empty((min(step, c), d), dtype=torch.int8)
+    buf = torch.empty((min(step, c), d), dtype=torch.float32)
+    acc_t = torch.empty((c, rows), dtype=torch.float32)  # (C, rows): each block fills contiguous rows
+    ints_t = ints.t()
+    for lo in range(0, c, step):
+        sel = cols[lo : lo + step]
+        n = sel.numel()
+        torch.index_select(w8.q, 0, sel, out=buf8[:n])
+        buf[:n].copy_(buf8[:n])
+        torch.mm(buf[:n], ints_t, out=acc_t[lo : lo + n])
+    logits = acc_t.t() * (h_scale * w8.scale.index_select(0, cols))
+    if w8.bias is not None:
+        logits += w8.bias.index_select(0, cols)
+    return logits
+
+
+def int8_cluster_logits(h: torch.Tensor, w8: Int8Weights, pm: PreparedMap, c: int) -> torch.Tensor:
+    """Logits of rows ``h`` (all in cluster ``c``) over the cluster's own set from the int8 rows."""
+    block = w8.blocks[c]
+    if block is not None:
+        return int8.linear_packed(h.float().contiguous(), block)  # packed once: no gather, int8 GEMM
+    return int8_gathered_logits(h, w8, pm.ids[c])
+
+
+def measure_costs(
+    d: int = 1024,
+    n_vocab: int = 128_112,
+    rows: Sequence[int] = (1, 2, 4, 6, 8, 12, 16, 24, 32),
+    unions: Sequence[float] = (0.05, 0.1, 0.2, 0.4),
+    repeats: int = 5,
+) -> CostTable:
+    """This machine's cost table: both union kernels timed on random weights (``n_vocab``, ``d``), int8 as
+    :func:`int8_weights` holds them, at each row count of ``rows`` over random unions of each share
+    ``unions`` of N, on torch's current threads; each time the median of ``repeats`` calls after two warm-up
+    calls, the table their medians over the unions (:func:`~fastvocab.kernels.int8_costs.costs_from_timings`).
+    The defaults are the packaged table's sizes: a few minutes on one thread."""
+    gen = torch.Generator().manual_seed(0)
+    linear = int8.int8_linear(torch.randn(n_vocab, d, generator=gen) * d**-0.5, None)
+    q, scale = int8.int8_rows(linear)
+    w8 = Int8Weights(linear, q, scale, bias=None, blocks=[], cached_bytes=0, max_norm=0.0, max_residual=0.0)
+    timings = []
+    for r in rows:
+        h = torch.randn(r, d, generator=gen)
+        for u in unions:
+            cols = torch.randperm(n_vocab, generator=gen)[: round(u * n_vocab)].sort().values
+            for kernel, run in (
+                ("int8-gather", functools.partial(int8_gather_gemm, h, w8, cols)),
+                ("int8-dense", functools.partial(_dense_columns, h, w8, cols)),
+            ):
+                run()
+                run()
+                ms = 1e3 * statistics.median(timeit.repeat(run, number=1, repeat=repeats))
+                timings.append({"kernel": kernel, "rows": r, "union": u, "ms": ms})
+    measured_on = {
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "d": d,
+        "N": n_vocab,
+        "unions": list(unions),
+        "repeats": repeats,
+    }
+    return costs_from_timings(timings, n_vocab, measured_on)
+
+
+def _dense_columns(h: torch.Tensor, w8: Int8Weights, cols: torch.Tensor) -> torch.Tensor:
+    """The packed GEMM over all N, then the columns ``cols``: :func:`int8_gathered_logits` run dense."""
+    return int8_full_logits(h, w8).index_select(1, cols)
