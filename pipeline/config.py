@@ -342,7 +342,8 @@ class MethodsConfig(_Strict):
 
 class BulkConfig(_Strict):
     """Bulk translation of a corpus as a stage of ``fastvocab run`` (the ``bulk`` stage;
-    pipeline/bulk_driver.py): off unless ``input`` is set. Search settings and the clustered options come from ``translate``."""
+    pipeline/bulk_driver.py): off unless ``input`` is set. Search settings and the clustered options come
+    from ``translate``."""
 
     input: str | None = None  # text file, Parquet file, folder (hive partitions too) or glob
     output: str | None = None  # text file, .parquet, or a folder ending in / (default <work_dir>/bulk/<dir>/)
