@@ -1,8 +1,8 @@
 """The corpus stage: parallel train/dev/test Parquet files per language pair, and monolingual source files.
 
 Sources: Debian's package-description translations (fetched with apt; see ``debian_translations``), a user's
-parallel TSV or Parquet file, or a user's monolingual text file. Every parallel source goes through the same
-steps:
+parallel TSV or Parquet file, or a user's monolingual text file (``corpus_import``). Every parallel source
+goes through the same steps:
 
 1. rows ``(id, doc_id, text1, text2)`` in a stable order, whitespace-normalised, empty segments left out;
 2. de-duplication of identical ``(text1, text2)`` pairs (the first in that order is kept);
@@ -43,7 +43,7 @@ from fastvocab.artifacts_schema.corpus import (
     valid_file,
 )
 from fastvocab.tasks import debian_translations as debian
-from fastvocab.tasks.debian_translations import CorpusError, check_lang, normalise
+from fastvocab.tasks.debian_translations import CorpusError, check_lang
 
 __all__ = [
     "CorpusError",
@@ -51,10 +51,6 @@ __all__ = [
     "PairResult",
     "build_debian_corpus",
     "deduplicate",
-    "import_mono",
-    "import_parallel",
-    "iter_parallel_parquet",
-    "iter_parallel_tsv",
     "pair_descriptions",
     "split_rows",
     "write_debian_mono",
@@ -262,7 +258,7 @@ def split_rows(
 
     Returns the rows of each split (in id order) and the number of pairs dropped from dev and train
     because one of their texts is held out in an earlier split. The corpus files are written by the same
-    steps, streamed (:func:`_write_pair`).
+    steps, streamed (:func:`write_pair`).
     """
     plan = _plan_split(_in_memory(rows), dev_size=dev_size, test_size=test_size, seed=seed)
     out = {**plan.rows, "train": list(_train_rows(_in_memory(rows), plan))}
@@ -273,7 +269,7 @@ def split_rows(
 # -------------------------------------------------------------------------------------------- files, manifest
 
 
-def _up_to_date_pair(out_dir: Path, lang1: str, lang2: str, build: dict) -> PairResult | None:
+def up_to_date_pair(out_dir: Path, lang1: str, lang2: str, build: dict) -> PairResult | None:
     record = read_manifest(out_dir)["pairs"].get(pair_name(lang1, lang2))
     if not record or record.get("build") != build:
         return None
@@ -284,7 +280,7 @@ def _up_to_date_pair(out_dir: Path, lang1: str, lang2: str, build: dict) -> Pair
     return PairResult(lang1, lang2, counts, record.get("stats", {}), skipped=True)
 
 
-def _now() -> str:
+def now_utc() -> str:
     return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
 
 
@@ -314,7 +310,7 @@ def _write_rows(path: Path, rows: Iterable[Row], if_empty: Exception | None = No
     return count
 
 
-def _write_pair(
+def write_pair(
     out_dir: Path,
     lang1: str,
     lang2: str,
@@ -345,13 +341,13 @@ def _write_pair(
     for split in ("dev", "test"):
         stats[f"{split}_docs"] = len({row[1] for row in plan.rows[split]})
     stats["train_docs"] = len(np.unique(plan.doc[in_train]))
-    record = {"build": build, "source": source, "counts": counts, "stats": stats, "created": _now()}
+    record = {"build": build, "source": source, "counts": counts, "stats": stats, "created": now_utc()}
     update_manifest(out_dir, "pairs", name, record)
     log.info("%s: %s", name, ", ".join(f"{s} {n}" for s, n in counts.items()))
     return PairResult(lang1, lang2, counts, stats)
 
 
-def _split_build(dev_size: int, test_size: int, seed: int) -> dict:
+def split_build(dev_size: int, test_size: int, seed: int) -> dict:
     if dev_size < 0 or test_size < 0:
         raise CorpusError(f"dev and test sizes must be >= 0 (got {dev_size}, {test_size})")
     return {"dev_size": dev_size, "test_size": test_size, "seed": seed}
@@ -384,11 +380,11 @@ def build_debian_corpus(
     build = {
         "source": DEBIAN_SOURCE,
         "segmentation": debian.SEGMENTATION,
-        **_split_build(dev_size, test_size, seed),
+        **split_build(dev_size, test_size, seed),
     }
     done: dict[str, PairResult | None] = {}
     if not force:
-        done = {lang: _up_to_date_pair(out_dir, pivot, lang, build) for lang in others}
+        done = {lang: up_to_date_pair(out_dir, pivot, lang, build) for lang in others}
     todo = [lang for lang in others if done.get(lang) is None]
     if todo:
         lists_dir = Path(lists_dir) if lists_dir is not None else out_dir / "apt-lists"
@@ -411,7 +407,7 @@ def build_debian_corpus(
                 "indexes": [p.name for p in used],
                 "release": debian.release_info(used),
             }
-            done[lang] = _write_pair(
+            done[lang] = write_pair(
                 out_dir, pivot, lang, _in_memory(rows), build=build, source=source, stats=stats
             )
     pairs = []
@@ -465,200 +461,10 @@ def write_debian_mono(
         out_dir,
         "mono",
         lang,
-        {"build": build, "source": source, "count": len(texts), "stats": stats, "created": _now()},
+        {"build": build, "source": source, "count": len(texts), "stats": stats, "created": now_utc()},
     )
     log.info("mono %s: %d distinct segments of %d descriptions", lang, len(texts), len(docs))
     return MonoResult(lang, len(texts), stats)
 
 
 # ---------------------------------------------------------------------------------------- the user's files
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-def _decoded_lines(path: Path) -> Iterable[tuple[int, str]]:
-    """``(line number, text without its line end)``; invalid UTF-8 is an error naming the line."""
-    if not path.is_file():
-        raise CorpusError(f"{path}: no such file")
-    with path.open("rb") as f:
-        for n, raw in enumerate(f, 1):
-            try:
-                text = raw.rstrip(b"\r\n").decode("utf-8")
-            except UnicodeDecodeError as exc:
-                raise CorpusError(f"{path}:{n}: invalid UTF-8 at byte {exc.start + 1} of the line") from exc
-            yield n, text.removeprefix("\ufeff") if n == 1 else text
-
-
-def iter_parallel_tsv(path: str | Path) -> Iterator[Row]:
-    """Rows of a two-column TSV file, streamed: ``id`` and ``doc_id`` are the line number (no grouping).
-
-    Every line must hold exactly one tab and two non-empty columns; the first bad line is an error.
-    """
-    path = Path(path)
-    empty = True
-    for n, text in _decoded_lines(path):
-        tabs = text.count("\t")
-        if tabs != 1:
-            raise CorpusError(f"{path}:{n}: expected two tab-separated columns (one tab), found {tabs} tabs")
-        src, tgt = (normalise(col) for col in text.split("\t"))
-        if not src or not tgt:
-            raise CorpusError(f"{path}:{n}: empty {'first' if not src else 'second'} column")
-        empty = False
-        yield (n, str(n), src, tgt)
-    if empty:
-        raise CorpusError(f"{path}: empty file")
-
-
-def iter_parallel_parquet(
-    path: str | Path, src_col: str, tgt_col: str, doc_col: str | None = None
-) -> Iterator[Row]:
-    """Rows of a Parquet file's two text columns, streamed batch by batch: ``id`` is the row index,
-    ``doc_id`` the ``doc_col`` value (documents are kept whole in one split) or the row index."""
-    path = Path(path)
-    if not path.is_file():
-        raise CorpusError(f"{path}: no such file")
-    try:
-        pf = pq.ParquetFile(path)
-    except (OSError, pa.ArrowException) as exc:
-        raise CorpusError(f"{path}: not a readable Parquet file ({exc})") from exc
-    schema = pf.schema_arrow
-    columns = [src_col, tgt_col] + ([doc_col] if doc_col else [])
-    for col in columns:
-        if col not in schema.names:
-            raise CorpusError(f"{path}: no column {col!r} (columns: {', '.join(schema.names)})")
-    for col in (src_col, tgt_col):
-        if not (
-            pa.types.is_string(schema.field(col).type) or pa.types.is_large_string(schema.field(col).type)
-        ):
-            raise CorpusError(f"{path}: column {col!r} is {schema.field(col).type}, not text")
-    i = -1
-    for batch in pf.iter_batches(columns=columns):
-        data = batch.to_pydict()
-        docs = data[doc_col] if doc_col else [None] * batch.num_rows
-        for s, t, d in zip(data[src_col], data[tgt_col], docs, strict=True):
-            i += 1
-            s, t = normalise(s or ""), normalise(t or "")
-            if not s or not t:
-                raise CorpusError(f"{path}: row {i}: empty or null {src_col if not s else tgt_col!r}")
-            if doc_col and d is None:
-                raise CorpusError(f"{path}: row {i}: null {doc_col!r}")
-            yield (i, str(d) if doc_col else str(i), s, t)
-    if i < 0:
-        raise CorpusError(f"{path}: no rows")
-
-
-def import_parallel(
-    out_dir: str | Path,
-    path: str | Path,
-    src_lang: str,
-    tgt_lang: str,
-    *,
-    fmt: str,
-    src_col: str | None = None,
-    tgt_col: str | None = None,
-    doc_col: str | None = None,
-    pivot: str = "en",
-    dev_size: int = 1000,
-    test_size: int = 1000,
-    seed: int = 0,
-    force: bool = False,
-) -> PairResult:
-    """Import a user's parallel file (``fmt`` "tsv" or "parquet") as one pair, split like the Debian pairs.
-
-    The pair is stored pivot first (``--src-lang it --tgt-lang en`` lands in ``en-it`` with the columns
-    swapped); readers swap back for the it -> en direction.
-    """
-    out_dir, path = Path(out_dir), Path(path)
-    src_lang, tgt_lang = check_lang(src_lang), check_lang(tgt_lang)
-    if src_lang == tgt_lang:
-        raise CorpusError(f"source and target language are both {src_lang!r}")
-    if fmt == "parquet" and not (src_col and tgt_col):
-        raise CorpusError("a Parquet import needs --src-col and --tgt-col")
-    if fmt not in ("tsv", "parquet"):
-        raise ValueError(f"unknown parallel format {fmt!r}; valid: parquet, tsv")
-    if not path.is_file():
-        raise CorpusError(f"{path}: no such file")
-    swap = tgt_lang == pivot
-    lang1, lang2 = (tgt_lang, src_lang) if swap else (src_lang, tgt_lang)
-    columns = {"src_col": src_col, "tgt_col": tgt_col, "doc_col": doc_col} if fmt == "parquet" else {}
-    build = {"source": fmt, "sha256": _sha256(path), "swapped": swap, **columns}
-    build.update(_split_build(dev_size, test_size, seed))
-    if not force and (result := _up_to_date_pair(out_dir, lang1, lang2, build)):
-        return result
-
-    def rows() -> Iterator[Row]:
-        if fmt == "tsv":
-            read = iter_parallel_tsv(path)
-        else:
-            read = iter_parallel_parquet(path, src_col or "", tgt_col or "", doc_col)
-        return ((i, d, t, s) for i, d, s, t in read) if swap else read
-
-    source = {"kind": fmt, "path": str(path.resolve()), "src_lang": src_lang, "tgt_lang": tgt_lang, **columns}
-    return _write_pair(out_dir, lang1, lang2, rows, build=build, source=source, stats={})
-
-
-def _mono_first_lines(path: Path, stats: dict[str, int]) -> np.ndarray:
-    """Pass 1 of the monolingual import: a bool per line, True for the first copy of each non-empty line."""
-    buf = array.array("Q")  # 8 bytes a line, over-allocating little as it grows
-    for _, raw in _decoded_lines(path):
-        text = normalise(raw)
-        buf.append(line_key(text) if text else 0)
-    keys = np.frombuffer(buf, dtype=np.uint64)
-    blank = keys == 0  # an empty line; a text whose key is 0 (p = 2^-64) would be taken for one
-    keep = first_occurrences(keys, skip=blank)
-    stats.update(lines=len(keys), empty=int(blank.sum()), duplicates_removed=int((~blank).sum() - keep.sum()))
-    return keep
-
-
-def import_mono(out_dir: str | Path, path: str | Path, lang: str, *, force: bool = False) -> MonoResult:
-    """Import a monolingual text file (one sentence a line) into ``<out_dir>/mono/<lang>.parquet``.
-
-    Lines are whitespace-normalised; empty lines and repeated sentences are left out; ``id`` is the line
-    number. Two streaming passes over the file (find first occurrences, then write), so memory holds one
-    batch of lines plus 9 bytes a line, whatever the file's size.
-    """
-    out_dir, path = Path(out_dir), Path(path)
-    lang = check_lang(lang)
-    if not path.is_file():
-        raise CorpusError(f"{path}: no such file")
-    build = {"source": "text", "sha256": _sha256(path)}
-    target = mono_path(out_dir, lang)
-    record = read_manifest(out_dir)["mono"].get(lang)
-    if (
-        not force
-        and record
-        and record.get("build") == build
-        and valid_file(target, MONO_SCHEMA, record.get("count", -1))
-    ):
-        return MonoResult(lang, record["count"], record.get("stats", {}), skipped=True)
-    stats: dict[str, int] = {}
-    keep = _mono_first_lines(path, stats)
-    count = int(keep.sum())
-    if not count:
-        raise CorpusError(f"{path}: no non-empty lines")
-    with atomic_path(target) as tmp, pq.ParquetWriter(tmp, MONO_SCHEMA) as writer:
-        ids: list[int] = []
-        texts: list[str] = []
-        for n, raw in _decoded_lines(path):
-            if keep[n - 1]:
-                ids.append(n)
-                texts.append(normalise(raw))
-                if len(ids) == BATCH_ROWS:
-                    writer.write_table(pa.table([ids, texts], schema=MONO_SCHEMA))
-                    ids, texts = [], []
-        if ids:
-            writer.write_table(pa.table([ids, texts], schema=MONO_SCHEMA))
-    source = {"kind": "text", "path": str(path.resolve())}
-    update_manifest(
-        out_dir,
-        "mono",
-        lang,
-        {"build": build, "source": source, "count": count, "stats": stats, "created": _now()},
-    )
-    return MonoResult(lang, count, stats)

@@ -27,7 +27,7 @@ from fastvocab.artifacts_schema.corpus import (
     split_path,
 )
 from fastvocab.pipeline.cli import main
-from fastvocab.tasks import corpus
+from fastvocab.tasks import corpus, corpus_import
 from fastvocab.tasks import debian_translations as debian
 
 EN = textwrap.dedent(
@@ -294,9 +294,9 @@ def test_parallel_import_streams_in_batches_with_the_same_files(tmp_path, monkey
     tsv = tmp_path / "x.tsv"
     tsv.write_text("\n".join(lines) + "\n", encoding="utf-8")
     kw = {"fmt": "tsv", "dev_size": 5, "test_size": 5}
-    whole = corpus.import_parallel(tmp_path / "one", tsv, "de", "fr", **kw)
+    whole = corpus_import.import_parallel(tmp_path / "one", tsv, "de", "fr", **kw)
     monkeypatch.setattr(corpus, "BATCH_ROWS", 4)
-    batched = corpus.import_parallel(tmp_path / "two", tsv, "de", "fr", **kw)
+    batched = corpus_import.import_parallel(tmp_path / "two", tsv, "de", "fr", **kw)
     assert batched.counts == whole.counts and batched.stats == whole.stats
     for split in SPLITS:
         one, two = (read_corpus_file(split_path(tmp_path / d, "de", "fr", split)) for d in ("one", "two"))
@@ -584,14 +584,13 @@ def test_mono_import(tmp_path, capsys):
 
 def test_mono_import_streams_in_batches_with_the_same_result(tmp_path, monkeypatch):
     """Batches of 2 lines (duplicates across batches, an empty last batch) give what one batch gives."""
-    from fastvocab.tasks import corpus
 
     lines = ["a b", "c", "", "a  b", "d", "c", "e", "f"]
     text = tmp_path / "x.txt"
     text.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    whole = corpus.import_mono(tmp_path / "one", text, "it")
+    whole = corpus_import.import_mono(tmp_path / "one", text, "it")
     monkeypatch.setattr(corpus, "BATCH_ROWS", 2)
-    batched = corpus.import_mono(tmp_path / "two", text, "it")
+    batched = corpus_import.import_mono(tmp_path / "two", text, "it")
     assert read_mono(tmp_path / "two", "it") == read_mono(tmp_path / "one", "it")
     assert read_mono(tmp_path / "two", "it") == ([1, 2, 5, 7, 8], ["a b", "c", "d", "e", "f"])
     assert batched.stats == whole.stats == {"lines": 8, "empty": 1, "duplicates_removed": 2}

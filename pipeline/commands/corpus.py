@@ -120,7 +120,7 @@ def _table(headers: list[str], rows: Sequence[Sequence[object]]) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from fastvocab.tasks import corpus
+    from fastvocab.tasks import corpus, corpus_import
 
     mode = _check_flags(args)
     overrides: dict[str, object] = {}
@@ -151,14 +151,14 @@ def run(args: argparse.Namespace) -> int:
                 for lang in (cfg.languages if cfg.mono else [])
             ]
         elif mode == "mono":
-            mono = corpus.import_mono(cfg.out_dir, args.mono, args.lang, force=args.force)
+            mono = corpus_import.import_mono(cfg.out_dir, args.mono, args.lang, force=args.force)
             state = "up to date" if mono.skipped else "written"
             print(f"{mono_path(cfg.out_dir, mono.lang)}: {mono.count:,} sentences ({state})")
             return 0
         else:
             path = args.from_tsv or args.from_parquet
             results = [
-                corpus.import_parallel(
+                corpus_import.import_parallel(
                     cfg.out_dir, path, args.src_lang, args.tgt_lang, fmt=mode,
                     src_col=args.src_col, tgt_col=args.tgt_col, doc_col=args.doc_col,
                     pivot=cfg.pivot, force=args.force, **split,
