@@ -300,6 +300,15 @@ def run_bulk(
         raise UserError(str(exc)) from exc
     layout, parts = output_layout(request.output)
     output = Path(request.output)
+    if layout == "text" and inp.id_column is not None:
+        # a text output is one line a translation, in input order: it has nowhere to keep an id
+        lost = f"--output {request.output} is a text file, which keeps no ids"
+        hint = f"name a Parquet file ({output.name}.parquet) or a dataset folder ({output.name}/)"
+        if inp.id_type == "string":
+            raise UserError(
+                f"{lost}: the input's string ids (column {inp.id_column!r}) would be lost; {hint}"
+            )
+        log.warning("%s: the input's ids (column %r) are dropped; %s to keep them", lost, inp.id_column, hint)
     if any(Path(f.path) == output.resolve() for f in inp.files):
         raise UserError(f"--output {request.output} would overwrite the input")
     if Path(request.input).is_dir() and output.resolve().is_relative_to(Path(request.input).resolve()):

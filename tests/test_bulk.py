@@ -78,6 +78,14 @@ def test_string_id_parquet_dataset_of_three_files_needs_no_flags(model_dir, adap
         folder.mkdir(parents=True)
         pq.write_table(pa.table({"id": ids[lo:hi], "text": lines[lo:hi]}), folder / "part.parquet")
     out = tmp_path / "out"
+    # -o out (no trailing /) names a text file, which would drop the string ids: refused with the hint
+    with pytest.raises(
+        UserError,
+        match=r"is a text file, which keeps no ids: the input's string ids \(column "
+        r"'id'\) would be lost; name a Parquet file \(out.parquet\) or a dataset folder \(out/\)",
+    ):
+        run_bulk(_request(model_dir, data, str(out), lines_per_part=3), progress=False)
+    assert not out.exists() and not (tmp_path / "out.parts").exists()
     result = run_bulk(_request(model_dir, data, str(out) + "/", lines_per_part=3), progress=False)
     assert result.lines == 14 and result.parts == 2 + 2 + 2 and result.parts_translated == 6
     table = pq.read_schema(part_file(out, 0))
