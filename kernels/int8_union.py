@@ -1,6 +1,6 @@
 """The clustered projection's int8 path (CPU): W quantised once as the full int8 projection holds it, the
 logits of a union or a cluster from those int8 rows, which of the two union kernels (a gather, the packed
-GEMM over all N) costs less at a step's size (by a table of their measured costs, ``int8_costs``, which
+GEMM over all N) costs less at a step's size (by a table of their measured costs, ``union_costs``, which
 :func:`measure_costs` measures on this machine), and whether a step should skip the map altogether.
 
 Every kernel here computes the full int8 layer's own logits on its columns, to float rounding
@@ -9,9 +9,6 @@ Every kernel here computes the full int8 layer's own logits on its columns, to f
 
 from __future__ import annotations
 
-import functools
-import statistics
-import timeit
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -20,13 +17,26 @@ import torch
 
 from fastvocab.kernels import int8
 from fastvocab.kernels.cluster_assign import PreparedMap
-from fastvocab.kernels.int8_costs import CostTable, costs_from_timings, load_cost_table
+from fastvocab.kernels.popular import (
+    map_skipped,
+    popularity_order,
+    union_over_blocks,
+)
+from fastvocab.kernels.union_costs import (
+    COST_ROWS,
+    COST_UNIONS,
+    CostTable,
+    costs_from_timings,
+    load_cost_table,
+    machine,
+    time_kernels,
+)
 
 # An int8 union step gathers its rows a block at a time and widens them to float32 in a buffer of this size,
 # like the float32 gather's block, so the GEMM reads it from cache (256 KiB to 16 MiB tried: 4 MiB fastest).
 INT8_GATHER_CHUNK_BYTES = 4 << 20
 # Which of the two int8 union kernels is cheaper, from their per-column costs in microseconds by the rows of
-# the step, measured on a machine (``int8_costs``: the packaged table, or the one FASTVOCAB_INT8_COSTS names,
+# the step, measured on a machine (``union_costs``: the packaged table, or the one FASTVOCAB_INT8_COSTS names,
 # read once, here): the gather per gathered column (random rows read, widened, multiplied in float32) against
 # the packed fbgemm GEMM per vocabulary column (W read in order, int8 arithmetic). Neither is linear in rows:
 # on the machine of the packaged table (2-core AVX2, d 1024, one thread) the float32 GEMM behind the gather
@@ -120,9 +130,7 @@ def popular_blocks(
     q: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None, hit: np.ndarray
 ) -> PopularBlocks:
     """Pack the int8 rows ``q`` in decreasing ``hit`` order, ``INT8_BLOCK_COLUMNS`` at a time."""
-    order = torch.from_numpy(np.argsort(-hit, kind="stable"))
-    rank = torch.empty_like(order)
-    rank[order] = torch.arange(len(order))
+    order, rank = popularity_order(hit)
     width = INT8_BLOCK_COLUMNS
     packed = []
     for lo in range(0, len(order), width):
@@ -188,33 +196,20 @@ def int8_union_logits(h: torch.Tensor, w8: Int8Weights, cols: torch.Tensor) -> t
     pb = w8.popular
     if pb is None:
         return int8_gathered_logits(h, w8, cols)
-    rows, width = h.shape[0], pb.block_columns
     n_vocab = w8.q.shape[0]
-    pos = pb.rank.index_select(0, cols)  # (C,) positions in the popularity order
-    block = pos // width
-    counts = torch.bincount(block, minlength=len(pb.packed)).numpy()
-    dense = np.flatnonzero(int8_dense_cheaper(counts, rows, block_sizes(n_vocab, width))).tolist()
-    if not dense:
-        return int8_gather_gemm(h, w8, cols)
-    if len(dense) == len(counts):
-        return int8_full_logits(h, w8).index_select(1, cols)  # every block dense: one GEMM over all N
-    # Every dense block's logits and the gathered columns' side by side in one (rows, S) buffer, then one
-    # gather of the union's columns from it: cheaper than a scatter per block.
-    slot = torch.full((len(counts),), -1, dtype=torch.int64)
-    slot[dense] = torch.arange(len(dense))
-    where = slot.index_select(0, block)  # (C,) the dense slot of each union column's block, -1: gathered
-    rest = (where < 0).nonzero().squeeze(1)
-    base = len(dense) * width
-    src = torch.empty((rows, base + rest.numel()), dtype=torch.float32)
     x = h.float().contiguous()
-    for i, j in enumerate(dense):
-        part = int8.linear_packed(x, pb.packed[j])  # (rows, size_j)
-        src[:, i * width : i * width + part.shape[1]] = part
-    where = where * width + pos % width  # a dense column's place in src
-    if rest.numel():
-        src[:, base:] = int8_gather_gemm(h, w8, cols.index_select(0, rest))
-        where[rest] = base + torch.arange(rest.numel())
-    return src.index_select(1, where)
+    logits = union_over_blocks(
+        h,
+        cols,
+        pb.rank,
+        pb.block_columns,
+        n_vocab,
+        int8_dense_cheaper,
+        lambda j: int8.linear_packed(x, pb.packed[j]),
+        lambda c: int8_gather_gemm(h, w8, c),
+        full=lambda: int8_full_logits(h, w8),
+    )
+    return int8_gather_gemm(h, w8, cols) if logits is None else logits
 
 
 def int8_dense_cheaper(columns: int | np.ndarray, rows: int, n_vocab: int | np.ndarray) -> bool | np.ndarray:
@@ -225,64 +220,9 @@ def int8_dense_cheaper(columns: int | np.ndarray, rows: int, n_vocab: int | np.n
     return gather > n_vocab * float(np.interp(rows, INT8_COST_ROWS, INT8_DENSE_US))
 
 
-def block_sizes(n_vocab: int, width: int) -> np.ndarray:
-    """Ids per block when ``n_vocab`` ids are cut into blocks of ``width`` (the last one shorter)."""
-    return np.minimum(width, n_vocab - width * np.arange(-(-n_vocab // width)))
-
-
-# The int8 union step skips the map at a row count where even 1 / DENSE_UNION_MARGIN of the union expected
-# there (:func:`expected_union`; per block of :class:`PopularBlocks`, :func:`expected_block_unions`) would
-# cost more gathered than the packed int8 GEMM over all N (over every block): the assignment and the union
-# then cost time and save none. The expectation draws rows independently; a beam's rows share clusters and
-# have smaller unions, hence the margin.
-DENSE_UNION_MARGIN = 2.0
-
-
-def hit_probability(pm: PreparedMap, n_vocab: int) -> np.ndarray:
-    """Per id, the chance that a row in a cluster drawn by the clusters' populations has it in its set, (N,)
-    float64 (always-active ids: 1)."""
-    sizes = np.asarray(pm.sizes)
-    pop = pm.population.astype(np.float64) * (sizes > 0)
-    if pop.sum() == 0:  # no prediction counts: every non-empty cluster equally likely
-        pop = (sizes > 0).astype(np.float64)
-    p = pop / pop.sum()
-    indptr, indices = pm.indptr.cpu().numpy(), pm.indices.cpu().numpy()
-    hit = np.zeros(n_vocab)
-    step = 256  # clusters at a time: a map of 2,000 sets of 20% of 256K ids holds 100M (cluster, id) pairs
-    for lo in range(0, pm.r, step):
-        hi = min(pm.r, lo + step)
-        weights = np.repeat(p[lo:hi], sizes[lo:hi])
-        hit += np.bincount(indices[indptr[lo] : indptr[hi]], weights=weights, minlength=n_vocab)
-    return np.minimum(hit, 1.0)
-
-
-def union_probability(hit: np.ndarray, rows: int) -> np.ndarray:
-    """Each id's chance to be in the union of ``rows`` sets drawn independently, each holding it with
-    probability ``hit``: ``1 - (1 - hit_i) ** rows``."""
-    with np.errstate(divide="ignore"):  # hit 1: log1p(-1) = -inf, and the id is in every union
-        return -np.expm1(rows * np.log1p(-hit))
-
-
-def expected_union(hit: np.ndarray, rows: int) -> float:
-    """Expected size of the union of ``rows`` sets drawn independently (:func:`union_probability`, summed)."""
-    return float(union_probability(hit, rows).sum())
-
-
 def int8_map_skipped(hit: np.ndarray, draws: int, rows: int, n_vocab: int, width: int | None) -> bool:
-    """Whether an int8 union step of ``rows`` rows (``draws`` sets) skips the map: whether the packed GEMM
-    beats the gather over all N (``width`` None) or over every block of ``width`` ids of
-    :class:`PopularBlocks`, with ``1 / DENSE_UNION_MARGIN`` of the union expected there."""
-    if width is None:
-        return bool(int8_dense_cheaper(int(expected_union(hit, draws) / DENSE_UNION_MARGIN), rows, n_vocab))
-    per_block = (expected_block_unions(hit, draws, width) / DENSE_UNION_MARGIN).astype(np.int64)
-    return bool(np.all(int8_dense_cheaper(per_block, rows, block_sizes(n_vocab, width))))
-
-
-def expected_block_unions(hit: np.ndarray, rows: int, width: int) -> np.ndarray:
-    """:func:`expected_union` per block of ``width`` ids in decreasing ``hit`` order (the blocks of
-    :class:`PopularBlocks`), (blocks,) float64."""
-    inc = union_probability(np.sort(hit)[::-1], rows)
-    return np.add.reduceat(inc, np.arange(0, len(inc), width))
+    """:func:`~fastvocab.kernels.popular.map_skipped` by the int8 kernels' costs."""
+    return map_skipped(hit, draws, rows, n_vocab, width, int8_dense_cheaper)
 
 
 def int8_gather_gemm(h: torch.Tensor, w8: Int8Weights, cols: torch.Tensor) -> torch.Tensor:
@@ -320,42 +260,23 @@ def int8_cluster_logits(h: torch.Tensor, w8: Int8Weights, pm: PreparedMap, c: in
 def measure_costs(
     d: int = 1024,
     n_vocab: int = 128_112,
-    rows: Sequence[int] = (1, 2, 4, 6, 8, 12, 16, 24, 32),
-    unions: Sequence[float] = (0.05, 0.1, 0.2, 0.4),
+    rows: Sequence[int] = COST_ROWS,
+    unions: Sequence[float] = COST_UNIONS,
     repeats: int = 5,
 ) -> CostTable:
-    """This machine's cost table: both union kernels timed on random weights (``n_vocab``, ``d``), int8 as
-    :func:`int8_weights` holds them, at each row count of ``rows`` over random unions of each share
-    ``unions`` of N, on torch's current threads; each time the median of ``repeats`` calls after two warm-up
-    calls, the table their medians over the unions (:func:`~fastvocab.kernels.int8_costs.costs_from_timings`).
-    The defaults are the packaged table's sizes: a few minutes on one thread."""
+    """This machine's int8 cost table: both union kernels timed on random weights (``n_vocab``, ``d``), int8
+    as :func:`int8_weights` holds them (:func:`~fastvocab.kernels.union_costs.time_kernels`). The defaults
+    are the packaged table's sizes."""
     gen = torch.Generator().manual_seed(0)
     linear = int8.int8_linear(torch.randn(n_vocab, d, generator=gen) * d**-0.5, None)
     q, scale = int8.int8_rows(linear)
     w8 = Int8Weights(linear, q, scale, bias=None, blocks=[], cached_bytes=0, max_norm=0.0, max_residual=0.0)
-    timings = []
-    for r in rows:
-        h = torch.randn(r, d, generator=gen)
-        for u in unions:
-            cols = torch.randperm(n_vocab, generator=gen)[: round(u * n_vocab)].sort().values
-            for kernel, run in (
-                ("int8-gather", functools.partial(int8_gather_gemm, h, w8, cols)),
-                ("int8-dense", functools.partial(_dense_columns, h, w8, cols)),
-            ):
-                run()
-                run()
-                ms = 1e3 * statistics.median(timeit.repeat(run, number=1, repeat=repeats))
-                timings.append({"kernel": kernel, "rows": r, "union": u, "ms": ms})
-    measured_on = {
-        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
-        "torch": torch.__version__,
-        "threads": torch.get_num_threads(),
-        "d": d,
-        "N": n_vocab,
-        "unions": list(unions),
-        "repeats": repeats,
+    kernels = {
+        "int8-gather": lambda h, cols: int8_gather_gemm(h, w8, cols),
+        "int8-dense": lambda h, cols: _dense_columns(h, w8, cols),
     }
-    return costs_from_timings(timings, n_vocab, measured_on)
+    timings = time_kernels(kernels, d, n_vocab, rows, unions, repeats)
+    return costs_from_timings(timings, n_vocab, machine(d, n_vocab, unions, repeats))
 
 
 def _dense_columns(h: torch.Tensor, w8: Int8Weights, cols: torch.Tensor) -> torch.Tensor:

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from fastvocab.kernels import create_projection, int8_union
+from fastvocab.kernels import create_projection, int8_union, popular
 from fastvocab.kernels.clustered import ClusteredProjection
 from tests.layers import random_layer, random_map, rows_near
 
@@ -199,7 +199,7 @@ def test_expected_union_matches_drawn_unions():
     """The expectation the skip decides on: independent rows drawn by population, checked by drawing."""
     w, b, cmap = layer_and_map()
     pm = clustered(w, b, cmap, int8=True).prepared_map
-    hit = int8_union.hit_probability(pm, N)
+    hit = popular.hit_probability(pm, N)
     p = pm.population / pm.population.sum()
     rng = np.random.default_rng(0)
     for rows in (1, 4, 16):
@@ -207,8 +207,8 @@ def test_expected_union_matches_drawn_unions():
             torch.unique(torch.cat([pm.ids[c] for c in rng.choice(pm.r, size=rows, p=p)])).numel()
             for _ in range(400)
         ]
-        assert abs(int8_union.expected_union(hit, rows) - np.mean(drawn)) < 0.03 * np.mean(drawn)
-    assert int8_union.expected_union(hit, 1) == pytest.approx(float(np.dot(p, pm.sizes)))
+        assert abs(popular.expected_union(hit, rows) - np.mean(drawn)) < 0.03 * np.mean(drawn)
+    assert popular.expected_union(hit, 1) == pytest.approx(float(np.dot(p, pm.sizes)))
 
 
 def test_hit_probability_sums_the_populations_of_the_sets_holding_each_id():
@@ -220,7 +220,7 @@ def test_hit_probability_sums_the_populations_of_the_sets_holding_each_id():
     for c in range(pm.r):
         member[c, pm.ids[c].numpy()] = 1.0
     want = np.minimum((pm.population / pm.population.sum()) @ member, 1.0)
-    np.testing.assert_allclose(int8_union.hit_probability(pm, N), want, rtol=1e-12, atol=1e-15)
+    np.testing.assert_allclose(popular.hit_probability(pm, N), want, rtol=1e-12, atol=1e-15)
 
 
 @pytest.mark.parametrize("rows", [3, 6])
@@ -235,7 +235,7 @@ def test_union_over_popular_blocks_runs_dense_and_gathered_blocks_with_full_int8
     proj = clustered(w, b, cmap, int8=True, cache_mb=0)
     pb = proj._w8.popular
     assert pb is not None and len(pb.packed) == -(-N // 32)
-    hit = int8_union.hit_probability(proj.prepared_map, N)
+    hit = popular.hit_probability(proj.prepared_map, N)
     assert np.all(np.diff(hit[np.argsort(pb.rank.numpy())]) <= 0)  # the order is by hit probability
     calls = {"dense": 0, "gather": 0}
     packed, gather = int8_union.int8.linear_packed, int8_union.int8_gather_gemm
@@ -261,16 +261,16 @@ def test_map_skip_with_popular_blocks_needs_every_block_dense():
     """One block is the rule over all N; with blocks, a step skips only when every block's expected share
     of the union would run dense, and the expected shares add up to the expected union."""
     w, b, cmap = layer_and_map()
-    hit = int8_union.hit_probability(clustered(w, b, cmap, int8=True).prepared_map, N)
+    hit = popular.hit_probability(clustered(w, b, cmap, int8=True).prepared_map, N)
     for rows in (1, 8, 32):
-        per_block = int8_union.expected_block_unions(hit, rows, 32)
-        assert per_block.sum() == pytest.approx(int8_union.expected_union(hit, rows))
+        per_block = popular.expected_block_unions(hit, rows, 32)
+        assert per_block.sum() == pytest.approx(popular.expected_union(hit, rows))
         assert np.all(np.diff(per_block[:-1]) <= 1e-9)  # popular blocks first
         assert int8_union.int8_map_skipped(hit, rows, rows, N, N) == int8_union.int8_map_skipped(
             hit, rows, rows, N, None
         )
         blocks = [
-            int8_union.int8_dense_cheaper(int(e / int8_union.DENSE_UNION_MARGIN), rows, min(32, N - 32 * j))
+            int8_union.int8_dense_cheaper(int(e / popular.DENSE_UNION_MARGIN), rows, min(32, N - 32 * j))
             for j, e in enumerate(per_block)
         ]
         assert int8_union.int8_map_skipped(hit, rows, rows, N, 32) == all(blocks)
@@ -339,3 +339,48 @@ def test_bulk_worker_hands_int8_to_the_clustered_projection(spread_model_dir, tm
             dtype=dtype,
         )
         assert build_projection(adapter, job).options().get("dtype") == ("int8" if dtype == "int8" else None)
+
+
+# ------------------------------------------------------------------------- the float32 popularity blocks
+
+
+@pytest.mark.parametrize("rows", [3, 6])
+def test_float32_union_over_popular_blocks_runs_dense_and_gathered_blocks_with_full_logits(monkeypatch, rows):
+    """The float32 twin of the int8 blocks (CPU, pre-packed for oneDNN): blocks of 32 ids in popularity
+    order, a block dense when the union holds over half of it; both kinds run in one step, every column is
+    full's logit, and the map-skip rule reads the float32 costs."""
+    from fastvocab.kernels import gather
+    from fastvocab.kernels.union_costs import CostTable
+
+    monkeypatch.setattr(gather, "FP32_BLOCK_COLUMNS", 32)
+    monkeypatch.setattr(gather, "FP32_COSTS", CostTable(rows=(1,), gather_us=(1.0,), dense_us=(0.5,)))
+    w, b, cmap = layer_and_map()
+    proj = clustered(w, b, cmap, cache_mb=0)
+    pb = proj._f32
+    assert pb is not None and len(pb.packed) == -(-N // 32)
+    hit = popular.hit_probability(proj.prepared_map, N)
+    assert np.all(np.diff(hit[np.argsort(pb.rank.numpy())]) <= 0)  # the order is by hit probability
+    calls = {"dense": 0, "gather": 0}
+    packed, gathered = gather.prepack.packed_linear, gather.gathered_logits
+
+    def spy_packed(*a):
+        calls["dense"] += 1
+        return packed(*a)
+
+    def spy_gather(*a):
+        calls["gather"] += 1
+        return gathered(*a)
+
+    monkeypatch.setattr(gather.prepack, "packed_linear", spy_packed)
+    monkeypatch.setattr(gather, "gathered_logits", spy_gather)
+    h = batch(cmap, rows, seed=rows)
+    out = proj(h)
+    assert calls["dense"] >= 1 and calls["gather"] == 1
+    full = create_projection("full", w, b, prepack=False)(h).logits
+    torch.testing.assert_close(out.logits, full.index_select(1, out.ids), rtol=1e-5, atol=1e-5)
+    # every column from the blocks, back in id order: what a step that skips the map computes
+    torch.testing.assert_close(gather.fp32_full_logits(h, pb), full, rtol=1e-5, atol=1e-5)
+    assert proj._full_cheaper(32) == gather.fp32_map_skipped(proj._hit, 32, 32, N, 32)
+    off = clustered(w, b, cmap, cache_mb=0, dense_blocks=False)
+    assert off._f32 is None and off.options()["dense_blocks"] is False
+    torch.testing.assert_close(off(h).logits, out.logits, rtol=1e-5, atol=1e-5)

@@ -1,0 +1,164 @@
+"""The measured costs that decide between the two kernels of a CPU union step, recorded per machine, one
+table per dtype (``int8``, ``fp32``).
+
+A union step, or one block of it in popularity order (``kernels.popular``), either gathers its columns' rows
+(a cost per gathered column) or runs the packed GEMM over all its ids (a cost per vocabulary column: fbgemm
+for int8, oneDNN for float32); which one is cheaper depends on the step's rows and on the machine (its vector
+units, caches and memory), not on the model. The costs are measured, not modelled:
+``benchmarks/bench_int8_gather.py --cost-table`` (``--dtype``) times both kernels at a few row counts and
+writes a table. The package ships the tables of the machine it was tuned on (``int8_costs.json``,
+``fp32_costs.json``, each recording that machine and the result file it comes from);
+``FASTVOCAB_INT8_COSTS`` / ``FASTVOCAB_FP32_COSTS`` name other tables, for a machine measured the same way.
+Both kernels give the same logits to float rounding: a table changes only the time.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import statistics
+import timeit
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import torch
+
+# Per dtype: the environment variable naming a cost table (JSON, as ``CostTable.to_json`` writes it) to use
+# instead of the packaged one (read once, when the union kernels are first imported), and the packaged file.
+COSTS_ENV = {"int8": "FASTVOCAB_INT8_COSTS", "fp32": "FASTVOCAB_FP32_COSTS"}
+PACKAGED = {"int8": "int8_costs.json", "fp32": "fp32_costs.json"}
+
+
+@dataclass(frozen=True)
+class CostTable:
+    """Per-column costs in microseconds at the step row counts ``rows`` (ascending, from 1): ``gather_us``
+    per gathered column of the int8 gather, ``dense_us`` per vocabulary column of the packed int8 GEMM over
+    all N. Between the rows measured the costs are interpolated; beyond the last both grow with the rows
+    alike, so its ratio decides. ``measured_on``: the machine, the sizes and the source of the numbers."""
+
+    rows: tuple[int, ...]
+    gather_us: tuple[float, ...]
+    dense_us: tuple[float, ...]
+    measured_on: Mapping[str, Any] = field(default_factory=dict, compare=False)
+
+    def __post_init__(self) -> None:
+        if not self.rows or list(self.rows) != sorted(set(self.rows)) or self.rows[0] != 1:
+            raise ValueError(f"cost table rows must be ascending from 1, got {list(self.rows)}")
+        if not len(self.gather_us) == len(self.dense_us) == len(self.rows):
+            raise ValueError(
+                f"cost table has {len(self.rows)} rows, {len(self.gather_us)} gather costs and "
+                f"{len(self.dense_us)} dense costs"
+            )
+        if min(*self.gather_us, *self.dense_us) <= 0:
+            raise ValueError("cost table costs must be > 0")
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> CostTable:
+        return cls(
+            rows=tuple(int(r) for r in data["rows"]),
+            gather_us=tuple(float(c) for c in data["gather_us"]),
+            dense_us=tuple(float(c) for c in data["dense_us"]),
+            measured_on=dict(data.get("measured_on", {})),
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "measured_on": dict(self.measured_on),
+            "rows": list(self.rows),
+            "gather_us": list(self.gather_us),
+            "dense_us": list(self.dense_us),
+        }
+
+
+def load_cost_table(path: str | Path | None = None, dtype: str = "int8") -> CostTable:
+    """The ``dtype`` table at ``path``; else the one its environment variable (:data:`COSTS_ENV`) names; else
+    the packaged one."""
+    env = COSTS_ENV[dtype]
+    if path is None and os.environ.get(env):
+        path, where = os.environ[env], f"{env}={os.environ[env]}"
+    else:
+        where = str(path or PACKAGED[dtype])
+    try:
+        if path is None:
+            text = resources.files("fastvocab.kernels").joinpath(PACKAGED[dtype]).read_text()
+        else:
+            text = Path(path).read_text()
+        return CostTable.from_json(json.loads(text))
+    except (OSError, KeyError, TypeError, ValueError) as exc:
+        raise ValueError(f"{where}: not an {dtype} cost table ({exc})") from exc
+
+
+def costs_from_timings(
+    timings: Iterable[Mapping[str, Any]], n_vocab: int, measured_on: Mapping[str, Any], dtype: str = "int8"
+) -> CostTable:
+    """A table from timings of both kernels over the union ``union`` (a share of ``n_vocab``) at ``rows``
+    rows (``{"kernel": "<dtype>-gather" | "<dtype>-dense", "rows", "union", "ms"}``, the rows
+    :func:`time_kernels` and ``bench_int8_gather.py`` write): per row count, the median over the unions of
+    each kernel's cost per column, the gather's per gathered column (``round(union * n_vocab)``), the dense
+    GEMM's per vocabulary column. The median, not a fit: neither cost is linear in the unions measured."""
+    gather, dense = f"{dtype}-gather", f"{dtype}-dense"
+    per: dict[str, dict[int, list[float]]] = {gather: {}, dense: {}}
+    for t in timings:
+        if t["kernel"] in per:
+            columns = round(t["union"] * n_vocab) if t["kernel"] == gather else n_vocab
+            per[t["kernel"]].setdefault(int(t["rows"]), []).append(1e3 * t["ms"] / columns)
+    rows = sorted(per[gather].keys() & per[dense].keys())
+    return CostTable(
+        rows=tuple(rows),
+        gather_us=tuple(_digits(statistics.median(per[gather][r])) for r in rows),
+        dense_us=tuple(_digits(statistics.median(per[dense][r])) for r in rows),
+        measured_on=measured_on,
+    )
+
+
+# The sizes of the packaged tables' measurements: a few minutes on one thread.
+COST_ROWS = (1, 2, 4, 6, 8, 12, 16, 24, 32)
+COST_UNIONS = (0.05, 0.1, 0.2, 0.4)
+
+
+def time_kernels(
+    kernels: Mapping[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]],
+    d: int,
+    n_vocab: int,
+    rows: Sequence[int] = COST_ROWS,
+    unions: Sequence[float] = COST_UNIONS,
+    repeats: int = 5,
+) -> list[dict[str, Any]]:
+    """Each kernel ``(h, cols) -> logits`` timed at each row count of ``rows`` over random unions of each
+    share ``unions`` of ``n_vocab`` (sorted ids), on torch's current threads: the median of ``repeats`` calls
+    after two warm-up calls, in ms (the rows :func:`costs_from_timings` reads)."""
+    gen = torch.Generator().manual_seed(0)
+    timings = []
+    for r in rows:
+        h = torch.randn(r, d, generator=gen)
+        for u in unions:
+            cols = torch.randperm(n_vocab, generator=gen)[: round(u * n_vocab)].sort().values
+            for kernel, fn in kernels.items():
+                run = functools.partial(fn, h, cols)
+                run()
+                run()
+                ms = 1e3 * statistics.median(timeit.repeat(run, number=1, repeat=repeats))
+                timings.append({"kernel": kernel, "rows": r, "union": u, "ms": ms})
+    return timings
+
+
+def machine(d: int, n_vocab: int, unions: Sequence[float], repeats: int) -> dict[str, Any]:
+    """What a table's ``measured_on`` records of the measurement itself."""
+    return {
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "d": d,
+        "N": n_vocab,
+        "unions": list(unions),
+        "repeats": repeats,
+    }
+
+
+def _digits(us: float) -> float:
+    # four significant digits: timings on a shared machine vary more than that from run to run
+    return float(f"{us:.4g}")
