@@ -3,13 +3,11 @@
     .venv/bin/python benchmarks/bench_int8_gather.py                     # d 1024, N 128,112, 2 threads
     .venv/bin/python benchmarks/bench_int8_gather.py --quick             # a smoke run, small sizes
     .venv/bin/python benchmarks/bench_int8_gather.py --threads 1 --cost-table costs.json   # this machine's
-    .venv/bin/python benchmarks/bench_int8_gather.py --dtype fp32 --cost-table costs.json  # its float32 one
 
-The last two write this machine's cost table for the clustered projection's choice between the two union
-kernels, int8 (``int8_union.measure_costs``; ``FASTVOCAB_INT8_COSTS=costs.json`` makes the projection read
-it instead of the packaged ``kernels/int8_costs.json``) or float32 (``gather.measure_fp32_costs``: the
-gather against the oneDNN-packed GEMM; ``FASTVOCAB_FP32_COSTS``, ``kernels/fp32_costs.json``), at the
-packaged table's rows and unions unless ``--rows`` / ``--union`` say otherwise.
+The last writes this machine's cost table for the clustered projection's choice between the two int8 union
+kernels (``int8_union.measure_costs``; ``FASTVOCAB_INT8_COSTS=costs.json`` makes the projection read it
+instead of the packaged ``kernels/int8_costs.json``), at the packaged table's rows and unions unless
+``--rows`` / ``--union`` say otherwise.
 
 The clustered projection's union step computes ``h @ W[cols]^T + b[cols]`` for a batch's union ``cols`` of
 active ids (a share ``u`` of the N columns). In float32 it copies the rows of W block by block
@@ -75,7 +73,7 @@ import torch.nn.functional as F
 from bench_meta import ROOT, cpu_name
 
 from fastvocab.artifacts_schema.provenance import git_commit
-from fastvocab.kernels import create_projection, gather, int8_union
+from fastvocab.kernels import create_projection, int8_union
 from fastvocab.kernels.int8 import packed_rows
 
 OUT = ROOT / "benchmarks" / "results" / "int8-gather-cpu-2026-11-25.json"
@@ -238,8 +236,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--only", help="comma-separated candidate names (default: all)")
     p.add_argument("--quick", action="store_true", help="d 256, N 8,000, 2 repeats")
     p.add_argument("--out", default=str(OUT))
-    p.add_argument("--cost-table", help="measure this machine's cost table into this JSON file instead")
-    p.add_argument("--dtype", choices=["int8", "fp32"], default="int8", help="the cost table's kernels")
+    p.add_argument("--cost-table", help="measure this machine's int8 cost table into this JSON file instead")
     args = p.parse_args(argv)
     if args.quick:
         args.d, args.vocab, args.repeats = 256, 8000, 2
@@ -310,12 +307,13 @@ def write_json(path: str, data: dict) -> None:
 
 
 def write_cost_table(args, argv: list[str] | None) -> int:
-    """``--cost-table``: ``int8_union.measure_costs`` (``--dtype fp32``: ``gather.measure_fp32_costs``) on the
-    first of ``--threads``, with the machine, the commit and the command recorded beside the numbers."""
+    """``--cost-table``: ``int8_union.measure_costs`` on the first of ``--threads``, with the machine, the
+    commit and the command recorded beside the numbers."""
     torch.set_num_threads(args.threads[0])
     sizes = {"rows": args.rows, "unions": args.union}
-    measure = int8_union.measure_costs if args.dtype == "int8" else gather.measure_fp32_costs
-    table = measure(args.d, args.vocab, repeats=args.repeats, **{k: v for k, v in sizes.items() if v})
+    table = int8_union.measure_costs(
+        args.d, args.vocab, repeats=args.repeats, **{k: v for k, v in sizes.items() if v}
+    )
     table = dataclasses.replace(table, measured_on={**provenance(argv), **table.measured_on})
     write_json(args.cost_table, table.to_json())
     return 0

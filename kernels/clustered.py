@@ -66,7 +66,6 @@ import torch
 
 from fastvocab.artifacts_schema.cluster_map import ClusterMap, load_cluster_map
 from fastvocab.artifacts_schema.errors import ArtifactError
-from fastvocab.kernels import prepack
 from fastvocab.kernels.base import CapturableStep, Projection, ProjectionOutput, register
 from fastvocab.kernels.certificate import BoundTables, bound_tables, certify, inactive_bounds
 from fastvocab.kernels.cluster_assign import (
@@ -78,15 +77,7 @@ from fastvocab.kernels.cluster_assign import (
 )
 from fastvocab.kernels.clustered_parts import ORACLE, ClusteredParts
 from fastvocab.kernels.clustered_static import StaticUnion
-from fastvocab.kernels.gather import (
-    Fp32Blocks,
-    cluster_logits,
-    fp32_blocks,
-    fp32_full_logits,
-    fp32_map_skipped,
-    fp32_union_logits,
-    per_row_logits,
-)
+from fastvocab.kernels.gather import cluster_logits, gathered_logits, per_row_logits
 from fastvocab.kernels.inactive_mass import (
     MassTables,
     NormaliserTables,
@@ -114,7 +105,7 @@ _COUNTERS_LOCK = threading.Lock()  # guards every projection's counters (rare, t
 # here.
 DEFAULT_NORMALISER_RANK = 32
 # Cached sub-matrices on CPU by default (MB): a cached cluster turns the per-step gather (a copy of the active
-# rows) into a plain GEMV (measured: benchmarks/README.md, "Output layer alone").
+# rows) into a plain GEMV (measured: benchmarks/history-2026-11-undertrained-model.md, "Output layer alone").
 DEFAULT_CPU_CACHE_MB = 512.0
 
 
@@ -177,27 +168,14 @@ class ClusteredProjection(Projection):
         cache_bytes = int(cache_mb * 2**20)
         aa = self.always_active.tolist()
         self._map = prepare_map(cmap, self.weight, self.bias, aa, cache_bytes=0 if self.int8 else cache_bytes)
-        # CPU union mode over popularity blocks: each id's chance to be in a row's set orders W's rows, and
-        # gives the union expected at a row count
+        # int8 union mode: each id's chance to be in a row's set, for the union expected at a row count
         self.full_when_cheaper = parts.compute.full_when_cheaper  # may be switched off later (benchmarks do)
-        self.dense_blocks = parts.compute.dense_blocks
-        fp32_blocked = (
-            not self.int8
-            and self.dense_blocks
-            and self.backend == "torch"
-            and prepack.prepack_unavailable(self.weight) is None
-        )
         self._hit = (
-            hit_probability(self._map, self.n_vocab)
-            if self.selection == "union" and (self.int8 or fp32_blocked)
-            else None
+            hit_probability(self._map, self.n_vocab) if self.int8 and self.selection == "union" else None
         )
         self._w8: Int8Weights | None = None  # int8: W as the full int8 projection holds it
-        self._f32: Fp32Blocks | None = None  # float32: W's rows in popularity blocks, pre-packed
         if self.int8:
             self._w8 = int8_weights(self.weight, self.bias, self._map, cache_bytes=cache_bytes, hit=self._hit)
-        elif self._hit is not None:
-            self._f32 = fp32_blocks(self.weight, self.bias, self._hit)
         self._full_at_rows: dict[int, bool] = {}
         self._mass: MassTables | NormaliserTables | None = None
         self.normaliser_source: str | None = None  # "map" or "computed at load"
@@ -312,8 +290,6 @@ class ClusteredProjection(Projection):
             opts["mass_radius"] = self.mass_radius
         if self._hit is not None and not self.full_when_cheaper:
             opts["full_when_cheaper"] = False
-        if not self.dense_blocks and not self.int8:
-            opts["dense_blocks"] = False
         if self.exact_k:
             opts["exact_k"] = self.exact_k
             if self.exact_k > 1:
@@ -418,13 +394,9 @@ class ClusteredProjection(Projection):
         full = self._full_at_rows.get(rows)
         if full is None:
             # each row brings the sets of its `probes` nearest clusters: as many draws
-            draws = rows * self.probes
-            if self._f32 is not None:
-                full = fp32_map_skipped(self._hit, draws, rows, self.n_vocab, self._f32.block_columns)
-            else:
-                pb = None if self._w8 is None else self._w8.popular
-                width = None if pb is None else pb.block_columns
-                full = int8_map_skipped(self._hit, draws, rows, self.n_vocab, width)
+            pb = None if self._w8 is None else self._w8.popular
+            width = None if pb is None else pb.block_columns
+            full = int8_map_skipped(self._hit, rows * self.probes, rows, self.n_vocab, width)
             self._full_at_rows[rows] = full
         return full
 
@@ -490,8 +462,6 @@ class ClusteredProjection(Projection):
         mass ``mass_radius`` computes exactly."""
         if self._w8 is not None:
             return int8_full_logits(h, self._w8)
-        if self._f32 is not None:  # every block packed, in popularity order, back to id order
-            return fp32_full_logits(h, self._f32)
         return torch.nn.functional.linear(h, self.weight, self.bias)
 
     def _project_torch(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -516,7 +486,7 @@ class ClusteredProjection(Projection):
         elif len(uniq) == 1 and self._map.blocks[c] is not None:  # one cluster: its cached block, no gather
             logits = cluster_logits(h, self._map, c, self.weight, self.bias)
         else:
-            logits = fp32_union_logits(h, self.weight, self.bias, ids, self._f32)  # (rows, C)
+            logits = gathered_logits(h, self.weight, self.bias, ids)  # (rows, C)
         return logits, ids, clusters
 
     def _project_cupy(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -70,18 +70,14 @@ class Compute:
 
     ``backend``: auto, torch or cupy. ``cache_mb``: the cached per-cluster sub-matrices (None = 512 on CPU,
     0 on CUDA; with ``int8``, packed int8 blocks). ``int8`` (CPU, torch backend): the full int8 projection's
-    logits on the active columns (``dtype:int8`` in the signature). ``dense_blocks`` (CPU float32 union
-    mode, torch backend): W's rows also pre-packed in popularity order, and each block of a step's union
-    run dense or gathered, whichever its measured costs say is cheaper (``kernels.gather.Fp32Blocks``; one
-    more copy of W); int8 union mode always has its own. ``full_when_cheaper`` (CPU union mode with
-    popularity blocks, int8 or float32): at row counts where the map's expected union costs more than the
-    full GEMM, every column without assigning clusters, counted in ``counters["full"]``.
+    logits on the active columns (``dtype:int8`` in the signature). ``full_when_cheaper`` (int8 union
+    mode): at row counts where the map's expected union costs more than the full int8 GEMM, every column
+    without assigning clusters, counted in ``counters["full"]``.
     """
 
     backend: str = "auto"
     cache_mb: float | None = None
     int8: bool = False
-    dense_blocks: bool = True
     full_when_cheaper: bool = True
 
     def __post_init__(self) -> None:
@@ -94,7 +90,6 @@ class Compute:
             raise ValueError(f"cache_mb must be >= 0, got {self.cache_mb}")
         # frozen: the normalised values are set once, here
         object.__setattr__(self, "int8", bool(self.int8))
-        object.__setattr__(self, "dense_blocks", bool(self.dense_blocks))
         object.__setattr__(self, "full_when_cheaper", bool(self.full_when_cheaper))
 
 

@@ -1,15 +1,13 @@
-"""The measured costs that decide between the two kernels of a CPU union step, recorded per machine, one
-table per dtype (``int8``, ``fp32``).
+"""The measured costs that decide between the two kernels of a CPU int8 union step, recorded per machine.
 
-A union step, or one block of it in popularity order (``kernels.popular``), either gathers its columns' rows
-(a cost per gathered column) or runs the packed GEMM over all its ids (a cost per vocabulary column: fbgemm
-for int8, oneDNN for float32); which one is cheaper depends on the step's rows and on the machine (its vector
-units, caches and memory), not on the model. The costs are measured, not modelled:
-``benchmarks/bench_int8_gather.py --cost-table`` (``--dtype``) times both kernels at a few row counts and
-writes a table. The package ships the tables of the machine it was tuned on (``int8_costs.json``,
-``fp32_costs.json``, each recording that machine and the result file it comes from);
-``FASTVOCAB_INT8_COSTS`` / ``FASTVOCAB_FP32_COSTS`` name other tables, for a machine measured the same way.
-Both kernels give the same logits to float rounding: a table changes only the time.
+An int8 union step, or one block of it in popularity order (``kernels.popular``), either gathers its
+columns' int8 rows (a cost per gathered column) or runs the packed fbgemm GEMM over all its ids (a cost per
+vocabulary column); which one is cheaper depends on the step's rows and on the machine (its vector units,
+caches and memory), not on the model. The costs are measured, not modelled:
+``benchmarks/bench_int8_gather.py --cost-table`` times both kernels at a few row counts and writes a table.
+The package ships the table of the machine it was tuned on (``int8_costs.json``, which records that machine
+and the result file it comes from); ``FASTVOCAB_INT8_COSTS`` names another table, for a machine measured the
+same way. Both kernels give the same logits: a table changes only the time.
 """
 
 from __future__ import annotations
@@ -27,10 +25,10 @@ from typing import Any
 
 import torch
 
-# Per dtype: the environment variable naming a cost table (JSON, as ``CostTable.to_json`` writes it) to use
-# instead of the packaged one (read once, when the union kernels are first imported), and the packaged file.
-COSTS_ENV = {"int8": "FASTVOCAB_INT8_COSTS", "fp32": "FASTVOCAB_FP32_COSTS"}
-PACKAGED = {"int8": "int8_costs.json", "fp32": "fp32_costs.json"}
+# Environment variable: a cost table (JSON, as ``CostTable.to_json`` writes it) to use instead of the
+# packaged one, read once, when the int8 union kernels are first imported.
+COSTS_ENV = "FASTVOCAB_INT8_COSTS"
+PACKAGED = "int8_costs.json"
 
 
 @dataclass(frozen=True)
@@ -74,33 +72,31 @@ class CostTable:
         }
 
 
-def load_cost_table(path: str | Path | None = None, dtype: str = "int8") -> CostTable:
-    """The ``dtype`` table at ``path``; else the one its environment variable (:data:`COSTS_ENV`) names; else
-    the packaged one."""
-    env = COSTS_ENV[dtype]
-    if path is None and os.environ.get(env):
-        path, where = os.environ[env], f"{env}={os.environ[env]}"
+def load_cost_table(path: str | Path | None = None) -> CostTable:
+    """The table at ``path``; else the one ``FASTVOCAB_INT8_COSTS`` names; else the packaged one."""
+    if path is None and os.environ.get(COSTS_ENV):
+        path, where = os.environ[COSTS_ENV], f"{COSTS_ENV}={os.environ[COSTS_ENV]}"
     else:
-        where = str(path or PACKAGED[dtype])
+        where = str(path or PACKAGED)
     try:
         if path is None:
-            text = resources.files("fastvocab.kernels").joinpath(PACKAGED[dtype]).read_text()
+            text = resources.files("fastvocab.kernels").joinpath(PACKAGED).read_text()
         else:
             text = Path(path).read_text()
         return CostTable.from_json(json.loads(text))
     except (OSError, KeyError, TypeError, ValueError) as exc:
-        raise ValueError(f"{where}: not an {dtype} cost table ({exc})") from exc
+        raise ValueError(f"{where}: not an int8 cost table ({exc})") from exc
 
 
 def costs_from_timings(
-    timings: Iterable[Mapping[str, Any]], n_vocab: int, measured_on: Mapping[str, Any], dtype: str = "int8"
+    timings: Iterable[Mapping[str, Any]], n_vocab: int, measured_on: Mapping[str, Any]
 ) -> CostTable:
     """A table from timings of both kernels over the union ``union`` (a share of ``n_vocab``) at ``rows``
-    rows (``{"kernel": "<dtype>-gather" | "<dtype>-dense", "rows", "union", "ms"}``, the rows
+    rows (``{"kernel": "int8-gather" | "int8-dense", "rows", "union", "ms"}``, the rows
     :func:`time_kernels` and ``bench_int8_gather.py`` write): per row count, the median over the unions of
     each kernel's cost per column, the gather's per gathered column (``round(union * n_vocab)``), the dense
     GEMM's per vocabulary column. The median, not a fit: neither cost is linear in the unions measured."""
-    gather, dense = f"{dtype}-gather", f"{dtype}-dense"
+    gather, dense = "int8-gather", "int8-dense"
     per: dict[str, dict[int, list[float]]] = {gather: {}, dense: {}}
     for t in timings:
         if t["kernel"] in per:

@@ -16,14 +16,12 @@ import torch
 from fastvocab.kernels import int8_union
 from fastvocab.kernels.union_costs import COSTS_ENV, CostTable, costs_from_timings, load_cost_table
 
-INT8_ENV = COSTS_ENV["int8"]
-
 ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture
 def packaged(monkeypatch) -> CostTable:
-    monkeypatch.delenv(INT8_ENV, raising=False)
+    monkeypatch.delenv(COSTS_ENV, raising=False)
     return load_cost_table()
 
 
@@ -49,7 +47,7 @@ def test_another_table_replaces_the_packaged_one_when_the_kernels_are_imported(t
         "from fastvocab.kernels import int8_union as u\n"
         "print(u.INT8_COST_ROWS, u.INT8_GATHER_US, u.INT8_DENSE_US, u.COST_TABLE.measured_on['device'])\n"
     )
-    env = {**os.environ, INT8_ENV: str(path)}
+    env = {**os.environ, COSTS_ENV: str(path)}
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["(1,", "64)", "(0.5,", "2.0)", "(0.05,", "0.25)", "x"]
@@ -68,8 +66,8 @@ def test_another_table_replaces_the_packaged_one_when_the_kernels_are_imported(t
 def test_a_malformed_table_is_refused_naming_the_variable(tmp_path, monkeypatch, table, why):
     path = tmp_path / "costs.json"
     path.write_text(json.dumps(table))
-    monkeypatch.setenv(INT8_ENV, str(path))
-    with pytest.raises(ValueError, match=f"{INT8_ENV}=.*not an int8 cost table.*{why}"):
+    monkeypatch.setenv(COSTS_ENV, str(path))
+    with pytest.raises(ValueError, match=f"{COSTS_ENV}=.*not an int8 cost table.*{why}"):
         load_cost_table()
 
 
