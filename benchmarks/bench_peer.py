@@ -19,7 +19,8 @@ than the one before), median of ``--repeats`` rounds:
 - ``fastvocab full fp32, F.linear on W`` (``--with-unpacked``): full without the pre-packed weights
   (``prepack=False``), to measure what packing gives in the same rounds;
 - ``fastvocab full int8`` / ``clustered int8``: the same after ``Seq2SeqAdapter.quantize_int8()`` (encoder
-  and decoder linears) and, for full, the int8 output projection (the full projection's ``int8`` option);
+  and decoder linears) and the int8 output projection (the full and clustered projections' ``int8`` option,
+  as ``fastvocab translate --dtype int8`` runs them);
 - ``fastvocab-hf full fp32`` / ``clustered fp32`` (``--with-hf``): the previous engine (Hugging Face
   decoder, dynamic cache);
 - ``ct2 float32`` / ``ct2 int8``: CTranslate2's ``Translator.translate_batch`` on the model converted from
@@ -52,6 +53,11 @@ Quality per system: lines that differ from fastvocab full fp32 and, for int8, fr
 for a vmap system, from the same CTranslate2 compute type without the vmap (``lines_changed_vs_own_full``);
 BLEU and chrF against the references when the lines come from a corpus split. Speed ratios are medians of
 per-round ratios (paired rounds, so load drift on a shared machine cancels). The load average is recorded.
+Clustered systems also record ``active_fraction`` (columns computed per row / N over their rounds; a row of a
+step that skipped the map counts N), ``speed_vs_full`` (against fastvocab full of the same dtype) and the
+Amdahl bound ``bound_vs_full = 1 / ((1 - s) + s * u)`` with ``s`` full's measured ``projection_share`` and
+``u`` the active fraction: the speed-up a projection computing that share of the columns at full's cost
+per column could give (``of_bound``: the share of it reached).
 Writes ``benchmarks/results/peer-<device>-<date>.json`` (``--out``) and prints a Markdown table.
 """
 
@@ -191,9 +197,14 @@ def fastvocab_system(adapter, projection, args) -> Callable[[list[str], int], tu
             early_stopping=args.early_stopping,
         )
         spent[0] = proj.step_seconds
+        if hasattr(proj, "reset_counters"):  # clustered: the columns and skipped rows of this call
+            stats[0] = proj.stats()
+            proj.reset_counters()
         return r.seconds, r.hypotheses
 
+    stats: list[dict] = [{}]
     run.projection_seconds = spent  # type: ignore[attr-defined]
+    run.projection_stats = stats  # type: ignore[attr-defined]
     return run
 
 
@@ -206,6 +217,7 @@ def build_systems(args) -> tuple[dict[str, Callable], dict]:
     a8 = Seq2SeqAdapter.load(args.model, engine=args.engine)
     a8.quantize_int8(encoder=not args.int8_decoder_only)
     info["engine"] = a32.engine
+    info["n_vocab"] = a32.n_vocab
     info["fastvocab_early_stopping"] = stopping_rule(a32, args.early_stopping)
     info["ct2_early_stopping"] = "patience 1: a sentence ends once beam hypotheses are finished"
     full = make_projection(a32, "full")
@@ -248,8 +260,18 @@ def build_systems(args) -> tuple[dict[str, Callable], dict]:
             first = first or by_beam
             tag = f", probes {probes}" if len(probes_list) > 1 else ""
             systems[f"fastvocab clustered fp32{tag}"] = fastvocab_system(a32, by_beam, args)
-            if not args.no_int8:
-                systems[f"fastvocab clustered int8{tag}"] = fastvocab_system(a8, by_beam, args)
+            if not args.no_int8:  # the int8 clustered projection, as `translate --dtype int8` runs it
+                by_beam8 = {
+                    beam: make_projection(
+                        a32,
+                        "clustered",
+                        cluster_map=map_dir,
+                        int8=True,
+                        **clustered_options("union", args.inactive_mass, False, beam, probes),
+                    )
+                    for beam in beams
+                }
+                systems[f"fastvocab clustered int8{tag}"] = fastvocab_system(a8, by_beam8, args)
             info["map_signature"].update({f"beam{b}{tag}": p.signature() for b, p in by_beam.items()})
     if args.with_hf:
         hf = Seq2SeqAdapter.load(args.model, engine="hf")
@@ -474,6 +496,20 @@ def main(argv: list[str] | None = None) -> int:
                     ),
                     4,
                 )
+            pstats = getattr(systems[name], "projection_stats", [{}])[0]
+            if pstats.get("active_columns_per_row") is not None:
+                # the Amdahl bound: full's step with its projection's share s cut to the columns computed
+                u = pstats["active_columns_per_row"] / info["n_vocab"]
+                twin = "fastvocab full int8" if "int8" in name else "fastvocab full fp32"
+                s_full = rows[twin].get("projection_share") if twin in rows else None
+                row["active_fraction"] = round(u, 4)
+                row["full_fraction"] = pstats.get("full_fraction")
+                row["speed_vs_full"] = round(
+                    statistics.median([f / t for f, t in zip(times[twin], times[name], strict=True)]), 3
+                )
+                if s_full is not None:
+                    row["bound_vs_full"] = round(1 / ((1 - s_full) + s_full * u), 3)
+                    row["of_bound"] = round(row["speed_vs_full"] / row["bound_vs_full"], 3)
             if "int8" in name:
                 twin = name.replace("int8", "fp32" if name.startswith("fastvocab") else "float32")
                 row["lines_changed_by_int8"] = round(search_error_rate(outputs[name], outputs[twin]), 4)
@@ -507,8 +543,11 @@ def main(argv: list[str] | None = None) -> int:
             f"\nbeam {beam}, batch {args.batch_size}, {args.threads} threads ({args.parallel}), "
             f"load {load_before[0]:.1f}"
         )
-        print("| system | median s | vs ct2 float32 | vs ct2 int8 | changed vs full | int8 changed | BLEU |")
-        print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+        print(
+            "| system | median s | vs ct2 float32 | vs ct2 int8 | changed vs full | int8 changed | BLEU "
+            "| columns | vs full | bound |"
+        )
+        print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
         for name, r in rows.items():
             int8_changed = r.get("lines_changed_by_int8")
             int8_changed = "-" if int8_changed is None else f"{100 * int8_changed:.1f}%"
@@ -516,7 +555,8 @@ def main(argv: list[str] | None = None) -> int:
                 f"| {name} | {r['seconds_median']:.2f} | {r.get('speed_vs_ct2_float32', '-')} | "
                 f"{r.get('speed_vs_ct2_int8', '-')} | {100 * r['lines_changed_vs_fastvocab_full_fp32']:.1f}% "
                 "| "
-                f"{int8_changed} | {r.get('bleu', '-')} |"
+                f"{int8_changed} | {r.get('bleu', '-')} | {r.get('active_fraction', '-')} "
+                f"| {r.get('speed_vs_full', '-')} | {r.get('bound_vs_full', '-')} |"
             )
     out = Path(args.out) if args.out else RESULTS / f"peer-cpu-{dt.date.today().isoformat()}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
