@@ -102,7 +102,7 @@ def restore_from_parts(parts_dir: Path, work: Path, n_prev: int, weights: Path |
         raise SystemExit(
             f"train-{n_prev + 1}: no checkpoint in {work} (a fresh machine), and {parts_dir} lacks "
             f"train-{n_prev}-resume.tar or the weights (train-{n_prev}-model.tar.part*, or --weights DIR): "
-            "carry them (see benchmarks/README.md, 'Running the GPU campaign')"
+            "carry them (see benchmarks/gpu.md, 'Running the campaign')"
         )
     restore = work / "restore"
     shutil.rmtree(restore, ignore_errors=True)
