@@ -274,7 +274,7 @@ class LshIndexConfig(_Strict):
 
 
 class GraphIndexConfig(_Strict):
-    """The ``graph`` artifact: HNSW over FGD's inner-product-preserving transform of W and b."""
+    """The ``graph`` artifact: an inner-product HNSW graph over W fused with b (FGD, kernels/graph.py)."""
 
     m: int = Field(32, ge=2)  # neighbours per node (FGD's M)
     ef_construction: int = Field(200, ge=1)
