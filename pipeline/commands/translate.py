@@ -151,7 +151,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="lsh without --index: hash bits, an index fixes them (default: 256)",
     )
     p.add_argument(
-        "--ef-search", type=int, metavar="N", help="graph: HNSW search queue, >= K is used (default: 64)"
+        "--ef-search", type=int, metavar="N", help="graph: HNSW search queue, >= K is used (default: 256)"
     )
     p.add_argument(
         "--frequent",
