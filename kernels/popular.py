@@ -1,12 +1,15 @@
-"""A union step over W's rows in popularity order, for both CPU union kernels (float32 and int8).
+"""A union step over W's rows in popularity order: the int8 union's blocks (``kernels.int8_union``) and the
+expectations that decide, per row count, whether a step skips the map.
 
 A map's sets overlap: the ids many clusters hold (function words, punctuation, frequent subwords) are in
 nearly every union of a batch, the rare ones in few. Ordered by how likely a row's set holds them
 (:func:`hit_probability`) and cut into blocks of a few thousand ids, the union of a batch is dense in the
 first blocks and sparse in the rest. A dense block costs less through the packed GEMM over all its ids than
 through a gather of its union columns; a sparse one the other way round. :func:`union_over_blocks` runs each
-block the cheaper way (by a table of the two kernels' measured costs, ``union_costs``) and returns exactly the
-union's columns, in the union's order: which way a block ran changes only the time.
+block the cheaper way (by a table of the two kernels' measured costs, ``union_costs``; the kernels themselves
+come in as functions) and returns exactly the union's columns, in the union's order: which way a block ran
+changes only the time. In float32 the same blocks measured slower than the plain gather
+(docs/DESIGN-NOTES.md), so only the int8 path uses them.
 
 The expectations here (:func:`expected_union`, :func:`expected_block_unions`) decide, once per row count,
 whether a step should skip the map and run every column (:func:`map_skipped`).
@@ -14,7 +17,7 @@ whether a step should skip the map and run every column (:func:`map_skipped`).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -142,16 +145,3 @@ def union_over_blocks(
         src[:, base:] = gather(cols.index_select(0, rest))
         where[rest] = base + torch.arange(rest.numel())
     return src.index_select(1, where)
-
-
-def dense_cheaper_by(
-    cost_rows: Sequence[int], gather_us: Sequence[float], dense_us: Sequence[float]
-) -> DenseCheaper:
-    """:data:`DenseCheaper` from a table of per-column costs in microseconds by the step's rows (interpolated
-    between the rows measured): ``columns`` gathered against ``ids`` run dense."""
-
-    def cheaper(columns, rows, ids):
-        gather = columns * float(np.interp(rows, cost_rows, gather_us))
-        return gather > ids * float(np.interp(rows, cost_rows, dense_us))
-
-    return cheaper
