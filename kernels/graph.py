@@ -13,8 +13,8 @@ the inner-product graph finds it for 97% at 64 (99.6% at 256), with the same M a
 64 compounds over a sentence's steps into 42% of greedy outputs changed (300 en-it test lines), 4.7% at 256
 (benchmarks/results/graph-greedy-cpu-2026-11-27-en-it300.json). The lifted dimension is what differs: it
 dominates the distances between small-norm embeddings, so the graph's edges follow it rather than the
-directions that decide a logit. The serialized index is the artifact (``MethodIndex`` "graph", every direction, array
-``faiss_index`` uint8; ``metric`` in its record).
+directions that decide a logit. The serialized index is the artifact (``MethodIndex`` "graph", every
+direction, array ``faiss_index`` uint8; ``metric`` in its record).
 
 At each step (FGD-I, Algorithm 2): every row's top-K by graph search (``ef_search`` = the paper's efSearch,
 the length of the candidate queue), per-row ids (rows, K). The logits of the K candidates are recomputed
