@@ -12,7 +12,8 @@ Stored as a method index (``artifacts_schema/method_index.py``, method ``"shortl
 - ``indptr`` (N + 1,) int64, ``indices`` (nnz,) int32, ``probs`` (nnz,) float32: the rows (CSR over source
   ids), each sorted by probability, so a projection can use fewer than ``k`` per row;
 - ``frequent`` (F,) int32: target ids by corpus count, most frequent first;
-- ``always_active`` (A,) int32: the adapter's always-active ids when the table was built.
+- ``always_active`` (A,) int32: the adapter's always-active ids when the table was built, and the
+  tokenizer's unknown token (the model emits it for characters its vocabulary lacks, whatever the source).
 
 Pure functions: no Ray, no MLflow.
 """
@@ -203,7 +204,12 @@ def build_shortlist(
     if not src_ids:
         raise ValueError(f"no usable sentence pair for {direction} (empty, or all longer than max_tokens)")
     tokenize_seconds = time.perf_counter() - t0
-    tensors, stats = shortlist_tensors(src_ids, tgt_ids, adapter.n_vocab, adapter.always_active_ids(), params)
+    unk = getattr(adapter.tokenizer, "unk_token_id", None)
+    always = [
+        *adapter.always_active_ids(),
+        *([unk] if isinstance(unk, int) and 0 <= unk < adapter.n_vocab else []),
+    ]
+    tensors, stats = shortlist_tensors(src_ids, tgt_ids, adapter.n_vocab, always, params)
     seconds = time.perf_counter() - t0
     stats.update(
         pairs_given=len(sources),

@@ -141,15 +141,20 @@ def test_builder_learns_the_tokenized_word_pairs(adapter, index):
     assert hits >= len(WORDS["en"].split()) - 2, tok.convert_ids_to_tokens(list(proj._fixed))
 
 
-def test_candidates_are_rows_plus_frequent_plus_always_active(adapter, index):
-    proj = make_projection(adapter, "shortlist", index=index, k=2, frequent=3)
+def test_candidates_are_rows_plus_frequent_plus_always_active_plus_copies(adapter, index):
     s = adapter.tokenize(["package library"], "en")[0]
     t = index.tensors
+    unk = adapter.tokenizer.unk_token_id
+    assert unk in t["always_active"].tolist()  # the model emits it for what its vocabulary lacks
     rows = [t["indices"][t["indptr"][i] : t["indptr"][i + 1]][:2] for i in s]
     want = set(np.concatenate(rows).tolist()) | set(t["frequent"][:3].tolist())
-    want |= set(adapter.always_active_ids())
-    assert set(proj.candidates(s).tolist()) == want
-    assert proj.signature().startswith("method:shortlist|direction:en-it|frequent:3|index:sha256:")
+    want |= set(adapter.always_active_ids()) | {unk}
+    plain = make_projection(adapter, "shortlist", index=index, k=2, frequent=3, copy=False)
+    assert set(plain.candidates(s).tolist()) == want
+    proj = make_projection(adapter, "shortlist", index=index, k=2, frequent=3)  # copy by default
+    assert set(proj.candidates(s).tolist()) == want | set(s)
+    assert not set(s) <= want  # the copies add ids the rows do not hold
+    assert proj.signature().startswith("method:shortlist|copy:True|direction:en-it|frequent:3|index:sha256:")
 
 
 # -------------------------------------------------------------------------------------------------- decoding
