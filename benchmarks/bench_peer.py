@@ -15,7 +15,8 @@ than the one before), median of ``--repeats`` rounds:
   runs) with the static decoder engine; full = ``kernels.full`` (on CPU fp32 with W pre-packed for oneDNN);
   clustered = union mode with the pipeline's map (``--maps``), ``--probes`` and ``--inactive-mass`` as
   ``fastvocab translate`` takes them (default ``auto``: no estimate for greedy, the map's normaliser for beam
-  search);
+  search); with ``--with-shortlist DIR`` the candidates of the batch's sentences join the sets, as
+  ``fastvocab translate --with-shortlist`` runs it;
 - ``fastvocab full fp32, F.linear on W`` (``--with-unpacked``): full without the pre-packed weights
   (``prepack=False``), to measure what packing gives in the same rounds;
 - ``fastvocab full int8`` / ``clustered int8``: the same after ``Seq2SeqAdapter.quantize_int8()`` (encoder
@@ -246,6 +247,12 @@ def build_systems(args) -> tuple[dict[str, Callable], dict]:
             probes_list = [int(x) for x in args.probes.split(",") if x]
         info["map"] = str(map_dir)
         info["map_signature"] = {}
+        hybrid: dict[str, object] = {}  # --with-shortlist: the table whose candidates join the sets
+        if args.with_shortlist:
+            from fastvocab.experiments.bench_methods import shortlist_folder
+
+            hybrid["shortlist"] = shortlist_folder(args.with_shortlist, f"{args.src_lang}-{args.tgt_lang}")
+            info["with_shortlist"] = str(hybrid["shortlist"])
         first: dict = {}  # --with-hf's clustered system: the first probes
         for probes in probes_list:
             by_beam = {
@@ -254,6 +261,7 @@ def build_systems(args) -> tuple[dict[str, Callable], dict]:
                     "clustered",
                     cluster_map=map_dir,
                     **clustered_options("union", args.inactive_mass, False, beam, probes),
+                    **hybrid,
                 )
                 for beam in beams
             }
@@ -268,6 +276,7 @@ def build_systems(args) -> tuple[dict[str, Callable], dict]:
                         cluster_map=map_dir,
                         int8=True,
                         **clustered_options("union", args.inactive_mass, False, beam, probes),
+                        **hybrid,
                     )
                     for beam in beams
                 }
@@ -426,6 +435,12 @@ def main(argv: list[str] | None = None) -> int:
         "adds the CTranslate2 + vmap rows, its vmap exported with export_vmap",
     )
     p.add_argument("--vmap", help="a CTranslate2 vocabulary map file instead of --shortlist")
+    p.add_argument(
+        "--with-shortlist",
+        metavar="DIR",
+        help="the clustered systems add the candidates of this shortlist table (a table folder, or a root "
+        "holding shortlist/<src>-<tgt>) to their sets, as translate --with-shortlist does",
+    )
     p.add_argument("--vmap-k", type=int, help="--shortlist: target tokens per source token (the table's)")
     p.add_argument(
         "--vmap-frequent", type=int, help="--shortlist: always-allowed frequent tokens (the table's)"

@@ -10,7 +10,7 @@ with the same search and settings, with the fidelity yardstick's own pieces (``e
 - ``bleu``/``chrf`` (and ``*_full``): sacrebleu against the references;
 - ``candidates_per_row``: vocabulary columns computed per decoder row, counted from what each call returns
   (full: N; shortlist with sentence scope: the batch's union, of which a row may pick only its own
-  sentence's);
+  sentence's); ``certified`` (clustered with ``exact``): the share of rows with an exactness certificate;
 - ``sent_per_s``, ``tok_per_s`` (and ``*_full``), ``speed_ratio`` (full seconds / method seconds, wall
   time), ``cpu_ratio`` (process CPU time, steadier on a shared machine): decoding only, median over repeats;
 - ``projection_seconds`` (and ``_full``, ``projection_ratio`` full / method): time spent inside the output
@@ -92,6 +92,33 @@ GRIDS: dict[str, dict[str, list[dict[str, Any]]]] = {
 SENTENCES = {"quick": 30, "full": 100}
 
 
+def parse_point(text: str) -> tuple[str, dict[str, Any]]:
+    """``"shortlist:k=50,frequent=2000"`` -> ``("shortlist", {"k": 50, "frequent": 2000})``: one grid point
+    of one method, as ``--point`` gives it (values: integers, floats, true/false, else strings); a method
+    with no options is ``"clustered"`` or ``"clustered:"``. ValueError for an unknown method or a bad pair."""
+    method, _, rest = text.strip().partition(":")
+    if method not in METHODS:
+        raise ValueError(f"--point {text!r}: unknown method {method!r}; valid: {', '.join(METHODS)}")
+    point: dict[str, Any] = {}
+    for pair in filter(None, (p.strip() for p in rest.split(","))):
+        key, eq, value = pair.partition("=")
+        if not eq or not key.strip() or not value.strip():
+            raise ValueError(f"--point {text!r}: {pair!r} is not KEY=VALUE")
+        point[key.strip()] = _point_value(value.strip())
+    return method, point
+
+
+def _point_value(value: str) -> Any:
+    if value.lower() in ("true", "false"):
+        return value.lower() == "true"
+    for kind in (int, float):
+        try:
+            return kind(value)
+        except ValueError:
+            pass
+    return value
+
+
 def artifact_params(grid: str) -> dict[str, Any]:
     """The artifact each indexed method's points share, per grid (the points' k and frequent stay within)."""
     from fastvocab.kernels.graph import GraphParams
@@ -131,6 +158,9 @@ class BenchSettings:
         bad = [m for m in self.methods if m not in METHODS]
         if bad:
             raise ValueError(f"unknown methods {bad}; valid: {', '.join(METHODS)}")
+        unmeasured = [m for m in self.points if m not in self.methods]
+        if unmeasured:
+            raise ValueError(f"points given for {unmeasured}, which are not among the methods measured")
         if not self.beams or min(self.beams) < 1 or self.batch_size < 1:
             raise ValueError(f"beam and batch sizes must be >= 1, got {self.beams} and {self.batch_size}")
         if self.repeats < 1 or self.max_len < 1 or (self.sentences or 0) < 0 or self.warmup < 1:
@@ -322,16 +352,32 @@ def point_options(
         from fastvocab.tasks.projections import clustered_options
 
         selection = "per-row" if method == "per-row" else "union"
+        rest = {k: v for k, v in point.items() if k not in ("inactive_mass", "exact", "maps")}
         opts = clustered_options(
             selection, point.get("inactive_mass", "auto"), bool(point.get("exact", False)), beam
         )
-        return {"cluster_map": artifact.index, **opts}
+        cmap = artifact.index
+        if "maps" in point:  # another maps root than --maps, e.g. maps of another K
+            src, _, tgt = direction.partition("-")
+            cmap = resolve_map_dir(point["maps"], src, tgt)
+        if "shortlist" in rest:
+            rest["shortlist"] = shortlist_folder(rest["shortlist"], direction)
+        return {"cluster_map": cmap, **opts, **rest}  # the projection refuses an unknown option
     opts = {"index": artifact.index, **point}
     if method == "graph":  # Faiss's search threads = torch's, so no method gets more cores than another
         opts.setdefault("threads", torch.get_num_threads())
     if method == "shortlist":
         opts["direction"] = direction
     return opts
+
+
+def shortlist_folder(path: str | Path, direction: str) -> Path:
+    """A shortlist table's folder: ``path`` itself when it holds one, else the methods stage's layout under
+    it (``<path>/shortlist/<direction>``)."""
+    from fastvocab.tasks.methods import index_dir
+
+    path = Path(path)
+    return path if (path / MANIFEST_FILE).exists() else index_dir(path, "shortlist", direction)
 
 
 def fit_point(method: str, point: dict[str, Any], artifact: Artifact | None) -> dict[str, Any]:
@@ -415,6 +461,8 @@ def measure_beam(
                 "projection_seconds": round(psec, 4),
                 "projection_ratio": round(full_proj / psec, 3) if psec > 0 else None,
                 "projection_calls": calls,
+                # exact: the share of rows with an exactness certificate (the rest ran the full projection)
+                "certified": p.projection.stats().get("certified_fraction"),
                 **memory[name],
                 "build_seconds": None if art is None else art.build_seconds,
                 "artifact_bytes": None if art is None else art.nbytes,

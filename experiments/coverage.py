@@ -167,11 +167,21 @@ def set_masks(
         yield n, mask
 
 
-def step_misses(mask: torch.Tensor, near: torch.Tensor, path: GreedyPath, probes: int) -> torch.Tensor:
-    """(steps,) bool: the step's best token is outside the sets of its ``probes`` nearest clusters."""
+def step_misses(
+    mask: torch.Tensor,
+    near: torch.Tensor,
+    path: GreedyPath,
+    probes: int,
+    extra: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """(steps,) bool: the step's best token is outside the sets of its ``probes`` nearest clusters (and
+    outside its sentence's row of ``extra``, (sentences, N) bool: per-sentence candidates such as a
+    shortlist's; ``probes`` 0 with ``extra``: the candidates alone)."""
     hit = torch.zeros(len(path.best), dtype=torch.bool)
     for j in range(probes):
         hit |= mask[near[:, j], path.best]
+    if extra is not None:
+        hit |= extra[path.sentence, path.best]
     return ~hit
 
 
@@ -188,27 +198,48 @@ UNION_GROUPS = 600
 
 
 def path_coverage(
-    mask: torch.Tensor, near: torch.Tensor, path: GreedyPath, probes: int, batch: int = 32
+    mask: torch.Tensor,
+    near: torch.Tensor,
+    path: GreedyPath,
+    probes: int,
+    batch: int = 32,
+    extra: torch.Tensor | None = None,
 ) -> dict[str, float]:
     """Greedy fidelity of the sets ``mask`` (r, N) on ``path`` with ``probes`` nearest clusters (``near``:
-    the path's (steps, >= probes) nearest clusters, nearest first)."""
+    the path's (steps, >= probes) nearest clusters, nearest first), and with ``extra`` (sentences, N) bool,
+    each sentence's candidates that every step of its batch computes (a shortlist's, bound to the batch:
+    a row's columns hold its own sentence's, the union all of the batch's sentences')."""
     n_vocab = mask.shape[1]
-    miss = step_misses(mask, near, path, probes)
+    miss = step_misses(mask, near, path, probes, extra)
     differ = torch.unique(path.sentence[miss]).numel()
     packed = np.packbits(mask.numpy(), axis=1)  # (r, N / 8): the sets as bits
+    cand = None if extra is None else np.packbits(extra.numpy(), axis=1)  # (sentences, N / 8)
     cl = near[:, :probes].numpy()
-    # columns per row: the union of a row's probed sets
+    sent = path.sentence.numpy()
+    # columns per row: the union of a row's probed sets (and its sentence's candidates)
     row_cols = 0
-    for lo in range(0, len(cl), 4096):
-        bits = np.bitwise_or.reduce(packed[cl[lo : lo + 4096]], axis=1)  # (rows, N / 8)
+    for lo in range(0, len(sent), 4096):
+        bits = np.zeros((len(sent[lo : lo + 4096]), packed.shape[1]), dtype=np.uint8)
+        if probes:
+            bits |= np.bitwise_or.reduce(packed[cl[lo : lo + 4096]], axis=1)  # (rows, N / 8)
+        if cand is not None:
+            bits |= cand[sent[lo : lo + 4096]]
         row_cols += int(_POPCOUNT[bits].sum())
     # the union a batch computes at each step: the rows of ``batch`` consecutive sentences at that step,
     # averaged over rows (each row of the step pays for the whole union)
     groups = _batch_steps(path, batch)
     pick = groups[:: max(1, len(groups) // UNION_GROUPS)]
-    union_cols = sum(
-        len(g) * int(_POPCOUNT[np.bitwise_or.reduce(packed[np.unique(cl[g])], 0)].sum()) for g in pick
-    )
+
+    def union(g: np.ndarray) -> int:
+        bits = np.zeros(packed.shape[1], dtype=np.uint8)
+        if probes:
+            bits |= np.bitwise_or.reduce(packed[np.unique(cl[g])], 0)
+        if cand is not None:
+            first = sent[g[0]] // batch * batch  # the batch's sentences, bound for all its steps
+            bits |= np.bitwise_or.reduce(cand[first : first + batch], 0)
+        return int(_POPCOUNT[bits].sum())
+
+    union_cols = sum(len(g) * union(g) for g in pick)
     weight = sum(len(g) for g in pick)
     steps = max(len(cl), 1)
     return {

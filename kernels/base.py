@@ -253,16 +253,23 @@ class Projection:
         return "|".join(parts)
 
     def __call__(self, h: torch.Tensor) -> ProjectionOutput:
+        return self._checked_call(h, self._project)
+
+    def _checked_call(
+        self, h: torch.Tensor, step: Callable[[torch.Tensor], ProjectionOutput]
+    ) -> ProjectionOutput:
+        """``step(h)`` after the input checks, timed when :meth:`time_steps` is on: what ``__call__`` runs,
+        open to a projection bound to a batch (whose step takes more than ``h``)."""
         if h.dim() != 2 or h.shape[1] != self.d:
             raise ValueError(f"hidden states must be (rows, {self.d}), got {tuple(h.shape)}")
         if h.device != self.device:
             raise ValueError(f"hidden states on {h.device}, projection on {self.device}")
         h = h.to(self.weight.dtype)
         if not self._timing:
-            return self._project(h)
+            return step(h)
         t0 = time.perf_counter()
         try:
-            return self._project(h)
+            return step(h)
         finally:
             seconds = time.perf_counter() - t0
             with _TIMING_LOCK:

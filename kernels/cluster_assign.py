@@ -168,12 +168,15 @@ def nearest_clusters(
     return dist.topk(min(probes, dist.shape[1]), dim=1, largest=False).indices
 
 
-def union_columns(clusters: Sequence[int], ids: Sequence[torch.Tensor], n_vocab: int) -> torch.Tensor:
-    """Sorted union of the rows' active sets, (C,) int64: boolean mask over N, then compaction."""
+def union_columns(
+    clusters: Sequence[int], ids: Sequence[torch.Tensor], n_vocab: int, extra: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Sorted union of the rows' active sets and of ``extra`` ((N,) bool, columns every row gets; None:
+    none), (C,) int64: boolean mask over N, then compaction."""
     uniq = sorted(set(clusters))
-    if len(uniq) == 1:
+    if len(uniq) == 1 and extra is None:
         return ids[uniq[0]]  # already sorted and unique
     first = ids[uniq[0]]
-    mask = torch.zeros(n_vocab, dtype=torch.bool, device=first.device)
+    mask = torch.zeros(n_vocab, dtype=torch.bool, device=first.device) if extra is None else extra.clone()
     mask[torch.cat([ids[c] for c in uniq])] = True
     return mask.nonzero().squeeze(1)

@@ -28,6 +28,13 @@ At each decoding step:
 
 Always-active ids (EOS, language tags) are added to every cluster's set at load time.
 
+``shortlist`` (union selection, torch backend): a lexical shortlist of the same model and direction joins
+the clusters' sets. The search binds the projection to each batch (``for_batch``, as it binds a shortlist),
+and every step of that batch computes the union of its rows' sets and the candidates of the batch's source
+sentences (``kernels/shortlist.py``). The clusters' sets miss mostly the source-specific content words that
+a shortlist holds, so far smaller sets (K = 1) reach the same fidelity with the two together (measured:
+benchmarks/README.md, "Clustered sets plus the sentence's shortlist").
+
 Backends, chosen once in ``__init__`` from the weight's device (never re-detected in the hot loop):
 
 - ``torch`` (CPU and CUDA): ``cluster_assign``, ``gather``, ``inactive_mass`` and ``certificate``, also the
@@ -58,6 +65,7 @@ from __future__ import annotations
 import logging
 import math
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
 
@@ -96,6 +104,7 @@ from fastvocab.kernels.int8_union import (
     int8_weights,
 )
 from fastvocab.kernels.popular import hit_probability
+from fastvocab.kernels.shortlist import ShortlistProjection
 
 log = logging.getLogger(__name__)
 _COUNTERS_LOCK = threading.Lock()  # guards every projection's counters (rare, tiny updates)
@@ -155,6 +164,7 @@ class ClusteredProjection(Projection):
 
         cmap = self._load_map(cluster_map)
         self.map_manifest = cmap.manifest
+        self._shortlist = self._load_shortlist(parts.selection, cmap.manifest.direction)
         self.probes = decoding_probes(parts.selection.probes, cmap.manifest.probes, self.selection)
         if self.min_count > 1:
             cmap = cmap.pruned(self.min_count)  # drops the normaliser when it removes anything
@@ -256,6 +266,24 @@ class ClusteredProjection(Projection):
             torch.from_numpy(cmap.centroids), self.weight, self.bias, pm.indptr, pm.indices, min(rank, self.d)
         )
 
+    def _load_shortlist(self, selection: Any, direction: str) -> ShortlistProjection | None:
+        """The shortlist whose candidates join the union (``Selection.shortlist``), over the same W; one of
+        another model, or of another direction than a per-direction map's, is refused."""
+        if selection.shortlist is None:
+            return None
+        return ShortlistProjection(
+            self.weight,
+            self.bias,
+            index=selection.shortlist,
+            k=selection.shortlist_k,
+            frequent=selection.shortlist_frequent,
+            copy=selection.shortlist_copy,
+            scope="batch",
+            direction=direction if "-" in direction else None,
+            always_active=self.always_active.tolist(),
+            fingerprint=self.fingerprint,
+        )
+
     def _pick_backend(self, backend: str) -> str:
         if self.device.type != "cuda":
             if backend == "cupy":
@@ -264,6 +292,8 @@ class ClusteredProjection(Projection):
         if backend == "torch":
             return "torch"
         reason = "probes > 1" if self.probes > 1 else _cupy_unsupported(self.weight)
+        if self._shortlist is not None:
+            reason = "a shortlist joins the sets"
         if reason is None:
             return "cupy"
         if backend == "cupy":
@@ -294,6 +324,9 @@ class ClusteredProjection(Projection):
             opts["exact_k"] = self.exact_k
             if self.exact_k > 1:
                 opts["exact_tol"] = self.exact_tol
+        if self._shortlist is not None:
+            sl = self._shortlist.options()
+            opts["shortlist"] = f"{sl['index']}/k{sl['k']}/frequent{sl['frequent']}/copy{sl['copy']}"
         return opts
 
     def _count(self, **added: int) -> None:
@@ -348,6 +381,8 @@ class ClusteredProjection(Projection):
             return None
         if self.int8:
             raise ValueError("a static union has no int8 path: decode an int8 projection with the eager step")
+        if self._shortlist is not None:
+            raise ValueError("a static union holds no shortlist: decode with the eager step")
         if self.probes > 1:
             raise ValueError("a static union reads one cluster a row: decode probes > 1 with the eager step")
         return StaticUnion(self, rows=rows).capturable(rows)
@@ -356,9 +391,24 @@ class ClusteredProjection(Projection):
         """Cluster of each row (Eq. 2), (rows,) int64."""
         return assign_clusters(h, self._map.centroids_t, self._map.sq_norms)
 
+    def for_batch(
+        self, input_ids: torch.Tensor | list[list[int]], attention_mask: torch.Tensor | None = None
+    ) -> Callable[[torch.Tensor, torch.Tensor], ProjectionOutput]:
+        """The projection bound to one batch of sources, called as ``bound(h, row_ids)`` (the search binds
+        every projection that has this method): with a shortlist, every step's union also holds the
+        candidates of the batch's sentences; without one, the plain step."""
+        if self._shortlist is None:
+            return lambda h, row_ids: self(h)
+        sets = self._shortlist.batch_candidates(input_ids, attention_mask)
+        extra = torch.zeros(self.n_vocab, dtype=torch.bool)
+        if sets:
+            extra[torch.from_numpy(np.concatenate(sets))] = True
+        extra = extra.to(self.device)
+        return lambda h, row_ids: self._checked_call(h, lambda x: self._project(x, extra))
+
     # ------------------------------------------------------------------ the step
 
-    def _project(self, h: torch.Tensor) -> ProjectionOutput:
+    def _project(self, h: torch.Tensor, extra: torch.Tensor | None = None) -> ProjectionOutput:
         rows = h.shape[0]
         if rows == 0:
             empty = h.new_empty((0, 0))
@@ -370,7 +420,7 @@ class ClusteredProjection(Projection):
         if self.backend == "cupy" and (self.selection == "union" or rows <= 1024):
             logits, ids, clusters = self._project_cupy(h)
         else:
-            logits, ids, clusters = self._project_torch(h)
+            logits, ids, clusters = self._project_torch(h, extra)
         mass = None
         if isinstance(self._mass, NormaliserTables):
             mass = normaliser_log_mass(h, logits, ids, clusters, self._map, self._mass)
@@ -464,7 +514,10 @@ class ClusteredProjection(Projection):
             return int8_full_logits(h, self._w8)
         return torch.nn.functional.linear(h, self.weight, self.bias)
 
-    def _project_torch(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def _project_torch(
+        self, h: torch.Tensor, extra: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``extra``: (N,) bool, columns every row of the step gets besides its clusters' sets."""
         if self.probes > 1:
             near = nearest_clusters(h, self._map.centroids_t, self._map.sq_norms, self.probes)
             clusters, cl = near[:, 0], near.reshape(-1).tolist()  # the estimates read the nearest
@@ -474,9 +527,9 @@ class ClusteredProjection(Projection):
         if self.selection == "per-row":
             logits, ids = per_row_logits(h, cl, self._map, self.weight, self.bias, self._w8)
             return logits, ids, clusters
-        ids = union_columns(cl, self._map.ids, self.n_vocab)  # (C,)
-        uniq = set(cl)
-        c = next(iter(uniq))
+        ids = union_columns(cl, self._map.ids, self.n_vocab, extra)  # (C,)
+        uniq = set(cl) if extra is None else set()  # with extra columns no single cluster's block serves
+        c = next(iter(uniq), -1)
         if self._w8 is not None:  # one cluster or many: int8 rows, a cached cluster's packed block if any
             logits = (
                 int8_cluster_logits(h, self._w8, self._map, c)

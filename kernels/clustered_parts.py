@@ -46,12 +46,21 @@ class Selection:
     nearest clusters to the union, not only its nearest's, as an inverted-file index probes several lists; a
     state near the border of its cluster then still gets the tokens the clusters beside it hold; 1 = Amer et
     al.'s method; None = the map's own ``probes``, which per-row selection reads as 1. ``min_count``: the
-    (cluster, id) pairs predicted fewer times are dropped from the sets.
+    (cluster, id) pairs predicted fewer times are dropped from the sets. ``shortlist`` (union selection):
+    a lexical shortlist table of the same model and direction (a method index or its folder,
+    ``kernels/shortlist.py``) whose candidates for the batch's source sentences join every step's union:
+    the clusters' sets miss mostly the source-specific content words, which is what a shortlist holds;
+    ``shortlist_k`` and ``shortlist_frequent`` use fewer of its entries than it holds (None: all);
+    ``shortlist_copy``: the source subwords are candidates too (the shortlist's ``copy``).
     """
 
     selection: str = "union"
     probes: int | None = None
     min_count: int = 1
+    shortlist: Any = None
+    shortlist_k: int | None = None
+    shortlist_frequent: int | None = None
+    shortlist_copy: bool = True
 
     def __post_init__(self) -> None:
         _choice("selection", self.selection, SELECTIONS)
@@ -62,6 +71,14 @@ class Selection:
                 raise ValueError(
                     "probes > 1 needs union selection (per-row groups rows by their one cluster)"
                 )
+        if self.shortlist is None:
+            if self.shortlist_k is not None or self.shortlist_frequent is not None or not self.shortlist_copy:
+                raise ValueError("shortlist_k, shortlist_frequent and shortlist_copy need a shortlist")
+        elif self.selection != "union":
+            raise ValueError("a shortlist joins the union of a step: it needs union selection")
+        for name in ("shortlist_k", "shortlist_frequent"):
+            if getattr(self, name) is not None:
+                _integer(name, getattr(self, name), 0)
 
 
 @dataclass(frozen=True)
@@ -152,6 +169,10 @@ class ClusteredParts:
         # a certificate already sends the rows it cannot vouch for to their full logits
         if self.mass.mass_radius is not None and self.certificate.exact_k:
             raise ValueError(_MASS_RADIUS_NEEDS)
+        if self.selection.shortlist is not None and self.compute.backend == "cupy":
+            raise ValueError(
+                "a shortlist needs the torch backend: the CuPy kernels read only the clusters' sets"
+            )
 
     @classmethod
     def pop(cls, options: dict[str, Any]) -> ClusteredParts:

@@ -70,6 +70,10 @@ class TranslateConfig(_Strict):
     # clustered, union selection: each row adds the sets of its `probes` nearest clusters (1: the nearest);
     # null: the map's own (maps.probes, recorded in it)
     probes: int | None = Field(None, ge=1)
+    # clustered, union selection: a folder of lexical shortlist tables (<DIR>/shortlist/<src>-<tgt>, as the
+    # methods stage and maps shipped beside a model lay them out); the candidates of each batch's sentences
+    # join every clustered method's sets (null: none)
+    shortlist: Path | None = None
     beam: int = Field(1, ge=1)
     batch_size: int = Field(32, ge=1)
     max_len: int = Field(128, ge=1)  # max target tokens per sentence
@@ -314,6 +318,9 @@ class MethodsConfig(_Strict):
     """Offline artifacts of the other output-layer methods, built by the ``methods`` stage (default: none)."""
 
     build: list[str] = []  # methods whose artifacts are built: lsh, graph, shortlist
+    # also copy the artifacts to this folder, laid out as <work_dir>/methods (e.g. the shortlist tables
+    # shipped beside a model, which translate.shortlist and translate --with-shortlist read)
+    publish: Path | None = None
     lsh: LshIndexConfig = LshIndexConfig()
     graph: GraphIndexConfig = GraphIndexConfig()
     shortlist: ShortlistIndexConfig = ShortlistIndexConfig()

@@ -73,6 +73,7 @@ def method_options(
     ef_search: int | None = None,
     frequent: int | None = None,
     scope: str | None = None,
+    shortlist: str | Path | None = None,
 ) -> dict[str, object]:
     """``make_projection``'s options for ``method`` decoding ``direction`` at ``beam``.
 
@@ -80,13 +81,18 @@ def method_options(
     artifact (:data:`~fastvocab.tasks.methods.INDEXED_METHODS`; lsh and graph build theirs in memory without
     it), found and checked by the caller; it is passed on as given. ``selection``, ``inactive_mass``,
     ``exact`` and ``probes`` are clustered's; ``candidates`` is the indexed methods' k, ``bits`` lsh's,
-    ``ef_search`` graph's, ``frequent`` and ``scope`` the shortlist's. None leaves the projection's own
-    default (or the artifact's). Any other method gets no options.
+    ``ef_search`` graph's, ``frequent`` and ``scope`` the shortlist's; ``shortlist`` (clustered) a shortlist
+    table folder whose candidates join the clusters' sets. None leaves the projection's own default (or the
+    artifact's). Any other method gets no options.
     """
     if method == "clustered":
         if artifact is None:
             raise ValueError("the clustered method needs a cluster map")
-        return {"cluster_map": artifact, **clustered_options(selection, inactive_mass, exact, beam, probes)}
+        options = {"cluster_map": artifact}
+        options.update(clustered_options(selection, inactive_mass, exact, beam, probes))
+        if shortlist is not None:
+            options["shortlist"] = shortlist
+        return options
     if method not in INDEXED_METHODS:
         return {}
     options: dict[str, object] = {}

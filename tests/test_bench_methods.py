@@ -137,6 +137,36 @@ def test_bench_methods_writes_every_method_the_plot_and_mlflow(
     assert {"methods.json", "methods.png"} <= names
 
 
+def test_bench_methods_point_replaces_a_methods_grid(tiny_model_dir, corpus, work, tmp_path, capsys):
+    out = tmp_path / "points.json"
+    rc, _, err = _cli(
+        capsys,
+        *("bench", "methods", "--model", tiny_model_dir, "--corpus", corpus, "--work-dir", work),
+        *("--methods", "full,clustered,shortlist", "--directions", "en-it", "--beams", "1"),
+        *("--point", "shortlist:k=5,frequent=10", "--point", "clustered:probes=2"),
+        *("--sentences", 3, "--max-len", 4, "--threads", 1, "--output", out),
+    )
+    assert rc == 0, err
+    rows = json.loads(out.read_text())["results"]
+    assert sorted(r["label"] for r in rows) == ["clustered probes=2", "full", "shortlist k=5 frequent=10"]
+    by = {r["method"]: r for r in rows}
+    assert by["clustered"]["options"]["probes"] == 2  # passed on to the projection, not dropped
+    assert by["shortlist"]["options"]["k"] == 5 and by["shortlist"]["options"]["frequent"] == 10
+
+
+@pytest.mark.parametrize(
+    ("point", "says"),
+    [("lasso:k=1", "unknown method 'lasso'"), ("shortlist:k", "'k' is not KEY=VALUE"), ("lsh:k=9", "lsh")],
+)
+def test_bench_methods_refuses_a_bad_point_in_one_line(tiny_model_dir, corpus, work, capsys, point, says):
+    rc, _, err = _cli(
+        capsys,
+        *("bench", "methods", "--model", tiny_model_dir, "--corpus", corpus, "--work-dir", work),
+        *("--methods", "full,shortlist", "--point", point),
+    )
+    assert rc != 0 and says in err and len(err.strip().splitlines()) == 1, err
+
+
 def test_pareto_front_keeps_the_undominated_points():
     from fastvocab.experiments.bench_methods import pareto_front
 
@@ -169,6 +199,7 @@ def _translate(capsys, model, src, out, *flags, lang=("en", "it")):
         ("--method", "lsh", "--candidates", 40, "--index", "{work}/methods"),  # a methods root
         ("--method", "shortlist", "--index", "{work}", "--frequent", 50, "--scope", "batch"),  # a work dir
         ("--method", "shortlist", "--index", "{work}/methods/shortlist/en-it", "--candidates", 5),
+        ("--method", "clustered", "--clusters", "{work}/maps", "--with-shortlist", "{work}"),
     ],
 )
 def test_translate_cli_other_methods_end_to_end(tiny_model_dir, work, source_file, tmp_path, capsys, flags):
@@ -199,6 +230,19 @@ def test_translate_cli_other_methods_end_to_end(tiny_model_dir, work, source_fil
             "needs --index",
         ),
         (("--method", "lsh", "--frequent", 5), ("en", "it"), "--frequent applies to --method shortlist"),
+        (
+            (
+                "--method",
+                "clustered",
+                "--clusters",
+                "{work}/maps",
+                "--with-shortlist",
+                "{work}/methods/lsh/all",
+            ),
+            ("en", "it"),
+            "--with-shortlist",
+        ),
+        (("--method", "full", "--with-shortlist", "{work}"), ("en", "it"), "applies to --method clustered"),
     ],
 )
 def test_translate_cli_refuses_foreign_or_missing_artifacts_in_one_line(

@@ -53,20 +53,7 @@ def test_misses_on_the_greedy_path_are_the_per_row_outputs_that_differ(dumped, k
     )
     predicted = coverage.differing_sentences(mask, near, path, probes=1)
 
-    # the map the pipeline would build from the same states (those of the first `sentences` sentences)
-    counter = ActiveSetCounter(R, adapter.n_vocab)
-    first = labels.sentence < sentences
-    counter.add(clusters[first], labels.topk[first, :k])
-    cmap = make_cluster_map(
-        centroids,
-        counter,
-        model_fingerprint=decoder.fingerprint,
-        name="en-it",
-        scope="direction",
-        k=k,
-        niter=1,
-        seed=0,
-    )
+    cmap = _pipeline_map(decoder, labels, clusters, centroids, k, sentences)
     # the map's sets are the harness's (the same states, clusters and ids)
     dense = torch.zeros((R, adapter.n_vocab), dtype=torch.bool)
     for c in range(R):
@@ -87,6 +74,83 @@ def test_misses_on_the_greedy_path_are_the_per_row_outputs_that_differ(dumped, k
     batch = adapter.encode_texts(test, "en", "it")
     union = decode(adapter, proj, batch, "en", "it", max_len=MAX_LEN)
     assert {i for i, (a, b) in enumerate(zip(union, full, strict=True)) if a != b} <= predicted
+
+
+def _pipeline_map(decoder, labels, clusters, centroids, k: int, sentences: int):
+    """The map the pipeline would build from the same states (those of the first ``sentences``)."""
+    counter = ActiveSetCounter(R, decoder.adapter.n_vocab)
+    first = labels.sentence < sentences
+    counter.add(clusters[first], labels.topk[first, :k])
+    return make_cluster_map(
+        centroids,
+        counter,
+        model_fingerprint=decoder.fingerprint,
+        name="en-it",
+        scope="direction",
+        k=k,
+        niter=1,
+        seed=0,
+    )
+
+
+def test_with_a_shortlist_the_misses_are_the_outputs_of_both_together_that_differ(dumped):
+    from fastvocab.artifacts_schema.method_index import new_index
+
+    decoder, _, labels, centroids = dumped
+    adapter = decoder.adapter
+    n = adapter.n_vocab
+    test = synthetic_sentences("en", 12, seed=32)
+    path = coverage.greedy_path(decoder, test, "en", "it", batch=1)
+    near = coverage.nearest(path, centroids, 1)
+    clusters = coverage.assign_stored(labels, centroids)
+    aa = adapter.always_active_ids()
+    ((_, mask),) = coverage.set_masks(clusters, labels.topk[:, :1], labels.sentence, R, n, [2], aa)
+    alone = coverage.differing_sentences(mask, near, path, probes=1)
+    # a table whose frequent list holds the tokens the first sentence with a miss misses (the tiny model's
+    # random outputs follow no word alignment): that sentence stops missing, some others do not
+    misses = coverage.step_misses(mask, near, path, 1)
+    caught = sorted(alone)[:1]
+    frequent = torch.unique(path.best[misses & (path.sentence == caught[0])]).numpy()
+    index = new_index(
+        "shortlist",
+        model_fingerprint=adapter.fingerprint,
+        direction="en-it",
+        n_vocab=n,
+        d=adapter.d_model,
+        params={"k": 1, "frequent": len(frequent)},
+        tensors={
+            "indptr": np.zeros(n + 1, np.int64),
+            "indices": np.zeros(0, np.int32),
+            "probs": np.zeros(0, np.float32),
+            "frequent": frequent.astype(np.int32),
+            "always_active": np.array(aa, np.int32),
+        },
+    )
+    shortlist = make_projection(adapter, "shortlist", index=index, copy=False)
+    extra = torch.zeros((len(test), n), dtype=torch.bool)
+    for i, t in enumerate(test):
+        enc = adapter.encode_texts([t], "en", "it")
+        extra[i, torch.from_numpy(shortlist.candidates(enc["input_ids"][0].tolist()))] = True
+    predicted = set(path.sentence[coverage.step_misses(mask, near, path, 1, extra)].tolist())
+    assert predicted <= alone - set(caught) and predicted  # caught ones stop missing; others still miss
+
+    cmap = _pipeline_map(decoder, labels, clusters, centroids, 1, 2)
+    proj = make_projection(
+        adapter, "clustered", cluster_map=cmap, shortlist=index, shortlist_copy=False, probes=1
+    )
+    full = make_projection(adapter)
+    differ = set()
+    for i, t in enumerate(test):
+        enc = adapter.encode_texts([t], "en", "it")
+        if decode(adapter, proj, enc, "en", "it", max_len=MAX_LEN) != decode(
+            adapter, full, enc, "en", "it", max_len=MAX_LEN
+        ):
+            differ.add(i)
+    assert differ == predicted
+    both = coverage.path_coverage(mask, near, path, 1, batch=4, extra=extra)
+    sets = coverage.path_coverage(mask, near, path, 1, batch=4)
+    assert both["sentence_differ"] == len(predicted) / len(test)
+    assert both["row_cols"] > sets["row_cols"] and both["union_batch"] >= both["row_cols"]
 
 
 def test_the_curve_grows_sets_with_the_text_and_never_loses_a_hit(dumped):

@@ -196,3 +196,41 @@ def test_stage_builds_one_shortlist_per_direction_from_the_config(tmp_path, tiny
     assert prov["index_digest"].startswith("sha256:")
     reason = _method_plan(ctx, "en-it", "lsh")
     assert isinstance(reason, str) and "methods.build" in reason
+
+    # methods.publish: the tables copied, laid out as the methods root; an unchanged one is not copied again
+    pub = tmp_path / "shipped"
+    published = config(tmp_path, tiny_model_dir, **overrides, **{"methods.publish": str(pub)})
+    assert {r.status for r in run_stage(published).values()} == {"skipped"}
+    for direction in ("en-it", "it-en"):
+        idx = load_method_index(pub / "shortlist" / direction, "shortlist", direction=direction)
+        assert (
+            idx.manifest.tensors_digest
+            == load_method_index(root / direction, "shortlist").manifest.tensors_digest
+        )
+    stamp = (pub / "shortlist" / "en-it" / MANIFEST_FILE).stat().st_mtime_ns
+    run_stage(published)
+    assert (pub / "shortlist" / "en-it" / MANIFEST_FILE).stat().st_mtime_ns == stamp
+
+    # translate.shortlist: the clustered method's plan names the table whose candidates join the sets
+    import numpy as np
+
+    from fastvocab.artifacts_schema.cluster_map import save_cluster_map
+    from fastvocab.artifacts_schema.errors import ArtifactError
+    from tests.layers import map_from_sets
+
+    fp = ctx.model().fingerprint
+    n, d = ctx.model().n_vocab, ctx.model().d
+    save_cluster_map(map_from_sets(np.zeros((1, d)), [[0, 1]], n, fp), tmp_path / "work" / "maps" / "en-it")
+    hybrid = config(
+        tmp_path, tiny_model_dir, **overrides, **{"translate.shortlist": str(tmp_path / "work" / "methods")}
+    )
+    hctx = StageContext(hybrid, InlineRay(), progress=False)
+    options, prov = _method_plan(hctx, "en-it", "clustered")
+    assert options["shortlist"] == str(root / "en-it") and prov["shortlist_digest"].startswith("sha256:")
+    assert "shortlist" not in prov["options"]  # named by its digest, not its path
+    (root / "en-it").rename(root / "held")
+    (root / "it-en").rename(root / "en-it")  # a table of the other direction, copied into place
+    with pytest.raises(ArtifactError, match="not a en-it shortlist"):
+        _method_plan(hctx, "en-it", "clustered")
+    (root / "en-it").rename(root / "it-en")
+    assert "no shortlist table at" in _method_plan(hctx, "en-it", "clustered")

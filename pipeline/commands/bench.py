@@ -266,7 +266,11 @@ point of a parameter grid of each method, same search and settings, in one proce
 
 Methods: full, clustered (union selection; --maps), per-row (clustered, per-row selection), lsh (SimHash,
 points: k), graph (FGD/HNSW, points: k, ef_search), shortlist (lexical, points: k per source subword,
-frequent). --grid quick: 30 sentences and 2 points per indexed method; full: 100 sentences, 5-6 points.
+frequent, copy). --grid quick: 30 sentences and 2 points per indexed method; full: 100 sentences, 5-6 points.
+--point METHOD:KEY=VALUE,... replaces a method's grid by the points given; a clustered point takes the
+projection's options (probes, exact, inactive_mass, shortlist_k, ...), maps=DIR (another maps root than
+--maps) and shortlist=DIR (a shortlist table, or a methods root: <DIR>/shortlist/<direction>), e.g.
+clustered:maps=runs/k1/maps,shortlist=runs/demo/methods,probes=2.
 Writes the JSON record (command, meta with load average, rows, Pareto front) to --output and a PNG of speed
 ratio against search error rate beside it; --tracking-uri URI or --work-dir DIR also logs them to MLflow (one
 parent run, one child run per point).
@@ -313,6 +317,14 @@ def add_methods_arguments(p: argparse.ArgumentParser) -> None:
         help="comma-separated, of %(default)s (default: all)",
     )
     p.add_argument(
+        "--point",
+        action="append",
+        default=[],
+        metavar="METHOD:KEY=VALUE,...",
+        help="a grid point of METHOD, e.g. shortlist:k=50,frequent=2000 or clustered:exact=true; "
+        "repeatable: a method given any --point is measured at those points only, instead of the grid's",
+    )
+    p.add_argument(
         "--beams", default="1,4", metavar="B,B", help="comma-separated beam sizes (default: %(default)s)"
     )
     add_batch_size(p, d.batch_size)
@@ -341,6 +353,13 @@ def run_methods_command(
     work = args.work_dir
     maps = args.maps or (work / "maps" if work else Path("runs/demo/maps"))
     methods_dir = args.methods_dir or (work / "methods" if work else None)
+    points: dict[str, list[dict[str, object]]] = {}
+    for text in args.point:
+        try:
+            method, point = bm.parse_point(text)
+        except ValueError as exc:
+            raise UserError(str(exc)) from exc
+        points.setdefault(method, []).append(point)
     settings = _settings(
         bm.BenchSettings,
         args,
@@ -348,6 +367,7 @@ def run_methods_command(
         methods=tuple(m for m in args.methods.split(",") if m),
         beams=int_list(args.beams, "--beams") or (1, 4),
         batch_size=args.batch_size,
+        points=points,
     )
     directions = [d for d in args.directions.split(",") if d]
     tracker = None

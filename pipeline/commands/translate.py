@@ -52,6 +52,7 @@ _METHOD_FLAGS = {
     "frequent": ("shortlist",),
     "scope": ("shortlist",),
     "probes": ("clustered",),
+    "with_shortlist": ("clustered",),
 }
 
 
@@ -180,6 +181,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "only its nearest's (fewer misses for states between clusters, more columns) (default: the map's "
         "own, which its builder chose, maps.probes; 1 for maps that do not record one)",
     )
+    p.add_argument(
+        "--with-shortlist",
+        type=Path,
+        metavar="DIR",
+        help="clustered, union selection: a lexical shortlist of this model and direction (as --index "
+        "finds it) whose candidates for the batch's sentences join every step's columns: the clusters' "
+        "sets then need fewer ids for the same fidelity (maps with maps.k: 1)",
+    )
     add_inactive_mass(
         p,
         d.inactive_mass,
@@ -296,6 +305,8 @@ def _check_args(args: argparse.Namespace) -> None:
             )
     if (args.probes or 1) > 1 and args.selection != "union":
         raise UserError("--probes above 1 needs --selection union (per-row groups rows by their one cluster)")
+    if args.with_shortlist is not None and args.selection != "union":
+        raise UserError("--with-shortlist needs --selection union (its candidates join the batch's union)")
     if args.method == "shortlist" and args.index is None:
         raise UserError(
             "--method shortlist needs --index (a shortlist table of this model and direction: build it with "
@@ -314,9 +325,12 @@ def _check_args(args: argparse.Namespace) -> None:
             print(f"warning: {warning}", file=sys.stderr)
     if args.method in INDEXED_METHODS and args.index is not None:
         resolve_index(args.index, args.method, f"{args.src_lang}-{args.tgt_lang}")
+    if args.with_shortlist is not None:
+        direction = f"{args.src_lang}-{args.tgt_lang}"
+        resolve_index(args.with_shortlist, "shortlist", direction, "--with-shortlist")
 
 
-def resolve_index(path: Path, method: str, direction: str) -> Path:
+def resolve_index(path: Path, method: str, direction: str, flag: str = "--index") -> Path:
     """The artifact folder ``--index`` names for ``method`` and ``direction``: the folder itself when it
     holds a manifest, else the pipeline's layout under it (``tasks.methods.index_dir``) or under its
     ``methods/``. Only the manifest is read: another method or direction is an ArtifactError before the
@@ -329,17 +343,15 @@ def resolve_index(path: Path, method: str, direction: str) -> Path:
     found = next((p for p in tried if (p / MANIFEST_FILE).is_file()), None)
     if found is None:
         raise UserError(
-            f"--index {path}: no {method} artifact there "
+            f"{flag} {path}: no {method} artifact there "
             f"(looked for {', '.join(str(p / MANIFEST_FILE) for p in tried)}); "
             f"build one with fastvocab run (methods.build: [{method}])"
         )
     m = load_index_manifest(found)
     if m.method != method:
-        raise ArtifactError(
-            f"--index {found} is a {m.method} artifact, not a {method} one (--method {method})"
-        )
+        raise ArtifactError(f"{flag} {found} is a {m.method} artifact, not a {method} one")
     if m.direction not in (ANY_DIRECTION, direction):
-        raise ArtifactError(f"--index {found} is a {method} artifact for {m.direction}, not for {direction}")
+        raise ArtifactError(f"{flag} {found} is a {method} artifact for {m.direction}, not for {direction}")
     return found
 
 
@@ -354,6 +366,9 @@ def _projection_options(args: argparse.Namespace) -> dict[str, object]:
 
     direction = f"{args.src_lang}-{args.tgt_lang}"
     artifact: Path | None = None
+    shortlist = None
+    if args.with_shortlist is not None:
+        shortlist = resolve_index(args.with_shortlist, "shortlist", direction, "--with-shortlist")
     if args.method == "clustered":
         from fastvocab.artifacts_schema.cluster_map import resolve_map_dir
 
@@ -374,6 +389,7 @@ def _projection_options(args: argparse.Namespace) -> dict[str, object]:
         ef_search=args.ef_search,
         frequent=args.frequent,
         scope=args.scope,
+        shortlist=shortlist,
     )
 
 

@@ -39,6 +39,11 @@ def run(ctx: StageContext) -> list[StageRecord]:
         return []
     direction = cfg.direction or ctx.cfg.directions[0]
     t = ctx.cfg.translate
+    shortlist = None
+    if cfg.method == "clustered" and t.shortlist is not None:
+        from fastvocab.tasks.methods import index_dir
+
+        shortlist = index_dir(t.shortlist, "shortlist", direction)  # checked when the projection loads it
     try:
         options = method_options(
             cfg.method,
@@ -48,6 +53,8 @@ def run(ctx: StageContext) -> list[StageRecord]:
             selection=t.selection,
             inactive_mass=t.inactive_mass,
             exact=t.exact,
+            probes=t.probes,
+            shortlist=shortlist,
         )
     except ValueError as exc:
         raise UserError(f"bulk.method {cfg.method}: {exc}") from exc

@@ -78,7 +78,27 @@ def run(ctx: StageContext) -> list[StageRecord]:
             }
             rec.metrics.update({k: float(v) for k, v in mf["extra"].items() if _number(v)})
             rec.artifacts = [outs[unit] / MANIFEST_FILE]
+    if cfg.publish is not None:
+        _publish(outs, root, Path(cfg.publish))
     return list(records.values())
+
+
+def _publish(outs: dict[str, Path], root: Path, publish: Path) -> None:
+    """Copy every artifact of this run to ``methods.publish``, laid out as the methods root (e.g. the
+    shortlist tables shipped beside a model); one whose manifest is unchanged there is left as it is."""
+    import shutil
+
+    from fastvocab.artifacts_schema.atomic import atomic_path
+
+    for out in outs.values():
+        target = publish / out.relative_to(root)
+        current = target / MANIFEST_FILE
+        if current.exists() and current.read_bytes() == (out / MANIFEST_FILE).read_bytes():
+            continue
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with atomic_path(target) as tmp:
+            shutil.copytree(out, tmp)
+        log.info("methods: published %s", target)
 
 
 def _number(v: object) -> bool:

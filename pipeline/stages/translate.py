@@ -63,6 +63,7 @@ def _method_plan(
     t = ctx.cfg.translate
     prov: dict[str, Any] = {"method": label or method}
     artifact: str | None = None
+    shortlist: str | None = None
     if method == "clustered":
         src, _, tgt = direction.partition("-")
         # the map of the configured scope (a folder of the other scope may be left from an earlier run)
@@ -86,6 +87,11 @@ def _method_plan(
         prov.update(map=map_dir.name, map_digest=manifest.tensors_digest, selection=t.selection)
         # the probes decoding reads (the map's unless the config says): not in the tensors' digest
         prov["probes"] = decoding_probes(t.probes, manifest.probes, t.selection)
+        if t.shortlist is not None:
+            found = _shortlist_table(ctx, direction)
+            if isinstance(found, str):
+                return found
+            shortlist, prov["shortlist_digest"] = found
     elif method in INDEXED_METHODS:
         found = _index_artifact(ctx, direction, method)
         if isinstance(found, str):
@@ -105,10 +111,35 @@ def _method_plan(
         inactive_mass=t.inactive_mass,
         exact=t.exact,
         probes=t.probes,
+        shortlist=shortlist,
     )
-    if method == "clustered":  # the options as recorded: the map is named by its digest above
-        prov["options"] = {k: v for k, v in options.items() if k != "cluster_map"}
+    if method == "clustered":  # the options as recorded: the map and the table are named by their digests
+        prov["options"] = {k: v for k, v in options.items() if k not in ("cluster_map", "shortlist")}
     return options, prov
+
+
+def _shortlist_table(ctx: StageContext, direction: str) -> tuple[str, str] | str:
+    """(folder, digest) of ``translate.shortlist``'s table for ``direction``, or the reason it cannot run (a
+    table of another model or direction is an ArtifactError: it would decode with the wrong candidates)."""
+    from fastvocab.artifacts_schema.method_index import MANIFEST_FILE as INDEX_MANIFEST
+    from fastvocab.artifacts_schema.method_index import load_index_manifest
+    from fastvocab.tasks.methods import index_dir
+
+    root = ctx.cfg.translate.shortlist
+    assert root is not None  # the caller checked
+    folder = index_dir(root, "shortlist", direction)
+    if not (folder / INDEX_MANIFEST).exists():
+        return f"no shortlist table at {folder} (translate.shortlist)"
+    manifest = load_index_manifest(folder)
+    if manifest.method != "shortlist" or manifest.direction != direction:
+        what = f"a {manifest.method} artifact for {manifest.direction}"
+        raise ArtifactError(f"translate.shortlist: {folder} holds {what}, not a {direction} shortlist")
+    if manifest.model_fingerprint != ctx.model().fingerprint:
+        raise ArtifactError(
+            f"translate.shortlist: {folder} was built for model {manifest.model_fingerprint}, "
+            f"but the loaded model is {ctx.model().fingerprint}"
+        )
+    return str(folder), manifest.tensors_digest
 
 
 def _index_artifact(ctx: StageContext, direction: str, method: str) -> tuple[str, str] | str:

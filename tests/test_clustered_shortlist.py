@@ -1,0 +1,97 @@
+"""Clustered sets plus the sentence's shortlist: every step computes the union of its rows' probed sets and
+the candidates of its batch's source sentences, on the tiny model; what the combination refuses."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from fastvocab.artifacts_schema.errors import ArtifactError
+from fastvocab.decoding.hf_adapter import Seq2SeqAdapter
+from fastvocab.decoding.search import beam_search, greedy_search
+from fastvocab.kernels.cluster_assign import nearest_clusters
+from fastvocab.tasks.projections import make_projection
+from fastvocab.tasks.shortlist import ShortlistParams, build_shortlist
+from tests.conftest import synthetic_sentences
+from tests.layers import map_from_sets
+from tests.test_shortlist import _covering_index, parallel_text
+
+
+@pytest.fixture(scope="module")
+def adapter(tiny_model_dir) -> Seq2SeqAdapter:
+    return Seq2SeqAdapter.load(tiny_model_dir, device="cpu", dtype=torch.float32)
+
+
+@pytest.fixture(scope="module")
+def index(adapter):
+    src, tgt = parallel_text(300)
+    return build_shortlist(adapter, "en-it", src, tgt, ShortlistParams(k=3, frequent=4, iterations=3))
+
+
+@pytest.fixture(scope="module")
+def cmap(adapter):
+    """Eight clusters around real states' scale, each with a small random set."""
+    rng = np.random.default_rng(3)
+    n = adapter.n_vocab
+    sets = [rng.choice(n, 6, replace=False).tolist() for _ in range(8)]
+    return map_from_sets(rng.standard_normal((8, adapter.d_model)), sets, n, adapter.fingerprint)
+
+
+@pytest.mark.parametrize("probes", [1, 2])
+def test_each_step_computes_the_union_of_the_probed_sets_and_the_batch_candidates(
+    adapter, index, cmap, probes
+):
+    proj = make_projection(adapter, "clustered", cluster_map=cmap, shortlist=index, probes=probes)
+    plain = make_projection(adapter, "shortlist", index=index)
+    lines = synthetic_sentences("en", 5, seed=11)
+    batch = adapter.encode_texts(lines, "en", "it")
+    cands = plain.batch_candidates(batch["input_ids"], batch["attention_mask"])
+    from_shortlist = set(np.concatenate(cands).tolist())
+    pm = proj.prepared_map
+    records = []
+    greedy_search(adapter, proj, batch, "en", "it", max_len=6, step_hook=records.append)
+    assert records
+    for r in records:
+        near = nearest_clusters(r.hidden, pm.centroids_t, pm.sq_norms, probes)
+        from_sets = {int(i) for c in near.reshape(-1).tolist() for i in pm.ids[c].tolist()}
+        assert set(r.output.ids.tolist()) == from_sets | from_shortlist
+        assert from_shortlist - from_sets  # the shortlist adds columns the sets lack
+    assert "shortlist" in proj.signature()
+
+
+def test_without_a_shortlist_the_bound_step_is_the_plain_step(adapter, cmap):
+    proj = make_projection(adapter, "clustered", cluster_map=cmap)
+    batch = adapter.encode_texts(synthetic_sentences("en", 4, seed=2), "en", "it")
+    bound = beam_search(adapter, proj, batch, "en", "it", beam=2, max_len=6)
+    again = beam_search(adapter, lambda h: proj(h), batch, "en", "it", beam=2, max_len=6)
+    assert bound == again and any(bound)
+
+
+def test_a_covering_shortlist_decodes_like_full_softmax(adapter, cmap):
+    """A shortlist whose candidates are every id makes every step dense: full softmax's outputs."""
+    proj = make_projection(adapter, "clustered", cluster_map=cmap, shortlist=_covering_index(adapter))
+    full = make_projection(adapter, "full")
+    batch = adapter.encode_texts(synthetic_sentences("en", 4, seed=9), "en", "it")
+    for search, kw in ((greedy_search, {}), (beam_search, {"beam": 3})):
+        got = search(adapter, proj, batch, "en", "it", max_len=6, **kw)
+        assert got == search(adapter, full, batch, "en", "it", max_len=6, **kw)
+
+
+def test_the_combination_refuses_what_it_cannot_do(adapter, index, cmap):
+    with pytest.raises(ValueError, match="needs union selection"):
+        make_projection(adapter, "clustered", cluster_map=cmap, shortlist=index, selection="per-row")
+    with pytest.raises(ValueError, match="need a shortlist"):
+        make_projection(adapter, "clustered", cluster_map=cmap, shortlist_copy=False)
+    with pytest.raises(ValueError, match="need a shortlist"):
+        make_projection(adapter, "clustered", cluster_map=cmap, shortlist_k=3)
+    with pytest.raises(ValueError, match="torch backend"):
+        make_projection(adapter, "clustered", cluster_map=cmap, shortlist=index, backend="cupy")
+    proj = make_projection(adapter, "clustered", cluster_map=cmap, shortlist=index, probes=1)
+    with pytest.raises(ValueError, match="static union holds no shortlist"):
+        proj.capturable(4)
+    other = build_shortlist(
+        adapter, "it-en", *reversed(parallel_text(50)), ShortlistParams(k=2, iterations=1)
+    )
+    with pytest.raises(ArtifactError, match="it-en"):
+        make_projection(adapter, "clustered", cluster_map=cmap, shortlist=other)
