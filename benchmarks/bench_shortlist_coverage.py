@@ -10,7 +10,8 @@ one whose greedy output changes (exact for the shortlist, whose rows pick only f
 candidates, and for one sentence a batch; with union selection the other rows can only add columns):
 
 - ``shortlist``: the sentence's candidates (rows of its source subwords, the frequent list, the always-active
-  ids and the unknown token, and with ``copy`` the source subwords themselves) over k x frequent x copy;
+  ids and the unknown token, and with ``copy`` the source subwords themselves) over k x frequent x copy x
+  min_prob (``--min-prob``: the table's entries below it dropped; ``--shortlist-only``: these points alone);
 - ``clustered``: the sets of the row's ``probes`` nearest clusters (K = each state's top-K ids), K x probes;
 - ``both``: the union of the two, K x probes x k x frequent (copy on).
 
@@ -50,11 +51,21 @@ def _ints(text: str) -> list[int]:
 
 
 def candidate_masks(
-    adapter, table: Path, sources: list[str], src: str, tgt: str, k: int, frequent: int, copy: bool
+    adapter,
+    table: Path,
+    sources: list[str],
+    src: str,
+    tgt: str,
+    k: int,
+    frequent: int,
+    copy: bool,
+    min_prob: float = 0.0,
 ) -> torch.Tensor:
-    """(sentences, N) bool: each sentence's shortlist candidates at (k, frequent, copy), as the projection
-    bound to its batch computes them."""
-    proj = make_projection(adapter, "shortlist", index=table, k=k, frequent=frequent, copy=copy)
+    """(sentences, N) bool: each sentence's shortlist candidates at (k, frequent, copy, min_prob), as the
+    projection bound to its batch computes them."""
+    proj = make_projection(
+        adapter, "shortlist", index=table, k=k, frequent=frequent, copy=copy, min_prob=min_prob
+    )
     out = torch.zeros((len(sources), adapter.n_vocab), dtype=torch.bool)
     for i, ids in enumerate(adapter.tokenize(sources, src, tgt)):
         out[i, torch.from_numpy(proj.candidates(ids))] = True
@@ -71,6 +82,10 @@ def main() -> None:
     p.add_argument("--splits", default="dev,test")
     p.add_argument("--k", type=_ints, default=[10, 20, 50, 100, 200], help="table entries a source subword")
     p.add_argument("--frequent", type=_ints, default=[0, 500, 2000, 4000, 8000])
+    p.add_argument(
+        "--min-prob", type=lambda t: [float(x) for x in t.split(",")], default=[0.0], help="shortlist cuts"
+    )
+    p.add_argument("--shortlist-only", action="store_true", help="no clustered sets (no states read)")
     p.add_argument("--ks", type=_ints, default=[1, 2, 3], help="the clusters' sets: each state's top-K ids")
     p.add_argument("--probes", type=_ints, default=[1, 2, 4, 8])
     p.add_argument("--both-k", type=_ints, default=[5, 10, 20, 50], help="shortlist k of the combination")
@@ -112,34 +127,36 @@ def main() -> None:
         table = a.shortlist / "shortlist" / direction
         sources = {s: read_direction(a.corpus, src, tgt, s)[1] for s in a.splits.split(",")}
         paths = {s: coverage.greedy_path(decoder, lines, src, tgt) for s, lines in sources.items()}
-        files = [
-            f
-            for fs in validate_beams(a.work_dir / "states", direction, fingerprint=ref.fingerprint).values()
-            for f in fs
-        ]
-        labels = coverage.load_labels(files, max(a.ks))
         centroids = load_file(str(a.work_dir / "kmeans" / direction / CENTROIDS_FILE))["centroids"]
         r = len(centroids)
-        clusters = coverage.assign_stored(labels, centroids)
-        masks = {}
-        for k in a.ks:
-            ((_, m),) = coverage.set_masks(
-                clusters, labels.topk[:, :k], labels.sentence, r, ref.n_vocab, [labels.dumped_sentences], aa
-            )
-            masks[k] = m.clone()
+        masks = {a.ks[0]: torch.zeros((r, ref.n_vocab), dtype=torch.bool)}  # unread by shortlist points
+        states, dumped = 0, 0
+        if not a.shortlist_only:
+            by_beam = validate_beams(a.work_dir / "states", direction, fingerprint=ref.fingerprint)
+            files = [f for fs in by_beam.values() for f in fs]
+            labels = coverage.load_labels(files, max(a.ks))
+            states, dumped = labels.states, labels.dumped_sentences
+            clusters = coverage.assign_stored(labels, centroids)
+            for k in a.ks:
+                ((_, m),) = coverage.set_masks(
+                    clusters, labels.topk[:, :k], labels.sentence, r, ref.n_vocab, [dumped], aa
+                )
+                masks[k] = m.clone()
         near = {s: coverage.nearest(pth, centroids, max(a.probes)) for s, pth in paths.items()}
-        print(f"{direction}: paths, {labels.states:,} states assigned in {time.perf_counter() - t0:.0f} s")
+        print(f"{direction}: paths, {states:,} states assigned in {time.perf_counter() - t0:.0f} s")
         rows: list[dict] = []
         for split, pth in paths.items():
             nr, lines = near[split], sources[split]
+            for copy, k, f, mp in itertools.product((False, True), a.k, a.frequent, a.min_prob):
+                cand = candidate_masks(adapter, table, lines, src, tgt, k, f, copy, mp)
+                cov = coverage.path_coverage(masks[a.ks[0]], nr, pth, 0, a.batch, cand)
+                at = {"k": k, "frequent": f, "copy": copy, "min_prob": mp}
+                rows.append({"split": split, "method": "shortlist", **at, **cov})
+            if a.shortlist_only:
+                continue
             for k, pr in itertools.product(a.ks, a.probes):
                 cov = coverage.path_coverage(masks[k], nr, pth, pr, a.batch)
                 rows.append({"split": split, "method": "clustered", "K": k, "probes": pr, **cov})
-            for copy, k, f in itertools.product((False, True), a.k, a.frequent):
-                cand = candidate_masks(adapter, table, lines, src, tgt, k, f, copy)
-                cov = coverage.path_coverage(masks[a.ks[0]], nr, pth, 0, a.batch, cand)
-                at = {"k": k, "frequent": f, "copy": copy}
-                rows.append({"split": split, "method": "shortlist", **at, **cov})
             for k, f in itertools.product(a.both_k, a.both_frequent):
                 cand = candidate_masks(adapter, table, lines, src, tgt, k, f, True)
                 for kk, pr in itertools.product(a.ks, [x for x in a.probes if x <= 4]):
@@ -147,8 +164,8 @@ def main() -> None:
                     at = {"K": kk, "probes": pr, "k": k, "frequent": f, "copy": True}
                     rows.append({"split": split, "method": "both", **at, **cov})
         record["directions"][direction] = {
-            "stored_states": labels.states,
-            "dumped_sentences": labels.dumped_sentences,
+            "stored_states": states,
+            "dumped_sentences": dumped,
             "r": r,
             "table": str(table),
             "split_sentences": {k: v.sentences for k, v in paths.items()},

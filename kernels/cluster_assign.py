@@ -168,6 +168,14 @@ def nearest_clusters(
     return dist.topk(min(probes, dist.shape[1]), dim=1, largest=False).indices
 
 
+def union_mask(clusters: Sequence[int], ids: Sequence[torch.Tensor], n_vocab: int) -> torch.Tensor:
+    """(N,) bool: the union of the rows' active sets, before compaction."""
+    uniq = sorted(set(clusters))
+    mask = torch.zeros(n_vocab, dtype=torch.bool, device=ids[uniq[0]].device)
+    mask[torch.cat([ids[c] for c in uniq])] = True
+    return mask
+
+
 def union_columns(
     clusters: Sequence[int], ids: Sequence[torch.Tensor], n_vocab: int, extra: torch.Tensor | None = None
 ) -> torch.Tensor:

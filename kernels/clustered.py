@@ -82,10 +82,17 @@ from fastvocab.kernels.cluster_assign import (
     nearest_clusters,
     prepare_map,
     union_columns,
+    union_mask,
 )
 from fastvocab.kernels.clustered_parts import ORACLE, ClusteredParts
 from fastvocab.kernels.clustered_static import StaticUnion
-from fastvocab.kernels.gather import cluster_logits, gathered_logits, per_row_logits
+from fastvocab.kernels.gather import (
+    BatchColumns,
+    batch_union_logits,
+    cluster_logits,
+    gathered_logits,
+    per_row_logits,
+)
 from fastvocab.kernels.inactive_mass import (
     MassTables,
     NormaliserTables,
@@ -400,15 +407,14 @@ class ClusteredProjection(Projection):
         if self._shortlist is None:
             return lambda h, row_ids: self(h)
         sets = self._shortlist.batch_candidates(input_ids, attention_mask)
-        extra = torch.zeros(self.n_vocab, dtype=torch.bool)
-        if sets:
-            extra[torch.from_numpy(np.concatenate(sets))] = True
-        extra = extra.to(self.device)
+        ids = np.unique(np.concatenate(sets)) if sets else np.zeros(0, dtype=np.int64)
+        # the float path multiplies the batch's candidates from their rows of W gathered here, once
+        extra = BatchColumns.of(torch.from_numpy(ids).to(self.device), self.weight, self.bias, not self.int8)
         return lambda h, row_ids: self._checked_call(h, lambda x: self._project(x, extra))
 
     # ------------------------------------------------------------------ the step
 
-    def _project(self, h: torch.Tensor, extra: torch.Tensor | None = None) -> ProjectionOutput:
+    def _project(self, h: torch.Tensor, extra: BatchColumns | None = None) -> ProjectionOutput:
         rows = h.shape[0]
         if rows == 0:
             empty = h.new_empty((0, 0))
@@ -515,9 +521,9 @@ class ClusteredProjection(Projection):
         return torch.nn.functional.linear(h, self.weight, self.bias)
 
     def _project_torch(
-        self, h: torch.Tensor, extra: torch.Tensor | None = None
+        self, h: torch.Tensor, extra: BatchColumns | None = None
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """``extra``: (N,) bool, columns every row of the step gets besides its clusters' sets."""
+        """``extra``: the batch's columns every row of the step gets besides its clusters' sets."""
         if self.probes > 1:
             near = nearest_clusters(h, self._map.centroids_t, self._map.sq_norms, self.probes)
             clusters, cl = near[:, 0], near.reshape(-1).tolist()  # the estimates read the nearest
@@ -527,7 +533,12 @@ class ClusteredProjection(Projection):
         if self.selection == "per-row":
             logits, ids = per_row_logits(h, cl, self._map, self.weight, self.bias, self._w8)
             return logits, ids, clusters
-        ids = union_columns(cl, self._map.ids, self.n_vocab, extra)  # (C,)
+        if extra is not None and extra.weight is not None:  # float: the batch's columns gathered already
+            logits, ids = batch_union_logits(
+                h, extra, union_mask(cl, self._map.ids, self.n_vocab), self.weight, self.bias
+            )
+            return logits, ids, clusters
+        ids = union_columns(cl, self._map.ids, self.n_vocab, None if extra is None else extra.mask)  # (C,)
         uniq = set(cl) if extra is None else set()  # with extra columns no single cluster's block serves
         c = next(iter(uniq), -1)
         if self._w8 is not None:  # one cluster or many: int8 rows, a cached cluster's packed block if any

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -50,6 +51,51 @@ def gathered_logits(
         else:
             torch.addmm(bias.index_select(0, sel).unsqueeze(1), buf[:n], h_t, out=out_t[lo : lo + n])
     return out_t.t().contiguous()
+
+
+@dataclass(frozen=True)
+class BatchColumns:
+    """Columns every step of one batch computes besides its rows' sets (a shortlist's candidates for the
+    batch's sentences): ``ids`` (C,) sorted, ``mask`` (N,) bool, and, on the float path, ``weight`` (C, d)
+    and ``bias`` (C,) gathered once for the whole batch (None for int8, whose union gathers int8 rows)."""
+
+    ids: torch.Tensor
+    mask: torch.Tensor
+    weight: torch.Tensor | None
+    bias: torch.Tensor | None
+
+    @classmethod
+    def of(
+        cls, ids: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, gather: bool = True
+    ) -> BatchColumns:
+        mask = torch.zeros(weight.shape[0], dtype=torch.bool, device=weight.device)
+        mask[ids] = True
+        if not gather:
+            return cls(ids, mask, None, None)
+        return cls(
+            ids,
+            mask,
+            weight.index_select(0, ids).contiguous(),
+            None if bias is None else bias.index_select(0, ids),
+        )
+
+
+def batch_union_logits(
+    h: torch.Tensor,
+    cols: BatchColumns,
+    sets: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Logits of the batch's columns and of the rows' sets ``sets`` ((N,) bool), ``(logits, ids)``, (rows, C)
+    and (C,): the batch's columns from their rows of W gathered once per batch, only the sets' other
+    columns gathered at this step. ``ids`` are the batch's, then the others, each run sorted."""
+    assert cols.weight is not None  # gathered for the float path
+    rest = (sets & ~cols.mask).nonzero().squeeze(1)
+    pre = F.linear(h, cols.weight, cols.bias)  # (rows, C_batch), contiguous rows of W
+    if rest.numel() == 0:
+        return pre, cols.ids
+    return torch.cat([pre, gathered_logits(h, weight, bias, rest)], dim=1), torch.cat([cols.ids, rest])
 
 
 def cluster_logits(

@@ -230,7 +230,8 @@ def normaliser_log_mass(
         return est  # one cluster, and the union is its own set (no other probed cluster added to it)
     # (clusters in the batch, C): which computed columns belong to each cluster's own set
     own = torch.zeros((len(cl), ids.numel()), dtype=torch.bool, device=ids.device)
-    pos = torch.searchsorted(ids, torch.cat([pm.ids[c] for c in cl]))
+    sorted_ids, order = torch.sort(ids)  # a batch's pre-gathered columns come first: ids may be unsorted
+    pos = order[torch.searchsorted(sorted_ids, torch.cat([pm.ids[c] for c in cl]))]
     seg = torch.repeat_interleave(
         torch.arange(len(cl), device=ids.device),
         torch.tensor([pm.sizes[c] for c in cl], device=ids.device),

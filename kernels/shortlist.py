@@ -60,8 +60,9 @@ class ShortlistProjection(Projection):
 
     Options: ``index`` (a :class:`MethodIndex` or its folder), ``k`` (targets per source subword, at most
     what the table holds; None = all), ``frequent`` (frequent targets, likewise), ``copy`` (the source
-    subwords are candidates too), ``scope`` (sentence | batch), ``direction`` ("en-it": refuse a table built
-    for another; None = trust the table).
+    subwords are candidates too), ``min_prob`` (drop the table's entries below this ``p(t | s)``: shorter
+    rows for frequent source subwords), ``scope`` (sentence | batch), ``direction`` ("en-it": refuse a table
+    built for another; None = trust the table).
 
     Calling it on ``h`` alone is an error: decode through ``for_batch`` (``decoding.search`` does).
     """
@@ -75,6 +76,7 @@ class ShortlistProjection(Projection):
         k: int | None = None,
         frequent: int | None = None,
         copy: bool = True,
+        min_prob: float = 0.0,
         scope: str = "sentence",
         direction: str | None = None,
         **common: Any,  # always_active, fingerprint: see Projection
@@ -98,8 +100,18 @@ class ShortlistProjection(Projection):
         self.k = k
         self.frequent = frequent
         self.copy = bool(copy)
+        if not 0.0 <= min_prob < 1.0:
+            raise ValueError(f"min_prob must be in [0, 1), got {min_prob!r}")
+        self.min_prob = float(min_prob)
         indptr = np.asarray(t["indptr"], dtype=np.int64)
         indices = np.asarray(t["indices"], dtype=np.int64)
+        if self.min_prob > 0:  # rows stay sorted by probability: keep each row's entries above the cut
+            if "probs" not in t:
+                raise ArtifactError("min_prob needs the table's probabilities (probs): rebuild the table")
+            keep = np.asarray(t["probs"]) >= self.min_prob
+            row = np.repeat(np.arange(len(indptr) - 1), np.diff(indptr))
+            indices = indices[keep]
+            indptr = np.concatenate([[0], np.cumsum(np.bincount(row[keep], minlength=len(indptr) - 1))])
         if k is not None:  # keep the first k of each row (rows are sorted by probability)
             rank = np.arange(len(indices)) - np.repeat(indptr[:-1], np.diff(indptr))
             keep = rank < k
@@ -140,6 +152,7 @@ class ShortlistProjection(Projection):
             "k": self.k if self.k is not None else m.params.get("k"),
             "frequent": self.frequent if self.frequent is not None else m.params.get("frequent"),
             "copy": self.copy,
+            **({"min_prob": self.min_prob} if self.min_prob else {}),
             "scope": self.scope,
             "direction": m.direction,
             "index": self.index_digest,

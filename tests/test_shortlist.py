@@ -343,3 +343,20 @@ def test_ctranslate2_translates_with_the_exported_vmap(adapter, index, tiny_mode
     allowed = set(vmap.read_text(encoding="utf-8").replace("\t", " ").split())
     for r in res:
         assert set(r.hypotheses[0][1:]) <= allowed  # the forced tag aside, only mapped tokens
+
+
+def test_min_prob_drops_the_entries_below_it_and_keeps_the_rest_in_order(adapter, index):
+    t = index.tensors
+    cut = float(np.median(t["probs"]))
+    proj = make_projection(adapter, "shortlist", index=index, min_prob=cut, copy=False)
+    full = make_projection(adapter, "shortlist", index=index, copy=False)
+    kept = 0
+    for s in np.flatnonzero(np.diff(t["indptr"])):
+        lo, hi = t["indptr"][s], t["indptr"][s + 1]
+        want = t["indices"][lo:hi][t["probs"][lo:hi] >= cut].tolist()
+        assert proj._indices[proj._indptr[s] : proj._indptr[s + 1]].tolist() == want
+        kept += len(want)
+    assert 0 < kept < len(t["indices"]) and len(full._indices) == len(t["indices"])
+    assert "min_prob" in proj.options() and "min_prob" not in full.options()
+    with pytest.raises(ValueError, match="min_prob must be in"):
+        make_projection(adapter, "shortlist", index=index, min_prob=1.0)
