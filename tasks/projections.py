@@ -88,11 +88,11 @@ def method_options(
     if method == "clustered":
         if artifact is None:
             raise ValueError("the clustered method needs a cluster map")
-        options = {"cluster_map": artifact}
-        options.update(clustered_options(selection, inactive_mass, exact, beam, probes))
+        clustered: dict[str, object] = {"cluster_map": artifact}
+        clustered.update(clustered_options(selection, inactive_mass, exact, beam, probes))
         if shortlist is not None:
-            options["shortlist"] = shortlist
-        return options
+            clustered["shortlist"] = shortlist
+        return clustered
     if method not in INDEXED_METHODS:
         return {}
     options: dict[str, object] = {}
