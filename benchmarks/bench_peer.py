@@ -254,33 +254,30 @@ def build_systems(args) -> tuple[dict[str, Callable], dict]:
             hybrid["shortlist"] = shortlist_folder(args.with_shortlist, f"{args.src_lang}-{args.tgt_lang}")
             info["with_shortlist"] = str(hybrid["shortlist"])
         first: dict = {}  # --with-hf's clustered system: the first probes
-        for probes in probes_list:
-            by_beam = {
+
+        def clustered_by_beam(probes: int | None, **extra: object) -> dict:
+            """One clustered projection a beam size, as ``fastvocab translate`` builds it."""
+            return {
                 beam: make_projection(
                     a32,
                     "clustered",
                     cluster_map=map_dir,
                     **clustered_options("union", args.inactive_mass, False, beam, probes),
                     **hybrid,
+                    **extra,
                 )
                 for beam in beams
             }
+
+        for probes in probes_list:
+            by_beam = clustered_by_beam(probes)
             first = first or by_beam
             tag = f", probes {probes}" if len(probes_list) > 1 else ""
             systems[f"fastvocab clustered fp32{tag}"] = fastvocab_system(a32, by_beam, args)
             if not args.no_int8:  # the int8 clustered projection, as `translate --dtype int8` runs it
-                by_beam8 = {
-                    beam: make_projection(
-                        a32,
-                        "clustered",
-                        cluster_map=map_dir,
-                        int8=True,
-                        **clustered_options("union", args.inactive_mass, False, beam, probes),
-                        **hybrid,
-                    )
-                    for beam in beams
-                }
-                systems[f"fastvocab clustered int8{tag}"] = fastvocab_system(a8, by_beam8, args)
+                systems[f"fastvocab clustered int8{tag}"] = fastvocab_system(
+                    a8, clustered_by_beam(probes, int8=True), args
+                )
             info["map_signature"].update({f"beam{b}{tag}": p.signature() for b, p in by_beam.items()})
     if args.with_hf:
         hf = Seq2SeqAdapter.load(args.model, engine="hf")

@@ -372,12 +372,13 @@ def point_options(
 
 
 def shortlist_folder(path: str | Path, direction: str) -> Path:
-    """A shortlist table's folder: ``path`` itself when it holds one, else the methods stage's layout under
-    it (``<path>/shortlist/<direction>``)."""
-    from fastvocab.tasks.methods import index_dir
+    """A shortlist table's folder, looked for where ``fastvocab translate --with-shortlist`` looks
+    (``tasks.methods.index_places``); else the methods stage's layout under ``path``, whose load then says
+    what is missing."""
+    from fastvocab.tasks.methods import index_dir, index_places
 
-    path = Path(path)
-    return path if (path / MANIFEST_FILE).exists() else index_dir(path, "shortlist", direction)
+    places = index_places(path, "shortlist", direction)
+    return next((p for p in places if (p / MANIFEST_FILE).exists()), index_dir(path, "shortlist", direction))
 
 
 def fit_point(method: str, point: dict[str, Any], artifact: Artifact | None) -> dict[str, Any]:

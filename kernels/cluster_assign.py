@@ -181,10 +181,9 @@ def union_columns(
 ) -> torch.Tensor:
     """Sorted union of the rows' active sets and of ``extra`` ((N,) bool, columns every row gets; None:
     none), (C,) int64: boolean mask over N, then compaction."""
-    uniq = sorted(set(clusters))
-    if len(uniq) == 1 and extra is None:
-        return ids[uniq[0]]  # already sorted and unique
-    first = ids[uniq[0]]
-    mask = torch.zeros(n_vocab, dtype=torch.bool, device=first.device) if extra is None else extra.clone()
-    mask[torch.cat([ids[c] for c in uniq])] = True
+    if extra is None and len(set(clusters)) == 1:
+        return ids[clusters[0]]  # already sorted and unique
+    mask = union_mask(clusters, ids, n_vocab)
+    if extra is not None:
+        mask |= extra
     return mask.nonzero().squeeze(1)

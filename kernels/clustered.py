@@ -298,9 +298,10 @@ class ClusteredProjection(Projection):
             return "torch"
         if backend == "torch":
             return "torch"
-        reason = "probes > 1" if self.probes > 1 else _cupy_unsupported(self.weight)
         if self._shortlist is not None:
-            reason = "a shortlist joins the sets"
+            reason: str | None = "a shortlist joins the sets"
+        else:
+            reason = "probes > 1" if self.probes > 1 else _cupy_unsupported(self.weight)
         if reason is None:
             return "cupy"
         if backend == "cupy":

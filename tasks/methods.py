@@ -128,6 +128,14 @@ def index_dir(root: str | Path, method: str, direction: str = ANY_DIRECTION) -> 
     return Path(root) / method / unit_name(method, direction)
 
 
+def index_places(path: str | Path, method: str, direction: str) -> list[Path]:
+    """Where the artifact a user names by ``path`` may be, in order: the folder itself, the pipeline's
+    layout under it (:func:`index_dir`), or under its ``methods/`` (a work dir)."""
+    unit = ANY_DIRECTION if method in MODEL_WIDE else direction
+    path = Path(path)
+    return [path, index_dir(path, method, unit), index_dir(path / METHODS_DIR, method, unit)]
+
+
 def directions_for(method: str, directions: list[str]) -> list[str]:
     """The artifacts a method needs for these directions: one model-wide, or one per direction."""
     return [ANY_DIRECTION] if method in MODEL_WIDE else list(directions)

@@ -336,10 +336,9 @@ def resolve_index(path: Path, method: str, direction: str, flag: str = "--index"
     ``methods/``. Only the manifest is read: another method or direction is an ArtifactError before the
     model loads."""
     from fastvocab.artifacts_schema.method_index import ANY_DIRECTION, MANIFEST_FILE, load_index_manifest
-    from fastvocab.tasks.methods import METHODS_DIR, MODEL_WIDE, index_dir
+    from fastvocab.tasks.methods import index_places
 
-    unit = ANY_DIRECTION if method in MODEL_WIDE else direction
-    tried = [path, index_dir(path, method, unit), index_dir(path / METHODS_DIR, method, unit)]
+    tried = index_places(path, method, direction)
     found = next((p for p in tried if (p / MANIFEST_FILE).is_file()), None)
     if found is None:
         raise UserError(
