@@ -85,7 +85,7 @@ from fastvocab.artifacts_schema.provenance import git_commit
 from fastvocab.decoding.search import parse_early_stopping, stopping_rule
 from fastvocab.kernels.clustered_parts import INACTIVE_MASS
 from fastvocab.tasks.evaluate import score, search_error_rate
-from fastvocab.tasks.projections import BEAM_INACTIVE_MASS, clustered_options
+from fastvocab.tasks.projections import BEAM_INACTIVE_MASS, SHORTLIST_BEAM_INACTIVE_MASS, clustered_options
 
 RESULTS = Path(__file__).resolve().parent / "results"
 ROOT = Path(__file__).resolve().parent.parent
@@ -262,7 +262,7 @@ def build_systems(args) -> tuple[dict[str, Callable], dict]:
                     a32,
                     "clustered",
                     cluster_map=map_dir,
-                    **clustered_options("union", args.inactive_mass, False, beam, probes),
+                    **clustered_options("union", args.inactive_mass, False, beam, probes, bool(hybrid)),
                     **hybrid,
                     **extra,
                 )
@@ -407,7 +407,8 @@ def main(argv: list[str] | None = None) -> int:
         default="auto",
         choices=["auto", *INACTIVE_MASS],
         help="the clustered systems' estimate of the mass not computed, as fastvocab translate takes it "
-        f"(default auto: none for greedy, {BEAM_INACTIVE_MASS} for beam search)",
+        f"(default auto: none for greedy, {BEAM_INACTIVE_MASS} for beam search, "
+        f"{SHORTLIST_BEAM_INACTIVE_MASS} with --with-shortlist)",
     )
     p.add_argument(
         "--probes",

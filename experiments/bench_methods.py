@@ -354,7 +354,11 @@ def point_options(
         selection = "per-row" if method == "per-row" else "union"
         rest = {k: v for k, v in point.items() if k not in ("inactive_mass", "exact", "maps")}
         opts = clustered_options(
-            selection, point.get("inactive_mass", "auto"), bool(point.get("exact", False)), beam
+            selection,
+            point.get("inactive_mass", "auto"),
+            bool(point.get("exact", False)),
+            beam,
+            shortlist="shortlist" in point,
         )
         cmap = artifact.index
         if "maps" in point:  # another maps root than --maps, e.g. maps of another K

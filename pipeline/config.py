@@ -64,7 +64,7 @@ class CorpusConfig(_Strict):
 class TranslateConfig(_Strict):
     selection: Literal["union", "per-row"] = "union"  # clustered: rows share the union of their sets, or not
     # clustered: estimate of the mass of the columns not computed (auto: none for greedy, the measured best
-    # for beam search: tasks/projections.py BEAM_INACTIVE_MASS)
+    # for beam search: tasks/projections.py BEAM_INACTIVE_MASS, SHORTLIST_BEAM_INACTIVE_MASS with a shortlist)
     inactive_mass: Literal["auto", "none", "centroid", "moments", "normaliser"] = "auto"
     exact: bool = False  # clustered: rows without an exactness certificate get the full projection
     # clustered, union selection: each row adds the sets of its `probes` nearest clusters (1: the nearest);

@@ -95,3 +95,43 @@ def test_the_combination_refuses_what_it_cannot_do(adapter, index, cmap):
     )
     with pytest.raises(ArtifactError, match="it-en"):
         make_projection(adapter, "clustered", cluster_map=cmap, shortlist=other)
+
+
+def test_auto_mass_with_a_shortlist_is_the_estimate_of_the_columns_left_out(adapter, index, cmap):
+    """Beam search with a shortlist estimates the mass of the columns actually left out (moments): the
+    normaliser expands the mass outside the row's own set, from which the batch's candidates are taken off."""
+    from fastvocab.experiments.bench_methods import point_options
+    from fastvocab.tasks.projections import BEAM_INACTIVE_MASS, SHORTLIST_BEAM_INACTIVE_MASS, method_options
+
+    assert SHORTLIST_BEAM_INACTIVE_MASS == "moments" != BEAM_INACTIVE_MASS
+    hybrid = method_options("clustered", "en-it", beam=4, artifact=cmap, shortlist=index)
+    assert hybrid["inactive_mass"] == "moments"
+    assert method_options("clustered", "en-it", beam=4, artifact=cmap)["inactive_mass"] == BEAM_INACTIVE_MASS
+    assert (
+        method_options("clustered", "en-it", beam=1, artifact=cmap, shortlist=index)["inactive_mass"]
+        == "none"
+    )
+    kept = method_options(
+        "clustered", "en-it", beam=4, artifact=cmap, shortlist=index, inactive_mass="centroid"
+    )
+    assert kept["inactive_mass"] == "centroid"
+    # the benchmarks' clustered points resolve auto the same way
+    assert point_options("clustered", {}, 4, _Artifact(cmap), "en-it")["inactive_mass"] == BEAM_INACTIVE_MASS
+
+    proj = make_projection(adapter, "clustered", **hybrid)
+    batch = adapter.encode_texts(synthetic_sentences("en", 4, seed=5), "en", "it")
+    records = []
+    beam_search(adapter, proj, batch, "en", "it", beam=2, max_len=6, step_hook=records.append)
+    full = make_projection(adapter, "full")
+    for r in records:  # an estimate of what the step left out, finite where it left columns out
+        mass = r.output.log_inactive_mass
+        assert mass is not None and torch.isfinite(mass).all()
+        z = full(r.hidden).logits.float()
+        z[:, r.output.ids] = -torch.inf
+        exact = torch.logsumexp(z, dim=1)
+        assert (mass - exact).abs().max() < 5.0  # the right columns: same scale as their exact mass
+
+
+class _Artifact:
+    def __init__(self, index) -> None:
+        self.index = index

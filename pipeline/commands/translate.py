@@ -68,7 +68,7 @@ def _stopping_rule(value: str) -> bool | str | None:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from fastvocab.decoding.steppers import GRAPHS
     from fastvocab.kernels import available_projections
-    from fastvocab.tasks.projections import BEAM_INACTIVE_MASS
+    from fastvocab.tasks.projections import BEAM_INACTIVE_MASS, SHORTLIST_BEAM_INACTIVE_MASS
 
     d = TranslateConfig()
     add_model(p)
@@ -194,7 +194,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         d.inactive_mass,
         "clustered: estimate of the probability mass of the columns not computed, so beam scores stay "
         f"comparable (auto: {BEAM_INACTIVE_MASS} for --beam > 1, the fewest search errors measured, from "
-        "the normaliser stored in the map; none for greedy, which reads logits only) (default: %(default)s)",
+        f"the normaliser stored in the map, {SHORTLIST_BEAM_INACTIVE_MASS} with --with-shortlist; none for "
+        "greedy, which reads logits only) (default: %(default)s)",
     )
     p.add_argument(
         "--exact",
