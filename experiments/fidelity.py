@@ -46,6 +46,7 @@ import torch
 from fastvocab import __version__
 from fastvocab.artifacts_schema.cluster_map import ClusterMap, load_cluster_map, resolve_map_dir
 from fastvocab.artifacts_schema.corpus import read_direction
+from fastvocab.artifacts_schema.provenance import git_commit
 from fastvocab.decoding.hf_adapter import Seq2SeqAdapter
 from fastvocab.decoding.scoring import sequence_scores
 from fastvocab.decoding.search import ProjectionLike, decode
@@ -465,8 +466,9 @@ def run_meta(
     threads: int | None = None,
     finished: bool = True,
 ) -> dict[str, Any]:
-    """The meta every benchmark record starts with: when, on what (device, torch, threads, load average
-    before and, once ``finished``, after the run) and which model (fingerprint, vocabulary, width, dtype)."""
+    """The meta every benchmark record starts with: when, from which commit, on what (device, torch,
+    threads, load average before and, once ``finished``, after the run) and which model (fingerprint,
+    vocabulary, width, dtype)."""
     meta: dict[str, Any] = {
         "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "device": device_description(device),
@@ -474,6 +476,7 @@ def run_meta(
         "threads": torch.get_num_threads() if threads is None else threads,
         "cpu_count": os.cpu_count(),
         "loadavg_before": [round(x, 2) for x in load_before],
+        "commit": git_commit(cwd=Path(__file__).resolve().parent),
     }
     if finished:
         meta["loadavg_after"] = [round(x, 2) for x in os.getloadavg()]
