@@ -86,6 +86,8 @@ from fastvocab.kernels.cluster_assign import (
 )
 from fastvocab.kernels.clustered_parts import ORACLE, ClusteredParts
 from fastvocab.kernels.clustered_static import StaticUnion
+from fastvocab.kernels.exact_gate import ExactGate
+from fastvocab.kernels.full import FullProjection
 from fastvocab.kernels.gather import (
     BatchColumns,
     batch_union_logits,
@@ -168,6 +170,7 @@ class ClusteredProjection(Projection):
         self.exact_k, self.exact_tol = parts.certificate.exact_k, parts.certificate.exact_tol
         self.int8 = parts.compute.int8
         self.counters = {"rows": 0, "columns": 0, "certified": 0, "far": 0, "full": 0}
+        self._full: FullProjection | None = None  # every column, for the rows that need them (_full_logits)
 
         cmap = self._load_map(cluster_map)
         self.map_manifest = cmap.manifest
@@ -201,9 +204,12 @@ class ClusteredProjection(Projection):
         elif self.inactive_mass not in ("none", ORACLE):
             self._mass = mass_tables(self._map, self.weight, self.bias)
         self._bounds = None
+        self._gate: ExactGate | None = None
         if self.exact_k:
             n_blocks = max(1, parts.certificate.bound_blocks)
             self._bounds = bound_tables(self._map, self.weight, self.bias, n_blocks=n_blocks)
+        # exact_k: steps where the certificate is measured not to pay compute every column (same outputs)
+        self._gate = ExactGate(self.n_vocab, self._map.r) if self.exact_k and self.full_when_cheaper else None
         if self.backend == "cupy":
             self._indices32 = self._map.indices.to(torch.int32)  # (nnz,) what the kernels read
             if self.bias is not None:
@@ -355,15 +361,20 @@ class ClusteredProjection(Projection):
             "active_columns_per_row": self.counters["columns"] / rows,
             "certified_fraction": self.certified_fraction,
             "far_fraction": self.counters["far"] / rows if self.mass_radius else None,
-            "full_fraction": self.counters["full"] / rows if self._hit is not None else None,
+            "full_fraction": (
+                self.counters["full"] / rows if self._hit is not None or self._gate is not None else None
+            ),
         }
 
     @property
     def certified_fraction(self) -> float | None:
-        """Share of projected rows that had an exactness certificate (None without ``exact_k``)."""
-        if not self.exact_k or not self.counters["rows"]:
+        """Share of the rows the certificate examined that it certified (None without ``exact_k``, or before
+        it examined any); the rows of steps that computed every column (``full_fraction``) are not among
+        them."""
+        examined = self.counters["rows"] - self.counters["full"]
+        if not self.exact_k or examined <= 0:
             return None
-        return self.counters["certified"] / self.counters["rows"]
+        return self.counters["certified"] / examined
 
     @property
     def active_sets(self) -> list[torch.Tensor]:
@@ -420,7 +431,7 @@ class ClusteredProjection(Projection):
         if rows == 0:
             empty = h.new_empty((0, 0))
             return ProjectionOutput(empty, torch.zeros(0, dtype=torch.int64, device=h.device), self.n_vocab)
-        if self._full_cheaper(rows):
+        if self._full_cheaper(rows) or (self._gate is not None and self._gate.full_step()):
             self._count(rows=rows, columns=rows * self.n_vocab, full=rows)
             return ProjectionOutput(logits=self._full_logits(h), ids=None, n_vocab=self.n_vocab)
         # The CuPy grouping kernel runs in one block: beyond 1024 rows per-row selection takes the torch path.
@@ -496,6 +507,9 @@ class ClusteredProjection(Projection):
         ok = certify(out.logits, top, mass, self.exact_k, log_tol)  # (rows,)
         n_ok = int(ok.sum())  # the one host sync the certificate adds
         self._count(certified=n_ok)
+        if self._gate is not None:
+            assert out.ids is not None  # the map's step, before any row falls back
+            self._gate.record(out.rows, n_ok, self._computed_columns(out.logits, out.ids))
         if self.exact_k > 1:
             # Certified rows' left-out mass moves their log-probs by at most exact_tol: counted as none, so
             # their log-probs are those of the computed columns, as full softmax's are within rounding.
@@ -516,10 +530,14 @@ class ClusteredProjection(Projection):
 
     def _full_logits(self, h: torch.Tensor) -> torch.Tensor:
         """All N columns, (rows, N): rows a certificate sends to the full projection, or whose
-        mass ``mass_radius`` computes exactly."""
+        mass ``mass_radius`` computes exactly. In float, through the full projection's own path (on CPU, W
+        pre-packed: a plain GEMM lays W out again at every call, which for a step's few rows costs about as
+        much as the multiply), built at the first row that needs it."""
         if self._w8 is not None:
             return int8_full_logits(h, self._w8)
-        return torch.nn.functional.linear(h, self.weight, self.bias)
+        if self._full is None:
+            self._full = FullProjection(self.weight, self.bias)
+        return self._full(h).logits
 
     def _project_torch(
         self, h: torch.Tensor, extra: BatchColumns | None = None

@@ -89,7 +89,8 @@ class Compute:
     0 on CUDA; with ``int8``, packed int8 blocks). ``int8`` (CPU, torch backend): the full int8 projection's
     logits on the active columns (``dtype:int8`` in the signature). ``full_when_cheaper`` (int8 union
     mode): at row counts where the map's expected union costs more than the full int8 GEMM, every column
-    without assigning clusters, counted in ``counters["full"]``.
+    without assigning clusters, counted in ``counters["full"]``; with ``exact_k``, the same at the steps
+    where the certificate is measured not to pay (``kernels/exact_gate.py``; the outputs are the same).
     """
 
     backend: str = "auto"
