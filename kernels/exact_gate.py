@@ -13,21 +13,26 @@ from __future__ import annotations
 import threading
 
 WARMUP_CALLS = 8  # certificate steps before the gate decides
-PROBE_EVERY = 32  # while the full step is chosen, every PROBE_EVERY-th call measures the certificate again
+# While the full step is chosen the certificate is measured again after PROBE_EVERY calls, then after twice
+# as many each time it still does not pay, up to MAX_PROBE_EVERY: a probe costs a certificate step that
+# does not pay, so on a long run they cost next to nothing.
+PROBE_EVERY = 32
+MAX_PROBE_EVERY = 1024
 
 
 class ExactGate:
     """Counts what the certificate steps certify and compute, and picks the step for each call.
 
     ``n_vocab``: N; ``search_columns``: the nearest-centroid search's cost in columns a row (``r``). The
-    counts are cumulative over the certificate steps run (all of the first :data:`WARMUP_CALLS`, then every
-    :data:`PROBE_EVERY`-th call while the full step is chosen).
+    counts are cumulative over the certificate steps run (the first :data:`WARMUP_CALLS`, then the probes).
     """
 
     def __init__(self, n_vocab: int, search_columns: int) -> None:
         self.n_vocab = n_vocab
         self.search_columns = search_columns
         self.calls = 0
+        self.interval = PROBE_EVERY
+        self.next_probe = WARMUP_CALLS + PROBE_EVERY
         self.rows = 0
         self.certified = 0
         self.columns = 0  # the map's columns, summed over the rows of the certificate steps
@@ -37,9 +42,17 @@ class ExactGate:
         """Whether this call should compute every column instead of running the certificate."""
         with self._lock:
             self.calls += 1
-            if self.calls <= WARMUP_CALLS or self.calls % PROBE_EVERY == 0:
+            if self.calls <= WARMUP_CALLS:
                 return False
-            return not self.pays()
+            if self.pays():
+                self.interval = PROBE_EVERY
+                self.next_probe = self.calls + PROBE_EVERY
+                return False
+            if self.calls >= self.next_probe:  # measure the certificate again
+                self.next_probe = self.calls + self.interval
+                self.interval = min(2 * self.interval, MAX_PROBE_EVERY)
+                return False
+            return True
 
     def pays(self) -> bool:
         """``c > u`` over the certificate steps so far (True before any)."""

@@ -20,9 +20,10 @@ def test_gate_picks_the_full_step_where_the_certificate_does_not_pay():
     steps = [gate.full_step() for _ in range(WARMUP_CALLS)]
     assert not any(steps)  # it measures before it decides
     gate.record(rows=100, certified=10, columns=100 * 200)  # c 0.10 against u (200 + 50) / 1000 = 0.25
-    after = [gate.full_step() for _ in range(2 * PROBE_EVERY)]
-    assert sum(after) == len(after) - 2  # every call full but the probes
-    assert not after[PROBE_EVERY - WARMUP_CALLS - 1]  # the PROBE_EVERY-th call measures again
+    calls = range(WARMUP_CALLS + 1, WARMUP_CALLS + 1 + 8 * PROBE_EVERY)
+    probes = [call for call in calls if not gate.full_step()]  # every call full but these
+    first = WARMUP_CALLS + PROBE_EVERY
+    assert probes == [first, first + PROBE_EVERY, first + 3 * PROBE_EVERY, first + 7 * PROBE_EVERY]
     gate.record(rows=400, certified=400, columns=400 * 200)  # now c 0.82 > u
     assert gate.pays() and not gate.full_step()
 
