@@ -201,8 +201,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--exact",
         action="store_true",
         help="clustered: certify each decoder row (a bound on every column not computed) and give rows "
-        "without a certificate the full projection: output identical to --method full; prints the "
-        "certified share of rows",
+        "without a certificate the full projection: output identical to --method full; while the "
+        "certificate vouches for fewer rows than it would need to pay, whole steps take the full projection "
+        "(measured as it decodes); prints the certified share of rows",
     )
     p.add_argument(
         "--device", default=d.device, help="torch device, e.g. cpu or cuda:0 (default: %(default)s)"
@@ -484,10 +485,15 @@ def _print_method_stats(stats: dict[str, float | None]) -> None:
         return
     line = f"clustered: {active:.0f} active columns per decoder row"
     if certified is not None:
-        line += f", {100 * certified:.1f}% of rows certified exact (the others used the full projection)"
-    if full:
         line += (
-            f", {100 * full:.1f}% of rows computed every column "
-            "(at their batch's rows the map's union costs more)"
+            f", {100 * certified:.1f}% of the rows the certificate examined certified exact "
+            "(the others used the full projection)"
         )
+    if full:
+        why = (
+            "the certificate certified too few rows to pay"
+            if certified is not None
+            else "at their batch's rows the map's union costs more"
+        )
+        line += f", {100 * full:.1f}% of rows computed every column ({why})"
     print(line, file=sys.stderr)
