@@ -21,13 +21,12 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import json
 import math
 import time
 from pathlib import Path
 
 import torch
-from bench_meta import cpu_name, git_commit
+from bench_meta import cpu_name, git_commit, write_result
 
 from fastvocab.artifacts_schema.corpus import read_direction
 from fastvocab.experiments import coverage
@@ -154,9 +153,7 @@ def main() -> None:
             record["rows"].append(row)
             print(f"{direction} {maps}: certified {row['certified']}", flush=True)
         print(f"{direction}: {time.perf_counter() - t0:.0f} s", flush=True)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(record, indent=1) + "\n")
-    print(f"wrote {out}")
+    write_result(out, record)
 
 
 if __name__ == "__main__":

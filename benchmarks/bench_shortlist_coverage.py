@@ -26,12 +26,11 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import itertools
-import json
 import time
 from pathlib import Path
 
 import torch
-from bench_meta import cpu_name, git_commit
+from bench_meta import cpu_name, git_commit, write_result
 from safetensors.numpy import load_file
 
 from fastvocab.artifacts_schema.corpus import read_direction
@@ -173,9 +172,7 @@ def main() -> None:
             "rows": rows,
         }
         print(f"{direction}: {len(rows)} points in {time.perf_counter() - t0:.0f} s", flush=True)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(record, indent=1) + "\n")
-    print(f"wrote {out}")
+    write_result(out, record)
 
 
 if __name__ == "__main__":
