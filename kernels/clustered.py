@@ -204,12 +204,11 @@ class ClusteredProjection(Projection):
         elif self.inactive_mass not in ("none", ORACLE):
             self._mass = mass_tables(self._map, self.weight, self.bias)
         self._bounds = None
-        self._gate: ExactGate | None = None
         if self.exact_k:
             n_blocks = max(1, parts.certificate.bound_blocks)
             self._bounds = bound_tables(self._map, self.weight, self.bias, n_blocks=n_blocks)
-        # exact_k: steps where the certificate is measured not to pay compute every column (same outputs)
-        self._gate = ExactGate(self.n_vocab, self._map.r) if self.exact_k and self.full_when_cheaper else None
+        # exact_k: what the certificate certifies and costs, for _full_cheaper (same outputs either way)
+        self._gate = ExactGate(self.n_vocab, self._map.r) if self.exact_k else None
         if self.backend == "cupy":
             self._indices32 = self._map.indices.to(torch.int32)  # (nnz,) what the kernels read
             if self.bias is not None:
@@ -431,7 +430,7 @@ class ClusteredProjection(Projection):
         if rows == 0:
             empty = h.new_empty((0, 0))
             return ProjectionOutput(empty, torch.zeros(0, dtype=torch.int64, device=h.device), self.n_vocab)
-        if self._full_cheaper(rows) or (self._gate is not None and self._gate.full_step()):
+        if self._full_cheaper(rows):
             self._count(rows=rows, columns=rows * self.n_vocab, full=rows)
             return ProjectionOutput(logits=self._full_logits(h), ids=None, n_vocab=self.n_vocab)
         # The CuPy grouping kernel runs in one block: beyond 1024 rows per-row selection takes the torch path.
@@ -446,27 +445,32 @@ class ClusteredProjection(Projection):
             mass = _oracle_log_mass(logits, ids, self._full_logits(h).float())
         elif self._mass is not None:
             mass = inactive_log_mass(self.inactive_mass, h, logits, clusters, self.n_vocab, self._mass)
-        self._count(rows=rows, columns=self._computed_columns(logits, ids))
+        columns = self._computed_columns(logits, ids)
+        self._count(rows=rows, columns=columns)
         out = ProjectionOutput(logits=logits, ids=ids, n_vocab=self.n_vocab, log_inactive_mass=mass)
         if self.mass_radius is not None:
             return self._exact_mass_far_rows(h, out, clusters)
         if self._bounds is None:
             return out
-        return self._exact(h, out, clusters, self._bounds)
+        return self._exact(h, out, clusters, self._bounds, columns)
 
     def _full_cheaper(self, rows: int) -> bool:
-        """Whether a step of ``rows`` rows skips the map (``full_when_cheaper``), decided once per row
-        count."""
-        if self._hit is None or not self.full_when_cheaper:
+        """Whether a step of ``rows`` rows skips the map (``full_when_cheaper``): in int8 union mode where
+        the map's expected union costs more than the full int8 GEMM (decided once per row count); with
+        ``exact_k`` where the certificate is measured not to pay (:class:`ExactGate`)."""
+        if not self.full_when_cheaper:
             return False
-        full = self._full_at_rows.get(rows)
-        if full is None:
-            # each row brings the sets of its `probes` nearest clusters: as many draws
-            pb = None if self._w8 is None else self._w8.popular
-            width = None if pb is None else pb.block_columns
-            full = int8_map_skipped(self._hit, rows * self.probes, rows, self.n_vocab, width)
-            self._full_at_rows[rows] = full
-        return full
+        if self._hit is not None:
+            full = self._full_at_rows.get(rows)
+            if full is None:
+                # each row brings the sets of its `probes` nearest clusters: as many draws
+                pb = None if self._w8 is None else self._w8.popular
+                width = None if pb is None else pb.block_columns
+                full = int8_map_skipped(self._hit, rows * self.probes, rows, self.n_vocab, width)
+                self._full_at_rows[rows] = full
+            if full:
+                return True
+        return self._gate is not None and self._gate.full_step()
 
     def _exact_mass_far_rows(
         self, h: torch.Tensor, out: ProjectionOutput, clusters: torch.Tensor
@@ -496,9 +500,15 @@ class ClusteredProjection(Projection):
         return int(torch.isfinite(logits).sum())  # per-row padding holds -inf
 
     def _exact(
-        self, h: torch.Tensor, out: ProjectionOutput, clusters: torch.Tensor, bounds: BoundTables
+        self,
+        h: torch.Tensor,
+        out: ProjectionOutput,
+        clusters: torch.Tensor,
+        bounds: BoundTables,
+        columns: int,
     ) -> ProjectionOutput:
-        """Certify each row; rows that fail get their full logits, in a dense (rows, N) output."""
+        """Certify each row; rows that fail get their full logits, in a dense (rows, N) output.
+        ``columns``: what the map's step computed, summed over its rows (for the gate)."""
         top, mass = inactive_bounds(h, clusters, bounds)
         if self._w8 is not None:  # the tables bound float32 logits; an int8 logit may be this far from one
             slack = int8_logit_error(h, self._w8)
@@ -508,8 +518,7 @@ class ClusteredProjection(Projection):
         n_ok = int(ok.sum())  # the one host sync the certificate adds
         self._count(certified=n_ok)
         if self._gate is not None:
-            assert out.ids is not None  # the map's step, before any row falls back
-            self._gate.record(out.rows, n_ok, self._computed_columns(out.logits, out.ids))
+            self._gate.record(out.rows, n_ok, columns)
         if self.exact_k > 1:
             # Certified rows' left-out mass moves their log-probs by at most exact_tol: counted as none, so
             # their log-probs are those of the computed columns, as full softmax's are within rounding.

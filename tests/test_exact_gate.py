@@ -55,3 +55,7 @@ def test_exact_steps_go_full_when_few_rows_are_certified_and_the_outputs_stay_fu
     )
     assert search(adapter, ungated, batch, "en", "it", max_len=24, **kw) == want
     assert ungated.counters["full"] == 0 and ungated.certified_fraction < 0.5
+    gated.full_when_cheaper = False  # switched off later, as for the int8 rule: the certificate every step
+    gated.reset_counters()
+    assert search(adapter, gated, batch, "en", "it", max_len=24, **kw) == want
+    assert gated.counters["full"] == 0 and gated.counters["rows"] > 0
