@@ -43,7 +43,7 @@ CHUNK = 2048  # rows whose full logits are held at once
 def slack(h: torch.Tensor, proj, weight: torch.Tensor, bias: torch.Tensor | None, dims: list[int]) -> dict:
     """The shares and medians above for the rows ``h`` (rows, d) under the clustered projection ``proj``
     (built with ``exact_k=1``)."""
-    pm, tables = proj._map, proj._bounds
+    pm, tables = proj.prepared_map, proj._bounds  # the bound tables the projection built at load
     n_vocab = weight.shape[0]
     clusters = proj.assign(h)
     members = torch.zeros((pm.r, n_vocab), dtype=torch.bool)
