@@ -191,6 +191,11 @@ def _overflow_flag(captured: CapturableStep | None, device: torch.device) -> tor
     return torch.zeros((), dtype=torch.bool, device=device)
 
 
+def _step_state(captured: CapturableStep | None) -> tuple[torch.Tensor, ...]:
+    """What the captured projection step changes in place (``CapturableStep.state``)."""
+    return () if captured is None else captured.state
+
+
 def _start(
     adapter, stepper: Stepper | None, step_hook: StepHook | None, batch: dict
 ) -> tuple[Stepper, int, torch.device, int, torch.Tensor | None, int | None] | None:
@@ -278,7 +283,8 @@ def greedy_search(
     def body() -> None:  # a whole fixed-shape step (the step number lives on the device: column)
         stepper.step(choose(h, -1))
 
-    run = stepper.compile(body, (out_tokens, finished, column, overflow)) if fixed and last > 0 else body
+    held = (out_tokens, finished, column, overflow, *_step_state(captured))
+    run = stepper.compile(body, held) if fixed and last > 0 else body
     for step in range(last):
         if fixed:
             run()  # the choice and the decoder step, in one graph when captured
@@ -523,7 +529,8 @@ def beam_search(
     def body() -> None:  # a whole fixed-shape step (the step number lives on the device: beams.step)
         feed(*choose(h, -1))
 
-    run = stepper.compile(body, (*beams.tensors(), overflow)) if fixed and last > 0 else body
+    held = (*beams.tensors(), overflow, *_step_state(captured))
+    run = stepper.compile(body, held) if fixed and last > 0 else body
     # A step hook sees every row of the first step, as the dump has always recorded them.
     first_step = k > 1 and step_hook is None
     for step in range(last):

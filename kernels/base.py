@@ -161,11 +161,14 @@ class CapturableStep:
     ``overflow``: None when every output is complete; else a 0-d bool device flag the step ORs with "this
     output lacked columns" (a static union that outgrew its capacity). A search reads it at its next host
     read and then decodes the batch again with ``fallback``, an eager step that never drops a column.
+    ``state``: device tensors the step itself changes in place (a recorder's slot counter); a capture's
+    warm-up runs a real step, and the search puts them back afterwards with its own.
     """
 
     project: Callable[[torch.Tensor], ProjectionOutput]
     overflow: torch.Tensor | None = None
     fallback: Callable[[torch.Tensor], ProjectionOutput] | None = None
+    state: tuple[torch.Tensor, ...] = ()
 
     def __call__(self, h: torch.Tensor) -> ProjectionOutput:
         return self.project(h)

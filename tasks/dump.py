@@ -44,7 +44,7 @@ from fastvocab.tasks.context import RunContext
 if TYPE_CHECKING:
     import torch
 
-    from fastvocab.kernels.base import ProjectionOutput
+    from fastvocab.kernels.base import CapturableStep, ProjectionOutput
 
 log = logging.getLogger(__name__)
 
@@ -65,10 +65,16 @@ class DumpSettings:
     # 1: the greedy path; > 1: every live hypothesis of full-softmax beam search; REFERENCE_BEAM (0): the
     # states along each line's reference translation (teacher forcing, one batched decoder pass)
     beam: int = 1
+    # greedy only: decode with the captured fixed-shape step (decoding.steppers.GRAPHS: "auto" captures it
+    # on CUDA where it can be captured). Fixed shapes keep finished rows in the batch, which changes fp16
+    # rounding, so a dump that ran captured says so in its plan.
+    graphs: str = "auto"
 
     def __post_init__(self) -> None:
         if min(self.k, self.max_len, self.batch_size) < 1 or self.beam < REFERENCE_BEAM:
             raise ValueError(f"dump settings must be >= 1 (beam >= {REFERENCE_BEAM}), got {self}")
+        if self.graphs not in ("auto", "on", "off"):  # decoding.steppers.GRAPHS (no torch import here)
+            raise ValueError(f"dump graphs must be auto, on or off; got {self.graphs!r}")
         # Beam search extends each hypothesis with its 2 x beam best tokens, so a map must know at least those
         # ids per state. Refused, not k silently raised: k is in every shard's plan and bounds maps.k, so the
         # user should see (and log) the k the states were actually recorded with.
@@ -116,6 +122,8 @@ class ShardSpec:
         # against shards written before the beam setting existed) stay as they were.
         if settings.beam != 1:
             plan["beam"] = settings.beam
+        if settings.graphs == "on":  # (the decoder's settings say "on" only where it runs captured)
+            plan["graphs"] = "on"
         if settings.beam == REFERENCE_BEAM:
             refs = self.references or ("",) * len(self.sent_ids)
             lines = "".join(f"{i}\t{t}\n" for i, t in zip(self.sent_ids, refs, strict=True))
@@ -173,13 +181,25 @@ class DumpDecoder:
         self.n_vocab: int = ctx.model.n_vocab
         if self.k > self.n_vocab:
             raise ValueError(f"dump k={self.k} exceeds the vocabulary size {self.n_vocab}")
+        self.settings = replace(settings, graphs="on" if self._captures(settings) else "off")
+
+    def _captures(self, settings: DumpSettings) -> bool:
+        """Whether greedy batches decode with the captured step (``settings.graphs`` resolved here)."""
+        from fastvocab.decoding.steppers import use_graphs
+
+        if settings.beam != 1:
+            if settings.graphs == "on":
+                raise ValueError("dump graphs='on' records the greedy path only (beam 1)")
+            return False
+        return use_graphs(settings.graphs, self.adapter, self.projection)
 
     def along(self, beam: int) -> DumpDecoder:
         """This decoder decoding along ``beam`` instead (the same model and projection, not loaded again)."""
         if beam == self.beam:
             return self
         other = copy.copy(self)
-        other.settings = replace(self.settings, beam=beam)  # checks k >= 2 x beam
+        graphs = self.settings.graphs if beam == 1 else "off"  # the captured recording is greedy's
+        other.settings = replace(self.settings, beam=beam, graphs=graphs)  # checks k >= 2 x beam
         other.beam = beam
         return other
 
@@ -204,10 +224,8 @@ class DumpDecoder:
                 rows = rows[[bool(refs[i].strip()) for i in rows]] if len(rows) else rows
             for lo in range(0, len(rows), self.batch_size):
                 sel = rows[lo : lo + self.batch_size]
-                if refs is None:
-                    part = self._decode([texts[i] for i in sel], pair[0], pair[1])
-                else:
-                    part = self._teacher([texts[i] for i in sel], [refs[i] for i in sel], pair[0], pair[1])
+                sel_refs = None if refs is None else [refs[i] for i in sel]
+                part = _host_columns(self.records([texts[i] for i in sel], pair[0], pair[1], sel_refs))
                 part["row"] = sel[part["row"]]
                 parts.append(part)
         if not parts:
@@ -223,6 +241,20 @@ class DumpDecoder:
             "topk_logprobs": np.concatenate([p["topk_logprobs"] for p in parts])[order],
         }
 
+    def records(
+        self, texts: list[str], src_lang: str, tgt_lang: str, references: list[str] | None = None
+    ) -> dict[str, torch.Tensor]:
+        """One batch of one direction (at most ``batch_size`` lines; ``references`` on the reference path)
+        decoded: the ``_RECORD_COLUMNS`` on the model's device, ``row`` indexing ``texts``, by row then step
+        within a search's output order."""
+        if self.beam == REFERENCE_BEAM:
+            if references is None:
+                raise ValueError("the reference path needs each line's reference")
+            return self._teacher(texts, references, src_lang, tgt_lang)
+        if self.settings.graphs == "on":
+            return self._captured(texts, src_lang, tgt_lang)
+        return self._decode(texts, src_lang, tgt_lang)
+
     def _empty(self) -> dict[str, np.ndarray]:
         return {
             "sent_id": np.zeros(0, np.int64),
@@ -234,13 +266,16 @@ class DumpDecoder:
 
     def _record(
         self,
-        rec: dict[str, list[np.ndarray]],
+        rec: dict[str, list[torch.Tensor]],
         row_ids: torch.Tensor,
         steps: torch.Tensor,
         hidden: torch.Tensor,
         output: ProjectionOutput,
     ) -> None:
-        """Append the rows' states and top-K of the projection's ``output`` to ``rec``."""
+        """Append the rows' states and top-K of the projection's ``output`` to ``rec``, on the model's device:
+        the batch's records are read back once, at its end (:func:`_host_columns`), not every step."""
+        import torch
+
         from fastvocab.decoding.rowwise import topk_rows
 
         # The output's log-probs are computed once and shared with beam search's own candidates.
@@ -255,19 +290,19 @@ class DumpDecoder:
                 logp[keep],
                 ids[keep],
             )
-        rec["row"].append(row_ids.cpu().numpy())
-        rec["step"].append(steps.cpu().numpy().astype(np.int32))
-        rec["hidden"].append(hidden.float().cpu().numpy().astype(np.float16))  # (rows, d)
-        rec["topk_ids"].append(ids.cpu().numpy().astype(np.int32))
-        rec["topk_logprobs"].append(logp.float().cpu().numpy())
+        rec["row"].append(row_ids)
+        rec["step"].append(steps.to(torch.int32))
+        rec["hidden"].append(hidden.to(torch.float16))  # (rows, d)
+        rec["topk_ids"].append(ids.to(torch.int32))
+        rec["topk_logprobs"].append(logp.float())
 
     def _teacher(
         self, texts: list[str], references: list[str], src_lang: str, tgt_lang: str
-    ) -> dict[str, np.ndarray]:
+    ) -> dict[str, torch.Tensor]:
         """The reference path: the states of one batched decoder pass along each reference translation."""
         import torch
 
-        rec: dict[str, list[np.ndarray]] = {k: [] for k in _RECORD_COLUMNS}
+        rec: dict[str, list[torch.Tensor]] = {k: [] for k in _RECORD_COLUMNS}
         state = self.adapter.encode(self.adapter.encode_texts(texts, src_lang, tgt_lang))
         targets = self.adapter.tokenize_targets(references, tgt_lang)
         hidden, rows, steps = self.adapter.teacher_forced(state, tgt_lang, targets, self.max_len)
@@ -277,14 +312,14 @@ class DumpDecoder:
                 h = hidden[lo : lo + TEACHER_ROWS]
                 part = slice(lo, lo + TEACHER_ROWS)
                 self._record(rec, rows[part], steps[part], h, self.projection(h))
-        return {k: np.concatenate(v) for k, v in rec.items()}
+        return _device_columns(rec)
 
-    def _decode(self, texts: list[str], src_lang: str, tgt_lang: str) -> dict[str, np.ndarray]:
+    def _decode(self, texts: list[str], src_lang: str, tgt_lang: str) -> dict[str, torch.Tensor]:
         import torch
 
         from fastvocab.decoding.search import decode
 
-        rec: dict[str, list[np.ndarray]] = {k: [] for k in _RECORD_COLUMNS}
+        rec: dict[str, list[torch.Tensor]] = {k: [] for k in _RECORD_COLUMNS}
 
         def hook(r) -> None:
             steps = torch.full((len(r.row_ids),), r.step, dtype=torch.int32, device=r.row_ids.device)
@@ -301,7 +336,27 @@ class DumpDecoder:
             max_len=self.max_len,
             step_hook=hook,
         )
-        return {k: np.concatenate(v) for k, v in rec.items()}
+        return _device_columns(rec)
+
+    def _captured(self, texts: list[str], src_lang: str, tgt_lang: str) -> dict[str, torch.Tensor]:
+        """The greedy path with the captured fixed-shape step: the step records every row into buffers on the
+        device (inside the CUDA graph), and each row's live steps are cut out once the batch ends."""
+        from fastvocab.decoding.search import decode
+
+        batch = self.adapter.encode_texts(texts, src_lang, tgt_lang)
+        recorder = StepRecorder(
+            self.projection, len(texts), self.max_len, self.k, self.d, self.adapter.device
+        )
+        tokens = decode(self.adapter, recorder, batch, src_lang, tgt_lang, max_len=self.max_len, graphs=True)
+        return recorder.live_rows(tokens)
+
+    def length_order(self, spec: ShardSpec) -> list[int]:
+        """The shard's lines, shortest first: batches of similar lengths waste fewer padded positions and
+        fewer steps of rows that finished early. The reference path's length is the reference's (a search's
+        is unknown until it ends)."""
+        refs = spec.references
+        lengths = spec.texts if refs is None or self.beam != REFERENCE_BEAM else refs
+        return sorted(range(len(spec.texts)), key=lambda i: (len(lengths[i]), i))
 
     def decode_shard(self, spec: ShardSpec) -> dict[str, np.ndarray]:
         """All state rows of a shard, capped at ``spec.max_states``.
@@ -311,9 +366,7 @@ class DumpDecoder:
         a beam a sentence has several rows per step, so the same cap covers fewer sentences.
         """
         refs = spec.references
-        # the reference path's length is the reference's (a search's is unknown until it ends)
-        lengths = spec.texts if refs is None or self.beam != REFERENCE_BEAM else refs
-        order = sorted(range(len(spec.texts)), key=lambda i: (len(lengths[i]), i))
+        order = self.length_order(spec)
         n = len(order)
         batch = {
             "sent_id": np.arange(n, dtype=np.int64),  # positions, mapped back below
@@ -331,6 +384,71 @@ class DumpDecoder:
         if spec.max_states is not None and len(cols["sent_id"]) > spec.max_states:
             cols = {k: v[: spec.max_states] for k, v in cols.items()}
         return cols
+
+
+def _device_columns(rec: dict[str, list[torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """A batch's per-step records, concatenated on the device."""
+    import torch
+
+    return {k: torch.cat(v) for k, v in rec.items()}
+
+
+def _host_columns(rec: dict[str, torch.Tensor]) -> dict[str, np.ndarray]:
+    """A batch's records read back to the host, one copy per column."""
+    return {k: v.cpu().numpy() for k, v in rec.items()}
+
+
+class StepRecorder:
+    """The full projection as the captured greedy step calls it, recording each call's ``h`` and top-K into
+    fixed buffers (step, row, ...) on the device: nothing is read back to the host until the batch ends.
+
+    Finished rows stay in a fixed-shape batch and are recorded too; :meth:`live_rows` keeps, as the eager
+    dump's step hook does, each row's steps up to and including the one that emitted EOS.
+    """
+
+    def __init__(self, projection, rows: int, max_len: int, k: int, d: int, device) -> None:
+        import torch
+
+        self.projection, self.k = projection, k
+        self.hidden = torch.zeros((max_len, rows, d), dtype=torch.float16, device=device)
+        self.ids = torch.zeros((max_len, rows, k), dtype=torch.int32, device=device)
+        self.logp = torch.zeros((max_len, rows, k), dtype=torch.float32, device=device)
+        self.calls = torch.zeros(1, dtype=torch.long, device=device)  # the next step's slot, on the device
+
+    def __call__(self, h: torch.Tensor) -> ProjectionOutput:
+        from fastvocab.decoding.rowwise import topk_rows
+
+        out = self.projection(h)
+        logp, cols = topk_rows(out.log_probs(), self.k)
+        self.hidden.index_copy_(0, self.calls, h.to(self.hidden.dtype)[None])
+        self.ids.index_copy_(0, self.calls, out.to_vocab_ids(cols).to(self.ids.dtype)[None])
+        self.logp.index_copy_(0, self.calls, logp.float()[None])
+        self.calls.add_(1)
+        return out
+
+    def capturable(self, rows: int) -> CapturableStep:
+        from fastvocab.kernels.base import CapturableStep
+
+        return CapturableStep(self, state=(self.calls,))
+
+    def live_rows(self, tokens: list[list[int]]) -> dict[str, torch.Tensor]:
+        """The recorded rows (by row, then step) of the steps each row was live: a row that emitted EOS at
+        step t was live at steps 0..t."""
+        import torch
+
+        steps = int(self.calls)  # the one host read
+        device = self.hidden.device
+        live = torch.tensor([len(t) + 1 for t in tokens], device=device).clamp(max=steps)  # (rows,)
+        grid = torch.arange(steps, device=device)
+        mask = grid[None, :] < live[:, None]  # (rows, steps)
+        rows = torch.arange(len(tokens), device=device)[:, None].expand_as(mask)[mask]
+        return {
+            "row": rows,
+            "step": grid[None, :].expand_as(mask)[mask].to(torch.int32),
+            "hidden": self.hidden[:steps].transpose(0, 1)[mask],
+            "topk_ids": self.ids[:steps].transpose(0, 1)[mask],
+            "topk_logprobs": self.logp[:steps].transpose(0, 1)[mask],
+        }
 
 
 def distinct_hypotheses(row_ids: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:

@@ -123,6 +123,19 @@ class ActiveSetCounter:
         self._merge_sorted(uniq, cnt.astype(np.int64))
         self.states += len(cluster_ids)
 
+    def add_counts(self, keys: np.ndarray, counts: np.ndarray, states: int) -> None:
+        """Add pairs counted elsewhere (on a GPU): sorted distinct ``cluster * n_vocab + token`` keys and
+        their
+        counts, from ``states`` member states."""
+        keys = np.asarray(keys, dtype=np.int64)
+        counts = np.asarray(counts, dtype=np.int64)
+        if keys.shape != counts.shape or keys.ndim != 1:
+            raise ValueError(f"keys and counts must be (n,) alike, got {keys.shape} and {counts.shape}")
+        if len(keys) and (keys[0] < 0 or keys[-1] >= self.r * self.n_vocab or np.any(np.diff(keys) <= 0)):
+            raise ValueError(f"keys must be sorted, distinct and inside [0, {self.r * self.n_vocab})")
+        self._merge_sorted(keys, counts)
+        self.states += int(states)
+
     def merge(self, other: ActiveSetCounter) -> None:
         """Add another counter's counts (e.g. a worker's partial result)."""
         if (other.r, other.n_vocab) != (self.r, self.n_vocab):

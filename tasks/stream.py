@@ -16,7 +16,7 @@ import numpy as np
 
 from fastvocab.artifacts_schema.stream_counts import read_stream_arrays, stream_meta, write_stream_arrays
 from fastvocab.tasks.dump import DumpDecoder, ShardSpec
-from fastvocab.tasks.maps import ActiveSetCounter, assign, centroid_sq_norms
+from fastvocab.tasks.maps import ASSIGN_CHUNK, ActiveSetCounter, centroid_sq_norms
 
 log = logging.getLogger(__name__)
 
@@ -30,16 +30,48 @@ def read_stream_counts(path: Path, expect_meta: dict[str, str] | None = None) ->
 def stream_counts(
     decoder: DumpDecoder, spec: ShardSpec, centroids: np.ndarray, k: int
 ) -> tuple[ActiveSetCounter, dict[str, float]]:
-    """Decode a shard and count its states' top-``k`` ids per nearest centroid; states are not kept."""
+    """Decode a shard and count its states' top-``k`` ids per nearest centroid; states are not kept.
+
+    Each batch is assigned and counted where it was decoded (on the GPU for a GPU worker): only its
+    distinct (cluster, token) keys and their counts reach the host, never the states. The assignment is the
+    maps stage's (float32, Eq. 2), so on the CPU streamed counts equal the counts of the same states stored.
+    """
+    import torch
+
+    from fastvocab.kernels.cluster_assign import assign_clusters
+
     if k > decoder.k:
         raise ValueError(f"maps k={k} exceeds the dump k={decoder.k}")
+    if spec.max_states is not None:
+        raise ValueError(
+            f"stream shard {spec.index} of {spec.direction} has a state cap: a stream counts every state"
+        )
     counter = ActiveSetCounter(len(centroids), decoder.n_vocab)
-    norms = centroid_sq_norms(centroids)
-    t0 = time.perf_counter()
-    cols = decoder.decode_shard(spec)
-    decode_s = time.perf_counter() - t0
-    # the (rows, d) block of one shard is small; it is dropped as soon as it is assigned
-    counter.add(assign(cols["hidden"], centroids, norms), cols["topk_ids"][:, :k])
+    device = decoder.adapter.device
+    centroids_t = torch.from_numpy(np.ascontiguousarray(np.asarray(centroids, dtype=np.float32).T)).to(device)
+    norms = torch.from_numpy(centroid_sq_norms(centroids)).to(device)
+    order = decoder.length_order(spec)
+    refs = spec.references
+    t0, decode_s = time.perf_counter(), 0.0
+    with torch.inference_mode():
+        for lo in range(0, len(order), decoder.batch_size):
+            sel = order[lo : lo + decoder.batch_size]
+            t1 = time.perf_counter()
+            rec = decoder.records(
+                [spec.texts[i] for i in sel],
+                spec.src_lang,
+                spec.tgt_lang,
+                None if refs is None else [refs[i] for i in sel],
+            )
+            decode_s += time.perf_counter() - t1
+            hidden = rec["hidden"]
+            clusters = torch.cat(
+                [assign_clusters(hidden[a : a + ASSIGN_CHUNK].float(), centroids_t, norms)
+                 for a in range(0, len(hidden), ASSIGN_CHUNK)]
+            ) if len(hidden) else torch.zeros(0, dtype=torch.long, device=device)  # fmt: skip
+            keys = (clusters[:, None] * decoder.n_vocab + rec["topk_ids"][:, :k].long()).reshape(-1)
+            uniq, counts = torch.unique(keys, return_counts=True)  # sorted
+            counter.add_counts(uniq.cpu().numpy(), counts.cpu().numpy(), states=len(hidden))
     return counter, {
         "states": float(counter.states),
         "seconds": time.perf_counter() - t0,

@@ -416,3 +416,31 @@ def test_the_dump_stage_plans_row_ranges_without_loading_the_sample(row_corpus, 
     assert [s.plan(settings) for s in stream] == [
         o.plan(settings) for o in plan_shards("it-en", list(range(10, len(ids))), it[10:], 4)
     ]
+
+
+def test_the_captured_recording_keeps_the_eager_dumps_rows(decoder, tiny_model_dir):
+    """graphs="on" (fixed shapes, every row recorded into device buffers each step, the live steps cut out at
+    the end) gives the eager step hook's rows: the same (sentence, step) rows, ids and states."""
+    ctx = RunContext(describe_model(tiny_model_dir), torch_threads=1)
+    captured = DumpDecoder(ctx, replace(decoder.settings, graphs="on"))
+    assert decoder.settings.graphs == "off" and captured.settings.graphs == "on"  # auto on CPU: eager
+    batch = columns(synthetic_sentences("en", 9), "en", "it")
+    eager, fixed = decoder(batch), captured(batch)
+    assert len(eager["sent_id"]) > 9  # sentences of several steps
+    for key in ("sent_id", "step", "topk_ids"):
+        np.testing.assert_array_equal(fixed[key], eager[key], err_msg=key)
+    np.testing.assert_allclose(
+        fixed["hidden"].astype(np.float32), eager["hidden"].astype(np.float32), atol=1e-3
+    )
+    np.testing.assert_allclose(fixed["topk_logprobs"], eager["topk_logprobs"], atol=1e-4)
+    # a captured run says so in its shards' plan; the eager plan is the one shards always had
+    spec = plan_shards("en-it", list(range(9)), list(batch["text"]), 9)[0]
+    assert spec.plan(captured.settings) == {**spec.plan(decoder.settings), "graphs": "on"}
+
+
+def test_captured_recording_is_greedy_only(tiny_model_dir):
+    ctx = RunContext(describe_model(tiny_model_dir), torch_threads=1)
+    with pytest.raises(ValueError, match="greedy path only"):
+        DumpDecoder(ctx, DumpSettings(k=4, max_len=MAX_LEN, beam=2, graphs="on"))
+    with pytest.raises(ValueError, match="auto, on or off"):
+        DumpSettings(graphs="yes")

@@ -22,6 +22,7 @@ import platform
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -713,40 +714,173 @@ def step_e2e_demo(args: argparse.Namespace) -> dict:
 
 
 def step_dump(args: argparse.Namespace) -> dict:
-    """States/s of the dump (greedy, full projection, fp16) for the demo model, by batch size."""
+    """States/s of the dump of ``models/demo`` (fp16, full projection, K 8) by path and batch size, on
+    length-sorted train lines: the greedy path eagerly (records kept on the device, read back once a batch;
+    and, for comparison, read back every step as the dump did before) and with the captured step
+    (``graphs="on"``), the reference path (teacher forcing), whole shards written to Parquet, and streamed
+    counts against 1,000 centroids (assigned and counted on the device)."""
     from fastvocab.tasks.context import RunContext, describe_model
-    from fastvocab.tasks.dump import DumpDecoder, DumpSettings
+    from fastvocab.tasks.dump import ShardSpec
 
     device = pick_device(args.smoke)
     dtype = str(DTYPE).removeprefix("torch.")
-    texts = _dump_texts(args.sentences if not args.smoke else 16)
-    ref = describe_model(ROOT / "models" / "demo")
-    ctx = RunContext(ref, device=device, dtype=dtype)
-    results = []
-    batches = [8] if args.smoke else [32, 128]
-    max_len = 16 if args.smoke else 128
-    for bs in batches:
-        decoder = DumpDecoder(ctx, DumpSettings(k=8, max_len=max_len, batch_size=bs))
-        cols = {
-            "sent_id": np.arange(len(texts)),
-            "text": np.array(texts, dtype=object),
-            "src_lang": np.array(["en"] * len(texts), dtype=object),
-            "tgt_lang": np.array(["it"] * len(texts), dtype=object),
-        }
-        decoder({k: v[: min(len(texts), bs)] for k, v in cols.items()})  # warm-up
-        sync(device)
-        t0 = time.perf_counter()
-        out = decoder(cols)
-        sync(device)
-        t = time.perf_counter() - t0
-        n = len(out["sent_id"])
-        results.append(
-            {"batch_size": bs, "sentences": len(texts), "states": n, "seconds": t, "states_per_s": n / t}
+    texts, refs = _dump_pairs(64 if args.smoke else args.sentences)
+    ctx = RunContext(describe_model(ROOT / "models" / "demo"), device=device, dtype=dtype)
+    small = [16] if args.smoke else None
+    plan = [  # (path, graphs, beam, batch sizes, mode)
+        ("greedy eager, read back every step", "off", 1, small or [512], "records"),
+        ("greedy eager", "off", 1, small or [512, 2048], "records"),
+        ("greedy captured", "on", 1, small or [512, 1024, 2048, 4096], "records"),
+        ("reference (teacher forcing)", "off", 0, small or [512, 2048], "records"),
+        ("greedy captured, shards to Parquet", "on", 1, small or [2048], "shard"),
+        ("greedy captured, streamed counts r 1000", "on", 1, small or [2048], "stream"),
+    ]
+    work = DumpWork(
+        ctx,
+        ShardSpec("en-it", 0, tuple(range(len(texts))), tuple(texts), None, tuple(refs)),
+        budget=3.0 if args.smoke else args.variant_seconds,
+    )
+    results: list[dict] = []
+    payload = {
+        "meta": meta(device, args, dtype=dtype, model="models/demo", k=8, max_len=128),
+        "results": results,
+    }
+    for name, graphs, beam, batches, mode in plan:
+        for bs in batches:
+            try:
+                row = work.run(name, graphs, beam, bs, mode)
+            except Exception as exc:  # one path failing leaves the others' numbers
+                row = {"path": name, "batch_size": bs, "error": f"{type(exc).__name__}: {exc}"[:500]}
+                print(f"{name} b{bs}: FAILED {row['error']}")
+            results.append(row)
+            if device == "cuda":
+                torch.cuda.empty_cache()
+                torch.cuda.reset_peak_memory_stats()
+            write(args.out, "dump", payload)
+    try:
+        payload["agreement"] = _captured_agreement(
+            ctx, [texts[i] for i in work.order[: (16 if args.smoke else 512)]]
         )
-        print(f"batch {bs:>4}: {n} states in {t:.1f} s = {n / t:,.0f} states/s")
-    payload = {"meta": meta(device, args, dtype=dtype, model="models/demo", k=8), "results": results}
+    except Exception as exc:
+        payload["agreement"] = {"error": f"{type(exc).__name__}: {exc}"[:500]}
+    print("captured vs eager on the same lines:", payload["agreement"])
     write(args.out, "dump", payload)
     return payload
+
+
+class DumpWork:
+    """The lines every dump path of :func:`step_dump` decodes, and one timed run of a path."""
+
+    def __init__(self, ctx, spec, budget: float) -> None:
+        self.ctx, self.spec, self.budget = ctx, spec, budget
+        self.order = sorted(range(len(spec.texts)), key=lambda i: (len(spec.texts[i]), i))
+
+    def run(self, name: str, graphs: str, beam: int, bs: int, mode: str) -> dict:
+        from fastvocab.tasks.dump import DumpDecoder, DumpSettings, ShardSpec, run_dump_shard
+        from fastvocab.tasks.stream import stream_counts
+
+        texts, refs, device = self.spec.texts, self.spec.references, self.ctx.device
+        dec = DumpDecoder(self.ctx, DumpSettings(k=8, max_len=128, batch_size=bs, beam=beam, graphs=graphs))
+        if "every step" in name:  # the comparison point: every step's records read back to the host
+            record = dec._record
+
+            def record_and_read(rec, *a):
+                record(rec, *a)
+                for v in rec.values():
+                    v[-1].cpu()
+
+            dec._record = record_and_read
+        warm = self.order[: min(bs, 64)]
+        dec.records([texts[i] for i in warm], "en", "it", [refs[i] for i in warm])  # lazy inits, cuBLAS
+        sync(device)
+        states, done, t0 = 0, 0, time.perf_counter()
+        if mode == "records":
+            for lo in range(0, len(self.order), bs):
+                sel = self.order[lo : lo + bs]
+                rec = dec.records([texts[i] for i in sel], "en", "it", [refs[i] for i in sel])
+                host = {k: v.cpu().numpy() for k, v in rec.items()}  # what a shard writes
+                states += len(host["step"])
+                done += len(sel)
+                if time.perf_counter() - t0 > self.budget:
+                    break
+        else:
+            # a shard of about the budget at 200K states/s (23 states a line)
+            done = min(len(texts), max(64, int(self.budget * 200_000 / 23)))
+            cut = ShardSpec("en-it", 0, self.spec.sent_ids[:done], texts[:done], None, refs[:done])
+            if mode == "shard":
+                states = int(run_dump_shard(dec, cut, Path(tempfile.mkdtemp()) / "states")["states"])
+            else:
+                cents = np.random.default_rng(0).standard_normal((1000, dec.d)).astype(np.float32)
+                states = stream_counts(dec, cut, cents, 8)[0].states
+        sync(device)
+        t = time.perf_counter() - t0
+        print(
+            f"{name:<42} b{bs:>5}: {states:>8} states {done:>6} lines in {t:6.1f} s = "
+            f"{states / t:>9,.0f} states/s"
+        )
+        return {
+            "path": name, "graphs": dec.settings.graphs, "beam": beam, "batch_size": bs, "mode": mode,
+            "sentences": done, "states": states, "seconds": round(t, 3), "states_per_s": round(states / t),
+            "states_per_sentence": round(states / max(done, 1), 2),
+            "peak_gpu_MiB": round(torch.cuda.max_memory_allocated() / 2**20) if device == "cuda" else None,
+        }  # fmt: skip
+
+
+def _captured_agreement(ctx, texts: list[str]) -> dict:
+    """How the captured dump's rows compare with the eager one's on the same lines (fp16 rounding differs
+    with the batch's shape): rows, same rows, same top-1 id, largest |h| difference."""
+    from fastvocab.tasks.dump import DumpDecoder, DumpSettings
+
+    cols = {
+        "sent_id": np.arange(len(texts)),
+        "text": np.array(texts, dtype=object),
+        "src_lang": np.array(["en"] * len(texts), dtype=object),
+        "tgt_lang": np.array(["it"] * len(texts), dtype=object),
+    }
+    out = {}
+    for graphs in ("off", "on"):
+        out[graphs] = DumpDecoder(ctx, DumpSettings(k=8, max_len=128, batch_size=len(texts), graphs=graphs))(
+            cols
+        )
+    e, c = out["off"], out["on"]
+    key = lambda o: list(zip(o["sent_id"].tolist(), o["step"].tolist(), strict=True))  # noqa: E731
+    same_rows = key(e) == key(c)
+    res: dict[str, object] = {"lines": len(texts), "rows_eager": len(e["step"]),
+                              "rows_captured": len(c["step"]),
+                              "same_rows": same_rows}  # fmt: skip
+    sent_same = [
+        np.array_equal(e["topk_ids"][e["sent_id"] == s, 0], c["topk_ids"][c["sent_id"] == s, 0])
+        for s in range(len(texts))
+    ]
+    res["sentences_same_greedy_path"] = int(sum(sent_same))
+    if same_rows:
+        res["top1_same"] = float((e["topk_ids"][:, 0] == c["topk_ids"][:, 0]).mean())
+        res["max_abs_h_diff"] = float(
+            np.abs(e["hidden"].astype(np.float32) - c["hidden"].astype(np.float32)).max()
+        )
+    return res
+
+
+def _dump_pairs(n: int) -> tuple[list[str], list[str]]:
+    """English train lines and their Italian references: ``work/gpu-carry/dump-en-it.parquet`` when carried
+    (the first 40,000 en-it train pairs), else the test split (1,000 pairs)."""
+    import pyarrow.parquet as pq
+
+    for path in (
+        ROOT / "work" / "gpu-carry" / "dump-en-it.parquet",
+        ROOT / "data" / "corpus" / "en-it" / "test.parquet",
+    ):
+        if path.exists():
+            t = pq.read_table(path, columns=["text1", "text2"])
+            pairs = [
+                (a, b)
+                for a, b in zip(t.column("text1").to_pylist(), t.column("text2").to_pylist(), strict=True)
+                if a.strip()
+            ]
+            print(f"texts: {min(n, len(pairs))} pairs from {path}")
+            return [a for a, _ in pairs[:n]], [b for _, b in pairs[:n]]
+    texts = _dump_texts(n)
+    return texts, texts
 
 
 def _dump_texts(n: int) -> list[str]:
@@ -780,7 +914,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=32, help="e2e: decoder steps per run")
     p.add_argument("--repeats", type=int, default=5, help="e2e: timed rounds (median)")
     p.add_argument("--r", type=int, default=2000, help="e2e: clusters of the synthetic maps")
-    p.add_argument("--sentences", type=int, default=1000, help="dump: source sentences")
+    p.add_argument("--sentences", type=int, default=40000, help="dump: source sentences (at most)")
+    p.add_argument("--variant-seconds", type=float, default=20.0, help="dump: time per path and batch size")
     args = p.parse_args(argv)
     torch.set_num_threads(2 if args.smoke else min(16, os.cpu_count() or 1))
     steps = {
