@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from fastvocab.artifacts_schema.fingerprint import projection_fingerprint
+from fastvocab.decoding.piece_table import PieceTable
 
 if TYPE_CHECKING:
     from fastvocab.decoding.static_decoder import StaticDecoder
@@ -107,6 +108,7 @@ class Seq2SeqAdapter:
     ):
         self.model = model
         self.tokenizer = tokenizer
+        self._pieces = PieceTable.of(tokenizer)  # batch tokenization in C++ where the layout allows
         self.path = str(path)
         self.device = torch.device(device)
         self.dtype = dtype
@@ -356,7 +358,21 @@ class Seq2SeqAdapter:
             texts = [f">>{tgt_lang}<< {t}" for t in texts]
         if not texts:
             return []
-        return [list(ids) for ids in tok(list(texts), add_special_tokens=True)["input_ids"]]
+        if self._pieces is not None:  # the tokenizer's own tags around the pieces (M2M100: [tag] ... [EOS])
+            head, tail = list(tok.prefix_tokens), list(tok.suffix_tokens)
+            plain = self._pieces.encode(list(texts), lambda odd: self._hf_ids(odd, add_special_tokens=False))
+            return [head + ids + tail for ids in plain]
+        return self._hf_ids(list(texts), add_special_tokens=True)
+
+    def _hf_ids(self, texts: list[str], add_special_tokens: bool, target: bool = False) -> list[list[int]]:
+        """The tokenizer's own ids (source side, or ``target``: the reference side)."""
+        if not texts:
+            return []
+        if target:
+            out = self.tokenizer(text_target=texts, add_special_tokens=add_special_tokens)
+        else:
+            out = self.tokenizer(texts, add_special_tokens=add_special_tokens)
+        return [list(ids) for ids in out["input_ids"]]
 
     def pad(self, seqs: list[list[int]]) -> dict[str, torch.Tensor]:
         """Right-pad id lists into ``input_ids`` / ``attention_mask`` (rows, S) on the adapter's device."""
@@ -381,7 +397,9 @@ class Seq2SeqAdapter:
         tok = self.tokenizer
         if self.family in (_M2M, _NLLB, _MBART):
             tok.tgt_lang = tgt_lang
-        return [list(ids) for ids in tok(text_target=list(texts), add_special_tokens=False)["input_ids"]]
+        if self._pieces is not None:
+            return self._pieces.encode(list(texts), lambda odd: self._hf_ids(odd, False, target=True))
+        return self._hf_ids(list(texts), add_special_tokens=False, target=True)
 
     def decode_ids(self, seqs: list[list[int]]) -> list[str]:
         """Token ids -> text, without specials or language tags."""

@@ -730,10 +730,10 @@ def step_dump(args: argparse.Namespace) -> dict:
     plan = [  # (path, graphs, beam, batch sizes, mode)
         ("greedy eager, read back every step", "off", 1, small or [512], "records"),
         ("greedy eager", "off", 1, small or [512, 2048], "records"),
-        ("greedy captured", "on", 1, small or [512, 1024, 2048, 4096], "records"),
+        ("greedy captured", "on", 1, small or [256, 512, 1024, 2048, 4096], "records"),
         ("reference (teacher forcing)", "off", 0, small or [512, 2048], "records"),
-        ("greedy captured, shards to Parquet", "on", 1, small or [2048], "shard"),
-        ("greedy captured, streamed counts r 1000", "on", 1, small or [2048], "stream"),
+        ("greedy captured, shards to Parquet", "on", 1, small or [1024], "shard"),
+        ("greedy captured, streamed counts r 1000", "on", 1, small or [1024], "stream"),
     ]
     work = DumpWork(
         ctx,
