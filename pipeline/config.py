@@ -132,7 +132,11 @@ class DumpConfig(_Strict):
     # top-K ids recorded per state; raised to 2 x the largest of maps.beams when lower (beam search keeps the
     # 2 x beam best tokens of every hypothesis)
     k: int = Field(5, ge=1)
+    # sentences a batch; on a GPU worker 512-1,024 (benchmarks/gpu.md: the dump's rate by batch size)
     batch_size: int = Field(32, ge=1)
+    # the greedy dump's step in CUDA graphs: auto (captured on a GPU worker where it can be captured), on,
+    # off. A captured dump's shards say so in their plan (fixed shapes round fp16 differently).
+    graphs: Literal["auto", "on", "off"] = "auto"
     shard_rows: int = Field(50_000, ge=1)  # Parquet row-group size inside a shard
     num_workers: int = Field(2, ge=1)
     num_gpus_per_worker: float = Field(0.0, ge=0)
@@ -165,7 +169,10 @@ class DumpConfig(_Strict):
         """How the states along ``beam`` (1: the greedy path) are decoded and recorded."""
         from fastvocab.tasks.dump import DumpSettings
 
-        return DumpSettings(k=self.k, max_len=self.max_len, batch_size=self.batch_size, beam=beam)
+        graphs = self.graphs if beam == 1 else "off"  # the captured recording is the greedy path's
+        return DumpSettings(
+            k=self.k, max_len=self.max_len, batch_size=self.batch_size, beam=beam, graphs=graphs
+        )
 
 
 class KMeansConfig(_Strict):

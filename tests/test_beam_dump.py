@@ -176,7 +176,9 @@ def test_k_follows_the_beams(overrides, dump_k, maps_k):
     assert (cfg.dump.k, cfg.maps.k) == (dump_k, maps_k)
     assert cfg.maps.beams == sorted(overrides.get("maps.beams", [1]))
     for beam in cfg.maps.beams:  # every beam's settings are valid (k >= 2 x beam)
-        assert cfg.dump.settings(beam) == DumpSettings(k=dump_k, max_len=128, batch_size=32, beam=beam)
+        graphs = "auto" if beam == 1 else "off"  # the captured recording is the greedy path's
+        want = DumpSettings(k=dump_k, max_len=128, batch_size=32, beam=beam, graphs=graphs)
+        assert cfg.dump.settings(beam) == want
 
 
 def test_dump_beam_is_an_unknown_key(tmp_path):

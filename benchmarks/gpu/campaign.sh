@@ -179,11 +179,16 @@ EOF
       rc=$?
       ;;
     pack)
-      # CPU side: what the train/dump commands need copied along with the tree, and the total size
+      # CPU side: what the train/dump commands need copied along with the tree, and the total size; the dump
+      # step's lines (the first 40,000 en-it train pairs) are written to work/gpu-carry/dump-en-it.parquet
       local tree
+      if [ -f data/corpus/en-it/train.parquet ] && [ ! -f work/gpu-carry/dump-en-it.parquet ]; then
+        mkdir -p work/gpu-carry
+        "$PY" -c "import pyarrow.parquet as pq; t = pq.read_table('data/corpus/en-it/train.parquet', columns=['text1', 'text2']); pq.write_table(t.slice(0, 40000), 'work/gpu-carry/dump-en-it.parquet', compression='zstd')"
+      fi
       tree=$(git ls-files -z | xargs -0 du -cb 2>/dev/null | tail -1 | cut -f1)
       echo "tracked tree: $((tree / 1048576)) MiB (limit 64 MiB with everything carried)"
-      for p in data/corpus/en-it runs/demo/maps/en-it work/gpu-carry; do
+      for p in data/corpus/en-it runs/demo/maps/en-it work/gpu-carry work/gpu-carry/dump-en-it.parquet; do
         [ -e "$p" ] && echo "carry candidate $p: $(du -sb "$p" | cut -f1 | awk '{printf "%.1f MiB", $1/1048576}')"
       done
       ;;
