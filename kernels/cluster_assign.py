@@ -176,14 +176,8 @@ def union_mask(clusters: Sequence[int], ids: Sequence[torch.Tensor], n_vocab: in
     return mask
 
 
-def union_columns(
-    clusters: Sequence[int], ids: Sequence[torch.Tensor], n_vocab: int, extra: torch.Tensor | None = None
-) -> torch.Tensor:
-    """Sorted union of the rows' active sets and of ``extra`` ((N,) bool, columns every row gets; None:
-    none), (C,) int64: boolean mask over N, then compaction."""
-    if extra is None and len(set(clusters)) == 1:
+def union_columns(clusters: Sequence[int], ids: Sequence[torch.Tensor], n_vocab: int) -> torch.Tensor:
+    """Sorted union of the rows' active sets, (C,) int64: boolean mask over N, then compaction."""
+    if len(set(clusters)) == 1:
         return ids[clusters[0]]  # already sorted and unique
-    mask = union_mask(clusters, ids, n_vocab)
-    if extra is not None:
-        mask |= extra
-    return mask.nonzero().squeeze(1)
+    return union_mask(clusters, ids, n_vocab).nonzero().squeeze(1)

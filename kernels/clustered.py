@@ -419,8 +419,8 @@ class ClusteredProjection(Projection):
             return lambda h, row_ids: self(h)
         sets = self._shortlist.batch_candidates(input_ids, attention_mask)
         ids = np.unique(np.concatenate(sets)) if sets else np.zeros(0, dtype=np.int64)
-        # the float path multiplies the batch's candidates from their rows of W gathered here, once
-        extra = BatchColumns.of(torch.from_numpy(ids).to(self.device), self.weight, self.bias, not self.int8)
+        # the batch's candidates are gathered (float) or packed (int8) here, once for the batch
+        extra = BatchColumns.of(torch.from_numpy(ids).to(self.device), self.weight, self.bias, self._w8)
         return lambda h, row_ids: self._checked_call(h, lambda x: self._project(x, extra))
 
     # ------------------------------------------------------------------ the step
@@ -561,13 +561,12 @@ class ClusteredProjection(Projection):
         if self.selection == "per-row":
             logits, ids = per_row_logits(h, cl, self._map, self.weight, self.bias, self._w8)
             return logits, ids, clusters
-        if extra is not None and extra.weight is not None:  # float: the batch's columns gathered already
-            logits, ids = batch_union_logits(
-                h, extra, union_mask(cl, self._map.ids, self.n_vocab), self.weight, self.bias
-            )
+        if extra is not None:  # the batch's columns gathered or packed already
+            sets = union_mask(cl, self._map.ids, self.n_vocab)
+            logits, ids = batch_union_logits(h, extra, sets, self.weight, self.bias, self._w8)
             return logits, ids, clusters
-        ids = union_columns(cl, self._map.ids, self.n_vocab, None if extra is None else extra.mask)  # (C,)
-        uniq = set(cl) if extra is None else set()  # with extra columns no single cluster's block serves
+        ids = union_columns(cl, self._map.ids, self.n_vocab)  # (C,)
+        uniq = set(cl)
         c = next(iter(uniq), -1)
         if self._w8 is not None:  # one cluster or many: int8 rows, a cached cluster's packed block if any
             logits = (

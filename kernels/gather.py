@@ -16,8 +16,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from fastvocab.kernels import int8
 from fastvocab.kernels.cluster_assign import PreparedMap
-from fastvocab.kernels.int8_union import Int8Weights, int8_cluster_logits
+from fastvocab.kernels.int8_union import Int8Weights, int8_cluster_logits, int8_union_logits
 
 # CPU gathers go through a reused 4 MB block: one big index_select would allocate a fresh C x d buffer per
 # call (beyond glibc's mmap threshold, so every page faults in again: 3-5x slower at C = 12.5K, d = 1024,
@@ -56,22 +57,30 @@ def gathered_logits(
 @dataclass(frozen=True)
 class BatchColumns:
     """Columns every step of one batch computes besides its rows' sets (a shortlist's candidates for the
-    batch's sentences): ``ids`` (C,) sorted, ``mask`` (N,) bool, and, on the float path, ``weight`` (C, d)
-    and ``bias`` (C,) gathered once for the whole batch (None for int8, whose union gathers int8 rows)."""
+    batch's sentences): ``ids`` (C,) sorted, ``mask`` (N,) bool, and, made once for the whole batch, on the
+    float path ``weight`` (C, d) and ``bias`` (C,) gathered, on the int8 path ``packed``, their int8 rows
+    packed for fbgemm (the full int8 layer's own logits on them, at its packed GEMM's cost a column)."""
 
     ids: torch.Tensor
     mask: torch.Tensor
     weight: torch.Tensor | None
     bias: torch.Tensor | None
+    packed: torch.ScriptObject | None = None
 
     @classmethod
     def of(
-        cls, ids: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, gather: bool = True
+        cls,
+        ids: torch.Tensor,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+        w8: Int8Weights | None = None,
     ) -> BatchColumns:
         mask = torch.zeros(weight.shape[0], dtype=torch.bool, device=weight.device)
         mask[ids] = True
-        if not gather:
-            return cls(ids, mask, None, None)
+        if w8 is not None:
+            b8 = None if w8.bias is None else w8.bias.index_select(0, ids)
+            packed = int8.packed_rows(w8.q.index_select(0, ids), w8.scale.index_select(0, ids), b8)
+            return cls(ids, mask, None, None, packed)
         return cls(
             ids,
             mask,
@@ -86,16 +95,24 @@ def batch_union_logits(
     sets: torch.Tensor,
     weight: torch.Tensor,
     bias: torch.Tensor | None,
+    w8: Int8Weights | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Logits of the batch's columns and of the rows' sets ``sets`` ((N,) bool), ``(logits, ids)``, (rows, C)
-    and (C,): the batch's columns from their rows of W gathered once per batch, only the sets' other
-    columns gathered at this step. ``ids`` are the batch's, then the others, each run sorted."""
-    assert cols.weight is not None  # gathered for the float path
+    and (C,): the batch's columns from what :meth:`BatchColumns.of` made once per batch (gathered float rows,
+    or packed int8 ones with ``w8``), only the sets' other columns gathered at this step. ``ids`` are the
+    batch's, then the others, each run sorted."""
     rest = (sets & ~cols.mask).nonzero().squeeze(1)
-    pre = F.linear(h, cols.weight, cols.bias)  # (rows, C_batch), contiguous rows of W
-    if rest.numel() == 0:
+    if cols.packed is not None:
+        assert w8 is not None  # packed from these int8 rows
+        pre = int8.linear_packed(h.float().contiguous(), cols.packed)  # (rows, C_batch)
+        other = (lambda: int8_union_logits(h, w8, rest)) if rest.numel() else None
+    else:
+        assert cols.weight is not None  # gathered for the float path
+        pre = F.linear(h, cols.weight, cols.bias)  # (rows, C_batch), contiguous rows of W
+        other = (lambda: gathered_logits(h, weight, bias, rest)) if rest.numel() else None
+    if other is None:
         return pre, cols.ids
-    return torch.cat([pre, gathered_logits(h, weight, bias, rest)], dim=1), torch.cat([cols.ids, rest])
+    return torch.cat([pre, other()], dim=1), torch.cat([cols.ids, rest])
 
 
 def cluster_logits(

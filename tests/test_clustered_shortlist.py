@@ -135,3 +135,22 @@ def test_auto_mass_with_a_shortlist_is_the_estimate_of_the_columns_left_out(adap
 class _Artifact:
     def __init__(self, index) -> None:
         self.index = index
+
+
+def test_int8_with_a_shortlist_gives_full_int8_logits_on_the_union(adapter, index, cmap):
+    """int8: the batch's candidates run as rows packed once for the batch, the sets' other columns gathered;
+    every computed column holds the full int8 projection's logit, and the columns are the float path's."""
+    proj8 = make_projection(
+        adapter, "clustered", cluster_map=cmap, shortlist=index, int8=True, full_when_cheaper=False
+    )  # (the tiny vocabulary would otherwise run every step dense)
+    proj32 = make_projection(adapter, "clustered", cluster_map=cmap, shortlist=index)
+    full8 = make_projection(adapter, "full", int8=True)
+    batch = adapter.encode_texts(synthetic_sentences("en", 5, seed=4), "en", "it")
+    bound8 = proj8.for_batch(batch["input_ids"], batch["attention_mask"])
+    bound32 = proj32.for_batch(batch["input_ids"], batch["attention_mask"])
+    h = torch.randn(7, adapter.d_model) * 3
+    out8, out32 = bound8(h, torch.arange(7)), bound32(h, torch.arange(7))
+    assert sorted(out8.ids.tolist()) == sorted(out32.ids.tolist())
+    assert len(set(out8.ids.tolist())) == len(out8.ids)  # no column twice
+    want = full8(h).logits[:, out8.ids]
+    torch.testing.assert_close(out8.logits, want, rtol=1e-5, atol=1e-4)
