@@ -23,16 +23,18 @@ LINES = [
 ]
 
 
-@pytest.fixture(scope="module")
-def adapter():
-    return Seq2SeqAdapter.load(DEMO, engine="hf")
+@pytest.fixture(scope="module", params=["demo", "tiny"])
+def adapter(request):
+    """The demo model's tokenizer and the tiny test model's (another SentencePiece model, ~400 pieces)."""
+    path = DEMO if request.param == "demo" else request.getfixturevalue("tiny_model_dir")
+    return Seq2SeqAdapter.load(path, engine="hf")
 
 
 def test_the_demo_tokenizer_has_a_piece_table(adapter):
     assert adapter._pieces is not None
 
 
-@pytest.mark.parametrize("lang", ["en", "it"])
+@pytest.mark.parametrize("lang", ["en", "it", "fr"])
 def test_piece_table_ids_equal_the_python_tokenizers(adapter, lang):
     fast_src, fast_tgt = adapter.tokenize(LINES, lang), adapter.tokenize_targets(LINES, lang)
     table, adapter._pieces = adapter._pieces, None
