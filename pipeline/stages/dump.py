@@ -203,6 +203,7 @@ def run(ctx: StageContext) -> list[StageRecord]:
             "max_states": cfg.max_states,
             "shard_sentences": cfg.shard_sentences,
             "batch_size": cfg.batch_size,
+            "graphs": cfg.graphs,
             "max_len": cfg.max_len,
             "sources": ",".join(cfg.sources),
             "reference": cfg.reference,
