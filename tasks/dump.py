@@ -6,6 +6,11 @@ the sentences are decoded by full-softmax beam search and every live hypothesis'
 search visits states the greedy path never reaches, and a map that never saw them misses ids it needs. Such a
 shard holds several rows per ``(sent_id, step)``, one per distinct hypothesis, in beam order.
 
+Records stay on the model's device until a batch ends. On CUDA the greedy path runs the captured step
+(``DumpSettings.graphs``): :class:`StepRecorder` writes every row of every step into fixed device buffers
+inside the CUDA graph, and each row's live steps are cut out at the end. Those are the rows the eager step
+hook records, except at a forced EOS at the length limit: the captured search does not project that step.
+
 Work is cut into deterministic shards: shard ``i`` of a direction holds sentences ``[i*S, (i+1)*S)`` of the
 configured sample and is written, atomically, to ``<states>/direction=<src>-<tgt>/part-<i:05d>.parquet``
 (format: ``artifacts_schema.hidden_states``). Each file carries the plan it was made from, so a shard whose
