@@ -115,6 +115,13 @@ class TranslateConfig(_Strict):
         )
 
 
+# The dump's sentences a batch by where it decodes: on 2 CPU cores larger batches gained nothing (1,330
+# states/s a thread at 32 and 64, 1,090 at 128); on an H200 512 ran fastest (145K states/s captured, against
+# 119K at 2,048 and 69K at 4,096: benchmarks/gpu.md).
+DUMP_BATCH_CPU = 32
+DUMP_BATCH_GPU = 512
+
+
 class DumpConfig(_Strict):
     # what a direction's dump reads, in order (tasks/dump_sources.py): "train" (the pair's train split, with
     # its references), "pairs" (the source side of the other pairs' train splits), "mono"
@@ -132,8 +139,8 @@ class DumpConfig(_Strict):
     # top-K ids recorded per state; raised to 2 x the largest of maps.beams when lower (beam search keeps the
     # 2 x beam best tokens of every hypothesis)
     k: int = Field(5, ge=1)
-    # sentences a batch; on a GPU worker 512-1,024 (benchmarks/gpu.md: the dump's rate by batch size)
-    batch_size: int = Field(32, ge=1)
+    # sentences a batch; auto: DUMP_BATCH_GPU on GPU workers (num_gpus_per_worker > 0), else DUMP_BATCH_CPU
+    batch_size: int | Literal["auto"] = "auto"
     # the greedy dump's step in CUDA graphs: auto (captured on a GPU worker where it can be captured), on,
     # off. A captured dump's shards say so in their plan (fixed shapes round fp16 differently).
     graphs: Literal["auto", "on", "off"] = "auto"
@@ -143,6 +150,19 @@ class DumpConfig(_Strict):
     shard_sentences: int = Field(500, ge=1)  # sentences per shard (the unit of work, resume and parallelism)
     max_len: int = Field(128, ge=1)  # max target tokens decoded per sentence
     torch_threads: int | None = Field(None, ge=1)  # per worker; default: Ray CPUs / workers (>= 1)
+
+    @field_validator("batch_size")
+    @classmethod
+    def _check_batch(cls, value: int | str) -> int | str:
+        if isinstance(value, int) and value < 1:
+            raise ValueError(f"must be >= 1 or 'auto', got {value}")
+        return value
+
+    def batch(self) -> int:
+        """Sentences a batch, ``auto`` resolved by where the workers decode."""
+        if self.batch_size != "auto":
+            return self.batch_size
+        return DUMP_BATCH_GPU if self.num_gpus_per_worker > 0 else DUMP_BATCH_CPU
 
     @field_validator("sentences", "stream_sentences")
     @classmethod
@@ -170,9 +190,7 @@ class DumpConfig(_Strict):
         from fastvocab.tasks.dump import DumpSettings
 
         graphs = self.graphs if beam == 1 else "off"  # the captured recording is the greedy path's
-        return DumpSettings(
-            k=self.k, max_len=self.max_len, batch_size=self.batch_size, beam=beam, graphs=graphs
-        )
+        return DumpSettings(k=self.k, max_len=self.max_len, batch_size=self.batch(), beam=beam, graphs=graphs)
 
 
 class KMeansConfig(_Strict):

@@ -202,7 +202,7 @@ def run(ctx: StageContext) -> list[StageRecord]:
             "sentences": n_sent,
             "max_states": cfg.max_states,
             "shard_sentences": cfg.shard_sentences,
-            "batch_size": cfg.batch_size,
+            "batch_size": cfg.batch(),
             "graphs": cfg.graphs,
             "max_len": cfg.max_len,
             "sources": ",".join(cfg.sources),
