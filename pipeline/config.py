@@ -115,9 +115,10 @@ class TranslateConfig(_Strict):
         )
 
 
-# The dump's sentences a batch by where it decodes: on 2 CPU cores larger batches gained nothing (1,330
-# states/s a thread at 32 and 64, 1,090 at 128); on an H200 512 ran fastest (145K states/s captured, against
-# 119K at 2,048 and 69K at 4,096: benchmarks/gpu.md).
+# The dump's sentences a batch by where it decodes. On a 1-thread CPU worker the batch hardly matters
+# (1,184, 1,306 and 1,156 states/s at 32, 64 and 128: benchmarks/results/dump-batch-cpu-2026-11-27-b*.json),
+# and 32 keeps the plans of dumps made before. On an H200 512 ran fastest (145K states/s captured, against 119K
+# at 2,048 and 69K at 4,096: benchmarks/gpu.md).
 DUMP_BATCH_CPU = 32
 DUMP_BATCH_GPU = 512
 
