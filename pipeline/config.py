@@ -117,8 +117,8 @@ class TranslateConfig(_Strict):
 
 # The dump's sentences a batch by where it decodes. On a 1-thread CPU worker the batch hardly matters
 # (1,184, 1,306 and 1,156 states/s at 32, 64 and 128: benchmarks/results/dump-batch-cpu-2026-11-27-b*.json),
-# and 32 keeps the plans of dumps made before. On an H200 512 ran fastest (145K states/s captured, against 119K
-# at 2,048 and 69K at 4,096: benchmarks/gpu.md).
+# and 32 keeps the plans of dumps made before. On an H200 512 ran fastest (145K states/s captured, against
+# 119K at 2,048 and 69K at 4,096: benchmarks/gpu.md).
 DUMP_BATCH_CPU = 32
 DUMP_BATCH_GPU = 512
 
