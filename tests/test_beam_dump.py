@@ -249,3 +249,21 @@ def test_maps_extra_states_feed_greedy_and_beam_shards_into_one_map(greedy, beam
     model.fingerprint = "sha256:other"
     with pytest.raises(UserError, match=r"dumped from model"):
         extra_files(ctx([str(tmp_path / "beam")]), ["en-it"], K)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "batch"),
+    [
+        ({}, 32),  # auto on CPU workers
+        ({"dump.num_gpus_per_worker": 1}, 512),  # auto on GPU workers
+        ({"dump.num_gpus_per_worker": 1, "dump.batch_size": 64}, 64),  # a number is kept
+    ],
+)
+def test_dump_batch_size_auto_follows_where_the_workers_decode(overrides, batch):
+    cfg = load_config(None, overrides)
+    assert cfg.dump.batch() == batch == cfg.dump.settings(1).batch_size
+
+
+def test_dump_batch_size_zero_is_refused():
+    with pytest.raises(UserError, match="batch_size"):
+        load_config(None, {"dump.batch_size": 0})
