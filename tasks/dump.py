@@ -58,9 +58,6 @@ _RECORD_COLUMNS = ("row", "step", "hidden", "topk_ids", "topk_logprobs")
 # Rows per projection call on the reference path: 256 ran the demo model's 32K x 256 GEMM fastest on 2 cores
 # (121 GFLOP/s against 85 at 1,024 rows).
 TEACHER_ROWS = 256
-# On an accelerator the projection call's cost is launches, not cache: more rows a call (the (rows, N) float32
-# log-probs of 2,048 rows are 1 GB at N = 128K). Measured on an H200: benchmarks/gpu.md.
-TEACHER_ROWS_ACCELERATOR = 2048
 
 
 @dataclass(frozen=True)
@@ -316,10 +313,9 @@ class DumpDecoder:
         hidden, rows, steps = self.adapter.teacher_forced(state, tgt_lang, targets, self.max_len)
         with torch.inference_mode():
             # a few hundred rows per GEMM: the (rows, N) logits stay in cache-sized blocks
-            chunk = TEACHER_ROWS if hidden.device.type == "cpu" else TEACHER_ROWS_ACCELERATOR
-            for lo in range(0, len(hidden), chunk):
-                h = hidden[lo : lo + chunk]
-                part = slice(lo, lo + chunk)
+            for lo in range(0, len(hidden), TEACHER_ROWS):
+                h = hidden[lo : lo + TEACHER_ROWS]
+                part = slice(lo, lo + TEACHER_ROWS)
                 self._record(rec, rows[part], steps[part], h, self.projection(h))
         return _device_columns(rec)
 

@@ -732,13 +732,9 @@ def step_dump(args: argparse.Namespace) -> dict:
         ("greedy eager", "off", 1, small or [512, 2048], "records"),
         ("greedy captured", "on", 1, small or [256, 512, 1024, 2048, 4096], "records"),
         ("reference (teacher forcing)", "off", 0, small or [512, 2048], "records"),
-        ("reference, 256 rows a projection call", "off", 0, small or [2048], "records"),
-        ("reference, 8,192 rows a projection call", "off", 0, small or [2048], "records"),
         ("greedy captured, shards to Parquet", "on", 1, small or [1024], "shard"),
-        ("greedy captured, streamed counts r 1000", "on", 1, small or [512, 1024], "stream"),
+        ("greedy captured, streamed counts r 1000", "on", 1, small or [1024], "stream"),
     ]
-    if args.paths:  # a subset, by words of the path's name
-        plan = [v for v in plan if any(w in v[0] for w in args.paths.split(","))]
     work = DumpWork(
         ctx,
         ShardSpec("en-it", 0, tuple(range(len(texts))), tuple(texts), None, tuple(refs)),
@@ -784,10 +780,6 @@ class DumpWork:
         from fastvocab.tasks.stream import stream_counts
 
         texts, refs, device = self.spec.texts, self.spec.references, self.ctx.device
-        import fastvocab.tasks.dump as dump_module
-
-        rows_a_call = {"256 rows": 256, "8,192 rows": 8192}
-        dump_module.TEACHER_ROWS_ACCELERATOR = next((v for k, v in rows_a_call.items() if k in name), 2048)
         dec = DumpDecoder(self.ctx, DumpSettings(k=8, max_len=128, batch_size=bs, beam=beam, graphs=graphs))
         if "every step" in name:  # the comparison point: every step's records read back to the host
             record = dec._record
@@ -830,7 +822,6 @@ class DumpWork:
             "path": name, "graphs": dec.settings.graphs, "beam": beam, "batch_size": bs, "mode": mode,
             "sentences": done, "states": states, "seconds": round(t, 3), "states_per_s": round(states / t),
             "states_per_sentence": round(states / max(done, 1), 2),
-            "teacher_rows": dump_module.TEACHER_ROWS_ACCELERATOR if beam == 0 else None,
             "peak_gpu_MiB": round(torch.cuda.max_memory_allocated() / 2**20) if device == "cuda" else None,
         }  # fmt: skip
 
@@ -925,9 +916,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--r", type=int, default=2000, help="e2e: clusters of the synthetic maps")
     p.add_argument("--sentences", type=int, default=40000, help="dump: source sentences (at most)")
     p.add_argument("--variant-seconds", type=float, default=20.0, help="dump: time per path and batch size")
-    p.add_argument(
-        "--paths", default="", help="dump: only the paths whose names hold one of these words (a,b)"
-    )
     args = p.parse_args(argv)
     torch.set_num_threads(2 if args.smoke else min(16, os.cpu_count() or 1))
     steps = {
