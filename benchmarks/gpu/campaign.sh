@@ -166,7 +166,9 @@ EOF
       rc=$?
       ;;
     dump)
-      timeout "$(lim 540 120)" "$PY" benchmarks/gpu/steps.py dump --out "$dir" "${ST[@]}" 2>&1 | tee "$dir/gpu-dump.log"
+      # FV_DUMP_PATHS=word,word: only the paths whose names hold one of the words
+      timeout "$(lim 540 120)" "$PY" benchmarks/gpu/steps.py dump --out "$dir" "${ST[@]}" \
+        ${FV_DUMP_PATHS:+--paths "$FV_DUMP_PATHS"} 2>&1 | tee "$dir/gpu-dump.log"
       rc=$?
       ;;
     train-*)

@@ -733,8 +733,10 @@ def step_dump(args: argparse.Namespace) -> dict:
         ("greedy captured", "on", 1, small or [256, 512, 1024, 2048, 4096], "records"),
         ("reference (teacher forcing)", "off", 0, small or [512, 2048], "records"),
         ("greedy captured, shards to Parquet", "on", 1, small or [1024], "shard"),
-        ("greedy captured, streamed counts r 1000", "on", 1, small or [1024], "stream"),
+        ("greedy captured, streamed counts r 1000", "on", 1, small or [512, 1024], "stream"),
     ]
+    if args.paths:  # a subset, by words of the path's name
+        plan = [v for v in plan if any(w in v[0] for w in args.paths.split(","))]
     work = DumpWork(
         ctx,
         ShardSpec("en-it", 0, tuple(range(len(texts))), tuple(texts), None, tuple(refs)),
@@ -916,6 +918,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--r", type=int, default=2000, help="e2e: clusters of the synthetic maps")
     p.add_argument("--sentences", type=int, default=40000, help="dump: source sentences (at most)")
     p.add_argument("--variant-seconds", type=float, default=20.0, help="dump: time per path and batch size")
+    p.add_argument(
+        "--paths", default="", help="dump: only the paths whose names hold one of these words (a,b)"
+    )
     args = p.parse_args(argv)
     torch.set_num_threads(2 if args.smoke else min(16, os.cpu_count() or 1))
     steps = {
