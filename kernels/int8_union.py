@@ -196,6 +196,9 @@ def int8_union_logits(h: torch.Tensor, w8: Int8Weights, cols: torch.Tensor) -> t
     pb = w8.popular
     if pb is None:
         return int8_gathered_logits(h, w8, cols)
+    if not int8_dense_cheaper(cols.numel(), h.shape[0], pb.block_columns):
+        # even all of it in one block would be gathered: no block runs dense, skip the bookkeeping
+        return int8_gather_gemm(h, w8, cols)
     n_vocab = w8.q.shape[0]
     x = h.float().contiguous()
     logits = union_over_blocks(
@@ -233,6 +236,10 @@ def int8_gather_gemm(h: torch.Tensor, w8: Int8Weights, cols: torch.Tensor) -> to
     c, rows, d = cols.numel(), h.shape[0], w8.q.shape[1]
     ints, h_scale = int8.quantize_input(h)  # (rows, d) float32 integers, 0-d scale
     step = max(1, INT8_GATHER_CHUNK_BYTES // (4 * d))
+    if c <= step:  # one block: no buffers to reuse, fewer operations (they dominate at a few rows)
+        logits = ints @ w8.q.index_select(0, cols).float().t()  # (rows, C)
+        logits *= h_scale * w8.scale.index_select(0, cols)
+        return logits if w8.bias is None else logits.add_(w8.bias.index_select(0, cols))
     buf8 = torch.empty((min(step, c), d), dtype=torch.int8)
     buf = torch.empty((min(step, c), d), dtype=torch.float32)
     acc_t = torch.empty((c, rows), dtype=torch.float32)  # (C, rows): each block fills contiguous rows

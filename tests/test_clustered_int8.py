@@ -339,3 +339,19 @@ def test_bulk_worker_hands_int8_to_the_clustered_projection(spread_model_dir, tm
             dtype=dtype,
         )
         assert build_projection(adapter, job).options().get("dtype") == ("int8" if dtype == "int8" else None)
+
+
+@pytest.mark.parametrize("bias", [1.0, 0.0])
+def test_int8_gather_in_blocks_equals_one_block(monkeypatch, bias):
+    """A union larger than the gather's buffer runs block by block; a small one in one go: the same logits."""
+    w, b, cmap = layer_and_map(bias=bias)
+    w8 = clustered(w, b, cmap, int8=True)._w8
+    assert w8 is not None
+    h = batch(cmap, 5)
+    cols = torch.arange(0, N, 3)
+    whole = int8_union.int8_gather_gemm(h, w8, cols)
+    monkeypatch.setattr(int8_union, "INT8_GATHER_CHUNK_BYTES", 4 * D * 16)  # 16 columns a block
+    blocks = int8_union.int8_gather_gemm(h, w8, cols)
+    torch.testing.assert_close(blocks, whole, rtol=0, atol=1e-5)
+    full8 = create_projection("full", w, b, int8=True)(h).logits[:, cols]
+    torch.testing.assert_close(whole, full8, rtol=1e-5, atol=1e-4)
