@@ -196,10 +196,12 @@ def int8_union_logits(h: torch.Tensor, w8: Int8Weights, cols: torch.Tensor) -> t
     pb = w8.popular
     if pb is None:
         return int8_gathered_logits(h, w8, cols)
-    if not int8_dense_cheaper(cols.numel(), h.shape[0], pb.block_columns):
+    n_vocab = w8.q.shape[0]
+    width = pb.block_columns
+    smallest = n_vocab - width * (-(-n_vocab // width) - 1)  # the last block's ids: the cheapest run dense
+    if not int8_dense_cheaper(cols.numel(), h.shape[0], smallest):
         # even all of it in one block would be gathered: no block runs dense, skip the bookkeeping
         return int8_gather_gemm(h, w8, cols)
-    n_vocab = w8.q.shape[0]
     x = h.float().contiguous()
     logits = union_over_blocks(
         h,

@@ -68,8 +68,6 @@ def assign(
     goes to the same cluster when the map is built as when it is decoded (two implementations round such a
     tie differently). Ties go to the lowest index.
     """
-    from fastvocab.kernels import cluster_assign as ops
-
     c = np.ascontiguousarray(centroids, dtype=np.float32)
     if c.ndim != 2:
         raise ValueError(f"centroids must be (r, d), got shape {c.shape}")
@@ -79,13 +77,34 @@ def assign(
     norms = centroid_sq_norms(c) if sq_norms is None else np.asarray(sq_norms, dtype=np.float32)
     if norms.shape != (c.shape[0],):
         raise ValueError(f"sq_norms must be ({c.shape[0]},), got {norms.shape}")
-    ct, norms_t = torch.from_numpy(np.ascontiguousarray(c.T)), torch.from_numpy(norms)
-    out = np.empty(len(states), dtype=np.int64)
+    ct, norms_t = centroid_tensors(c, norms, torch.device("cpu"))
     with torch.inference_mode():
-        for lo in range(0, len(states), chunk):
-            h = torch.from_numpy(np.ascontiguousarray(states[lo : lo + chunk], dtype=np.float32))  # (rows, d)
-            out[lo : lo + len(h)] = ops.assign_clusters(h, ct, norms_t).numpy()
-    return out
+        return assign_rows(torch.from_numpy(np.ascontiguousarray(states)), ct, norms_t, chunk).numpy()
+
+
+def centroid_tensors(
+    centroids: np.ndarray, sq_norms: np.ndarray, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(C^T (d, r), ||C_j||^2 (r,))`` float32 on ``device``: what :func:`assign_rows` reads."""
+    ct = torch.from_numpy(np.ascontiguousarray(np.asarray(centroids, dtype=np.float32).T))
+    return ct.to(device), torch.from_numpy(np.asarray(sq_norms, dtype=np.float32)).to(device)
+
+
+def assign_rows(
+    h: torch.Tensor, centroids_t: torch.Tensor, sq_norms: torch.Tensor, chunk: int = ASSIGN_CHUNK
+) -> torch.Tensor:
+    """:func:`assign` of states already in a tensor (on any device, any float dtype), float32 ``chunk`` rows
+    at a time; (n,) int64 on ``h``'s device."""
+    from fastvocab.kernels import cluster_assign as ops
+
+    if len(h) == 0:
+        return torch.zeros(0, dtype=torch.int64, device=h.device)
+    return torch.cat(
+        [
+            ops.assign_clusters(h[lo : lo + chunk].float(), centroids_t, sq_norms)
+            for lo in range(0, len(h), chunk)
+        ]
+    )
 
 
 class ActiveSetCounter:
@@ -125,8 +144,7 @@ class ActiveSetCounter:
 
     def add_counts(self, keys: np.ndarray, counts: np.ndarray, states: int) -> None:
         """Add pairs counted elsewhere (on a GPU): sorted distinct ``cluster * n_vocab + token`` keys and
-        their
-        counts, from ``states`` member states."""
+        their counts, from ``states`` member states."""
         keys = np.asarray(keys, dtype=np.int64)
         counts = np.asarray(counts, dtype=np.int64)
         if keys.shape != counts.shape or keys.ndim != 1:

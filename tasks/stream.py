@@ -16,7 +16,7 @@ import numpy as np
 
 from fastvocab.artifacts_schema.stream_counts import read_stream_arrays, stream_meta, write_stream_arrays
 from fastvocab.tasks.dump import DumpDecoder, ShardSpec
-from fastvocab.tasks.maps import ASSIGN_CHUNK, ActiveSetCounter, centroid_sq_norms
+from fastvocab.tasks.maps import ActiveSetCounter, assign_rows, centroid_sq_norms, centroid_tensors
 
 log = logging.getLogger(__name__)
 
@@ -38,8 +38,6 @@ def stream_counts(
     """
     import torch
 
-    from fastvocab.kernels.cluster_assign import assign_clusters
-
     if k > decoder.k:
         raise ValueError(f"maps k={k} exceeds the dump k={decoder.k}")
     if spec.max_states is not None:
@@ -48,8 +46,7 @@ def stream_counts(
         )
     counter = ActiveSetCounter(len(centroids), decoder.n_vocab)
     device = decoder.adapter.device
-    centroids_t = torch.from_numpy(np.ascontiguousarray(np.asarray(centroids, dtype=np.float32).T)).to(device)
-    norms = torch.from_numpy(centroid_sq_norms(centroids)).to(device)
+    centroids_t, norms = centroid_tensors(centroids, centroid_sq_norms(centroids), device)
     order = decoder.length_order(spec)
     refs = spec.references
     t0, decode_s = time.perf_counter(), 0.0
@@ -65,10 +62,7 @@ def stream_counts(
             )
             decode_s += time.perf_counter() - t1
             hidden = rec["hidden"]
-            clusters = torch.cat(
-                [assign_clusters(hidden[a : a + ASSIGN_CHUNK].float(), centroids_t, norms)
-                 for a in range(0, len(hidden), ASSIGN_CHUNK)]
-            ) if len(hidden) else torch.zeros(0, dtype=torch.long, device=device)  # fmt: skip
+            clusters = assign_rows(hidden, centroids_t, norms)
             keys = (clusters[:, None] * decoder.n_vocab + rec["topk_ids"][:, :k].long()).reshape(-1)
             uniq, counts = torch.unique(keys, return_counts=True)  # sorted
             counter.add_counts(uniq.cpu().numpy(), counts.cpu().numpy(), states=len(hidden))
