@@ -107,12 +107,16 @@ run_step() {
         fi
       } 2>&1 | tee "$dir/gpu-test.log"
       "$PY" - "$dir" <<'EOF'
-import json, re, sys
+import json, os, re, sys, time
 from pathlib import Path
+import torch
 d = Path(sys.argv[1]); log = (d / "gpu-test.log").read_text(errors="replace")
 rc = dict(re.findall(r"^(rc_\w+)=(\S+)$", log, re.M))
 summ = re.findall(r"^=*\s*(\d+ (?:passed|failed|skipped|error).*?)\s*=*$", log, re.M)
-(d / "gpu-test.json").write_text(json.dumps({"exit_codes": rc, "summaries": summ}, indent=1) + "\n")
+gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "no CUDA device"
+meta = {"device_name": gpu, "commit": os.environ.get("FV_COMMIT"), "date": time.strftime("%Y-%m-%d")}
+out = {"meta": meta, "exit_codes": rc, "summaries": summ}
+(d / "gpu-test.json").write_text(json.dumps(out, indent=1) + "\n")
 print("exit codes:", rc)
 EOF
       grep -q "rc_gpu=0" "$dir/gpu-test.log" && grep -q "rc_core=0" "$dir/gpu-test.log" || rc=1
