@@ -732,6 +732,8 @@ def step_dump(args: argparse.Namespace) -> dict:
         ("greedy eager", "off", 1, small or [512, 2048], "records"),
         ("greedy captured", "on", 1, small or [256, 512, 1024, 2048, 4096], "records"),
         ("reference (teacher forcing)", "off", 0, small or [512, 2048], "records"),
+        # the reference path's rows a projection call (TEACHER_ROWS, tuned on CPU) at 1,024 to 8,192
+        *[(f"reference rows {r}", "off", 0, small or [2048], "records") for r in (1024, 4096, 8192)],
         ("greedy captured, shards to Parquet", "on", 1, small or [1024], "shard"),
         ("greedy captured, streamed counts r 1000", "on", 1, small or [512, 1024], "stream"),
     ]
@@ -778,11 +780,14 @@ class DumpWork:
         self.order = sorted(range(len(spec.texts)), key=lambda i: (len(spec.texts[i]), i))
 
     def run(self, name: str, graphs: str, beam: int, bs: int, mode: str) -> dict:
+        from fastvocab.tasks import dump as dump_mod
         from fastvocab.tasks.dump import DumpDecoder, DumpSettings, ShardSpec, run_dump_shard
         from fastvocab.tasks.stream import stream_counts
 
         texts, refs, device = self.spec.texts, self.spec.references, self.ctx.device
         dec = DumpDecoder(self.ctx, DumpSettings(k=8, max_len=128, batch_size=bs, beam=beam, graphs=graphs))
+        rows = int(name.split("rows ")[1]) if "rows " in name else dump_mod.TEACHER_ROWS
+        dump_mod.TEACHER_ROWS, default_rows = rows, dump_mod.TEACHER_ROWS
         if "every step" in name:  # the comparison point: every step's records read back to the host
             record = dec._record
 
@@ -816,12 +821,14 @@ class DumpWork:
                 states = stream_counts(dec, cut, cents, 8)[0].states
         sync(device)
         t = time.perf_counter() - t0
+        dump_mod.TEACHER_ROWS = default_rows
         print(
             f"{name:<42} b{bs:>5}: {states:>8} states {done:>6} lines in {t:6.1f} s = "
             f"{states / t:>9,.0f} states/s"
         )
         return {
             "path": name, "graphs": dec.settings.graphs, "beam": beam, "batch_size": bs, "mode": mode,
+            "teacher_rows": rows if beam == 0 else None,
             "sentences": done, "states": states, "seconds": round(t, 3), "states_per_s": round(states / t),
             "states_per_sentence": round(states / max(done, 1), 2),
             "peak_gpu_MiB": round(torch.cuda.max_memory_allocated() / 2**20) if device == "cuda" else None,
