@@ -19,6 +19,7 @@ from fastvocab.artifacts_schema.hidden_states import (
     validate_direction,
 )
 from fastvocab.artifacts_schema.stream_counts import stream_path
+from fastvocab.tasks import dump as dump_module
 from fastvocab.tasks.context import RunContext, describe_model
 from fastvocab.tasks.dump import DumpDecoder, DumpSettings, plan_shards, run_dump_shard
 from fastvocab.tasks.maps import ActiveSetCounter, count_shards
@@ -151,6 +152,29 @@ def test_reference_path_records_each_reference_and_skips_lines_without_one(decod
     assert (logits.argmax(-1).numpy() == out["topk_ids"][:, 0]).mean() >= 0.9
     with pytest.raises(ValueError, match="reference"):
         along(columns(texts, "en", "it"))
+
+
+def test_reference_path_records_do_not_depend_on_the_rows_a_projection_call(decoder, monkeypatch):
+    along = decoder.along(0)
+    texts = synthetic_sentences("en", 6, seed=14)
+    batch = columns(texts, "en", "it")
+    batch["reference"] = np.array(synthetic_sentences("it", 6, seed=15), dtype=object)
+    whole = along(batch)
+    monkeypatch.setattr(dump_module, "TEACHER_ROWS", 3)  # calls of 3 rows, the last one short
+    assert dump_module.teacher_rows("cpu", along.n_vocab) == 3 < len(whole["step"])
+    parts = along(batch)
+    for name in ("sent_id", "step", "topk_ids"):
+        np.testing.assert_array_equal(parts[name], whole[name])
+    np.testing.assert_allclose(parts["topk_logprobs"], whole["topk_logprobs"], atol=1e-5)
+
+
+def test_teacher_rows_bounds_a_gpu_calls_logits_and_keeps_cpu_cache_sized():
+    assert dump_module.teacher_rows("cpu", 32_108) == dump_module.TEACHER_ROWS
+    assert dump_module.teacher_rows("cuda", 32_108) == dump_module.TEACHER_ROWS_CUDA
+    big = dump_module.teacher_rows("cuda:1", 256_000)  # a 256K vocabulary: 1 GiB of float32 logits
+    assert dump_module.TEACHER_ROWS < big < dump_module.TEACHER_ROWS_CUDA
+    assert big * 256_000 * 4 <= dump_module.TEACHER_LOGITS_BYTES
+    assert dump_module.teacher_rows("cuda", 10**9) == dump_module.TEACHER_ROWS
 
 
 def test_shards_validate_resume_and_detect_corruption(decoder, tmp_path):

@@ -732,8 +732,8 @@ def step_dump(args: argparse.Namespace) -> dict:
         ("greedy eager", "off", 1, small or [512, 2048], "records"),
         ("greedy captured", "on", 1, small or [256, 512, 1024, 2048, 4096], "records"),
         ("reference (teacher forcing)", "off", 0, small or [512, 2048], "records"),
-        # the reference path's rows a projection call (TEACHER_ROWS, tuned on CPU) at 1,024 to 8,192
-        *[(f"reference rows {r}", "off", 0, small or [2048], "records") for r in (1024, 4096, 8192)],
+        # the reference path at fixed rows a projection call (the default, teacher_rows, picks 8,192 here)
+        *[(f"reference rows {r}", "off", 0, small or [2048], "records") for r in (256, 1024, 4096)],
         ("greedy captured, shards to Parquet", "on", 1, small or [1024], "shard"),
         ("greedy captured, streamed counts r 1000", "on", 1, small or [512, 1024], "stream"),
     ]
@@ -786,8 +786,12 @@ class DumpWork:
 
         texts, refs, device = self.spec.texts, self.spec.references, self.ctx.device
         dec = DumpDecoder(self.ctx, DumpSettings(k=8, max_len=128, batch_size=bs, beam=beam, graphs=graphs))
-        rows = int(name.split("rows ")[1]) if "rows " in name else dump_mod.TEACHER_ROWS
-        dump_mod.TEACHER_ROWS, default_rows = rows, dump_mod.TEACHER_ROWS
+        default_rows = dump_mod.teacher_rows(device, dec.n_vocab)
+        rows = int(name.split("rows ")[1]) if "rows " in name else default_rows
+        # a path named "rows R" runs R rows a projection call (the bounds of teacher_rows set to R)
+        saved = dump_mod.TEACHER_ROWS, dump_mod.TEACHER_ROWS_CUDA
+        if "rows " in name:
+            dump_mod.TEACHER_ROWS = dump_mod.TEACHER_ROWS_CUDA = rows
         if "every step" in name:  # the comparison point: every step's records read back to the host
             record = dec._record
 
@@ -821,7 +825,7 @@ class DumpWork:
                 states = stream_counts(dec, cut, cents, 8)[0].states
         sync(device)
         t = time.perf_counter() - t0
-        dump_mod.TEACHER_ROWS = default_rows
+        dump_mod.TEACHER_ROWS, dump_mod.TEACHER_ROWS_CUDA = saved
         print(
             f"{name:<42} b{bs:>5}: {states:>8} states {done:>6} lines in {t:6.1f} s = "
             f"{states / t:>9,.0f} states/s"
