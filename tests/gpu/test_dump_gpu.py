@@ -1,5 +1,6 @@
 """The dump on a GPU: the captured greedy recording keeps the eager dump's rows, and counts streamed on the
-device equal the counts of the same states stored and assigned on the host.
+device equal the counts of the same states stored and assigned on the host, and the reference path keeps its
+rows whatever the rows a projection call.
 
 Skipped with a reason without a CUDA GPU. On a GPU machine:
 
@@ -66,3 +67,18 @@ def test_counts_streamed_on_the_gpu_equal_counts_of_the_stored_states(ctx):
     assert streamed.states == stored.states == len(cols["step"])
     np.testing.assert_array_equal(streamed.keys, stored.keys)
     np.testing.assert_array_equal(streamed.counts, stored.counts)
+
+
+def test_the_reference_path_in_large_calls_keeps_the_rows_of_small_ones(ctx, monkeypatch):
+    from fastvocab.tasks import dump as dump_module
+
+    along = DumpDecoder(ctx, DumpSettings(k=4, max_len=48, batch_size=len(LINES), beam=0))
+    cut = ShardSpec("en-it", 0, tuple(range(len(LINES))), tuple(LINES), None, tuple(LINES))
+    large = along.decode_shard(cut)
+    assert dump_module.teacher_rows("cuda", along.n_vocab) > len(large["step"])  # one call
+    monkeypatch.setattr(dump_module, "TEACHER_ROWS_CUDA", 7)
+    monkeypatch.setattr(dump_module, "TEACHER_ROWS", 7)
+    small = along.decode_shard(cut)
+    np.testing.assert_array_equal(large["sent_id"], small["sent_id"])
+    np.testing.assert_array_equal(large["step"], small["step"])
+    assert (large["topk_ids"][:, 0] == small["topk_ids"][:, 0]).mean() > 0.99  # cuBLAS may round otherwise
