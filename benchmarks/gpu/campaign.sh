@@ -170,9 +170,10 @@ EOF
       rc=$?
       ;;
     dump)
-      # FV_DUMP_PATHS=word,word: only the paths whose names hold one of the words
+      # FV_DUMP_PATHS=word,word: only the paths whose names hold one of the words; FV_DUMP_ARGS: more flags
+      # (--batches 512,2048 --repeat 2 --variant-seconds 10)
       timeout "$(lim 540 120)" "$PY" benchmarks/gpu/steps.py dump --out "$dir" "${ST[@]}" \
-        ${FV_DUMP_PATHS:+--paths "$FV_DUMP_PATHS"} 2>&1 | tee "$dir/gpu-dump.log"
+        ${FV_DUMP_PATHS:+--paths "$FV_DUMP_PATHS"} ${FV_DUMP_ARGS:-} 2>&1 | tee "$dir/gpu-dump.log"
       rc=$?
       ;;
     train-*)

@@ -739,6 +739,9 @@ def step_dump(args: argparse.Namespace) -> dict:
     ]
     if args.paths:  # a subset, by words of the path's name
         plan = [v for v in plan if any(w in v[0] for w in args.paths.split(","))]
+    if args.batches:  # a subset of the batch sizes
+        keep = {int(b) for b in args.batches.split(",")}
+        plan = [(*v[:3], [b for b in v[3] if b in keep], v[4]) for v in plan]
     work = DumpWork(
         ctx,
         ShardSpec("en-it", 0, tuple(range(len(texts))), tuple(texts), None, tuple(refs)),
@@ -750,7 +753,7 @@ def step_dump(args: argparse.Namespace) -> dict:
         "results": results,
     }
     for name, graphs, beam, batches, mode in plan:
-        for bs in batches:
+        for bs in [b for b in batches for _ in range(args.repeat)]:  # repeats: what a first run pays
             try:
                 row = work.run(name, graphs, beam, bs, mode)
             except Exception as exc:  # one path failing leaves the others' numbers
@@ -928,6 +931,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=5, help="e2e: timed rounds (median)")
     p.add_argument("--r", type=int, default=2000, help="e2e: clusters of the synthetic maps")
     p.add_argument("--sentences", type=int, default=40000, help="dump: source sentences (at most)")
+    p.add_argument("--batches", default="", help="dump: only these batch sizes (a,b)")
+    p.add_argument("--repeat", type=int, default=1, help="dump: runs of each path and batch size")
     p.add_argument("--variant-seconds", type=float, default=20.0, help="dump: time per path and batch size")
     p.add_argument(
         "--paths", default="", help="dump: only the paths whose names hold one of these words (a,b)"
