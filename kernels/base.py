@@ -249,6 +249,18 @@ class Projection:
         self.step_seconds = 0.0
         self._timing = on
 
+    def tally(self) -> dict[str, float]:
+        """What this projection has added up so far (``step_seconds``, and a method's counters where it keeps
+        them). A worker process that decodes with a copy of the projection sends back the difference over
+        its batch, and the caller's projection adds it (:meth:`add_tally`), so :meth:`stats` and
+        ``step_seconds`` cover every worker."""
+        return {"step_seconds": self.step_seconds}
+
+    def add_tally(self, added: dict[str, float]) -> None:
+        """Add what :meth:`tally` measured elsewhere (the difference of two tallies)."""
+        with _TIMING_LOCK:
+            self.step_seconds += added.get("step_seconds", 0.0)
+
     def signature(self) -> str:
         """``method:clustered|mode:union|...|fastvocab:0.1.0|model:<fingerprint>`` (sacrebleu-style)."""
         parts = [f"method:{self.name}"] + [f"{k}:{v}" for k, v in sorted(self.options().items())]

@@ -352,6 +352,13 @@ class ClusteredProjection(Projection):
         for key in self.counters:
             self.counters[key] = 0
 
+    def tally(self) -> dict[str, float]:
+        return {**super().tally(), **self.counters}
+
+    def add_tally(self, added: dict[str, float]) -> None:
+        super().add_tally(added)
+        self._count(**{key: int(added.get(key, 0)) for key in self.counters})
+
     def stats(self) -> dict[str, float | None]:
         rows = self.counters["rows"]
         if not rows:

@@ -7,16 +7,20 @@ Empty lines become empty outputs without touching the model.
 
 On CPU the batches are decoded by parallel workers, one per torch thread (``decode_workers``): a decoder
 step is many small ops that torch's intra-op threads share poorly, so one batch per thread is faster than
-every thread on one batch (measured: benchmarks/translate-notes.md).
+every thread on one batch (measured: benchmarks/translate-notes.md). The workers are forked processes where
+the platform can fork (``parallel``): worker threads of one process take turns at the GIL between those
+small ops, which cost the clustered step, with its many more of them, the most (measured:
+benchmarks/README.md, "Turning the sets into speed").
 """
 
 from __future__ import annotations
 
 import logging
+import multiprocessing
 import sys
 import time
-from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 
 import torch
@@ -27,6 +31,8 @@ from fastvocab.decoding.steppers import use_graphs
 from fastvocab.kernels.base import Projection
 
 log = logging.getLogger(__name__)
+
+PARALLEL = ("auto", "processes", "threads")  # how CPU workers run (translate's ``parallel``)
 
 
 @dataclass(frozen=True)
@@ -102,6 +108,7 @@ def translate(
     workers: int | None = None,
     graphs: str = "auto",
     on_lines: Callable[[int], None] | None = None,
+    parallel: str = "auto",
 ) -> TranslationResult:
     """Translate ``lines`` (one sentence each): one output per line, in input order, with counts and timing.
 
@@ -115,13 +122,18 @@ def translate(
     engine and a projection with a capturable step required), "off" with the eager one, "auto" with the
     captured one on CUDA where the step can be captured, else eagerly
     (:func:`fastvocab.decoding.steppers.use_graphs`). ``on_lines(n)`` is called as each batch of ``n``
-    lines is done (a caller's own progress bar).
+    lines is done (a caller's own progress bar). ``parallel``: how more than one worker runs: "processes"
+    (forked copies of this process, which share its model and projection memory; what they count, the
+    projection's :meth:`~fastvocab.kernels.base.Projection.tally`, is added back to ``projection``),
+    "threads", or "auto": processes where the platform can fork, else threads.
     """
     if early_stopping is not None:
         check_stopping_rule(early_stopping)
     captured = use_graphs(graphs, adapter, projection)
     adapter.check_language(src_lang)
     adapter.check_language(tgt_lang)
+    if parallel not in PARALLEL:
+        raise ValueError(f"parallel must be one of {', '.join(PARALLEL)}, got {parallel!r}")
     if beam < 1 or batch_size < 1 or max_len < 1 or max_input_tokens < 1:
         raise ValueError(
             f"beam, batch_size, max_len and max_input_tokens must be >= 1 "
@@ -166,14 +178,21 @@ def translate(
                 graphs=captured,
             )
 
-    # Tokenizer calls stay on this thread; the workers only decode ids. map() yields in submission order.
-    # Each worker thread takes its share of the threads once (OpenMP's thread count is per thread).
-    pool = (
-        ThreadPoolExecutor(workers, initializer=torch.set_num_threads, initargs=(intra,))
-        if workers > 1
-        else None
-    )
-    outputs = pool.map(run, chunks) if pool else map(run, chunks)
+    # Tokenizer calls stay here; the workers only decode ids. map() yields in submission order. Each worker
+    # takes its share of the threads once (OpenMP's thread count is per thread).
+    kind = worker_kind(parallel, workers)
+    pool: ProcessPoolExecutor | ThreadPoolExecutor | None = None
+    outputs: Iterable[list[list[int]]]
+    if kind == "processes":
+        # fork: the workers start as copies of this process (nothing pickled but batches and their ids)
+        fork = multiprocessing.get_context("fork")
+        pool = ProcessPoolExecutor(workers, fork, _start_forked_worker, (run, projection, intra))
+        outputs = _added_to(projection, pool.map(_decode_in_forked_worker, chunks))
+    elif kind == "threads":
+        pool = ThreadPoolExecutor(workers, initializer=torch.set_num_threads, initargs=(intra,))
+        outputs = pool.map(run, chunks)
+    else:
+        outputs = map(run, chunks)
     try:
         with bar:
             for chunk, out in zip(chunks, outputs, strict=True):
@@ -186,11 +205,49 @@ def translate(
     finally:
         if pool:
             pool.shutdown(cancel_futures=True)  # after an error, batches not yet started are dropped
+        if kind == "threads":
             torch.set_num_threads(threads)  # MKL's thread count is process-wide: a worker's setting leaks
     seconds = time.perf_counter() - t0
     log.debug("translated %d lines (%d decoded) in %.2fs", len(lines), len(todo), seconds)
     empty = sum(1 for i in todo if not hypotheses[i].strip())
     return TranslationResult(hypotheses, tokens, seconds, len(todo), empty)
+
+
+def worker_kind(parallel: str, workers: int) -> str:
+    """ "processes", "threads" or "one" (no pool) for ``workers`` CPU workers and translate's ``parallel``."""
+    if workers <= 1:
+        return "one"
+    if parallel == "auto":
+        return "processes" if "fork" in multiprocessing.get_all_start_methods() else "threads"
+    return parallel
+
+
+# A forked worker's decode function and projection (set once in each worker process by its initializer).
+_FORKED: dict[str, object] = {}
+
+
+def _start_forked_worker(
+    run: Callable[[list[int]], list[list[int]]], projection: Projection, threads: int
+) -> None:
+    torch.set_num_threads(threads)
+    _FORKED.update(run=run, projection=projection)
+
+
+def _decode_in_forked_worker(chunk: list[int]) -> tuple[list[list[int]], dict[str, float]]:
+    """One batch's ids, and what the worker's copy of the projection counted over it."""
+    run, projection = _FORKED["run"], _FORKED["projection"]
+    before = projection.tally()  # type: ignore[attr-defined]
+    out = run(chunk)  # type: ignore[operator]
+    after = projection.tally()  # type: ignore[attr-defined]
+    return out, {key: after[key] - before[key] for key in after}
+
+
+def _added_to(
+    projection: Projection, results: Iterable[tuple[list[list[int]], dict[str, float]]]
+) -> Iterator[list[list[int]]]:
+    for out, added in results:
+        projection.add_tally(added)
+        yield out
 
 
 def decode_workers(adapter: Seq2SeqAdapter, batches: int, threads: int) -> int:

@@ -82,21 +82,51 @@ def test_translate_keeps_order_and_empty_lines(adapter):
     assert len({h for h in got if h}) > 2  # outputs differ by source, so the order check means something
 
 
+@pytest.mark.parametrize("parallel", ["processes", "threads"])
 @pytest.mark.parametrize("beam", [1, 3])
-def test_translate_workers_do_not_change_outputs(adapter, beam):
+def test_translate_workers_do_not_change_outputs(adapter, beam, parallel):
     """Batches decoded by parallel workers (CPU): the same outputs, in input order, as one at a time."""
     lines = _lines()
     proj = make_projection(adapter, "full")
     kw = dict(beam=beam, batch_size=2, max_len=MAX_LEN, progress=False)
     threads = torch.get_num_threads()
     one = translate(adapter, proj, lines, "en", "it", workers=1, **kw)
-    three = translate(adapter, proj, lines, "en", "it", workers=3, **kw)
+    three = translate(adapter, proj, lines, "en", "it", workers=3, parallel=parallel, **kw)
     assert three.hypotheses == one.hypotheses and three.target_tokens == one.target_tokens
     assert len({h for h in one.hypotheses if h}) > 2
     assert torch.get_num_threads() == threads  # a worker's thread setting does not leak
 
 
-def test_translate_worker_error_propagates(adapter, monkeypatch):
+def test_worker_processes_add_their_counts_to_the_callers_projection(adapter, tmp_path):
+    """What forked workers count (a clustered projection's rows and columns, the timed steps) reaches the
+    caller's projection: the same counts as one worker's."""
+    ids = list(range(0, adapter.n_vocab, 3))
+    _save_map(adapter, tmp_path / "maps", [ids[: len(ids) // 2], ids[len(ids) // 3 :], ids])
+    lines = _lines()
+    kw = dict(batch_size=2, max_len=MAX_LEN, progress=False)
+    tallies = []
+    for parallel in ("processes", "threads"):
+        proj = make_projection(adapter, "clustered", cluster_map=tmp_path / "maps" / "en-it")
+        proj.time_steps()
+        one = translate(adapter, proj, lines, "en", "it", workers=1, **kw)
+        tallies.append(proj.tally())
+        proj.time_steps()
+        proj.reset_counters()
+        two = translate(adapter, proj, lines, "en", "it", workers=2, parallel=parallel, **kw)
+        assert two.hypotheses == one.hypotheses
+        tallies.append(proj.tally())
+    for t in tallies[1:]:
+        assert {k: v for k, v in t.items() if k != "step_seconds"} == {
+            k: v for k, v in tallies[0].items() if k != "step_seconds"
+        }
+        assert t["step_seconds"] > 0
+    assert tallies[0]["rows"] > len(lines) and tallies[0]["columns"] > tallies[0]["rows"]
+    with pytest.raises(ValueError, match="parallel must be one of auto, processes, threads"):
+        translate(adapter, proj, lines, "en", "it", parallel="fork", **kw)
+
+
+@pytest.mark.parametrize("parallel", ["processes", "threads"])
+def test_translate_worker_error_propagates(adapter, monkeypatch, parallel):
     import fastvocab.tasks.translate as tr
 
     real = tr.decode
@@ -110,7 +140,10 @@ def test_translate_worker_error_propagates(adapter, monkeypatch):
     lines = [x for x in _lines() if x.strip()][:5]
     proj = make_projection(adapter, "full")
     with pytest.raises(MemoryError, match="does not fit"):
-        translate(adapter, proj, lines, "en", "it", batch_size=2, max_len=MAX_LEN, progress=False, workers=2)
+        translate(
+            adapter, proj, lines, "en", "it", batch_size=2, max_len=MAX_LEN, progress=False, workers=2,
+            parallel=parallel,
+        )  # fmt: skip
 
 
 def test_translate_beam_and_errors(adapter):
