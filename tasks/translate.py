@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import multiprocessing
+import signal
 import sys
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -229,8 +230,22 @@ _FORKED: dict[str, object] = {}
 def _start_forked_worker(
     run: Callable[[list[int]], list[list[int]]], projection: Projection, threads: int
 ) -> None:
+    # The parent stops its workers: Ctrl-C reaches the whole process group, and the parent's handlers
+    # (pipeline/signals.py) are for the parent alone. A worker outlives a killed parent otherwise, blocked
+    # on the pool's queue, whose write end it holds itself.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    _die_with_parent()
     torch.set_num_threads(threads)
     _FORKED.update(run=run, projection=projection)
+
+
+def _die_with_parent() -> None:
+    """Linux: SIGKILL this process when the thread that forked it ends (prctl PR_SET_PDEATHSIG)."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
 
 
 def _decode_in_forked_worker(chunk: list[int]) -> tuple[list[list[int]], dict[str, float]]:

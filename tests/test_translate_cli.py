@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -123,6 +124,53 @@ def test_worker_processes_add_their_counts_to_the_callers_projection(adapter, tm
     assert tallies[0]["rows"] > len(lines) and tallies[0]["columns"] > tallies[0]["rows"]
     with pytest.raises(ValueError, match="parallel must be one of auto, processes, threads"):
         translate(adapter, proj, lines, "en", "it", parallel="fork", **kw)
+
+
+def _children(pid: int) -> list[int]:
+    from pathlib import Path
+
+    kids = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:  # the process ended meanwhile
+            continue
+        if int(fields[1]) == pid:  # the field after the state is the parent's pid
+            kids.append(int(stat.parent.name))
+    return kids
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_worker_processes_end_with_a_killed_parent(model_dir):
+    """kill -9 of a translating process takes its forked workers with it (they would otherwise wait on the
+    pool's queue for ever)."""
+    import signal
+    import time
+
+    script = f"""
+import time
+import fastvocab.tasks.translate as tr
+from fastvocab.decoding import Seq2SeqAdapter
+from fastvocab.tasks.projections import make_projection
+adapter = Seq2SeqAdapter.load({str(model_dir)!r})
+tr.decode = lambda *a, **k: time.sleep(120)  # a batch that lasts
+tr.translate(adapter, make_projection(adapter, "full"), ["a b", "c d", "e f"], "en", "it", batch_size=1,
+             progress=False, workers=2, parallel="processes")
+"""
+    proc = subprocess.Popen([sys.executable, "-c", script])
+    try:
+        deadline = time.monotonic() + 90
+        while len(kids := _children(proc.pid)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert len(kids) == 2, "the workers did not start"
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(30)
+        deadline = time.monotonic() + 20
+        while (alive := [k for k in kids if Path(f"/proc/{k}").exists()]) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert alive == []
+    finally:
+        proc.kill()
 
 
 @pytest.mark.parametrize("parallel", ["processes", "threads"])
