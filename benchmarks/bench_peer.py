@@ -38,7 +38,8 @@ than the one before), median of ``--repeats`` rounds:
   ``--vmap-no-reset`` leaves it out, to see the bug).
 
 Threads (``--parallel``): ``workers`` (default) runs ``--threads`` batches at once on one thread each, on
-both sides: fastvocab's ``translate`` on CPU (``tasks.translate.decode_workers``) and CTranslate2 with
+both sides: fastvocab's ``translate`` on CPU (``tasks.translate.decode_workers``: forked worker processes,
+or threads of this process before 2026-11-27 evening) and CTranslate2 with
 ``inter_threads`` = threads, ``intra_threads`` = 1; ``intra`` runs one batch at a time on all threads
 (``translate(workers=1)``; CTranslate2 ``intra_threads`` = threads, the tables before 2026-11-23 evening).
 Building a ``ctranslate2.Translator`` sets the calling thread's OpenMP thread count to its ``intra_threads``,
@@ -172,8 +173,8 @@ class Ct2System:
 def fastvocab_system(adapter, projection, args) -> Callable[[list[str], int], tuple[float, list[str]]]:
     """``projection``: one projection for every beam, or a dict beam -> projection (clustered: the
     inactive-mass estimate depends on the beam, as in ``fastvocab translate``). The returned function's
-    ``projection_seconds[0]`` holds the seconds its last call spent in projection steps (summed over worker
-    threads)."""
+    ``projection_seconds[0]`` holds the seconds its last call spent in projection steps (summed over the
+    workers)."""
     from fastvocab.tasks.translate import translate
 
     spent = [0.0]
