@@ -220,8 +220,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--threads",
         type=int,
         metavar="N",
-        help="CPU threads; on CPU, N batches are decoded at once on one thread each (faster than N threads "
-        "on one batch; each batch in flight holds its own decoder cache) (default: torch's)",
+        help="CPU threads; on CPU, N batches are decoded at once on one thread each, in forked worker "
+        "processes (faster than N threads on one batch; each batch in flight holds its own decoder cache) "
+        "(default: torch's)",
     )
     p.add_argument(
         "--input-column",
