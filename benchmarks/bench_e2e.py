@@ -57,6 +57,13 @@ class ActiveStats(Projection):
     def fraction(self) -> float:
         return self.columns / max(1, self.rows) / self.inner.n_vocab
 
+    def tally(self) -> dict[str, float]:  # what translate's worker processes send back
+        return {"rows": self.rows, "columns": self.columns}
+
+    def add_tally(self, added: dict[str, float]) -> None:
+        self.rows += int(added["rows"])
+        self.columns += int(added["columns"])
+
 
 def variants(configs_beam: int, args) -> list[tuple[str, dict]]:
     """(label, make_projection options) for one search configuration; full first."""
