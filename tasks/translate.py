@@ -215,7 +215,7 @@ def translate(
 
 
 def worker_kind(parallel: str, workers: int) -> str:
-    """ "processes", "threads" or "one" (no pool) for ``workers`` CPU workers and translate's ``parallel``."""
+    """How ``workers`` CPU workers run under translate's ``parallel``: "processes", "threads" or "one"."""
     if workers <= 1:
         return "one"
     if parallel == "auto":
@@ -230,9 +230,9 @@ _FORKED: dict[str, object] = {}
 def _start_forked_worker(
     run: Callable[[list[int]], list[list[int]]], projection: Projection, threads: int
 ) -> None:
-    # The parent stops its workers: Ctrl-C reaches the whole process group, and the parent's handlers
-    # (pipeline/signals.py) are for the parent alone. A worker outlives a killed parent otherwise, blocked
-    # on the pool's queue, whose write end it holds itself.
+    # The parent stops its workers: Ctrl-C reaches the whole process group, and the handlers a caller
+    # installed are for the caller alone. A worker would outlive a killed parent, blocked on the pool's
+    # queue, whose write end it holds itself.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     _die_with_parent()
