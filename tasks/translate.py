@@ -7,8 +7,8 @@ Empty lines become empty outputs without touching the model.
 
 On CPU the batches are decoded by parallel workers, one per torch thread (``decode_workers``): a decoder
 step is many small ops that torch's intra-op threads share poorly, so one batch per thread is faster than
-every thread on one batch (measured: benchmarks/translate-notes.md). The workers are forked processes where
-the platform can fork (``parallel``): worker threads of one process take turns at the GIL between those
+every thread on one batch (measured: benchmarks/translate-notes.md). On Linux the workers are forked
+processes (``parallel``): worker threads of one process take turns at the GIL between those
 small ops, which cost the clustered step, with its many more of them, the most (measured:
 benchmarks/README.md, "Turning the sets into speed").
 """
@@ -126,7 +126,7 @@ def translate(
     lines is done (a caller's own progress bar). ``parallel``: how more than one worker runs: "processes"
     (forked copies of this process, which share its model and projection memory; what they count, the
     projection's :meth:`~fastvocab.kernels.base.Projection.tally`, is added back to ``projection``),
-    "threads", or "auto": processes where the platform can fork, else threads.
+    "threads", or "auto": processes on Linux, else threads (fork is unsafe on macOS, absent on Windows).
     """
     if early_stopping is not None:
         check_stopping_rule(early_stopping)
@@ -219,7 +219,7 @@ def worker_kind(parallel: str, workers: int) -> str:
     if workers <= 1:
         return "one"
     if parallel == "auto":
-        return "processes" if "fork" in multiprocessing.get_all_start_methods() else "threads"
+        return "processes" if sys.platform.startswith("linux") else "threads"
     return parallel
 
 

@@ -126,6 +126,17 @@ def test_worker_processes_add_their_counts_to_the_callers_projection(adapter, tm
         translate(adapter, proj, lines, "en", "it", parallel="fork", **kw)
 
 
+def test_worker_kind_forks_on_linux_only(monkeypatch):
+    from fastvocab.tasks.translate import worker_kind
+
+    assert worker_kind("auto", 1) == worker_kind("processes", 1) == "one"
+    assert worker_kind("threads", 2) == "threads" and worker_kind("processes", 2) == "processes"
+    monkeypatch.setattr(sys, "platform", "linux")
+    assert worker_kind("auto", 2) == "processes"
+    monkeypatch.setattr(sys, "platform", "darwin")  # fork is unsafe there
+    assert worker_kind("auto", 2) == "threads"
+
+
 def _children(pid: int) -> list[int]:
     from pathlib import Path
 
