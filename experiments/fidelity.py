@@ -131,12 +131,22 @@ def method_base(method: str) -> str:
 
 
 def method_options(
-    method: str, beam: int, selection: str, cluster_map: ClusterMap, probes: int | None = None
+    method: str,
+    beam: int,
+    selection: str,
+    cluster_map: ClusterMap,
+    probes: int | None = None,
+    shortlist: str | Path | None = None,
 ) -> dict[str, object]:
-    """The clustered projection's options for a yardstick method."""
+    """The clustered projection's options for a yardstick method; ``shortlist``: the table whose candidates
+    for the batch's sentences join every step's union (union selection only)."""
     opts: dict[str, object] = {"cluster_map": cluster_map, "selection": selection}
     if probes is not None:
         opts["probes"] = probes
+    if shortlist is not None:
+        if method == "per-row" or selection != "union":
+            raise ValueError(f"a shortlist joins the batch's union: the {method} method does not take one")
+        opts["shortlist"] = shortlist
     method, _, radius = method.partition("@")
     if radius:
         opts["mass_radius"] = float(radius)
@@ -149,7 +159,7 @@ def method_options(
         # the certificate examines every row here (what the yardstick reports), even where it does not pay
         opts.update(exact_k=exact_k_for(beam), full_when_cheaper=False)
     elif method == "default":
-        opts.update(clustered_options(selection, "auto", False, beam, probes))
+        opts.update(clustered_options(selection, "auto", False, beam, probes, shortlist is not None))
     return opts
 
 
@@ -334,15 +344,15 @@ def measure_setting(
     batch_size: int,
     settings: FidelitySettings,
     scorer: Scorer,
+    shortlist: str | Path | None = None,
 ) -> list[dict[str, Any]]:
     """One row per method of ``settings`` at this beam and batch size (see the module's docstring)."""
     projs: dict[str, Projection] = {}
     for m in settings.methods:
         if method_base(m) in MASS_METHODS and beam == 1:
             continue  # greedy reads logits only: an inactive-mass estimate changes nothing
-        projs[m] = make_projection(
-            adapter, "clustered", **method_options(m, beam, settings.selection, cmap, settings.probes)
-        )
+        opts = method_options(m, beam, settings.selection, cmap, settings.probes, shortlist)
+        projs[m] = make_projection(adapter, "clustered", **opts)
     everything = {"full": full, **projs}
     args = (src, tgt, beam, batch_size, settings.max_len, settings.length_penalty)
     passes = decode_passes(adapter, everything, seqs, args, settings.repeats)
@@ -378,8 +388,11 @@ def run_fidelity(
     directions: Sequence[str],
     settings: FidelitySettings,
     on_row: Callable[[dict[str, Any]], None] | None = None,
+    shortlists: Mapping[str, str | Path] | None = None,
 ) -> list[dict[str, Any]]:
-    """Every direction x beam x batch x method of ``settings``; ``on_row`` sees each row as it is done."""
+    """Every direction x beam x batch x method of ``settings``; ``on_row`` sees each row as it is done.
+    ``shortlists``: a shortlist table by direction, joined to the clustered methods' sets (as ``fastvocab
+    translate --with-shortlist``)."""
     full = make_projection(adapter, "full")
     results: list[dict[str, Any]] = []
     for direction in directions:
@@ -396,8 +409,9 @@ def run_fidelity(
             for batch_size in settings.batches:
                 scorer = Scorer(adapter, full, seqs, tgt, settings.max_len, settings.length_penalty)
                 rows = measure_setting(
-                    adapter, full, cmap, seqs, refs, src, tgt, beam, batch_size, settings, scorer
-                )
+                    adapter, full, cmap, seqs, refs, src, tgt, beam, batch_size, settings, scorer,
+                    (shortlists or {}).get(direction),
+                )  # fmt: skip
                 for row in rows:
                     row["map"] = covers
                     if on_row is not None:

@@ -345,6 +345,42 @@ def test_fastvocab_bench_fidelity_writes_the_record_and_prints_the_table(
     assert main([*argv[:-2], "--methods", "guess", "-o", str(out)]) == 2  # unknown method: a usage error
 
 
+def test_bench_fidelity_with_a_shortlist_joins_its_candidates_to_the_sets(
+    tmp_path, tiny_model_dir, adapter, mixed_map, capsys
+):
+    """``--with-shortlist``: a table whose candidates are every id makes every step dense, so every
+    clustered method, greedy and beam, gives full softmax's outputs; per-row selection is refused."""
+    import json
+
+    from fastvocab.artifacts_schema.cluster_map import save_cluster_map
+    from fastvocab.artifacts_schema.method_index import save_method_index
+    from fastvocab.pipeline.cli import main
+    from tests.test_shortlist import _covering_index
+
+    write_en_it_split(tmp_path / "corpus", "test", 4, seed=6)
+    save_cluster_map(mixed_map, tmp_path / "maps" / "en-it")
+    save_method_index(_covering_index(adapter), tmp_path / "maps" / "shortlist" / "en-it")
+    out = tmp_path / "fidelity.json"
+    argv = ["bench", "fidelity", "--model", str(tiny_model_dir), "--maps", str(tmp_path / "maps")]
+    argv += ["--corpus", str(tmp_path / "corpus"), "--directions", "en-it", "--beams", "1,2"]
+    argv += ["--batches", "2", "--max-len", "6", "--threads", "1", "--output", str(out)]
+    assert main([*argv, "--with-shortlist", str(tmp_path / "maps"), "--methods", "clustered,default"]) == 0
+    data = json.loads(out.read_text())
+    assert data["meta"]["shortlists"] == {"en-it": str(tmp_path / "maps" / "shortlist" / "en-it")}
+    rows = data["results"]
+    want = {(b, m) for b in (1, 2) for m in ("clustered", "default")}
+    assert {(r["beam"], r["method"]) for r in rows} == want
+    beam_default = next(r for r in rows if (r["beam"], r["method"]) == (2, "default"))
+    assert beam_default["options"]["inactive_mass"] == "moments"  # what translate picks beside a shortlist
+    for r in rows:
+        assert r["identical"] == 1.0 and "shortlist" in r["options"]
+        assert r["active_columns_per_row"] == adapter.n_vocab
+    capsys.readouterr()
+    argv_pr = [*argv, "--with-shortlist", str(tmp_path / "maps"), "--methods", "per-row"]
+    assert main(argv_pr) == 2
+    assert "--with-shortlist needs union selection" in capsys.readouterr().err
+
+
 def test_radius_and_oracle_methods_of_the_yardstick(tmp_path, adapter, mixed_map):
     """``normaliser@R`` (far rows get the exact mass) and the ``oracle`` diagnostic, in process."""
     from fastvocab.artifacts_schema.cluster_map import save_cluster_map

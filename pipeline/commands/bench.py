@@ -19,7 +19,7 @@ import datetime as dt
 import logging
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TypeVar
 
@@ -112,6 +112,14 @@ def add_fidelity_arguments(p: argparse.ArgumentParser) -> None:
         choices=("union", "per-row"),
         help="clustered selection (default: %(default)s)",
     )
+    p.add_argument(
+        "--with-shortlist",
+        type=Path,
+        metavar="DIR",
+        help="join the lexical shortlist's candidates for the batch's sentences to every clustered method's "
+        "sets, as translate --with-shortlist does: a shortlist table, or a folder holding "
+        "shortlist/<src>-<tgt> (models/demo-maps does); union selection only",
+    )
     add_count(
         p,
         "--probes",
@@ -172,6 +180,7 @@ def run_fidelity_command(
         probes=args.probes,
     )
     directions = [d for d in args.directions.split(",") if d]
+    shortlists = _fidelity_shortlists(args, settings.methods, directions)
     out = args.output or Path(f"fidelity-{dt.date.today().isoformat()}.json")
     adapter, load_before, t0 = load_model(args)
     print(TABLE_HEADER, file=sys.stderr, flush=True)
@@ -183,6 +192,7 @@ def run_fidelity_command(
             directions,
             settings,
             on_row=lambda row: print(format_row(row), file=sys.stderr, flush=True),
+            shortlists=shortlists,
         )
     except ValueError as exc:  # an unknown language
         raise UserError(str(exc)) from exc
@@ -198,12 +208,28 @@ def run_fidelity_command(
         threads=torch.get_num_threads(),
         seconds=time.perf_counter() - t0,
         load_before=load_before,
-        extra_meta=None if extra_meta is None else extra_meta(),
+        extra_meta={
+            **({} if extra_meta is None else extra_meta()),
+            "shortlists": {d: str(p) for d, p in shortlists.items()},
+        },
     )
     _write_record(out, record)
     _print_table(TABLE_HEADER, [format_row(row) for row in results])
     print(f"wrote {out}", file=sys.stderr)
     return 0
+
+
+def _fidelity_shortlists(
+    args: argparse.Namespace, methods: Sequence[str], directions: Sequence[str]
+) -> dict[str, Path]:
+    """Each direction's shortlist table that ``--with-shortlist`` names (checked before the model loads)."""
+    if args.with_shortlist is None:
+        return {}
+    if args.selection != "union" or "per-row" in methods:
+        raise UserError("--with-shortlist needs union selection (drop per-row from --methods)")
+    from fastvocab.pipeline.commands.translate import resolve_index
+
+    return {d: resolve_index(args.with_shortlist, "shortlist", d, "--with-shortlist") for d in directions}
 
 
 def _settings(make: Callable[..., _S], args: argparse.Namespace, **fields: object) -> _S:
