@@ -44,14 +44,27 @@ def add_count(p: argparse.ArgumentParser, flag: str, help: str, default: int | N
     p.add_argument(flag, type=int, default=default, metavar="N", help=help)
 
 
+DEMO_MODEL = Path("models/demo")
+
+
+def default_model() -> Path:
+    """``models/demo`` of the current folder, else the demo model of the checkout fastvocab runs from (so a
+    command works from any folder), else ``models/demo`` as given, which the loader then reports missing."""
+    if DEMO_MODEL.is_dir():
+        return DEMO_MODEL
+    # installed in strict editable mode, this file is a link into the checkout
+    checkout = Path(__file__).resolve().parents[2] / DEMO_MODEL
+    return checkout if checkout.is_dir() else DEMO_MODEL
+
+
 def add_model(p: argparse.ArgumentParser) -> None:
-    """``--model DIR``, the model folder (default: models/demo)."""
+    """``--model DIR``, the model folder (default: the demo model, :func:`default_model`)."""
     p.add_argument(
         "--model",
         type=Path,
-        default=Path("models/demo"),
+        default=default_model(),
         metavar="DIR",
-        help="model folder (default: %(default)s)",
+        help="a local Hugging Face model folder (default: %(default)s, the demo model)",
     )
 
 

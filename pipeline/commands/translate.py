@@ -13,12 +13,17 @@ yet done.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
+import shutil
 import sys
+import tempfile
+from collections.abc import Callable, Iterator
 from dataclasses import fields
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from fastvocab.artifacts_schema.atomic import STDIO, copy_to_stream, is_stream
 from fastvocab.artifacts_schema.errors import ArtifactError
 from fastvocab.pipeline.checks import check_device, check_map_direction
 from fastvocab.pipeline.commands import (
@@ -39,6 +44,15 @@ if TYPE_CHECKING:
     from fastvocab.pipeline.bulk_driver import BulkResult
 
 HELP = "translate a text file or Parquet dataset for one direction (full, clustered, lsh, graph, shortlist)"
+
+EXAMPLES = """\
+examples:
+  echo "Free software for everyone." | fastvocab translate --src-lang en --tgt-lang it
+  fastvocab translate --src-lang en --tgt-lang it -i input.txt -o output.txt
+  fastvocab translate --src-lang en --tgt-lang it -i input.txt -o output.txt \\
+      --method clustered --clusters models/demo-maps --with-shortlist models/demo-maps
+  fastvocab translate --src-lang en --tgt-lang it -i 'corpus/*.parquet' -o out/ --workers 4
+"""
 
 log = logging.getLogger(__name__)
 
@@ -71,25 +85,30 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     from fastvocab.tasks.projections import BEAM_INACTIVE_MASS, SHORTLIST_BEAM_INACTIVE_MASS
 
     d = TranslateConfig()
+    p.epilog = EXAMPLES
+    p.formatter_class = argparse.RawDescriptionHelpFormatter
     add_model(p)
     p.add_argument("--src-lang", required=True, metavar="XX", help="source language code, e.g. en")
     p.add_argument("--tgt-lang", required=True, metavar="YY", help="target language code, e.g. it")
     p.add_argument(
         "-i",
         "--input",
-        required=True,
-        type=Path,
+        default=STDIO,
         metavar="FILE",
         help="a text file (one sentence a line), or Parquet: a file, a folder of files (hive partitions "
-        "too) or a glob",
+        "too) or a glob; - or a pipe (/dev/stdin, <(...)): text, read whole first "
+        "(default: -, standard input)",
     )
     p.add_argument(
         "-o",
         "--output",
-        required=True,
+        default=STDIO,
         metavar="FILE",
         help="output: FILE.parquet, DIR/ (with the trailing /: a Parquet dataset of parts, "
-        "id/source/translation), else text, one line per input line; a missing folder is created",
+        "id/source/translation), else text, one line per input line; a missing folder is created; an "
+        "existing file is replaced atomically, a symlink's file too (the link kept); - or a pipe or device "
+        "(/dev/stdout, a FIFO) is written through once every line is translated "
+        "(default: -, standard output)",
     )
     add_beam(p, d.beam)
     add_batch_size(p, d.batch_size)
@@ -414,18 +433,79 @@ def run(args: argparse.Namespace) -> int:
     the method's counts when it ran in this process) and, with a tracking URI, its MLflow run."""
     import os
 
-    from fastvocab.pipeline.bulk_driver import BulkRequest, run_bulk
     from fastvocab.pipeline.tracking import check_tracking_uri
-    from fastvocab.tasks.bulk import PART_LINES
-    from fastvocab.tasks.translate import SearchSettings
 
     _check_args(args)
     uri = args.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
     if uri:
         check_tracking_uri(uri, "--tracking-uri" if args.tracking_uri else "MLFLOW_TRACKING_URI")
+    with through_files(args.input, args.output) as (input_path, output_path, shown):
+        try:
+            result = _translate(args, input_path, output_path)
+        except (UserError, ArtifactError, FileNotFoundError) as exc:
+            raise type(exc)(shown(str(exc))) from exc
+        result.output = Path(shown(str(result.output)))
+    _summarise(args, result)
+    if uri:
+        run_id = log_to_mlflow(result, uri, args.experiment_name, f"translate {result.params['direction']}")
+        print(f"MLflow run {run_id} in {uri}", file=sys.stderr)
+    return 0
+
+
+@contextlib.contextmanager
+def through_files(input: str, output: str) -> Iterator[tuple[str, str, Callable[[str], str]]]:
+    """(input, output, rename): the paths the job reads and writes, and a function that puts the user's
+    names back into a message.
+
+    The job resumes part by part from files beside its output, so it needs real files: standard input and
+    pipes (``-``, ``/dev/stdin``, ``<(...)``) are read whole into a private folder first, and standard
+    output, devices and FIFOs are written through from a file there once every line is translated (a
+    failed job writes nothing to them). Such a job does not resume after a kill.
+    """
+    if not is_stream(input) and not is_stream(output):
+        yield input, output, lambda text: text
+        return
+    with tempfile.TemporaryDirectory(prefix=".fastvocab-translate.") as tmp:
+        names: dict[str, str] = {}
+        if is_stream(input):
+            spooled = Path(tmp) / "input.txt"
+            if input == STDIO and sys.stdin.isatty():
+                print("reading standard input (Ctrl-D ends it)", file=sys.stderr)
+            with spooled.open("wb") as dst:
+                if input == STDIO:
+                    shutil.copyfileobj(sys.stdin.buffer, dst)
+                else:
+                    with open(input, "rb") as src:
+                        shutil.copyfileobj(src, dst)
+            names[str(spooled.resolve())] = names[str(spooled)] = (
+                "standard input" if input == STDIO else input
+            )
+            input = str(spooled)
+        target = output
+        if is_stream(output):
+            # keep the name's suffix: it says text or Parquet
+            suffix = ".parquet" if output.endswith(".parquet") else ".txt"
+            output = str(Path(tmp) / f"output{suffix}")
+            names[output] = "standard output" if target == STDIO else target
+
+        def shown(text: str) -> str:
+            for path, name in names.items():
+                text = text.replace(path, name)
+            return text
+
+        yield input, output, shown
+        if output != target and Path(output).is_file():
+            copy_to_stream(Path(output), target)
+
+
+def _translate(args: argparse.Namespace, input_path: str, output_path: str) -> BulkResult:
+    from fastvocab.pipeline.bulk_driver import BulkRequest, run_bulk
+    from fastvocab.tasks.bulk import PART_LINES
+    from fastvocab.tasks.translate import SearchSettings
+
     request = BulkRequest(
-        str(args.input),
-        args.output,  # as typed: a trailing / names a dataset folder
+        input_path,
+        output_path,  # as typed: a trailing / names a dataset folder
         args.model,
         args.src_lang,
         args.tgt_lang,
@@ -444,14 +524,18 @@ def run(args: argparse.Namespace) -> int:
         text_column=args.input_column,
         id_column=args.id_column,
     )
-    result = run_bulk(request, progress=not args.no_progress)
+    return run_bulk(request, progress=not args.no_progress)
+
+
+def _summarise(args: argparse.Namespace, result: BulkResult) -> None:
+    """The job's line on standard error (its output may be standard output)."""
     if args.workers == 1 and args.ray_address is None:
         import torch
 
         where = plural(torch.get_num_threads(), "thread")
     else:
         where = (
-            f"{plural(request.num_cpus_per_worker, 'thread')} a worker, "
+            f"{plural(args.threads or args.num_cpus_per_worker, 'thread')} a worker, "
             f"{plural(len(result.workers), 'Ray worker')} used of {args.workers}"
         )
     if result.lines == 0:
@@ -467,14 +551,10 @@ def run(args: argparse.Namespace) -> int:
         print(
             f"translated {result.summary()} in {result.seconds:.2f} s, {speed} "
             f"[{args.method}, beam {args.beam}, batch {args.batch_size}, {args.device}, {args.dtype}, "
-            f"{where}] -> {args.output}",
+            f"{where}] -> {'standard output' if args.output == STDIO else args.output}",
             file=sys.stderr,
         )
     _print_method_stats(result.method_stats)
-    if uri:
-        run_id = log_to_mlflow(result, uri, args.experiment_name, f"translate {result.params['direction']}")
-        print(f"MLflow run {run_id} in {uri}", file=sys.stderr)
-    return 0
 
 
 def _print_method_stats(stats: dict[str, float | None]) -> None:
