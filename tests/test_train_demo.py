@@ -241,3 +241,47 @@ def test_chunked_loss_matches_plain_loss_and_gradients(tiny_model_dir):
     assert losses[0][1] == pytest.approx(losses[1][1], rel=1e-5)
     for name, g in grads[0].items():
         assert torch.allclose(g, grads[1][name], rtol=1e-4, atol=1e-6), name
+
+
+def test_cli_refuses_to_overwrite_a_model(tmp_path, capsys):
+    """A model folder is never replaced by default: the shipped models/demo once was, by a listed command."""
+    from fastvocab.pipeline.cli import main
+
+    write_corpus(tmp_path / "c", sizes=(20, 4, 4))
+    shipped = tmp_path / "shipped"
+    shipped.mkdir()
+    (shipped / "config.json").write_text("{}")
+    (shipped / "training_summary.json").write_text('{"work_dir": "elsewhere"}')
+    argv = ["train-demo", "--corpus", str(tmp_path / "c"), "--output", str(shipped), "--max-steps", "1"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "already holds a model" in err and "--overwrite" in err
+    assert sorted(p.name for p in shipped.iterdir()) == ["config.json", "training_summary.json"]
+    assert (shipped / "config.json").read_text() == "{}"
+
+
+def test_cli_output_defaults_to_the_work_folder_and_resumes_into_its_own(tmp_path, monkeypatch):
+    from fastvocab.pipeline.cli import main
+    from fastvocab.pipeline.commands import train_demo as command
+    from fastvocab.pipeline.errors import UserError
+
+    write_corpus(tmp_path / "c", sizes=(20, 4, 4))
+    seen = []
+
+    def fake_train(cfg):
+        seen.append(cfg)
+        raise ValueError("stop here")
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr("fastvocab.training.train_demo", fake_train)
+    assert main(["train-demo", "--corpus", "c", "--preset", "tiny"]) == 2
+    assert seen[0].out == Path("work/train-demo/tiny/model")
+    assert seen[0].work_dir == Path("work/train-demo/tiny")
+    # the run's own model (its summary names this work dir) may be saved again: a resumed run
+    own = tmp_path / "own"
+    own.mkdir()
+    (own / "training_summary.json").write_text(json.dumps({"work_dir": "work/own"}))
+    command.check_output_free(own, Path("work/own"), overwrite=False)
+    with pytest.raises(UserError, match="already holds a model"):
+        command.check_output_free(own, Path("work/other"), overwrite=False)
+    command.check_output_free(own, Path("work/other"), overwrite=True)

@@ -91,6 +91,8 @@ def save_and_evaluate(
         "history": prog.history,
         "sessions": prog.sessions,
         "command": cfg.command,
+        # a resumed run may save into this folder again; any other is refused (train-demo --overwrite)
+        "work_dir": str(cfg.work_dir),
     }
     (out / "training_summary.json").write_text(json.dumps(summary, indent=2, ensure_ascii=False) + "\n")
     (out / "README.md").write_text(model_card(summary), encoding="utf-8")

@@ -10,6 +10,8 @@ from pathlib import Path
 from fastvocab.pipeline.commands import add_output
 from fastvocab.pipeline.errors import UserError
 
+WORK_ROOT = Path("work") / "train-demo"
+
 DESCRIPTION = """\
 Train a many-to-many translation model in the M2M100 architecture from scratch (built from a config,
 nothing downloaded) on a parallel corpus written by `fastvocab corpus`: a shared SentencePiece vocabulary,
@@ -50,13 +52,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="DIR",
         help="corpus folder (default: %(default)s)",
     )
-    add_output(parser, "model folder (default: %(default)s)", metavar="DIR", default=Path("models/demo"))
+    add_output(
+        parser,
+        f"model folder (default: {WORK_ROOT}/<preset>/model, beside the run's checkpoint; the shipped "
+        "models/ are never written unless named)",
+        metavar="DIR",
+    )
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace a model already in --output (without it, a folder holding a model is refused, "
+        "unless this run's own work dir trained it: a resumed run saves there again)",
+    )
     parser.add_argument(
         "--work-dir",
         type=Path,
         default=None,
         metavar="DIR",
-        help="checkpoint, SentencePiece model and log (default: work/train-demo/<name of --output>)",
+        help=f"checkpoint, SentencePiece model and log (default: {WORK_ROOT}/<name of --output>, or "
+        f"{WORK_ROOT}/<preset> without --output)",
     )
     preset = "(default: the preset's)"
     parser.add_argument(
@@ -155,10 +169,16 @@ def run(args: argparse.Namespace) -> int:
     from fastvocab.pipeline.checks import check_device
 
     check_device(args.device, "--device")
-    work_dir = args.work_dir or Path("work") / "train-demo" / args.output.name
+    if args.output is None:
+        work_dir = args.work_dir or WORK_ROOT / args.preset
+        out = work_dir / "model"
+    else:
+        out = args.output
+        work_dir = args.work_dir or WORK_ROOT / out.name
+    check_output_free(out, work_dir, args.overwrite)
     cfg = TrainConfig(
         corpus=args.corpus,
-        out=args.output,
+        out=out,
         work_dir=work_dir,
         preset=args.preset,
         directions=directions,
@@ -190,6 +210,31 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def check_output_free(out: Path, work_dir: Path, overwrite: bool) -> None:
+    """Refuse to train into a folder that holds something, unless ``overwrite``, or the folder holds the
+    model this run's own ``work_dir`` trained (its training summary names that work dir: a resumed run)."""
+    if overwrite or not out.exists():
+        return
+    if not out.is_dir():
+        raise UserError(f"--output {out} is a file, not a model folder")
+    if not any(out.iterdir()):
+        return
+    from fastvocab.artifacts_schema.errors import ArtifactError
+    from fastvocab.artifacts_schema.jsonfile import read_json
+
+    try:
+        summary = read_json(out / "training_summary.json", "training summary") or {}
+    except ArtifactError:  # unreadable: not provably this run's, so refused like any other content
+        summary = {}
+    trained_by = summary.get("work_dir")
+    if trained_by is not None and Path(trained_by).resolve() == work_dir.resolve():
+        return
+    raise UserError(
+        f"--output {out} already holds a model that this run's work dir {work_dir} did not train; "
+        "pass --overwrite to replace it, or name another folder with -o"
+    )
+
+
 def _command_line(args: argparse.Namespace) -> str:
     """The command as a user would type it, rebuilt from the parsed arguments (for the model card)."""
     parts = ["fastvocab", "train-demo"]
@@ -199,6 +244,8 @@ def _command_line(args: argparse.Namespace) -> str:
             parts += [f"--{action.replace('_', '-')}", str(value)]
     if not args.resume:
         parts.append("--no-resume")
+    if args.overwrite:
+        parts.append("--overwrite")
     return " ".join(shlex.quote(p) for p in parts)
 
 
