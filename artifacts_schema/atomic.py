@@ -23,8 +23,8 @@ STDIO = "-"
 
 def is_stream(target: str | os.PathLike[str]) -> bool:
     """True for ``-`` and for a path that exists and is neither a regular file nor a folder, or that exists
-    under ``/dev`` or ``/proc`` (``/dev/stdout`` resolves to a regular file when the shell redirected it to one:
-    the shell holds that file open, so it is written through, not replaced)."""
+    under ``/dev`` or ``/proc`` (``/dev/stdout`` resolves to a regular file when the shell redirected it to
+    one: the shell holds that file open, so it is written through, not replaced)."""
     text = os.fspath(target)
     if text == STDIO:
         return True
@@ -42,27 +42,27 @@ def atomic_path(target: str | os.PathLike[str]) -> Iterator[Path]:
     is replaced and the link kept; ``-`` and streams get the bytes copied in (see the module docstring).
     """
     if is_stream(target):
-        with tempfile.TemporaryDirectory(prefix=".fastvocab-out.") as tmp:
+        with tempfile.TemporaryDirectory(prefix=".fastvocab-out.") as folder:
             name = Path(os.fspath(target)).name or "out"
-            tmp_target = Path(tmp) / name
+            tmp_target = Path(folder) / name
             yield tmp_target
             if not tmp_target.is_file():
                 raise FileNotFoundError(f"atomic write produced nothing for {os.fspath(target)}")
             copy_to_stream(tmp_target, target)
         return
-    target = Path(target)
-    if target.is_symlink():
-        target = Path(os.path.realpath(target))
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
-    tmp_target = tmp / target.name
+    path = Path(target)
+    if path.is_symlink():
+        path = Path(os.path.realpath(path))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
+    tmp_target = tmp / path.name
     try:
         yield tmp_target
         if not tmp_target.exists():
-            raise FileNotFoundError(f"atomic write produced nothing for {target}")
-        if target.is_dir() and tmp_target.is_dir():
-            shutil.rmtree(target)
-        os.replace(tmp_target, target)
+            raise FileNotFoundError(f"atomic write produced nothing for {path}")
+        if path.is_dir() and tmp_target.is_dir():
+            shutil.rmtree(path)
+        os.replace(tmp_target, path)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
