@@ -173,13 +173,12 @@ def translate(inp: Path, out: Path, args: argparse.Namespace, extra: list[str]) 
     return row
 
 
-# The peak is the child's own VmHWM: ru_maxrss carries the parent's peak across fork and exec on Linux.
+# The peak is the child's own VmHWM (bench_meta.peak_rss_mb).
 PLAN_CHILD = """
 import json, sys, time
+sys.path.insert(0, sys.argv[3])
+from bench_meta import peak_rss_mb as hwm
 from fastvocab.tasks.bulk import describe_input, plan_input
-def hwm():
-    line = next(x for x in open("/proc/self/status") if x.startswith("VmHWM:"))
-    return round(int(line.split()[1]) / 1024, 1)
 before = hwm()
 t = time.perf_counter()
 inp, ranges = plan_input(describe_input(sys.argv[1]), int(sys.argv[2]))
@@ -190,7 +189,7 @@ print(json.dumps({"rows": inp.rows, "parts": len(ranges), "seconds": round(time.
 
 def plan_rss(path: Path, chunk_lines: int) -> dict[str, object]:
     out = subprocess.run(
-        [sys.executable, "-c", PLAN_CHILD, str(path), str(chunk_lines)],
+        [sys.executable, "-c", PLAN_CHILD, str(path), str(chunk_lines), str(Path(__file__).resolve().parent)],
         capture_output=True,
         text=True,
         check=True,

@@ -1,5 +1,5 @@
-"""What every benchmark result records about where it ran (the commit and the device), and the order in which
-the interleaved benchmarks run their systems each round.
+"""Where a benchmark ran (the CPU and its vector extensions, or the GPU), the order in which the interleaved
+benchmarks run their systems each round, how a result is written, and how memory is read (peak RSS).
 
 Imported by the benchmark scripts, which run as ``python benchmarks/<script>.py`` (this folder is then first
 on ``sys.path``).
@@ -7,17 +7,16 @@ on ``sys.path``).
 
 from __future__ import annotations
 
-import datetime as dt
+import contextlib
 import json
 import os
 import platform
-import sys
-import time
-from collections.abc import Callable, Sequence
+import subprocess
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TypeVar
 
-from fastvocab.artifacts_schema.provenance import git_commit
+from fastvocab.artifacts_schema.provenance import git_commit as git_commit  # re-exported for the scripts
 
 ROOT = Path(__file__).resolve().parent.parent
 T = TypeVar("T")
@@ -65,36 +64,6 @@ def round_order(systems: Sequence[T], round_index: int) -> list[T]:
     return [*systems[shift:], *systems[:shift]]
 
 
-def best_seconds(fn: Callable[[], object], calls: int, blocks: int, warmup: int = 1) -> float:
-    """Seconds per call of ``fn``: the best of ``blocks`` blocks of ``calls`` calls, after ``warmup`` calls.
-    The best, not the median: on a shared machine noise only adds."""
-    for _ in range(warmup):
-        fn()
-    best = float("inf")
-    for _ in range(blocks):
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        best = min(best, (time.perf_counter() - t0) / calls)
-    return best
-
-
-def result_header(benchmark: str) -> dict[str, object]:
-    """What a result file starts with: the benchmark, when, the commit, the command, the CPU, torch's version
-    and the load average at the end of the run."""
-    import torch
-
-    return {
-        "benchmark": benchmark,
-        "date": dt.datetime.now().isoformat(timespec="seconds"),
-        "commit": git_commit(cwd=ROOT),
-        "command": " ".join([Path(sys.executable).name, *sys.argv]),
-        "device": cpu_name(),
-        "torch": torch.__version__,
-        "load_avg": os.getloadavg(),
-    }
-
-
 def write_result(path: Path | None, result: dict) -> None:
     """Write ``result`` as JSON to ``path`` (folders made as needed); nothing when ``path`` is None."""
     if path is None:
@@ -102,3 +71,46 @@ def write_result(path: Path | None, result: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result, indent=1) + "\n")
     print(f"wrote {path}")
+
+
+# ------------------------------------------------------------------------------------------------ memory
+# Linux only. A process's own peak is its VmHWM: ru_maxrss of RUSAGE_SELF carries the parent's peak across
+# fork and exec. A finished child's own peak is wait4's ru_maxrss.
+
+
+def proc_status(pid: int | str = "self") -> dict[str, int]:
+    """The ``Vm*`` lines of ``/proc/<pid>/status`` in kB (``VmRSS``, ``VmHWM`` = peak, ...); empty once the
+    process has exited."""
+    try:
+        text = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return {}
+    return {
+        k: int(v.split()[0]) for k, v in (ln.split(":", 1) for ln in text.splitlines() if ln.startswith("Vm"))
+    }
+
+
+def peak_rss_mb(pid: int | str = "self") -> float:
+    """The process's peak resident set (``VmHWM``) in MB."""
+    return round(proc_status(pid).get("VmHWM", 0) / 1024, 1)
+
+
+def meminfo(key: str) -> int:
+    """A ``/proc/self/status`` or ``/proc/meminfo`` value in bytes ('VmRSS', 'VmHWM', 'MemAvailable', ...)."""
+    for name in ("/proc/self/status", "/proc/meminfo"):
+        for line in Path(name).read_text().splitlines():
+            if line.startswith(key + ":"):
+                return int(line.split()[1]) * 1024
+    raise KeyError(key)
+
+
+def reset_peak_rss() -> None:
+    """VmHWM := VmRSS (writing 5 to ``/proc/self/clear_refs`` resets the process's peak resident set)."""
+    with contextlib.suppress(OSError):
+        Path("/proc/self/clear_refs").write_text("5")
+
+
+def wait_child(proc: subprocess.Popen) -> tuple[int, float]:
+    """Wait for a child process: its exit code and its own peak RSS in MB (``wait4``)."""
+    _, status, usage = os.wait4(proc.pid, 0)
+    return os.waitstatus_to_exitcode(status), round(usage.ru_maxrss / 1024, 1)

@@ -4,7 +4,8 @@ CTranslate2 (float32, int8, int8 with a vocabulary map), on models built from co
     .venv/bin/python benchmarks/bench_model_scale.py --shapes m2m100-418m --batch 32 --beam 1 --threads 2
     .venv/bin/python benchmarks/bench_model_scale.py --shapes toy --repeats 1 --steps 2   # a smoke run
 
-How to read the results, and the command lines of the full measurement: ``benchmarks/model-scale.md``.
+What the runs found: ``docs/model-scale.md``; the dated runs with their command lines:
+``benchmarks/history/model-scale.md``.
 
 **Shapes** (``SHAPES``): M2M100 architectures (``M2M100Config``, tied LM head, no output bias), random weights
 (``torch.manual_seed(0)``), saved with ``save_pretrained`` under ``--root`` (default ``work/model-scale``,
@@ -39,9 +40,10 @@ of the synthetic pool first; so each batch gets the same candidate count as clus
 replacement with weights ``1 / rank^zipf`` over a random ranking of the vocabulary (Gumbel top-k), so popular
 ids are in most sets and the union of a batch's sets grows with its rows as a real map's does (sets overlap).
 The default ``--zipf 1`` is the closest to what real maps of the same set fraction measured, and still on
-the small side: ``bench_union_growth.py`` builds the demo model's maps at 2-20% of N per set, and on the demo
-model that translates the union of real batches' clusters was 1.1-1.4x zipf 1's (zipf 2's: 1.4-2.9x smaller
-than real). The earlier, undertrained demo model's unions had matched zipf 2, the default for a while.
+the small side: real maps of the demo model at 2-20% of N per set (a retired script,
+benchmarks/history/retired-scripts.md) grew the union of real batches' clusters 1.1-1.4x as fast as zipf 1
+(zipf 2: 1.4-2.9x slower than real). The earlier demo model's unions had matched zipf 2, the default for a
+while.
 Centroids: r hidden states of the model's own greedy decoding of random lines (so decoding states spread
 over clusters). The map is written with ``artifacts_schema.cluster_map.save_cluster_map`` with the model's
 fingerprint (``<root>/<shape>/maps/``) and loaded by the clustered projection as any map. Union growth (the
@@ -76,7 +78,6 @@ N, a line per system and model depth, a panel per batch / beam / threads).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import datetime as dt
 import functools
 import gc
@@ -96,7 +97,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import torch
-from bench_meta import cpu_name, round_order
+from bench_meta import cpu_name, meminfo, reset_peak_rss, round_order
 from bench_peer import Ct2System, convert_ct2, vmap_model_dir
 
 from fastvocab.artifacts_schema.provenance import git_commit
@@ -153,21 +154,6 @@ FRACTIONS = [0.02, 0.05, 0.1, 0.2]
 
 
 # ---------------------------------------------------------------------------------------------- memory
-
-
-def meminfo(key: str) -> int:
-    """A /proc/meminfo or /proc/self/status value in bytes ('MemAvailable', 'VmHWM', ...)."""
-    for name in ("/proc/self/status", "/proc/meminfo"):
-        for line in Path(name).read_text().splitlines():
-            if line.startswith(key + ":"):
-                return int(line.split()[1]) * 1024
-    raise KeyError(key)
-
-
-def reset_peak_rss() -> None:
-    """VmHWM := VmRSS (Linux: writing 5 to clear_refs resets the peak resident set of the process)."""
-    with contextlib.suppress(OSError):
-        Path("/proc/self/clear_refs").write_text("5")
 
 
 def memory_needed(shape: Shape, systems: list[str], fractions: list[float], args) -> dict[str, int]:

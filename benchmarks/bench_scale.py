@@ -47,7 +47,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from bench_meta import cpu_name
+from bench_meta import cpu_name, proc_status, wait_child
 
 from fastvocab.artifacts_schema.provenance import git_commit
 
@@ -83,11 +83,11 @@ def run_child(argv: list[str]) -> dict[str, float]:
     """Run a command to completion: its wall time and its own peak RSS (``wait4`` reports that child's)."""
     t0 = time.perf_counter()
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    _, status, usage = os.wait4(proc.pid, 0)
+    code, peak = wait_child(proc)
     seconds = time.perf_counter() - t0
-    if os.waitstatus_to_exitcode(status):
+    if code:
         raise SystemExit(f"{' '.join(argv)} failed:\n{proc.stderr.read().decode() if proc.stderr else ''}")
-    return {"seconds": round(seconds, 2), "peak_rss_mb": round(usage.ru_maxrss / 1024, 1)}
+    return {"seconds": round(seconds, 2), "peak_rss_mb": peak}
 
 
 def translate_rows(sizes: list[int], workdir: str | None) -> list[dict]:
@@ -139,19 +139,6 @@ def build_tiny_model(root: Path) -> Path:
     return out
 
 
-def vm_kb(pid: int) -> dict[str, int]:
-    """VmRSS and VmHWM (peak) of a live process, in kB (empty once it has exited)."""
-    try:
-        text = Path(f"/proc/{pid}/status").read_text()
-    except OSError:
-        return {}
-    return {
-        k: int(v.split()[0])
-        for k, v in (ln.split(":", 1) for ln in text.splitlines())
-        if k in ("VmRSS", "VmHWM")
-    }
-
-
 def watch(argv: list[str], parts: Path, kill_after_parts: int | None, every: float = 2.0) -> dict:
     """Run ``argv``, sampling its RSS and the finished parts every ``every`` s; SIGKILL it once
     ``kill_after_parts`` parts exist. Returns timings, the RSS series and the parts seen (name -> mtimes)."""
@@ -163,7 +150,7 @@ def watch(argv: list[str], parts: Path, kill_after_parts: int | None, every: flo
     samples, seen, hwm, killed = [], {}, 0, False
     while proc.poll() is None:
         time.sleep(every)
-        vm = vm_kb(proc.pid)
+        vm = proc_status(proc.pid)
         files = sorted(parts.glob("part-*.parquet")) if parts.is_dir() else []
         for f in files:
             # the parts folder is removed once the output is assembled
@@ -342,8 +329,8 @@ def plan_rows(sizes: list[int], workdir: str | None, old_upto: int) -> list[dict
                 argv = [sys.executable, "-c", PLAN_CHILD, str(corpus), str(n), mode]
                 t0 = time.perf_counter()
                 proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-                _, status, usage = os.wait4(proc.pid, 0)
-                if os.waitstatus_to_exitcode(status):
+                code, peak = wait_child(proc)
+                if code:
                     raise SystemExit(f"planner child failed:\n{proc.stderr.read().decode()}")
                 child = json.loads(proc.stdout.read().decode().strip().splitlines()[-1])
                 row = {
@@ -356,7 +343,7 @@ def plan_rows(sizes: list[int], workdir: str | None, old_upto: int) -> list[dict
                     "generate_seconds": round(gen, 1),
                     **child,
                     "process_seconds": round(time.perf_counter() - t0, 2),
-                    "peak_rss_mb": round(usage.ru_maxrss / 1024, 1),
+                    "peak_rss_mb": peak,
                 }
                 if mode == "rows":
                     row["lines_per_second"] = round(n / child["seconds"])

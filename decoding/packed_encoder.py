@@ -5,7 +5,7 @@ much padding where lengths spread. :class:`PackedEncoder` runs its linears, norm
 only and attention per sentence (``scaled_dot_product_attention`` on a padded view); the static decoder's
 cross-attention K/V GEMM skips padded positions too. Its states equal the Hugging Face encoder's up to fp32
 rounding (another GEMM row count; 1/sqrt(head_dim) folded into Q). What it saved:
-benchmarks/engine-notes.md.
+benchmarks/history/engine-notes.md.
 """
 
 from __future__ import annotations

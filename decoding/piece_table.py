@@ -5,8 +5,8 @@ The Python tokenizer spends ~200 us a line in per-line Python (added-token split
 per piece); SentencePiece encodes a whole batch in C++ on several threads, and a precomputed table maps its
 piece ids to the model's ids in one gather. On the demo model, 2 cores, 40,000 en-it train lines: 95K
 against 6.1K lines/s for the sources, 73K against 6.3K for the references, the same ids on every line
-(benchmarks/results/tokenize-cpu-2026-11-27.json, ``benchmarks/bench_tokenize.py``), so a GPU dump does not
-wait on its tokenizer. A line that holds an added token's text (``</s>``, a language tag such as
+(benchmarks/results/tokenize-cpu-2026-11-27.json; benchmarks/history/retired-scripts.md), so a GPU dump
+does not wait on its tokenizer. A line that holds an added token's text (``</s>``, a language tag such as
 ``__id__``), which the Python tokenizer splits out as that token, is tokenized by the Python tokenizer.
 """
 

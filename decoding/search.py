@@ -50,8 +50,8 @@ _NEG = -1.0e9
 
 # Greedy: finished rows leave the batch once they are at least this share of it (0 = every step); None = by
 # device. On CPU every step: a compaction (index_select of the filled cache) costs less than carrying a
-# finished row for one step (measured: benchmarks/engine-notes.md). On an accelerator in buckets (0.25): fewer
-# shape changes and host syncs.
+# finished row for one step (measured: benchmarks/history/engine-notes.md). On an accelerator in buckets
+# (0.25): fewer shape changes and host syncs.
 COMPACT_FRACTION: float | None = None
 # How often (in steps) the search reads its stop decision back to the host: on an accelerator every SYNC_EVERY
 # steps (a read waits for the device; rows and sentences that finish in between stay in the batch, their

@@ -24,7 +24,8 @@ weights of the loaded Hugging Face model into a few small modules whose step is 
 :meth:`StaticDecoder.step_fixed` is the step with every shape fixed (the position on the device, attention
 over the whole capacity with later positions masked), which a CUDA graph can capture
 (``decoding.steppers.CapturedStepper``). Measurements, and what was tried and left out (``torch.compile``,
-pre-packed weights at the demo model's sizes, ``scaled_dot_product_attention``): benchmarks/engine-notes.md.
+pre-packed weights at the demo model's sizes, ``scaled_dot_product_attention``):
+benchmarks/history/engine-notes.md.
 """
 
 from __future__ import annotations

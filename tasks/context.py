@@ -31,9 +31,6 @@ class RunContext:
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {', '.join(DTYPES)}; got {self.dtype!r}")
 
-    def with_device(self, device: str, torch_threads: int | None) -> RunContext:
-        return RunContext(self.model, device, self.dtype, torch_threads)
-
     def load_adapter(self):
         """Load the model on this context's device, trusting the driver's fingerprint (no re-hash)."""
         import torch

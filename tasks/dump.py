@@ -53,7 +53,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-OUTPUT_COLUMNS = ("sent_id", "step", "hidden", "topk_ids", "topk_logprobs")
 _RECORD_COLUMNS = ("row", "step", "hidden", "topk_ids", "topk_logprobs")
 # Rows per projection call on the reference path. CPU: 256 ran the demo model's 32K x 256 GEMM fastest on 2
 # cores (121 GFLOP/s against 85 at 1,024 rows). CUDA: as many rows as keep a call's float32 logits within

@@ -50,7 +50,6 @@ from fastvocab.tasks.debian_translations import normalise
 log = logging.getLogger(__name__)
 
 SOURCES_FORMAT = "fastvocab-dump-sources/1"
-NAMED_SOURCES = ("train", "pairs", "mono")
 READ_ROWS = 65_536  # lines read (and written) at a time
 
 

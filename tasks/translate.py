@@ -7,8 +7,8 @@ Empty lines become empty outputs without touching the model.
 
 On CPU the batches are decoded by parallel workers, one per torch thread (``decode_workers``): a decoder
 step is many small ops that torch's intra-op threads share poorly, so one batch per thread is faster than
-every thread on one batch (measured: benchmarks/translate-notes.md). On Linux the workers are forked
-processes (``parallel``): worker threads of one process take turns at the GIL between those
+every thread on one batch (measured: docs/decisions/0002-worker-processes.md). On Linux the workers are
+forked processes (``parallel``): worker threads of one process take turns at the GIL between those
 small ops, which cost the clustered step, with its many more of them, the most (measured:
 benchmarks/README.md, "Turning the sets into speed").
 """

@@ -442,8 +442,12 @@ def test_the_deploy_bulk_job_example_parses_with_the_real_cli():
 
     from fastvocab.pipeline.cli import build_parser
 
-    text = (Path(__file__).resolve().parent.parent / "deploy" / "README.md").read_text()
-    block = next(b for b in re.findall(r"```bash\n(.*?)```", text, re.S) if "fastvocab translate" in b)
+    text = (Path(__file__).resolve().parent.parent / "docs" / "bulk.md").read_text()
+    block = next(
+        b
+        for b in re.findall(r"```bash\n(.*?)```", text, re.S)
+        if "ray job submit" in b and "fastvocab translate" in b
+    )
     argv = shlex.split(block.split(" -- ", 1)[1].replace("\\\n", " "))
     args = build_parser(load="translate").parse_args(argv[1:])
     assert args.workers == 16 and args.output.endswith("/") and str(args.input).startswith("/mnt/fastvocab/")

@@ -22,7 +22,7 @@ from fastvocab.kernels.base import ProjectionOutput
 from fastvocab.kernels.cluster_assign import merged_csr
 from fastvocab.kernels.clustered import ClusteredProjection
 from fastvocab.kernels.clustered_parts import SELECTIONS
-from tests.conftest import synthetic_sentences, write_en_it_split
+from tests.conftest import synthetic_sentences
 from tests.layers import (
     decode,
     fingerprint,
@@ -693,42 +693,3 @@ def test_bench_projection_runs_and_records(tmp_path):
         if r["method"] != "full":
             assert 0 < r["per_row_fraction"] <= r["union_fraction"] <= 0.1 + 1e-9
     assert data["crossover"][0]["rows"] == [1, 4]
-
-
-def test_bench_e2e_runs_on_the_tiny_model(tmp_path, tiny_model_dir, sampled_map):
-    import json
-
-    write_en_it_split(tmp_path / "corpus", "test", 6, seed=5)
-    save_cluster_map(sampled_map, tmp_path / "maps" / "en-it")
-    out = tmp_path / "e2e.json"
-    argv = [
-        "--model",
-        str(tiny_model_dir),
-        "--maps",
-        str(tmp_path / "maps"),
-        "--corpus",
-        str(tmp_path / "corpus"),
-    ]
-    argv += ["--sentences", "4", "--configs", "1x1,2x2", "--repeats", "1", "--max-len", "6", "--threads", "1"]
-    run_script("bench_e2e", [*argv, "--out", str(out)])
-    data = json.loads(out.read_text())
-    got = {(r["beam"], r["method"]) for r in data["results"]}
-    assert got == {
-        (1, "full"),
-        (1, "clustered/union"),
-        (1, "clustered/per-row"),
-        (2, "full"),
-        (2, "clustered/union"),
-        (2, "clustered/per-row"),
-        (2, "clustered/union/centroid"),
-        (2, "clustered/per-row/centroid"),
-    }
-    for r in data["results"]:
-        assert r["sentences"] == 4 and r["seconds_median"] > 0 and "nrefs:1" in r["bleu_signature"]
-        assert 0.0 <= r["search_error_rate"] <= 1.0
-        if r["method"] == "full":
-            assert (
-                r["search_error_rate"] == 0.0 and r["speedup_vs_full"] == 1.0 and r["active_fraction"] == 1.0
-            )
-        else:
-            assert 0.0 < r["active_fraction"] < 1.0

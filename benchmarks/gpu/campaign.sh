@@ -7,7 +7,7 @@
 # Steps: env | test | bench | bench-bf16 | static | ncu | e2e | e2e-demo | dump | train-N (N = 1, 2, ...) | pack
 # (pack runs here, on the CPU side: it only prints what a train/dump call must carry and its size).
 # Results and logs go to $OUT when set (keep it to at most 8 files per command, each under 16 MiB: each step
-# writes 1-5, listed in benchmarks/README.md), else to benchmarks/results/gpu-<step>/. --smoke runs every
+# writes 1-5, listed in benchmarks/gpu.md), else to benchmarks/results/gpu-<step>/. --smoke runs every
 # step at tiny sizes on the CPU (or the GPU when there is one) in about a minute each, to check the scripts
 # before GPU time is spent. Nothing here needs Ray, Faiss, MLflow or pydantic (the GPU image lacks them);
 # benchmarks/gpu/noextras marks them absent so a smoke run proves it. Record the commit with

@@ -1,5 +1,5 @@
 """Read the GPU campaign's results (the ``gpu-<step>.json`` files a campaign brings back) and print them as
-Markdown tables, each campaign goal marked met or missed: the tables that benchmarks/README.md's GPU section
+Markdown tables, each campaign goal marked met or missed: the tables that benchmarks/gpu.md
 reads out. Runs on the CPU side, on the files as they came back:
 
     python benchmarks/gpu/summarize.py DIR [DIR ...]     # folders holding gpu-*.json (searched recursively)

@@ -193,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     elif not (work / CHECKPOINT).exists():
         restore_from_parts(args.resume_from, work, args.n - 1, args.weights)
     if not corpus.is_dir():
-        raise SystemExit(f"no corpus at {corpus}: carry data/corpus/<pair>/ (see benchmarks/README.md)")
+        raise SystemExit(f"no corpus at {corpus}: carry data/corpus/<pair>/ (see docs/corpus.md)")
     model_dir = args.work / "model"
     cfg = TrainConfig(
         corpus=corpus,

@@ -1,0 +1,268 @@
+"""Render the results tables of the docs from the JSON records they cite.
+
+A table lives in a markdown file between marker comments::
+
+    <!-- table:peer-cpu -->
+    ...
+    <!-- /table:peer-cpu -->
+
+``python benchmarks/render_tables.py --write`` rewrites every such table in place from its records;
+``--check`` rewrites nothing and exits 1, naming each doc whose table differs from what the records give (a
+record edited, or a number in the doc edited by hand). ``tests/test_docs_tables.py`` runs the check. Each
+rendered table ends with a line naming the records it came from. Standard library only: no torch, no
+fastvocab import.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = "benchmarks/results"
+# The markdown files that may hold tables (relative to the root; folders are searched for *.md).
+DOC_PLACES = ("README.md", "docs", "benchmarks/README.md")
+MARKER = re.compile(r"<!-- table:([\w-]+) -->\n(.*?)<!-- /table:\1 -->", re.S)
+DIRECTIONS = ("en-it", "it-en")
+
+
+def _load(root: Path, name: str) -> dict:
+    return json.loads((root / RESULTS / name).read_text())
+
+
+def _sources(doc: Path, root: Path, names: list[str]) -> str:
+    """The line under a table that names its records, as links relative to the doc."""
+    links = []
+    for name in names:
+        rel = os.path.relpath(root / RESULTS / name, doc.parent)
+        links.append(f"[{name}]({Path(rel).as_posix()})")
+    return f"Rendered by `benchmarks/render_tables.py` from {', '.join(links)}.\n"
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.1f}%"
+
+
+def _row(cells: list[str]) -> str:
+    return "| " + " | ".join(cells) + " |\n"
+
+
+# --- README: full against clustered + shortlist, with CTranslate2 beside (bench_peer, worker processes) ---
+
+PEER = (
+    ("greedy, batch 1", "peer-cpu-2026-11-27-shortlist-b1-procs.json", "beam1"),
+    ("greedy, batch 32", "peer-cpu-2026-11-27-shortlist-b32-procs.json", "beam1"),
+    ("beam 4, batch 8", "peer-cpu-2026-11-27-shortlist-beam4-procs.json", "beam4"),
+)
+
+
+def render_peer(root: Path, doc: Path) -> str:
+    head = [
+        "search, batch",
+        "en-it lines",
+        "full fp32 s",
+        "clustered + shortlist s",
+        "clustered vs full",
+        "CTranslate2 float32 s",
+        "CTranslate2 int8 s",
+        "full fp32 vs CT2 float32",
+        "clustered vs CT2 float32 / int8",
+        "outputs changed",
+    ]
+    out = _row(head) + _row(["---"] + ["---:"] * (len(head) - 1))
+    for label, name, run in PEER:
+        rec = _load(root, name)
+        systems = rec["runs"][run]["systems"]
+        full, clu = systems["fastvocab full fp32"], systems["fastvocab clustered fp32"]
+        ct2f, ct2i = systems["ct2 float32"], systems["ct2 int8"]
+        out += _row(
+            [
+                label,
+                str(rec["n_lines"]),
+                f"{full['seconds_median']:.2f}",
+                f"{clu['seconds_median']:.2f}",
+                f"**{clu['speed_vs_full']:.2f}x**",
+                f"{ct2f['seconds_median']:.2f}",
+                f"{ct2i['seconds_median']:.2f}",
+                f"{full['speed_vs_ct2_float32']:.2f}x",
+                f"{clu['speed_vs_ct2_float32']:.2f}x / {clu['speed_vs_ct2_int8']:.2f}x",
+                _pct(clu["lines_changed_vs_fastvocab_full_fp32"]),
+            ]
+        )
+    return out + "\n" + _sources(doc, root, [name for _, name, _ in PEER])
+
+
+# --- docs/methods.md: every output-layer method on the whole test split (bench methods) ---
+
+GREEDY = "methods-cpu-2026-11-27-shipped-b1.json"
+BEAM4 = "methods-cpu-2026-11-27-shipped-b4.json"
+METHODS: tuple[tuple[str, tuple[str, str], tuple[str, str] | None], ...] = (
+    (
+        "clustered + shortlist, shipped maps and tables (K 1, 1 probe; k 20)",
+        (GREEDY, "clustered shortlist=models/demo-maps"),
+        ("methods-cpu-2026-11-27-hybrid-mass-b4.json", "clustered shortlist=models/demo-maps"),
+    ),
+    (
+        "clustered, maps K 3, 8 probes (no shortlist)",
+        (GREEDY, "clustered maps=runs/demo-maps-k3"),
+        (BEAM4, "clustered maps=runs/demo-maps-k3"),
+    ),
+    (
+        "shortlist k 50, frequent 2,000, batch scope",
+        (GREEDY, "shortlist k=50 frequent=2000 scope=batch"),
+        None,
+    ),
+    (
+        "shortlist k 10, frequent 4,000, batch scope",
+        (GREEDY, "shortlist k=10 frequent=4000 scope=batch"),
+        (BEAM4, "shortlist k=10 frequent=4000 scope=batch"),
+    ),
+    ("shortlist k 10, frequent 4,000, sentence scope", (GREEDY, "shortlist k=10 frequent=4000"), None),
+    (
+        "graph (FGD), K 10, `--ef-search 256`",
+        (GREEDY, "graph k=10 ef_search=256"),
+        (BEAM4, "graph k=10 ef_search=256"),
+    ),
+    ("lsh, k 4,000", ("methods-cpu-2026-11-27-test-b1.json", "lsh k=4000"), None),
+    (
+        "clustered + shortlist, `--exact`",
+        ("methods-cpu-2026-11-27-exact-b1.json", "clustered shortlist=models/demo-maps exact=True"),
+        ("methods-cpu-2026-11-27-exact-b4.json", "clustered shortlist=models/demo-maps exact=True"),
+    ),
+)
+
+
+def _results(root: Path, name: str, label: str) -> dict[str, dict]:
+    """A bench-methods record's result rows of one label, by direction."""
+    rows = {r["direction"]: r for r in _load(root, name)["results"] if r["label"] == label}
+    missing = [d for d in DIRECTIONS if d not in rows]
+    if missing:
+        raise KeyError(f"{name}: no {label!r} row for {', '.join(missing)}")
+    return rows
+
+
+def _pair(rows: dict[str, dict], fmt: Callable[[dict], str]) -> str:
+    return " / ".join(fmt(rows[d]) for d in DIRECTIONS)
+
+
+def _changed_errors(rows: dict[str, dict]) -> str:
+    changed = _pair(rows, lambda r: _pct(1 - r["identical"]))
+    return f"{changed}, {_pair(rows, lambda r: _pct(r['search_errors']))}"
+
+
+def _bleu_delta(r: dict) -> str:
+    delta = round(r["bleu"] - r["bleu_full"], 2)
+    return "0.00" if delta == 0 else f"{delta:+.2f}"
+
+
+def render_methods(root: Path, doc: Path) -> str:
+    head = [
+        "method, setting",
+        "greedy: speed vs full",
+        "greedy: changed / search errors",
+        "beam 4: speed vs full",
+        "beam 4: changed / search errors",
+        "BLEU vs full (greedy)",
+    ]
+    out = _row(head) + _row(["---"] + ["---:"] * (len(head) - 1))
+    names: list[str] = []
+    for label, greedy, beam in METHODS:
+        g = _results(root, *greedy)
+        cells = [
+            label,
+            _pair(g, lambda r: f"{r['speed_ratio']:.2f}x"),
+            _changed_errors(g),
+        ]
+        names.append(greedy[0])
+        if beam is None:
+            cells += ["", ""]
+        else:
+            b = _results(root, *beam)
+            cells += [
+                _pair(b, lambda r: f"{r['speed_ratio']:.2f}x"),
+                _changed_errors(b),
+            ]
+            names.append(beam[0])
+        cells.append(_pair(g, _bleu_delta))
+        out += _row(cells)
+    return out + "\n" + _sources(doc, root, sorted(set(names)))
+
+
+# --- docs/demo-model.md: the demo model's test BLEU per direction ---
+
+QUALITY = "demo-model-quality.json"
+LANGS = ("it", "fr", "de", "es", "pt")
+
+
+def render_demo_bleu(root: Path, doc: Path) -> str:
+    directions = _load(root, QUALITY)["directions"]
+    out = _row(["test BLEU / chrF", *LANGS]) + _row(["---"] + ["---:"] * len(LANGS))
+    for label, key in (("en -> xx", "en-{}"), ("xx -> en", "{}-en")):
+        cells = [label]
+        for lang in LANGS:
+            d = directions[key.format(lang)]
+            cells.append(f"{d['bleu']:.1f} / {d['chrf']:.1f}")
+        out += _row(cells)
+    return out + "\n" + _sources(doc, root, [QUALITY])
+
+
+TABLES: dict[str, Callable[[Path, Path], str]] = {
+    "peer-cpu": render_peer,
+    "methods-cpu": render_methods,
+    "demo-model-bleu": render_demo_bleu,
+}
+
+
+def docs(root: Path) -> list[Path]:
+    found: list[Path] = []
+    for place in DOC_PLACES:
+        path = root / place
+        found += sorted(path.rglob("*.md")) if path.is_dir() else [path] if path.is_file() else []
+    return found
+
+
+def render_doc(root: Path, doc: Path) -> str:
+    """The doc's text with every marked table rendered afresh."""
+
+    def sub(m: re.Match) -> str:
+        name = m.group(1)
+        if name not in TABLES:
+            raise SystemExit(f"{doc.relative_to(root)}: unknown table {name!r} (known: {', '.join(TABLES)})")
+        return f"<!-- table:{name} -->\n{TABLES[name](root, doc)}<!-- /table:{name} -->"
+
+    return MARKER.sub(sub, doc.read_text())
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    mode = parser.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--write", action="store_true", help="rewrite the tables in place")
+    mode.add_argument("--check", action="store_true", help="exit 1 naming each doc whose tables differ")
+    parser.add_argument("--root", type=Path, default=ROOT, help="repository root (default: this checkout)")
+    args = parser.parse_args(argv)
+    root = args.root.resolve()
+    differing = []
+    for doc in docs(root):
+        text = doc.read_text()
+        if "<!-- table:" not in text:
+            continue
+        rendered = render_doc(root, doc)
+        if rendered == text:
+            continue
+        if args.write:
+            doc.write_text(rendered)
+            print(f"rewrote {doc.relative_to(root)}")
+        else:
+            differing.append(str(doc.relative_to(root)))
+    for name in differing:
+        print(f"{name}: a table differs from its records (python benchmarks/render_tables.py --write)")
+    return 1 if differing else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
