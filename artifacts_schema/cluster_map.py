@@ -311,16 +311,41 @@ def map_dir_name(src_lang: str, tgt_lang: str, scope: str) -> str:
     raise ValueError(f"unknown map scope {scope!r}; valid: {', '.join(MAP_SCOPES)}")
 
 
+WORK_DIR_MAPS = "maps"  # where a pipeline work dir keeps its maps
+
+
 def resolve_map_dir(path: str | Path, src_lang: str, tgt_lang: str) -> Path:
-    """``path`` is a map folder, or a maps root holding ``<src>-<tgt>/`` or ``to-<tgt>/`` (tried in order)."""
+    """``path`` is a map folder, or a maps root holding ``<src>-<tgt>/`` or ``to-<tgt>/`` (tried in order:
+    a direction's own map first, else its target language's pooled map), or a pipeline work dir whose
+    ``maps/`` is such a root. A direction with neither is an ArtifactError naming the maps found there and
+    the command that builds one."""
     path = Path(path)
     if (path / MANIFEST_FILE).exists():
         return path
-    for scope in MAP_SCOPES:
-        candidate = path / map_dir_name(src_lang, tgt_lang, scope)
-        if (candidate / MANIFEST_FILE).exists():
-            return candidate
+    roots = [path, path / WORK_DIR_MAPS]
+    for root in roots:
+        for scope in MAP_SCOPES:
+            candidate = root / map_dir_name(src_lang, tgt_lang, scope)
+            if (candidate / MANIFEST_FILE).exists():
+                return candidate
+    found = available_maps(path)
+    have = f"it has maps for {', '.join(found)}" if found else "it holds no cluster map"
+    direction = f"{src_lang}-{tgt_lang}"
     raise ArtifactError(
-        f"no cluster map for {src_lang}-{tgt_lang} at {path} "
-        f"(looked for {MANIFEST_FILE} there and in {src_lang}-{tgt_lang}/ and to-{tgt_lang}/)"
+        f"no cluster map for {direction} at {path} (looked for {direction}/ and to-{tgt_lang}/ there and in "
+        f"{WORK_DIR_MAPS}/); {have}; build one with `fastvocab run CONFIG --set 'directions=[{direction}]'` "
+        "(configs/demo-maps.yaml: the demo model's shipped maps)"
     )
+
+
+def available_maps(path: str | Path) -> list[str]:
+    """The map folders (``en-it``, ``to-en``) directly under ``path`` or its ``maps/``, sorted."""
+    path = Path(path)
+    names = {
+        d.name
+        for root in (path, path / WORK_DIR_MAPS)
+        if root.is_dir()
+        for d in root.iterdir()
+        if (d / MANIFEST_FILE).is_file()
+    }
+    return sorted(names)

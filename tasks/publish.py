@@ -24,7 +24,7 @@ from fastvocab.artifacts_schema.jsonfile import read_json, write_json
 from fastvocab.artifacts_schema.tensor_folder import compress_tensor_file
 
 BUILD_FILE = "maps.json"
-BUILD_FORMAT = "fastvocab-published-maps/1"
+BUILD_FORMAT = "fastvocab-published-maps/2"  # /1 kept one record for all its maps
 
 
 def _current(path: Path) -> MapManifest | None:
@@ -52,7 +52,12 @@ def map_summary(mf: MapManifest) -> dict[str, Any]:
 def publish_maps(maps_root: Path, names: list[str], out: Path, record: dict[str, Any]) -> list[str]:
     """Copy the maps ``names`` of ``maps_root`` into ``out`` (each atomically, unless its tensors and
     manifest are there already) and write ``out/maps.json`` from ``record`` when a map changed; returns the
-    names copied."""
+    names copied.
+
+    Directions are often built by separate runs (text and budgets differ by direction), so the record is
+    kept per map: each entry holds its own ``build`` (command, commit, settings, its directions' sources),
+    and the entries of maps published earlier for the same model are kept beside the new ones.
+    """
     out = Path(out)
     copied: list[str] = []
     summaries: dict[str, Any] = {}
@@ -64,10 +69,43 @@ def publish_maps(maps_root: Path, names: list[str], out: Path, record: dict[str,
                 shutil.copytree(maps_root / name, tmp)
                 compress_tensor_file(tmp, TENSORS_FILE)  # shipped: carried by every clone
             copied.append(name)
-        summaries[name] = map_summary(src)
-    if copied or read_json(out / BUILD_FILE) is None:
+        summaries[name] = map_summary(src) | {"build": _build_of(record, src.extra.get("directions", [name]))}
+    old = read_json(out / BUILD_FILE)
+    if copied or old is None:
+        kept = _earlier_entries(old, record, out, set(names))
         write_json(
             out / BUILD_FILE,
-            {"format": BUILD_FORMAT, "fastvocab_version": __version__, **record, "maps": summaries},
+            {
+                "format": BUILD_FORMAT,
+                "fastvocab_version": __version__,
+                **record,
+                "maps": dict(sorted((kept | summaries).items())),
+            },
         )
     return copied
+
+
+def _build_of(record: dict[str, Any], directions: list[str]) -> dict[str, Any]:
+    """How one map was built: the run's command, commit and settings, and the sources of its directions."""
+    build = {k: record[k] for k in ("command", "commit", "settings") if k in record}
+    sources = record.get("sources")
+    if isinstance(sources, dict):
+        build["sources"] = {d: sources[d] for d in directions if d in sources}
+    return build
+
+
+def _earlier_entries(
+    old: dict[str, Any] | None, record: dict[str, Any], out: Path, names: set[str]
+) -> dict[str, Any]:
+    """The entries of ``old`` for maps still published in ``out`` for the same model (an entry of the first
+    format, which kept one record for all its maps, gets that record as its ``build``)."""
+    if not old or old.get("model_fingerprint") != record.get("model_fingerprint"):
+        return {}
+    kept = {}
+    for name, entry in (old.get("maps") or {}).items():
+        if name in names or not (out / name).is_dir():
+            continue
+        if "build" not in entry:
+            entry = entry | {"build": _build_of(old, entry.get("directions", [name]))}
+        kept[name] = entry
+    return kept

@@ -109,3 +109,59 @@ def test_shipped_maps_of_another_model_are_refused_with_the_fingerprint_error(st
     ) as err:
         _method_plan(ctx, "en-it", "clustered", "clustered-shipped", tmp_path / "other")
     assert "\n" not in str(err.value)
+
+
+def test_maps_published_by_separate_runs_keep_their_own_records(tmp_path):
+    """Directions built by different runs (other text, other settings) share one shipped folder."""
+    w, b = random_layer(n_vocab=50, d=8, seed=0)
+    runs = {}
+    for run, name in (("a", "en-it"), ("b", "en-de")):
+        cmap = random_map(w, b, r=3, size=5, seed=0)
+        cmap.manifest.direction = name
+        save_cluster_map(cmap, tmp_path / run / name)
+        runs[run] = {
+            "model_fingerprint": cmap.manifest.model_fingerprint,
+            "command": f"fastvocab run {run}.yaml",
+            "commit": run,
+            "sources": {name: {"rows": len(run)}},
+        }
+    out = tmp_path / "shipped"
+    assert publish_maps(tmp_path / "a", ["en-it"], out, runs["a"]) == ["en-it"]
+    assert publish_maps(tmp_path / "b", ["en-de"], out, runs["b"]) == ["en-de"]
+    built = json.loads((out / BUILD_FILE).read_text())
+    assert set(built["maps"]) == {"en-it", "en-de"}
+    assert built["maps"]["en-it"]["build"]["command"] == "fastvocab run a.yaml"
+    assert built["maps"]["en-de"]["build"]["command"] == "fastvocab run b.yaml"
+    assert built["maps"]["en-de"]["build"]["sources"] == {"en-de": {"rows": 1}}
+    # another model's record does not carry the earlier entries over
+    other = runs["b"] | {"model_fingerprint": "sha256:other"}
+    (out / "en-de" / "manifest.json").unlink()  # force a copy
+    publish_maps(tmp_path / "b", ["en-de"], out, other)
+    assert set(json.loads((out / BUILD_FILE).read_text())["maps"]) == {"en-de"}
+
+
+def test_no_map_error_names_the_maps_there_and_the_build_command(tmp_path):
+    from fastvocab.artifacts_schema.cluster_map import resolve_map_dir
+
+    maps = _maps(tmp_path / "work" / "maps")
+    # a work dir is accepted as well as its maps/ folder
+    assert resolve_map_dir(tmp_path / "work", "en", "it") == maps / "en-it"
+    with pytest.raises(ArtifactError) as exc:
+        resolve_map_dir(tmp_path / "work", "en", "de")
+    msg = str(exc.value)
+    assert "\n" not in msg and "no cluster map for en-de" in msg
+    assert "it has maps for en-it, it-en" in msg and "--set 'directions=[en-de]'" in msg
+
+
+def test_a_direction_without_its_own_map_takes_its_targets_pooled_map(tmp_path):
+    from fastvocab.artifacts_schema.cluster_map import resolve_map_dir
+
+    w, b = random_layer(n_vocab=50, d=8, seed=0)
+    for name in ("de-en", "to-en"):
+        cmap = random_map(w, b, r=3, size=5, seed=0)
+        cmap.manifest.direction = name
+        save_cluster_map(cmap, tmp_path / name)
+    assert resolve_map_dir(tmp_path, "es", "en") == tmp_path / "to-en"  # no es-en: the pooled map
+    assert resolve_map_dir(tmp_path, "de", "en") == tmp_path / "de-en"  # its own map first
+    with pytest.raises(ArtifactError, match="it has maps for de-en, to-en"):
+        resolve_map_dir(tmp_path, "en", "es")

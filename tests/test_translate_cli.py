@@ -547,8 +547,11 @@ def test_cli_clustered_refuses_foreign_or_missing_map(model_dir, adapter, tmp_pa
     assert rc == 2 and "was built for model sha256:other" in err and not out.exists()
     rc, _, err = _cli(capsys, *_translate_args(model_dir, inp, out, "--method", "clustered"))
     assert rc == 2 and "needs --clusters" in err and not out.exists()
+    # a folder without maps (tmp_path itself counts as a work dir: its maps/ holds the foreign map)
+    (tmp_path / "empty").mkdir()
     rc, _, err = _cli(
-        capsys, *_translate_args(model_dir, inp, out, "--method", "clustered", "--clusters", str(tmp_path))
+        capsys,
+        *_translate_args(model_dir, inp, out, "--method", "clustered", "--clusters", str(tmp_path / "empty")),
     )
     assert rc == 2 and "no cluster map for en-it" in err and not out.exists()
 
