@@ -109,3 +109,32 @@ def _earlier_entries(
             entry = entry | {"build": _build_of(old, entry.get("directions", [name]))}
         kept[name] = entry
     return kept
+
+
+def record_choices(out: Path, choices: dict[str, dict[str, Any]]) -> list[str]:
+    """Record in ``out/maps.json`` which published map serves each direction and why (``serves``), and
+    withdraw from ``out`` the candidates that lost: a direction's own map where its target's pooled map
+    won (decoding then falls back to the pooled one), and a pooled map that no direction chose. Returns
+    the folders removed."""
+    out = Path(out)
+    record = read_json(out / BUILD_FILE)
+    if record is None:
+        raise ArtifactError(f"no published maps at {out} ({BUILD_FILE} missing): publish them first")
+    chosen = {c["map"] for c in choices.values()}
+    losers = {name for c in choices.values() for name in c["measured"] if name not in chosen}
+    for name in chosen:
+        if not (out / name).is_dir():
+            raise ArtifactError(
+                f"{out / name} is not published: publish the map that won before recording it"
+            )
+    removed = []
+    for name in sorted(losers):
+        if (out / name).is_dir():
+            shutil.rmtree(out / name)
+            removed.append(name)
+    serves = dict(record.get("serves") or {})
+    serves.update({d: {k: c[k] for k in ("map", "why", "split", "measured")} for d, c in choices.items()})
+    record["serves"] = dict(sorted(serves.items()))
+    record["maps"] = {n: e for n, e in (record.get("maps") or {}).items() if n not in removed}
+    write_json(out / BUILD_FILE, record)
+    return removed

@@ -70,6 +70,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     sub = p.add_subparsers(dest="bench", metavar="BENCHMARK", required=True)
     add_fidelity_arguments(add_subcommand(sub, "fidelity", FIDELITY_HELP, FIDELITY_DESCRIPTION))
     add_methods_arguments(add_subcommand(sub, "methods", METHODS_HELP, METHODS_DESCRIPTION))
+    add_scope_arguments(add_subcommand(sub, "scope", SCOPE_HELP, SCOPE_DESCRIPTION))
 
 
 def fidelity_parser(description: str) -> argparse.ArgumentParser:
@@ -268,6 +269,8 @@ def run(args: argparse.Namespace) -> int:
         return run_fidelity_command(args, command_line(args, "bench", "fidelity", skip=("bench",)))
     if args.bench == "methods":
         return run_methods_command(args, command_line(args, "bench", "methods", skip=("bench",)))
+    if args.bench == "scope":
+        return run_scope_command(args, command_line(args, "bench", "scope", skip=("bench",)))
     raise UserError(f"unknown benchmark {args.bench!r}")
 
 
@@ -457,3 +460,80 @@ def _log_methods_to_mlflow(tracker, record: dict, out: Path, png: Path) -> None:
     tracker.client.log_artifact(tracker.parent_id, str(png))
     tracker.end()
     print(f"MLflow: run {tracker.parent_id} in {tracker.uri}", file=sys.stderr)
+
+
+# --------------------------------------------------------------------------------------------- bench scope
+
+SCOPE_HELP = "choose per direction between its own map and its target's pooled map, by measurement on dev"
+
+SCOPE_DESCRIPTION = """\
+For each direction, decode the first --sentences sentences of --split (dev: text the maps never saw) with
+each map that can serve it under --maps (its own <src>-<tgt>, its target's pooled to-<tgt>), the same search
+for both, and choose the one with fewer search errors against full softmax (within one sentence of each
+other: the one that computes fewer columns a row). Writes the JSON record to --output; with --publish DIR
+(the published maps, e.g. models/demo-maps) also records each choice and why in DIR/maps.json (serves) and
+withdraws the maps that lost from DIR, so decoding there takes the winner (a direction without its own
+map falls back to its target's pooled map).
+"""
+
+
+def add_scope_arguments(p: argparse.ArgumentParser) -> None:
+    add_fidelity_arguments(p)
+    p.set_defaults(split="dev", methods="clustered", beams="1", batches="32", sentences=300)
+    p.add_argument(
+        "--publish",
+        type=Path,
+        metavar="DIR",
+        help="published maps to record the choices in and withdraw the losers from (default: none)",
+    )
+
+
+def run_scope_command(args: argparse.Namespace, command: str) -> int:
+    import torch
+
+    from fastvocab.experiments.fidelity import FidelitySettings, fidelity_record
+    from fastvocab.experiments.scope_choice import choose_maps
+
+    settings = _settings(
+        FidelitySettings,
+        args,
+        beams=int_list(args.beams, "--beams") or (1,),
+        batches=int_list(args.batches, "--batches") or (32,),
+        methods=tuple(m for m in args.methods.split(",") if m),
+        selection=args.selection,
+        probes=args.probes,
+    )
+    directions = [d for d in args.directions.split(",") if d]
+    shortlists = _fidelity_shortlists(args, settings.methods, directions)
+    out = args.output or Path(f"scope-{dt.date.today().isoformat()}.json")
+    adapter, load_before, t0 = load_model(args)
+    try:
+        choices = choose_maps(adapter, args.corpus, args.maps, directions, settings, shortlists)
+    except ValueError as exc:
+        raise UserError(str(exc)) from exc
+    record = fidelity_record(
+        [row for c in choices.values() for row in c.pop("rows")],
+        command=command,
+        adapter=adapter,
+        settings=settings,
+        model=str(args.model),
+        maps=str(args.maps),
+        directions=directions,
+        device=args.device,
+        threads=torch.get_num_threads(),
+        seconds=time.perf_counter() - t0,
+        load_before=load_before,
+        extra_meta={"shortlists": {d: str(p) for d, p in shortlists.items()}},
+    )
+    record["benchmark"] = "scope"
+    record["choices"] = choices
+    _write_record(out, record)
+    for d, c in choices.items():
+        print(f"{d}: {c['map']} ({c['why']})")
+    if args.publish is not None:
+        from fastvocab.tasks.publish import record_choices
+
+        removed = record_choices(args.publish, choices)
+        print(f"recorded in {args.publish}; withdrawn: {', '.join(removed) or 'none'}", file=sys.stderr)
+    print(f"wrote {out}", file=sys.stderr)
+    return 0
