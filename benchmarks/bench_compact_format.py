@@ -46,6 +46,8 @@ def artifact_bytes(root: Path, direction: str) -> dict[str, dict]:
             "schema_version": manifest["schema_version"],
             "tensors": stored_sizes(stored),
         }
+        for name, entry in (manifest.get("encoding") or {}).get("tensors", {}).items():
+            out[kind]["tensors"][name]["encoding"] = entry
     return out
 
 
@@ -107,6 +109,7 @@ def main() -> None:
             kind: {"old": rec["old"][kind]["bytes"], "compact": rec["compact"][kind]["bytes"]}
             for kind in ARTIFACTS
         }
+        rec["bytes"]["total"] = {f: sum(rec["bytes"][k][f] for k in ARTIFACTS) for f in ("old", "compact")}
         print(f"{direction}: {same}/{len(sources)} identical; bytes {rec['bytes']}")
         result["directions"][direction] = rec
     write_result(args.out, result)
