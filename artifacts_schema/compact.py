@@ -64,7 +64,7 @@ def _undo_gaps(gaps: np.ndarray, indptr: np.ndarray | None) -> np.ndarray:
     starts = _row_starts(indptr)
     before = np.zeros(len(starts), dtype=np.int64)
     before[1:] = total[starts[1:] - 1]
-    sizes = np.diff(np.asarray(indptr, dtype=np.int64))
+    sizes: np.ndarray = np.diff(np.asarray(indptr, dtype=np.int64))
     return total - np.repeat(before, sizes[sizes > 0])
 
 

@@ -76,7 +76,7 @@ class MethodIndex:
 
 def _compact_options(method: str, n_vocab: int) -> dict[str, dict[str, object]]:
     """Each array's :func:`compact.encode_tensor` keywords for ``method`` (none: stored as it is)."""
-    ids = {"int_bound": n_vocab}
+    ids: dict[str, object] = {"int_bound": n_vocab}
     if method == "shortlist":
         return {
             "indptr": {"int_bound": n_vocab + 1, "delta": "all"},
