@@ -66,6 +66,7 @@ def translate(root: Path, src: str, tgt: str, inp: Path, out: Path, threads: int
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--old", type=Path, required=True, help="the maps folder in the plain form")
+    ap.add_argument("--old-label", help="how the record names --old (default: its path), e.g. its commit")
     ap.add_argument("--new", type=Path, default=Path("models/demo-maps"), help="the same in the compact form")
     ap.add_argument("--corpus", type=Path, default=Path("data/corpus"))
     ap.add_argument("--directions", nargs="+", default=["en-it", "it-en"])
@@ -99,7 +100,7 @@ def main() -> None:
             seconds = translate(root, src, tgt, inp, out, args.threads, args.beam)
             outputs[form] = out.read_text().splitlines()
             rec[form] = {
-                "folder": str(root),
+                "folder": args.old_label if form == "old" and args.old_label else str(root),
                 "translate_seconds": round(seconds, 1),
                 **artifact_bytes(root, direction),
             }
