@@ -33,10 +33,23 @@ Probes (version 5): ``probes``, how many nearest clusters' sets each row adds to
 the decoder is not told otherwise (``maps.probes``; the clustered projection's ``probes``): the map's builder
 measured its fidelity at that setting, as an inverted-file index keeps its ``nprobe``. A version-3 or -4
 map reads as 1, the nearest cluster only (Amer et al.'s method).
+
+Encoding (version 6): ``encoding``, empty for the layout above; a shipped map (:func:`save_cluster_map` with
+``compact``) stores its tensors compact (``artifacts_schema/compact.py``): centroids and the normaliser's
+``grad`` and ``curv`` (the upper triangles of symmetric matrices) in float16, the squared norms in float32
+computed from those float16 centroids (so the assignment ranks clusters by the centroids it reads), set
+sizes for ``indptr``, each set's ids as its first id and the gaps (uint16 for a vocabulary of at most 65,536
+ids), and ``population`` [r], each cluster's member predictions, instead of ``counts``: decoding reads only
+those sums (which clusters to cache first), and they cost r numbers where counts cost nnz. Loaded, a compact
+map has the arrays of a plain one, float32 and int32/int64; its ``counts`` carry each cluster's population on
+the cluster's first id, so ``min_count`` pruning, which needs every id's count, refuses it. ``encoding`` also
+records ``plain_digest``, the digest of the plain map it was encoded from, so a publish can tell it is
+unchanged.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,6 +57,8 @@ from pathlib import Path
 import numpy as np
 
 from fastvocab import __version__
+from fastvocab.artifacts_schema.compact import decode_tensors, encode_tensors
+from fastvocab.artifacts_schema.digest import digest
 from fastvocab.artifacts_schema.errors import ArtifactError
 from fastvocab.artifacts_schema.tensor_folder import MANIFEST_FILE as MANIFEST_FILE
 from fastvocab.artifacts_schema.tensor_folder import read_manifest, read_tensors, write_tensor_folder
@@ -53,14 +68,17 @@ from fastvocab.artifacts_schema.tensor_folder import read_manifest, read_tensors
 # ``normaliser``).
 # Version 4: the manifest records what the map covers (``beams``, ``beam_states``); tensors as version 3.
 # Version 5: the manifest's ``probes``, the decoding default (a version-4 reader would ignore it).
-MAP_SCHEMA_VERSION = 5
+# Version 6: the manifest's ``encoding``; a compact map stores other tensors (module docstring).
+MAP_SCHEMA_VERSION = 6
 # oldest first: a version-3 map serves, its beams unknown; a version-3 or -4 map probes 1 cluster
-READABLE_MAP_VERSIONS = (3, 4, MAP_SCHEMA_VERSION)
+READABLE_MAP_VERSIONS = (3, 4, 5, MAP_SCHEMA_VERSION)
 MAP_SCOPES = ("direction", "target")  # source+target known / target-only (Amer et al. Sec. 2.2)
 TARGET_PREFIX = "to-"  # a target-scope map's folder and manifest direction: "to-it"
 LEGACY_TARGET_PREFIX = "*-"  # how earlier maps' manifests spelled it ("*-it"), still read
 REBUILD_HINT = "rebuild it with `fastvocab run CONFIG --stages kmeans,maps`"
 TENSORS_FILE = "map.safetensors"
+COMPACT_FORMAT = "compact/1"  # a compact map's encoding["format"] (module docstring)
+POPULATION = "population"  # encoding["counts"]: a compact map stores each cluster's population
 
 
 @dataclass
@@ -88,6 +106,9 @@ class MapManifest:
     # how many nearest clusters' sets each row adds to a union batch's columns unless the decoder is told
     # otherwise (1: the nearest only, and every map before version 5)
     probes: int = 1
+    # how the tensors are stored: empty for the plain layout; a compact map's {"format", "tensors" (each
+    # tensor's entry, compact.py), "counts": "population", "plain_digest"}
+    encoding: dict[str, object] = field(default_factory=dict)
     schema_version: int = MAP_SCHEMA_VERSION
     fastvocab_version: str = __version__
     created: str = field(default_factory=lambda: time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
@@ -139,6 +160,17 @@ class ClusterMap:
     def active_ids(self, cluster: int) -> np.ndarray:
         return self.indices[self.indptr[cluster] : self.indptr[cluster + 1]]
 
+    @property
+    def counts_per_id(self) -> bool:
+        """Whether ``counts`` holds every id's count (False for a compact map: each cluster's population on
+        its first id)."""
+        return self.manifest.encoding.get("counts") != POPULATION
+
+    def population(self) -> np.ndarray:
+        """(r,) int64, each cluster's member predictions (the sum of its counts)."""
+        cum = np.concatenate([[0], np.cumsum(np.asarray(self.counts, dtype=np.int64))])
+        return np.diff(cum[self.indptr])
+
     def active_fractions(self) -> np.ndarray:
         return np.diff(self.indptr).astype(np.float64) / self.manifest.n_vocab
 
@@ -146,7 +178,15 @@ class ClusterMap:
         """Drop (cluster, id) pairs predicted fewer than ``min_count`` times.
 
         The normaliser describes the unpruned sets: a pruned map has none (it is computed at load time).
+        A compact map keeps no per-id counts: pruning it is an ArtifactError.
         """
+        if min_count <= 1:
+            return self
+        if not self.counts_per_id:
+            raise ArtifactError(
+                f"cluster map {self.manifest.direction} is stored compact, with each cluster's population "
+                f"and no per-id counts: min_count {min_count} pruning needs the map as built ({REBUILD_HINT})"
+            )
         keep = self.counts >= min_count
         if keep.all():
             return self
@@ -204,13 +244,7 @@ def validate(cmap: ClusterMap, where: str = "cluster map") -> None:
         raise ArtifactError(f"invalid {where}: " + "; ".join(problems))
 
 
-def save_cluster_map(cmap: ClusterMap, map_dir: str | Path) -> Path:
-    """Write the map folder atomically (tensors + manifest appear together or not at all).
-
-    The manifest records the digest of the tensors file, so readers can check it without rehashing anything
-    else and provenance records can name the map by it.
-    """
-    validate(cmap)
+def _plain_tensors(cmap: ClusterMap) -> dict[str, np.ndarray]:
     tensors: dict[str, np.ndarray] = {
         "centroids": np.ascontiguousarray(cmap.centroids, dtype=np.float32),
         "centroid_sq_norms": np.ascontiguousarray(cmap.centroid_sq_norms, dtype=np.float32),
@@ -223,7 +257,77 @@ def save_cluster_map(cmap: ClusterMap, map_dir: str | Path) -> Path:
             tensors[f"normaliser_{name}"] = np.ascontiguousarray(
                 getattr(cmap.normaliser, name), dtype=np.float32
             )
-    return write_tensor_folder(map_dir, TENSORS_FILE, tensors, cmap.manifest)
+    return tensors
+
+
+def _sq_norms(centroids: np.ndarray) -> np.ndarray:
+    # the maps builder's formula (tasks/maps.centroid_sq_norms), on the centroids as stored
+    c = np.asarray(centroids, dtype=np.float32)
+    return np.einsum("rd,rd->r", c, c, dtype=np.float32)
+
+
+def _compact_tensors(cmap: ClusterMap) -> tuple[dict[str, np.ndarray], dict[str, object]]:
+    """A map's compact tensors and its manifest's ``encoding`` (module docstring)."""
+    from safetensors.numpy import save
+
+    n = cmap.manifest.n_vocab
+    if cmap.counts_per_id:
+        plain_digest = digest(save(_plain_tensors(cmap)))
+    else:  # re-encoding a compact map: it came from the plain map its encoding names
+        plain_digest = str(cmap.manifest.encoding.get("plain_digest", ""))
+    centroids = np.asarray(cmap.centroids, dtype=np.float32).astype(np.float16)
+    if not np.isfinite(centroids).all():
+        centroids = np.asarray(cmap.centroids, dtype=np.float32)
+    tensors: dict[str, np.ndarray] = {
+        "centroids": centroids,
+        "centroid_sq_norms": _sq_norms(centroids),
+        "indptr": np.asarray(cmap.indptr, dtype=np.int64),
+        "indices": np.asarray(cmap.indices, dtype=np.int32),
+        "population": cmap.population(),
+    }
+    options: dict[str, dict[str, object]] = {
+        "centroids": {"float16": True},  # float16 already: stored as it is, decoded to float32
+        "centroid_sq_norms": {},
+        "indptr": {"int_bound": n + 1, "delta": "all"},
+        "indices": {"int_bound": n, "delta": "indptr"},
+        "population": {"int_bound": 1 << 62},
+    }
+    if cmap.normaliser is not None:
+        for name in NORMALISER_FIELDS:
+            tensors[f"normaliser_{name}"] = np.asarray(getattr(cmap.normaliser, name), dtype=np.float32)
+        # lse, resid and the basis are small and shift every row's estimate: kept float32
+        options["normaliser_grad"] = {"float16": True}
+        options["normaliser_curv"] = {"float16": True, "symmetric": True}
+    stored, entries = encode_tensors(tensors, options)
+    # stored as float16 but read as float32 (the squared norms were computed from them)
+    entries["centroids"]["dtype"] = "float32"
+    encoding: dict[str, object] = {
+        "format": COMPACT_FORMAT,
+        "tensors": entries,
+        "counts": POPULATION,
+        "plain_digest": plain_digest,
+    }
+    return stored, encoding
+
+
+def save_cluster_map(cmap: ClusterMap, map_dir: str | Path, *, compact: bool = False) -> Path:
+    """Write the map folder atomically (tensors + manifest appear together or not at all).
+
+    The manifest records the digest of the tensors file, so readers can check it without rehashing anything
+    else and provenance records can name the map by it. ``compact``: the shipped form (module docstring),
+    zstd-compressed; loaded, it gives a plain map's arrays, floats within float16 rounding.
+    """
+    validate(cmap)
+    if not compact:
+        if not cmap.counts_per_id:
+            raise ArtifactError(
+                f"cluster map {cmap.manifest.direction} holds no per-id counts (a compact map): "
+                "save it compact"
+            )
+        return write_tensor_folder(map_dir, TENSORS_FILE, _plain_tensors(cmap), cmap.manifest)
+    manifest = dataclasses.replace(cmap.manifest, schema_version=MAP_SCHEMA_VERSION)
+    tensors, manifest.encoding = _compact_tensors(cmap)
+    return write_tensor_folder(map_dir, TENSORS_FILE, tensors, manifest, compress=True)
 
 
 def load_manifest(map_dir: str | Path) -> MapManifest:
@@ -252,6 +356,8 @@ def load_cluster_map(map_dir: str | Path, expect_fingerprint: str | None = None)
         manifest = load_manifest(map_dir)
     t = read_tensors(map_dir, TENSORS_FILE, manifest.tensors_digest, "cluster map")
     try:
+        if manifest.encoding:
+            t = _decode_compact(t, manifest)
         normaliser = None
         if manifest.normaliser:
             normaliser = Normaliser(**{name: t[f"normaliser_{name}"] for name in NORMALISER_FIELDS})
@@ -266,8 +372,31 @@ def load_cluster_map(map_dir: str | Path, expect_fingerprint: str | None = None)
         )
     except KeyError as exc:
         raise ArtifactError(f"cluster map {map_dir} lacks tensor {exc}") from exc
+    except (ValueError, TypeError) as exc:
+        raise ArtifactError(f"corrupt cluster map {map_dir}: its tensors do not decode ({exc})") from exc
     validate(cmap, f"cluster map {map_dir}")
     return cmap
+
+
+def _decode_compact(stored: dict[str, np.ndarray], manifest: MapManifest) -> dict[str, np.ndarray]:
+    """A compact map's stored tensors decoded to the plain layout's arrays."""
+    enc = manifest.encoding
+    if enc.get("format") != COMPACT_FORMAT or enc.get("counts") != POPULATION:
+        raise ValueError(f"unknown encoding {enc.get('format')!r}")
+    entries = enc["tensors"]
+    if not isinstance(entries, dict):
+        raise ValueError("encoding.tensors is not a mapping")
+    t = decode_tensors(stored, entries)
+    t["indices"] = t["indices"].astype(np.int32)
+    population = t.pop("population")
+    sizes = np.diff(t["indptr"])
+    if population.shape != sizes.shape:
+        raise ValueError(f"population shape {population.shape} for {len(sizes)} clusters")
+    # each cluster's population on its first id: sums per cluster are what decoding reads
+    counts = np.zeros(len(t["indices"]), dtype=np.int32 if population.max(initial=0) < 2**31 else np.int64)
+    counts[t["indptr"][:-1][sizes > 0]] = population[sizes > 0]
+    t["counts"] = counts
+    return t
 
 
 def beams_rebuild_hint(beams: list[int] | tuple[int, ...]) -> str:

@@ -11,10 +11,18 @@ One folder per artifact::
 for one that depends on the output layer only (LSH codes, a graph over W), which serves every direction.
 Loading checks the schema version, the method, the tensors' digest and, when given, the model fingerprint
 and the direction, so an artifact is never used for a model or direction it was not built for.
+
+Encoding (version 2): ``encoding``, empty for arrays stored as they are; a shipped artifact
+(:func:`save_method_index` with ``compact``) is stored zstd-compressed and, for a method listed in
+:data:`COMPACT_ARRAYS`, its arrays compact (``artifacts_schema/compact.py``): a shortlist's ids as uint16
+(vocabularies of at most 65,536 ids; each row keeps its order, most probable first), ``indptr`` as row
+lengths, ``probs`` in float16 (read only to drop entries below ``min_prob``, whose cut moves by at most that
+rounding). Loaded, it has the plain artifact's arrays and dtypes.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -23,11 +31,16 @@ from pathlib import Path
 import numpy as np
 
 from fastvocab import __version__
+from fastvocab.artifacts_schema.compact import decode_tensors, encode_tensors
+from fastvocab.artifacts_schema.digest import digest
 from fastvocab.artifacts_schema.errors import ArtifactError
 from fastvocab.artifacts_schema.tensor_folder import MANIFEST_FILE as MANIFEST_FILE
 from fastvocab.artifacts_schema.tensor_folder import read_manifest, read_tensors, write_tensor_folder
 
-INDEX_SCHEMA_VERSION = 1
+# Version 2: the manifest's ``encoding`` (module docstring).
+INDEX_SCHEMA_VERSION = 2
+READABLE_INDEX_VERSIONS = (1, INDEX_SCHEMA_VERSION)
+COMPACT_FORMAT = "compact/1"
 ANY_DIRECTION = "*"
 TENSORS_FILE = "index.safetensors"
 
@@ -43,6 +56,9 @@ class IndexManifest:
     build_seconds: float = 0.0
     extra: dict[str, object] = field(default_factory=dict)  # statistics worth reading (sizes, coverage)
     tensors_digest: str = ""  # digest of index.safetensors, set when saved
+    # how the arrays are stored: empty when as they are; a compact artifact's {"format", "tensors" (each
+    # array's entry, compact.py), "plain_digest" (the digest of the plain artifact it was encoded from)}
+    encoding: dict[str, object] = field(default_factory=dict)
     schema_version: int = INDEX_SCHEMA_VERSION
     fastvocab_version: str = __version__
     created: str = field(default_factory=lambda: time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
@@ -58,18 +74,45 @@ class MethodIndex:
         return sum(int(a.nbytes) for a in self.tensors.values())
 
 
-def save_method_index(index: MethodIndex, out_dir: str | Path) -> Path:
-    """Write the folder atomically (tensors and manifest appear together or not at all)."""
+def _compact_options(method: str, n_vocab: int) -> dict[str, dict[str, object]]:
+    """Each array's :func:`compact.encode_tensor` keywords for ``method`` (none: stored as it is)."""
+    ids: dict[str, object] = {"int_bound": n_vocab}
+    if method == "shortlist":
+        return {
+            "indptr": {"int_bound": n_vocab + 1, "delta": "all"},
+            "indices": ids,
+            "frequent": ids,
+            "always_active": ids,
+            "probs": {"float16": True},
+        }
+    return {}
+
+
+# the methods whose arrays a compact artifact encodes; any other is compressed only
+COMPACT_ARRAYS = ("shortlist",)
+
+
+def save_method_index(index: MethodIndex, out_dir: str | Path, *, compact: bool = False) -> Path:
+    """Write the folder atomically (tensors and manifest appear together or not at all); ``compact``: the
+    shipped form (module docstring)."""
     if not index.tensors:
         raise ValueError(f"a {index.manifest.method} index needs at least one array")
-    return write_tensor_folder(
-        out_dir, TENSORS_FILE, {n: np.ascontiguousarray(a) for n, a in index.tensors.items()}, index.manifest
-    )
+    plain = {n: np.ascontiguousarray(a) for n, a in index.tensors.items()}
+    if not compact:
+        return write_tensor_folder(out_dir, TENSORS_FILE, plain, index.manifest)
+    from safetensors.numpy import save
+
+    m = index.manifest
+    manifest = dataclasses.replace(m, schema_version=INDEX_SCHEMA_VERSION)
+    plain_digest = str(m.encoding.get("plain_digest", "")) if m.encoding else digest(save(plain))
+    stored, entries = encode_tensors(plain, _compact_options(m.method, m.n_vocab))
+    manifest.encoding = {"format": COMPACT_FORMAT, "tensors": entries, "plain_digest": plain_digest}
+    return write_tensor_folder(out_dir, TENSORS_FILE, stored, manifest, compress=True)
 
 
 def load_index_manifest(index_dir: str | Path) -> IndexManifest:
     """An artifact's manifest; ArtifactError for a missing, corrupt or other-version one."""
-    return read_manifest(index_dir, "method index", IndexManifest, INDEX_SCHEMA_VERSION, "rebuild it")
+    return read_manifest(index_dir, "method index", IndexManifest, READABLE_INDEX_VERSIONS, "rebuild it")
 
 
 def _check_manifest(
@@ -111,8 +154,21 @@ def load_method_index(
     m = load_index_manifest(index_dir)
     _check_manifest(m, method, str(index_dir), expect_fingerprint, direction)
     tensors = read_tensors(index_dir, TENSORS_FILE, m.tensors_digest, f"{method} index")
+    if m.encoding:
+        tensors = _decode(tensors, m, index_dir)
     _check_arrays(tensors, required, method, str(index_dir))
     return MethodIndex(m, tensors)
+
+
+def _decode(stored: dict[str, np.ndarray], m: IndexManifest, where: Path) -> dict[str, np.ndarray]:
+    """A compact artifact's arrays as the plain artifact holds them."""
+    entries = m.encoding.get("tensors")
+    try:
+        if m.encoding.get("format") != COMPACT_FORMAT or not isinstance(entries, dict):
+            raise ValueError(f"unknown encoding {m.encoding.get('format')!r}")
+        return decode_tensors(stored, entries)
+    except (KeyError, ValueError, TypeError) as exc:
+        raise ArtifactError(f"corrupt {m.method} index {where}: its arrays do not decode ({exc})") from exc
 
 
 def method_index_for(

@@ -25,10 +25,16 @@ M = TypeVar("M")
 
 
 def write_tensor_folder(
-    folder: str | Path, tensors_file: str, tensors: dict[str, np.ndarray], manifest: Any
+    folder: str | Path,
+    tensors_file: str,
+    tensors: dict[str, np.ndarray],
+    manifest: Any,
+    *,
+    compress: bool = False,
 ) -> Path:
-    """Write ``tensors`` to ``folder/tensors_file`` and the dataclass ``manifest`` (its ``tensors_digest``
-    set to the file's digest first) to ``folder/manifest.json``, atomically."""
+    """Write ``tensors`` to ``folder/tensors_file`` (with ``compress``, its compressed form) and the dataclass
+    ``manifest`` (its ``tensors_digest`` set to the safetensors bytes' digest first) to
+    ``folder/manifest.json``, atomically."""
     from safetensors.numpy import save
 
     data = save(tensors)
@@ -36,7 +42,10 @@ def write_tensor_folder(
     folder = Path(folder)
     with atomic_path(folder) as tmp:
         tmp.mkdir()
-        (tmp / tensors_file).write_bytes(data)
+        if compress:
+            (tmp / (tensors_file + COMPRESSED_SUFFIX)).write_bytes(_compressed(data))
+        else:
+            (tmp / tensors_file).write_bytes(data)
         write_json(tmp / MANIFEST_FILE, asdict(manifest))
     return folder
 
@@ -73,16 +82,20 @@ COMPRESSED_SUFFIX = ".zst"
 _ZSTD_LEVEL = 19
 
 
-def compress_tensor_file(folder: str | Path, tensors_file: str) -> Path:
-    """Replace ``folder/tensors_file`` by its compressed form (the manifest is unchanged); returns it."""
+def _compressed(data: bytes) -> bytes:
     import pyarrow as pa
 
+    packed = pa.Codec("zstd", compression_level=_ZSTD_LEVEL).compress(data, asbytes=True)
+    return len(data).to_bytes(8, "little") + packed
+
+
+def compress_tensor_file(folder: str | Path, tensors_file: str) -> Path:
+    """Replace ``folder/tensors_file`` by its compressed form (the manifest is unchanged); returns it."""
     plain = Path(folder) / tensors_file
     data = plain.read_bytes()
-    packed = pa.Codec("zstd", compression_level=_ZSTD_LEVEL).compress(data, asbytes=True)
     out = plain.with_name(plain.name + COMPRESSED_SUFFIX)
     with atomic_path(out) as tmp:
-        tmp.write_bytes(len(data).to_bytes(8, "little") + packed)
+        tmp.write_bytes(_compressed(data))
     plain.unlink()
     return out
 

@@ -84,21 +84,14 @@ def run(ctx: StageContext) -> list[StageRecord]:
 
 
 def _publish(outs: dict[str, Path], root: Path, publish: Path) -> None:
-    """Copy every artifact of this run to ``methods.publish``, laid out as the methods root (e.g. the
-    shortlist tables shipped beside a model); one whose manifest is unchanged there is left as it is."""
-    import shutil
-
-    from fastvocab.artifacts_schema.atomic import atomic_path
+    """Write every artifact of this run to ``methods.publish`` in the compact shipped form, laid out as the
+    methods root (e.g. the shortlist tables shipped beside a model); one unchanged there is left as it is."""
+    from fastvocab.tasks.publish import publish_index
 
     for out in outs.values():
         target = publish / out.relative_to(root)
-        current = target / MANIFEST_FILE
-        if current.exists() and current.read_bytes() == (out / MANIFEST_FILE).read_bytes():
-            continue
-        target.parent.mkdir(parents=True, exist_ok=True)
-        with atomic_path(target) as tmp:
-            shutil.copytree(out, tmp)
-        log.info("methods: published %s", target)
+        if publish_index(out, target):
+            log.info("methods: published %s", target)
 
 
 def _number(v: object) -> bool:
