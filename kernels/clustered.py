@@ -174,7 +174,9 @@ class ClusteredProjection(Projection):
 
         cmap = self._load_map(cluster_map)
         self.map_manifest = cmap.manifest
-        self._shortlist = self._load_shortlist(parts.selection, cmap.manifest.direction)
+        # a pooled map (target scope, ``to-it``) serves every source into its target: any direction's table
+        pooled = cmap.manifest.scope != "direction"
+        self._shortlist = self._load_shortlist(parts.selection, None if pooled else cmap.manifest.direction)
         self.probes = decoding_probes(parts.selection.probes, cmap.manifest.probes, self.selection)
         if self.min_count > 1:
             cmap = cmap.pruned(self.min_count)  # drops the normaliser when it removes anything
@@ -278,7 +280,7 @@ class ClusteredProjection(Projection):
             torch.from_numpy(cmap.centroids), self.weight, self.bias, pm.indptr, pm.indices, min(rank, self.d)
         )
 
-    def _load_shortlist(self, selection: Any, direction: str) -> ShortlistProjection | None:
+    def _load_shortlist(self, selection: Any, direction: str | None) -> ShortlistProjection | None:
         """The shortlist whose candidates join the union (``Selection.shortlist``), over the same W; one of
         another model, or of another direction than a per-direction map's, is refused."""
         if selection.shortlist is None:
@@ -291,7 +293,7 @@ class ClusteredProjection(Projection):
             frequent=selection.shortlist_frequent,
             copy=selection.shortlist_copy,
             scope="batch",
-            direction=direction if "-" in direction else None,
+            direction=direction,
             always_active=self.always_active.tolist(),
             fingerprint=self.fingerprint,
         )

@@ -154,3 +154,15 @@ def test_int8_with_a_shortlist_gives_full_int8_logits_on_the_union(adapter, inde
     assert len(set(out8.ids.tolist())) == len(out8.ids)  # no column twice
     want = full8(h).logits[:, out8.ids]
     torch.testing.assert_close(out8.logits, want, rtol=1e-5, atol=1e-4)
+
+
+def test_a_pooled_map_takes_the_table_of_the_direction_it_serves(adapter, index, cmap):
+    """A target-scope map (``to-it``) serves every source into its target: an en-it table joins it."""
+    import copy
+
+    pooled = copy.deepcopy(cmap)
+    pooled.manifest.direction, pooled.manifest.scope = "to-it", "target"
+    proj = make_projection(adapter, "clustered", cluster_map=pooled, shortlist=index)
+    batch = adapter.encode_texts(synthetic_sentences("en", 3, seed=5), "en", "it")
+    assert any(greedy_search(adapter, proj, batch, "en", "it", max_len=6))
+    assert "shortlist" in proj.signature()
