@@ -230,22 +230,21 @@ def _describe(request: BulkRequest, here: bool):
     the method refuses is a ``UserError``; a missing or mismatched map or index stays an ``ArtifactError``.
     """
     import torch
-    from transformers.utils import logging as hf_logging
 
     from fastvocab.artifacts_schema.errors import ArtifactError
     from fastvocab.artifacts_schema.fingerprint import ModelRef
     from fastvocab.decoding.hf_adapter import Seq2SeqAdapter
     from fastvocab.tasks.bulk import build_projection
 
-    hf_logging.disable_progress_bar()
     int8 = request.dtype == "int8"
     if here:
         if request.threads is not None:
             torch.set_num_threads(request.threads)
         dtype = torch.float32 if int8 else getattr(torch, request.dtype)
-        adapter = Seq2SeqAdapter.load(request.model, device=_device(request), dtype=dtype)
+        # lite: the model decodes here and nothing else; transformers' modeling stack costs seconds to import
+        adapter = Seq2SeqAdapter.load(request.model, device=_device(request), dtype=dtype, lite=True)
     else:
-        adapter = Seq2SeqAdapter.load(request.model)
+        adapter = Seq2SeqAdapter.load(request.model, lite=True)
     try:
         for lang in (request.src_lang, request.tgt_lang):
             adapter.check_language(lang)
