@@ -131,6 +131,15 @@ def part_status(path: Path, plan: dict[str, object]) -> str:
     return "current"
 
 
+def part_counts(path: Path) -> tuple[int, int]:
+    """(non-empty sources, of them translated empty) of a finished part: a resumed job counts the lines an
+    earlier run translated as its own counts count the lines it translates."""
+    t = _read(path, ["source", "translation"])
+    sources, translations = t.column(0).to_pylist(), t.column(1).to_pylist()
+    non_empty = [h for s, h in zip(sources, translations, strict=True) if s.strip()]
+    return len(non_empty), sum(1 for h in non_empty if not h.strip())
+
+
 def read_part_table(path: Path) -> pa.Table:
     try:
         return _read(path)

@@ -32,6 +32,7 @@ from typing import Any
 from fastvocab.artifacts_schema.bulk_parts import (
     MANIFEST,
     assemble,
+    part_counts,
     part_file,
     remove_parts_folder,
     stale_parts,
@@ -91,8 +92,9 @@ class BulkResult:
     parts_translated: int = 0
     parts_retried: int = 0
     corrupt_redone: list[str] = field(default_factory=list)
-    sentences: int = 0
-    tokens: int = 0
+    sentences: int = 0  # non-empty lines this run translated
+    reused_sentences: int = 0  # non-empty lines of the parts an earlier run translated
+    tokens: int = 0  # target tokens this run generated
     empty_outputs: int = 0
     null_texts: int = 0
     duplicate_ids: int = 0
@@ -109,6 +111,22 @@ class BulkResult:
     @property
     def tokens_per_second(self) -> float:
         return self.tokens / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def load_seconds(self) -> float:
+        """Before the first part: the input described and planned, the model and method loaded (Ray's
+        start too, when it ran beside them)."""
+        return sum(self.phases.get(k, 0.0) for k in ("setup", "plan"))
+
+    @property
+    def translate_seconds(self) -> float:
+        """The parts' translation (Ray's own start excluded); the job's seconds when no phase was timed."""
+        return self.phases.get("translate", self.seconds)
+
+    @property
+    def translating_tokens_per_second(self) -> float:
+        """Target tokens per second of translating: what the method and the search cost, not the load."""
+        return self.tokens / self.translate_seconds if self.translate_seconds > 0 else 0.0
 
     def throughput(self, bins: int = 40) -> tuple[float, list[float]]:
         """(bin width in s, tokens/s per bin) over the job's time, from when each part finished."""
@@ -127,8 +145,12 @@ class BulkResult:
         metrics: dict[str, float] = {
             "lines": self.lines,
             "sentences": self.sentences,
+            "sentences_reused": self.reused_sentences,
             "tokens": self.tokens,
             "tokens_per_s": self.tokens_per_second,
+            "tokens_per_s_translating": self.translating_tokens_per_second,
+            "load_seconds": self.load_seconds,
+            "translate_seconds": self.translate_seconds,
             "parts": self.parts,
             "parts_reused": self.parts_reused,
             "parts_translated": self.parts_translated,
@@ -170,8 +192,9 @@ class BulkResult:
         done = f"{self.parts_translated} of {self.parts} parts translated"
         if self.parts_reused:
             done += f" ({self.parts_reused} done by an earlier run)"
+        tokens = f"{self.tokens} target tokens" + (" translated now" if self.parts_reused else "")
         text = (
-            f"{plural(self.lines, 'line')} ({self.sentences} non-empty, {self.tokens} target tokens, "
+            f"{plural(self.lines, 'line')} ({self.sentences + self.reused_sentences} non-empty, {tokens}, "
             f"{plural(self.empty_outputs, 'empty output')}); {done}"
         )
         if self.parts_retried:
@@ -443,6 +466,9 @@ def _translate_parts(
     for r, status in zip(ranges, part_statuses(job, ranges), strict=True):
         if status == "current":
             result.parts_reused += 1
+            reused, empty = part_counts(part_file(parts, r.index))
+            result.reused_sentences += reused
+            result.empty_outputs += empty
             continue
         if status.startswith("corrupt"):
             name = part_file(parts, r.index).name

@@ -541,7 +541,7 @@ def _summarise(args: argparse.Namespace, result: BulkResult) -> None:
     if result.lines == 0:
         print(f"translated {result.summary()}", file=sys.stderr)
     else:
-        speed = f"{result.tokens_per_second:.0f} tokens/s"
+        speed = f"{result.translating_tokens_per_second:.0f} tokens/s translating"
         busy = [w["tokens"] / w["seconds"] for w in result.workers.values() if w["seconds"] > 0]
         if busy and result.decode_seconds > 0:
             speed += (
@@ -549,7 +549,8 @@ def _summarise(args: argparse.Namespace, result: BulkResult) -> None:
                 f"{result.sentences / result.decode_seconds:.1f} sentences/s decoding)"
             )
         print(
-            f"translated {result.summary()} in {result.seconds:.2f} s, {speed} "
+            f"translated {result.summary()} in {result.seconds:.2f} s (load {result.load_seconds:.2f} s, "
+            f"translating {result.translate_seconds:.2f} s), {speed} "
             f"[{args.method}, beam {args.beam}, batch {args.batch_size}, {args.device}, {args.dtype}, "
             f"{where}] -> {'standard output' if args.output == STDIO else args.output}",
             file=sys.stderr,
