@@ -43,6 +43,7 @@ from fastvocab.pipeline.errors import UserError
 from fastvocab.pipeline.tracking import StageRecord
 from fastvocab.pipeline.wording import plural
 from fastvocab.tasks.bulk import (
+    CUT_LINES_SHOWN,
     PART_LINES,
     BulkJob,
     BulkWorker,
@@ -96,6 +97,8 @@ class BulkResult:
     reused_sentences: int = 0  # non-empty lines of the parts an earlier run translated
     tokens: int = 0  # target tokens this run generated
     empty_outputs: int = 0
+    cut_outputs: int = 0  # outputs that reached search.max_len (translated by this run)
+    cut_lines: list[int] = field(default_factory=list)  # the first of them, 1-based input lines
     null_texts: int = 0
     duplicate_ids: int = 0
     seconds: float = 0.0  # wall time of the translation (planning and assembly included)
@@ -157,6 +160,7 @@ class BulkResult:
             "parts_retried": self.parts_retried,
             "corrupt_parts_redone": len(self.corrupt_redone),
             "empty_outputs": self.empty_outputs,
+            "cut_outputs": self.cut_outputs,
             "null_texts": self.null_texts,
             "wall_seconds": self.seconds,
             "workers_used": len(busy),
@@ -501,6 +505,8 @@ def _translate_parts(
         result.decode_seconds += float(res["decode_seconds"])
         result.empty_outputs += int(res["empty_outputs"])
         result.duplicate_ids += int(res["duplicate_ids"])
+        result.cut_outputs += int(res.get("cut_outputs", 0))
+        result.cut_lines = sorted([*result.cut_lines, *res.get("cut_lines", [])])[:CUT_LINES_SHOWN]
         w = workers[str(res["worker"])]
         w["tokens"] += float(res["tokens"])
         w["seconds"] += float(res["seconds"])
@@ -525,6 +531,16 @@ def _translate_parts(
         raise UserError(f"{exc}{kept}") from None
     phases["translate"] = time.perf_counter() - started - phases.get("ray_start_late", 0.0)
     result.workers = dict(workers)
+    if result.cut_outputs:
+        lines = ", ".join(map(str, result.cut_lines))
+        more = ", ..." if result.cut_outputs > len(result.cut_lines) else ""
+        log.warning(
+            "%s reached --max-len %d and may be cut (input lines %s%s); raise --max-len",
+            plural(result.cut_outputs, "output"),
+            request.search.max_len,
+            lines,
+            more,
+        )
     if result.duplicate_ids:
         log.warning(
             "%s: ids repeat within parts (%d repeated rows); ids are not checked across parts",

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 
 from fastvocab.artifacts_schema.atomic import STDIO, copy_to_stream, is_stream
 from fastvocab.artifacts_schema.errors import ArtifactError
-from fastvocab.pipeline.checks import check_device, check_map_direction
+from fastvocab.pipeline.checks import check_device, check_map_direction, untrained_direction
 from fastvocab.pipeline.commands import (
     add_batch_size,
     add_beam,
@@ -335,6 +335,9 @@ def _check_args(args: argparse.Namespace) -> None:
             "fastvocab run, methods.build: [shortlist])"
         )
     check_device(args.device, "--device")
+    untrained = untrained_direction(args.model, args.src_lang, args.tgt_lang)
+    if untrained is not None:
+        print(f"warning: {untrained}", file=sys.stderr)
     if args.method == "clustered":
         from fastvocab.artifacts_schema.cluster_map import coverage_problem, resolve_map_dir
 
