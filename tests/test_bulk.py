@@ -432,7 +432,7 @@ def test_null_texts_and_repeated_ids_are_warned_about(model_dir, tmp_path, capsy
     assert "1 null text in column 'text' read as empty lines" in caplog.text
     assert "ids repeat within parts (1 repeated rows)" in caplog.text
     table = pq.read_table(out)
-    assert table.column("source").to_pylist()[2] == "" and table.column("hypothesis").to_pylist()[2] == ""
+    assert table.column("source").to_pylist()[2] == "" and table.column("translation").to_pylist()[2] == ""
     assert table.column("id").to_pylist() == [1, 2, 3, 3, 4, 5]
 
 
