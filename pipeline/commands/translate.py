@@ -296,7 +296,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="G",
         help="GPUs each actor reserves; > 0 decodes on the actor's GPU (default: 0)",
     )
-    add_mlflow_options(p, "$MLFLOW_TRACKING_URI; neither: the job is not logged", "fastvocab-bulk")
+    add_mlflow_options(
+        p,
+        "$MLFLOW_TRACKING_URI; neither: the job is not logged",
+        "fastvocab-bulk",
+        "log nothing to MLflow, whatever --tracking-uri or $MLFLOW_TRACKING_URI say",
+    )
 
 
 def _check_args(args: argparse.Namespace) -> None:
@@ -439,7 +444,7 @@ def run(args: argparse.Namespace) -> int:
     from fastvocab.pipeline.tracking import check_tracking_uri
 
     _check_args(args)
-    uri = args.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
+    uri = None if args.no_mlflow else args.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
     if uri:
         check_tracking_uri(uri, "--tracking-uri" if args.tracking_uri else "MLFLOW_TRACKING_URI")
     with through_files(args.input, args.output) as (input_path, output_path, shown):
