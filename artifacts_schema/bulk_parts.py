@@ -23,6 +23,7 @@ import shutil
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -82,9 +83,35 @@ def write_bulk_part(
         DIRECTION_KEY: direction.encode(),
     }
     schema = part_schema(id_type).with_metadata(meta)
-    table = pa.table([list(ids), list(sources), list(translations)], schema=schema)
+    columns = [
+        _array(ids, ID_TYPES[id_type]),
+        _array(sources, pa.string()),
+        _array(translations, pa.string()),
+    ]
+    table = pa.Table.from_arrays(columns, schema=schema)
     with atomic_path(path) as tmp:
         pq.write_table(table, tmp)
+
+
+def _array(values: Sequence[object], type: pa.DataType) -> pa.Array:
+    """``values`` as an Arrow array built from its buffers: ``pa.array`` imports pandas to ask whether they
+    are a pandas object, a second or more of a one-line translate on a small machine."""
+    if type == pa.int64():
+        data = np.fromiter(values, dtype=np.int64, count=len(values))
+        return pa.Array.from_buffers(type, len(values), [None, pa.py_buffer(data)])
+    encoded = [str(v).encode() for v in values]
+    offsets = np.zeros(len(encoded) + 1, dtype=np.int64)
+    np.cumsum([len(b) for b in encoded], out=offsets[1:])
+    if offsets[-1] >= 2**31:  # beyond 32-bit offsets: the ordinary path
+        return pa.array(list(values), type)
+    buffers = [None, pa.py_buffer(offsets.astype(np.int32)), pa.py_buffer(b"".join(encoded))]
+    return pa.Array.from_buffers(type, len(encoded), buffers)
+
+
+def _read(path: Path, columns: list[str] | None = None) -> pa.Table:
+    # ParquetFile, not pq.read_table: the dataset reader imports pandas (see _array)
+    with pq.ParquetFile(path) as f:
+        return f.read(columns=columns)
 
 
 def part_status(path: Path, plan: dict[str, object]) -> str:
@@ -96,7 +123,7 @@ def part_status(path: Path, plan: dict[str, object]) -> str:
         meta = pq.read_schema(path).metadata or {}
         if meta.get(PLAN_KEY) != plan_text(plan).encode():
             return "stale"
-        translations = pq.read_table(path, columns=["translation"]).column(0).to_pylist()
+        translations = _read(path, ["translation"]).column(0).to_pylist()
     except (OSError, pa.ArrowException) as exc:
         return f"corrupt: {str(exc).splitlines()[0][:200]}"
     if text_digest(translations).encode() != meta.get(DIGEST_KEY):
@@ -104,9 +131,18 @@ def part_status(path: Path, plan: dict[str, object]) -> str:
     return "current"
 
 
+def part_counts(path: Path) -> tuple[int, int]:
+    """(non-empty sources, of them translated empty) of a finished part: a resumed job counts the lines an
+    earlier run translated as its own counts count the lines it translates."""
+    t = _read(path, ["source", "translation"])
+    sources, translations = t.column(0).to_pylist(), t.column(1).to_pylist()
+    non_empty = [h for s, h in zip(sources, translations, strict=True) if s.strip()]
+    return len(non_empty), sum(1 for h in non_empty if not h.strip())
+
+
 def read_part_table(path: Path) -> pa.Table:
     try:
-        return pq.read_table(path)
+        return _read(path)
     except (OSError, pa.ArrowException) as exc:
         raise ArtifactError(f"corrupt translation part {path}: {exc}") from exc
 

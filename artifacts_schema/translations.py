@@ -1,7 +1,9 @@
-"""Translation outputs: Parquet with ``id, direction, source, hypothesis, method`` (+ optional scores), or
+"""Translation outputs: Parquet with ``id, direction, source, translation, method`` (+ optional scores), or
 plain text with one output a line; in the pipeline each Parquet file has a JSON sidecar (``<method>.json``)
 recording how it was made (signature, provenance digests, speed). ``fastvocab translate`` and the bulk stage
-assemble the same two formats from their parts (``bulk_parts.py``).
+assemble the same two formats from their parts (``bulk_parts.py``), and a dataset output's parts name their
+column ``translation`` too. Files written before the column had one name call it ``hypothesis``: readers
+take either (:data:`TRANSLATION_COLUMNS`).
 """
 
 from __future__ import annotations
@@ -20,10 +22,17 @@ TRANSLATIONS_SCHEMA = pa.schema(
         pa.field("id", pa.int64(), nullable=False),
         pa.field("direction", pa.string(), nullable=False),
         pa.field("source", pa.string(), nullable=False),
-        pa.field("hypothesis", pa.string(), nullable=False),
+        pa.field("translation", pa.string(), nullable=False),
         pa.field("method", pa.string(), nullable=False),
     ]
 )
+# The translations' column, then its earlier name (still read)
+TRANSLATION_COLUMNS = ("translation", "hypothesis")
+
+
+def translation_column(names: Sequence[str]) -> str | None:
+    """The first of :data:`TRANSLATION_COLUMNS` among a table's column ``names``, else None."""
+    return next((c for c in TRANSLATION_COLUMNS if c in names), None)
 
 
 def write_translations(
@@ -45,7 +54,7 @@ def write_translations(
                     "id": list(ids) if ids is not None else list(range(n)),
                     "direction": [direction] * n,
                     "source": list(sources),
-                    "hypothesis": list(hypotheses),
+                    "translation": list(hypotheses),
                     "method": [method] * n,
                 },
                 schema=TRANSLATIONS_SCHEMA,
@@ -64,12 +73,13 @@ def text_lines(hypotheses: Sequence[str]) -> str:
 def read_hypotheses(path: Path, sources: Sequence[str]) -> list[str]:
     """The hypotheses of a translations Parquet file made for exactly ``sources`` (ArtifactError if not)."""
     try:
-        table = pq.read_table(path, columns=["source", "hypothesis"])
+        column = translation_column(pq.read_schema(path).names) or TRANSLATION_COLUMNS[0]
+        table = pq.read_table(path, columns=["source", column])
     except (OSError, pa.ArrowException) as exc:
         raise ArtifactError(f"corrupt translations {path}: {exc}") from exc
     if table.column("source").to_pylist() != list(sources):
         raise ArtifactError(f"{path} does not translate the current sample (rerun translate)")
-    return table.column("hypothesis").to_pylist()
+    return table.column(column).to_pylist()
 
 
 def sidecar_path(path: Path) -> Path:

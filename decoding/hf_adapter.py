@@ -153,6 +153,8 @@ class Seq2SeqAdapter:
         if trained:  # the demo model records the languages it was trained on (its tokenizer knows 100)
             self.languages = [lang for lang in self.languages if lang in set(trained)]
         self.quantized = False
+        self.lite = False  # decoding.lite_m2m100's model: the static engine only (load's ``lite``)
+        self.from_folder = False  # set by load: W and b are the folder's, as its files hold them
         self._static: StaticDecoder | None = None  # when the engine resolves to "static"
         self.engine = self._pick_engine(engine, cache_len, max_cache_bytes)
 
@@ -212,42 +214,94 @@ class Seq2SeqAdapter:
         engine: str = "auto",
         cache_len: int = 64,
         max_cache_bytes: int | None = None,
+        lite: bool = False,
     ) -> Seq2SeqAdapter:
         """Load a model folder (never a hub name: ``local_files_only=True``).
 
         ``fingerprint``: the model's known fingerprint (from a ``ModelRef``), so it is not computed again.
-        ``engine``, ``cache_len``, ``max_cache_bytes``: the decoder-step engine (see the class).
+        ``engine``, ``cache_len``, ``max_cache_bytes``: the decoder-step engine (see the class). ``lite``: an
+        M2M100 folder the static engine runs is read without transformers' modeling code
+        (``decoding.lite_m2m100``; seconds less to start), for callers that only decode: teacher forcing,
+        the reference logits and the hf engine need the Hugging Face model. Other folders load as usual.
         """
-        from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
-
         path = Path(path)
         if not path.is_dir():
             raise FileNotFoundError(f"model folder not found: {path}")
         if not (path / "config.json").exists():
             raise FileNotFoundError(f"{path} is not a model folder (no config.json)")
-        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
-        model = AutoModelForSeq2SeqLM.from_pretrained(path, local_files_only=True, dtype=dtype)
-        model = model.to(device).eval()
-        adapter = cls(
-            model,
-            tokenizer,
-            path,
-            device,
-            dtype,
-            fingerprint,
-            engine=engine,
-            cache_len=cache_len,
-            max_cache_bytes=max_cache_bytes,
-        )
+        adapter = None
+        if lite and engine != "hf":
+            adapter = cls._load_lite(path, device, dtype, fingerprint, cache_len, max_cache_bytes)
+        if adapter is None:
+            from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+            from transformers.utils import logging as hf_logging
+
+            hf_logging.disable_progress_bar()  # a load prints no "Loading weights" bar into a job's log
+            tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+            model = AutoModelForSeq2SeqLM.from_pretrained(path, local_files_only=True, dtype=dtype)
+            model = model.to(device).eval()
+            adapter = cls(
+                model,
+                tokenizer,
+                path,
+                device,
+                dtype,
+                fingerprint,
+                engine=engine,
+                cache_len=cache_len,
+                max_cache_bytes=max_cache_bytes,
+            )
+        adapter.from_folder = True
         log.debug(
-            "loaded %s (%s, N=%d, d=%d, engine %s)",
+            "loaded %s (%s, N=%d, d=%d, engine %s%s)",
             path,
             adapter.family,
             adapter.n_vocab,
             adapter.d_model,
             adapter.engine,
+            ", lite" if adapter.lite else "",
         )
         return adapter
+
+    @classmethod
+    def _load_lite(
+        cls,
+        path: Path,
+        device: str | torch.device,
+        dtype: torch.dtype,
+        fingerprint: str | None,
+        cache_len: int,
+        max_cache_bytes: int | None,
+    ) -> Seq2SeqAdapter | None:
+        """The adapter over ``decoding.lite_m2m100``'s load, or None where the folder or the static engine
+        needs the Hugging Face model."""
+        from fastvocab.decoding.lite_m2m100 import lite_unsupported_reason, load_lite
+        from fastvocab.decoding.model_families import unsupported_reason
+
+        reason = lite_unsupported_reason(path)
+        if reason is None:
+            model, tokenizer = load_lite(path, dtype)
+            reason = unsupported_reason(model)
+        if reason is not None:
+            log.debug("lite load of %s: no (%s)", path, reason)
+            return None
+        adapter = cls(
+            model.to(device),
+            tokenizer,
+            path,
+            device,
+            dtype,
+            fingerprint,
+            engine="static",
+            cache_len=cache_len,
+            max_cache_bytes=max_cache_bytes,
+        )
+        adapter.lite = True
+        return adapter
+
+    def _hf_only(self, what: str) -> None:
+        if self.lite:
+            raise RuntimeError(f"{what} needs the Hugging Face model: load {self.path} with lite=False")
 
     @property
     def fingerprint(self) -> str:
@@ -258,6 +312,10 @@ class Seq2SeqAdapter:
         float16 or bfloat16 rounding of a float32 checkpoint would hash differently, and a map built from the
         float32 load (the pipeline's ``describe_model``) would be refused by ``--dtype float16``.
         """
+        # only a model read as its folder holds it is the folder's: an adapter built around a model in memory
+        # may have changed its weights
+        if self._fingerprint is None and self.from_folder:
+            self._fingerprint = _cached_fingerprint(Path(self.path))
         if self._fingerprint is None:
             if self.dtype != torch.float32 and Path(self.path).is_dir():
                 log.debug("fingerprint of %s: reading W in float32 (loaded in %s)", self.path, self.dtype)
@@ -265,6 +323,8 @@ class Seq2SeqAdapter:
             else:
                 b = None if self.output_bias is None else self.output_bias.float().cpu().numpy()
                 self._fingerprint = projection_fingerprint(self.output_weight.float().cpu().numpy(), b)
+            if self.from_folder:
+                _remember_fingerprint(Path(self.path), self._fingerprint)
         return self._fingerprint
 
     # ------------------------------------------------------------------ languages
@@ -444,6 +504,7 @@ class Seq2SeqAdapter:
                 raise ValueError(f"tokens must be ({state.rows},), got {tuple(tokens.shape)}")
             h = self._static.step(tokens, state.cache)  # (rows, d); the cache advanced in place
             return h, DecoderState(None, state.cache, state.length + 1)
+        self._hf_only("the hf engine")
         if isinstance(state, EncoderState):
             from transformers import DynamicCache, EncoderDecoderCache
 
@@ -477,6 +538,7 @@ class Seq2SeqAdapter:
         rows and steps a greedy search along the same tokens would record. The HF decoder runs here whatever
         the engine (the static engine has no causal multi-token step); the two agree to fp32 rounding.
         """
+        self._hf_only("teacher forcing")
         prefix = self.start_tokens(tgt_lang)
         if len(targets) != state.hidden.shape[0]:
             raise ValueError(f"{len(targets)} targets for {state.hidden.shape[0]} encoded sources")
@@ -534,11 +596,80 @@ class Seq2SeqAdapter:
     @torch.inference_mode()
     def reference_logits(self, batch: dict, decoder_input_ids: torch.Tensor) -> torch.Tensor:
         """The model's own logits (rows, T, N) from a full forward pass: the oracle for ``h W^T + b``."""
+        self._hf_only("the reference logits")
         return self.model(
             input_ids=batch["input_ids"].to(self.device),
             attention_mask=batch["attention_mask"].to(self.device),
             decoder_input_ids=decoder_input_ids.to(self.device),
         ).logits
+
+
+def fingerprint_cache() -> Path:
+    """Where model fingerprints are remembered: ``$FASTVOCAB_CACHE_DIR``, else ``$XDG_CACHE_HOME/fastvocab``,
+    else ``~/.cache/fastvocab``."""
+    import os
+
+    root = os.environ.get("FASTVOCAB_CACHE_DIR")
+    if root:
+        return Path(root) / "fingerprints.json"
+    xdg = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(xdg) / "fastvocab" / "fingerprints.json"
+
+
+def _files_key(folder: Path) -> str | None:
+    """The model folder's weight and config files by name, size and mtime: a fingerprint remembered under
+    this key is the folder's until one of them changes."""
+    try:
+        files = sorted(
+            f
+            for f in folder.resolve().iterdir()
+            if f.suffix in (".safetensors", ".bin", ".json") and f.is_file()
+        )
+        stats = [(f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in files]
+    except OSError:
+        return None
+    return (
+        f"{folder.resolve()}|" + ";".join(f"{n}:{size}:{mtime}" for n, size, mtime in stats)
+        if stats
+        else None
+    )
+
+
+def _read_fingerprints() -> dict[str, str]:
+    import json
+
+    try:
+        found = json.loads(fingerprint_cache().read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return found if isinstance(found, dict) else {}
+
+
+def _cached_fingerprint(folder: Path) -> str | None:
+    # hashing W is a full read of the output layer each run (a tenth of a second on the demo model, more
+    # on larger ones), and a one-line translate needs the fingerprint only to name its parts
+    key = _files_key(folder)
+    return _read_fingerprints().get(key) if key else None
+
+
+def _remember_fingerprint(folder: Path, fingerprint: str) -> None:
+    """Keep ``fingerprint`` for the folder's files as they are now (best effort: a read-only home is fine)."""
+    import json
+
+    from fastvocab.artifacts_schema.atomic import atomic_path
+
+    key = _files_key(folder)
+    if key is None:
+        return
+    known = {k: v for k, v in _read_fingerprints().items() if not k.startswith(f"{folder.resolve()}|")}
+    known[key] = fingerprint
+    try:
+        path = fingerprint_cache()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with atomic_path(path) as tmp:
+            tmp.write_text(json.dumps(dict(list(known.items())[-200:]), indent=1), encoding="utf-8")
+    except OSError as exc:
+        log.debug("fingerprint of %s not remembered: %s", folder, exc)
 
 
 def _special_tokens(tok) -> list[str]:

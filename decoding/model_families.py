@@ -105,6 +105,19 @@ def fused_qkv(attn: HFModule, scaling: float) -> nn.Linear:
         )
 
 
+def activation(name: str) -> nn.Module:
+    """The feed-forward activation ``name`` (``config.activation_function``): torch's own module for the
+    common ones, the same function as transformers' ``ACT2FN`` entry without importing its modeling stack
+    (seconds on a small CPU machine); the others from ``ACT2FN``."""
+    from fastvocab.decoding.lite_m2m100 import ACTIVATIONS
+
+    if name in ACTIVATIONS:
+        return ACTIVATIONS[name]()
+    from transformers.activations import ACT2FN
+
+    return ACT2FN[name]
+
+
 def embed_scale(decoder: HFModule) -> float:
     # M2M100/MBart scale inside their embedding module, Marian in the decoder's forward.
     scale = getattr(decoder.embed_tokens, "embed_scale", None)

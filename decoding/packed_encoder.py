@@ -16,6 +16,7 @@ from torch import nn
 from fastvocab.decoding.model_families import (
     Family,
     HFModule,
+    activation,
     embed_scale,
     fused_qkv,
     unsupported_reason,
@@ -89,7 +90,6 @@ class PackedEncoder(nn.Module):
         reason = encoder_unsupported_reason(model)
         if reason:
             raise ValueError(reason)
-        from transformers.activations import ACT2FN
 
         config, enc = model.config, model.get_encoder()
         self.family = Family.of(model)
@@ -104,7 +104,7 @@ class PackedEncoder(nn.Module):
             self.positions = enc.embed_positions.weight.detach()  # (positions (+ offset), d), shared
         self.ln_embed = getattr(enc, "layernorm_embedding", None)  # MBart
         self.final_ln = getattr(enc, "layer_norm", None)  # M2M100, MBart
-        act = ACT2FN[config.activation_function]
+        act = activation(config.activation_function)
         heads = config.encoder_attention_heads
         self.layers = nn.ModuleList(_EncoderLayer(x, heads, act, self.family.pre_norm) for x in enc.layers)
 

@@ -38,7 +38,8 @@ class PieceTable:
         sp, encoder = getattr(tokenizer, "sp_model", None), getattr(tokenizer, "encoder", None)
         if getattr(tokenizer, "is_fast", True) or sp is None or not isinstance(encoder, dict):
             return None
-        if type(tokenizer).__name__ != "M2M100Tokenizer":  # the layout checked against it, id for id
+        # the layout checked against it, id for id (the lite one reads the same files: decoding.lite_m2m100)
+        if type(tokenizer).__name__ not in ("M2M100Tokenizer", "LiteM2M100Tokenizer"):
             return None
         added = [t for t in tokenizer.get_added_vocab() if t]
         return cls(sp, encoder, int(tokenizer.unk_token_id), added)

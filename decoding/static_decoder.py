@@ -40,6 +40,7 @@ from fastvocab.decoding.cache_memory import allocate_cache, cache_limit
 from fastvocab.decoding.model_families import (
     Family,
     HFModule,
+    activation,
     cat_bias,
     embed_scale,
     fused_linear,
@@ -179,7 +180,6 @@ class StaticDecoder(nn.Module):
         reason = unsupported_reason(model)
         if reason:
             raise ValueError(reason)
-        from transformers.activations import ACT2FN
 
         config = model.config
         dec = model.get_decoder()
@@ -201,7 +201,7 @@ class StaticDecoder(nn.Module):
             self.positions = dec.embed_positions.weight.detach()  # (max positions (+ offset), d), shared
         self.ln_embed = getattr(dec, "layernorm_embedding", None)  # MBart
         self.final_ln = getattr(dec, "layer_norm", None)  # M2M100, MBart; Marian has none
-        act = ACT2FN[config.activation_function]
+        act = activation(config.activation_function)
         pre = self.family.pre_norm
         self.layers = nn.ModuleList(_Layer(layer, self.heads, act, pre) for layer in dec.layers)
         with torch.no_grad():

@@ -354,11 +354,14 @@ def choose(rows: Sequence[dict[str, Any]], budget: float, rank_key: str) -> dict
     within = [r for r in rows if float(r["search_errors"]) <= budget + 1e-12]
     if not within:
         best = min(rows, key=lambda r: (float(r["search_errors"]), -float(r[rank_key])))
+        lowest = 100 * float(best["search_errors"])
+        reachable = math.ceil(round(lowest * 10, 6)) / 10  # the lowest, rounded up to what --budget takes
         raise BudgetNotMet(
             f"no configuration is within the search-error budget of {100 * budget:g}% on the dev split: "
-            f"the lowest measured is {100 * float(best['search_errors']):.1f}% ({best['label']}, "
-            f"{best['sentences']} sentences); raise --budget, add larger K / lower min_count to the grid, "
-            "or dump more states"
+            f"the lowest measured is {lowest:.1f}% ({best['label']}, {best['sentences']} sentences), so "
+            f"--budget {reachable:g}% is reachable with these maps; to reach {100 * budget:g}%, build the "
+            "maps from more states (dump.sentences in the config, then fastvocab run) or try larger K and "
+            "min_count 1 (--k, --min-count); --by coverage says how many dumped sentences each setting needs"
         )
     return max(within, key=lambda r: float(r[rank_key]))
 

@@ -32,6 +32,7 @@ from typing import Any
 from fastvocab.artifacts_schema.bulk_parts import (
     MANIFEST,
     assemble,
+    part_counts,
     part_file,
     remove_parts_folder,
     stale_parts,
@@ -42,6 +43,7 @@ from fastvocab.pipeline.errors import UserError
 from fastvocab.pipeline.tracking import StageRecord
 from fastvocab.pipeline.wording import plural
 from fastvocab.tasks.bulk import (
+    CUT_LINES_SHOWN,
     PART_LINES,
     BulkJob,
     BulkWorker,
@@ -91,9 +93,12 @@ class BulkResult:
     parts_translated: int = 0
     parts_retried: int = 0
     corrupt_redone: list[str] = field(default_factory=list)
-    sentences: int = 0
-    tokens: int = 0
+    sentences: int = 0  # non-empty lines this run translated
+    reused_sentences: int = 0  # non-empty lines of the parts an earlier run translated
+    tokens: int = 0  # target tokens this run generated
     empty_outputs: int = 0
+    cut_outputs: int = 0  # outputs that reached search.max_len (translated by this run)
+    cut_lines: list[int] = field(default_factory=list)  # the first of them, 1-based input lines
     null_texts: int = 0
     duplicate_ids: int = 0
     seconds: float = 0.0  # wall time of the translation (planning and assembly included)
@@ -109,6 +114,22 @@ class BulkResult:
     @property
     def tokens_per_second(self) -> float:
         return self.tokens / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def load_seconds(self) -> float:
+        """Before the first part: the input described and planned, the model and method loaded (Ray's
+        start too, when it ran beside them)."""
+        return sum(self.phases.get(k, 0.0) for k in ("setup", "plan"))
+
+    @property
+    def translate_seconds(self) -> float:
+        """The parts' translation (Ray's own start excluded); the job's seconds when no phase was timed."""
+        return self.phases.get("translate", self.seconds)
+
+    @property
+    def translating_tokens_per_second(self) -> float:
+        """Target tokens per second of translating: what the method and the search cost, not the load."""
+        return self.tokens / self.translate_seconds if self.translate_seconds > 0 else 0.0
 
     def throughput(self, bins: int = 40) -> tuple[float, list[float]]:
         """(bin width in s, tokens/s per bin) over the job's time, from when each part finished."""
@@ -127,14 +148,19 @@ class BulkResult:
         metrics: dict[str, float] = {
             "lines": self.lines,
             "sentences": self.sentences,
+            "sentences_reused": self.reused_sentences,
             "tokens": self.tokens,
             "tokens_per_s": self.tokens_per_second,
+            "tokens_per_s_translating": self.translating_tokens_per_second,
+            "load_seconds": self.load_seconds,
+            "translate_seconds": self.translate_seconds,
             "parts": self.parts,
             "parts_reused": self.parts_reused,
             "parts_translated": self.parts_translated,
             "parts_retried": self.parts_retried,
             "corrupt_parts_redone": len(self.corrupt_redone),
             "empty_outputs": self.empty_outputs,
+            "cut_outputs": self.cut_outputs,
             "null_texts": self.null_texts,
             "wall_seconds": self.seconds,
             "workers_used": len(busy),
@@ -170,8 +196,9 @@ class BulkResult:
         done = f"{self.parts_translated} of {self.parts} parts translated"
         if self.parts_reused:
             done += f" ({self.parts_reused} done by an earlier run)"
+        tokens = f"{self.tokens} target tokens" + (" translated now" if self.parts_reused else "")
         text = (
-            f"{plural(self.lines, 'line')} ({self.sentences} non-empty, {self.tokens} target tokens, "
+            f"{plural(self.lines, 'line')} ({self.sentences + self.reused_sentences} non-empty, {tokens}, "
             f"{plural(self.empty_outputs, 'empty output')}); {done}"
         )
         if self.parts_retried:
@@ -230,22 +257,21 @@ def _describe(request: BulkRequest, here: bool):
     the method refuses is a ``UserError``; a missing or mismatched map or index stays an ``ArtifactError``.
     """
     import torch
-    from transformers.utils import logging as hf_logging
 
     from fastvocab.artifacts_schema.errors import ArtifactError
     from fastvocab.artifacts_schema.fingerprint import ModelRef
     from fastvocab.decoding.hf_adapter import Seq2SeqAdapter
     from fastvocab.tasks.bulk import build_projection
 
-    hf_logging.disable_progress_bar()
     int8 = request.dtype == "int8"
     if here:
         if request.threads is not None:
             torch.set_num_threads(request.threads)
         dtype = torch.float32 if int8 else getattr(torch, request.dtype)
-        adapter = Seq2SeqAdapter.load(request.model, device=_device(request), dtype=dtype)
+        # lite: the model decodes here and nothing else; transformers' modeling stack costs seconds to import
+        adapter = Seq2SeqAdapter.load(request.model, device=_device(request), dtype=dtype, lite=True)
     else:
-        adapter = Seq2SeqAdapter.load(request.model)
+        adapter = Seq2SeqAdapter.load(request.model, lite=True)
     try:
         for lang in (request.src_lang, request.tgt_lang):
             adapter.check_language(lang)
@@ -444,6 +470,9 @@ def _translate_parts(
     for r, status in zip(ranges, part_statuses(job, ranges), strict=True):
         if status == "current":
             result.parts_reused += 1
+            reused, empty = part_counts(part_file(parts, r.index))
+            result.reused_sentences += reused
+            result.empty_outputs += empty
             continue
         if status.startswith("corrupt"):
             name = part_file(parts, r.index).name
@@ -476,6 +505,8 @@ def _translate_parts(
         result.decode_seconds += float(res["decode_seconds"])
         result.empty_outputs += int(res["empty_outputs"])
         result.duplicate_ids += int(res["duplicate_ids"])
+        result.cut_outputs += int(res.get("cut_outputs", 0))
+        result.cut_lines = sorted([*result.cut_lines, *res.get("cut_lines", [])])[:CUT_LINES_SHOWN]
         w = workers[str(res["worker"])]
         w["tokens"] += float(res["tokens"])
         w["seconds"] += float(res["seconds"])
@@ -500,6 +531,16 @@ def _translate_parts(
         raise UserError(f"{exc}{kept}") from None
     phases["translate"] = time.perf_counter() - started - phases.get("ray_start_late", 0.0)
     result.workers = dict(workers)
+    if result.cut_outputs:
+        lines = ", ".join(map(str, result.cut_lines))
+        more = ", ..." if result.cut_outputs > len(result.cut_lines) else ""
+        log.warning(
+            "%s reached --max-len %d and may be cut (input lines %s%s); raise --max-len",
+            plural(result.cut_outputs, "output"),
+            request.search.max_len,
+            lines,
+            more,
+        )
     if result.duplicate_ids:
         log.warning(
             "%s: ids repeat within parts (%d repeated rows); ids are not checked across parts",

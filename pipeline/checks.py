@@ -100,3 +100,24 @@ def check_map_direction(map_dir: str | Path, src: str, tgt: str, fix: str | None
             f"cluster map {map_dir} was built for {manifest.direction}, not {src}-{tgt}: {fix}"
         )
     return manifest
+
+
+def untrained_direction(model: Path, src_lang: str, tgt_lang: str) -> str | None:
+    """A warning when the model folder's ``training_summary.json`` (written by ``fastvocab train-demo``)
+    lists the directions it was trained on and ``src_lang-tgt_lang`` is not one of them: the model takes
+    both languages, so the direction decodes, into what it never learnt. None otherwise (no record, a
+    trained direction)."""
+    import json
+
+    try:
+        summary = (Path(model) / "training_summary.json").read_text(encoding="utf-8")
+        trained = json.loads(summary)["directions"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    direction = f"{src_lang}-{tgt_lang}"
+    if not isinstance(trained, list) or not trained or direction in trained:
+        return None
+    return (
+        f"{model} was not trained on {direction} (its directions: {', '.join(map(str, trained))}); "
+        "its translations may be poor or in another language"
+    )

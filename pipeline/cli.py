@@ -61,16 +61,29 @@ def build_parser(load: str | None = "*") -> argparse.ArgumentParser:
     return parser
 
 
+# Third-party loggers that report at INFO what only a debugging user wants (faiss: which SIMD build it
+# loaded, six lines opening every run that imports it); at WARNING unless -v.
+QUIET_LOGGERS = ("faiss", "faiss.loader")
+
+
+def configure_logging(verbose: bool) -> None:
+    """Log records on standard error: DEBUG with ``verbose``, else INFO with :data:`QUIET_LOGGERS` at
+    WARNING."""
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    for name in QUIET_LOGGERS:
+        logging.getLogger(name).setLevel(logging.NOTSET if verbose else logging.WARNING)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     # Import only the chosen subcommand's module: torch, ray and mlflow are slow to import.
     chosen = next((a for a in argv if not a.startswith("-")), None)
     args = build_parser(load=chosen).parse_args(argv)
-    logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+    configure_logging(args.verbose)
     try:
         return int(args._module.run(args) or 0)
     except (UserError, ArtifactError, FileNotFoundError, UnicodeDecodeError) as exc:

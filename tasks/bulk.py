@@ -42,6 +42,7 @@ DEFAULT_TEXT_COLUMNS = ("text", "source")
 DEFAULT_ID_COLUMN = "id"
 PART_LINES = 10_000  # lines a part: the unit of work, of resume, and of the progress kept after a kill
 DTYPES = ("float32", "float16", "bfloat16", "int8")
+CUT_LINES_SHOWN = 5  # line numbers of outputs cut at max_len that a warning names
 
 
 class InputError(ArtifactError):
@@ -431,6 +432,8 @@ class BulkWorker:
             "seconds": time.perf_counter() - t0,
             "decode_seconds": res.seconds,
             "empty_outputs": empty,
+            "cut_outputs": len(res.cut),
+            "cut_lines": [r.first_row + i + 1 for i in res.cut[:CUT_LINES_SHOWN]],  # 1-based input lines
             "duplicate_ids": len(ids) - len(set(ids)),
             "worker": self.name,
             "finished": time.time(),

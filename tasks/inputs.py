@@ -47,6 +47,21 @@ def read_text_lines(path: str | Path) -> list[str]:
     return list(iter_text_lines(path))
 
 
+def parquet_names(path: str | Path) -> list[str]:
+    """The column names of a Parquet file or dataset folder (``ValueError`` when unreadable)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"input not found: {path}")
+    try:
+        schema = pq.read_schema(path) if path.is_file() else pq.ParquetDataset(path).schema
+    except (OSError, pa.ArrowException) as exc:
+        raise ValueError(f"cannot read Parquet {path}: {exc}") from exc
+    return list(schema.names)
+
+
 def read_parquet_column(
     path: str | Path, column: str, id_column: str | None = None
 ) -> tuple[list[str], list[int] | None]:

@@ -22,7 +22,7 @@ import sys
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 import torch
 
@@ -82,6 +82,7 @@ class TranslationResult:
     seconds: float  # decoding time (tokenization included, model load excluded)
     sentences: int  # non-empty lines actually decoded
     empty_outputs: int = 0  # non-empty lines whose translation is empty
+    cut: list[int] = field(default_factory=list)  # 0-based lines whose output reached max_len: maybe cut
 
     @property
     def sentences_per_second(self) -> float:
@@ -150,6 +151,7 @@ def translate(
     order = sorted(range(len(todo)), key=lambda j: -len(seqs[j]))
     hypotheses = [""] * len(lines)
     tokens = 0
+    cut: list[int] = []  # an output of max_len tokens has no EOS: the limit, not the model, ended it
     from tqdm.auto import tqdm
 
     bar = tqdm(
@@ -198,6 +200,7 @@ def translate(
         with bar:
             for chunk, out in zip(chunks, outputs, strict=True):
                 tokens += sum(len(s) for s in out)
+                cut += [todo[j] for j, s in zip(chunk, out, strict=True) if len(s) >= max_len]
                 for j, text in zip(chunk, adapter.decode_ids(out), strict=True):
                     hypotheses[todo[j]] = text
                 bar.update(len(chunk))
@@ -211,7 +214,7 @@ def translate(
     seconds = time.perf_counter() - t0
     log.debug("translated %d lines (%d decoded) in %.2fs", len(lines), len(todo), seconds)
     empty = sum(1 for i in todo if not hypotheses[i].strip())
-    return TranslationResult(hypotheses, tokens, seconds, len(todo), empty)
+    return TranslationResult(hypotheses, tokens, seconds, len(todo), empty, sorted(cut))
 
 
 def worker_kind(parallel: str, workers: int) -> str:

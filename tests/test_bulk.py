@@ -432,7 +432,7 @@ def test_null_texts_and_repeated_ids_are_warned_about(model_dir, tmp_path, capsy
     assert "1 null text in column 'text' read as empty lines" in caplog.text
     assert "ids repeat within parts (1 repeated rows)" in caplog.text
     table = pq.read_table(out)
-    assert table.column("source").to_pylist()[2] == "" and table.column("hypothesis").to_pylist()[2] == ""
+    assert table.column("source").to_pylist()[2] == "" and table.column("translation").to_pylist()[2] == ""
     assert table.column("id").to_pylist() == [1, 2, 3, 3, 4, 5]
 
 
@@ -523,3 +523,15 @@ def test_an_existing_folder_is_a_dataset_output_only_when_named_with_a_slash(mod
     with pytest.raises(UserError, match=r"is a folder; name it .*out/ for a Parquet dataset of parts"):
         run_bulk(_request(model_dir, tmp_path / "in.parquet", folder), progress=False)
     assert list(folder.iterdir()) == [] and not (tmp_path / "out.parts").exists()
+
+
+def test_a_resumed_job_counts_the_lines_an_earlier_run_translated(model_dir, tmp_path):
+    inp = _write_text(tmp_path / "in.txt", _lines(12))
+    out = tmp_path / "out"
+    first = run_bulk(_request(model_dir, inp, f"{out}/"), progress=False)
+    (out / "part-00001.parquet").unlink()  # as if the first run had been killed before that part
+    again = run_bulk(_request(model_dir, inp, f"{out}/"), progress=False)
+    assert again.parts_reused == first.parts - 1 and again.parts_translated == 1
+    assert again.sentences + again.reused_sentences == first.sentences == sum(1 for x in _lines(12) if x)
+    assert again.empty_outputs == first.empty_outputs
+    assert f"({first.sentences} non-empty," in again.summary() and "translated now" in again.summary()

@@ -84,3 +84,50 @@ def test_earlier_spellings_and_prefixes_are_refused(argv, capsys):
 @pytest.mark.parametrize("argv", [["bench", "methods", "--quick"], ["tune", "--quick"]])
 def test_quick_still_names_the_default_grid(argv):
     assert build_parser(argv[0]).parse_args(argv).grid == "quick"
+
+
+def test_one_name_for_the_direction_the_maps_and_mlflow_in_every_command():
+    flags: dict[str, set[str]] = {}
+    for name, action in _options():
+        flags.setdefault(name, set()).update(action.option_strings)
+    for name, names in flags.items():
+        assert "--direction" not in names and "--maps" not in names, name  # --src-lang/--tgt-lang, --clusters
+        if "--tracking-uri" in names and name != "fastvocab report":  # report reads a run: MLflow or nothing
+            assert "--no-mlflow" in names, f"{name}: MLflow without --no-mlflow"
+    assert {"--src-lang", "--tgt-lang"} <= flags["fastvocab tune"]
+    assert (
+        "--clusters" in flags["fastvocab bench fidelity"] and "--clusters" in flags["fastvocab bench methods"]
+    )
+    assert "--no-mlflow" in flags["fastvocab translate"]
+
+
+@pytest.mark.parametrize(
+    ("argv", "old", "new", "want"),
+    [
+        (
+            ["tune", "--direction", "de-en"],
+            "--direction",
+            "--src-lang and --tgt-lang",
+            {"src_lang": "de", "tgt_lang": "en"},
+        ),
+        (["bench", "fidelity", "--maps", "m"], "--maps", "--clusters", {"maps": "m"}),
+        (["bench", "methods", "--maps", "m"], "--maps", "--clusters", {"maps": "m"}),
+        (["experiment", "paper", "--maps", "m"], "--maps", "--clusters", {"maps": "m"}),
+    ],
+)
+def test_an_earlier_name_still_works_one_release_with_a_warning(argv, old, new, want, capsys):
+    args = build_parser(argv[0]).parse_args(argv)
+    assert {k: str(getattr(args, k)) for k in want} == want
+    (line,) = capsys.readouterr().err.splitlines()
+    assert f"warning: {old} is deprecated" in line and f"use {new}" in line
+
+
+def test_a_malformed_earlier_direction_is_a_usage_error(capsys):
+    with pytest.raises(SystemExit) as exc:
+        build_parser("tune").parse_args(["tune", "--direction", "enit"])
+    assert exc.value.code == 2 and "--direction takes SRC-TGT" in capsys.readouterr().err
+
+
+def test_without_an_earlier_name_nothing_is_warned(capsys):
+    args = build_parser("tune").parse_args(["tune", "--src-lang", "fr", "--tgt-lang", "en"])
+    assert (args.src_lang, args.tgt_lang) == ("fr", "en") and capsys.readouterr().err == ""

@@ -330,7 +330,7 @@ def test_fastvocab_bench_fidelity_writes_the_record_and_prints_the_table(
     write_en_it_split(tmp_path / "corpus", "test", 3, seed=5)
     save_cluster_map(mixed_map, tmp_path / "maps" / "en-it")
     out = tmp_path / "fidelity.json"
-    argv = ["bench", "fidelity", "--model", str(tiny_model_dir), "--maps", str(tmp_path / "maps")]
+    argv = ["bench", "fidelity", "--model", str(tiny_model_dir), "--clusters", str(tmp_path / "maps")]
     argv += ["--corpus", str(tmp_path / "corpus"), "--directions", "en-it", "--beams", "2", "--batches", "3"]
     argv += ["--methods", "clustered,normaliser", "--max-len", "6", "--threads", "1", "--output", str(out)]
     assert main(argv) == 0

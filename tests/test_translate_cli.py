@@ -403,7 +403,7 @@ def test_cli_parquet_round_trip(model_dir, adapter, tmp_path, capsys):
     expect = translate(
         adapter, make_projection(adapter), lines, "en", "it", max_len=MAX_LEN, progress=False
     ).hypotheses
-    assert table.column("hypothesis").to_pylist() == expect
+    assert table.column("translation").to_pylist() == expect
 
     # a single Parquet file in, text out: a `text` column needs no flag; no text column is a one-line error
     # naming the columns found and the flag
@@ -639,7 +639,7 @@ def test_parts_give_the_whole_file_translation_in_order(model_dir, long_input, t
     table = pq.read_table(tmp_path / "out.parquet")
     assert table.schema.equals(TRANSLATIONS_SCHEMA, check_metadata=False)
     assert table.column("id").to_pylist() == list(range(len(expect)))
-    assert table.column("hypothesis").to_pylist() == expect
+    assert table.column("translation").to_pylist() == expect
 
 
 def test_a_killed_run_resumes_after_its_last_finished_part(model_dir, long_input, tmp_path, monkeypatch):

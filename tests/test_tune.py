@@ -61,7 +61,18 @@ def work(tmp_path_factory, tiny_model_dir) -> Path:
 
 def _tune(capsys, work: Path, tiny_model_dir: Path, *extra: str) -> tuple[int, str, str]:
     argv = ["tune", "--model", str(tiny_model_dir), "--work-dir", str(work / "work")]
-    argv += ["--corpus", str(work / "corpus"), "--direction", "en-it", "--max-len", "8", "--batch-size", "4"]
+    argv += [
+        "--corpus",
+        str(work / "corpus"),
+        "--src-lang",
+        "en",
+        "--tgt-lang",
+        "it",
+        "--max-len",
+        "8",
+        "--batch-size",
+        "4",
+    ]
     argv += ["--threads", "1", *GRID, *extra]
     rc = main(argv)
     cap = capsys.readouterr()
@@ -141,7 +152,9 @@ def test_a_budget_nothing_meets_is_a_clear_error(work, tiny_model_dir, tmp_path,
         {"label": "a", "search_errors": 0.2, "speed_ratio": 2.0, "sentences": 10},
         {"label": "b", "search_errors": 0.1, "speed_ratio": 1.5, "sentences": 10},
     ]
-    with pytest.raises(BudgetNotMet, match=r"lowest measured is 10\.0% \(b, 10 sentences\)"):
+    with pytest.raises(
+        BudgetNotMet, match=r"lowest measured is 10\.0% \(b, 10 sentences\), so --budget 10% is reachable"
+    ):
         choose(rows, 0.05, "speed_ratio")
     assert choose(rows, 0.15, "speed_ratio")["label"] == "b"
     assert choose(rows, 0.2, "speed_ratio")["label"] == "a"
@@ -178,7 +191,7 @@ def test_tune_at_a_beam_reads_the_states_of_every_dumped_beam(beam_work, tiny_mo
     states = beam_work / "work" / "states"
     rows = {b: sum(shard_rows(validate_direction(beam_root(states, b), "en-it"))) for b in (1, 2)}
     argv = ["tune", "--model", str(tiny_model_dir), "--work-dir", str(beam_work / "work")]
-    argv += ["--corpus", str(beam_work / "corpus"), "--direction", "en-it", "--max-len", "8"]
+    argv += ["--corpus", str(beam_work / "corpus"), "--src-lang", "en", "--tgt-lang", "it", "--max-len", "8"]
     argv += ["--batch-size", "4", "--threads", "1", "--beam", "2", "--r", "3", "--min-count", "1"]
     argv += [
         "--selection",
@@ -221,7 +234,18 @@ def test_tune_by_coverage_picks_the_cheapest_point_within_the_budget(work, tiny_
     """No candidate decoded: every (r, K, probes) point predicted from full softmax's dev path; the choice is
     the point within the budget whose union batch computes fewest columns, checked on the test split."""
     argv = ["tune", "--by", "coverage", "--model", str(tiny_model_dir), "--work-dir", str(work / "work")]
-    argv += ["--corpus", str(work / "corpus"), "--direction", "en-it", "--max-len", "8", "--batch-size", "4"]
+    argv += [
+        "--corpus",
+        str(work / "corpus"),
+        "--src-lang",
+        "en",
+        "--tgt-lang",
+        "it",
+        "--max-len",
+        "8",
+        "--batch-size",
+        "4",
+    ]
     argv += ["--r", "3,6", "--k", "1,3", "--probes", "1,2", "--threads", "1", "--budget", "0.5"]
     argv += ["--output", str(tmp_path)]
     assert main(argv) == 0, capsys.readouterr().err

@@ -118,9 +118,12 @@ def add_grid_alias(p: argparse.ArgumentParser) -> None:
     )
 
 
-def add_mlflow_options(p: argparse.ArgumentParser, store: str, experiment: str) -> None:
-    """``--tracking-uri URI`` (``store`` says what it defaults to) and ``--experiment-name NAME`` (default
-    ``experiment``)."""
+def add_mlflow_options(
+    p: argparse.ArgumentParser, store: str, experiment: str, no_mlflow: str = "log nothing to MLflow"
+) -> None:
+    """``--tracking-uri URI`` (``store`` says what it defaults to), ``--experiment-name NAME`` (default
+    ``experiment``) and ``--no-mlflow`` (``no_mlflow``: its help), the same three wherever MLflow is used."""
+    p.add_argument("--no-mlflow", action="store_true", help=no_mlflow)
     p.add_argument(
         "--tracking-uri",
         metavar="URI",
@@ -132,6 +135,51 @@ def add_mlflow_options(p: argparse.ArgumentParser, store: str, experiment: str) 
         metavar="NAME",
         help="MLflow experiment (default: %(default)s)",
     )
+
+
+class _Deprecated(argparse.Action):
+    """An earlier spelling of an option: parsed as the new one (``convert`` turns its value into the new
+    options' values), with a one-line warning on standard error. Hidden from --help."""
+
+    def __init__(self, option_strings, dest, *, new: str, convert=None, **kwargs) -> None:
+        super().__init__(option_strings, dest, help=argparse.SUPPRESS, **kwargs)
+        self.new, self.convert = new, convert
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        import sys
+
+        print(
+            f"{parser.prog}: warning: {option_string} is deprecated and will be removed in the next release; "
+            f"use {self.new}",
+            file=sys.stderr,
+        )
+        if self.convert is None:
+            setattr(namespace, self.dest, values)
+            return
+        try:
+            converted = self.convert(values)
+        except argparse.ArgumentTypeError as exc:
+            parser.error(str(exc))
+        for dest, value in converted.items():
+            setattr(namespace, dest, value)
+
+
+def add_deprecated(
+    p: argparse.ArgumentParser, old: str, new: str, dest: str, convert=None, **kwargs: object
+) -> None:
+    """``old``, kept one release: stores into ``dest`` as ``new`` does (or ``convert(value)``: a dict of
+    destinations and values), warning once on standard error that ``new`` replaces it."""
+    p.add_argument(
+        old, dest=dest, action=_Deprecated, new=new, convert=convert, default=argparse.SUPPRESS, **kwargs
+    )
+
+
+def split_direction(text: str, flag: str = "--direction") -> dict[str, str]:
+    """``"en-it"`` -> ``{"src_lang": "en", "tgt_lang": "it"}`` (the --src-lang/--tgt-lang destinations)."""
+    src, sep, tgt = text.partition("-")
+    if not (src and sep and tgt):
+        raise argparse.ArgumentTypeError(f"{flag} takes SRC-TGT, e.g. en-it, got {text!r}")
+    return {"src_lang": src, "tgt_lang": tgt}
 
 
 def load_model(args: argparse.Namespace) -> tuple[Seq2SeqAdapter, tuple[float, float, float], float]:

@@ -27,6 +27,7 @@ from fastvocab.pipeline.commands import (
     add_batch_size,
     add_corpus,
     add_count,
+    add_deprecated,
     add_grid_alias,
     add_length_penalty,
     add_max_len,
@@ -86,12 +87,14 @@ def add_fidelity_arguments(p: argparse.ArgumentParser) -> None:
     d = FidelitySettings()
     _add_model_corpus(p, d.split)
     p.add_argument(
-        "--maps",
+        "--clusters",
+        dest="maps",
         type=Path,
         default=Path("runs/demo/maps"),
         metavar="DIR",
-        help="maps root or a map folder (default: %(default)s)",
+        help="cluster maps root or a map folder (default: %(default)s)",
     )
+    add_deprecated(p, "--maps", "--clusters", "maps", type=Path, metavar="DIR")
     grids = "; ".join(f"{k}: beams {v[0]} x batches {v[1]}" for k, v in GRIDS.items())
     p.add_argument(
         "--grid",
@@ -312,12 +315,14 @@ def add_methods_arguments(p: argparse.ArgumentParser) -> None:
     d = BenchSettings()
     _add_model_corpus(p, d.split)
     p.add_argument(
-        "--maps",
+        "--clusters",
+        dest="maps",
         type=Path,
         metavar="DIR",
         help="cluster maps root or a map folder, for clustered and per-row (default: <work-dir>/maps, "
         "else runs/demo/maps)",
     )
+    add_deprecated(p, "--maps", "--clusters", "maps", type=Path, metavar="DIR")
     p.add_argument(
         "--methods-dir",
         type=Path,
@@ -400,7 +405,7 @@ def run_methods_command(
     )
     directions = [d for d in args.directions.split(",") if d]
     tracker = None
-    if args.tracking_uri or work is not None:  # open the store first: a bad URI fails before the work
+    if not args.no_mlflow and (args.tracking_uri or work is not None):  # a bad URI fails before the work
         from fastvocab.pipeline.tracking import Tracker
 
         tracker = Tracker.for_work_dir(work or Path("."), args.tracking_uri, args.experiment_name)

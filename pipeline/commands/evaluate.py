@@ -1,7 +1,9 @@
 """``fastvocab eval``: BLEU and chrF (sacrebleu, signatures printed) of hypotheses against references.
 
-Each of ``--hyp``, ``--ref`` and ``--baseline`` is a UTF-8 text file (one sentence a line) or Parquet (a
-``hypothesis`` column for outputs of ``fastvocab translate``; ``--ref-column`` for references). With
+Each of ``--hyp``, ``--ref`` and ``--baseline`` is a UTF-8 text file (one sentence a line) or Parquet: a file,
+or a dataset folder such as ``fastvocab translate -o DIR/`` writes (its parts in order). Hypotheses are read
+from the ``translation`` column that translate writes (or ``hypothesis``, its earlier name; ``--hyp-column``
+names another), references from ``--ref-column``. With
 ``--baseline`` (the full-softmax output of the same model and settings) the search error rate is reported too.
 """
 
@@ -15,9 +17,24 @@ from fastvocab.pipeline.errors import UserError
 
 HELP = "score hypotheses against references with sacrebleu (BLEU, chrF; signatures printed)"
 
+EXAMPLES = """\
+examples:
+  fastvocab translate --src-lang en --tgt-lang it -i input.txt -o output.txt
+  fastvocab eval --hyp output.txt --ref reference.txt --tgt-lang it
+  fastvocab eval --hyp out/ --ref data/corpus/en-it/test.parquet --ref-column text2 --tgt-lang it
+"""
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--hyp", required=True, type=Path, metavar="FILE", help="hypotheses: text or Parquet")
+    p.epilog = EXAMPLES
+    p.formatter_class = argparse.RawDescriptionHelpFormatter
+    p.add_argument(
+        "--hyp",
+        required=True,
+        type=Path,
+        metavar="FILE",
+        help="hypotheses: text, Parquet, or a dataset folder (fastvocab translate -o DIR/)",
+    )
     p.add_argument("--ref", required=True, type=Path, metavar="FILE", help="references: text or Parquet")
     p.add_argument("--tgt-lang", metavar="YY", help="target language (sacrebleu picks zh/ja/ko tokenizers)")
     p.add_argument(
@@ -28,9 +45,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--hyp-column",
-        default="hypothesis",
+        default=None,
         metavar="NAME",
-        help="Parquet column of hypotheses (default: %(default)s)",
+        help="Parquet column of hypotheses (default: translation, what fastvocab translate writes, else "
+        "hypothesis)",
     )
     p.add_argument(
         "--ref-column",
@@ -41,10 +59,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
 
 
-def _read(path: Path, column: str) -> list[str]:
-    from fastvocab.tasks.inputs import is_parquet, read_parquet_column, read_text_lines
+def _read(path: Path, column: str | None) -> list[str]:
+    """The lines of a text file, or a Parquet file's or dataset folder's ``column`` (None: the translations'
+    column, under either of its names)."""
+    from fastvocab.artifacts_schema.translations import TRANSLATION_COLUMNS, translation_column
+    from fastvocab.tasks.inputs import is_parquet, parquet_names, read_parquet_column, read_text_lines
 
     if is_parquet(path):
+        if column is None:
+            column = translation_column(parquet_names(path)) or TRANSLATION_COLUMNS[0]
         return read_parquet_column(path, column)[0]
     return read_text_lines(path)
 

@@ -95,11 +95,13 @@ def add_paper_arguments(p: argparse.ArgumentParser) -> None:
         help=f"pipeline work dir: its maps, stored states and MLflow store (default: {DEFAULT_WORK_DIR})",
     )
     p.add_argument(
-        "--maps",
+        "--clusters",
+        dest="maps",
         type=Path,
         metavar="DIR",
-        help="maps root or folder for Tables 2-5 (default: <work-dir>/maps)",
+        help="cluster maps root or folder for Tables 2-5 (default: <work-dir>/maps)",
     )
+    commands.add_deprecated(p, "--maps", "--clusters", "maps", type=Path, metavar="DIR")
     p.add_argument(
         "--states",
         type=Path,
@@ -195,8 +197,7 @@ def add_paper_arguments(p: argparse.ArgumentParser) -> None:
     commands.add_output(
         p, "results folder (default: benchmarks/results/paper-<dev>-<date>[-quick])", metavar="DIR"
     )
-    commands.add_mlflow_options(p, "above", EXPERIMENT)
-    p.add_argument("--no-mlflow", action="store_true", help="write the results folder only")
+    commands.add_mlflow_options(p, "above", EXPERIMENT, "write the results folder only")
 
 
 def _names(text: str | None) -> tuple[str, ...] | None:

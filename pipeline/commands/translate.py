@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 
 from fastvocab.artifacts_schema.atomic import STDIO, copy_to_stream, is_stream
 from fastvocab.artifacts_schema.errors import ArtifactError
-from fastvocab.pipeline.checks import check_device, check_map_direction
+from fastvocab.pipeline.checks import check_device, check_map_direction, untrained_direction
 from fastvocab.pipeline.commands import (
     add_batch_size,
     add_beam,
@@ -296,7 +296,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="G",
         help="GPUs each actor reserves; > 0 decodes on the actor's GPU (default: 0)",
     )
-    add_mlflow_options(p, "$MLFLOW_TRACKING_URI; neither: the job is not logged", "fastvocab-bulk")
+    add_mlflow_options(
+        p,
+        "$MLFLOW_TRACKING_URI; neither: the job is not logged",
+        "fastvocab-bulk",
+        "log nothing to MLflow, whatever --tracking-uri or $MLFLOW_TRACKING_URI say",
+    )
 
 
 def _check_args(args: argparse.Namespace) -> None:
@@ -335,6 +340,9 @@ def _check_args(args: argparse.Namespace) -> None:
             "fastvocab run, methods.build: [shortlist])"
         )
     check_device(args.device, "--device")
+    untrained = untrained_direction(args.model, args.src_lang, args.tgt_lang)
+    if untrained is not None:
+        print(f"warning: {untrained}", file=sys.stderr)
     if args.method == "clustered":
         from fastvocab.artifacts_schema.cluster_map import coverage_problem, resolve_map_dir
 
@@ -436,7 +444,7 @@ def run(args: argparse.Namespace) -> int:
     from fastvocab.pipeline.tracking import check_tracking_uri
 
     _check_args(args)
-    uri = args.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
+    uri = None if args.no_mlflow else args.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
     if uri:
         check_tracking_uri(uri, "--tracking-uri" if args.tracking_uri else "MLFLOW_TRACKING_URI")
     with through_files(args.input, args.output) as (input_path, output_path, shown):
@@ -541,7 +549,7 @@ def _summarise(args: argparse.Namespace, result: BulkResult) -> None:
     if result.lines == 0:
         print(f"translated {result.summary()}", file=sys.stderr)
     else:
-        speed = f"{result.tokens_per_second:.0f} tokens/s"
+        speed = f"{result.translating_tokens_per_second:.0f} tokens/s translating"
         busy = [w["tokens"] / w["seconds"] for w in result.workers.values() if w["seconds"] > 0]
         if busy and result.decode_seconds > 0:
             speed += (
@@ -549,7 +557,8 @@ def _summarise(args: argparse.Namespace, result: BulkResult) -> None:
                 f"{result.sentences / result.decode_seconds:.1f} sentences/s decoding)"
             )
         print(
-            f"translated {result.summary()} in {result.seconds:.2f} s, {speed} "
+            f"translated {result.summary()} in {result.seconds:.2f} s (load {result.load_seconds:.2f} s, "
+            f"translating {result.translate_seconds:.2f} s), {speed} "
             f"[{args.method}, beam {args.beam}, batch {args.batch_size}, {args.device}, {args.dtype}, "
             f"{where}] -> {'standard output' if args.output == STDIO else args.output}",
             file=sys.stderr,

@@ -22,6 +22,7 @@ from fastvocab.pipeline.commands import (
     add_batch_size,
     add_beam,
     add_corpus,
+    add_deprecated,
     add_grid_alias,
     add_inactive_mass,
     add_length_penalty,
@@ -32,6 +33,7 @@ from fastvocab.pipeline.commands import (
     command_line,
     int_list,
     load_model,
+    split_direction,
 )
 from fastvocab.pipeline.errors import UserError
 
@@ -87,8 +89,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.description = DESCRIPTION
     p.formatter_class = argparse.RawDescriptionHelpFormatter
     d, km = TuneSettings(), KMeansParams()
-    p.add_argument(
-        "--direction", default="en-it", metavar="SRC-TGT", help="the direction to tune (default: %(default)s)"
+    p.add_argument("--src-lang", default="en", metavar="XX", help="source language (default: %(default)s)")
+    p.add_argument("--tgt-lang", default="it", metavar="YY", help="target language (default: %(default)s)")
+    add_deprecated(
+        p, "--direction", "--src-lang and --tgt-lang", "direction", split_direction, metavar="SRC-TGT"
     )
     p.add_argument(
         "--work-dir",
@@ -203,7 +207,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_output(p, "output root (default: <work-dir>/tune)", metavar="DIR")
     p.add_argument("--json", type=Path, metavar="FILE", help="also write the JSON record here")
     add_mlflow_options(p, "<work-dir>/mlflow.db", "fastvocab-tune")
-    p.add_argument("--no-mlflow", action="store_true", help="log nothing to MLflow")
 
 
 def parse_budget(text: str) -> float:
@@ -244,6 +247,7 @@ def settings_from(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
+    args.direction = f"{args.src_lang}-{args.tgt_lang}"  # one name for it in records and folders
     if args.by == "coverage":
         return run_coverage(args)
     return run_decode(args)
@@ -270,7 +274,7 @@ def run_coverage(args: argparse.Namespace) -> int:
     direction = args.direction
     src, sep, tgt = direction.partition("-")
     if not sep or not src or not tgt:
-        raise UserError(f"--direction must look like en-it, got {direction!r}")
+        raise UserError(f"--src-lang and --tgt-lang must both be given, got {direction!r}")
     rs = int_list(args.rs, "--r") or COVERAGE_RS
     ks = int_list(args.ks, "--k") or COVERAGE_KS
     probes = int_list(args.probes, "--probes") or (1,)
@@ -392,7 +396,7 @@ def run_decode(args: argparse.Namespace) -> int:
     direction = args.direction
     src, sep, tgt = direction.partition("-")
     if not sep or not src or not tgt:
-        raise UserError(f"--direction must look like en-it, got {direction!r}")
+        raise UserError(f"--src-lang and --tgt-lang must both be given, got {direction!r}")
     states = args.states or args.work_dir / "states"
     out_dir = (args.output or args.work_dir / "tune") / f"{direction}-beam{settings.beam}"
     tracker = None
