@@ -141,7 +141,8 @@ class LiteM2M100(nn.Module):
         self.config, self.generation_config = c, generation_config
         shared = nn.Embedding(c.vocab_size, c.d_model, c.pad_token_id)
         scale = math.sqrt(c.d_model) if getattr(c, "scale_embedding", False) else 1.0
-        shared.embed_scale = scale  # as M2M100ScaledWordEmbedding (model_families.embed_scale reads it)
+        # as M2M100ScaledWordEmbedding (model_families.embed_scale reads it)
+        shared.embed_scale = scale  # type: ignore[assignment]
         self.encoder = _Stack(shared, scale, c.encoder_layers, c.d_model, c.encoder_ffn_dim, cross=False)
         self.decoder = _Stack(shared, scale, c.decoder_layers, c.d_model, c.decoder_ffn_dim, cross=True)
         self.lm_head = nn.Linear(c.d_model, c.vocab_size, bias=False)

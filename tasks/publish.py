@@ -95,9 +95,9 @@ def publish_maps(maps_root: Path, names: list[str], out: Path, record: dict[str,
             save_cluster_map(load_cluster_map(maps_root / name), out / name, compact=True)
             there = load_manifest(out / name)
             copied.append(name)
-        summaries[name] = map_summary(there) | {
-            "build": _build_of(record, src.extra.get("directions", [name]))
-        }
+        feeding = src.extra.get("directions")
+        directions = [str(d) for d in feeding] if isinstance(feeding, list) else [name]
+        summaries[name] = map_summary(there) | {"build": _build_of(record, directions)}
     old = read_json(out / BUILD_FILE)
     if copied or old is None:
         kept = _earlier_entries(old, record, out, set(names))
@@ -115,7 +115,7 @@ def publish_maps(maps_root: Path, names: list[str], out: Path, record: dict[str,
 
 def _build_of(record: dict[str, Any], directions: list[str]) -> dict[str, Any]:
     """How one map was built: the run's command, commit and settings, and the sources of its directions."""
-    build = {k: record[k] for k in ("command", "commit", "settings") if k in record}
+    build: dict[str, Any] = {k: record[k] for k in ("command", "commit", "settings") if k in record}
     sources = record.get("sources")
     if isinstance(sources, dict):
         build["sources"] = {d: sources[d] for d in directions if d in sources}

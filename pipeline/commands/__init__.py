@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from fastvocab.pipeline.errors import UserError
 
@@ -165,7 +165,7 @@ class _Deprecated(argparse.Action):
 
 
 def add_deprecated(
-    p: argparse.ArgumentParser, old: str, new: str, dest: str, convert=None, **kwargs: object
+    p: argparse.ArgumentParser, old: str, new: str, dest: str, convert=None, **kwargs: Any
 ) -> None:
     """``old``, kept one release: stores into ``dest`` as ``new`` does (or ``convert(value)``: a dict of
     destinations and values), warning once on standard error that ``new`` replaces it."""
