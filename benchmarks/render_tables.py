@@ -211,10 +211,67 @@ def render_demo_bleu(root: Path, doc: Path) -> str:
     return out + "\n" + _sources(doc, root, [QUALITY])
 
 
+# --- README: the maps shipped beside the demo model, one row a direction (bench fidelity, test split) ---
+
+SHIPPED = "models/demo-maps/maps.json"  # the build record published beside the maps
+SHIPPED_GREEDY = "fidelity-cpu-2026-11-28-shipped-greedy.json"  # beam 1 x batches 1, 32
+SHIPPED_BEAM = "fidelity-cpu-2026-11-28-shipped-beam4.json"  # beam 4 x batch 8
+ALL_DIRECTIONS = tuple(d for lang in LANGS for d in (f"en-{lang}", f"{lang}-en"))
+
+
+def _rows_by(root: Path, name: str) -> dict[tuple[str, int, int], dict]:
+    return {(r["direction"], r["beam"], r["batch"]): r for r in _load(root, name)["results"]}
+
+
+def _text_of(built: dict, name: str) -> int:
+    """Source lines the map was built from: of each direction it pools, the lines the dump read."""
+    build = built["maps"][name]["build"]
+    limit = build["settings"]["dump"]["sentences"]
+    rows = [int(s["rows"]) for s in build["sources"].values()]
+    return sum(r if limit == "all" else min(r, int(limit)) for r in rows)
+
+
+def render_shipped(root: Path, doc: Path) -> str:
+    built = json.loads((root / SHIPPED).read_text())
+    greedy, beam = _rows_by(root, SHIPPED_GREEDY), _rows_by(root, SHIPPED_BEAM)
+    n_vocab = _load(root, SHIPPED_GREEDY)["meta"]["n_vocab"]
+    head = [
+        "direction",
+        "map: source lines, states, r, K",
+        "columns a row, b1",
+        "outputs changed: b1 / b32 / beam 4",
+        "BLEU full / clustered, b1",
+        "speed vs full: b1 / b32 / beam 4",
+    ]
+    out = _row(head) + _row(["---", "---", "---:", "---:", "---:", "---:"])
+    for d in ALL_DIRECTIONS:
+        b1, b32, b4 = greedy[(d, 1, 1)], greedy[(d, 1, 32)], beam[(d, 4, 8)]
+        name = (built.get("serves") or {}).get(d, {}).get("map", d)
+        cols = b1["active_columns_per_row"]
+        out += _row(
+            [
+                d,
+                f"{name}: {_text_of(built, name):,}, {b1['map']['states'] / 1e6:.2f}M, {b1['map']['r']:,}, "
+                f"{b1['map']['k']}",
+                f"{cols:,.0f} ({_pct(cols / n_vocab)})",
+                " / ".join(_pct(1 - r["identical"]) for r in (b1, b32, b4)),
+                f"{b1['bleu_full']:.1f} / {b1['bleu']:.1f}",
+                " / ".join(f"{r['speed_ratio']:.2f}x" for r in (b1, b32, b4)),
+            ]
+        )
+    links = _sources(doc, root, [SHIPPED_GREEDY, SHIPPED_BEAM])
+    return (
+        out
+        + "\n"
+        + links.replace(".\n", f", and [maps.json]({os.path.relpath(root / SHIPPED, doc.parent)}).\n")
+    )
+
+
 TABLES: dict[str, Callable[[Path, Path], str]] = {
     "peer-cpu": render_peer,
     "methods-cpu": render_methods,
     "demo-model-bleu": render_demo_bleu,
+    "shipped-maps": render_shipped,
 }
 
 

@@ -36,6 +36,9 @@ def _copy_docs(render_tables, dst: Path) -> None:
         target = dst / doc.relative_to(ROOT)
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(doc, target)
+    shipped = dst / "models" / "demo-maps"
+    shipped.mkdir(parents=True)
+    shutil.copy2(ROOT / "models" / "demo-maps" / "maps.json", shipped)
     shutil.copytree(
         ROOT / "benchmarks" / "results",
         dst / "benchmarks" / "results",
