@@ -259,3 +259,23 @@ def test_corrupt_shard_is_redone_and_the_run_names_it(setup, capsys):
     assert "dump      it-en ran" in out and "corrupt shards redone: part-00001.parquet" in out, out
     assert shard.read_bytes() == good  # deterministic decoding: the same bytes again, so nothing else reran
     assert "1 ran, 11 skipped" in out
+
+
+def test_a_build_killed_between_directions_resumes_without_redoing_the_finished_one(setup, capsys):
+    """Killed while dumping it-en (en-it's shards done, it-en's second not yet, no map built): the rerun
+    keeps every finished shard, writes only the missing one, and builds both directions' maps."""
+    cfg_path, cfg, _ = setup
+    w = cfg.work_dir
+    gone = w / "states" / "direction=it-en" / "part-00001.parquet"
+    gone.unlink()
+    (gone.parent / f"_{gone.name}.sha256").unlink()
+    for stage in ("kmeans", "maps", "stream", "translations", "eval"):
+        shutil.rmtree(w / stage, ignore_errors=True)
+    kept = {k: v for k, v in output_hashes(w).items() if k.startswith("states/")}
+    assert main(["run", str(cfg_path), "--stages", STAGES, "--no-progress", "--no-mlflow"]) == 0
+    out = capsys.readouterr().out
+    assert "dump      en-it skipped     2 shards valid" in out, out
+    assert "dump      it-en ran         1 of 2 shards written" in out, out
+    after = output_hashes(w)
+    assert {k: after[k] for k in kept} == kept  # every finished shard, of both directions, untouched
+    assert all(load_cluster_map(w / "maps" / d).manifest.direction == d for d in DIRECTIONS)

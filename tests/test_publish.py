@@ -103,6 +103,22 @@ def test_shipped_maps_run_as_their_own_method(stage_ctx, tmp_path):
     )
 
 
+def test_shipped_maps_serve_a_direction_without_its_own_from_the_pooled_map(stage_ctx, tmp_path):
+    """eval.maps finds maps as decoding does: en-it has no map of its own there, to-it serves it."""
+    from fastvocab.decoding.hf_adapter import Seq2SeqAdapter
+    from fastvocab.pipeline.stages.translate import _method_plan
+
+    ctx = stage_ctx(tmp_path / "shipped")
+    adapter = Seq2SeqAdapter.load(ctx.cfg.model, device="cpu")
+    w, b = adapter.output_weight, adapter.output_bias
+    cmap = random_map(w.float(), None if b is None else b.float(), r=3, size=20)
+    cmap.manifest.model_fingerprint = ctx.model().fingerprint
+    cmap.manifest.direction, cmap.manifest.scope = "to-it", "target"
+    save_cluster_map(cmap, tmp_path / "shipped" / "to-it")
+    options, prov = _method_plan(ctx, "en-it", "clustered", "clustered-shipped", tmp_path / "shipped")
+    assert options["cluster_map"] == str(tmp_path / "shipped" / "to-it") and prov["map"] == "to-it"
+
+
 def test_shipped_maps_of_another_model_are_refused_with_the_fingerprint_error(stage_ctx, tmp_path):
     from fastvocab.pipeline.stages.translate import _method_plan
 

@@ -7,6 +7,7 @@ the reason, and the run goes on. Outputs whose JSON record matches the current p
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,7 @@ from fastvocab.artifacts_schema.cluster_map import (
     REBUILD_HINT,
     coverage_problem,
     map_dir_name,
+    resolve_map_dir,
 )
 from fastvocab.artifacts_schema.corpus import read_direction
 from fastvocab.artifacts_schema.digest import text_digest
@@ -70,6 +72,10 @@ def _method_plan(
         own = maps_root is None or maps_root == ctx.maps_root
         root = ctx.maps_root if maps_root is None else maps_root
         map_dir = root / map_dir_name(src, tgt, ctx.cfg.maps.scope)
+        if not own and not (map_dir / MANIFEST_FILE).exists():
+            # maps built elsewhere serve as decoding finds them: the direction's own, else its target's pooled
+            with contextlib.suppress(ArtifactError):  # none there: the line below says where it looked
+                map_dir = resolve_map_dir(root, src, tgt)
         if not (map_dir / MANIFEST_FILE).exists():
             return f"no cluster map at {map_dir}" + (" (run the maps stage)" if own else "")
         if not own:  # a map of another model decodes nonsense: refused with the one-line fingerprint error
