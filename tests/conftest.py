@@ -11,6 +11,15 @@ from pathlib import Path
 
 import pytest
 
+
+@pytest.fixture(autouse=True)
+def _own_fingerprint_cache(tmp_path_factory, monkeypatch):
+    """Each test starts with no remembered model fingerprints (they are kept across runs by design): a test
+    that counts hashes, or builds a model in a folder an earlier test used, sees what a first run sees.
+    Subprocesses inherit the variable."""
+    monkeypatch.setenv("FASTVOCAB_CACHE_DIR", str(tmp_path_factory.mktemp("fastvocab-cache")))
+
+
 LANGS = ["en", "it", "fr", "de"]
 WORDS = {
     "en": "the a package for library tool data file system server client network graphics sound",
