@@ -59,3 +59,26 @@ def test_workers_use_the_drivers_fingerprint_and_never_hash(fake_ctx, tmp_path, 
     assert record["signature"].endswith("model:sha256:from-the-driver")
     assert out.exists() and out.with_suffix(".json").exists()
     assert fingerprint_calls(caplog) == 0
+
+
+def test_a_folders_fingerprint_is_remembered_until_its_files_change(
+    tiny_model_dir, tmp_path, caplog, monkeypatch
+):
+    import os
+    import shutil
+
+    from fastvocab.decoding.hf_adapter import Seq2SeqAdapter
+
+    monkeypatch.setenv("FASTVOCAB_CACHE_DIR", str(tmp_path / "cache"))
+    model = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, model)
+    caplog.set_level(logging.DEBUG, logger=FP_LOGGER)
+    first = Seq2SeqAdapter.load(model).fingerprint
+    assert fingerprint_calls(caplog) == 1 and (tmp_path / "cache" / "fingerprints.json").is_file()
+    assert Seq2SeqAdapter.load(model).fingerprint == first
+    assert fingerprint_calls(caplog) == 1  # remembered: not hashed again
+    weights = model / "model.safetensors"
+    st = weights.stat()
+    os.utime(weights, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000))  # a rewritten file: hashed again
+    assert Seq2SeqAdapter.load(model).fingerprint == first
+    assert fingerprint_calls(caplog) == 2
