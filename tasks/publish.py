@@ -101,6 +101,12 @@ def publish_maps(maps_root: Path, names: list[str], out: Path, record: dict[str,
     old = read_json(out / BUILD_FILE)
     if copied or old is None:
         kept = _earlier_entries(old, record, out, set(names))
+        # which map serves which direction was measured (record_choices): kept, for the same model, while
+        # its map is published
+        published = set(kept) | set(summaries)
+        same_model = old is not None and old.get("model_fingerprint") == record.get("model_fingerprint")
+        earlier = (old or {}).get("serves") or {} if same_model else {}
+        serves = {d: c for d, c in earlier.items() if c["map"] in published}
         write_json(
             out / BUILD_FILE,
             {
@@ -108,6 +114,7 @@ def publish_maps(maps_root: Path, names: list[str], out: Path, record: dict[str,
                 "fastvocab_version": __version__,
                 **record,
                 "maps": dict(sorted((kept | summaries).items())),
+                **({"serves": serves} if serves else {}),
             },
         )
     return copied

@@ -93,6 +93,11 @@ def test_recorded_choice_withdraws_the_loser_and_decoding_falls_back(maps, tmp_p
     record = json.loads((out / BUILD_FILE).read_text())
     assert record["serves"]["en-it"]["map"] == "to-it" and set(record["maps"]) == {"to-it"}
     assert resolve_map_dir(out, "en", "it") == out / "to-it"
+    # a later run publishing another direction keeps the recorded choice
+    publish_maps(maps, ["to-it"], out, {"model_fingerprint": fp, "command": "fastvocab run y"})
+    (out / "to-it" / "manifest.json").unlink()  # force the copy, and so a new record
+    publish_maps(maps, ["to-it"], out, {"model_fingerprint": fp, "command": "fastvocab run y"})
+    assert json.loads((out / BUILD_FILE).read_text())["serves"]["en-it"]["map"] == "to-it"
     shutil.rmtree(out / "to-it")
     with pytest.raises(Exception, match="is not published"):
         record_choices(out, {"en-it": {"map": "to-it", "why": "w", "split": "dev", "measured": measured}})
