@@ -101,3 +101,18 @@ def test_recorded_choice_withdraws_the_loser_and_decoding_falls_back(maps, tmp_p
     shutil.rmtree(out / "to-it")
     with pytest.raises(Exception, match="is not published"):
         record_choices(out, {"en-it": {"map": "to-it", "why": "w", "split": "dev", "measured": measured}})
+
+
+def test_the_command_writes_the_choice_and_every_row(tiny_model_dir, maps, tmp_path, capsys):
+    from fastvocab.pipeline.cli import main
+
+    write_en_it_split(tmp_path / "corpus", "dev", 4, seed=8)
+    out = tmp_path / "scope.json"
+    argv = ["bench", "scope", "--model", str(tiny_model_dir), "--corpus", str(tmp_path / "corpus")]
+    argv += ["--clusters", str(maps), "--directions", "en-it", "--sentences", "4", "--max-len", "8"]
+    assert main([*argv, "--threads", "1", "-o", str(out)]) == 0
+    assert capsys.readouterr().out.startswith("en-it: to-it (")
+    record = json.loads(out.read_text())
+    assert record["benchmark"] == "scope" and record["meta"]["split"] == "dev"
+    assert record["choices"]["en-it"]["map"] == "to-it" and "rows" not in record["choices"]["en-it"]
+    assert {r["candidate"] for r in record["results"]} == {"en-it", "to-it"}

@@ -21,7 +21,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from fastvocab.pipeline.commands import (
     add_batch_size,
@@ -40,6 +40,10 @@ from fastvocab.pipeline.commands import (
     load_model,
 )
 from fastvocab.pipeline.errors import UserError
+
+if TYPE_CHECKING:
+    from fastvocab.decoding import Seq2SeqAdapter
+    from fastvocab.experiments.fidelity import FidelitySettings
 
 HELP = "measure output-layer methods against full softmax (fidelity yardstick; all methods side by side)"
 
@@ -161,28 +165,9 @@ def run_fidelity_command(
 ) -> int:
     """Run the yardstick as ``args`` say, write the record, print the table. ``extra_meta`` is called
     after the thread count is set (a device name may read it)."""
-    import torch
+    from fastvocab.experiments.fidelity import GRIDS, TABLE_HEADER, format_row, run_fidelity
 
-    from fastvocab.experiments.fidelity import (
-        GRIDS,
-        TABLE_HEADER,
-        FidelitySettings,
-        fidelity_record,
-        format_row,
-        run_fidelity,
-    )
-
-    beams = int_list(args.beams, "--beams") or GRIDS[args.grid][0]
-    batches = int_list(args.batches, "--batches") or GRIDS[args.grid][1]
-    settings = _settings(
-        FidelitySettings,
-        args,
-        beams=beams,
-        batches=batches,
-        methods=tuple(m for m in args.methods.split(",") if m),
-        selection=args.selection,
-        probes=args.probes,
-    )
+    settings = _fidelity_settings(args, GRIDS[args.grid])
     directions = [d for d in args.directions.split(",") if d]
     shortlists = _fidelity_shortlists(args, settings.methods, directions)
     out = args.output or Path(f"fidelity-{dt.date.today().isoformat()}.json")
@@ -200,7 +185,51 @@ def run_fidelity_command(
         )
     except ValueError as exc:  # an unknown language
         raise UserError(str(exc)) from exc
-    record = fidelity_record(
+    extra = {} if extra_meta is None else extra_meta()
+    record = _fidelity_record(
+        args, command, results, adapter, settings, directions, shortlists, (load_before, t0)
+    )
+    record["meta"].update(extra)
+    _write_record(out, record)
+    _print_table(TABLE_HEADER, [format_row(row) for row in results])
+    print(f"wrote {out}", file=sys.stderr)
+    return 0
+
+
+def _fidelity_settings(
+    args: argparse.Namespace, grid: tuple[tuple[int, ...], tuple[int, ...]]
+) -> FidelitySettings:
+    """The yardstick's settings from ``args`` (``grid``: the beams and batches when not given)."""
+    from fastvocab.experiments.fidelity import FidelitySettings
+
+    return _settings(
+        FidelitySettings,
+        args,
+        beams=int_list(args.beams, "--beams") or grid[0],
+        batches=int_list(args.batches, "--batches") or grid[1],
+        methods=tuple(m for m in args.methods.split(",") if m),
+        selection=args.selection,
+        probes=args.probes,
+    )
+
+
+def _fidelity_record(
+    args: argparse.Namespace,
+    command: str,
+    results: list[dict],
+    adapter: Seq2SeqAdapter,
+    settings: FidelitySettings,
+    directions: list[str],
+    shortlists: dict[str, Path],
+    started: tuple[tuple[float, float, float], float],
+) -> dict:
+    """The yardstick's JSON record of ``results`` (``started``: the load average before and the start)."""
+    import torch
+
+    from fastvocab.experiments.fidelity import fidelity_record
+
+    load_before, t0 = started
+    return fidelity_record(
         results,
         command=command,
         adapter=adapter,
@@ -212,15 +241,8 @@ def run_fidelity_command(
         threads=torch.get_num_threads(),
         seconds=time.perf_counter() - t0,
         load_before=load_before,
-        extra_meta={
-            **({} if extra_meta is None else extra_meta()),
-            "shortlists": {d: str(p) for d, p in shortlists.items()},
-        },
+        extra_meta={"shortlists": {d: str(p) for d, p in shortlists.items()}},
     )
-    _write_record(out, record)
-    _print_table(TABLE_HEADER, [format_row(row) for row in results])
-    print(f"wrote {out}", file=sys.stderr)
-    return 0
 
 
 def _fidelity_shortlists(
@@ -494,20 +516,9 @@ def add_scope_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run_scope_command(args: argparse.Namespace, command: str) -> int:
-    import torch
-
-    from fastvocab.experiments.fidelity import FidelitySettings, fidelity_record
     from fastvocab.experiments.scope_choice import choose_maps
 
-    settings = _settings(
-        FidelitySettings,
-        args,
-        beams=int_list(args.beams, "--beams") or (1,),
-        batches=int_list(args.batches, "--batches") or (32,),
-        methods=tuple(m for m in args.methods.split(",") if m),
-        selection=args.selection,
-        probes=args.probes,
-    )
+    settings = _fidelity_settings(args, ((1,), (32,)))
     directions = [d for d in args.directions.split(",") if d]
     shortlists = _fidelity_shortlists(args, settings.methods, directions)
     out = args.output or Path(f"scope-{dt.date.today().isoformat()}.json")
@@ -516,19 +527,9 @@ def run_scope_command(args: argparse.Namespace, command: str) -> int:
         choices = choose_maps(adapter, args.corpus, args.maps, directions, settings, shortlists)
     except ValueError as exc:
         raise UserError(str(exc)) from exc
-    record = fidelity_record(
-        [row for c in choices.values() for row in c.pop("rows")],
-        command=command,
-        adapter=adapter,
-        settings=settings,
-        model=str(args.model),
-        maps=str(args.maps),
-        directions=directions,
-        device=args.device,
-        threads=torch.get_num_threads(),
-        seconds=time.perf_counter() - t0,
-        load_before=load_before,
-        extra_meta={"shortlists": {d: str(p) for d, p in shortlists.items()}},
+    rows = [row for c in choices.values() for row in c.pop("rows")]
+    record = _fidelity_record(
+        args, command, rows, adapter, settings, directions, shortlists, (load_before, t0)
     )
     record["benchmark"] = "scope"
     record["choices"] = choices
