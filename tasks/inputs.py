@@ -73,15 +73,10 @@ def read_parquet_column(
     import pyarrow.parquet as pq
 
     path = Path(path)
-    if not path.exists():
-        raise FileNotFoundError(f"input not found: {path}")
-    try:
-        schema = pq.read_schema(path) if path.is_file() else pq.ParquetDataset(path).schema
-    except (OSError, pa.ArrowException) as exc:
-        raise ValueError(f"cannot read Parquet {path}: {exc}") from exc
-    if column not in schema.names:
-        raise ValueError(f"{path} has no column {column!r} (columns: {', '.join(schema.names)})")
-    columns = [column] + ([id_column] if id_column and id_column in schema.names else [])
+    names = parquet_names(path)
+    if column not in names:
+        raise ValueError(f"{path} has no column {column!r} (columns: {', '.join(names)})")
+    columns = [column] + ([id_column] if id_column and id_column in names else [])
     try:
         table = pq.read_table(path, columns=columns)
     except (OSError, pa.ArrowException) as exc:
