@@ -17,7 +17,7 @@ an entry holding:
   for zstd.
 
 The file is then zstd-compressed (``tensor_folder``). Measured on the demo model's maps and shortlist tables:
-benchmarks/results/compact-format.json.
+benchmarks/results/compact-format-cpu-2026-11-28.json.
 """
 
 from __future__ import annotations

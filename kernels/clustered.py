@@ -14,7 +14,8 @@ At each decoding step:
    from tables stored in the map (exact at the centroid; ``inactive_mass.NormaliserTables``);
    ``centroid`` and ``moments`` estimate it from statistics computed at load time
    (``inactive_mass.inactive_log_mass``). ``normaliser`` errs least, and its error grows with the row's
-   distance to the centroid (the measured errors of each estimator: benchmarks/README.md, "Fidelity").
+   distance to the centroid (the measured errors of each estimator:
+   docs/decisions/0006-moments-with-a-shortlist.md).
    ``mass_radius`` gives rows farther than it from their centroid (where the expansion errs most) the exact
    mass, from their full logits; ``inactive_mass="oracle"`` is the exact mass of every row, a diagnostic of
    the fidelity harness.
@@ -123,7 +124,7 @@ _COUNTERS_LOCK = threading.Lock()  # guards every projection's counters (rare, t
 # here.
 DEFAULT_NORMALISER_RANK = 32
 # Cached sub-matrices on CPU by default (MB): a cached cluster turns the per-step gather (a copy of the active
-# rows) into a plain GEMV (measured: benchmarks/history-2026-11-undertrained-model.md, "Output layer alone").
+# rows) into a plain GEMV (measured: benchmarks/history/undertrained-model-2026-11.md, "Output layer alone").
 DEFAULT_CPU_CACHE_MB = 512.0
 
 

@@ -2,7 +2,7 @@
 
 On CPU in float32 the GEMM does not run on ``W`` as stored (N, d): MKL's ``h @ W^T`` on that layout is
 slower than necessary for decoding shapes (the measurements, and the end-to-end gain:
-benchmarks/engine-notes.md, "The full projection's weight layouts"). So the projection keeps, besides
+benchmarks/history/engine-notes.md, "The full projection's weight layouts"). So the projection keeps, besides
 ``self.weight`` (which other users read: the fingerprint, the clustered fallbacks), two copies in
 GEMM-friendly layouts, built once at construction when ``W`` is at least ``prepack.PREPACK_MIN_BYTES`` (4
 MiB; below that ``W`` sits in cache and oneDNN's per-call overhead wins):

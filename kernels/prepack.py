@@ -4,10 +4,10 @@
 ``W`` out on every call: for decoding's few rows that costs more than the multiply. A copy of ``W`` packed
 once for oneDNN (``torch.ops.mkldnn._reorder_linear_weight``, what inductor's frozen linears use) and
 multiplied by ``torch.ops.mkldnn._linear_pointwise`` does not. On M2M100-418M's decoder matrices (AMD EPYC,
-AVX2; benchmarks/engine-notes.md, "Pre-packed decoder linears") it is 1.2-4x faster at 4-16 rows; from some
-tens of rows on, depending on the thread count, MKL's own GEMM catches up. Outside :func:`packed_rows` and
-for matrices under ``PREPACK_MIN_BYTES`` (which sit in cache, where oneDNN's per-call overhead wins) the
-plain GEMM stays.
+AVX2; benchmarks/history/engine-notes.md, "Pre-packed decoder linears") it is 1.2-4x faster at 4-16
+rows; from some tens of rows on, depending on the thread count, MKL's own GEMM catches up. Outside
+:func:`packed_rows` and for matrices under ``PREPACK_MIN_BYTES`` (which sit in cache, where oneDNN's
+per-call overhead wins) the plain GEMM stays.
 
 The results differ from ``F.linear``'s in the last bits (another summation order, ~1e-6 relative), as between
 any two BLAS libraries. The cost is memory: one more copy of every packed ``W``.
@@ -19,12 +19,12 @@ import torch
 from torch import nn
 
 # The full projection: from this many rows on the pre-packed GEMM, below it a GEMV on W^T (kernels/full.py;
-# measured: benchmarks/engine-notes.md).
+# measured: benchmarks/history/engine-notes.md).
 SMALL_ROWS = 4
 # The rows for which the decoder's packed linears beat MKL's GEMM, by thread count (measured at 1 and 2
-# threads: benchmarks/engine-notes.md, "Pre-packed decoder linears"). On one thread the packed GEMM loses at 1
-# row (0.7x), wins from 4 to 32, is even at 48 and loses 5-15% from 64; on two it wins from 1 row up to 128
-# and is even at 256. More threads get the two-thread range (not measured).
+# threads: benchmarks/history/engine-notes.md, "Pre-packed decoder linears"). On one thread the packed GEMM
+# loses at 1 row (0.7x), wins from 4 to 32, is even at 48 and loses 5-15% from 64; on two it wins from 1 row
+# up to 128 and is even at 256. More threads get the two-thread range (not measured).
 PACKED_ROWS_ONE_THREAD = range(SMALL_ROWS, 48)
 PACKED_ROWS = range(1, 256)
 # Smaller W stays plain: it sits in cache and oneDNN's per-call overhead wins (measured: ibid.).
