@@ -273,11 +273,119 @@ def render_shipped(root: Path, doc: Path) -> str:
     )
 
 
+# --- docs/your-model.md: how much text the maps need (bench_data_scale, nested prefixes of the dump) ---
+
+DATA_SCALE = "data-scale-cpu-2026-11-27.json"
+DATA_POINT = {"r": 2000, "K": 3, "probes": 8, "split": "test", "paths": "both"}  # the maps of that time
+
+
+def render_data_scale(root: Path, doc: Path) -> str:
+    found = _load(root, DATA_SCALE)["directions"]
+
+    def point(d: str, size: int) -> dict:
+        want = {**DATA_POINT, "sentences": size}
+        return next(r for r in found[d]["rows"] if all(r.get(k) == v for k, v in want.items()))
+
+    head = [
+        "dumped sentences a direction",
+        "en-it outputs differing",
+        "it-en",
+        "a row's columns (en-it, share of N)",
+    ]
+    out = _row(head) + _row(["---:"] * len(head))
+    for size in (1500, 6000, 24000, 96000, None):
+        sizes = {d: size or found[d]["sizes"][-1] for d in DIRECTIONS}
+        label = f"{size:,}" if size else "all (" + " / ".join(f"{n:,}" for n in sizes.values()) + ")"
+        rows = {d: point(d, sizes[d]) for d in DIRECTIONS}
+        differ = [_pct(rows[d]["sentence_differ"]) for d in DIRECTIONS]
+        out += _row([label, *differ, _pct(rows["en-it"]["row_cols"])])
+    return out + "\n" + _sources(doc, root, [DATA_SCALE])
+
+
+# --- benchmarks/README.md: what the sets and the shortlist cover, without decoding (exact at batch 1) ---
+
+COVERAGE = "shortlist-coverage-cpu-2026-11-27.json"
+COVERAGE_ROWS: tuple[tuple[str, dict], ...] = (
+    ("clusters: K 3, 8 probes (the maps shipped before)", {"method": "clustered", "K": 3, "probes": 8}),
+    ("clusters: K 1, 1 probe", {"method": "clustered", "K": 1, "probes": 1}),
+    ("shortlist: k 20, no frequent list", {"method": "shortlist", "k": 20, "frequent": 0, "copy": True}),
+    ("shortlist: k 10, frequent 4,000", {"method": "shortlist", "k": 10, "frequent": 4000, "copy": True}),
+    (
+        "**both: K 1, 1 probe + k 20 (shipped)**",
+        {"method": "both", "K": 1, "probes": 1, "k": 20, "frequent": 0},
+    ),
+    ("both: K 1, 2 probes + k 10", {"method": "both", "K": 1, "probes": 2, "k": 10, "frequent": 0}),
+)
+
+
+def _share(x: float) -> str:
+    return f"{100 * x:.2f}%" if x < 0.01 else _pct(x)
+
+
+def render_coverage(root: Path, doc: Path) -> str:
+    found = _load(root, COVERAGE)["directions"]
+    head = [
+        "what a step computes",
+        "changed, dev (en-it / it-en)",
+        "changed, test",
+        "a row, test",
+        "union 32, test",
+    ]
+    out = _row(head) + _row(["---"] + ["---:"] * (len(head) - 1))
+    for label, want in COVERAGE_ROWS:
+
+        def cell(split: str, key: str, fmt: Callable[[float], str] = _pct, want: dict = want) -> str:
+            rows = {d: [r for r in found[d]["rows"] if r["split"] == split] for d in DIRECTIONS}
+            hit = {
+                d: next(r for r in rs if all(r.get(k) == v for k, v in want.items()))
+                for d, rs in rows.items()
+            }
+            return " / ".join(fmt(hit[d][key]) for d in DIRECTIONS)
+
+        cells = [cell("dev", "sentence_differ"), cell("test", "sentence_differ")]
+        cells += [cell("test", "row_cols", _share), cell("test", "union_batch")]
+        bold = label.startswith("**")
+        out += _row([label, *(f"**{c}**" if bold else c for c in cells)])
+    return out + "\n" + _sources(doc, root, [COVERAGE])
+
+
+# --- benchmarks/README.md: the shipped en-it / it-en maps and tables on the whole test split ---
+
+SHIPPED_TEST = (
+    ("greedy, 1", "fidelity-cpu-2026-11-27-shipped-shortlist-b1.json", None),
+    ("greedy, 32", "methods-cpu-2026-11-27-shipped-b1.json", "clustered shortlist=models/demo-maps"),
+    ("beam 4, 8", "methods-cpu-2026-11-27-hybrid-mass-b4.json", "clustered shortlist=models/demo-maps"),
+)
+
+
+def render_shipped_test(root: Path, doc: Path) -> str:
+    head = ["search, batch", "changed (en-it / it-en)", "search errors", "BLEU full -> clustered + shortlist"]
+    out = _row([*head, "speed vs full"]) + _row(["---", "---:", "---:", "---", "---:"])
+    for label, name, method in SHIPPED_TEST:
+        if method is None:  # a bench fidelity record: one row a direction
+            rows = {r["direction"]: r for r in _load(root, name)["results"]}
+        else:
+            rows = _results(root, name, method)
+        out += _row(
+            [
+                label,
+                _pair(rows, lambda r: _pct(1 - r["identical"])),
+                _pair(rows, lambda r: _pct(r["search_errors"])),
+                _pair(rows, lambda r: f"{r['bleu_full']:.2f} -> {r['bleu']:.2f}"),
+                _pair(rows, lambda r: f"{r['speed_ratio']:.2f}x"),
+            ]
+        )
+    return out + "\n" + _sources(doc, root, [name for _, name, _ in SHIPPED_TEST])
+
+
 TABLES: dict[str, Callable[[Path, Path], str]] = {
     "peer-cpu": render_peer,
     "methods-cpu": render_methods,
     "demo-model-bleu": render_demo_bleu,
     "shipped-maps": render_shipped,
+    "data-scale": render_data_scale,
+    "coverage": render_coverage,
+    "shipped-test": render_shipped_test,
 }
 
 
