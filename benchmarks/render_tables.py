@@ -26,7 +26,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = "benchmarks/results"
 # The markdown files that may hold tables (relative to the root; folders are searched for *.md).
-DOC_PLACES = ("README.md", "docs", "benchmarks/README.md")
+DOC_PLACES = ("README.md", "docs", "benchmarks/README.md", "models/demo-maps/README.md")
 MARKER = re.compile(r"<!-- table:([\w-]+) -->\n(.*?)<!-- /table:\1 -->", re.S)
 DIRECTIONS = ("en-it", "it-en")
 

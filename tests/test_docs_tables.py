@@ -37,7 +37,7 @@ def _copy_docs(render_tables, dst: Path) -> None:
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(doc, target)
     shipped = dst / "models" / "demo-maps"
-    shipped.mkdir(parents=True)
+    shipped.mkdir(parents=True, exist_ok=True)
     shutil.copy2(ROOT / "models" / "demo-maps" / "maps.json", shipped)
     shutil.copytree(
         ROOT / "benchmarks" / "results",
