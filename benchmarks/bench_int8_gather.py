@@ -17,18 +17,9 @@ quantised once per output row (symmetric, one scale per vocabulary entry, as the
 option does):
 
 - ``fp32-gather``: the float32 path as it is (the reference);
-- ``int8-wpack``: int8 rows gathered a cache-sized block at a time, then ``torch._weight_int8pack_mm``
-  (weight-only int8: float activations, the row scales applied in the kernel), one call per block;
-- ``int8-wpack-whole``: the same with one gather of all the active rows and one call;
-- ``int8-intmm``: the activations quantised per row to int8 (symmetric), int8 rows gathered per block,
-  ``torch._int_mm`` (int32 accumulation), then both scales;
-- ``int8-dequant``: int8 rows gathered per block and widened to float32 in a cache-sized buffer, then the
-  float32 GEMM (int8 bytes from memory, float32 arithmetic);
-- ``int8-prepack``: the gathered int8 rows packed for fbgemm on every call
-  (``quantized.linear_prepack``), then ``quantized.linear_dynamic`` (what the full int8 projection runs, on
-  its W packed once);
 - ``int8-gather``: ``int8_union.int8_gather_gemm``, what the clustered projection's int8 option runs:
-  ``int8-dequant`` on the activations quantised as the full int8 layer quantises them (per tensor, 7 bits),
+  int8 rows gathered per block and widened to float32 in a cache-sized buffer, then the float32 GEMM, on
+  the activations quantised as the full int8 layer quantises them (per tensor, 7 bits),
   so its float32 GEMM computes the layer's integer sums exactly and its logits are the full int8
   projection's on those columns;
 - ``int8-dense``: the full int8 layer (fbgemm, W packed once) over all N columns, then the C columns kept:
@@ -77,100 +68,14 @@ from fastvocab.kernels import create_projection, int8_union
 from fastvocab.kernels.int8 import packed_rows
 
 OUT = ROOT / "benchmarks" / "results" / "int8-gather-cpu-2026-11-25.json"
-CHUNK_BYTES = 4 << 20  # the float32 gather's block (gather.GATHER_CHUNK_BYTES)
 
 Kernel = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (h, cols) -> (rows, C) logits
-
-
-def blocks(cols: torch.Tensor, rows_per_block: int):
-    for lo in range(0, cols.numel(), rows_per_block):
-        yield lo, cols[lo : lo + rows_per_block]
 
 
 def fp32_gather(w: torch.Tensor, b: torch.Tensor | None) -> Kernel:
     from fastvocab.kernels.gather import gathered_logits
 
     return lambda h, cols: gathered_logits(h, w, b, cols)
-
-
-def int8_wpack(q: torch.Tensor, scale: torch.Tensor, b: torch.Tensor | None, block_bytes: int) -> Kernel:
-    d = q.shape[1]
-    step = max(1, block_bytes // d)
-    buf = torch.empty((step, d), dtype=torch.int8)
-
-    def run(h: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
-        out = h.new_empty((h.shape[0], cols.numel()))
-        for lo, sel in blocks(cols, step):
-            n = sel.numel()
-            torch.index_select(q, 0, sel, out=buf[:n])
-            out[:, lo : lo + n] = torch._weight_int8pack_mm(h, buf[:n], scale.index_select(0, sel))
-        if b is not None:
-            out += b.index_select(0, cols)
-        return out
-
-    return run
-
-
-def int8_wpack_whole(q: torch.Tensor, scale: torch.Tensor, b: torch.Tensor | None) -> Kernel:
-    def run(h: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
-        out = torch._weight_int8pack_mm(h, q.index_select(0, cols), scale.index_select(0, cols))
-        return out if b is None else out + b.index_select(0, cols)
-
-    return run
-
-
-def int8_intmm(q: torch.Tensor, scale: torch.Tensor, b: torch.Tensor | None, block_bytes: int) -> Kernel:
-    d = q.shape[1]
-    step = max(1, block_bytes // d)
-    buf = torch.empty((step, d), dtype=torch.int8)
-
-    def run(h: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
-        hs = (h.abs().amax(dim=1) / 127.0).clamp(min=1e-12)  # (rows,)
-        hq = torch.round(h / hs[:, None]).to(torch.int8)
-        acc = torch.empty((h.shape[0], cols.numel()), dtype=torch.int32)
-        for lo, sel in blocks(cols, step):
-            n = sel.numel()
-            torch.index_select(q, 0, sel, out=buf[:n])
-            acc[:, lo : lo + n] = torch._int_mm(hq, buf[:n].t())
-        out = acc.float() * hs[:, None] * scale.index_select(0, cols)
-        return out if b is None else out + b.index_select(0, cols)
-
-    return run
-
-
-def int8_dequant(q: torch.Tensor, scale: torch.Tensor, b: torch.Tensor | None, block_bytes: int) -> Kernel:
-    d = q.shape[1]
-    step = max(1, block_bytes // (4 * d))  # the float32 block fits the same cache as the fp32 gather's
-    buf = torch.empty((step, d), dtype=torch.int8)
-    wf = torch.empty((step, d), dtype=torch.float32)
-
-    def run(h: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
-        out_t = h.new_empty((cols.numel(), h.shape[0]))
-        h_t = h.t()
-        for lo, sel in blocks(cols, step):
-            n = sel.numel()
-            torch.index_select(q, 0, sel, out=buf[:n])
-            wf[:n].copy_(buf[:n])
-            torch.mm(wf[:n], h_t, out=out_t[lo : lo + n])
-        out = out_t.t() * scale.index_select(0, cols)
-        return out if b is None else out + b.index_select(0, cols)
-
-    return run
-
-
-def int8_prepack(q: torch.Tensor, scale: torch.Tensor, b: torch.Tensor | None) -> Kernel:
-    scale64 = scale.double()
-
-    def run(h: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
-        n = cols.numel()
-        qw = torch._make_per_channel_quantized_tensor(
-            q.index_select(0, cols), scale64.index_select(0, cols), torch.zeros(n, dtype=torch.int64), 0
-        )
-        bias = None if b is None else b.index_select(0, cols)
-        packed = torch.ops.quantized.linear_prepack(qw, bias)
-        return torch.ops.quantized.linear_dynamic(h, packed, True)
-
-    return run
 
 
 def int8_gather(w8: int8_union.Int8Weights) -> Kernel:
@@ -231,7 +136,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--union", type=lambda s: [float(x) for x in s.split(",")])
     p.add_argument("--threads", type=lambda s: [int(x) for x in s.split(",")], default=[2], help="e.g. 2,1")
     p.add_argument("--repeats", type=int, default=7)
-    p.add_argument("--block-kib", type=int, default=CHUNK_BYTES >> 10, help="int8 gather block (KiB)")
     p.add_argument("--bias", action="store_true", help="give W a bias (M2M100's tied head has none)")
     p.add_argument("--only", help="comma-separated candidate names (default: all)")
     p.add_argument("--quick", action="store_true", help="d 256, N 8,000, 2 repeats")
@@ -254,14 +158,8 @@ def main(argv: list[str] | None = None) -> int:
     w8 = int8_union.int8_weights(w, b, no_map)
     q, scale = w8.q, w8.scale
     wq = q.double() * scale.double()[:, None]  # what the int8 candidates compute with
-    block = args.block_kib << 10
     kernels: dict[str, Kernel] = {
         "fp32-gather": fp32_gather(w, b),
-        "int8-wpack": int8_wpack(q, scale, b, block),
-        "int8-wpack-whole": int8_wpack_whole(q, scale, b),
-        "int8-intmm": int8_intmm(q, scale, b, block),
-        "int8-dequant": int8_dequant(q, scale, b, block),
-        "int8-prepack": int8_prepack(q, scale, b),
         "int8-gather": int8_gather(w8),
         "int8-dense": int8_dense(w8),
         "int8-clustered": int8_clustered(w8),
@@ -275,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
         "torch": torch.__version__,
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "threads": args.threads,
-        "sizes": {"d": d, "N": n, "rows": args.rows, "union": args.union, "block_bytes": block},
+        "sizes": {"d": d, "N": n, "rows": args.rows, "union": args.union},
         "bias": args.bias,
         "repeats": args.repeats,
         "load_avg": {"start": [round(x, 2) for x in os.getloadavg()]},
