@@ -378,6 +378,51 @@ def render_shipped_test(root: Path, doc: Path) -> str:
     return out + "\n" + _sources(doc, root, [name for _, name, _ in SHIPPED_TEST])
 
 
+# --- benchmarks/README.md: scale (generated inputs of millions of lines; bench_scale.py, retired) ---
+
+SCALE = ("scale-2026-11-23.json", "scale-2026-11-23-plan.json", "scale-2026-11-23-translate-1m.json")
+STREAM = "scale-2026-11-27-dump-stream.json"
+
+
+def _lines(n: int) -> str:
+    return f"{n // 1_000_000}M" if n % 1_000_000 == 0 else f"{n // 1000}K"
+
+
+def render_scale(root: Path, doc: Path) -> str:
+    rows = {(r["kind"], r["lines"]): r for name in (*SCALE, STREAM) for r in _load(root, name)["rows"]}
+    out = _row(["command", "lines", "seconds", "peak RSS"]) + _row(["---", "---:", "---:", "---:"])
+    for kind, label in (("mono", "`fastvocab corpus --mono`"), ("tsv", "`fastvocab corpus --from-tsv`")):
+        r = rows[(kind, 20_000_000)]
+        gb = f"{r['file_mb'] / 1024:.1f} GB"
+        out += _row(
+            [f"{label} ({gb})", _lines(r["lines"]), f"{r['seconds']:.0f}", f"{r['peak_rss_mb']:,.0f} MB"]
+        )
+    r = rows[("dump-plan", 20_000_000)]
+    shards = f"{r['sentences'] // r['shards']}-sentence shards"
+    out += _row([f"dump planner ({shards})", "20M", f"{r['seconds']:.0f}", f"{r['peak_rss_mb']:,.0f} MB"])
+    r = rows[("translate-kill-resume", 1_000_000)]
+    first, resumed = r["first_run"], r["resume_run"]
+    out += _row(
+        [
+            "`fastvocab translate`, tiny model, SIGKILLed at half, then resumed",
+            "1M",
+            f"{first['seconds']:,.0f} + {resumed['seconds']:,.0f}",
+            f"{first['peak_rss_mb']:.0f} / {resumed['peak_rss_mb']:.0f} MB",
+        ]
+    )
+    streamed = [rows[("dump-stream", n)] for n in (100_000, 1_000_000)]
+    stored = f"{streamed[0]['stored_sentences']:,} sentences stored"
+    out += _row(
+        [
+            f"streamed dump (tiny model, {stored}, the rest counted)",
+            " / ".join(_lines(r["lines"]) for r in streamed),
+            " / ".join(f"{r['seconds']:.0f}" for r in streamed),
+            " / ".join(f"{r['driver_peak_rss_mb']:.0f}" for r in streamed) + " MB",
+        ]
+    )
+    return out + "\n" + _sources(doc, root, [*SCALE, STREAM])
+
+
 TABLES: dict[str, Callable[[Path, Path], str]] = {
     "peer-cpu": render_peer,
     "methods-cpu": render_methods,
@@ -386,6 +431,7 @@ TABLES: dict[str, Callable[[Path, Path], str]] = {
     "data-scale": render_data_scale,
     "coverage": render_coverage,
     "shipped-test": render_shipped_test,
+    "scale": render_scale,
 }
 
 
