@@ -8,10 +8,12 @@ on ``sys.path``).
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
 import json
 import os
 import platform
 import subprocess
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TypeVar
@@ -62,6 +64,22 @@ def round_order(systems: Sequence[T], round_index: int) -> list[T]:
     than the int8 clustered projection doing the same computation, at every point of two model-scale runs)."""
     shift = round_index % len(systems) if systems else 0
     return [*systems[shift:], *systems[:shift]]
+
+
+def result_header(benchmark: str) -> dict[str, object]:
+    """What a result file starts with: the benchmark, when, the commit, the command, the CPU, torch's version
+    and the load average at the end of the run."""
+    import torch
+
+    return {
+        "benchmark": benchmark,
+        "date": dt.datetime.now().isoformat(timespec="seconds"),
+        "commit": git_commit(),
+        "command": " ".join([Path(sys.executable).name, *sys.argv]),
+        "device": cpu_name(),
+        "torch": torch.__version__,
+        "load_avg": os.getloadavg(),
+    }
 
 
 def write_result(path: Path | None, result: dict) -> None:
