@@ -274,10 +274,13 @@ class OnnxDecoder:
         import onnxruntime as ort
 
         if self._session is None or self._session[0] != os.getpid():
+            if self._session is not None:
+                _keep_forever(self._session[1])
             opts = ort.SessionOptions()
             opts.intra_op_num_threads = max(1, torch.get_num_threads())
             opts.inter_op_num_threads = 1
             opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+            opts.add_session_config_entry("session.intra_op.allow_spinning", "0")  # workers share the cores
             opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
             sess = ort.InferenceSession(str(self.path), opts, providers=["CPUExecutionProvider"])
             self._session = (os.getpid(), sess)
@@ -369,6 +372,15 @@ class OnnxDecoder:
         if self._zeros.shape[0] < n:
             self._zeros = torch.zeros(2 * n)
         return self._zeros[:n]
+
+
+def _keep_forever(session) -> None:
+    """A session inherited through fork (``translate``'s forked workers) is never freed in the child: its
+    destructor waits on the parent's thread-pool condition variables, whose waiters do not exist here, and
+    would hang the worker. One reference more, never released."""
+    import ctypes
+
+    ctypes.pythonapi.Py_IncRef(ctypes.py_object(session))
 
 
 def _bind(bind, name: str, t: torch.Tensor) -> None:

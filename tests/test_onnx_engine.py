@@ -144,3 +144,18 @@ def test_demo_clustered_shortlist_and_exact_equal_the_static_engine(beam, tmp_pa
             kw = {} if beam == 1 else {"beam": beam}
             outputs.append(search(adapter, proj, batch, "en", "it", max_len=32, **kw))
     assert outputs[:2] == outputs[2:]
+
+
+def test_forked_workers_decode_after_the_parent_did(onnx, static):
+    """A session opened in the parent before ``translate`` forks its workers: each worker opens its own and
+    never frees the inherited one (whose destructor would hang there)."""
+    from fastvocab.kernels import create_projection as make
+    from fastvocab.tasks.translate import translate
+
+    full = make("full", static.output_weight, static.output_bias)
+    lines = synthetic_sentences("en", 8, seed=9)
+    batch = onnx.encode_texts(lines[:2], "en")
+    greedy_search(onnx, full, batch, "en", "it", max_len=4)  # the parent's session exists now
+    kw = dict(beam=1, batch_size=2, max_len=6, progress=False)
+    ours = translate(onnx, full, lines, "en", "it", workers=2, parallel="processes", **kw)
+    assert ours.hypotheses == translate(static, full, lines, "en", "it", workers=1, **kw).hypotheses
