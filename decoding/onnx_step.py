@@ -277,7 +277,9 @@ class OnnxDecoder:
             if self._session is not None:
                 _keep_forever(self._session[1])
             opts = ort.SessionOptions()
-            opts.intra_op_num_threads = max(1, torch.get_num_threads())
+            # One thread: with two, the int8 body's outputs changed from run to run (up to 0.7 in h on the
+            # demo model; onnxruntime 1.30); fastvocab's CPU workers run on one thread each anyway.
+            opts.intra_op_num_threads = 1
             opts.inter_op_num_threads = 1
             opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
             opts.add_session_config_entry("session.intra_op.allow_spinning", "0")  # workers share the cores

@@ -111,6 +111,13 @@ def test_int8_stays_close_and_runs_the_search(tiny_model_dir, static, cache_dir,
     tokens = torch.cat([prefix, torch.randint(4, static.n_vocab, (4, 5))], dim=1)
     ours, ref = decoder_steps(adapter, batch, tokens), decoder_steps(static, batch, tokens)
     assert (ours - ref).norm() / ref.norm() < 0.05
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)  # the session stays on one thread: two made the int8 body's outputs vary
+    try:
+        adapter.static_decoder._session = None
+        assert all(torch.equal(decoder_steps(adapter, batch, tokens), ours) for _ in range(3))
+    finally:
+        torch.set_num_threads(threads)
     full = create_projection("full", static.output_weight, static.output_bias, int8=True)
     out = beam_search(adapter, full, batch, "en", "it", beam=2, max_len=6)
     assert len(out) == 4
