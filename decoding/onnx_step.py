@@ -277,8 +277,7 @@ class OnnxDecoder:
             if self._session is not None:
                 _keep_forever(self._session[1])
             opts = ort.SessionOptions()
-            # One thread: with two, the int8 body's outputs changed from run to run (up to 0.7 in h on the
-            # demo model; onnxruntime 1.30); fastvocab's CPU workers run on one thread each anyway.
+            # One thread: fastvocab's CPU workers run on one thread each (decisions/0002).
             opts.intra_op_num_threads = 1
             opts.inter_op_num_threads = 1
             opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
@@ -357,7 +356,8 @@ class OnnxDecoder:
         # No zero-sized past: the first step reads position 0 (zeroed by start, where its own key/value
         # go) as one past position weighted exp(min - max) = 0.
         n = max(pos, 1)
-        _bind(io.bind_input, "past_bias", self._past_bias(n, masked=pos == 0))
+        past_bias = self._past_bias(n, masked=pos == 0)  # held until the run: ORT reads its memory then
+        _bind(io.bind_input, "past_bias", past_bias)
         _bind(io.bind_output, "h", h)
         for i in range(dec.n_layers):
             for j, kv in enumerate("kv"):
@@ -387,6 +387,7 @@ def _keep_forever(session) -> None:
 
 def _bind(bind, name: str, t: torch.Tensor) -> None:
     """Bind torch tensor ``t`` (contiguous, CPU) to ``name`` in place: ONNX Runtime reads or writes its
-    memory."""
+    memory when the session runs, so the caller keeps that memory alive until then (a view of a live
+    buffer, or a local)."""
     assert t.is_contiguous(), name
     bind(name, "cpu", 0, _NP[t.dtype], list(t.shape), t.data_ptr())
