@@ -22,6 +22,9 @@ than the one before), median of ``--repeats`` rounds:
 - ``fastvocab full int8`` / ``clustered int8``: the same after ``Seq2SeqAdapter.quantize_int8()`` (encoder
   and decoder linears) and the int8 output projection (the full and clustered projections' ``int8`` option,
   as ``fastvocab translate --dtype int8`` runs them);
+- ``fastvocab-ENGINE ...`` (``--with-engine static|onnx``): the four fastvocab systems again on that decoder
+  engine, in the same rounds; each row records ``lines_changed_vs_main_engine`` and
+  ``main_engine_speed_vs_this`` (its time over ``--engine``'s twin);
 - ``fastvocab-hf full fp32`` / ``clustered fp32`` (``--with-hf``): the previous engine (Hugging Face
   decoder, dynamic cache);
 - ``ct2 float32`` / ``ct2 int8``: CTranslate2's ``Translator.translate_batch`` on the model converted from
@@ -280,6 +283,24 @@ def build_systems(args) -> tuple[dict[str, Callable], dict]:
                     a8, clustered_by_beam(probes, int8=True), args
                 )
             info["map_signature"].update({f"beam{b}{tag}": p.signature() for b, p in by_beam.items()})
+    if args.with_engine:  # the same fastvocab systems on a second engine, in the same rounds
+        e = args.with_engine
+        b32 = Seq2SeqAdapter.load(args.model, engine=e)
+        b8 = Seq2SeqAdapter.load(args.model, engine=e)
+        b8.quantize_int8(encoder=not args.int8_decoder_only)
+        info["with_engine"] = b32.engine
+        systems[f"fastvocab-{e} full fp32"] = fastvocab_system(b32, full, args)
+        if not args.no_int8:
+            systems[f"fastvocab-{e} full int8"] = fastvocab_system(
+                b8, make_projection(b32, "full", int8=True), args
+            )
+        if not args.no_clustered:
+            systems[f"fastvocab-{e} clustered fp32"] = fastvocab_system(
+                b32, clustered_by_beam(probes_list[0]), args
+            )
+            if not args.no_int8:
+                by_beam8 = clustered_by_beam(probes_list[0], int8=True)
+                systems[f"fastvocab-{e} clustered int8"] = fastvocab_system(b8, by_beam8, args)
     if args.with_hf:
         hf = Seq2SeqAdapter.load(args.model, engine="hf")
         systems["fastvocab-hf full fp32"] = fastvocab_system(hf, full, args)
@@ -417,7 +438,12 @@ def main(argv: list[str] | None = None) -> int:
         help="the clustered systems' probes (translate --probes: each row adds the sets of its N nearest "
         "clusters to the union); several: one clustered system each (default: the map's own)",
     )
-    p.add_argument("--engine", default="auto", choices=["auto", "static", "hf"])
+    p.add_argument("--engine", default="auto", choices=["auto", "static", "hf", "onnx"])
+    p.add_argument(
+        "--with-engine",
+        choices=["static", "onnx"],
+        help="also time the fastvocab systems on this engine (rows 'fastvocab-ENGINE ...'), same rounds",
+    )
     p.add_argument("--no-int8", action="store_true", help="skip the fastvocab int8 systems")
     p.add_argument("--int8-decoder-only", action="store_true", help="int8: keep the encoder in fp32")
     p.add_argument("--with-hf", action="store_true", help="also time the previous (Hugging Face) engine")
@@ -514,7 +540,7 @@ def main(argv: list[str] | None = None) -> int:
             if pstats.get("active_columns_per_row") is not None:
                 # the Amdahl bound: full's step with its projection's share s cut to the columns computed
                 u = pstats["active_columns_per_row"] / info["n_vocab"]
-                twin = "fastvocab full int8" if "int8" in name else "fastvocab full fp32"
+                twin = name.split(" ")[0] + (" full int8" if "int8" in name else " full fp32")
                 s_full = rows[twin].get("projection_share") if twin in rows else None
                 row["active_fraction"] = round(u, 4)
                 row["full_fraction"] = pstats.get("full_fraction")
@@ -537,6 +563,13 @@ def main(argv: list[str] | None = None) -> int:
                     ),
                     3,
                 )
+            if args.with_engine and name.startswith(f"fastvocab-{args.with_engine} "):
+                main_twin = name.replace(f"fastvocab-{args.with_engine} ", "fastvocab ")
+                row["lines_changed_vs_main_engine"] = round(
+                    search_error_rate(outputs[name], outputs[main_twin]), 4
+                )
+                ratios = [o / t for o, t in zip(times[name], times[main_twin], strict=True)]
+                row["main_engine_speed_vs_this"] = round(statistics.median(ratios), 3)
             for peer in ("ct2 float32", "ct2 int8"):
                 if peer in times:
                     ratios = [c / t for c, t in zip(times[peer], times[name], strict=True)]

@@ -80,7 +80,7 @@ class DecoderState:
         return self.encoder.hidden.shape[0]
 
 
-ENGINES = ("auto", "static", "hf")
+ENGINES = ("auto", "static", "hf", "onnx")
 
 
 class Seq2SeqAdapter:
@@ -171,13 +171,18 @@ class Seq2SeqAdapter:
             return "hf"
         reason = unsupported_reason(self.model)
         if reason is not None:
-            if engine == "static":
-                raise ValueError(f"engine 'static' cannot run {self.path}: {reason}")
+            if engine in ("static", "onnx"):
+                raise ValueError(f"engine {engine!r} cannot run {self.path}: {reason}")
             log.debug("engine auto -> hf for %s: %s", self.path, reason)
             return "hf"
         self._static = StaticDecoder(self.model, capacity=cache_len, max_cache_bytes=max_cache_bytes)
         if encoder_unsupported_reason(self.model) is None:
             self._encoder = PackedEncoder(self.model)  # padding-free encoder (packed_encoder's docstring)
+        if engine == "onnx":  # the static engine's layers run by ONNX Runtime (decoding/onnx_step.py)
+            from fastvocab.decoding.onnx_step import OnnxDecoder
+
+            self._static = OnnxDecoder(self._static, lambda: self.fingerprint)
+            return "onnx"
         return "static"
 
     def quantize_int8(self, encoder: bool = True) -> None:
@@ -192,7 +197,9 @@ class Seq2SeqAdapter:
             raise ValueError(f"int8 dynamic quantisation runs on CPU only, the model is on {self.device}")
         if self.dtype != torch.float32:
             raise ValueError(f"int8 quantisation starts from a float32 model, got {self.dtype}")
-        if self._static is not None:
+        if self.engine == "onnx":
+            self._static.quantize_int8()  # type: ignore[union-attr]
+        elif self._static is not None:
             unpack_linears(self._static)  # float32 fast path: its layers go back to nn.Linear, then to int8
             self._static = quantize_linears(self._static)
         else:
@@ -231,7 +238,10 @@ class Seq2SeqAdapter:
             raise FileNotFoundError(f"{path} is not a model folder (no config.json)")
         adapter = None
         if lite and engine != "hf":
-            adapter = cls._load_lite(path, device, dtype, fingerprint, cache_len, max_cache_bytes)
+            lite_engine = "onnx" if engine == "onnx" else "static"
+            adapter = cls._load_lite(
+                path, device, dtype, fingerprint, cache_len, max_cache_bytes, lite_engine
+            )
         if adapter is None:
             from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
             from transformers.utils import logging as hf_logging
@@ -272,6 +282,7 @@ class Seq2SeqAdapter:
         fingerprint: str | None,
         cache_len: int,
         max_cache_bytes: int | None,
+        engine: str = "static",
     ) -> Seq2SeqAdapter | None:
         """The adapter over ``decoding.lite_m2m100``'s load, or None where the folder or the static engine
         needs the Hugging Face model."""
@@ -292,7 +303,7 @@ class Seq2SeqAdapter:
             device,
             dtype,
             fingerprint,
-            engine="static",
+            engine=engine,
             cache_len=cache_len,
             max_cache_bytes=max_cache_bytes,
         )

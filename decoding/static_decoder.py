@@ -319,12 +319,8 @@ class StaticDecoder(nn.Module):
             "lower --max-len"
         )
 
-    @torch.inference_mode()
-    def step(self, tokens: torch.Tensor, state: StaticState) -> torch.Tensor:
-        """Feed one token per row (rows,); returns ``h`` (rows, d) and advances ``state`` in place."""
-        pos = state.length
-        if pos >= state.capacity:
-            self._grow(state)
+    def embed(self, tokens: torch.Tensor, pos: int) -> torch.Tensor:
+        """The first layer's input (rows, d) for one token per row at target position ``pos``."""
         self._ensure_positions(pos)
         tokens = tokens.to(self.device)
         x = nn.functional.embedding(tokens, self.embed_weight) * self.embed_scale  # (rows, d)
@@ -334,8 +330,15 @@ class StaticDecoder(nn.Module):
             x = x + self.positions.index_select(0, pos_ids)
         else:
             x = x + self.positions[pos + self.pos_offset]  # (d,): every row is at the same position
-        if self.ln_embed is not None:
-            x = self.ln_embed(x)
+        return x if self.ln_embed is None else self.ln_embed(x)
+
+    @torch.inference_mode()
+    def step(self, tokens: torch.Tensor, state: StaticState) -> torch.Tensor:
+        """Feed one token per row (rows,); returns ``h`` (rows, d) and advances ``state`` in place."""
+        pos = state.length
+        if pos >= state.capacity:
+            self._grow(state)
+        x = self.embed(tokens, pos)
         for i, layer in enumerate(self.layers):
             x = layer(x, state, i)
         state.length = pos + 1

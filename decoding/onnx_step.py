@@ -1,0 +1,393 @@
+"""The static decoder's layers run by ONNX Runtime: ``engine="onnx"`` (CPU).
+
+What it changes against :mod:`fastvocab.decoding.static_decoder`: the layers of one step (self-attention,
+cross-attention, feed-forward, the norms) are one ONNX Runtime call instead of ~100 torch ops, and with
+``--dtype int8`` their linears are ONNX Runtime's dynamic int8 MatMuls (``onnxruntime.quantization``) instead
+of fbgemm's. The embedding, the cross-attention keys/values (once per batch), the cache's row selection and
+the output projection stay in torch.
+
+The body is exported once per model (``torch.onnx.export`` of :class:`_Body`, built from the static decoder's
+own modules, so every family the static engine runs exports) and cached on disk under
+:func:`engine_cache` keyed by the model's fingerprint, the dtype and the versions involved; a later run
+loads it. The self-attention cache is torch's, laid out (2, layers, capacity, rows, heads, head_dim) so that
+the filled positions ``[:n]`` of a layer are one contiguous block: ONNX Runtime reads them in place (IO
+binding on torch's pointers) and writes the new position's key/value straight into ``[n]``; nothing is
+copied between the two. The step attends over the ``n`` past positions and the new one as two parts of one
+softmax, so the cache is never concatenated.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from fastvocab.decoding.cache_memory import allocate_cache
+
+log = logging.getLogger(__name__)
+
+ENGINE_VERSION = "3"  # bump when the exported graph changes: a new cache key
+
+
+def engine_cache() -> Path:
+    """Where exported decoder bodies are kept: ``$FASTVOCAB_CACHE_DIR/engines``, else
+    ``$XDG_CACHE_HOME/fastvocab/engines``, else ``~/.cache/fastvocab/engines``."""
+    root = os.environ.get("FASTVOCAB_CACHE_DIR")
+    if root:
+        return Path(root) / "engines"
+    xdg = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(xdg) / "fastvocab" / "engines"
+
+
+def onnx_unavailable() -> str | None:
+    """None when ONNX Runtime and the exporter's ``onnx`` package import; otherwise why not."""
+    try:
+        import onnx  # noqa: F401
+        import onnxruntime  # noqa: F401
+    except ImportError as exc:
+        return f"engine 'onnx' needs onnxruntime and onnx ({exc})"
+    return None
+
+
+class _Body(nn.Module):
+    """One step of the static decoder's layers, as exported: inputs ``x`` (rows, d) (embedded), per layer the
+    past keys and values (n, rows, heads, hd), the cross keys and values (sources, heads, S, hd) and the
+    cross bias (sources, 1, 1, S); outputs ``h`` (rows, d) and per layer the new key and value
+    (rows, heads, hd)."""
+
+    def __init__(self, dec) -> None:
+        super().__init__()
+        import copy
+
+        from fastvocab.kernels.prepack import unpack_linears
+
+        self.layers = copy.deepcopy(dec.layers)
+        unpack_linears(self.layers)  # plain nn.Linear for the exporter (pre-packed ones are oneDNN opaque)
+        self.final_ln = dec.final_ln
+        self.heads, self.hd = dec.heads, dec.head_dim
+
+    def forward(self, x, bias, past_bias, *kv):
+        n_layers = len(self.layers)
+        past, cross = kv[: 2 * n_layers], kv[2 * n_layers :]
+        new = []
+        for i, layer in enumerate(self.layers):
+            k_past, v_past, ck, cv = past[2 * i], past[2 * i + 1], cross[2 * i], cross[2 * i + 1]
+            if layer.pre_norm:
+                a, k, v = self._self_attn(layer, layer.ln_self(x), k_past, v_past, past_bias)
+                x = x + a
+                x = x + self._cross_attn(layer, layer.ln_cross(x), ck, cv, bias)
+                x = x + layer.fc2(layer.act(layer.fc1(layer.ln_ffn(x))))
+            else:
+                a, k, v = self._self_attn(layer, x, k_past, v_past, past_bias)
+                x = layer.ln_self(x + a)
+                x = layer.ln_cross(x + self._cross_attn(layer, x, ck, cv, bias))
+                x = layer.ln_ffn(x + layer.fc2(layer.act(layer.fc1(x))))
+            new += [k, v]
+        return (x if self.final_ln is None else self.final_ln(x), *new)
+
+    def _self_attn(self, layer, x, k_past, v_past, past_bias):
+        # Shapes by constants and -1 only, so that the graph computes no shapes at run time.
+        h, hd = self.heads, self.hd
+        qkv = layer.qkv(x).view(-1, 3, h, hd)
+        q, k, v = qkv[:, 0], qkv[:, 1], qkv[:, 2]  # (rows, heads, hd)
+        past = (q.unsqueeze(2) @ k_past.permute(1, 2, 3, 0)).squeeze(2) + past_bias  # (rows, heads, n)
+        now = (q * k).sum(-1, keepdim=True)  # (rows, heads, 1)
+        p = torch.softmax(torch.cat([past, now], dim=-1), dim=-1)
+        o = (p[:, :, :-1].unsqueeze(2) @ v_past.permute(1, 2, 0, 3)).squeeze(2) + p[:, :, -1:] * v
+        return layer.out_self(o.reshape(-1, h * hd)), k, v
+
+    def _cross_attn(self, layer, x, ck, cv, bias):
+        h, hd = self.heads, self.hd
+        q = layer.q_cross(x).view(ck.shape[0], -1, h, hd).transpose(1, 2)  # (sources, heads, group, hd)
+        att = torch.softmax(q @ ck.transpose(2, 3) + bias, dim=-1)
+        return layer.out_cross((att @ cv).transpose(1, 2).reshape(-1, h * hd))
+
+
+def _versions() -> str:
+    import onnxruntime
+
+    return f"torch {torch.__version__} ort {onnxruntime.__version__} engine {ENGINE_VERSION}"
+
+
+def export_body(dec, path: Path) -> None:
+    """Export :class:`_Body` of the static decoder ``dec`` (float32) to ``path``, shapes dynamic."""
+    body = _Body(dec).eval()
+    rows, src, s, n = 4, 2, 5, 3
+    h, hd, layers = dec.heads, dec.head_dim, dec.n_layers
+    x = torch.randn(rows, dec.d)
+    bias, past_bias = torch.zeros(src, 1, 1, s), torch.zeros(n)
+    past = [torch.randn(n, rows, h, hd) for _ in range(2 * layers)]
+    cross = [torch.randn(src, h, s, hd) for _ in range(2 * layers)]
+    names_past = [f"{kv}_past{i}" for i in range(layers) for kv in "kv"]
+    names_cross = [f"{kv}_cross{i}" for i in range(layers) for kv in "kv"]
+    names_new = [f"{kv}_new{i}" for i in range(layers) for kv in "kv"]
+    dynamic = {"x": {0: "rows"}, "bias": {0: "sources", 3: "S"}, "past_bias": {0: "n"}, "h": {0: "rows"}}
+    dynamic.update({name: {0: "n", 1: "rows"} for name in names_past})
+    dynamic.update({name: {0: "sources", 2: "S"} for name in names_cross})
+    dynamic.update({name: {0: "rows"} for name in names_new})
+    tmp = path.with_suffix(f".tmp{os.getpid()}")
+    import warnings
+
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(
+            body,
+            (x, bias, past_bias, *past, *cross),
+            str(tmp),
+            input_names=["x", "bias", "past_bias", *names_past, *names_cross],
+            output_names=["h", *names_new],
+            dynamic_axes=dynamic,
+            opset_version=17,
+            dynamo=False,
+        )
+    tmp.replace(path)
+
+
+def quantize_body(src: Path, dst: Path) -> None:
+    """``src``'s MatMuls as ONNX Runtime dynamic int8 (weights per output channel, signed)."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    tmp = dst.with_suffix(f".tmp{os.getpid()}")
+    root = logging.getLogger()
+    level = root.level
+    root.setLevel(logging.ERROR)  # its advice to pre-process the model (shape inference) is not needed here
+    try:
+        quantize_dynamic(str(src), str(tmp), per_channel=True, weight_type=QuantType.QInt8)
+    finally:
+        root.setLevel(level)
+    tmp.replace(dst)
+
+
+def body_path(dec, fingerprint: str, int8: bool) -> tuple[Path, float]:
+    """The exported body of ``dec`` (float32 or int8), exported now when absent from the cache; returns
+    its path and the seconds the export took (0 when found)."""
+    key = hashlib.sha256(f"{fingerprint}|{_versions()}|{dec.family.name}".encode()).hexdigest()[:20]
+    folder = engine_cache() / key
+    f32, q8 = folder / "body.onnx", folder / "body-int8.onnx"
+    path = q8 if int8 else f32
+    if path.exists():
+        return path, 0.0
+    t0 = time.perf_counter()
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:  # a read-only or absent cache: export for this process only
+        import tempfile
+
+        log.warning(
+            "engine onnx: cannot cache the export under %s (%s); exporting to a temporary folder", folder, exc
+        )
+        folder = Path(tempfile.mkdtemp(prefix="fastvocab-onnx-"))
+        f32, q8 = folder / "body.onnx", folder / "body-int8.onnx"
+        path = q8 if int8 else f32
+    if not f32.exists():
+        export_body(dec, f32)
+    if int8:
+        quantize_body(f32, q8)
+    spent = time.perf_counter() - t0
+    log.info("engine onnx: exported the decoder body to %s in %.1f s (once per model)", path, spent)
+    return path, spent
+
+
+@dataclass
+class OnnxState:
+    """Decoder state of the onnx engine: ``self_kv`` (2, layers, capacity, rows, heads, hd), the first
+    ``rows`` rows' worth of ``buffer`` (flat) viewed in that layout; ``spare`` a flat buffer a reorder
+    gathers into; cross keys/values and bias as the static engine's (``StaticState``)."""
+
+    self_kv: torch.Tensor
+    cross_kv: torch.Tensor
+    cross_bias: torch.Tensor
+    group: int
+    length: int
+    buffer: torch.Tensor
+    spare: torch.Tensor | None = None
+
+    @property
+    def rows(self) -> int:
+        return self.self_kv.shape[3]
+
+    @property
+    def capacity(self) -> int:
+        return self.self_kv.shape[2]
+
+    def cache_bytes(self) -> int:
+        held = [self.buffer, self.cross_kv, self.cross_bias, self.spare]
+        return sum(t.numel() * t.element_size() for t in held if t is not None)
+
+
+_NP = {torch.float32: np.float32}
+
+
+class OnnxDecoder:
+    """The static decoder ``dec`` (float32, CPU) with its layers run by ONNX Runtime; the same interface
+    (``start``, ``step``, ``reorder``) and the same ``h`` up to float rounding. ``int8``: the body's int8
+    export (:meth:`use_int8`)."""
+
+    def __init__(self, dec, fingerprint: str | Callable[[], str]) -> None:
+        reason = onnx_unavailable()
+        if reason:
+            raise ValueError(reason)
+        if dec.device.type != "cpu" or dec.dtype != torch.float32:
+            raise ValueError(f"engine 'onnx' runs float32 on CPU; the model is {dec.dtype} on {dec.device}")
+        self.dec = dec
+        self.fingerprint = fingerprint if isinstance(fingerprint, str) else fingerprint()
+        self.int8 = False
+        self.export_seconds = 0.0
+        self._session = None  # (pid, InferenceSession): a forked worker opens its own
+        self._zeros = torch.zeros(256)
+        self.path, spent = body_path(dec, self.fingerprint, int8=False)
+        self.export_seconds += spent
+
+    def use_int8(self) -> None:
+        """Run the int8 export of the body from now on (exported once, cached)."""
+        self.path, spent = body_path(self.dec, self.fingerprint, int8=True)
+        self.export_seconds += spent
+        self.int8, self._session = True, None
+
+    def quantize_int8(self) -> None:
+        """``--dtype int8``: the body's int8 export, and the cross-attention K/V GEMM (in torch, once per
+        batch) as the static engine quantises it."""
+        from fastvocab.kernels.int8 import quantize_linears
+
+        self.use_int8()
+        self.dec.cross_kv = quantize_linears(nn.Sequential(self.dec.cross_kv))[0]
+        self.dec.layers = nn.ModuleList()  # the body runs them now; their float32 weights are not needed
+
+    def __getattr__(self, name: str):  # what the adapter and benchmarks read of a StaticDecoder
+        if name in ("dtype", "device", "n_layers", "heads", "head_dim", "d", "cache_bytes_per_row", "family"):
+            return getattr(self.dec, name)
+        if name in ("step_fixed", "prepare_fixed"):
+            raise AttributeError(
+                f"engine 'onnx' has no fixed-shape step ({name}): --graphs on needs 'static'"
+            )
+        raise AttributeError(name)
+
+    def session(self):
+        import onnxruntime as ort
+
+        if self._session is None or self._session[0] != os.getpid():
+            if self._session is not None:
+                _keep_forever(self._session[1])
+            opts = ort.SessionOptions()
+            # One thread: fastvocab's CPU workers run on one thread each (decisions/0002).
+            opts.intra_op_num_threads = 1
+            opts.inter_op_num_threads = 1
+            opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+            opts.add_session_config_entry("session.intra_op.allow_spinning", "0")  # workers share the cores
+            opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+            sess = ort.InferenceSession(str(self.path), opts, providers=["CPUExecutionProvider"])
+            self._session = (os.getpid(), sess)
+        return self._session[1]
+
+    # ------------------------------------------------------------------ state
+
+    def start(self, enc_hidden: torch.Tensor, enc_mask: torch.Tensor, capacity: int | None = None):
+        st = self.dec.start(enc_hidden, enc_mask, capacity=1)  # cross K/V and bias, a 1-position cache
+        cap = int(capacity or self.dec.capacity)
+        rows = st.cross_kv.shape[2]
+        flat = self._alloc(rows, cap)
+        kv = self._view(flat, rows, cap)
+        kv[:, :, 0].zero_()  # the first step reads position 0 as a masked past (see step)
+        return OnnxState(kv, st.cross_kv, st.cross_bias, 1, 0, flat)
+
+    def _shape(self, rows: int, cap: int) -> tuple[int, ...]:
+        d = self.dec
+        return (2, d.n_layers, cap, rows, d.heads, d.head_dim)
+
+    def _alloc(self, rows: int, cap: int) -> torch.Tensor:
+        numel = int(np.prod(self._shape(rows, cap)))
+        return allocate_cache(
+            (numel,), self.dtype, self.device, self.dec.max_cache_bytes, "self-attention cache"
+        )
+
+    def _view(self, flat: torch.Tensor, rows: int, cap: int) -> torch.Tensor:
+        shape = self._shape(rows, cap)
+        return flat[: int(np.prod(shape))].view(shape)
+
+    def _grow(self, state: OnnxState) -> None:
+        rows, cap, n = state.rows, 2 * state.capacity, state.length
+        flat = self._alloc(rows, cap)
+        kv = self._view(flat, rows, cap)
+        kv[:, :, :n].copy_(state.self_kv[:, :, :n])
+        state.self_kv, state.buffer, state.spare = kv, flat, None
+
+    @torch.inference_mode()
+    def reorder(self, state: OnnxState, index: torch.Tensor, group: int | None = None) -> OnnxState:
+        """As ``StaticDecoder.reorder``: rows ``index`` in that order, into the spare buffer (which swaps)."""
+        n, rows, cap = state.length, index.shape[0], state.capacity
+        spare = state.spare
+        if spare is None or spare.numel() < int(np.prod(self._shape(rows, cap))):
+            spare = self._alloc(rows, cap)
+        kv = self._view(spare, rows, cap)
+        torch.index_select(state.self_kv[:, :, :n], 3, index, out=kv[:, :, :n])
+        g_old = state.group
+        if group is not None and rows % group == 0:
+            sources = index[::group] // g_old
+            cross, bias = state.cross_kv, state.cross_bias
+            if sources.shape[0] != cross.shape[2]:
+                cross, bias = cross.index_select(2, sources), bias.index_select(0, sources)
+            return OnnxState(kv, cross, bias, group, n, spare, state.buffer)
+        sources = index // g_old if g_old > 1 else index
+        cross = state.cross_kv.index_select(2, sources)
+        return OnnxState(kv, cross, state.cross_bias.index_select(0, sources), 1, n, spare, state.buffer)
+
+    # ------------------------------------------------------------------ step
+
+    @torch.inference_mode()
+    def step(self, tokens: torch.Tensor, state: OnnxState) -> torch.Tensor:
+        """Feed one token per row (rows,); returns ``h`` (rows, d) and advances ``state`` in place."""
+        dec, pos = self.dec, state.length
+        if pos >= state.capacity:
+            self._grow(state)
+        x = dec.embed(tokens, pos).contiguous()
+        h = torch.empty_like(x)
+        sess = self.session()
+        io = sess.io_binding()
+        _bind(io.bind_input, "x", x)
+        _bind(io.bind_input, "bias", state.cross_bias)
+        # No zero-sized past: the first step reads position 0 (zeroed by start, where its own key/value
+        # go) as one past position weighted exp(min - max) = 0.
+        n = max(pos, 1)
+        past_bias = self._past_bias(n, masked=pos == 0)  # held until the run: ORT reads its memory then
+        _bind(io.bind_input, "past_bias", past_bias)
+        _bind(io.bind_output, "h", h)
+        for i in range(dec.n_layers):
+            for j, kv in enumerate("kv"):
+                _bind(io.bind_input, f"{kv}_past{i}", state.self_kv[j, i, :n])
+                _bind(io.bind_input, f"{kv}_cross{i}", state.cross_kv[j, i])
+                _bind(io.bind_output, f"{kv}_new{i}", state.self_kv[j, i, pos])
+        sess.run_with_iobinding(io)
+        state.length = pos + 1
+        return h
+
+    def _past_bias(self, n: int, masked: bool) -> torch.Tensor:
+        if masked:
+            return torch.full((1,), torch.finfo(self.dtype).min)
+        if self._zeros.shape[0] < n:
+            self._zeros = torch.zeros(2 * n)
+        return self._zeros[:n]
+
+
+def _keep_forever(session) -> None:
+    """A session inherited through fork (``translate``'s forked workers) is never freed in the child: its
+    destructor waits on the parent's thread-pool condition variables, whose waiters do not exist here, and
+    would hang the worker. One reference more, never released."""
+    import ctypes
+
+    ctypes.pythonapi.Py_IncRef(ctypes.py_object(session))
+
+
+def _bind(bind, name: str, t: torch.Tensor) -> None:
+    """Bind torch tensor ``t`` (contiguous, CPU) to ``name`` in place: ONNX Runtime reads or writes its
+    memory when the session runs, so the caller keeps that memory alive until then (a view of a live
+    buffer, or a local)."""
+    assert t.is_contiguous(), name
+    bind(name, "cpu", 0, _NP[t.dtype], list(t.shape), t.data_ptr())

@@ -1,0 +1,168 @@
+"""``engine="onnx"`` (``fastvocab.decoding.onnx_step``): the static engine's ``h`` and search outputs, its
+row selection, the export cached on disk and reused, int8."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import decoder_steps, synthetic_sentences
+
+pytest.importorskip("onnxruntime")
+pytest.importorskip("onnx")
+
+from fastvocab.decoding import Seq2SeqAdapter, beam_search, greedy_search
+from fastvocab.decoding.onnx_step import OnnxDecoder
+from fastvocab.kernels import create_projection
+
+DEMO_MODEL = Path(__file__).resolve().parent.parent / "models" / "demo"
+DEMO_MAPS = Path(__file__).resolve().parent.parent / "models" / "demo-maps"
+
+
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("engine-cache")
+
+
+@pytest.fixture(scope="module")
+def static(tiny_model_dir) -> Seq2SeqAdapter:
+    return Seq2SeqAdapter.load(tiny_model_dir, cache_len=4)
+
+
+@pytest.fixture(scope="module")
+def onnx(tiny_model_dir, cache_dir) -> Seq2SeqAdapter:
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("FASTVOCAB_CACHE_DIR", str(cache_dir))
+        adapter = Seq2SeqAdapter.load(tiny_model_dir, cache_len=4, engine="onnx")
+    assert adapter.engine == "onnx" and isinstance(adapter.static_decoder, OnnxDecoder)
+    return adapter
+
+
+def test_step_h_equals_the_static_engine(static, onnx):
+    """Padded sources, a pad token among the targets and more steps than cache_len (the cache grows)."""
+    batch = static.encode_texts(synthetic_sentences("en", 6, seed=3), "en")
+    prefix = torch.tensor(static.start_tokens("it")).expand(6, -1)
+    body = torch.randint(4, static.n_vocab, (6, 9), generator=torch.Generator().manual_seed(0))
+    body[1, 3] = body[4, 0] = static.pad_id
+    tokens = torch.cat([prefix, body], dim=1)
+    torch.testing.assert_close(decoder_steps(onnx, batch, tokens), decoder_steps(static, batch, tokens))
+
+
+def test_reorder_with_and_without_groups(static, onnx):
+    batch = static.encode_texts(synthetic_sentences("de", 3, seed=4), "de")
+    k, results = 2, []
+    for adapter, group in ((static, k), (onnx, k), (onnx, None)):
+        state = adapter.encode(batch)
+        for t in adapter.start_tokens("fr"):
+            _, state = adapter.decoder_step(torch.full((3,), t), state)
+        state = adapter.reorder(state, torch.arange(3).repeat_interleave(k), group=group)
+        _, state = adapter.decoder_step(torch.tensor([5, 6, 7, 8, 9, 10]), state)
+        state = adapter.reorder(state, torch.tensor([1, 0, 4, 4]), group=group)  # sentence 1 dropped
+        h, _ = adapter.decoder_step(torch.tensor([11, 12, 13, 14]), state)
+        results.append(h)
+    torch.testing.assert_close(results[1], results[0], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(results[2], results[0], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize(("src", "tgt"), [("en", "it"), ("fr", "de")])
+def test_greedy_and_beam_equal_the_static_engine(static, onnx, src, tgt):
+    full = create_projection("full", static.output_weight, static.output_bias)
+    batch = static.encode_texts(synthetic_sentences(src, 7, seed=6), src)
+    assert greedy_search(onnx, full, batch, src, tgt, max_len=10) == greedy_search(
+        static, full, batch, src, tgt, max_len=10
+    )
+    for beam in (2, 4):
+        ours = beam_search(onnx, full, batch, src, tgt, beam=beam, max_len=10)
+        assert ours == beam_search(static, full, batch, src, tgt, beam=beam, max_len=10)
+
+
+def test_export_is_cached_and_reused(tiny_model_dir, tmp_path, monkeypatch):
+    monkeypatch.setenv("FASTVOCAB_CACHE_DIR", str(tmp_path))
+    first = Seq2SeqAdapter.load(tiny_model_dir, engine="onnx")
+    dec = first.static_decoder
+    assert dec.export_seconds > 0 and dec.path.is_file() and dec.path.is_relative_to(tmp_path)
+    stamp = dec.path.stat().st_mtime_ns
+    first.quantize_int8()
+    assert dec.path.name == "body-int8.onnx" and dec.path.is_file()
+    second = Seq2SeqAdapter.load(tiny_model_dir, engine="onnx")
+    assert second.static_decoder.export_seconds == 0  # found, not exported again
+    assert second.static_decoder.path.stat().st_mtime_ns == stamp
+    second.quantize_int8()
+    assert second.static_decoder.export_seconds == 0
+
+
+def test_unwritable_cache_still_decodes(tiny_model_dir, static):
+    """The suite's FASTVOCAB_CACHE_DIR cannot exist (conftest): the export goes to a temporary folder."""
+    adapter = Seq2SeqAdapter.load(tiny_model_dir, engine="onnx")
+    full = create_projection("full", static.output_weight, static.output_bias)
+    batch = static.encode_texts(synthetic_sentences("en", 3, seed=1), "en")
+    assert greedy_search(adapter, full, batch, "en", "it", max_len=6) == greedy_search(
+        static, full, batch, "en", "it", max_len=6
+    )
+
+
+def test_int8_stays_close_and_runs_the_search(tiny_model_dir, static, cache_dir, monkeypatch):
+    monkeypatch.setenv("FASTVOCAB_CACHE_DIR", str(cache_dir))
+    adapter = Seq2SeqAdapter.load(tiny_model_dir, engine="onnx")
+    adapter.quantize_int8()
+    batch = static.encode_texts(synthetic_sentences("en", 4, seed=2), "en")
+    prefix = torch.tensor(static.start_tokens("it")).expand(4, -1)
+    tokens = torch.cat([prefix, torch.randint(4, static.n_vocab, (4, 5))], dim=1)
+    ours, ref = decoder_steps(adapter, batch, tokens), decoder_steps(static, batch, tokens)
+    assert (ours - ref).norm() / ref.norm() < 0.05
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)  # the first step's masked past once read freed memory: outputs varied
+    try:
+        adapter.static_decoder._session = None
+        assert all(torch.equal(decoder_steps(adapter, batch, tokens), ours) for _ in range(3))
+    finally:
+        torch.set_num_threads(threads)
+    full = create_projection("full", static.output_weight, static.output_bias, int8=True)
+    out = beam_search(adapter, full, batch, "en", "it", beam=2, max_len=6)
+    assert len(out) == 4
+
+
+def test_graphs_need_the_static_engine(onnx):
+    with pytest.raises(AttributeError, match="fixed-shape step"):
+        onnx.static_decoder.step_fixed  # noqa: B018
+
+
+@pytest.mark.skipif(not (DEMO_MAPS / "en-it").exists(), reason="models/demo-maps is not built")
+@pytest.mark.parametrize("beam", [1, 4])
+def test_demo_clustered_shortlist_and_exact_equal_the_static_engine(beam, tmp_path, monkeypatch):
+    """The shipped map with its shortlist, and the exact path, give the static engine's outputs."""
+    from fastvocab.experiments.bench_methods import shortlist_folder
+    from fastvocab.tasks.projections import clustered_options, make_projection
+
+    monkeypatch.setenv("FASTVOCAB_CACHE_DIR", str(tmp_path))
+    sources = ["GNU C library: shared libraries", "fast, lightweight web server", "transitional package"]
+    outputs = []
+    for engine in ("static", "onnx"):
+        adapter = Seq2SeqAdapter.load(DEMO_MODEL, engine=engine)
+        batch = adapter.encode_texts(sources, "en")
+        shortlist = shortlist_folder(DEMO_MAPS, "en-it")
+        for exact in (False, True):
+            opts = clustered_options("union", "auto", exact, beam, None, True)
+            proj = make_projection(
+                adapter, "clustered", cluster_map=DEMO_MAPS / "en-it", shortlist=shortlist, **opts
+            )
+            search = greedy_search if beam == 1 else beam_search
+            kw = {} if beam == 1 else {"beam": beam}
+            outputs.append(search(adapter, proj, batch, "en", "it", max_len=32, **kw))
+    assert outputs[:2] == outputs[2:]
+
+
+def test_forked_workers_decode_after_the_parent_did(onnx, static):
+    """A session opened in the parent before ``translate`` forks its workers: each worker opens its own and
+    never frees the inherited one (whose destructor would hang there)."""
+    from fastvocab.kernels import create_projection as make
+    from fastvocab.tasks.translate import translate
+
+    full = make("full", static.output_weight, static.output_bias)
+    lines = synthetic_sentences("en", 8, seed=9)
+    batch = onnx.encode_texts(lines[:2], "en")
+    greedy_search(onnx, full, batch, "en", "it", max_len=4)  # the parent's session exists now
+    kw = dict(beam=1, batch_size=2, max_len=6, progress=False)
+    ours = translate(onnx, full, lines, "en", "it", workers=2, parallel="processes", **kw)
+    assert ours.hypotheses == translate(static, full, lines, "en", "it", workers=1, **kw).hypotheses
