@@ -9,7 +9,7 @@ identical-output rate, the search error rate, BLEU, active columns per row, the 
 shortlist) over a grid of its parameters (``experiments.bench_methods``, which reuses the yardstick's decoding
 and scoring): speed, projection time, candidates per row, search errors, BLEU/chrF, peak RSS, offline build
 time and artifact size; writes a JSON record and a PNG (speed ratio against search error rate, Pareto front
-marked) and logs both to MLflow with ``--tracking-uri`` or ``--work-dir``.
+marked) and logs both to MLflow (the store of every command: ``pipeline/tracking.py`` ``resolve_store``).
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ from fastvocab.pipeline.commands import (
     command_line,
     int_list,
     load_model,
+    mlflow_store,
 )
 from fastvocab.pipeline.errors import UserError
 
@@ -326,8 +327,9 @@ projection's options (probes, exact, inactive_mass, shortlist_k, ...), maps=DIR 
 --maps) and shortlist=DIR (a shortlist table, or a methods root: <DIR>/shortlist/<direction>), e.g.
 clustered:maps=runs/k1/maps,shortlist=runs/demo/methods,probes=2.
 Writes the JSON record (command, meta with load average, rows, Pareto front) to --output and a PNG of speed
-ratio against search error rate beside it; --tracking-uri URI or --work-dir DIR also logs them to MLflow (one
-parent run, one child run per point).
+ratio against search error rate beside it, and logs them to MLflow (one parent run, one child run per point):
+--tracking-uri, else $MLFLOW_TRACKING_URI, else the default store <work-dir>/mlflow.db (runs/demo without
+--work-dir, where `fastvocab run configs/demo.yaml` logs); --no-mlflow logs nothing.
 """
 
 
@@ -389,7 +391,11 @@ def add_methods_arguments(p: argparse.ArgumentParser) -> None:
     add_count(p, "--repeats", "timed passes, median reported (default: %(default)s)", d.repeats)
     add_output(p, "JSON record (default: benchmarks/results/methods-<dev>-<date>.json)")
     p.add_argument("--plot", type=Path, metavar="FILE", help="PNG plot (default: the JSON's name with .png)")
-    add_mlflow_options(p, "none; with --work-dir its mlflow.db", "fastvocab-bench")
+    add_mlflow_options(
+        p,
+        "the default store <work-dir>/mlflow.db (runs/demo/mlflow.db without --work-dir)",
+        "fastvocab-bench",
+    )
 
 
 def _default_out(device: str) -> Path:
@@ -427,10 +433,11 @@ def run_methods_command(
     )
     directions = [d for d in args.directions.split(",") if d]
     tracker = None
-    if not args.no_mlflow and (args.tracking_uri or work is not None):  # a bad URI fails before the work
+    store = mlflow_store(args, work)
+    if store is not None:  # a bad URI fails before the work
         from fastvocab.pipeline.tracking import Tracker
 
-        tracker = Tracker.for_work_dir(work or Path("."), args.tracking_uri, args.experiment_name)
+        tracker = Tracker.open(store, args.experiment_name)
     out = args.output or _default_out(args.device)
     png = args.plot or out.with_suffix(".png")
     adapter, load_before, t0 = load_model(args)

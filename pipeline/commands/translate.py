@@ -34,6 +34,7 @@ from fastvocab.pipeline.commands import (
     add_max_len,
     add_mlflow_options,
     add_model,
+    mlflow_store,
 )
 from fastvocab.pipeline.config import TranslateConfig
 from fastvocab.pipeline.errors import UserError
@@ -298,9 +299,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     add_mlflow_options(
         p,
-        "$MLFLOW_TRACKING_URI; neither: the job is not logged",
+        "nothing: translate logs only to a store named one of these two ways (the default store, "
+        "runs/demo/mlflow.db, would make a one-line translate seconds slower)",
         "fastvocab-bulk",
-        "log nothing to MLflow, whatever --tracking-uri or $MLFLOW_TRACKING_URI say",
     )
 
 
@@ -439,14 +440,13 @@ def log_to_mlflow(result: BulkResult, uri: str, experiment: str, run_name: str) 
 def run(args: argparse.Namespace) -> int:
     """The flags as a :class:`~fastvocab.pipeline.bulk_driver.BulkRequest`, the job, its summary line (and
     the method's counts when it ran in this process) and, with a tracking URI, its MLflow run."""
-    import os
-
     from fastvocab.pipeline.tracking import check_tracking_uri
 
     _check_args(args)
-    uri = None if args.no_mlflow else args.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
-    if uri:
-        check_tracking_uri(uri, "--tracking-uri" if args.tracking_uri else "MLFLOW_TRACKING_URI")
+    store = mlflow_store(args, by_default=False)
+    uri = store.uri if store is not None else None
+    if store is not None:
+        check_tracking_uri(store.uri, store.source)
     with through_files(args.input, args.output) as (input_path, output_path, shown):
         try:
             result = _translate(args, input_path, output_path)

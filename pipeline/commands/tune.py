@@ -33,6 +33,7 @@ from fastvocab.pipeline.commands import (
     command_line,
     int_list,
     load_model,
+    mlflow_store,
     split_direction,
 )
 from fastvocab.pipeline.errors import UserError
@@ -76,8 +77,9 @@ At --beam B > 1 both grids try K = B, 3B/2 and 2B (beam search keeps 2B candidat
 Writes <output>/<direction>-beam<B>/: map/ (the chosen map: use it with `fastvocab translate --method
 clustered --clusters DIR`), tune.json (every measured row, the choice, the test check), tune.csv and tune.md;
 prints the map's path and the config keys (configs/demo.yaml) that make the pipeline build and use the same
-settings. Logs to MLflow (<work-dir>/mlflow.db unless --tracking-uri URI or --no-mlflow): a parent run with
-the settings, the choice and the tables, a child run per tried configuration. Exits 2 with the lowest error
+settings. Logs to MLflow (--tracking-uri, else $MLFLOW_TRACKING_URI, else the default store
+<work-dir>/mlflow.db, where `fastvocab run` logs; --no-mlflow: nothing): a parent run with the settings, the
+choice and the tables, a child run per tried configuration. Exits 2 with the lowest error
 rate measured when no configuration meets the budget.
 """
 
@@ -206,7 +208,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     add_output(p, "output root (default: <work-dir>/tune)", metavar="DIR")
     p.add_argument("--json", type=Path, metavar="FILE", help="also write the JSON record here")
-    add_mlflow_options(p, "<work-dir>/mlflow.db", "fastvocab-tune")
+    add_mlflow_options(p, "the default store <work-dir>/mlflow.db", "fastvocab-tune")
 
 
 def parse_budget(text: str) -> float:
@@ -400,10 +402,11 @@ def run_decode(args: argparse.Namespace) -> int:
     states = args.states or args.work_dir / "states"
     out_dir = (args.output or args.work_dir / "tune") / f"{direction}-beam{settings.beam}"
     tracker = None
-    if not args.no_mlflow:  # open the store first: a bad URI fails before the work
+    store = mlflow_store(args, args.work_dir)
+    if store is not None:  # open the store first: a bad URI fails before the work
         from fastvocab.pipeline.tracking import Tracker
 
-        tracker = Tracker.for_work_dir(args.work_dir, args.tracking_uri, args.experiment_name)
+        tracker = Tracker.open(store, args.experiment_name)
     adapter, load_before, t0 = load_model(args)
     try:
         beams = int_list(args.state_beams, "--state-beams")
