@@ -32,12 +32,26 @@ def add_subcommand(
     """Subcommand ``name`` of ``sub`` (``bench fidelity``, ``experiment paper``): ``help`` in its parent's
     list, ``description`` printed by its --help as written (its line breaks kept)."""
     return sub.add_parser(
-        name,
-        help=help,
-        description=description,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        allow_abbrev=False,
+        name, help=help, description=description, formatter_class=HelpFormatter, allow_abbrev=False
     )
+
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """A description or epilog written on several lines is printed as written (a table, the examples); one
+    written on one line is wrapped to the terminal, as argparse does by default."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        if "\n" not in text.strip():
+            return argparse.HelpFormatter._fill_text(self, text, width, indent)
+        return super()._fill_text(text, width, indent)
+
+
+def add_examples(p: argparse.ArgumentParser, examples: str) -> None:
+    """``examples`` ("examples:", then one command line an indented line; a trailing ``\\`` continues it)
+    as the epilog of ``p``'s --help. Each runs as written after `make demo`, from the project root;
+    tests/test_help_examples.py parses every one with the real parser."""
+    p.epilog = examples
+    p.formatter_class = HelpFormatter
 
 
 def add_count(p: argparse.ArgumentParser, flag: str, help: str, default: int | None = None) -> None:

@@ -28,6 +28,7 @@ from fastvocab.pipeline.commands import (
     add_corpus,
     add_count,
     add_deprecated,
+    add_examples,
     add_grid_alias,
     add_length_penalty,
     add_max_len,
@@ -51,7 +52,20 @@ HELP = "measure output-layer methods against full softmax (fidelity yardstick; a
 log = logging.getLogger(__name__)
 _S = TypeVar("_S")
 
+EXAMPLES = """\
+examples:
+  fastvocab bench fidelity --directions en-it --sentences 50
+  fastvocab bench methods --directions en-it --methods full,clustered,shortlist --beams 1
+  fastvocab bench scope --clusters models/demo-maps --directions it-en --sentences 100
+"""
+
 FIDELITY_HELP = "decode with full softmax and clustered methods; report search errors, BLEU, speed"
+
+FIDELITY_EXAMPLES = """\
+examples:
+  fastvocab bench fidelity --directions en-it --sentences 50
+  fastvocab bench fidelity --clusters models/demo-maps --with-shortlist models/demo-maps --sentences 50
+"""
 
 FIDELITY_DESCRIPTION = """\
 Decode the first --sentences sentences of the --split of each direction with the full projection and with
@@ -73,10 +87,16 @@ Writes the JSON record (command, meta, one result per row) to --output and print
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    add_examples(p, EXAMPLES)
     sub = p.add_subparsers(dest="bench", metavar="BENCHMARK", required=True)
-    add_fidelity_arguments(add_subcommand(sub, "fidelity", FIDELITY_HELP, FIDELITY_DESCRIPTION))
-    add_methods_arguments(add_subcommand(sub, "methods", METHODS_HELP, METHODS_DESCRIPTION))
-    add_scope_arguments(add_subcommand(sub, "scope", SCOPE_HELP, SCOPE_DESCRIPTION))
+    for name, help, description, examples, add in (
+        ("fidelity", FIDELITY_HELP, FIDELITY_DESCRIPTION, FIDELITY_EXAMPLES, add_fidelity_arguments),
+        ("methods", METHODS_HELP, METHODS_DESCRIPTION, METHODS_EXAMPLES, add_methods_arguments),
+        ("scope", SCOPE_HELP, SCOPE_DESCRIPTION, SCOPE_EXAMPLES, add_scope_arguments),
+    ):
+        bench = add_subcommand(sub, name, help, description)
+        add_examples(bench, examples)
+        add(bench)
 
 
 def fidelity_parser(description: str) -> argparse.ArgumentParser:
@@ -304,6 +324,12 @@ def run(args: argparse.Namespace) -> int:
 
 METHODS_HELP = "every output-layer method over a parameter grid: speed vs search errors, memory, build cost"
 
+METHODS_EXAMPLES = """\
+examples:
+  fastvocab bench methods --directions en-it --methods full,clustered,shortlist --beams 1
+  fastvocab bench methods --work-dir runs/demo --directions en-it,it-en --point clustered:probes=2
+"""
+
 METHODS_DESCRIPTION = """\
 Decode the first --sentences sentences of the --split of each direction with full softmax and with every
 point of a parameter grid of each method, same search and settings, in one process
@@ -499,6 +525,11 @@ def _log_methods_to_mlflow(tracker, record: dict, out: Path, png: Path) -> None:
 # --------------------------------------------------------------------------------------------- bench scope
 
 SCOPE_HELP = "choose per direction between its own map and its target's pooled map, by measurement on dev"
+
+SCOPE_EXAMPLES = """\
+examples:
+  fastvocab bench scope --clusters models/demo-maps --directions it-en --sentences 100
+"""
 
 SCOPE_DESCRIPTION = """\
 For each direction, decode the first --sentences sentences of --split (dev: text the maps never saw) with

@@ -30,6 +30,12 @@ log = logging.getLogger(__name__)
 
 PAPER_HELP = "the paper's Tables 2-5 and Figures 2-4 on a model and its directions"
 
+EXAMPLES = """\
+examples:
+  fastvocab experiment paper --quick
+  fastvocab experiment paper --quick --parts table2,table3 --directions en-it,it-en
+"""
+
 PAPER_DESCRIPTION = """\
 The experiments of Amer et al. (2022) on a model (default: the demo model), its corpus and the maps and
 stored hidden states of a pipeline work dir (default runs/demo, as `fastvocab run configs/demo.yaml`
@@ -63,8 +69,11 @@ nothing.
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    commands.add_examples(p, EXAMPLES)
     sub = p.add_subparsers(dest="experiment", metavar="EXPERIMENT", required=True)
-    add_paper_arguments(commands.add_subcommand(sub, "paper", PAPER_HELP, PAPER_DESCRIPTION))
+    paper = commands.add_subcommand(sub, "paper", PAPER_HELP, PAPER_DESCRIPTION)
+    commands.add_examples(paper, EXAMPLES)
+    add_paper_arguments(paper)
 
 
 def add_paper_arguments(p: argparse.ArgumentParser) -> None:

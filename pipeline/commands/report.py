@@ -6,12 +6,19 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from fastvocab.pipeline.commands import STORE_DEFAULT, add_output
+from fastvocab.pipeline.commands import STORE_DEFAULT, add_examples, add_output
 
 HELP = "write a self-contained HTML report (tables, embedded figures) of an MLflow run"
 
+EXAMPLES = """\
+examples:
+  fastvocab report latest -o report.html
+  fastvocab report latest --work-dir runs/demo -o report.html
+"""
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    add_examples(p, EXAMPLES)
     p.description = (
         "Write a self-contained HTML report of an MLflow run and its child runs: status, times, git commit "
         "and fastvocab version, a table of every child run, metrics and parameters per stage and direction, "

@@ -6,12 +6,19 @@ import argparse
 
 import yaml
 
-from fastvocab.pipeline.commands import add_mlflow_options
+from fastvocab.pipeline.commands import add_examples, add_mlflow_options
 from fastvocab.pipeline.errors import UserError
 from fastvocab.pipeline.stages import STAGES
 
+EXAMPLES = """\
+examples:
+  fastvocab run configs/demo.yaml
+  fastvocab run configs/demo.yaml --no-mlflow --no-progress
+"""
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_examples(parser, EXAMPLES)
     parser.add_argument("config", metavar="CONFIG", help="run config (YAML), e.g. configs/demo.yaml")
     parser.add_argument(
         "--set",

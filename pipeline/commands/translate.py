@@ -29,6 +29,7 @@ from fastvocab.pipeline.checks import check_device, check_map_direction, untrain
 from fastvocab.pipeline.commands import (
     add_batch_size,
     add_beam,
+    add_examples,
     add_inactive_mass,
     add_length_penalty,
     add_max_len,
@@ -52,7 +53,8 @@ examples:
   fastvocab translate --src-lang en --tgt-lang it -i input.txt -o output.txt
   fastvocab translate --src-lang en --tgt-lang it -i input.txt -o output.txt \\
       --method clustered --clusters models/demo-maps --with-shortlist models/demo-maps
-  fastvocab translate --src-lang en --tgt-lang it -i 'corpus/*.parquet' -o out/ --workers 4
+  fastvocab translate --src-lang en --tgt-lang it -i data/corpus/en-it/test.parquet --input-column text1 \\
+      -o out/ --workers 2
 """
 
 log = logging.getLogger(__name__)
@@ -86,8 +88,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     from fastvocab.tasks.projections import BEAM_INACTIVE_MASS, SHORTLIST_BEAM_INACTIVE_MASS
 
     d = TranslateConfig()
-    p.epilog = EXAMPLES
-    p.formatter_class = argparse.RawDescriptionHelpFormatter
+    add_examples(p, EXAMPLES)
     add_model(p)
     p.add_argument("--src-lang", required=True, metavar="XX", help="source language code, e.g. en")
     p.add_argument("--tgt-lang", required=True, metavar="YY", help="target language code, e.g. it")

@@ -23,6 +23,7 @@ from fastvocab.pipeline.commands import (
     add_beam,
     add_corpus,
     add_deprecated,
+    add_examples,
     add_grid_alias,
     add_inactive_mass,
     add_length_penalty,
@@ -83,13 +84,19 @@ choice and the tables, a child run per tried configuration. Exits 2 with the low
 rate measured when no configuration meets the budget.
 """
 
+EXAMPLES = """\
+examples:
+  fastvocab tune --src-lang en --tgt-lang it --budget 5%
+  fastvocab tune --src-lang en --tgt-lang it --by coverage --probes 2,4,8 --budget 5%
+"""
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from fastvocab.experiments.tune import GRIDS, RANK_BY, TuneSettings
     from fastvocab.tasks.kmeans import KMeansParams
 
     p.description = DESCRIPTION
-    p.formatter_class = argparse.RawDescriptionHelpFormatter
+    add_examples(p, EXAMPLES)
     d, km = TuneSettings(), KMeansParams()
     p.add_argument("--src-lang", default="en", metavar="XX", help="source language (default: %(default)s)")
     p.add_argument("--tgt-lang", default="it", metavar="YY", help="target language (default: %(default)s)")
