@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 QUICK = (
     "echo 'Free software.' | fastvocab translate",
     "-i input.txt -o output.txt",
-    "--with-shortlist models/demo-maps",
+    "--clusters models/demo-maps",
     "fastvocab eval",
 )
 
