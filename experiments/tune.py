@@ -92,10 +92,14 @@ class Candidate:
     k: int
     min_count: int
     selection: str
+    probes: int = (
+        1  # nearest clusters a row reads (a decoding setting: candidates differing in it share a map)
+    )
 
     @property
     def label(self) -> str:
-        return f"r={self.r} K={self.k} min_count={self.min_count} {self.selection}"
+        probes = f" probes={self.probes}" if self.probes != 1 else ""
+        return f"r={self.r} K={self.k} min_count={self.min_count}{probes} {self.selection}"
 
     @property
     def map_key(self) -> tuple[int, int, int]:
@@ -111,6 +115,7 @@ class Candidate:
             "kmeans.r": self.r,
             "maps.k": self.k,
             "maps.min_count": self.min_count,
+            "maps.probes": self.probes,
             "maps.beams": list(state_beams),
             **rank,
             "translate.selection": self.selection,
@@ -138,6 +143,8 @@ class TuneSettings:
     length_penalty: float = 1.0
     inactive_mass: str = "auto"  # as translate.inactive_mass (auto: none greedy, normaliser beam search)
     repeats: int = 1  # timed passes per rung (median)
+    probes: tuple[int, ...] = (1,)  # nearest clusters a row reads: an axis of the grid
+    shortlist: str | None = None  # a shortlist table whose candidates join every candidate's sets (union)
     kmeans: KMeansParams = field(default_factory=KMeansParams)  # niter, seed, points; r comes from the grid
     normaliser_rank: int = MapParams().normaliser_rank  # the pipeline's maps.normaliser_rank default
 
@@ -151,10 +158,13 @@ class TuneSettings:
         bad = [s for s in self.selections or () if s not in SELECTIONS]
         if bad:
             raise ValueError(f"unknown selections {bad}; valid: {', '.join(SELECTIONS)}")
+        if self.shortlist is not None and "per-row" in (self.selections or ()):
+            raise ValueError("a shortlist joins a batch's union: per-row selection does not take one")
         ints = [*(self.rs or ()), *(self.ks or ()), *(self.min_counts or ()), *(self.rungs or ())]
+        ints += list(self.probes) or [0]
         if min([self.beam, self.batch_size, self.eta, self.repeats, self.max_len, *ints]) < 1:
             raise ValueError(
-                f"beam, batch size, eta, repeats, r, K, min_count and rungs must be >= 1: {self}"
+                f"beam, batch size, eta, repeats, r, K, min_count, probes and rungs must be >= 1: {self}"
             )
         if self.normaliser_rank < 0:
             raise ValueError(f"normaliser_rank must be >= 0, got {self.normaliser_rank}")
@@ -167,6 +177,8 @@ class TuneSettings:
             return tuple(own)
         if name == "ks" and self.beam > 1:
             return beam_ks(self.beam)
+        if name == "selections" and self.shortlist is not None:
+            return ("union",)  # the shortlist joins a batch's union
         return getattr(GRIDS[self.grid], name)
 
     @property
@@ -179,10 +191,11 @@ class TuneSettings:
         if not ks:
             raise ValueError(f"every K of {self._pick('ks')} exceeds the K={recorded_k} the dump recorded")
         return [
-            Candidate(r, k, mc, sel)
+            Candidate(r, k, mc, sel, probes)
             for r in sorted(self._pick("rs"))
             for k in sorted(ks)
             for mc in sorted(self._pick("min_counts"))
+            for probes in sorted(self.probes)
             for sel in self._pick("selections")
         ]
 
@@ -284,8 +297,14 @@ def finish_map(adapter: Seq2SeqAdapter, cmap: ClusterMap, normaliser_rank: int) 
 def projection_for(
     adapter: Seq2SeqAdapter, cand: Candidate, cmap: ClusterMap, settings: TuneSettings
 ) -> Projection:
-    """The clustered projection ``fastvocab translate`` would use with this map and these settings."""
-    opts = clustered_options(cand.selection, settings.inactive_mass, False, settings.beam)
+    """The clustered projection ``fastvocab translate`` would use with this map and these settings (and
+    ``--with-shortlist``'s table)."""
+    shortlist = settings.shortlist is not None
+    opts = clustered_options(
+        cand.selection, settings.inactive_mass, False, settings.beam, cand.probes, shortlist
+    )
+    if shortlist:
+        opts["shortlist"] = settings.shortlist
     return make_projection(adapter, "clustered", cluster_map=cmap, **opts)
 
 
@@ -467,6 +486,7 @@ TABLE_COLUMNS = (
     "r",
     "k",
     "min_count",
+    "probes",
     "selection",
     "identical",
     "search_errors",

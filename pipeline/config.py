@@ -416,7 +416,9 @@ class RunConfig(_Strict):
     bulk: BulkConfig = BulkConfig()  # off unless bulk.input is set
     ray_address: str | None = None  # None: local ray.init(); "auto" or "ray://host:port" for a cluster
     ray_num_cpus: int | None = Field(None, ge=1)  # CPUs of a local Ray session; default os.cpu_count()
-    mlflow_tracking_uri: str | None = None  # None: $MLFLOW_TRACKING_URI, else sqlite:///<work_dir>/mlflow.db
+    mlflow_tracking_uri: str | None = (
+        None  # None: $MLFLOW_TRACKING_URI, else sqlite:///<work_dir>/mlflow.db (tracking.resolve_store)
+    )
     mlflow_experiment: str = "fastvocab"
 
     @field_validator("directions")

@@ -23,7 +23,6 @@ Work-dir layout::
 from __future__ import annotations
 
 import logging
-import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -38,10 +37,10 @@ from fastvocab.pipeline.stages import STAGES, stage_function
 from fastvocab.pipeline.tracking import (
     NullTracker,
     StageRecord,
+    Store,
     Tracker,
     check_tracking_uri,
-    tracking_uri,
-    uri_source,
+    resolve_store,
 )
 
 log = logging.getLogger(__name__)
@@ -92,10 +91,9 @@ def run_pipeline(
     ctx = StageContext(
         cfg, RaySession(ray_address or cfg.ray_address, cfg.ray_num_cpus, log_to_driver), progress=progress
     )
-    if tracker is None and (cfg.mlflow_tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")):
-        check_tracking_uri(
-            tracking_uri(ctx.work_dir, cfg.mlflow_tracking_uri), uri_source(cfg.mlflow_tracking_uri)
-        )
+    store = pipeline_store(cfg)
+    if tracker is None and not store.is_default:
+        check_tracking_uri(store.uri, store.source)
     ctx.model()  # the model exists and knows every direction's languages: refused before any stage runs
 
     lock = WorkDirLock(ctx.work_dir)
@@ -109,12 +107,20 @@ def run_pipeline(
     try:
         with stop_on_signals():
             if tracker is None:
-                tracker = Tracker.for_work_dir(ctx.work_dir, cfg.mlflow_tracking_uri, cfg.mlflow_experiment)
+                tracker = Tracker.open(store, cfg.mlflow_experiment)
             if stale is not None and isinstance(tracker, Tracker):
                 _close_stale_run(tracker, stale.extra)
             return _run_stages(ctx, selected, tracker, lock, run_name, t0)
     finally:
         lock.release()
+
+
+def pipeline_store(cfg: RunConfig) -> Store:
+    """The run's MLflow store, by every command's precedence: the config's ``mlflow_tracking_uri`` (which
+    ``fastvocab run --tracking-uri`` sets), else ``$MLFLOW_TRACKING_URI``, else ``<work_dir>/mlflow.db``."""
+    return resolve_store(
+        cfg.mlflow_tracking_uri, cfg.work_dir, "mlflow_tracking_uri (--tracking-uri or config)"
+    )
 
 
 def _close_stale_run(tracker: Tracker, extra: dict[str, str]) -> None:

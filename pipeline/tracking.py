@@ -1,8 +1,10 @@
 """MLflow logging for a pipeline run, from the driver only (Ray workers return metrics; MLflow's advice).
 
 One parent run per ``fastvocab run``; one child run (``mlflow.parentRunId``) per stage and direction (or map).
-Default store: ``sqlite:///<work_dir>/mlflow.db`` with artifacts under ``<work_dir>/mlartifacts``;
-``$MLFLOW_TRACKING_URI`` (or ``mlflow_tracking_uri`` in the config) points elsewhere, e.g. an MLflow server.
+Every command finds its store with :func:`resolve_store`: ``--tracking-uri`` (``fastvocab run``: or the
+config's ``mlflow_tracking_uri``), else ``$MLFLOW_TRACKING_URI``, else the default store
+``sqlite:///<work_dir>/mlflow.db`` with artifacts under ``<work_dir>/mlartifacts`` (``runs/demo`` for a
+command given no work dir).
 
 The store is the run's log, not one of its outputs: a rerun that skips every stage still records a parent run
 (tagged ``fastvocab.all_skipped``) with its skipped child runs, and changes nothing else in ``work_dir``.
@@ -54,17 +56,38 @@ class StageRecord:
     fractions: dict[int, np.ndarray] = field(default_factory=dict)  # per-cluster active fraction by K
 
 
-def tracking_uri(work_dir: Path, configured: str | None = None) -> str:
-    """Config value, else ``$MLFLOW_TRACKING_URI``, else a SQLite file in the work dir."""
-    uri = configured or os.environ.get("MLFLOW_TRACKING_URI")
-    return uri or f"sqlite:///{(Path(work_dir) / DB_FILE).resolve()}"
+DEFAULT_WORK_DIR = Path("runs/demo")  # RunConfig.work_dir's default (configs/demo.yaml's, make demo's)
+ENV_VAR = "MLFLOW_TRACKING_URI"
+DEFAULT_SOURCE = "the default store"
 
 
-def uri_source(configured: str | None) -> str:
-    """Where the tracking URI came from, for error messages."""
-    if configured:
-        return "mlflow_tracking_uri (config)"
-    return "MLFLOW_TRACKING_URI" if os.environ.get("MLFLOW_TRACKING_URI") else "the default store"
+@dataclass(frozen=True)
+class Store:
+    """An MLflow store, what named it (for messages) and, for the default store, its work dir."""
+
+    uri: str
+    source: str  # the option that named it, MLFLOW_TRACKING_URI, or DEFAULT_SOURCE
+    work_dir: Path | None = None  # the default store's: its artifacts go to <work_dir>/mlartifacts
+
+    @property
+    def is_default(self) -> bool:
+        return self.work_dir is not None
+
+
+def resolve_store(
+    given: str | None = None, work_dir: Path | None = None, option: str = "--tracking-uri"
+) -> Store:
+    """The MLflow store of every command, by one precedence: ``given`` (``--tracking-uri``; for
+    ``fastvocab run`` also the config's ``mlflow_tracking_uri``, named by ``option``), else
+    ``$MLFLOW_TRACKING_URI``, else the default store, ``sqlite:///<work_dir>/mlflow.db`` (``work_dir``: the
+    command's work dir, :data:`DEFAULT_WORK_DIR` when it has none). Nothing is opened or imported here."""
+    if given:
+        return Store(given, option)
+    env = os.environ.get(ENV_VAR)
+    if env:
+        return Store(env, ENV_VAR)
+    work = Path(work_dir) if work_dir is not None else DEFAULT_WORK_DIR
+    return Store(f"sqlite:///{(work / DB_FILE).resolve()}", DEFAULT_SOURCE, work)
 
 
 def check_tracking_uri(uri: str, source: str = "MLflow tracking URI") -> None:
@@ -206,25 +229,22 @@ class Tracker:
         self._statuses: list[str] = []
 
     @classmethod
-    def for_work_dir(cls, work_dir: Path, configured_uri: str | None, experiment: str) -> Tracker:
-        uri = tracking_uri(work_dir, configured_uri)
-        local = (
-            uri.startswith("sqlite:///")
-            and configured_uri is None
-            and "MLFLOW_TRACKING_URI" not in os.environ
-        )
-        if local:
-            Path(work_dir).mkdir(parents=True, exist_ok=True)
-            old = relocate_artifacts(Path(work_dir) / DB_FILE, Path(work_dir) / ARTIFACTS_DIR)
+    def open(cls, store: Store, experiment: str) -> Tracker:
+        """A tracker on ``store`` (:func:`resolve_store`): a named store is checked first (scheme, folder,
+        server reachable); the default store's work dir is made, and its copied store relocated."""
+        work_dir = store.work_dir
+        if work_dir is not None:
+            work_dir.mkdir(parents=True, exist_ok=True)
+            old = relocate_artifacts(work_dir / DB_FILE, work_dir / ARTIFACTS_DIR)
             if old:
                 log.info(
                     "MLflow: this work dir was copied or moved from %s; artifacts now go to %s",
                     old,
-                    (Path(work_dir) / ARTIFACTS_DIR).resolve(),
+                    (work_dir / ARTIFACTS_DIR).resolve(),
                 )
         else:
-            check_tracking_uri(uri, uri_source(configured_uri))
-        return cls(uri, experiment, Path(work_dir) / ARTIFACTS_DIR if local else None)
+            check_tracking_uri(store.uri, store.source)
+        return cls(store.uri, experiment, work_dir / ARTIFACTS_DIR if work_dir is not None else None)
 
     def close_stale(self, run_id: str) -> bool:
         """Close a parent run left RUNNING by a killed process (its lock was taken over) as KILLED."""
@@ -329,7 +349,7 @@ class Tracker:
 
 
 class NullTracker:
-    """Same interface, logs nothing (``fastvocab run --no-mlflow``)."""
+    """Same interface, logs nothing (``--no-mlflow``)."""
 
     parent_id = None
     uri = "none"

@@ -27,7 +27,7 @@ PY
     fastvocab translate --src-lang en --tgt-lang it -i 'corpus/*.parquet' -o out/ --workers 4)
 fastvocab corpus -o data/pool --languages en,fr,es
 fastvocab experiment paper --quick --pool-corpus data/pool
-# tune exits 2 when the demo run's small maps cannot meet the budget, naming the budget they reach
-fastvocab tune --src-lang en --tgt-lang it --budget 1% || [ $? -eq 2 ]
+# decoding as the demo config does (probes 4, the shipped shortlist), the demo run's maps meet the budget
+fastvocab tune --src-lang en --tgt-lang it --with-shortlist models/demo-maps --probes 4 --budget 5%
 fastvocab tune --src-lang en --tgt-lang it --beam 4 || [ $? -eq 2 ]
 echo "release check: every long README line ran"

@@ -310,9 +310,9 @@ def test_second_run_on_a_locked_work_dir_fails_at_once(
 
     # the owner dies (SIGKILL: it could not clean up): its lock is stale and taken over, and the MLflow run
     # it left RUNNING is closed as KILLED
-    from fastvocab.pipeline.tracking import Tracker
+    from fastvocab.pipeline.tracking import Tracker, resolve_store
 
-    tracker = Tracker.for_work_dir(work, None, "fastvocab")
+    tracker = Tracker.open(resolve_store(None, work), "fastvocab")
     dead_run = tracker.start("killed run", {}, {})
     other_process.kill()
     other_process.wait()
@@ -447,16 +447,16 @@ def test_bad_tracking_uri_is_a_fast_one_line_error(
 
 
 def test_copied_work_dir_logs_artifacts_into_the_copy(tmp_path, no_mlflow_env):
-    from fastvocab.pipeline.tracking import Tracker
+    from fastvocab.pipeline.tracking import Tracker, resolve_store
 
     first, copy = tmp_path / "first", tmp_path / "copy"
-    t = Tracker.for_work_dir(first, None, "fastvocab")
+    t = Tracker.open(resolve_store(None, first), "fastvocab")
     t.start("first", {"a": 1}, {})
     t.end()
     shutil.copytree(first, copy)
     before = sorted(p for p in (first / "mlartifacts").rglob("*") if p.is_file())
 
-    t2 = Tracker.for_work_dir(copy, None, "fastvocab")
+    t2 = Tracker.open(resolve_store(None, copy), "fastvocab")
     run_id = t2.start("in the copy", {"a": 2}, {})
     t2.end()
     assert sorted(p for p in (first / "mlartifacts").rglob("*") if p.is_file()) == before

@@ -208,12 +208,15 @@ def test_csv_and_markdown_artifacts_are_tables(page):
 
 
 def test_latest_run_in_the_work_dirs_store(store, monkeypatch, capsys):
-    # A work dir named on the command line wins over the environment's store.
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{store['tmp'] / 'elsewhere' / 'mlflow.db'}")
+    # --work-dir names the default store; the environment's store comes first, as for the commands that log
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     out = store["tmp"] / "latest.html"
     assert main(["report", "latest", "--work-dir", str(store["work"]), "-o", str(out)]) == 0
     assert store["parent"] in capsys.readouterr().out
     assert store["parent"] in "".join(Page(out.read_text(encoding="utf-8")).text)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{store['tmp'] / 'elsewhere' / 'mlflow.db'}")
+    assert main(["report", "latest", "--work-dir", str(store["work"]), "-o", str(out)]) == 2
+    assert "elsewhere" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(

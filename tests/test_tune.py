@@ -113,11 +113,13 @@ def test_tune_picks_the_fastest_configuration_within_the_budget(work, tiny_model
     adapter = Seq2SeqAdapter.load(tiny_model_dir)
     cmap = load_cluster_map(record["map_path"], expect_fingerprint=adapter.fingerprint)
     assert (cmap.manifest.r, cmap.manifest.k) == (chosen["r"], chosen["k"]) and cmap.normaliser is not None
+    assert cmap.manifest.probes == chosen["probes"] == 1
     keys = chosen["config_keys"]
     assert keys == {
         "kmeans.r": chosen["r"],
         "maps.k": chosen["k"],
         "maps.min_count": chosen["min_count"],
+        "maps.probes": 1,
         "maps.beams": [1],
         "maps.normaliser_rank": 32,
         "translate.selection": chosen["selection"],
@@ -143,6 +145,25 @@ def test_tune_picks_the_fastest_configuration_within_the_budget(work, tiny_model
     assert {a.path for a in client.list_artifacts(parent.info.run_id)} >= {"tune.json", "tune.csv", "tune.md"}
     children = {r.data.params["decided"] for r in runs if r.info.run_id != parent.info.run_id}
     assert "chosen" in children
+
+
+def test_probes_are_an_axis_and_a_shortlist_keeps_the_union():
+    from fastvocab.experiments.tune import TuneSettings
+
+    settings = TuneSettings(rs=(3,), ks=(1,), min_counts=(1,), probes=(4, 1))
+    assert [c.label for c in settings.candidates(recorded_k=3)] == [
+        "r=3 K=1 min_count=1 union",
+        "r=3 K=1 min_count=1 per-row",
+        "r=3 K=1 min_count=1 probes=4 union",
+        "r=3 K=1 min_count=1 probes=4 per-row",
+    ]
+    assert settings.candidates(3)[-1].config_keys(1)["maps.probes"] == 4
+    with_shortlist = TuneSettings(rs=(3,), ks=(1,), min_counts=(1,), shortlist="table")
+    assert [c.selection for c in with_shortlist.candidates(3)] == ["union"]  # it joins a batch's union
+    with pytest.raises(ValueError, match="per-row selection does not take one"):
+        TuneSettings(selections=("per-row",), shortlist="table")
+    with pytest.raises(ValueError, match="probes"):
+        TuneSettings(probes=(0,))
 
 
 def test_a_budget_nothing_meets_is_a_clear_error(work, tiny_model_dir, tmp_path, capsys):
@@ -173,6 +194,14 @@ def test_bad_options_are_one_line_errors(work, tiny_model_dir, capsys):
     assert rc == 2 and "exceeds the K=3 the dump recorded" in err
     rc, _, err = _tune(capsys, work, tiny_model_dir, "--states", str(work / "nowhere"), "--no-mlflow")
     assert rc == 2 and "no hidden-state shards" in err
+    rc, _, err = _tune(capsys, work, tiny_model_dir, "--probes", "0", "--no-mlflow")
+    assert rc == 2 and "probes" in err
+    rc, _, err = _tune(capsys, work, tiny_model_dir, "--with-shortlist", str(work / "nowhere"), "--no-mlflow")
+    assert rc == 2 and "--with-shortlist" in err and "no shortlist artifact" in err
+    rc, _, err = _tune(
+        capsys, work, tiny_model_dir, "--by", "coverage", "--with-shortlist", "x", "--no-mlflow"
+    )
+    assert rc == 2 and "tune with a shortlist by decode" in err
 
 
 @pytest.fixture(scope="module")

@@ -11,6 +11,7 @@ from fastvocab.pipeline.errors import UserError
 
 if TYPE_CHECKING:
     from fastvocab.decoding.hf_adapter import Seq2SeqAdapter
+    from fastvocab.pipeline.tracking import Store
 
 # The CLI's vocabulary, the same in every subcommand: an option with a default says it as "(default: X)",
 # a count's metavar is N, the output is -o/--output, the MLflow store --tracking-uri and its experiment
@@ -31,12 +32,26 @@ def add_subcommand(
     """Subcommand ``name`` of ``sub`` (``bench fidelity``, ``experiment paper``): ``help`` in its parent's
     list, ``description`` printed by its --help as written (its line breaks kept)."""
     return sub.add_parser(
-        name,
-        help=help,
-        description=description,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        allow_abbrev=False,
+        name, help=help, description=description, formatter_class=HelpFormatter, allow_abbrev=False
     )
+
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """A description or epilog written on several lines is printed as written (a table, the examples); one
+    written on one line is wrapped to the terminal, as argparse does by default."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        if "\n" not in text.strip():
+            return argparse.HelpFormatter._fill_text(self, text, width, indent)
+        return super()._fill_text(text, width, indent)
+
+
+def add_examples(p: argparse.ArgumentParser, examples: str) -> None:
+    """``examples`` ("examples:", then one command line an indented line; a trailing ``\\`` continues it)
+    as the epilog of ``p``'s --help. Each runs as written after `make demo`, from the project root;
+    tests/test_help_examples.py parses every one with the real parser."""
+    p.epilog = examples
+    p.formatter_class = HelpFormatter
 
 
 def add_count(p: argparse.ArgumentParser, flag: str, help: str, default: int | None = None) -> None:
@@ -118,23 +133,51 @@ def add_grid_alias(p: argparse.ArgumentParser) -> None:
     )
 
 
+# What follows --tracking-uri in the MLflow store's one precedence (pipeline/tracking.py resolve_store), as
+# every --help says it; the command's default store comes last.
+STORE_DEFAULT = "$MLFLOW_TRACKING_URI, else"
+
+
 def add_mlflow_options(
-    p: argparse.ArgumentParser, store: str, experiment: str, no_mlflow: str = "log nothing to MLflow"
+    p: argparse.ArgumentParser,
+    store: str,
+    experiment: str | None,
+    no_mlflow: str = "log nothing to MLflow, whatever --tracking-uri or $MLFLOW_TRACKING_URI say",
 ) -> None:
-    """``--tracking-uri URI`` (``store`` says what it defaults to), ``--experiment-name NAME`` (default
-    ``experiment``) and ``--no-mlflow`` (``no_mlflow``: its help), the same three wherever MLflow is used."""
+    """``--tracking-uri URI`` (``store`` names the default store), ``--experiment-name NAME`` (default
+    ``experiment``; None: the config's, and --tracking-uri sets the config's store) and ``--no-mlflow``
+    (``no_mlflow``: its help), the same three wherever MLflow is used, with the store's precedence in the
+    help."""
+    # experiment None: the command reads a config, whose mlflow_tracking_uri --tracking-uri sets
+    config = "the config's mlflow_tracking_uri, else " if experiment is None else ""
     p.add_argument("--no-mlflow", action="store_true", help=no_mlflow)
     p.add_argument(
         "--tracking-uri",
         metavar="URI",
-        help=f"MLflow store: sqlite:///FILE, http(s)://HOST:PORT, file:DIR (default: {store})",
+        help="MLflow store: sqlite:///FILE, http(s)://HOST:PORT, file:DIR "
+        f"(default: {config}{STORE_DEFAULT} {store})",
     )
     p.add_argument(
         "--experiment-name",
         default=experiment,
         metavar="NAME",
-        help="MLflow experiment (default: %(default)s)",
+        help="MLflow experiment "
+        + ("(default: %(default)s)" if experiment else "(default: the config's mlflow_experiment)"),
     )
+
+
+def mlflow_store(
+    args: argparse.Namespace, work_dir: Path | None = None, *, by_default: bool = True
+) -> Store | None:
+    """Where a command logs to MLflow (pipeline/tracking.py :func:`resolve_store`, ``work_dir``'s default
+    store): None with --no-mlflow, and, for a command that logs only when asked (``by_default`` False),
+    when neither --tracking-uri nor $MLFLOW_TRACKING_URI names a store. Imports no MLflow."""
+    from fastvocab.pipeline.tracking import resolve_store
+
+    if args.no_mlflow:
+        return None
+    store = resolve_store(args.tracking_uri, work_dir)
+    return None if store.is_default and not by_default else store
 
 
 class _Deprecated(argparse.Action):

@@ -9,7 +9,7 @@ identical-output rate, the search error rate, BLEU, active columns per row, the 
 shortlist) over a grid of its parameters (``experiments.bench_methods``, which reuses the yardstick's decoding
 and scoring): speed, projection time, candidates per row, search errors, BLEU/chrF, peak RSS, offline build
 time and artifact size; writes a JSON record and a PNG (speed ratio against search error rate, Pareto front
-marked) and logs both to MLflow with ``--tracking-uri`` or ``--work-dir``.
+marked) and logs both to MLflow (the store of every command: ``pipeline/tracking.py`` ``resolve_store``).
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from fastvocab.pipeline.commands import (
     add_corpus,
     add_count,
     add_deprecated,
+    add_examples,
     add_grid_alias,
     add_length_penalty,
     add_max_len,
@@ -38,6 +39,7 @@ from fastvocab.pipeline.commands import (
     command_line,
     int_list,
     load_model,
+    mlflow_store,
 )
 from fastvocab.pipeline.errors import UserError
 
@@ -50,7 +52,20 @@ HELP = "measure output-layer methods against full softmax (fidelity yardstick; a
 log = logging.getLogger(__name__)
 _S = TypeVar("_S")
 
+EXAMPLES = """\
+examples:
+  fastvocab bench fidelity --directions en-it --sentences 50
+  fastvocab bench methods --directions en-it --methods full,clustered,shortlist --beams 1
+  fastvocab bench scope --clusters models/demo-maps --directions it-en --sentences 100
+"""
+
 FIDELITY_HELP = "decode with full softmax and clustered methods; report search errors, BLEU, speed"
+
+FIDELITY_EXAMPLES = """\
+examples:
+  fastvocab bench fidelity --directions en-it --sentences 50
+  fastvocab bench fidelity --clusters models/demo-maps --with-shortlist models/demo-maps --sentences 50
+"""
 
 FIDELITY_DESCRIPTION = """\
 Decode the first --sentences sentences of the --split of each direction with the full projection and with
@@ -72,10 +87,16 @@ Writes the JSON record (command, meta, one result per row) to --output and print
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    add_examples(p, EXAMPLES)
     sub = p.add_subparsers(dest="bench", metavar="BENCHMARK", required=True)
-    add_fidelity_arguments(add_subcommand(sub, "fidelity", FIDELITY_HELP, FIDELITY_DESCRIPTION))
-    add_methods_arguments(add_subcommand(sub, "methods", METHODS_HELP, METHODS_DESCRIPTION))
-    add_scope_arguments(add_subcommand(sub, "scope", SCOPE_HELP, SCOPE_DESCRIPTION))
+    for name, help, description, examples, add in (
+        ("fidelity", FIDELITY_HELP, FIDELITY_DESCRIPTION, FIDELITY_EXAMPLES, add_fidelity_arguments),
+        ("methods", METHODS_HELP, METHODS_DESCRIPTION, METHODS_EXAMPLES, add_methods_arguments),
+        ("scope", SCOPE_HELP, SCOPE_DESCRIPTION, SCOPE_EXAMPLES, add_scope_arguments),
+    ):
+        bench = add_subcommand(sub, name, help, description)
+        add_examples(bench, examples)
+        add(bench)
 
 
 def fidelity_parser(description: str) -> argparse.ArgumentParser:
@@ -303,6 +324,12 @@ def run(args: argparse.Namespace) -> int:
 
 METHODS_HELP = "every output-layer method over a parameter grid: speed vs search errors, memory, build cost"
 
+METHODS_EXAMPLES = """\
+examples:
+  fastvocab bench methods --directions en-it --methods full,clustered,shortlist --beams 1
+  fastvocab bench methods --work-dir runs/demo --directions en-it,it-en --point clustered:probes=2
+"""
+
 METHODS_DESCRIPTION = """\
 Decode the first --sentences sentences of the --split of each direction with full softmax and with every
 point of a parameter grid of each method, same search and settings, in one process
@@ -326,8 +353,9 @@ projection's options (probes, exact, inactive_mass, shortlist_k, ...), maps=DIR 
 --maps) and shortlist=DIR (a shortlist table, or a methods root: <DIR>/shortlist/<direction>), e.g.
 clustered:maps=runs/k1/maps,shortlist=runs/demo/methods,probes=2.
 Writes the JSON record (command, meta with load average, rows, Pareto front) to --output and a PNG of speed
-ratio against search error rate beside it; --tracking-uri URI or --work-dir DIR also logs them to MLflow (one
-parent run, one child run per point).
+ratio against search error rate beside it, and logs them to MLflow (one parent run, one child run per point):
+--tracking-uri, else $MLFLOW_TRACKING_URI, else the default store <work-dir>/mlflow.db (runs/demo without
+--work-dir, where `fastvocab run configs/demo.yaml` logs); --no-mlflow logs nothing.
 """
 
 
@@ -389,7 +417,11 @@ def add_methods_arguments(p: argparse.ArgumentParser) -> None:
     add_count(p, "--repeats", "timed passes, median reported (default: %(default)s)", d.repeats)
     add_output(p, "JSON record (default: benchmarks/results/methods-<dev>-<date>.json)")
     p.add_argument("--plot", type=Path, metavar="FILE", help="PNG plot (default: the JSON's name with .png)")
-    add_mlflow_options(p, "none; with --work-dir its mlflow.db", "fastvocab-bench")
+    add_mlflow_options(
+        p,
+        "the default store <work-dir>/mlflow.db (runs/demo/mlflow.db without --work-dir)",
+        "fastvocab-bench",
+    )
 
 
 def _default_out(device: str) -> Path:
@@ -427,10 +459,11 @@ def run_methods_command(
     )
     directions = [d for d in args.directions.split(",") if d]
     tracker = None
-    if not args.no_mlflow and (args.tracking_uri or work is not None):  # a bad URI fails before the work
+    store = mlflow_store(args, work)
+    if store is not None:  # a bad URI fails before the work
         from fastvocab.pipeline.tracking import Tracker
 
-        tracker = Tracker.for_work_dir(work or Path("."), args.tracking_uri, args.experiment_name)
+        tracker = Tracker.open(store, args.experiment_name)
     out = args.output or _default_out(args.device)
     png = args.plot or out.with_suffix(".png")
     adapter, load_before, t0 = load_model(args)
@@ -492,6 +525,11 @@ def _log_methods_to_mlflow(tracker, record: dict, out: Path, png: Path) -> None:
 # --------------------------------------------------------------------------------------------- bench scope
 
 SCOPE_HELP = "choose per direction between its own map and its target's pooled map, by measurement on dev"
+
+SCOPE_EXAMPLES = """\
+examples:
+  fastvocab bench scope --clusters models/demo-maps --directions it-en --sentences 100
+"""
 
 SCOPE_DESCRIPTION = """\
 For each direction, decode the first --sentences sentences of --split (dev: text the maps never saw) with

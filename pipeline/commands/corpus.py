@@ -10,15 +10,22 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from fastvocab.artifacts_schema.corpus import MANIFEST, SPLITS, mono_path
-from fastvocab.pipeline.commands import add_output
+from fastvocab.pipeline.commands import add_examples, add_output
 from fastvocab.pipeline.config import CorpusConfig, load_config
 from fastvocab.pipeline.errors import UserError
 
 HELP = "build a parallel corpus from Debian's description translations, or from your own files"
 
+EXAMPLES = """\
+examples:
+  fastvocab corpus -o data/corpus
+  fastvocab corpus -o data/pool --languages en,fr,es
+"""
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     d = CorpusConfig()
+    add_examples(p, EXAMPLES)
     config = "or the --config file's"
     p.add_argument("--config", metavar="FILE", help="a run config; its corpus section gives the defaults")
     add_output(p, f"output folder (default: {d.out_dir}, {config})", metavar="DIR")

@@ -13,6 +13,7 @@ import argparse
 import json
 from pathlib import Path
 
+from fastvocab.pipeline.commands import add_examples
 from fastvocab.pipeline.errors import UserError
 
 HELP = "score hypotheses against references with sacrebleu (BLEU, chrF; signatures printed)"
@@ -26,8 +27,7 @@ examples:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.epilog = EXAMPLES
-    p.formatter_class = argparse.RawDescriptionHelpFormatter
+    add_examples(p, EXAMPLES)
     p.add_argument(
         "--hyp",
         required=True,

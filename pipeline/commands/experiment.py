@@ -13,7 +13,6 @@ import argparse
 import datetime as dt
 import itertools
 import logging
-import os
 import re
 import sys
 import time
@@ -22,14 +21,20 @@ from pathlib import Path
 from fastvocab.artifacts_schema.provenance import git_commit
 from fastvocab.pipeline import commands
 from fastvocab.pipeline.errors import UserError
+from fastvocab.pipeline.tracking import DEFAULT_WORK_DIR
 
 HELP = "experiments of Amer et al. on your model (tables and figures logged to MLflow)"
-DEFAULT_WORK_DIR = Path("runs/demo")  # as `fastvocab report`: the store `fastvocab run` logs to by default
 EXPERIMENT = "fastvocab-experiments"
 
 log = logging.getLogger(__name__)
 
 PAPER_HELP = "the paper's Tables 2-5 and Figures 2-4 on a model and its directions"
+
+EXAMPLES = """\
+examples:
+  fastvocab experiment paper --quick
+  fastvocab experiment paper --quick --parts table2,table3 --directions en-it,it-en
+"""
 
 PAPER_DESCRIPTION = """\
 The experiments of Amer et al. (2022) on a model (default: the demo model), its corpus and the maps and
@@ -57,14 +62,18 @@ selection, softmax over the active columns: --inactive-mass none).
 r in {100, 300, 500} for Figure 2 and {100, 700, 1300, 2000} for Figure 3, 500-1000 sentences of states):
 about 10 CPU-minutes on the demo model. Without it the paper's grids run (hours on 2 cores).
 
-MLflow store: --tracking-uri, else --work-dir's mlflow.db, else $MLFLOW_TRACKING_URI, else
-runs/demo/mlflow.db (where `fastvocab report` looks by default); --no-mlflow logs nothing.
+MLflow store: --tracking-uri, else $MLFLOW_TRACKING_URI, else the default store <work-dir>/mlflow.db
+(runs/demo/mlflow.db, where `fastvocab run` and `fastvocab report` log and look by default); --no-mlflow logs
+nothing.
 """
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    commands.add_examples(p, EXAMPLES)
     sub = p.add_subparsers(dest="experiment", metavar="EXPERIMENT", required=True)
-    add_paper_arguments(commands.add_subcommand(sub, "paper", PAPER_HELP, PAPER_DESCRIPTION))
+    paper = commands.add_subcommand(sub, "paper", PAPER_HELP, PAPER_DESCRIPTION)
+    commands.add_examples(paper, EXAMPLES)
+    add_paper_arguments(paper)
 
 
 def add_paper_arguments(p: argparse.ArgumentParser) -> None:
@@ -197,7 +206,9 @@ def add_paper_arguments(p: argparse.ArgumentParser) -> None:
     commands.add_output(
         p, "results folder (default: benchmarks/results/paper-<dev>-<date>[-quick])", metavar="DIR"
     )
-    commands.add_mlflow_options(p, "above", EXPERIMENT, "write the results folder only")
+    commands.add_mlflow_options(
+        p, "the default store <work-dir>/mlflow.db", EXPERIMENT, "write the results folder only"
+    )
 
 
 def _names(text: str | None) -> tuple[str, ...] | None:
@@ -235,17 +246,6 @@ def paper_settings(args: argparse.Namespace):
         raise UserError(str(exc)) from exc
 
 
-def _tracker(args: argparse.Namespace, work: Path):
-    """The MLflow store as `fastvocab report` reads it: --tracking-uri, else an explicit --work-dir's
-    mlflow.db, else $MLFLOW_TRACKING_URI, else runs/demo/mlflow.db."""
-    from fastvocab.pipeline.tracking import DB_FILE, Tracker
-
-    configured = args.tracking_uri
-    if configured is None and args.work_dir is not None and "MLFLOW_TRACKING_URI" in os.environ:
-        configured = f"sqlite:///{(args.work_dir / DB_FILE).resolve()}"  # named explicitly: its own store
-    return Tracker.for_work_dir(work, configured, args.experiment_name)
-
-
 def _default_out(device: str, quick: bool) -> Path:
     base = Path("benchmarks/results")
     kind = "cpu" if device == "cpu" else "gpu"
@@ -262,6 +262,7 @@ def run(args: argparse.Namespace) -> int:
 def run_paper_command(args: argparse.Namespace) -> int:
     from fastvocab.experiments import experiment_paper as ep
     from fastvocab.experiments.fidelity import run_meta
+    from fastvocab.pipeline.tracking import Tracker
 
     settings = paper_settings(args)
     parts = _names(args.parts) or ep.PARTS
@@ -274,7 +275,8 @@ def run_paper_command(args: argparse.Namespace) -> int:
     cache = args.states_cache or work / "experiment-states"
     if any(x in ep.TABLE_PARTS for x in parts) and not maps.exists():
         raise UserError(f"no maps at {maps}: run the pipeline (fastvocab run) or pass --maps")
-    tracker = None if args.no_mlflow else _tracker(args, work)  # a bad store fails before the work
+    store = commands.mlflow_store(args, work)
+    tracker = None if store is None else Tracker.open(store, args.experiment_name)  # fails before the work
     out = args.output or _default_out(args.device, args.quick)
     command = commands.command_line(args, "experiment", args.experiment, skip=("experiment",))
     adapter, load_before, t0 = commands.load_model(args)

@@ -6,19 +6,25 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from fastvocab.pipeline.commands import add_output
+from fastvocab.pipeline.commands import STORE_DEFAULT, add_examples, add_output
 
 HELP = "write a self-contained HTML report (tables, embedded figures) of an MLflow run"
-DEFAULT_WORK_DIR = Path("runs/demo")  # RunConfig.work_dir's default: where `fastvocab run` logs by default
+
+EXAMPLES = """\
+examples:
+  fastvocab report latest -o report.html
+  fastvocab report latest --work-dir runs/demo -o report.html
+"""
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    add_examples(p, EXAMPLES)
     p.description = (
         "Write a self-contained HTML report of an MLflow run and its child runs: status, times, git commit "
         "and fastvocab version, a table of every child run, metrics and parameters per stage and direction, "
         "PNG figures embedded, CSV and Markdown tables as tables, JSON artifacts. The store is only read. "
-        "Store: --tracking-uri, else --work-dir's mlflow.db, else $MLFLOW_TRACKING_URI, else the default "
-        f"store of `fastvocab run` with the default config, sqlite:///{DEFAULT_WORK_DIR}/mlflow.db."
+        "Store: the one every command logs to, --tracking-uri, else $MLFLOW_TRACKING_URI, else the default "
+        "store <--work-dir>/mlflow.db (runs/demo/mlflow.db, where `fastvocab run configs/demo.yaml` logs)."
     )
     p.add_argument(
         "run_id",
@@ -31,29 +37,24 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--tracking-uri",
         default=None,
         metavar="URI",
-        help="MLflow store: sqlite:///FILE, http(s)://HOST:PORT, file:DIR (default: above)",
+        help="MLflow store: sqlite:///FILE, http(s)://HOST:PORT, file:DIR "
+        f"(default: {STORE_DEFAULT} the default store <--work-dir>/mlflow.db)",
     )
     p.add_argument(
         "--work-dir",
         type=Path,
         default=None,
         metavar="DIR",
-        help="the run's work dir (the config's work_dir): read the store `fastvocab run` logged there, "
-        "DIR/mlflow.db",
+        help="the run's work dir (the config's work_dir): its default store, DIR/mlflow.db "
+        "(default: runs/demo)",
     )
 
 
 def run(args: argparse.Namespace) -> int:
     from fastvocab.pipeline.report import write_report
-    from fastvocab.pipeline.tracking import DB_FILE, tracking_uri
+    from fastvocab.pipeline.tracking import resolve_store
 
-    if args.tracking_uri:
-        uri = args.tracking_uri
-    elif args.work_dir is not None:  # named explicitly: its own store, whatever $MLFLOW_TRACKING_URI says
-        uri = f"sqlite:///{(args.work_dir / DB_FILE).resolve()}"
-    else:
-        uri = tracking_uri(DEFAULT_WORK_DIR)
-    path, data = write_report(args.run_id, args.output, uri)
+    path, data = write_report(args.run_id, args.output, resolve_store(args.tracking_uri, args.work_dir).uri)
     n_images = sum(a.kind == "image" for r in [data.root, *data.descendants] for a in r.artifacts)
     print(
         f"report of run {data.root.run_id} ({data.root.name}, {len(data.descendants)} child runs, "

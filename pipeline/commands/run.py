@@ -6,11 +6,19 @@ import argparse
 
 import yaml
 
+from fastvocab.pipeline.commands import add_examples, add_mlflow_options
 from fastvocab.pipeline.errors import UserError
 from fastvocab.pipeline.stages import STAGES
 
+EXAMPLES = """\
+examples:
+  fastvocab run configs/demo.yaml
+  fastvocab run configs/demo.yaml --no-mlflow --no-progress
+"""
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_examples(parser, EXAMPLES)
     parser.add_argument("config", metavar="CONFIG", help="run config (YAML), e.g. configs/demo.yaml")
     parser.add_argument(
         "--set",
@@ -33,7 +41,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="Ray cluster to attach to ('auto', 'ray://host:10001') (default: the config's, else local Ray; "
         "under `ray job submit` the job's cluster)",
     )
-    parser.add_argument("--no-mlflow", action="store_true", help="do not log to MLflow")
+    add_mlflow_options(parser, "the default store <work_dir>/mlflow.db", None)
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 
@@ -50,12 +58,24 @@ def parse_overrides(items: list[str]) -> dict[str, object]:
     return out
 
 
-def run(args: argparse.Namespace) -> int:
+def load_run_config(args: argparse.Namespace):
+    """The config file with --set, --tracking-uri (its mlflow_tracking_uri) and --experiment-name (its
+    mlflow_experiment) on top."""
     from fastvocab.pipeline.config import load_config
+
+    overrides = parse_overrides(args.overrides)
+    if args.tracking_uri:
+        overrides["mlflow_tracking_uri"] = args.tracking_uri
+    if args.experiment_name:
+        overrides["mlflow_experiment"] = args.experiment_name
+    return load_config(args.config, overrides)
+
+
+def run(args: argparse.Namespace) -> int:
     from fastvocab.pipeline.run import parse_stages, run_pipeline
     from fastvocab.pipeline.tracking import NullTracker
 
-    cfg = load_config(args.config, parse_overrides(args.overrides))
+    cfg = load_run_config(args)
     stages = parse_stages(args.stages)
     result = run_pipeline(
         cfg,

@@ -7,7 +7,7 @@ import os
 import shlex
 from pathlib import Path
 
-from fastvocab.pipeline.commands import add_output
+from fastvocab.pipeline.commands import add_examples, add_output
 from fastvocab.pipeline.errors import UserError
 
 WORK_ROOT = Path("work") / "train-demo"
@@ -35,10 +35,16 @@ The output folder holds fp16 safetensors weights, the tokenizer and a model card
 BLEU/chrF of every direction; it loads offline with AutoModelForSeq2SeqLM / AutoTokenizer.
 """
 
+EXAMPLES = """\
+examples:
+  fastvocab train-demo --preset tiny
+  fastvocab train-demo --preset tiny --max-minutes 2 -o work/my-model
+"""
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.description = DESCRIPTION
-    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    add_examples(parser, EXAMPLES)
     parser.add_argument(
         "--preset",
         choices=["tiny", "cpu", "base"],

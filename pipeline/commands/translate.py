@@ -29,11 +29,13 @@ from fastvocab.pipeline.checks import check_device, check_map_direction, untrain
 from fastvocab.pipeline.commands import (
     add_batch_size,
     add_beam,
+    add_examples,
     add_inactive_mass,
     add_length_penalty,
     add_max_len,
     add_mlflow_options,
     add_model,
+    mlflow_store,
 )
 from fastvocab.pipeline.config import TranslateConfig
 from fastvocab.pipeline.errors import UserError
@@ -51,7 +53,8 @@ examples:
   fastvocab translate --src-lang en --tgt-lang it -i input.txt -o output.txt
   fastvocab translate --src-lang en --tgt-lang it -i input.txt -o output.txt \\
       --method clustered --clusters models/demo-maps --with-shortlist models/demo-maps
-  fastvocab translate --src-lang en --tgt-lang it -i 'corpus/*.parquet' -o out/ --workers 4
+  fastvocab translate --src-lang en --tgt-lang it -i data/corpus/en-it/test.parquet --input-column text1 \\
+      -o out/ --workers 2
 """
 
 log = logging.getLogger(__name__)
@@ -85,8 +88,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     from fastvocab.tasks.projections import BEAM_INACTIVE_MASS, SHORTLIST_BEAM_INACTIVE_MASS
 
     d = TranslateConfig()
-    p.epilog = EXAMPLES
-    p.formatter_class = argparse.RawDescriptionHelpFormatter
+    add_examples(p, EXAMPLES)
     add_model(p)
     p.add_argument("--src-lang", required=True, metavar="XX", help="source language code, e.g. en")
     p.add_argument("--tgt-lang", required=True, metavar="YY", help="target language code, e.g. it")
@@ -298,9 +300,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     add_mlflow_options(
         p,
-        "$MLFLOW_TRACKING_URI; neither: the job is not logged",
+        "nothing: translate logs only to a store named one of these two ways (the default store, "
+        "runs/demo/mlflow.db, would make a one-line translate seconds slower)",
         "fastvocab-bulk",
-        "log nothing to MLflow, whatever --tracking-uri or $MLFLOW_TRACKING_URI say",
     )
 
 
@@ -439,14 +441,13 @@ def log_to_mlflow(result: BulkResult, uri: str, experiment: str, run_name: str) 
 def run(args: argparse.Namespace) -> int:
     """The flags as a :class:`~fastvocab.pipeline.bulk_driver.BulkRequest`, the job, its summary line (and
     the method's counts when it ran in this process) and, with a tracking URI, its MLflow run."""
-    import os
-
     from fastvocab.pipeline.tracking import check_tracking_uri
 
     _check_args(args)
-    uri = None if args.no_mlflow else args.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
-    if uri:
-        check_tracking_uri(uri, "--tracking-uri" if args.tracking_uri else "MLFLOW_TRACKING_URI")
+    store = mlflow_store(args, by_default=False)
+    uri = store.uri if store is not None else None
+    if store is not None:
+        check_tracking_uri(store.uri, store.source)
     with through_files(args.input, args.output) as (input_path, output_path, shown):
         try:
             result = _translate(args, input_path, output_path)

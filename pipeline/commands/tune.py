@@ -23,6 +23,7 @@ from fastvocab.pipeline.commands import (
     add_beam,
     add_corpus,
     add_deprecated,
+    add_examples,
     add_grid_alias,
     add_inactive_mass,
     add_length_penalty,
@@ -33,6 +34,7 @@ from fastvocab.pipeline.commands import (
     command_line,
     int_list,
     load_model,
+    mlflow_store,
     split_direction,
 )
 from fastvocab.pipeline.errors import UserError
@@ -72,14 +74,30 @@ Grids (--grid; --r, --k, --min-count, --selection, --rungs override single axes)
   quick  r 100,200,500   K 1,3,5  min_count 1,2    union,per-row  rungs 30,100
   full   r 100..2000 (5) K 1,3,5  min_count 1,2,3  union,per-row  rungs 60,200,600
 At --beam B > 1 both grids try K = B, 3B/2 and 2B (beam search keeps 2B candidates a row).
+Decode as the pipeline's translate stage does: --probes P,P adds the nearest clusters a row reads as an axis
+(default: 1), and --with-shortlist DIR joins the lexical shortlist's candidates to every candidate's sets (as
+`fastvocab translate --with-shortlist`; union selection only). configs/demo.yaml decodes with probes 4 and
+the shortlist shipped in models/demo-maps: without them a map built from its 1,500 sentences a direction
+misses a token in most dev sentences.
 
 Writes <output>/<direction>-beam<B>/: map/ (the chosen map: use it with `fastvocab translate --method
 clustered --clusters DIR`), tune.json (every measured row, the choice, the test check), tune.csv and tune.md;
 prints the map's path and the config keys (configs/demo.yaml) that make the pipeline build and use the same
-settings. Logs to MLflow (<work-dir>/mlflow.db unless --tracking-uri URI or --no-mlflow): a parent run with
-the settings, the choice and the tables, a child run per tried configuration. Exits 2 with the lowest error
+settings. Logs to MLflow (--tracking-uri, else $MLFLOW_TRACKING_URI, else the default store
+<work-dir>/mlflow.db, where `fastvocab run` logs; --no-mlflow: nothing): a parent run with the settings, the
+choice and the tables, a child run per tried configuration. Exits 2 with the lowest error
 rate measured when no configuration meets the budget.
 """
+
+EXAMPLES = """\
+examples:
+  fastvocab tune --src-lang en --tgt-lang it --with-shortlist models/demo-maps --probes 4 --budget 5%
+"""
+
+
+COVERAGE_RS = (500, 1000, 2000)
+COVERAGE_KS = (1, 3, 8)
+COVERAGE_PROBES = (1, 2, 4, 8)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -87,7 +105,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     from fastvocab.tasks.kmeans import KMeansParams
 
     p.description = DESCRIPTION
-    p.formatter_class = argparse.RawDescriptionHelpFormatter
+    add_examples(p, EXAMPLES)
     d, km = TuneSettings(), KMeansParams()
     p.add_argument("--src-lang", default="en", metavar="XX", help="source language (default: %(default)s)")
     p.add_argument("--tgt-lang", default="it", metavar="YY", help="target language (default: %(default)s)")
@@ -201,12 +219,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--probes",
         metavar="P,P",
-        default="1,2,4,8",
-        help="--by coverage: nearest clusters a row reads (default: %(default)s)",
+        help="nearest clusters a row reads, comma-separated: an axis of the grid "
+        f"(default: 1; --by coverage: {','.join(map(str, COVERAGE_PROBES))})",
+    )
+    p.add_argument(
+        "--with-shortlist",
+        type=Path,
+        metavar="DIR",
+        help="join the lexical shortlist's candidates to every candidate's sets, as translate "
+        "--with-shortlist does: a shortlist table, or a folder holding shortlist/<src>-<tgt> "
+        "(models/demo-maps does); --by decode, union selection",
     )
     add_output(p, "output root (default: <work-dir>/tune)", metavar="DIR")
     p.add_argument("--json", type=Path, metavar="FILE", help="also write the JSON record here")
-    add_mlflow_options(p, "<work-dir>/mlflow.db", "fastvocab-tune")
+    add_mlflow_options(p, "the default store <work-dir>/mlflow.db", "fastvocab-tune")
 
 
 def parse_budget(text: str) -> float:
@@ -221,6 +247,11 @@ def settings_from(args: argparse.Namespace):
     from fastvocab.experiments.tune import TuneSettings
     from fastvocab.tasks.kmeans import KMeansParams
 
+    shortlist = None
+    if args.with_shortlist is not None:
+        from fastvocab.pipeline.commands.translate import resolve_index
+
+        shortlist = str(resolve_index(args.with_shortlist, "shortlist", args.direction, "--with-shortlist"))
     try:
         return TuneSettings(
             budget=parse_budget(args.budget),
@@ -240,6 +271,8 @@ def settings_from(args: argparse.Namespace):
             inactive_mass=args.inactive_mass,
             normaliser_rank=args.normaliser_rank,
             repeats=args.repeats,
+            probes=int_list(args.probes, "--probes") or (1,),
+            shortlist=shortlist,
             kmeans=KMeansParams(niter=args.niter, seed=args.seed, threads=args.threads),
         )
     except ValueError as exc:
@@ -251,10 +284,6 @@ def run(args: argparse.Namespace) -> int:
     if args.by == "coverage":
         return run_coverage(args)
     return run_decode(args)
-
-
-COVERAGE_RS = (500, 1000, 2000)
-COVERAGE_KS = (1, 3, 8)
 
 
 def run_coverage(args: argparse.Namespace) -> int:
@@ -270,6 +299,8 @@ def run_coverage(args: argparse.Namespace) -> int:
 
     if args.beam != 1:
         raise UserError("--by coverage predicts greedy outputs (--beam 1): tune beam search with --by decode")
+    if args.with_shortlist is not None:
+        raise UserError("--by coverage predicts the clusters' sets alone: tune with a shortlist by decode")
     budget = parse_budget(args.budget)
     direction = args.direction
     src, sep, tgt = direction.partition("-")
@@ -277,7 +308,7 @@ def run_coverage(args: argparse.Namespace) -> int:
         raise UserError(f"--src-lang and --tgt-lang must both be given, got {direction!r}")
     rs = int_list(args.rs, "--r") or COVERAGE_RS
     ks = int_list(args.ks, "--k") or COVERAGE_KS
-    probes = int_list(args.probes, "--probes") or (1,)
+    probes = int_list(args.probes, "--probes") or COVERAGE_PROBES
     states = args.states or args.work_dir / "states"
     if args.threads:
         import torch
@@ -400,10 +431,11 @@ def run_decode(args: argparse.Namespace) -> int:
     states = args.states or args.work_dir / "states"
     out_dir = (args.output or args.work_dir / "tune") / f"{direction}-beam{settings.beam}"
     tracker = None
-    if not args.no_mlflow:  # open the store first: a bad URI fails before the work
+    store = mlflow_store(args, args.work_dir)
+    if store is not None:  # open the store first: a bad URI fails before the work
         from fastvocab.pipeline.tracking import Tracker
 
-        tracker = Tracker.for_work_dir(args.work_dir, args.tracking_uri, args.experiment_name)
+        tracker = Tracker.open(store, args.experiment_name)
     adapter, load_before, t0 = load_model(args)
     try:
         beams = int_list(args.state_beams, "--state-beams")
@@ -480,9 +512,12 @@ def run_decode(args: argparse.Namespace) -> int:
 
     cand = result["chosen_candidate"]
     map_dir = out_dir / "map"
+    result["chosen_map"].manifest.probes = cand.probes  # the map decodes as it was measured
     save_cluster_map(result["chosen_map"], map_dir)
     meta.update(_closing_meta(t0))
     keys = cand.config_keys(settings.beam, state_beams, settings.normaliser_rank)
+    if args.with_shortlist is not None:
+        keys["translate.shortlist"] = str(args.with_shortlist)
     record = {
         "benchmark": "tune",
         "command": command,
@@ -568,10 +603,11 @@ def _print_choice(record: dict, settings, args: argparse.Namespace, map_dir: Pat
     print(f"  e.g. fastvocab run configs/demo.yaml {sets}")
     print("  (the pipeline's maps also count dump.stream_sentences' states, so its sets can only grow)")
     src, _, tgt = args.direction.partition("-")
+    shortlist = "" if args.with_shortlist is None else f"--with-shortlist {args.with_shortlist} "
     print(
         f"or: fastvocab translate --model {args.model} --src-lang {src} --tgt-lang {tgt} --method clustered "
         f"--clusters {map_dir.resolve()} --selection {keys['translate.selection']} --beam {settings.beam} "
-        "-i IN -o OUT"
+        f"{shortlist}-i IN -o OUT"
     )
 
 
@@ -591,7 +627,9 @@ def _log(tracker, record: dict, rows: list[dict], result: dict | None, artifacts
     chosen = record["chosen"]["label"] if record.get("chosen") else None
     for label, mine in by_label.items():
         last = mine[-1]
-        params = {k: last[k] for k in ("direction", "beam", "batch", "r", "k", "min_count", "selection")}
+        params = {
+            k: last[k] for k in ("direction", "beam", "batch", "r", "k", "min_count", "probes", "selection")
+        }
         params["options"] = last["options"]
         params["decided"] = "chosen" if label == chosen else last["decided"]
         metrics = numeric_metrics(last)
