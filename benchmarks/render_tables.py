@@ -221,6 +221,8 @@ SHIPPED_RECORDS = (
     "fidelity-cpu-2026-11-28-shipped-beam4.json",
     "fidelity-cpu-2026-11-28-shipped-es-pt-15k-greedy.json",  # en-es, en-pt rebuilt from 15,000 lines
     "fidelity-cpu-2026-11-28-shipped-es-pt-15k-beam4.json",
+    "fidelity-cpu-2026-11-28-shipped-fr-de-20k-greedy.json",  # en-fr, en-de rebuilt from 20,000 lines
+    "fidelity-cpu-2026-11-28-shipped-fr-de-20k-beam4.json",
 )
 ALL_DIRECTIONS = tuple(d for lang in LANGS for d in (f"en-{lang}", f"{lang}-en"))
 
