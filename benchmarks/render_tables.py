@@ -223,6 +223,7 @@ SHIPPED_RECORDS = (
     "fidelity-cpu-2026-11-28-shipped-es-pt-15k-beam4.json",
     "fidelity-cpu-2026-11-28-shipped-fr-de-20k-greedy.json",  # en-fr, en-de rebuilt from 20,000 lines
     "fidelity-cpu-2026-11-28-shipped-fr-de-20k-beam4.json",
+    "fidelity-cpu-2026-11-28-shipped-de-20k-beam4-rerun.json",  # en-de's beam 4 timed again, unloaded
 )
 ALL_DIRECTIONS = tuple(d for lang in LANGS for d in (f"en-{lang}", f"{lang}-en"))
 
