@@ -40,6 +40,7 @@ from dataclasses import dataclass
 import torch
 
 from fastvocab.decoding.rowwise import argmax_rows, topk_rows
+from fastvocab.decoding.settings import DEFAULT_SEARCH, SearchSettings
 from fastvocab.decoding.steppers import CapturedStepper, EagerStepper, Stepper, capturable_step
 from fastvocab.kernels.base import CapturableStep, Projection, ProjectionOutput
 
@@ -219,7 +220,7 @@ def greedy_search(
     batch: dict,
     src_lang: str,
     tgt_lang: str,
-    max_len: int = 128,
+    max_len: int = SearchSettings.max_len,
     step_hook: StepHook | None = None,
     stepper: Stepper | None = None,
 ) -> list[list[int]]:
@@ -450,8 +451,8 @@ def beam_search(
     src_lang: str,
     tgt_lang: str,
     beam: int = 4,
-    max_len: int = 128,
-    length_penalty: float = 1.0,
+    max_len: int = SearchSettings.max_len,
+    length_penalty: float = SearchSettings.length_penalty,
     step_hook: StepHook | None = None,
     early_stopping: bool | str = False,
     stepper: Stepper | None = None,
@@ -570,25 +571,25 @@ def decode(
     batch: dict,
     src_lang: str,
     tgt_lang: str,
+    search: SearchSettings = DEFAULT_SEARCH,
     *,
-    beam: int = 1,
-    max_len: int = 128,
-    length_penalty: float = 1.0,
     step_hook: StepHook | None = None,
-    early_stopping: bool | str | None = None,
     graphs: bool = False,
 ) -> list[list[int]]:
-    """Greedy search for ``beam == 1``, else beam search (translation, the dump and the benchmarks).
+    """Greedy search for ``search.beam == 1``, else beam search (translation, the dump and the benchmarks),
+    with ``search``'s ``beam``, ``max_len``, ``length_penalty`` and ``early_stopping`` (a batch is given, and
+    whether its steps are captured: its other fields are the caller's).
 
-    ``early_stopping``: beam search's stopping rule (:func:`beam_search`); None takes the model's generation
-    config (``adapter.early_stopping``), as ``generate`` does. ``graphs``: the captured stepper (the whole
-    step in CUDA graphs on CUDA, eagerly elsewhere; the same outputs; it needs the static engine and a
-    projection with a capturable step, and takes no ``step_hook``), else the eager one.
+    ``search.early_stopping``: beam search's stopping rule (:func:`beam_search`); None takes the model's
+    generation config (``adapter.early_stopping``), as ``generate`` does. ``graphs``: the captured stepper
+    (the whole step in CUDA graphs on CUDA, eagerly elsewhere; the same outputs; it needs the static engine
+    and a projection with a capturable step, and takes no ``step_hook``), else the eager one
+    (``translate`` chooses it from ``search.graphs``: :func:`~fastvocab.decoding.steppers.use_graphs`).
     """
     stepper: Stepper = CapturedStepper(adapter) if graphs else EagerStepper(adapter)
-    if beam == 1:
+    if search.beam == 1:
         return greedy_search(
-            adapter, projection, batch, src_lang, tgt_lang, max_len=max_len, step_hook=step_hook,
+            adapter, projection, batch, src_lang, tgt_lang, max_len=search.max_len, step_hook=step_hook,
             stepper=stepper,
         )  # fmt: skip
     return beam_search(
@@ -597,10 +598,10 @@ def decode(
         batch,
         src_lang,
         tgt_lang,
-        beam=beam,
-        max_len=max_len,
-        length_penalty=length_penalty,
+        beam=search.beam,
+        max_len=search.max_len,
+        length_penalty=search.length_penalty,
         step_hook=step_hook,
-        early_stopping=stopping_rule(adapter, early_stopping),
+        early_stopping=stopping_rule(adapter, search.early_stopping),
         stepper=stepper,
     )

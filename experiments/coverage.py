@@ -56,8 +56,9 @@ def greedy_path(
     step's state in float32: the dump stores float16, whose rounding can move a state across a near-tie
     between two centroids, and the decoder assigns the float32 state."""
     from fastvocab.decoding.search import decode
+    from fastvocab.decoding.settings import SearchSettings
 
-    adapter = decoder.adapter
+    adapter, search = decoder.adapter, SearchSettings(max_len=decoder.max_len)
     hidden: list[torch.Tensor] = []
     best: list[torch.Tensor] = []
     sentence: list[torch.Tensor] = []
@@ -70,7 +71,7 @@ def greedy_path(
 
         texts = list(sources[lo : lo + batch])
         enc = adapter.encode_texts(texts, src, tgt)
-        decode(adapter, decoder.projection, enc, src, tgt, max_len=decoder.max_len, step_hook=hook)
+        decode(adapter, decoder.projection, enc, src, tgt, search, step_hook=hook)
     if not hidden:
         return GreedyPath(torch.zeros((0, decoder.d)), torch.zeros(0, dtype=torch.long), torch.zeros(0), 0)
     h, b, s = torch.cat(hidden), torch.cat(best).long(), torch.cat(sentence).long()

@@ -50,6 +50,7 @@ from fastvocab.artifacts_schema.provenance import git_commit
 from fastvocab.decoding.hf_adapter import Seq2SeqAdapter
 from fastvocab.decoding.scoring import sequence_scores
 from fastvocab.decoding.search import ProjectionLike, decode
+from fastvocab.decoding.settings import SearchSettings
 from fastvocab.kernels.base import Projection
 from fastvocab.tasks.evaluate import score
 from fastvocab.tasks.projections import clustered_options, exact_k_for, make_projection
@@ -178,6 +179,7 @@ def decode_all(
     methods alike). Returns per method: outputs (token ids, prefix and EOS excluded) in input order, wall
     seconds and process CPU seconds of decoding (padding included, tokenization excluded)."""
     order = sorted(range(len(seqs)), key=lambda j: -len(seqs[j]))  # as tasks.translate: longest first
+    search = SearchSettings(beam=beam, max_len=max_len, length_penalty=length_penalty)
     outs: dict[str, list[list[int]]] = {name: [[] for _ in seqs] for name in projs}
     wall = dict.fromkeys(projs, 0.0)
     cpu = dict.fromkeys(projs, 0.0)
@@ -187,9 +189,7 @@ def decode_all(
             for name, proj in projs.items():
                 t0, c0 = time.perf_counter(), time.process_time()
                 batch = adapter.pad([seqs[j] for j in chunk])
-                res = decode(
-                    adapter, proj, batch, src, tgt, beam=beam, max_len=max_len, length_penalty=length_penalty
-                )
+                res = decode(adapter, proj, batch, src, tgt, search)
                 wall[name] += time.perf_counter() - t0
                 cpu[name] += time.process_time() - c0
                 for j, r in zip(chunk, res, strict=True):

@@ -31,6 +31,7 @@ from typing import Any
 
 from fastvocab.artifacts_schema.bulk_parts import (
     MANIFEST,
+    PART_LINES,
     assemble,
     part_counts,
     part_file,
@@ -39,12 +40,12 @@ from fastvocab.artifacts_schema.bulk_parts import (
     write_manifest,
 )
 from fastvocab.artifacts_schema.lock import WorkDirBusy, WorkDirLock
+from fastvocab.decoding.settings import SearchSettings
 from fastvocab.pipeline.errors import UserError
 from fastvocab.pipeline.tracking import StageRecord
 from fastvocab.pipeline.wording import plural
 from fastvocab.tasks.bulk import (
     CUT_LINES_SHOWN,
-    PART_LINES,
     BulkJob,
     BulkWorker,
     InputError,
@@ -53,7 +54,6 @@ from fastvocab.tasks.bulk import (
     part_statuses,
     plan_input,
 )
-from fastvocab.tasks.translate import SearchSettings
 
 log = logging.getLogger(__name__)
 

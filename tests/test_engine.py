@@ -4,6 +4,7 @@ and int8."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -527,7 +528,7 @@ def test_translate_with_graphs_equals_the_eager_search(demo, monkeypatch, beam):
     inactive-mass estimate) as a static-capacity union. A union is the batch's, and the graphed searches
     keep finished rows in it, so the eager side keeps them too (no host read before the end)."""
     from fastvocab.tasks.projections import clustered_options, make_projection
-    from fastvocab.tasks.translate import translate
+    from fastvocab.tasks.translate import SearchSettings, translate
 
     full = make_projection(demo, "full")
     cmap = map_from_decoding(demo, full, beam=2, max_len=40)
@@ -535,16 +536,15 @@ def test_translate_with_graphs_equals_the_eager_search(demo, monkeypatch, beam):
         demo, "clustered", cluster_map=cmap, **clustered_options("union", "auto", False, beam)
     )
     monkeypatch.setattr(search, "CPU_SYNC_EVERY", 1000)
-    kw = dict(beam=beam, batch_size=3, max_len=40, progress=False, workers=1)
+    settings, kw = SearchSettings(beam=beam, batch_size=3, max_len=40), dict(progress=False, workers=1)
+    on = replace(settings, graphs="on")
     for proj in (full, union):
-        want = translate(demo, proj, DEMO_SOURCES, "en", "it", **kw)
+        want = translate(demo, proj, DEMO_SOURCES, "en", "it", settings, **kw)
         assert any(want.hypotheses)
-        assert (
-            translate(demo, proj, DEMO_SOURCES, "en", "it", graphs="on", **kw).hypotheses == want.hypotheses
-        )
+        assert translate(demo, proj, DEMO_SOURCES, "en", "it", on, **kw).hypotheses == want.hypotheses
     per_row = make_projection(demo, "clustered", cluster_map=cmap, selection="per-row")
     with pytest.raises(ValueError, match="no capturable output"):
-        translate(demo, per_row, DEMO_SOURCES[:2], "en", "it", graphs="on", **kw)
+        translate(demo, per_row, DEMO_SOURCES[:2], "en", "it", on, **kw)
 
 
 def test_graphs_auto_captures_on_cuda_only_where_the_step_can_be_captured(demo, static, hf):
@@ -582,7 +582,7 @@ def test_translate_with_graphs_in_half_precision(demo, monkeypatch, dtype):
     fixed-shape step's and the static union's half-precision paths), with the map built from the float32
     load, as the pipeline builds maps (so the half-precision adapter must carry the float32 fingerprint)."""
     from fastvocab.tasks.projections import clustered_options, make_projection
-    from fastvocab.tasks.translate import translate
+    from fastvocab.tasks.translate import SearchSettings, translate
 
     cmap = map_from_decoding(demo, make_projection(demo, "full"), beam=2, max_len=40)
     half = Seq2SeqAdapter.load(DEMO_MODEL, dtype=dtype)
@@ -590,12 +590,12 @@ def test_translate_with_graphs_in_half_precision(demo, monkeypatch, dtype):
     monkeypatch.setattr(search, "CPU_SYNC_EVERY", 1000)
     for beam in (1, 2):
         opts = clustered_options("union", "auto", False, beam)
-        kw = dict(beam=beam, batch_size=3, max_len=40, progress=False, workers=1)
+        settings, kw = SearchSettings(beam=beam, batch_size=3, max_len=40), dict(progress=False, workers=1)
         for proj in (
             make_projection(half, "full"),
             make_projection(half, "clustered", cluster_map=cmap, **opts),
         ):
-            want = translate(half, proj, DEMO_SOURCES, "en", "it", **kw)
+            want = translate(half, proj, DEMO_SOURCES, "en", "it", settings, **kw)
             assert any(want.hypotheses)
-            got = translate(half, proj, DEMO_SOURCES, "en", "it", graphs="on", **kw)
+            got = translate(half, proj, DEMO_SOURCES, "en", "it", replace(settings, graphs="on"), **kw)
             assert got.hypotheses == want.hypotheses

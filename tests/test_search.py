@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import os
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -161,18 +162,20 @@ def test_beam_early_stopping_equals_generate(adapter, full):
 def test_decode_reads_early_stopping_from_generation_config(adapter, full, rule):
     """decode() stops beams by the model's generation config, as generate() does (NLLB/M2M100 set True)."""
     from fastvocab.decoding.search import decode
+    from fastvocab.decoding.settings import SearchSettings
 
     gc = adapter.model.generation_config
     saved = gc.early_stopping
-    kw = dict(beam=3, max_len=MAX_LEN, length_penalty=1.5)
+    settings = SearchSettings(beam=3, max_len=MAX_LEN, length_penalty=1.5)
     batches = [(adapter.encode_texts(_sources(src), src), src, tgt) for src, tgt in DIRECTIONS[:2]]
-    default = [decode(adapter, full, batch, src, tgt, **kw) for batch, src, tgt in batches]
+    default = [decode(adapter, full, batch, src, tgt, settings) for batch, src, tgt in batches]
     # An explicit rule overrides the config's (translate --early-stopping).
-    explicit = [decode(adapter, full, b, s, t, early_stopping=rule, **kw) for b, s, t in batches]
+    ruled = replace(settings, early_stopping=rule)
+    explicit = [decode(adapter, full, b, s, t, ruled) for b, s, t in batches]
     gc.early_stopping = rule
     try:
         assert adapter.early_stopping == rule
-        ours = [decode(adapter, full, batch, src, tgt, **kw) for batch, src, tgt in batches]
+        ours = [decode(adapter, full, batch, src, tgt, settings) for batch, src, tgt in batches]
         assert ours != default  # the rule changes some outputs here, so following it is what is tested
         assert explicit == ours
         for out, (batch, _, tgt) in zip(ours, batches, strict=True):

@@ -29,7 +29,7 @@ from fastvocab.tasks.shortlist import (
     shortlist_tensors,
     vocabulary_tokens,
 )
-from fastvocab.tasks.translate import translate
+from fastvocab.tasks.translate import SearchSettings, translate
 from tests.conftest import WORDS, synthetic_sentences
 
 # -------------------------------------------------------------------------------------------------- helpers
@@ -237,10 +237,10 @@ def test_a_table_covering_every_token_decodes_like_full_softmax(adapter, scope, 
     lines = synthetic_sentences("en", 10, seed=5)
     full = make_projection(adapter, "full")
     proj = make_projection(adapter, "shortlist", index=_covering_index(adapter), scope=scope)
-    kw = dict(beam=beam, batch_size=4, max_len=10, progress=False)
+    search = SearchSettings(beam=beam, batch_size=4, max_len=10)
     assert (
-        translate(adapter, proj, lines, "en", "it", **kw).hypotheses
-        == translate(adapter, full, lines, "en", "it", **kw).hypotheses
+        translate(adapter, proj, lines, "en", "it", search, progress=False).hypotheses
+        == translate(adapter, full, lines, "en", "it", search, progress=False).hypotheses
     )
 
 

@@ -116,12 +116,13 @@ def test_translate_with_graphs_equals_eager_on_the_demo_model(beam):
     as the eager translation (GPU, fp32, full projection)."""
     from fastvocab.decoding import Seq2SeqAdapter
     from fastvocab.tasks.projections import make_projection
-    from fastvocab.tasks.translate import translate
+    from fastvocab.tasks.translate import SearchSettings, translate
 
     demo = Seq2SeqAdapter.load(DEMO, device=DEV)
     full = make_projection(demo, "full")
     lines = ["GNU C library: shared libraries", "transitional package", "fast, lightweight web server",
              "documentation for the Python interpreter", "", "daemon that monitors disks"]  # fmt: skip
-    kw = dict(beam=beam, batch_size=2, max_len=40, progress=False)
-    want = translate(demo, full, lines, "en", "it", **kw).hypotheses
-    assert translate(demo, full, lines, "en", "it", graphs="on", **kw).hypotheses == want and any(want)
+    search = SearchSettings(beam=beam, batch_size=2, max_len=40)
+    want = translate(demo, full, lines, "en", "it", search, progress=False).hypotheses
+    on = SearchSettings(beam=beam, batch_size=2, max_len=40, graphs="on")
+    assert translate(demo, full, lines, "en", "it", on, progress=False).hypotheses == want and any(want)
