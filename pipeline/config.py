@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from fastvocab.artifacts_schema.bulk_parts import PART_LINES
 from fastvocab.decoding.settings import SearchSettings
 from fastvocab.pipeline.errors import UserError
+from fastvocab.tasks.method_settings import MethodSettings
 
 if TYPE_CHECKING:
     from fastvocab.kernels.graph import GraphParams
@@ -64,14 +65,19 @@ class CorpusConfig(_Strict):
 
 
 class TranslateConfig(_Strict):
-    selection: Literal["union", "per-row"] = "union"  # clustered: rows share the union of their sets, or not
+    # the method's options (tasks.method_settings.MethodSettings, whose fields hold the defaults)
+    # clustered: rows share the union of their sets, or not
+    selection: Literal["union", "per-row"] = Field(MethodSettings.selection)
     # clustered: estimate of the mass of the columns not computed (auto: none for greedy, the measured best
     # for beam search: tasks/projections.py BEAM_INACTIVE_MASS, SHORTLIST_BEAM_INACTIVE_MASS with a shortlist)
-    inactive_mass: Literal["auto", "none", "centroid", "moments", "normaliser"] = "auto"
-    exact: bool = False  # clustered: rows without an exactness certificate get the full projection
+    inactive_mass: Literal["auto", "none", "centroid", "moments", "normaliser"] = Field(
+        MethodSettings.inactive_mass
+    )
+    # clustered: rows without an exactness certificate get the full projection
+    exact: bool = MethodSettings.exact
     # clustered, union selection: each row adds the sets of its `probes` nearest clusters (1: the nearest);
     # null: the map's own (maps.probes, recorded in it)
-    probes: int | None = Field(None, ge=1)
+    probes: int | None = Field(MethodSettings.probes, ge=1)
     # clustered, union selection: a folder of lexical shortlist tables (<DIR>/shortlist/<src>-<tgt>, as the
     # methods stage and maps shipped beside a model lay them out); the candidates of each batch's sentences
     # join every clustered method's sets (null: none)
@@ -84,10 +90,10 @@ class TranslateConfig(_Strict):
     max_input_tokens: int = Field(SearchSettings.max_input_tokens, ge=1)
     length_penalty: float = SearchSettings.length_penalty
     # beam search's stopping rule (true, false, never), as generate's early_stopping; null: the model's own
-    early_stopping: bool | Literal["never"] | None = SearchSettings.early_stopping
+    early_stopping: bool | Literal["never"] | None = Field(SearchSettings.early_stopping)
     # the whole decoding step in CUDA graphs (decoding.steppers.use_graphs): on, off, or auto (captured on
     # CUDA where the step can be, eager otherwise)
-    graphs: Literal["auto", "on", "off"] = SearchSettings.graphs  # type: ignore[assignment]
+    graphs: Literal["auto", "on", "off"] = Field(SearchSettings.graphs)
     device: str = "cpu"
 
     @field_validator("device")
@@ -108,6 +114,13 @@ class TranslateConfig(_Strict):
     def search(self) -> SearchSettings:
         """The search fields as the settings translation takes (the fields are named alike)."""
         return SearchSettings(**{f.name: getattr(self, f.name) for f in fields(SearchSettings)})
+
+    def method(self) -> MethodSettings:
+        """The clustered method's options as ``tasks.projections.method_options`` takes them (the other
+        methods' options are not in the config: they decode with their defaults)."""
+        return MethodSettings(
+            selection=self.selection, inactive_mass=self.inactive_mass, exact=self.exact, probes=self.probes
+        )
 
 
 # The dump's sentences a batch by where it decodes. On a 1-thread CPU worker the batch hardly matters

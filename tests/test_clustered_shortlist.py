@@ -101,6 +101,7 @@ def test_auto_mass_with_a_shortlist_is_the_estimate_of_the_columns_left_out(adap
     """Beam search with a shortlist estimates the mass of the columns actually left out (moments): the
     normaliser expands the mass outside the row's own set, from which the batch's candidates are taken off."""
     from fastvocab.experiments.bench_methods import point_options
+    from fastvocab.tasks.method_settings import MethodSettings
     from fastvocab.tasks.projections import BEAM_INACTIVE_MASS, SHORTLIST_BEAM_INACTIVE_MASS, method_options
 
     assert SHORTLIST_BEAM_INACTIVE_MASS == "moments" != BEAM_INACTIVE_MASS
@@ -111,9 +112,8 @@ def test_auto_mass_with_a_shortlist_is_the_estimate_of_the_columns_left_out(adap
         method_options("clustered", "en-it", beam=1, artifact=cmap, shortlist=index)["inactive_mass"]
         == "none"
     )
-    kept = method_options(
-        "clustered", "en-it", beam=4, artifact=cmap, shortlist=index, inactive_mass="centroid"
-    )
+    chosen = MethodSettings(inactive_mass="centroid")
+    kept = method_options("clustered", "en-it", chosen, beam=4, artifact=cmap, shortlist=index)
     assert kept["inactive_mass"] == "centroid"
     # the benchmarks' clustered points resolve auto the same way
     assert point_options("clustered", {}, 4, _Artifact(cmap), "en-it")["inactive_mass"] == BEAM_INACTIVE_MASS

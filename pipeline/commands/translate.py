@@ -40,6 +40,7 @@ from fastvocab.pipeline.commands import (
 from fastvocab.pipeline.config import TranslateConfig
 from fastvocab.pipeline.errors import UserError
 from fastvocab.pipeline.wording import plural
+from fastvocab.tasks.method_settings import MethodSettings
 from fastvocab.tasks.methods import INDEXED_METHODS
 
 if TYPE_CHECKING:
@@ -406,21 +407,10 @@ def _projection_options(args: argparse.Namespace) -> dict[str, object]:
         artifact = resolve_map_dir(args.clusters, args.src_lang, args.tgt_lang)
     elif args.method in INDEXED_METHODS and args.index is not None:
         artifact = resolve_index(args.index, args.method, direction)
+    # the flags are named as MethodSettings' fields (--selection, --inactive-mass, ...)
+    settings = MethodSettings(**{f.name: getattr(args, f.name) for f in fields(MethodSettings)})
     return method_options(
-        args.method,
-        direction,
-        beam=args.beam,
-        artifact=artifact,
-        selection=args.selection,
-        inactive_mass=args.inactive_mass,
-        exact=args.exact,
-        probes=args.probes,
-        candidates=args.candidates,
-        bits=args.bits,
-        ef_search=args.ef_search,
-        frequent=args.frequent,
-        scope=args.scope,
-        shortlist=shortlist,
+        args.method, direction, settings, beam=args.beam, artifact=artifact, shortlist=shortlist
     )
 
 
