@@ -55,7 +55,7 @@ from fastvocab.decoding.hf_adapter import Seq2SeqAdapter
 from fastvocab.experiments.bench_methods import BenchSettings, Metered, measure_beam, run_bench
 from fastvocab.experiments.fidelity import Scorer
 from fastvocab.tasks.kmeans import train_kmeans
-from fastvocab.tasks.maps import ActiveSetCounter, assign, centroid_sq_norms, make_cluster_map
+from fastvocab.tasks.maps import ActiveSetCounter, MapParams, assign, centroid_sq_norms, make_cluster_map
 from fastvocab.tasks.projections import make_projection
 
 log = logging.getLogger(__name__)
@@ -566,10 +566,9 @@ def figure3_and_4(
             cmap = make_cluster_map(
                 centroids,
                 counter,
+                MapParams(scope="direction", k=k),
                 model_fingerprint=adapter.fingerprint,
                 name=settings.fig_direction,
-                scope="direction",
-                k=k,
                 niter=settings.niter,
                 seed=settings.seed,
             )

@@ -241,13 +241,11 @@ def build_candidate_maps(
             cmap = make_cluster_map(
                 centroids,
                 counters[k],
+                MapParams(scope="direction", k=k, min_count=mc),
                 model_fingerprint=adapter.fingerprint,
                 name=direction,
-                scope="direction",
-                k=k,
                 niter=p.niter,
                 seed=p.seed,
-                min_count=mc,
                 extra={"directions": [direction], "stored_states": counters[k].states, "tuned": True},
             )
             if mass == "normaliser":

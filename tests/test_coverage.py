@@ -13,7 +13,7 @@ from fastvocab.experiments import coverage
 from fastvocab.tasks.context import RunContext, describe_model
 from fastvocab.tasks.dump import DumpDecoder, DumpSettings, plan_shards, run_dump_shard
 from fastvocab.tasks.kmeans import sample_states
-from fastvocab.tasks.maps import ActiveSetCounter, make_cluster_map
+from fastvocab.tasks.maps import ActiveSetCounter, MapParams, make_cluster_map
 from fastvocab.tasks.projections import make_projection
 from tests.conftest import synthetic_sentences
 
@@ -86,10 +86,9 @@ def _pipeline_map(decoder, labels, clusters, centroids, k: int, sentences: int):
     return make_cluster_map(
         centroids,
         counter,
+        MapParams(k=k),
         model_fingerprint=decoder.fingerprint,
         name="en-it",
-        scope="direction",
-        k=k,
         niter=1,
         seed=0,
     )
