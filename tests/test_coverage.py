@@ -156,10 +156,10 @@ def test_the_curve_grows_sets_with_the_text_and_never_loses_a_hit(dumped):
     decoder, _, labels, centroids = dumped
     test = synthetic_sentences("en", 8, seed=33)
     path = coverage.greedy_path(decoder, test, "en", "it")
+    grid = coverage.CoverageGrid(rs=[R], ks=[1, 2], probes=[1, 2])
     rows = coverage.coverage_curve(
-        labels, path, decoder.n_vocab, rs=[R], ks=[1, 2], probes=[1, 2], sizes=[10, 20, 40],
-        centroids={R: centroids},
-    )  # fmt: skip
+        labels, path, decoder.n_vocab, grid, sizes=[10, 20, 40], centroids={R: centroids}
+    )
     assert len(rows) == 2 * 2 * 3
     for k in (1, 2):
         for p in (1, 2):
