@@ -615,25 +615,37 @@ def figure3_and_4(
 # ------------------------------------------------------------------------------------------------ the run
 
 
+@dataclass(frozen=True)
+class PaperData:
+    """Where ``experiment paper`` reads and keeps its data.
+
+    ``corpus``: the test and dev splits decoded; ``maps``: the maps of Tables 2-5; ``states_roots`` are
+    searched in order for a direction's stored states (the pipeline's ``states`` folder first); a direction
+    found in none is dumped into ``cache`` (which is searched too), its sources read from ``pool_corpus``
+    (None: ``corpus``): a pair split or a monolingual file."""
+
+    corpus: str | Path
+    maps: str | Path
+    states_roots: Sequence[Path]
+    cache: Path
+    pool_corpus: str | Path | None = None
+
+
 def run_paper(
     adapter: Seq2SeqAdapter,
-    corpus: str | Path,
-    maps: str | Path,
-    states_roots: Sequence[Path],
-    cache: Path,
+    data: PaperData,
     settings: PaperSettings,
     parts: Sequence[str] = PARTS,
     model_path: str | Path | None = None,
     device: str = "cpu",
-    pool_corpus: str | Path | None = None,
     note: Note = _quiet,
 ) -> PaperResult:
-    """Every part of ``parts``: Tables 2-5 from decoding runs, Figures 2-4 from re-clustered states.
-
-    ``states_roots`` are searched in order for a direction's stored states (the pipeline's ``states``
-    folder first); a direction found in none is dumped into ``cache`` (which is searched too), its sources
-    read from ``pool_corpus`` (default ``corpus``): a pair split or a monolingual file.
+    """Every part of ``parts``: Tables 2-5 from decoding runs, Figures 2-4 from re-clustered states, from
+    ``data`` (:class:`PaperData`); a direction without stored states is dumped with the model at
+    ``model_path`` on ``device``.
     """
+    corpus, maps, cache, pool_corpus = data.corpus, data.maps, data.cache, data.pool_corpus
+    states_roots = data.states_roots
     bad = [p for p in parts if p not in PARTS]
     if bad:
         raise ValueError(f"unknown parts {bad}; valid: {', '.join(PARTS)}")

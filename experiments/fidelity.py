@@ -333,20 +333,19 @@ class Reference:
 
 
 def measure_setting(
-    adapter: Seq2SeqAdapter,
-    full: Projection,
+    scorer: Scorer,
     cmap: ClusterMap,
-    seqs: Sequence[list[int]],
     refs: Sequence[str],
     src: str,
-    tgt: str,
     beam: int,
     batch_size: int,
     settings: FidelitySettings,
-    scorer: Scorer,
     shortlist: str | Path | None = None,
 ) -> list[dict[str, Any]]:
-    """One row per method of ``settings`` at this beam and batch size (see the module's docstring)."""
+    """One row per method of ``settings`` at this beam and batch size (see the module's docstring), on the
+    sentences ``scorer`` scores: its model, full projection, tokenized sources and target language are
+    the ones measured, from ``src``; ``refs``: their references."""
+    adapter, full, seqs, tgt = scorer.adapter, scorer.full, scorer.seqs, scorer.tgt
     projs: dict[str, Projection] = {}
     for m in settings.methods:
         if method_base(m) in MASS_METHODS and beam == 1:
@@ -409,9 +408,8 @@ def run_fidelity(
             for batch_size in settings.batches:
                 scorer = Scorer(adapter, full, seqs, tgt, settings.max_len, settings.length_penalty)
                 rows = measure_setting(
-                    adapter, full, cmap, seqs, refs, src, tgt, beam, batch_size, settings, scorer,
-                    (shortlists or {}).get(direction),
-                )  # fmt: skip
+                    scorer, cmap, refs, src, beam, batch_size, settings, (shortlists or {}).get(direction)
+                )
                 for row in rows:
                     row["map"] = covers
                     if on_row is not None:
@@ -441,25 +439,23 @@ TABLE_HEADER = (
 
 def fidelity_record(
     results: list[dict[str, Any]],
+    machine: dict[str, Any],
     *,
     command: str,
-    adapter: Seq2SeqAdapter,
     settings: FidelitySettings,
     model: str,
     maps: str,
     directions: Sequence[str],
-    device: str,
-    threads: int,
     seconds: float,
-    load_before: Sequence[float],
     extra_meta: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The JSON record of a yardstick run: command, meta (device, model, settings, load) and results."""
+    """The JSON record of a yardstick run: command, meta (``machine``: :func:`run_meta`'s when, where and
+    which model; the settings, the load) and results."""
     return {
         "benchmark": "fidelity",
         "command": command,
         "meta": {
-            **run_meta(adapter, device, load_before, threads=threads),
+            **machine,
             "fastvocab_version": __version__,
             "model": model,
             "maps": maps,
