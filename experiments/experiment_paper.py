@@ -52,6 +52,7 @@ from fastvocab.artifacts_schema.hidden_states import (
     validate_direction,
 )
 from fastvocab.decoding.hf_adapter import Seq2SeqAdapter
+from fastvocab.decoding.settings import SearchSettings
 from fastvocab.experiments.bench_methods import BenchSettings, Metered, measure_beam, run_bench
 from fastvocab.experiments.fidelity import Scorer
 from fastvocab.tasks.kmeans import train_kmeans
@@ -76,8 +77,8 @@ class PaperSettings:
     sentences: int = 0  # first N sentences of the test split (0: all)
     set2_sentences: int = 0  # first N of the dev split (0: all)
     inactive_mass: str = "none"  # the paper's: softmax over the active columns only
-    max_len: int = 128
-    length_penalty: float = 1.0
+    max_len: int = SearchSettings.max_len
+    length_penalty: float = SearchSettings.length_penalty
     repeats: int = 1  # timed passes per setting, median reported
     fig_direction: str = "it-en"  # Figures 2-4 (the paper's ItEn)
     fig2_pool: tuple[str, ...] = (

@@ -103,8 +103,8 @@ class FidelitySettings:
     probes: int | None = None  # union selection: each row adds its nearest clusters' sets (None: the map's)
     sentences: int = 50  # first N sentences of the split (0 = all)
     split: str = "test"
-    max_len: int = 128
-    length_penalty: float = 1.0
+    max_len: int = SearchSettings.max_len
+    length_penalty: float = SearchSettings.length_penalty
     repeats: int = 1  # timed passes per method (median reported)
 
     def __post_init__(self) -> None:

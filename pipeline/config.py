@@ -157,7 +157,7 @@ class DumpConfig(_Strict):
     num_workers: int = Field(2, ge=1)
     num_gpus_per_worker: float = Field(0.0, ge=0)
     shard_sentences: int = Field(500, ge=1)  # sentences per shard (the unit of work, resume and parallelism)
-    max_len: int = Field(128, ge=1)  # max target tokens decoded per sentence
+    max_len: int = Field(SearchSettings.max_len, ge=1)  # max target tokens decoded per sentence
     torch_threads: int | None = Field(None, ge=1)  # per worker; default: Ray CPUs / workers (>= 1)
 
     @field_validator("batch_size")
