@@ -268,17 +268,12 @@ def test_consecutive_batches_with_different_sets_equal_fresh_projections(adapter
     sets_a = proj.for_batch(a["input_ids"], a["attention_mask"]).sets
     sets_b = proj.for_batch(b["input_ids"], b["attention_mask"]).sets
     assert {tuple(s) for s in sets_a} != {tuple(s) for s in sets_b}
-    for search, kw in ((greedy_search, {}), (beam_search, {"beam": 2})):
-        shared = [search(adapter, proj, x, "en", "it", max_len=10, **kw) for x in (a, b, a)]
+    beam2 = SearchSettings(beam=2, max_len=10, early_stopping=False)
+    for search in (lambda *a: greedy_search(*a, max_len=10), lambda *a: beam_search(*a, beam2)):
+        shared = [search(adapter, proj, x, "en", "it") for x in (a, b, a)]
         fresh = [
             search(
-                adapter,
-                make_projection(adapter, "shortlist", index=index, k=1, frequent=2),
-                x,
-                "en",
-                "it",
-                max_len=10,
-                **kw,
+                adapter, make_projection(adapter, "shortlist", index=index, k=1, frequent=2), x, "en", "it"
             )
             for x in (a, b, a)
         ]

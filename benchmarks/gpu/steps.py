@@ -571,6 +571,7 @@ def searched(
     capture is timed too, as a translation pays it once per batch). Without CUDA the captured stepper runs
     its step eagerly (``--smoke`` checks the code)."""
     from fastvocab.decoding.search import beam_search, greedy_search
+    from fastvocab.decoding.settings import SearchSettings
     from fastvocab.decoding.steppers import CapturedStepper, EagerStepper
 
     batch = {"input_ids": src, "attention_mask": torch.ones_like(src)}
@@ -580,9 +581,8 @@ def searched(
 
     if beam == 1:
         return lambda: greedy_search(adapter, projection, batch, "en", "it", max_len=steps, stepper=stepper())
-    return lambda: beam_search(
-        adapter, projection, batch, "en", "it", beam=beam, max_len=steps, stepper=stepper()
-    )
+    settings = SearchSettings(beam=beam, max_len=steps, early_stopping=False)
+    return lambda: beam_search(adapter, projection, batch, "en", "it", settings, stepper=stepper())
 
 
 class _StaticProject:
