@@ -9,6 +9,11 @@ module imports neither torch nor anything else heavy, so the CLI and the configu
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from typing import Literal
+
+# beam search's stopping rules as generate's early_stopping names them; None: the model's own
+StoppingRule = bool | Literal["never"] | None
+Graphs = Literal["auto", "on", "off"]  # decoding.steppers.GRAPHS
 
 
 @dataclass(frozen=True)
@@ -21,9 +26,9 @@ class SearchSettings:
     length_penalty: float = 1.0
     max_input_tokens: int = 256  # longer source lines are an error, never cut
     # beam search's stopping rule: True, False, "never" (decoding.search.beam_search); None: the model's
-    early_stopping: bool | str | None = None
+    early_stopping: StoppingRule = None
     # the whole decoding step in CUDA graphs: "on", "off", "auto" (decoding.steppers.use_graphs)
-    graphs: str = "auto"
+    graphs: Graphs = "auto"
 
     def plan(self) -> dict[str, object]:
         """What a translated chunk's or bulk part's plan records, so a rerun redoes it when it changed: every

@@ -130,7 +130,7 @@ class ParallelFile:
 
 def import_parallel(
     out_dir: str | Path,
-    source: ParallelFile,
+    parallel: ParallelFile,
     src_lang: str,
     tgt_lang: str,
     *,
@@ -140,13 +140,13 @@ def import_parallel(
     seed: int = 0,
     force: bool = False,
 ) -> PairResult:
-    """Import a user's parallel file (``source``) as one pair, split like the Debian pairs.
+    """Import a user's parallel file (``parallel``) as one pair, split like the Debian pairs.
 
     The pair is stored pivot first (``--src-lang it --tgt-lang en`` lands in ``en-it`` with the columns
     swapped); readers swap back for the it -> en direction.
     """
-    out_dir, path = Path(out_dir), Path(source.path)
-    fmt, src_col, tgt_col, doc_col = source.fmt, source.src_col, source.tgt_col, source.doc_col
+    out_dir, path = Path(out_dir), Path(parallel.path)
+    fmt, src_col, tgt_col, doc_col = parallel.fmt, parallel.src_col, parallel.tgt_col, parallel.doc_col
     src_lang, tgt_lang = check_lang(src_lang), check_lang(tgt_lang)
     if src_lang == tgt_lang:
         raise CorpusError(f"source and target language are both {src_lang!r}")

@@ -9,6 +9,7 @@ imports nothing heavy, so the configuration loads without torch.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 
 @dataclass(frozen=True)
@@ -20,17 +21,17 @@ class MethodSettings:
     ``ef_search`` graph's, ``frequent`` and ``scope`` the shortlist's."""
 
     # clustered: rows share the union of their sets ("union"), or each reads its own ("per-row")
-    selection: str = "union"
+    selection: Literal["union", "per-row"] = "union"
     # clustered: estimate of the mass of the columns not computed (auto: none for greedy, the measured best
     # for beam search)
-    inactive_mass: str = "auto"
+    inactive_mass: Literal["auto", "none", "centroid", "moments", "normaliser"] = "auto"
     exact: bool = False  # clustered: rows without an exactness certificate get the full projection
     probes: int | None = None  # clustered, union selection: nearest clusters a row reads (None: the map's)
     candidates: int | None = None  # lsh, graph, shortlist: candidates per row
     bits: int | None = None  # lsh without an index: hash bits
     ef_search: int | None = None  # graph: HNSW search queue
     frequent: int | None = None  # shortlist: most frequent target subwords always candidates
-    scope: str | None = None  # shortlist: "sentence" or "batch"
+    scope: Literal["sentence", "batch"] | None = None  # shortlist: "sentence" or "batch"
 
 
 DEFAULT_METHOD = MethodSettings()  # every field's default (frozen: one object serves all)
