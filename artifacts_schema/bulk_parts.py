@@ -33,6 +33,9 @@ from fastvocab.artifacts_schema.errors import ArtifactError
 from fastvocab.artifacts_schema.jsonfile import write_json
 from fastvocab.artifacts_schema.translations import TRANSLATIONS_SCHEMA, text_lines
 
+# lines a part: the unit of work, of resume, and of the progress kept after a kill (``fastvocab translate
+# --chunk-lines``, the bulk stage's ``chunk_lines``)
+PART_LINES = 10_000
 PLAN_KEY = b"fastvocab.plan"
 DIGEST_KEY = b"fastvocab.translations_digest"
 METHOD_KEY = b"fastvocab.method"

@@ -18,6 +18,7 @@ import argparse
 import datetime as dt
 import json
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -110,9 +111,10 @@ def main() -> None:
         )
         centroids = {r: coverage.train_centroids(files, r) for r in a.rs}
         t0 = time.perf_counter()
+        grid = coverage.CoverageGrid(a.rs, a.ks, a.probes, batch=a.batch)
         rows = coverage.coverage_curve(
-            labels, paths, ref.n_vocab, rs=a.rs, ks=a.ks, probes=a.probes, sizes=sizes, batch=a.batch,
-            centroids=centroids, always_active=decoder.adapter.always_active_ids(),
+            labels, paths, ref.n_vocab, grid, sizes=sizes, centroids=centroids,
+            always_active=decoder.adapter.always_active_ids(),
         )  # fmt: skip
         for row in rows:
             row["paths"] = "both"
@@ -123,9 +125,8 @@ def main() -> None:
                 break
             alone = coverage.load_labels(fs, max(a.ks))
             part = coverage.coverage_curve(
-                alone, paths, ref.n_vocab, rs=[r0], ks=a.ks, probes=a.probes,
-                sizes=[alone.dumped_sentences], batch=a.batch, centroids={r0: centroids[r0]},
-                always_active=decoder.adapter.always_active_ids(),
+                alone, paths, ref.n_vocab, replace(grid, rs=[r0]), sizes=[alone.dumped_sentences],
+                centroids={r0: centroids[r0]}, always_active=decoder.adapter.always_active_ids(),
             )  # fmt: skip
             for row in part:
                 row["paths"] = beam_label(b)

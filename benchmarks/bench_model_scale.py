@@ -362,15 +362,15 @@ def zipf_pool(n: int, zipf: float, seed: int) -> np.ndarray:
 def hidden_states(adapter, projection, count: int, args) -> np.ndarray:
     """``count`` decoder states of the model's greedy decoding of random lines (the synthetic centroids)."""
     from fastvocab.decoding.search import decode
+    from fastvocab.decoding.settings import SearchSettings
 
     steps = 16
     lines = random_lines(max(1, math.ceil(count / steps)), args.src_words, seed=2)
     batch = adapter.pad(adapter.tokenize(lines, SRC, TGT))
     states: list[torch.Tensor] = []
     with torch.inference_mode():
-        decode(
-            adapter, projection, batch, SRC, TGT, max_len=steps, step_hook=lambda r: states.append(r.hidden)
-        )
+        search = SearchSettings(max_len=steps)
+        decode(adapter, projection, batch, SRC, TGT, search, step_hook=lambda r: states.append(r.hidden))
     h = torch.cat(states).float().numpy()
     return h[np.random.default_rng(3).permutation(len(h))[:count]]
 
@@ -511,7 +511,7 @@ class FixedStepsCt2(Ct2System):
 
 
 def fastvocab_run(adapter, projection, ns):
-    from fastvocab.tasks.translate import translate
+    from fastvocab.tasks.translate import SearchSettings, translate
 
     def run(lines: list[str], beam: int) -> tuple[float, int]:
         torch.set_num_threads(ns.threads)  # a ctranslate2.Translator resets the calling thread's count
@@ -521,9 +521,7 @@ def fastvocab_run(adapter, projection, ns):
             lines,
             SRC,
             TGT,
-            beam=beam,
-            batch_size=ns.batch_size,
-            max_len=ns.max_len,
+            SearchSettings(beam=beam, batch_size=ns.batch_size, max_len=ns.max_len),
             progress=False,
             workers=None if ns.parallel == "workers" else 1,
         )

@@ -178,7 +178,7 @@ def fastvocab_system(adapter, projection, args) -> Callable[[list[str], int], tu
     inactive-mass estimate depends on the beam, as in ``fastvocab translate``). The returned function's
     ``projection_seconds[0]`` holds the seconds its last call spent in projection steps (summed over the
     workers)."""
-    from fastvocab.tasks.translate import translate
+    from fastvocab.tasks.translate import SearchSettings, translate
 
     spent = [0.0]
 
@@ -194,12 +194,14 @@ def fastvocab_system(adapter, projection, args) -> Callable[[list[str], int], tu
             lines,
             args.src_lang,
             args.tgt_lang,
-            beam=beam,
-            batch_size=args.batch_size,
-            max_len=args.max_len,
+            SearchSettings(
+                beam=beam,
+                batch_size=args.batch_size,
+                max_len=args.max_len,
+                early_stopping=args.early_stopping,
+            ),
             progress=False,
             workers=None if args.parallel == "workers" else 1,
-            early_stopping=args.early_stopping,
         )
         spent[0] = proj.step_seconds
         if hasattr(proj, "reset_counters"):  # clustered: the columns and skipped rows of this call

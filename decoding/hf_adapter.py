@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from fastvocab.artifacts_schema.fingerprint import projection_fingerprint
+from fastvocab.decoding.fingerprint_cache import cached_fingerprint, remember_fingerprint
 from fastvocab.decoding.piece_table import PieceTable
 
 if TYPE_CHECKING:
@@ -326,7 +327,7 @@ class Seq2SeqAdapter:
         # only a model read as its folder holds it is the folder's: an adapter built around a model in memory
         # may have changed its weights
         if self._fingerprint is None and self.from_folder:
-            self._fingerprint = _cached_fingerprint(Path(self.path))
+            self._fingerprint = cached_fingerprint(Path(self.path))
         if self._fingerprint is None:
             if self.dtype != torch.float32 and Path(self.path).is_dir():
                 log.debug("fingerprint of %s: reading W in float32 (loaded in %s)", self.path, self.dtype)
@@ -335,7 +336,7 @@ class Seq2SeqAdapter:
                 b = None if self.output_bias is None else self.output_bias.float().cpu().numpy()
                 self._fingerprint = projection_fingerprint(self.output_weight.float().cpu().numpy(), b)
             if self.from_folder:
-                _remember_fingerprint(Path(self.path), self._fingerprint)
+                remember_fingerprint(Path(self.path), self._fingerprint)
         return self._fingerprint
 
     # ------------------------------------------------------------------ languages
@@ -613,74 +614,6 @@ class Seq2SeqAdapter:
             attention_mask=batch["attention_mask"].to(self.device),
             decoder_input_ids=decoder_input_ids.to(self.device),
         ).logits
-
-
-def fingerprint_cache() -> Path:
-    """Where model fingerprints are remembered: ``$FASTVOCAB_CACHE_DIR``, else ``$XDG_CACHE_HOME/fastvocab``,
-    else ``~/.cache/fastvocab``."""
-    import os
-
-    root = os.environ.get("FASTVOCAB_CACHE_DIR")
-    if root:
-        return Path(root) / "fingerprints.json"
-    xdg = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(xdg) / "fastvocab" / "fingerprints.json"
-
-
-def _files_key(folder: Path) -> str | None:
-    """The model folder's weight and config files by name, size and mtime: a fingerprint remembered under
-    this key is the folder's until one of them changes."""
-    try:
-        files = sorted(
-            f
-            for f in folder.resolve().iterdir()
-            if f.suffix in (".safetensors", ".bin", ".json") and f.is_file()
-        )
-        stats = [(f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in files]
-    except OSError:
-        return None
-    return (
-        f"{folder.resolve()}|" + ";".join(f"{n}:{size}:{mtime}" for n, size, mtime in stats)
-        if stats
-        else None
-    )
-
-
-def _read_fingerprints() -> dict[str, str]:
-    import json
-
-    try:
-        found = json.loads(fingerprint_cache().read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    return found if isinstance(found, dict) else {}
-
-
-def _cached_fingerprint(folder: Path) -> str | None:
-    # hashing W is a full read of the output layer each run (a tenth of a second on the demo model, more
-    # on larger ones), and a one-line translate needs the fingerprint only to name its parts
-    key = _files_key(folder)
-    return _read_fingerprints().get(key) if key else None
-
-
-def _remember_fingerprint(folder: Path, fingerprint: str) -> None:
-    """Keep ``fingerprint`` for the folder's files as they are now (best effort: a read-only home is fine)."""
-    import json
-
-    from fastvocab.artifacts_schema.atomic import atomic_path
-
-    key = _files_key(folder)
-    if key is None:
-        return
-    known = {k: v for k, v in _read_fingerprints().items() if not k.startswith(f"{folder.resolve()}|")}
-    known[key] = fingerprint
-    try:
-        path = fingerprint_cache()
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with atomic_path(path) as tmp:
-            tmp.write_text(json.dumps(dict(list(known.items())[-200:]), indent=1), encoding="utf-8")
-    except OSError as exc:
-        log.debug("fingerprint of %s not remembered: %s", folder, exc)
 
 
 def _special_tokens(tok) -> list[str]:

@@ -40,6 +40,7 @@ from dataclasses import dataclass
 import torch
 
 from fastvocab.decoding.rowwise import argmax_rows, topk_rows
+from fastvocab.decoding.settings import DEFAULT_SEARCH, SearchSettings
 from fastvocab.decoding.steppers import CapturedStepper, EagerStepper, Stepper, capturable_step
 from fastvocab.kernels.base import CapturableStep, Projection, ProjectionOutput
 
@@ -219,7 +220,7 @@ def greedy_search(
     batch: dict,
     src_lang: str,
     tgt_lang: str,
-    max_len: int = 128,
+    max_len: int = SearchSettings.max_len,
     step_hook: StepHook | None = None,
     stepper: Stepper | None = None,
 ) -> list[list[int]]:
@@ -449,23 +450,23 @@ def beam_search(
     batch: dict,
     src_lang: str,
     tgt_lang: str,
-    beam: int = 4,
-    max_len: int = 128,
-    length_penalty: float = 1.0,
+    search: SearchSettings = DEFAULT_SEARCH,
+    *,
     step_hook: StepHook | None = None,
-    early_stopping: bool | str = False,
     stepper: Stepper | None = None,
 ) -> list[list[int]]:
-    """Batched beam search; returns the best hypothesis per sentence (prefix and EOS excluded).
+    """Batched beam search with ``search``'s ``beam``, ``max_len``, ``length_penalty`` and
+    ``early_stopping``; returns the best hypothesis per sentence (prefix and EOS excluded).
 
-    ``early_stopping`` as in ``generate`` (:func:`decode` passes the model's generation config): ``True``
-    ends a sentence as soon as ``beam`` hypotheses are finished (set in the M2M100/NLLB checkpoints'
-    generation configs); ``False`` (the default) is the heuristic described in the module docstring;
-    ``"never"`` is that heuristic with the best live beam normalised at the maximum length when
-    ``length_penalty > 0`` (canonical beam search). ``stepper`` as in :func:`greedy_search`: with fixed
-    shapes, done sentences stay in the batch (their finished hypotheses frozen) until all are done.
+    ``early_stopping`` as in ``generate``: ``True`` ends a sentence as soon as ``beam`` hypotheses are
+    finished (set in the M2M100/NLLB checkpoints' generation configs); ``False`` is the heuristic described
+    in the module docstring; ``"never"`` is that heuristic with the best live beam normalised at the maximum
+    length when ``length_penalty > 0`` (canonical beam search); None: the model's generation config's rule
+    (``adapter.early_stopping``), as ``generate`` reads it. ``stepper`` as in :func:`greedy_search`: with
+    fixed shapes, done sentences stay in the batch (their finished hypotheses frozen) until all are done.
     """
-    check_stopping_rule(early_stopping)
+    beam, max_len, length_penalty = search.beam, search.max_len, search.length_penalty
+    early_stopping = stopping_rule(adapter, search.early_stopping)
     _check(adapter, src_lang, tgt_lang, max_len)
     if beam < 1:
         raise ValueError(f"beam must be >= 1, got {beam}")
@@ -556,10 +557,7 @@ def beam_search(
         choose(h, last, final=True, first=last == 0 and first_step and forced_eos is None)
     fallback = _overflowed(captured, "beam")
     if fallback is not None:
-        return beam_search(
-            adapter, fallback, batch, src_lang, tgt_lang, beam=beam, max_len=max_len,
-            length_penalty=length_penalty, early_stopping=early_stopping,
-        )  # fmt: skip
+        return beam_search(adapter, fallback, batch, src_lang, tgt_lang, search)
     collect()
     return results
 
@@ -570,37 +568,27 @@ def decode(
     batch: dict,
     src_lang: str,
     tgt_lang: str,
+    search: SearchSettings = DEFAULT_SEARCH,
     *,
-    beam: int = 1,
-    max_len: int = 128,
-    length_penalty: float = 1.0,
     step_hook: StepHook | None = None,
-    early_stopping: bool | str | None = None,
     graphs: bool = False,
 ) -> list[list[int]]:
-    """Greedy search for ``beam == 1``, else beam search (translation, the dump and the benchmarks).
+    """Greedy search for ``search.beam == 1``, else beam search (translation, the dump and the benchmarks),
+    with ``search``'s ``beam``, ``max_len``, ``length_penalty`` and ``early_stopping`` (a batch is given, and
+    whether its steps are captured: its other fields are the caller's).
 
-    ``early_stopping``: beam search's stopping rule (:func:`beam_search`); None takes the model's generation
-    config (``adapter.early_stopping``), as ``generate`` does. ``graphs``: the captured stepper (the whole
-    step in CUDA graphs on CUDA, eagerly elsewhere; the same outputs; it needs the static engine and a
-    projection with a capturable step, and takes no ``step_hook``), else the eager one.
+    ``search.early_stopping``: beam search's stopping rule (:func:`beam_search`); None takes the model's
+    generation config (``adapter.early_stopping``), as ``generate`` does. ``graphs``: the captured stepper
+    (the whole step in CUDA graphs on CUDA, eagerly elsewhere; the same outputs; it needs the static engine
+    and a projection with a capturable step, and takes no ``step_hook``), else the eager one
+    (``translate`` chooses it from ``search.graphs``: :func:`~fastvocab.decoding.steppers.use_graphs`).
     """
     stepper: Stepper = CapturedStepper(adapter) if graphs else EagerStepper(adapter)
-    if beam == 1:
+    if search.beam == 1:
         return greedy_search(
-            adapter, projection, batch, src_lang, tgt_lang, max_len=max_len, step_hook=step_hook,
+            adapter, projection, batch, src_lang, tgt_lang, max_len=search.max_len, step_hook=step_hook,
             stepper=stepper,
         )  # fmt: skip
     return beam_search(
-        adapter,
-        projection,
-        batch,
-        src_lang,
-        tgt_lang,
-        beam=beam,
-        max_len=max_len,
-        length_penalty=length_penalty,
-        step_hook=step_hook,
-        early_stopping=stopping_rule(adapter, early_stopping),
-        stepper=stepper,
+        adapter, projection, batch, src_lang, tgt_lang, search, step_hook=step_hook, stepper=stepper
     )

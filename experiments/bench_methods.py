@@ -54,6 +54,7 @@ from fastvocab.artifacts_schema.method_index import (
     load_method_index,
 )
 from fastvocab.decoding.hf_adapter import Seq2SeqAdapter
+from fastvocab.decoding.settings import SearchSettings
 from fastvocab.experiments.fidelity import Reference, Scorer, decode_all, decode_passes
 from fastvocab.kernels.base import Projection, ProjectionOutput
 from fastvocab.tasks.methods import INDEXED_METHODS
@@ -142,11 +143,11 @@ class BenchSettings:
     grid: str = "quick"
     methods: tuple[str, ...] = METHODS
     beams: tuple[int, ...] = (1, 4)
-    batch_size: int = 32
+    batch_size: int = SearchSettings.batch_size
     sentences: int | None = None  # first N of the split; None: the grid's default; 0: all
     split: str = "test"
-    max_len: int = 128
-    length_penalty: float = 1.0
+    max_len: int = SearchSettings.max_len
+    length_penalty: float = SearchSettings.length_penalty
     repeats: int = 1
     warmup: int = 8  # sentences each method decodes alone first (warm-up, and the memory measurement)
     points: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # overrides GRIDS[grid]

@@ -56,8 +56,9 @@ def greedy_path(
     step's state in float32: the dump stores float16, whose rounding can move a state across a near-tie
     between two centroids, and the decoder assigns the float32 state."""
     from fastvocab.decoding.search import decode
+    from fastvocab.decoding.settings import SearchSettings
 
-    adapter = decoder.adapter
+    adapter, search = decoder.adapter, SearchSettings(max_len=decoder.max_len)
     hidden: list[torch.Tensor] = []
     best: list[torch.Tensor] = []
     sentence: list[torch.Tensor] = []
@@ -70,7 +71,7 @@ def greedy_path(
 
         texts = list(sources[lo : lo + batch])
         enc = adapter.encode_texts(texts, src, tgt)
-        decode(adapter, decoder.projection, enc, src, tgt, max_len=decoder.max_len, step_hook=hook)
+        decode(adapter, decoder.projection, enc, src, tgt, search, step_hook=hook)
     if not hidden:
         return GreedyPath(torch.zeros((0, decoder.d)), torch.zeros(0, dtype=torch.long), torch.zeros(0), 0)
     h, b, s = torch.cat(hidden), torch.cat(best).long(), torch.cat(sentence).long()
@@ -283,23 +284,35 @@ def doubling_sizes(total: int, first: int = 1500) -> list[int]:
     return [*sizes, total]
 
 
+@dataclass(frozen=True)
+class CoverageGrid:
+    """The points measured: every r (clusters), K (top-K ids a state adds to its set) and probes (nearest
+    clusters a row reads); ``batch``: the consecutive sentences whose union a step computes; ``seed``: the
+    k-means seed of centroids trained here."""
+
+    rs: Sequence[int]
+    ks: Sequence[int]
+    probes: Sequence[int]
+    batch: int = 32
+    seed: int = 1234
+
+
 def coverage_curve(
     labels: DumpLabels,
     path: GreedyPath | dict[str, GreedyPath],
     n_vocab: int,
+    grid: CoverageGrid,
     *,
-    rs: Sequence[int],
-    ks: Sequence[int],
-    probes: Sequence[int],
     sizes: Sequence[int],
-    batch: int = 32,
-    seed: int = 1234,
     centroids: dict[int, np.ndarray] | None = None,
     always_active: Sequence[int] = (),
 ) -> list[dict[str, float | int]]:
-    """Every (r, sentences, K, probes) point's greedy fidelity and columns (:func:`path_coverage`), on one
-    path or on several named ones (rows then carry ``split``: the states are assigned once for all);
-    ``always_active``: the model's ids every set gets at decode time (``adapter.always_active_ids()``)."""
+    """Every (r, sentences, K, probes) point of ``grid``'s greedy fidelity and columns
+    (:func:`path_coverage`), on one path or on several named ones (rows then carry ``split``: the states are
+    assigned once for all); ``sizes``: the dumped sentences the sets are built from; ``centroids``: by r,
+    else trained here; ``always_active``: the model's ids every set gets at decode time
+    (``adapter.always_active_ids()``)."""
+    rs, ks, probes, batch, seed = grid.rs, grid.ks, grid.probes, grid.batch, grid.seed
     paths = path if isinstance(path, dict) else {"": path}
     rows: list[dict[str, float | int]] = []
     for r in rs:
@@ -368,18 +381,15 @@ def tune_by_coverage(
     dev: Sequence[str],
     test: Sequence[str],
     direction: str,
+    grid: CoverageGrid,
     *,
     budget: float,
-    rs: Sequence[int],
-    ks: Sequence[int],
-    probes: Sequence[int],
-    batch: int = 32,
-    seed: int = 1234,
     first: int = 1500,
 ) -> dict:
-    """``fastvocab tune --by coverage``: every (r, K, probes) point's predicted greedy differences on
-    ``dev`` (and the data-scale curve), the cheapest point within ``budget``, its prediction on ``test``,
-    and, for every point not within it, how many dumped sentences its curve says it needs."""
+    """``fastvocab tune --by coverage``: every (r, K, probes) point of ``grid``'s predicted greedy
+    differences on ``dev`` (and the data-scale curve), the cheapest point within ``budget``, its prediction
+    on ``test``, and, for every point not within it, how many dumped sentences its curve says it needs."""
+    rs, ks, probes, batch, seed = grid.rs, grid.ks, grid.probes, grid.batch, grid.seed
     src, _, tgt = direction.partition("-")
     dev_path = greedy_path(decoder, dev, src, tgt)
     labels = load_labels(files, max(ks))
@@ -387,9 +397,8 @@ def tune_by_coverage(
     centroids = {r: train_centroids(labels.files, r, seed) for r in rs}
     aa = decoder.adapter.always_active_ids()
     rows = coverage_curve(
-        labels, dev_path, decoder.n_vocab, rs=rs, ks=ks, probes=probes, sizes=sizes, batch=batch,
-        centroids=centroids, always_active=aa,
-    )  # fmt: skip
+        labels, dev_path, decoder.n_vocab, grid, sizes=sizes, centroids=centroids, always_active=aa
+    )
     full = labels.dumped_sentences
     chosen = choose(rows, budget, full)
     need = {

@@ -52,10 +52,11 @@ from fastvocab.artifacts_schema.hidden_states import (
     validate_direction,
 )
 from fastvocab.decoding.hf_adapter import Seq2SeqAdapter
+from fastvocab.decoding.settings import SearchSettings
 from fastvocab.experiments.bench_methods import BenchSettings, Metered, measure_beam, run_bench
 from fastvocab.experiments.fidelity import Scorer
 from fastvocab.tasks.kmeans import train_kmeans
-from fastvocab.tasks.maps import ActiveSetCounter, assign, centroid_sq_norms, make_cluster_map
+from fastvocab.tasks.maps import ActiveSetCounter, MapParams, assign, centroid_sq_norms, make_cluster_map
 from fastvocab.tasks.projections import make_projection
 
 log = logging.getLogger(__name__)
@@ -76,8 +77,8 @@ class PaperSettings:
     sentences: int = 0  # first N sentences of the test split (0: all)
     set2_sentences: int = 0  # first N of the dev split (0: all)
     inactive_mass: str = "none"  # the paper's: softmax over the active columns only
-    max_len: int = 128
-    length_penalty: float = 1.0
+    max_len: int = SearchSettings.max_len
+    length_penalty: float = SearchSettings.length_penalty
     repeats: int = 1  # timed passes per setting, median reported
     fig_direction: str = "it-en"  # Figures 2-4 (the paper's ItEn)
     fig2_pool: tuple[str, ...] = (
@@ -566,10 +567,9 @@ def figure3_and_4(
             cmap = make_cluster_map(
                 centroids,
                 counter,
+                MapParams(scope="direction", k=k),
                 model_fingerprint=adapter.fingerprint,
                 name=settings.fig_direction,
-                scope="direction",
-                k=k,
                 niter=settings.niter,
                 seed=settings.seed,
             )
@@ -616,25 +616,37 @@ def figure3_and_4(
 # ------------------------------------------------------------------------------------------------ the run
 
 
+@dataclass(frozen=True)
+class PaperData:
+    """Where ``experiment paper`` reads and keeps its data.
+
+    ``corpus``: the test and dev splits decoded; ``maps``: the maps of Tables 2-5; ``states_roots`` are
+    searched in order for a direction's stored states (the pipeline's ``states`` folder first); a direction
+    found in none is dumped into ``cache`` (which is searched too), its sources read from ``pool_corpus``
+    (None: ``corpus``): a pair split or a monolingual file."""
+
+    corpus: str | Path
+    maps: str | Path
+    states_roots: Sequence[Path]
+    cache: Path
+    pool_corpus: str | Path | None = None
+
+
 def run_paper(
     adapter: Seq2SeqAdapter,
-    corpus: str | Path,
-    maps: str | Path,
-    states_roots: Sequence[Path],
-    cache: Path,
+    data: PaperData,
     settings: PaperSettings,
     parts: Sequence[str] = PARTS,
     model_path: str | Path | None = None,
     device: str = "cpu",
-    pool_corpus: str | Path | None = None,
     note: Note = _quiet,
 ) -> PaperResult:
-    """Every part of ``parts``: Tables 2-5 from decoding runs, Figures 2-4 from re-clustered states.
-
-    ``states_roots`` are searched in order for a direction's stored states (the pipeline's ``states``
-    folder first); a direction found in none is dumped into ``cache`` (which is searched too), its sources
-    read from ``pool_corpus`` (default ``corpus``): a pair split or a monolingual file.
+    """Every part of ``parts``: Tables 2-5 from decoding runs, Figures 2-4 from re-clustered states, from
+    ``data`` (:class:`PaperData`); a direction without stored states is dumped with the model at
+    ``model_path`` on ``device``.
     """
+    corpus, maps, cache, pool_corpus = data.corpus, data.maps, data.cache, data.pool_corpus
+    states_roots = data.states_roots
     bad = [p for p in parts if p not in PARTS]
     if bad:
         raise ValueError(f"unknown parts {bad}; valid: {', '.join(PARTS)}")

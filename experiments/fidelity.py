@@ -50,6 +50,7 @@ from fastvocab.artifacts_schema.provenance import git_commit
 from fastvocab.decoding.hf_adapter import Seq2SeqAdapter
 from fastvocab.decoding.scoring import sequence_scores
 from fastvocab.decoding.search import ProjectionLike, decode
+from fastvocab.decoding.settings import SearchSettings
 from fastvocab.kernels.base import Projection
 from fastvocab.tasks.evaluate import score
 from fastvocab.tasks.projections import clustered_options, exact_k_for, make_projection
@@ -102,8 +103,8 @@ class FidelitySettings:
     probes: int | None = None  # union selection: each row adds its nearest clusters' sets (None: the map's)
     sentences: int = 50  # first N sentences of the split (0 = all)
     split: str = "test"
-    max_len: int = 128
-    length_penalty: float = 1.0
+    max_len: int = SearchSettings.max_len
+    length_penalty: float = SearchSettings.length_penalty
     repeats: int = 1  # timed passes per method (median reported)
 
     def __post_init__(self) -> None:
@@ -178,6 +179,7 @@ def decode_all(
     methods alike). Returns per method: outputs (token ids, prefix and EOS excluded) in input order, wall
     seconds and process CPU seconds of decoding (padding included, tokenization excluded)."""
     order = sorted(range(len(seqs)), key=lambda j: -len(seqs[j]))  # as tasks.translate: longest first
+    search = SearchSettings(beam=beam, max_len=max_len, length_penalty=length_penalty)
     outs: dict[str, list[list[int]]] = {name: [[] for _ in seqs] for name in projs}
     wall = dict.fromkeys(projs, 0.0)
     cpu = dict.fromkeys(projs, 0.0)
@@ -187,9 +189,7 @@ def decode_all(
             for name, proj in projs.items():
                 t0, c0 = time.perf_counter(), time.process_time()
                 batch = adapter.pad([seqs[j] for j in chunk])
-                res = decode(
-                    adapter, proj, batch, src, tgt, beam=beam, max_len=max_len, length_penalty=length_penalty
-                )
+                res = decode(adapter, proj, batch, src, tgt, search)
                 wall[name] += time.perf_counter() - t0
                 cpu[name] += time.process_time() - c0
                 for j, r in zip(chunk, res, strict=True):
@@ -333,20 +333,19 @@ class Reference:
 
 
 def measure_setting(
-    adapter: Seq2SeqAdapter,
-    full: Projection,
+    scorer: Scorer,
     cmap: ClusterMap,
-    seqs: Sequence[list[int]],
     refs: Sequence[str],
     src: str,
-    tgt: str,
     beam: int,
     batch_size: int,
     settings: FidelitySettings,
-    scorer: Scorer,
     shortlist: str | Path | None = None,
 ) -> list[dict[str, Any]]:
-    """One row per method of ``settings`` at this beam and batch size (see the module's docstring)."""
+    """One row per method of ``settings`` at this beam and batch size (see the module's docstring), on the
+    sentences ``scorer`` scores: its model, full projection, tokenized sources and target language are
+    the ones measured, from ``src``; ``refs``: their references."""
+    adapter, full, seqs, tgt = scorer.adapter, scorer.full, scorer.seqs, scorer.tgt
     projs: dict[str, Projection] = {}
     for m in settings.methods:
         if method_base(m) in MASS_METHODS and beam == 1:
@@ -409,9 +408,8 @@ def run_fidelity(
             for batch_size in settings.batches:
                 scorer = Scorer(adapter, full, seqs, tgt, settings.max_len, settings.length_penalty)
                 rows = measure_setting(
-                    adapter, full, cmap, seqs, refs, src, tgt, beam, batch_size, settings, scorer,
-                    (shortlists or {}).get(direction),
-                )  # fmt: skip
+                    scorer, cmap, refs, src, beam, batch_size, settings, (shortlists or {}).get(direction)
+                )
                 for row in rows:
                     row["map"] = covers
                     if on_row is not None:
@@ -441,25 +439,23 @@ TABLE_HEADER = (
 
 def fidelity_record(
     results: list[dict[str, Any]],
+    machine: dict[str, Any],
     *,
     command: str,
-    adapter: Seq2SeqAdapter,
     settings: FidelitySettings,
     model: str,
     maps: str,
     directions: Sequence[str],
-    device: str,
-    threads: int,
     seconds: float,
-    load_before: Sequence[float],
     extra_meta: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The JSON record of a yardstick run: command, meta (device, model, settings, load) and results."""
+    """The JSON record of a yardstick run: command, meta (``machine``: :func:`run_meta`'s when, where and
+    which model; the settings, the load) and results."""
     return {
         "benchmark": "fidelity",
         "command": command,
         "meta": {
-            **run_meta(adapter, device, load_before, threads=threads),
+            **machine,
             "fastvocab_version": __version__,
             "model": model,
             "maps": maps,

@@ -41,6 +41,7 @@ from fastvocab.artifacts_schema.cluster_map import ClusterMap
 from fastvocab.artifacts_schema.corpus import read_direction
 from fastvocab.artifacts_schema.hidden_states import read_shard_meta, shard_rows
 from fastvocab.decoding.hf_adapter import Seq2SeqAdapter
+from fastvocab.decoding.settings import SearchSettings
 from fastvocab.experiments.fidelity import Reference, Scorer, decode_passes
 from fastvocab.kernels.base import Projection
 from fastvocab.kernels.clustered_parts import SELECTIONS
@@ -52,6 +53,7 @@ from fastvocab.tasks.maps import (
     count_shards_by_k,
     make_cluster_map,
 )
+from fastvocab.tasks.method_settings import MethodSettings
 from fastvocab.tasks.projections import clustered_options, make_projection
 
 
@@ -128,8 +130,8 @@ class TuneSettings:
     """What one tuning run searches and how it measures."""
 
     budget: float = 0.01  # largest search error rate allowed on the dev split (a share of sentences)
-    beam: int = 1
-    batch_size: int = 32
+    beam: int = SearchSettings.beam
+    batch_size: int = SearchSettings.batch_size
     grid: str = "quick"
     rs: tuple[int, ...] | None = None  # None: the grid's
     ks: tuple[int, ...] | None = None
@@ -139,9 +141,10 @@ class TuneSettings:
     eta: int = 3  # keep the fastest 1/eta of the candidates within reach of the budget at each rung
     rank_by: str = "wall"  # wall | cpu: the speed ratio the choice maximises
     test_sentences: int | None = None  # test sentences for the check (default: the last rung's count)
-    max_len: int = 128
-    length_penalty: float = 1.0
-    inactive_mass: str = "auto"  # as translate.inactive_mass (auto: none greedy, normaliser beam search)
+    max_len: int = SearchSettings.max_len
+    length_penalty: float = SearchSettings.length_penalty
+    # as translate.inactive_mass (auto: none greedy, normaliser beam search)
+    inactive_mass: str = MethodSettings.inactive_mass
     repeats: int = 1  # timed passes per rung (median)
     probes: tuple[int, ...] = (1,)  # nearest clusters a row reads: an axis of the grid
     shortlist: str | None = None  # a shortlist table whose candidates join every candidate's sets (union)
@@ -254,13 +257,11 @@ def build_candidate_maps(
             cmap = make_cluster_map(
                 centroids,
                 counters[k],
+                MapParams(scope="direction", k=k, min_count=mc),
                 model_fingerprint=adapter.fingerprint,
                 name=direction,
-                scope="direction",
-                k=k,
                 niter=p.niter,
                 seed=p.seed,
-                min_count=mc,
                 extra={"directions": [direction], "stored_states": counters[k].states, "tuned": True},
             )
             if mass == "normaliser":

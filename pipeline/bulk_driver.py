@@ -31,6 +31,7 @@ from typing import Any
 
 from fastvocab.artifacts_schema.bulk_parts import (
     MANIFEST,
+    PART_LINES,
     assemble,
     part_counts,
     part_file,
@@ -39,13 +40,15 @@ from fastvocab.artifacts_schema.bulk_parts import (
     write_manifest,
 )
 from fastvocab.artifacts_schema.lock import WorkDirBusy, WorkDirLock
+from fastvocab.decoding.settings import SearchSettings
 from fastvocab.pipeline.errors import UserError
 from fastvocab.pipeline.tracking import StageRecord
 from fastvocab.pipeline.wording import plural
 from fastvocab.tasks.bulk import (
     CUT_LINES_SHOWN,
-    PART_LINES,
+    BulkInput,
     BulkJob,
+    BulkRange,
     BulkWorker,
     InputError,
     describe_input,
@@ -53,7 +56,6 @@ from fastvocab.tasks.bulk import (
     part_statuses,
     plan_input,
 )
-from fastvocab.tasks.translate import SearchSettings
 
 log = logging.getLogger(__name__)
 
@@ -430,22 +432,8 @@ def _run(request, inp, layout, parts, output, t0, ray, progress, worker_cls, own
     if gone is not None:
         log.warning("%s: taking over the parts of fastvocab %s, which is gone", output, gone.describe())
     try:
-        return _translate_parts(
-            request,
-            inp,
-            layout,
-            parts,
-            output,
-            t0,
-            ray,
-            progress,
-            worker_cls,
-            job,
-            ranges,
-            result,
-            phases,
-            loaded,
-        )
+        planned = _Planned(inp, job, ranges, loaded, result, phases)
+        return _translate_parts(request, planned, layout, parts, output, t0, ray, progress, worker_cls)
     finally:
         lock.release()
         if created:  # a job stopped before its first part leaves no empty folder behind
@@ -453,10 +441,36 @@ def _run(request, inp, layout, parts, output, t0, ray, progress, worker_cls, own
                 parts.rmdir()
 
 
+@dataclass
+class _Planned:
+    """A job as :func:`_run` planned it: the input described, the job the workers take, its ranges, the model
+    and method loaded in this process (None when they decode on Ray), the result filled in as parts end,
+    and the seconds of each phase so far."""
+
+    inp: BulkInput
+    job: BulkJob
+    ranges: list[BulkRange]
+    loaded: tuple | None
+    result: BulkResult
+    phases: dict[str, float]
+
+
 def _translate_parts(
-    request, inp, layout, parts, output, t0, ray, progress, worker_cls, job, ranges, result, phases, loaded
+    request: BulkRequest,
+    planned: _Planned,
+    layout: str,
+    parts: Path,
+    output: Path,
+    t0: float,
+    ray,
+    progress: bool,
+    worker_cls: type,
 ) -> BulkResult:
+    """Translate the planned parts not yet done (in this process or on Ray) and assemble the output."""
     from tqdm.auto import tqdm
+
+    inp, job, ranges, loaded = planned.inp, planned.job, planned.ranges, planned.loaded
+    result, phases = planned.result, planned.phases
 
     t_check = time.perf_counter()
     # the input's and the model's description (and Ray's start, overlapped), the planning apart
@@ -519,6 +533,7 @@ def _translate_parts(
             if todo and ray is not None:
                 result.parts_retried = _on_ray(request, job, todo, on_result, ray, worker_cls, phases)
             elif todo:
+                assert loaded is not None  # described here: the model and method were loaded for it
                 worker = worker_cls(job, *loaded)
                 for r in todo:
                     shown[0] = bar.n

@@ -7,13 +7,17 @@ stages never pass untyped dicts to tasks.
 
 from __future__ import annotations
 
+from dataclasses import fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from fastvocab.artifacts_schema.bulk_parts import PART_LINES
+from fastvocab.decoding.settings import SearchSettings
 from fastvocab.pipeline.errors import UserError
+from fastvocab.tasks.method_settings import MethodSettings
 
 if TYPE_CHECKING:
     from fastvocab.kernels.graph import GraphParams
@@ -22,7 +26,6 @@ if TYPE_CHECKING:
     from fastvocab.tasks.kmeans import KMeansParams
     from fastvocab.tasks.maps import MapParams
     from fastvocab.tasks.shortlist import ShortlistParams
-    from fastvocab.tasks.translate import SearchSettings
 
 # Per-cluster active fractions are also reported at these K (Amer et al. Fig. 4).
 COMPARE_KS = (1, 3, 5)
@@ -62,28 +65,35 @@ class CorpusConfig(_Strict):
 
 
 class TranslateConfig(_Strict):
-    selection: Literal["union", "per-row"] = "union"  # clustered: rows share the union of their sets, or not
+    # the method's options (tasks.method_settings.MethodSettings, whose fields hold the defaults)
+    # clustered: rows share the union of their sets, or not
+    selection: Literal["union", "per-row"] = Field(MethodSettings.selection)
     # clustered: estimate of the mass of the columns not computed (auto: none for greedy, the measured best
     # for beam search: tasks/projections.py BEAM_INACTIVE_MASS, SHORTLIST_BEAM_INACTIVE_MASS with a shortlist)
-    inactive_mass: Literal["auto", "none", "centroid", "moments", "normaliser"] = "auto"
-    exact: bool = False  # clustered: rows without an exactness certificate get the full projection
+    inactive_mass: Literal["auto", "none", "centroid", "moments", "normaliser"] = Field(
+        MethodSettings.inactive_mass
+    )
+    # clustered: rows without an exactness certificate get the full projection
+    exact: bool = MethodSettings.exact
     # clustered, union selection: each row adds the sets of its `probes` nearest clusters (1: the nearest);
     # null: the map's own (maps.probes, recorded in it)
-    probes: int | None = Field(None, ge=1)
+    probes: int | None = Field(MethodSettings.probes, ge=1)
     # clustered, union selection: a folder of lexical shortlist tables (<DIR>/shortlist/<src>-<tgt>, as the
     # methods stage and maps shipped beside a model lay them out); the candidates of each batch's sentences
     # join every clustered method's sets (null: none)
     shortlist: Path | None = None
-    beam: int = Field(1, ge=1)
-    batch_size: int = Field(32, ge=1)
-    max_len: int = Field(128, ge=1)  # max target tokens per sentence
-    max_input_tokens: int = Field(256, ge=1)  # longer source lines are an error, not silently cut
-    length_penalty: float = 1.0
+    # the search (decoding.settings.SearchSettings, whose fields hold the defaults)
+    beam: int = Field(SearchSettings.beam, ge=1)
+    batch_size: int = Field(SearchSettings.batch_size, ge=1)
+    max_len: int = Field(SearchSettings.max_len, ge=1)  # max target tokens per sentence
+    # longer source lines are an error, not silently cut
+    max_input_tokens: int = Field(SearchSettings.max_input_tokens, ge=1)
+    length_penalty: float = SearchSettings.length_penalty
     # beam search's stopping rule (true, false, never), as generate's early_stopping; null: the model's own
-    early_stopping: bool | Literal["never"] | None = None
+    early_stopping: bool | Literal["never"] | None = Field(SearchSettings.early_stopping)
     # the whole decoding step in CUDA graphs (decoding.steppers.use_graphs): on, off, or auto (captured on
     # CUDA where the step can be, eager otherwise)
-    graphs: Literal["auto", "on", "off"] = "auto"
+    graphs: Literal["auto", "on", "off"] = Field(SearchSettings.graphs)
     device: str = "cpu"
 
     @field_validator("device")
@@ -102,16 +112,14 @@ class TranslateConfig(_Strict):
         return self
 
     def search(self) -> SearchSettings:
-        from fastvocab.tasks.translate import SearchSettings
+        """The search fields as the settings translation takes (the fields are named alike)."""
+        return SearchSettings(**{f.name: getattr(self, f.name) for f in fields(SearchSettings)})
 
-        return SearchSettings(
-            beam=self.beam,
-            batch_size=self.batch_size,
-            max_len=self.max_len,
-            length_penalty=self.length_penalty,
-            max_input_tokens=self.max_input_tokens,
-            early_stopping=self.early_stopping,
-            graphs=self.graphs,
+    def method(self) -> MethodSettings:
+        """The clustered method's options as ``tasks.projections.method_options`` takes them (the other
+        methods' options are not in the config: they decode with their defaults)."""
+        return MethodSettings(
+            selection=self.selection, inactive_mass=self.inactive_mass, exact=self.exact, probes=self.probes
         )
 
 
@@ -149,7 +157,7 @@ class DumpConfig(_Strict):
     num_workers: int = Field(2, ge=1)
     num_gpus_per_worker: float = Field(0.0, ge=0)
     shard_sentences: int = Field(500, ge=1)  # sentences per shard (the unit of work, resume and parallelism)
-    max_len: int = Field(128, ge=1)  # max target tokens decoded per sentence
+    max_len: int = Field(SearchSettings.max_len, ge=1)  # max target tokens decoded per sentence
     torch_threads: int | None = Field(None, ge=1)  # per worker; default: Ray CPUs / workers (>= 1)
 
     @field_validator("batch_size")
@@ -388,7 +396,7 @@ class BulkConfig(_Strict):
     workers: int = Field(1, ge=1)  # Ray actors; 1 without ray_address: in the driver's process
     num_cpus_per_worker: int = Field(1, ge=1)  # CPUs (torch threads) each actor reserves
     num_gpus_per_worker: float = Field(0.0, ge=0)
-    chunk_lines: int = Field(10_000, ge=1)  # lines a part (the unit of work and of resume)
+    chunk_lines: int = Field(PART_LINES, ge=1)  # lines a part (the unit of work and of resume)
     input_column: str | None = None  # Parquet text column (default: text, else source)
     id_column: str = "id"  # Parquet id column, used when present (integer or string)
 

@@ -22,10 +22,10 @@ import os
 import socket
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from fastvocab.artifacts_schema.bulk_parts import part_file, part_status, write_bulk_part
+from fastvocab.artifacts_schema.bulk_parts import PART_LINES, part_file, part_status, write_bulk_part
 from fastvocab.artifacts_schema.digest import Digest
 from fastvocab.artifacts_schema.errors import ArtifactError
 from fastvocab.artifacts_schema.fingerprint import ModelRef
@@ -40,7 +40,6 @@ log = logging.getLogger(__name__)
 # monolingual schema; ``source``: fastvocab translate's own default before the bulk path existed).
 DEFAULT_TEXT_COLUMNS = ("text", "source")
 DEFAULT_ID_COLUMN = "id"
-PART_LINES = 10_000  # lines a part: the unit of work, of resume, and of the progress kept after a kill
 DTYPES = ("float32", "float16", "bfloat16", "int8")
 CUT_LINES_SHOWN = 5  # line numbers of outputs cut at max_len that a warning names
 
@@ -406,7 +405,7 @@ class BulkWorker:
                 texts,
                 job.src_lang,
                 job.tgt_lang,
-                **asdict(job.search),
+                job.search,
                 progress=False,
                 on_lines=on_lines,
             )

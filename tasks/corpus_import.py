@@ -7,6 +7,7 @@ from __future__ import annotations
 import array
 import hashlib
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -115,28 +116,37 @@ def iter_parallel_parquet(
         raise CorpusError(f"{path}: no rows")
 
 
+@dataclass(frozen=True)
+class ParallelFile:
+    """A user's parallel file: ``fmt`` "tsv" (source, target and optional document columns, tab-separated)
+    or "parquet" (its ``src_col`` and ``tgt_col``, both required, and optional ``doc_col``)."""
+
+    path: str | Path
+    fmt: str
+    src_col: str | None = None
+    tgt_col: str | None = None
+    doc_col: str | None = None
+
+
 def import_parallel(
     out_dir: str | Path,
-    path: str | Path,
+    parallel: ParallelFile,
     src_lang: str,
     tgt_lang: str,
     *,
-    fmt: str,
-    src_col: str | None = None,
-    tgt_col: str | None = None,
-    doc_col: str | None = None,
     pivot: str = "en",
     dev_size: int = 1000,
     test_size: int = 1000,
     seed: int = 0,
     force: bool = False,
 ) -> PairResult:
-    """Import a user's parallel file (``fmt`` "tsv" or "parquet") as one pair, split like the Debian pairs.
+    """Import a user's parallel file (``parallel``) as one pair, split like the Debian pairs.
 
     The pair is stored pivot first (``--src-lang it --tgt-lang en`` lands in ``en-it`` with the columns
     swapped); readers swap back for the it -> en direction.
     """
-    out_dir, path = Path(out_dir), Path(path)
+    out_dir, path = Path(out_dir), Path(parallel.path)
+    fmt, src_col, tgt_col, doc_col = parallel.fmt, parallel.src_col, parallel.tgt_col, parallel.doc_col
     src_lang, tgt_lang = check_lang(src_lang), check_lang(tgt_lang)
     if src_lang == tgt_lang:
         raise CorpusError(f"source and target language are both {src_lang!r}")

@@ -44,6 +44,7 @@ from fastvocab.artifacts_schema.hidden_states import (
     shard_table,
     write_shard,
 )
+from fastvocab.decoding.settings import SearchSettings
 from fastvocab.tasks.context import RunContext
 
 if TYPE_CHECKING:
@@ -75,7 +76,7 @@ class DumpSettings:
     """How states are decoded and recorded; part of every shard's plan."""
 
     k: int = 5  # top-K ids recorded per state
-    max_len: int = 128  # max target tokens decoded per sentence
+    max_len: int = SearchSettings.max_len  # max target tokens decoded per sentence
     batch_size: int = 32  # sentences a batch (padding changes float rounding, so it is in the plan)
     # 1: the greedy path; > 1: every live hypothesis of full-softmax beam search; REFERENCE_BEAM (0): the
     # states along each line's reference translation (teacher forcing, one batched decoder pass)
@@ -342,16 +343,8 @@ class DumpDecoder:
             self._record(rec, r.row_ids, steps, r.hidden, r.output)  # (rows,), (rows, d)
 
         batch = self.adapter.encode_texts(texts, src_lang, tgt_lang)
-        decode(
-            self.adapter,
-            self.projection,
-            batch,
-            src_lang,
-            tgt_lang,
-            beam=self.beam,
-            max_len=self.max_len,
-            step_hook=hook,
-        )
+        search = SearchSettings(beam=self.beam, max_len=self.max_len)
+        decode(self.adapter, self.projection, batch, src_lang, tgt_lang, search, step_hook=hook)
         return _device_columns(rec)
 
     def _captured(self, texts: list[str], src_lang: str, tgt_lang: str) -> dict[str, torch.Tensor]:
@@ -363,7 +356,8 @@ class DumpDecoder:
         recorder = StepRecorder(
             self.projection, len(texts), self.max_len, self.k, self.d, self.adapter.device
         )
-        tokens = decode(self.adapter, recorder, batch, src_lang, tgt_lang, max_len=self.max_len, graphs=True)
+        search = SearchSettings(max_len=self.max_len)
+        tokens = decode(self.adapter, recorder, batch, src_lang, tgt_lang, search, graphs=True)
         return recorder.live_rows(tokens)
 
     def length_order(self, spec: ShardSpec) -> list[int]:

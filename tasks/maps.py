@@ -263,26 +263,24 @@ def count_shards_by_k(
 def make_cluster_map(
     centroids: np.ndarray,
     counter: ActiveSetCounter,
+    params: MapParams,
     *,
     model_fingerprint: str,
     name: str,
-    scope: str,
-    k: int,
     niter: int,
     seed: int,
-    min_count: int = 1,
     extra: dict[str, object] | None = None,
     beam_states: dict[int, int] | None = None,
-    probes: int = 1,
 ) -> ClusterMap:
     """A validated-shape ClusterMap (+ manifest with active-fraction statistics) from centroids and counts.
 
-    ``name`` is the map's direction: ``en-it`` in direction scope, ``to-it`` in target scope.
-    ``beam_states``: the states of each beam that fed the counts (the manifest's ``beams``, ``beam_states``).
-    ``probes``: the nearest clusters each row reads when decoding is not told otherwise (the manifest's).
+    ``params``: the map's scope, its K, the least count an id needs (``min_count``) and the probes (the
+    nearest clusters each row reads when decoding is not told otherwise: the manifest's); its other fields
+    are :func:`maps_job`'s. ``name`` is the map's direction: ``en-it`` in direction scope, ``to-it`` in
+    target scope. ``niter`` and ``seed``: the k-means run that made the centroids. ``beam_states``: the
+    states of each beam that fed the counts (the manifest's ``beams``, ``beam_states``).
     """
-    if scope not in MAP_SCOPES:
-        raise ValueError(f"unknown map scope {scope!r}; valid: {', '.join(MAP_SCOPES)}")
+    scope, k, min_count, probes = params.scope, params.k, params.min_count, params.probes
     centroids = np.ascontiguousarray(centroids, dtype=np.float32)
     r, d = centroids.shape
     if counter.r != r:
@@ -437,13 +435,11 @@ def maps_job(
     cmap = make_cluster_map(
         centroids,
         counter,
+        params,
         model_fingerprint=model_fingerprint,
         name=map_name(params.scope, directions),
-        scope=params.scope,
-        k=k,
         niter=info.niter,
         seed=info.seed,
-        min_count=params.min_count,
         extra={
             "directions": sorted(directions),
             "stored_states": stored_states,
@@ -452,7 +448,6 @@ def maps_job(
             **(extra or {}),
         },
         beam_states=beam_states,
-        probes=params.probes,
     )
     adapter = run_ctx.load_adapter()
     t1 = time.perf_counter()

@@ -9,6 +9,7 @@ from pathlib import Path
 from fastvocab.decoding.hf_adapter import Seq2SeqAdapter
 from fastvocab.kernels import create_projection
 from fastvocab.kernels.base import Projection
+from fastvocab.tasks.method_settings import DEFAULT_METHOD, MethodSettings
 from fastvocab.tasks.methods import INDEXED_METHODS
 
 # What ``inactive_mass="auto"`` stands for in beam search: the estimator with the fewest search errors
@@ -75,36 +76,30 @@ def clustered_options(
 def method_options(
     method: str,
     direction: str,
+    settings: MethodSettings = DEFAULT_METHOD,
     *,
     beam: int,
     artifact: str | Path | None = None,
-    selection: str = "union",
-    inactive_mass: str = "auto",
-    exact: bool = False,
-    probes: int | None = None,
-    candidates: int | None = None,
-    bits: int | None = None,
-    ef_search: int | None = None,
-    frequent: int | None = None,
-    scope: str | None = None,
     shortlist: str | Path | None = None,
 ) -> dict[str, object]:
-    """``make_projection``'s options for ``method`` decoding ``direction`` at ``beam``.
+    """``make_projection``'s options for ``method`` decoding ``direction`` at ``beam``, from the options a
+    user chose (``settings``).
 
     ``artifact``: the clustered map's folder (required for clustered), or the folder of an indexed method's
     artifact (:data:`~fastvocab.tasks.methods.INDEXED_METHODS`; lsh and graph build theirs in memory without
-    it), found and checked by the caller; it is passed on as given. ``selection``, ``inactive_mass``,
-    ``exact`` and ``probes`` are clustered's; ``candidates`` is the indexed methods' k, ``bits`` lsh's,
-    ``ef_search`` graph's, ``frequent`` and ``scope`` the shortlist's; ``shortlist`` (clustered) a shortlist
-    table folder whose candidates join the clusters' sets. None leaves the projection's own default (or the
-    artifact's). Any other method gets no options.
+    it), found and checked by the caller; it is passed on as given. ``settings.selection``,
+    ``inactive_mass``, ``exact`` and ``probes`` are clustered's; ``candidates`` is the indexed methods' k,
+    ``bits`` lsh's, ``ef_search`` graph's, ``frequent`` and ``scope`` the shortlist's; ``shortlist``
+    (clustered) a shortlist table folder whose candidates join the clusters' sets. None leaves the
+    projection's own default (or the artifact's). Any other method gets no options.
     """
+    s = settings
     if method == "clustered":
         if artifact is None:
             raise ValueError("the clustered method needs a cluster map")
         clustered: dict[str, object] = {"cluster_map": artifact}
         clustered.update(
-            clustered_options(selection, inactive_mass, exact, beam, probes, shortlist is not None)
+            clustered_options(s.selection, s.inactive_mass, s.exact, beam, s.probes, shortlist is not None)
         )
         if shortlist is not None:
             clustered["shortlist"] = shortlist
@@ -114,16 +109,16 @@ def method_options(
     options: dict[str, object] = {}
     if artifact is not None:
         options["index"] = artifact
-    if candidates is not None:
-        options["k"] = candidates
-    if method == "lsh" and bits is not None:
-        options["bits"] = bits
-    if method == "graph" and ef_search is not None:
-        options["ef_search"] = ef_search
+    if s.candidates is not None:
+        options["k"] = s.candidates
+    if method == "lsh" and s.bits is not None:
+        options["bits"] = s.bits
+    if method == "graph" and s.ef_search is not None:
+        options["ef_search"] = s.ef_search
     if method == "shortlist":
         options["direction"] = direction  # the table is per direction: a foreign one is refused at load
-        if frequent is not None:
-            options["frequent"] = frequent
-        if scope is not None:
-            options["scope"] = scope
+        if s.frequent is not None:
+            options["frequent"] = s.frequent
+        if s.scope is not None:
+            options["scope"] = s.scope
     return options

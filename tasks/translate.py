@@ -22,40 +22,19 @@ import sys
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 import torch
 
 from fastvocab.decoding.hf_adapter import Seq2SeqAdapter
 from fastvocab.decoding.search import check_stopping_rule, decode
+from fastvocab.decoding.settings import DEFAULT_SEARCH, SearchSettings
 from fastvocab.decoding.steppers import use_graphs
 from fastvocab.kernels.base import Projection
 
 log = logging.getLogger(__name__)
 
 PARALLEL = ("auto", "processes", "threads")  # how CPU workers run (translate's ``parallel``)
-
-
-@dataclass(frozen=True)
-class SearchSettings:
-    """How sentences are decoded: search, batching and limits (``translate``'s keyword arguments)."""
-
-    beam: int = 1  # 1 = greedy
-    batch_size: int = 32
-    max_len: int = 128  # max target tokens per sentence
-    length_penalty: float = 1.0
-    max_input_tokens: int = 256  # longer source lines are an error, never cut
-    # beam search's stopping rule: True, False, "never" (decoding.search.beam_search); None: the model's
-    early_stopping: bool | str | None = None
-    # the whole decoding step in CUDA graphs: "on", "off", "auto" (decoding.steppers.use_graphs)
-    graphs: str = "auto"
-
-    def plan(self) -> dict[str, object]:
-        """What a translated chunk's or bulk part's plan records, so a rerun redoes it when it changed: every
-        field but ``graphs``, which changes how a step runs and never what it returns."""
-        fields = asdict(self)
-        del fields["graphs"]
-        return fields
 
 
 class LineTooLongError(ValueError):
@@ -99,43 +78,41 @@ def translate(
     lines: Sequence[str],
     src_lang: str,
     tgt_lang: str,
+    search: SearchSettings = DEFAULT_SEARCH,
     *,
-    beam: int = 1,
-    batch_size: int = 32,
-    max_len: int = 128,
-    length_penalty: float = 1.0,
-    max_input_tokens: int = 256,
-    early_stopping: bool | str | None = None,
     progress: bool = True,
     workers: int | None = None,
-    graphs: str = "auto",
     on_lines: Callable[[int], None] | None = None,
     parallel: str = "auto",
 ) -> TranslationResult:
     """Translate ``lines`` (one sentence each): one output per line, in input order, with counts and timing.
 
     Languages are validated first (``ValueError`` naming the valid codes); empty or whitespace-only lines map
-    to ``""`` without decoding; a line longer than ``max_input_tokens`` tokens is a ``ValueError`` naming its
-    (1-based) line number. ``beam=1`` is greedy search. ``workers``: batches decoded at once, sharing
+    to ``""`` without decoding; a line longer than ``search.max_input_tokens`` tokens is a ``ValueError``
+    naming its (1-based) line number. ``search``: how the lines are decoded (``beam=1`` is greedy search).
+    ``search.early_stopping``: beam search's stopping rule (True, False, "never"); None takes the model's
+    generation config, as ``generate`` does. ``search.graphs``: "on" decodes each batch with the captured
+    stepper (the whole step in CUDA graphs on CUDA, the same fixed-shape step eagerly on CPU; the same
+    outputs; the static engine and a projection with a capturable step required), "off" with the eager one,
+    "auto" with the captured one on CUDA where the step can be captured, else eagerly
+    (:func:`fastvocab.decoding.steppers.use_graphs`). ``workers``: batches decoded at once, sharing
     ``torch.get_num_threads()`` threads (None: :func:`decode_workers`); the outputs do not depend on it.
-    ``early_stopping``: beam search's stopping rule (True, False, "never"); None takes the model's generation
-    config, as ``generate`` does. ``graphs``: "on" decodes each batch with the captured stepper (the whole
-    step in CUDA graphs on CUDA, the same fixed-shape step eagerly on CPU; the same outputs; the static
-    engine and a projection with a capturable step required), "off" with the eager one, "auto" with the
-    captured one on CUDA where the step can be captured, else eagerly
-    (:func:`fastvocab.decoding.steppers.use_graphs`). ``on_lines(n)`` is called as each batch of ``n``
-    lines is done (a caller's own progress bar). ``parallel``: how more than one worker runs: "processes"
-    (forked copies of this process, which share its model and projection memory; what they count, the
-    projection's :meth:`~fastvocab.kernels.base.Projection.tally`, is added back to ``projection``),
-    "threads", or "auto": processes on Linux, else threads (fork is unsafe on macOS, absent on Windows).
+    ``on_lines(n)`` is called as each batch of ``n`` lines is done (a caller's own progress bar).
+    ``parallel``: how more than one worker runs: "processes" (forked copies of this process, which share its
+    model and projection memory; what they count, the projection's
+    :meth:`~fastvocab.kernels.base.Projection.tally`, is added back to ``projection``), "threads", or
+    "auto": processes on Linux, else threads (fork is unsafe on macOS, absent on Windows).
     """
-    if early_stopping is not None:
-        check_stopping_rule(early_stopping)
-    captured = use_graphs(graphs, adapter, projection)
+    if search.early_stopping is not None:
+        check_stopping_rule(search.early_stopping)
+    captured = use_graphs(search.graphs, adapter, projection)
     adapter.check_language(src_lang)
     adapter.check_language(tgt_lang)
     if parallel not in PARALLEL:
         raise ValueError(f"parallel must be one of {', '.join(PARALLEL)}, got {parallel!r}")
+    beam, batch_size, max_len, max_input_tokens = (
+        search.beam, search.batch_size, search.max_len, search.max_input_tokens,
+    )  # fmt: skip
     if beam < 1 or batch_size < 1 or max_len < 1 or max_input_tokens < 1:
         raise ValueError(
             f"beam, batch_size, max_len and max_input_tokens must be >= 1 "
@@ -168,18 +145,8 @@ def translate(
 
     def run(chunk: list[int]) -> list[list[int]]:
         with torch.inference_mode():  # thread-local: a worker thread must enter it itself
-            return decode(
-                adapter,
-                projection,
-                adapter.pad([seqs[j] for j in chunk]),
-                src_lang,
-                tgt_lang,
-                beam=beam,
-                max_len=max_len,
-                length_penalty=length_penalty,
-                early_stopping=early_stopping,
-                graphs=captured,
-            )
+            batch = adapter.pad([seqs[j] for j in chunk])
+            return decode(adapter, projection, batch, src_lang, tgt_lang, search, graphs=captured)
 
     # Tokenizer calls stay here; the workers only decode ids. map() yields in submission order. Each worker
     # takes its share of the threads once (OpenMP's thread count is per thread).

@@ -8,7 +8,7 @@ each returning a small dict of metrics for the driver to log. Tests use them dir
 from __future__ import annotations
 
 import logging
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -88,24 +88,16 @@ class TranslateWorker:
     def run(self, job: TranslateJob) -> list[dict[str, object]]:
         """Translate ``job.sources`` with each method; returns one record per method (also written)."""
         src, _, tgt = job.direction.partition("-")
-        kwargs = asdict(job.settings)
         sources = list(job.sources)
         results = []
         warm = False
         for mj in job.methods:
             projection = make_projection(self.adapter, mj.method, **mj.options)
             if not warm:
-                translate(
-                    self.adapter,
-                    projection,
-                    sources[: self.warmup_sentences],
-                    src,
-                    tgt,
-                    progress=False,
-                    **kwargs,
-                )
+                warmup = sources[: self.warmup_sentences]
+                translate(self.adapter, projection, warmup, src, tgt, job.settings, progress=False)
                 warm = True
-            res = translate(self.adapter, projection, sources, src, tgt, progress=False, **kwargs)
+            res = translate(self.adapter, projection, sources, src, tgt, job.settings, progress=False)
             out = Path(mj.out)
             write_translations(
                 out,

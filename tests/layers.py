@@ -8,6 +8,7 @@ import torch
 
 from fastvocab.artifacts_schema.cluster_map import ClusterMap, MapManifest, active_fraction_stats
 from fastvocab.artifacts_schema.fingerprint import projection_fingerprint
+from fastvocab.decoding.settings import SearchSettings
 from fastvocab.kernels import create_projection
 from fastvocab.tasks.maps import assign, build_active_sets, centroid_sq_norms
 
@@ -100,7 +101,8 @@ def decode(adapter, proj, texts, beam=1, max_len=12):
     batch = adapter.encode_texts(texts, "en", "it")
     if beam == 1:
         return greedy_search(adapter, proj, batch, "en", "it", max_len=max_len)
-    return beam_search(adapter, proj, batch, "en", "it", beam=beam, max_len=max_len)
+    settings = SearchSettings(beam=beam, max_len=max_len, early_stopping=False)
+    return beam_search(adapter, proj, batch, "en", "it", settings)
 
 
 def make(adapter, method, **options):

@@ -11,6 +11,7 @@ from conftest import synthetic_sentences
 
 from fastvocab.artifacts_schema.fingerprint import projection_fingerprint
 from fastvocab.decoding import Seq2SeqAdapter, beam_search, greedy_search
+from fastvocab.decoding.settings import SearchSettings
 from fastvocab.kernels import create_projection
 
 # MarianTokenizer recommends sacremoses for punctuation normalisation; not needed for these tests.
@@ -208,7 +209,8 @@ def test_marian_search_equals_generate(marian):
         assert all(len(s) == max_len - 1 for s in ours)  # forced EOS took the last position
         ref_b = marian.model.generate(**batch, num_beams=3, early_stopping=False, **gen_kw).tolist()
         ref_b = [[t for t in r[1:] if t not in (marian.eos_id, marian.pad_id)] for r in ref_b]
-        assert beam_search(marian, proj, batch, "en", "it", beam=3, max_len=max_len) == ref_b
+        settings = SearchSettings(beam=3, max_len=max_len, early_stopping=False)
+        assert beam_search(marian, proj, batch, "en", "it", settings) == ref_b
 
 
 def test_engine_resolution(m2m, marian, marian_dir):

@@ -8,6 +8,7 @@ import torch
 
 from fastvocab.artifacts_schema.hidden_states import validate_direction
 from fastvocab.decoding.search import beam_search
+from fastvocab.decoding.settings import SearchSettings
 from fastvocab.pipeline.config import load_config
 from fastvocab.pipeline.errors import UserError
 from fastvocab.tasks.context import RunContext, describe_model
@@ -60,9 +61,8 @@ def hook_oracle(decoder: DumpDecoder, texts: list[str]) -> tuple[dict[str, np.nd
         rec["topk_ids"].append(r.output.topk(K)[1][rows].numpy())
 
     batch = decoder.adapter.encode_texts(texts, "en", "it")
-    out = beam_search(
-        decoder.adapter, decoder.projection, batch, "en", "it", beam=BEAM, max_len=MAX_LEN, step_hook=hook
-    )
+    settings = SearchSettings(beam=BEAM, max_len=MAX_LEN, early_stopping=False)
+    out = beam_search(decoder.adapter, decoder.projection, batch, "en", "it", settings, step_hook=hook)
     cols = {k: np.concatenate(v) for k, v in rec.items()}
     order = np.lexsort((cols["step"], cols["row"]))  # stable: beam order within a step
     return {k: v[order] for k, v in cols.items()}, out

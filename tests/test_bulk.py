@@ -48,7 +48,7 @@ def _lines(n: int = 23) -> list[str]:
 def _expect(adapter, lines, beam=1, projection=None):
     projection = projection or make_projection(adapter)
     return translate(
-        adapter, projection, lines, "en", "it", beam=beam, batch_size=4, max_len=MAX_LEN, progress=False
+        adapter, projection, lines, "en", "it", replace(SEARCH, beam=beam), progress=False
     ).hypotheses
 
 
@@ -190,9 +190,7 @@ def _by_range(adapter, inp, method="full", options=None, beam=1):
             lines[start : start + 5],
             "en",
             "it",
-            beam=beam,
-            batch_size=4,
-            max_len=MAX_LEN,
+            replace(SEARCH, beam=beam),
             progress=False,
         ).hypotheses
     return "".join(f"{h}\n" for h in hypotheses)

@@ -10,6 +10,7 @@ import torch
 from fastvocab.artifacts_schema.errors import ArtifactError
 from fastvocab.decoding.hf_adapter import Seq2SeqAdapter
 from fastvocab.decoding.search import beam_search, greedy_search
+from fastvocab.decoding.settings import SearchSettings
 from fastvocab.kernels.cluster_assign import nearest_clusters
 from fastvocab.tasks.projections import make_projection
 from fastvocab.tasks.shortlist import ShortlistParams, build_shortlist
@@ -63,8 +64,9 @@ def test_each_step_computes_the_union_of_the_probed_sets_and_the_batch_candidate
 def test_without_a_shortlist_the_bound_step_is_the_plain_step(adapter, cmap):
     proj = make_projection(adapter, "clustered", cluster_map=cmap)
     batch = adapter.encode_texts(synthetic_sentences("en", 4, seed=2), "en", "it")
-    bound = beam_search(adapter, proj, batch, "en", "it", beam=2, max_len=6)
-    again = beam_search(adapter, lambda h: proj(h), batch, "en", "it", beam=2, max_len=6)
+    settings = SearchSettings(beam=2, max_len=6, early_stopping=False)
+    bound = beam_search(adapter, proj, batch, "en", "it", settings)
+    again = beam_search(adapter, lambda h: proj(h), batch, "en", "it", settings)
     assert bound == again and any(bound)
 
 
@@ -73,9 +75,10 @@ def test_a_covering_shortlist_decodes_like_full_softmax(adapter, cmap):
     proj = make_projection(adapter, "clustered", cluster_map=cmap, shortlist=_covering_index(adapter))
     full = make_projection(adapter, "full")
     batch = adapter.encode_texts(synthetic_sentences("en", 4, seed=9), "en", "it")
-    for search, kw in ((greedy_search, {}), (beam_search, {"beam": 3})):
-        got = search(adapter, proj, batch, "en", "it", max_len=6, **kw)
-        assert got == search(adapter, full, batch, "en", "it", max_len=6, **kw)
+    beam3 = SearchSettings(beam=3, max_len=6, early_stopping=False)
+    for search in (lambda *a: greedy_search(*a, max_len=6), lambda *a: beam_search(*a, beam3)):
+        got = search(adapter, proj, batch, "en", "it")
+        assert got == search(adapter, full, batch, "en", "it")
 
 
 def test_the_combination_refuses_what_it_cannot_do(adapter, index, cmap):
@@ -101,6 +104,7 @@ def test_auto_mass_with_a_shortlist_is_the_estimate_of_the_columns_left_out(adap
     """Beam search with a shortlist estimates the mass of the columns actually left out (moments): the
     normaliser expands the mass outside the row's own set, from which the batch's candidates are taken off."""
     from fastvocab.experiments.bench_methods import point_options
+    from fastvocab.tasks.method_settings import MethodSettings
     from fastvocab.tasks.projections import BEAM_INACTIVE_MASS, SHORTLIST_BEAM_INACTIVE_MASS, method_options
 
     assert SHORTLIST_BEAM_INACTIVE_MASS == "moments" != BEAM_INACTIVE_MASS
@@ -111,9 +115,8 @@ def test_auto_mass_with_a_shortlist_is_the_estimate_of_the_columns_left_out(adap
         method_options("clustered", "en-it", beam=1, artifact=cmap, shortlist=index)["inactive_mass"]
         == "none"
     )
-    kept = method_options(
-        "clustered", "en-it", beam=4, artifact=cmap, shortlist=index, inactive_mass="centroid"
-    )
+    chosen = MethodSettings(inactive_mass="centroid")
+    kept = method_options("clustered", "en-it", chosen, beam=4, artifact=cmap, shortlist=index)
     assert kept["inactive_mass"] == "centroid"
     # the benchmarks' clustered points resolve auto the same way
     assert point_options("clustered", {}, 4, _Artifact(cmap), "en-it")["inactive_mass"] == BEAM_INACTIVE_MASS
@@ -121,7 +124,8 @@ def test_auto_mass_with_a_shortlist_is_the_estimate_of_the_columns_left_out(adap
     proj = make_projection(adapter, "clustered", **hybrid)
     batch = adapter.encode_texts(synthetic_sentences("en", 4, seed=5), "en", "it")
     records = []
-    beam_search(adapter, proj, batch, "en", "it", beam=2, max_len=6, step_hook=records.append)
+    settings = SearchSettings(beam=2, max_len=6, early_stopping=False)
+    beam_search(adapter, proj, batch, "en", "it", settings, step_hook=records.append)
     full = make_projection(adapter, "full")
     for r in records:  # an estimate of what the step left out, finite where it left columns out
         mass = r.output.log_inactive_mass

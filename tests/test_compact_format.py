@@ -16,6 +16,7 @@ from fastvocab.artifacts_schema.method_index import load_method_index, save_meth
 from fastvocab.artifacts_schema.tensor_folder import MANIFEST_FILE, compress_tensor_file
 from fastvocab.decoding.hf_adapter import Seq2SeqAdapter
 from fastvocab.decoding.search import beam_search, greedy_search
+from fastvocab.decoding.settings import SearchSettings
 from fastvocab.tasks.maps import attach_normaliser
 from fastvocab.tasks.projections import make_projection
 from fastvocab.tasks.publish import BUILD_FILE, compact_published
@@ -131,9 +132,10 @@ def test_compact_map_and_table_decode_what_the_plain_ones_decode(tmp_path, adapt
             inactive_mass="normaliser",
         )
         assert proj.normaliser_source == "map"
+        settings = SearchSettings(beam=3, max_len=10, early_stopping=False)
         got[form] = (
             greedy_search(adapter, proj, batch, "en", "it", max_len=10),
-            beam_search(adapter, proj, batch, "en", "it", beam=3, max_len=10),
+            beam_search(adapter, proj, batch, "en", "it", settings),
         )
     assert got["compact"] == got["plain"] and any(got["plain"][0])
 

@@ -293,10 +293,11 @@ def test_parallel_import_streams_in_batches_with_the_same_files(tmp_path, monkey
     lines = [f"src {i % 17}\ttgt {i % 13}" for i in range(60)]
     tsv = tmp_path / "x.tsv"
     tsv.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    kw = {"fmt": "tsv", "dev_size": 5, "test_size": 5}
-    whole = corpus_import.import_parallel(tmp_path / "one", tsv, "de", "fr", **kw)
+    kw = {"dev_size": 5, "test_size": 5}
+    source = corpus_import.ParallelFile(tsv, "tsv")
+    whole = corpus_import.import_parallel(tmp_path / "one", source, "de", "fr", **kw)
     monkeypatch.setattr(corpus, "BATCH_ROWS", 4)
-    batched = corpus_import.import_parallel(tmp_path / "two", tsv, "de", "fr", **kw)
+    batched = corpus_import.import_parallel(tmp_path / "two", source, "de", "fr", **kw)
     assert batched.counts == whole.counts and batched.stats == whole.stats
     for split in SPLITS:
         one, two = (read_corpus_file(split_path(tmp_path / d, "de", "fr", split)) for d in ("one", "two"))

@@ -8,15 +8,17 @@ import torch
 
 from fastvocab.artifacts_schema.hidden_states import validate_direction
 from fastvocab.decoding.search import decode
+from fastvocab.decoding.settings import SearchSettings
 from fastvocab.experiments import coverage
 from fastvocab.tasks.context import RunContext, describe_model
 from fastvocab.tasks.dump import DumpDecoder, DumpSettings, plan_shards, run_dump_shard
 from fastvocab.tasks.kmeans import sample_states
-from fastvocab.tasks.maps import ActiveSetCounter, make_cluster_map
+from fastvocab.tasks.maps import ActiveSetCounter, MapParams, make_cluster_map
 from fastvocab.tasks.projections import make_projection
 from tests.conftest import synthetic_sentences
 
 K, MAX_LEN, R = 2, 12, 24
+SEARCH = SearchSettings(max_len=MAX_LEN)
 
 
 @pytest.fixture(scope="module")
@@ -63,16 +65,16 @@ def test_misses_on_the_greedy_path_are_the_per_row_outputs_that_differ(dumped, k
 
     # token ids, not texts: two token sequences can read as the same text
     full = [decode(adapter, make_projection(adapter), adapter.encode_texts([t], "en", "it"), "en", "it",
-                   max_len=MAX_LEN)[0] for t in test]  # fmt: skip
+                   SEARCH)[0] for t in test]  # fmt: skip
     proj = make_projection(adapter, "clustered", cluster_map=cmap)
-    clustered = [decode(adapter, proj, adapter.encode_texts([t], "en", "it"), "en", "it", max_len=MAX_LEN)[0]
+    clustered = [decode(adapter, proj, adapter.encode_texts([t], "en", "it"), "en", "it", SEARCH)[0]
                  for t in test]  # fmt: skip
     assert {i for i, (a, b) in enumerate(zip(clustered, full, strict=True)) if a != b} == predicted
     if sentences == 2:  # sets from two sentences miss: the claim is tested on real differences
         assert 2 <= len(predicted) < len(test)
     # in a batch, a union's other rows only add columns: never more differences than predicted
     batch = adapter.encode_texts(test, "en", "it")
-    union = decode(adapter, proj, batch, "en", "it", max_len=MAX_LEN)
+    union = decode(adapter, proj, batch, "en", "it", SEARCH)
     assert {i for i, (a, b) in enumerate(zip(union, full, strict=True)) if a != b} <= predicted
 
 
@@ -84,10 +86,9 @@ def _pipeline_map(decoder, labels, clusters, centroids, k: int, sentences: int):
     return make_cluster_map(
         centroids,
         counter,
+        MapParams(k=k),
         model_fingerprint=decoder.fingerprint,
         name="en-it",
-        scope="direction",
-        k=k,
         niter=1,
         seed=0,
     )
@@ -142,9 +143,7 @@ def test_with_a_shortlist_the_misses_are_the_outputs_of_both_together_that_diffe
     differ = set()
     for i, t in enumerate(test):
         enc = adapter.encode_texts([t], "en", "it")
-        if decode(adapter, proj, enc, "en", "it", max_len=MAX_LEN) != decode(
-            adapter, full, enc, "en", "it", max_len=MAX_LEN
-        ):
+        if decode(adapter, proj, enc, "en", "it", SEARCH) != decode(adapter, full, enc, "en", "it", SEARCH):
             differ.add(i)
     assert differ == predicted
     both = coverage.path_coverage(mask, near, path, 1, batch=4, extra=extra)
@@ -157,10 +156,10 @@ def test_the_curve_grows_sets_with_the_text_and_never_loses_a_hit(dumped):
     decoder, _, labels, centroids = dumped
     test = synthetic_sentences("en", 8, seed=33)
     path = coverage.greedy_path(decoder, test, "en", "it")
+    grid = coverage.CoverageGrid(rs=[R], ks=[1, 2], probes=[1, 2])
     rows = coverage.coverage_curve(
-        labels, path, decoder.n_vocab, rs=[R], ks=[1, 2], probes=[1, 2], sizes=[10, 20, 40],
-        centroids={R: centroids},
-    )  # fmt: skip
+        labels, path, decoder.n_vocab, grid, sizes=[10, 20, 40], centroids={R: centroids}
+    )
     assert len(rows) == 2 * 2 * 3
     for k in (1, 2):
         for p in (1, 2):

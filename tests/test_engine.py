@@ -4,6 +4,7 @@ and int8."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,7 @@ from conftest import decoder_steps, generate_ids, synthetic_sentences
 from fastvocab.decoding import Seq2SeqAdapter, beam_search, greedy_search, search
 from fastvocab.decoding.packed_encoder import PackedEncoder
 from fastvocab.decoding.rowwise import argmax_rows, topk_rows
+from fastvocab.decoding.settings import SearchSettings
 from fastvocab.decoding.static_decoder import StaticDecoder, StaticState
 from fastvocab.kernels import create_projection
 
@@ -154,7 +156,8 @@ def test_tiny_greedy_and_beam_equal_generate(static, src, tgt):
     batch = static.encode_texts(synthetic_sentences(src, 7, seed=6), src)
     assert greedy_search(static, full, batch, src, tgt, max_len=10) == generate_ids(static, batch, tgt, 10)
     for beam in (2, 4):
-        ours = beam_search(static, full, batch, src, tgt, beam=beam, max_len=10)
+        settings = SearchSettings(beam=beam, max_len=10, early_stopping=False)
+        ours = beam_search(static, full, batch, src, tgt, settings)
         assert ours == generate_ids(static, batch, tgt, 10, num_beams=beam, early_stopping=False)
 
 
@@ -165,7 +168,8 @@ def test_demo_greedy_and_beam_equal_generate(demo, src, tgt):
     greedy = greedy_search(demo, full, batch, src, tgt, max_len=48)
     assert greedy == generate_ids(demo, batch, tgt, 48, num_beams=1)
     assert any(len(s) < 48 for s in greedy)  # sentences end by themselves: finished rows leave the batch
-    ours = beam_search(demo, full, batch, src, tgt, beam=4, max_len=48)
+    settings = SearchSettings(beam=4, max_len=48, early_stopping=False)
+    ours = beam_search(demo, full, batch, src, tgt, settings)
     assert ours == generate_ids(demo, batch, tgt, 48, num_beams=4, early_stopping=False)
 
 
@@ -181,7 +185,8 @@ def test_accelerator_sync_schedule_does_not_change_outputs(demo, monkeypatch, ev
         demo, batch, tgt, 48, num_beams=1
     )
     for beam, rule in ((4, False), (3, True)):
-        ours = beam_search(demo, full, batch, src, tgt, beam=beam, max_len=48, early_stopping=rule)
+        settings = SearchSettings(beam=beam, max_len=48, early_stopping=rule)
+        ours = beam_search(demo, full, batch, src, tgt, settings)
         assert ours == generate_ids(demo, batch, tgt, 48, num_beams=beam, early_stopping=rule)
 
 
@@ -289,7 +294,8 @@ def test_search_sizes_the_cache_once(static, monkeypatch):
     batch = static.encode_texts(synthetic_sentences("en", 3, seed=8), "en")
     assert static._static.capacity == 4  # cache_len=4 < the 11 positions below
     assert len(greedy_search(static, full, batch, "en", "it", max_len=10)) == 3
-    assert len(beam_search(static, full, batch, "en", "it", beam=2, max_len=10)) == 3
+    settings = SearchSettings(beam=2, max_len=10, early_stopping=False)
+    assert len(beam_search(static, full, batch, "en", "it", settings)) == 3
 
 
 # ------------------------------------------------------------------------ the captured stepper (CUDA graphs)
@@ -332,7 +338,8 @@ def map_from_decoding(demo, full, beam: int, max_len: int):
     if beam == 1:
         greedy_search(demo, full, batch, "en", "it", max_len=max_len, step_hook=records.append)
     else:
-        beam_search(demo, full, batch, "en", "it", beam=beam, max_len=max_len, step_hook=records.append)
+        settings = SearchSettings(beam=beam, max_len=max_len, early_stopping=False)
+        beam_search(demo, full, batch, "en", "it", settings, step_hook=records.append)
     h = torch.cat([r.hidden for r in records]).numpy()  # (states, d)
     top = torch.cat([r.output.logits.topk(8, dim=1).indices for r in records]).numpy()  # (states, 8)
     return map_from_states(h, top, 24, demo.n_vocab, full.fingerprint)
@@ -421,12 +428,12 @@ def test_graphed_beam_equals_beam(demo, monkeypatch, max_len, rule):
     """The beam step two CUDA graphs capture (run eagerly here, with the accelerator's sync schedule)."""
     full = create_projection("full", demo.output_weight, demo.output_bias)
     batch = demo.encode_texts(DEMO_SOURCES, "en")
-    kw = dict(beam=3, max_len=max_len, length_penalty=1.3, early_stopping=rule)
-    want = beam_search(demo, full, batch, "en", "it", **kw)
+    settings = SearchSettings(beam=3, max_len=max_len, length_penalty=1.3, early_stopping=rule)
+    want = beam_search(demo, full, batch, "en", "it", settings)
     if max_len == 48:
         assert len({len(s) for s in want}) > 1  # sentences end at different steps
     monkeypatch.setattr(search, "CPU_SYNC_EVERY", 3)
-    assert beam_search(demo, full, batch, "en", "it", stepper=captured(demo), **kw) == want
+    assert beam_search(demo, full, batch, "en", "it", settings, stepper=captured(demo)) == want
 
 
 @pytest.mark.parametrize("mass", ["none", "normaliser"])
@@ -444,27 +451,29 @@ def test_graphed_beam_static_union_equals_union_mode(demo, monkeypatch, mass):
         always_active=demo.always_active_ids(), inactive_mass=mass,
     )  # fmt: skip
     monkeypatch.setattr(search, "CPU_SYNC_EVERY", 1000)
-    kw = dict(beam=2, max_len=40)
-    want = beam_search(demo, union, batch, "en", "it", **kw)
+    settings = SearchSettings(beam=2, max_len=40, early_stopping=False)
+    want = beam_search(demo, union, batch, "en", "it", settings)
     su = StaticUnion(union, rows=2 * batch["input_ids"].shape[0])
     assert su.capacity < demo.n_vocab
-    assert beam_search(demo, su, batch, "en", "it", stepper=captured(demo), **kw) == want
+    assert beam_search(demo, su, batch, "en", "it", settings, stepper=captured(demo)) == want
     # a capacity the unions outgrow: flagged on the device, the batch redone eagerly with full logits there
     small = StaticUnion(union, capacity=8, grow=False)
-    got = beam_search(demo, small, batch, "en", "it", stepper=captured(demo), **kw)
+    got = beam_search(demo, small, batch, "en", "it", settings, stepper=captured(demo))
     assert small.fallbacks > 0
     eager = StaticUnion(union, capacity=8, grow=False)
-    assert got == beam_search(demo, eager.project, batch, "en", "it", **kw)
+    assert got == beam_search(demo, eager.project, batch, "en", "it", settings)
 
 
 def test_graphed_beam_refuses_what_it_cannot_capture(demo, static):
     batch = demo.encode_texts(DEMO_SOURCES[:2], "en")
     with pytest.raises(ValueError, match="no capturable output"):
-        beam_search(demo, object(), batch, "en", "it", max_len=4, stepper=captured(demo))
+        settings = SearchSettings(beam=4, max_len=4, early_stopping=False)
+        beam_search(demo, object(), batch, "en", "it", settings, stepper=captured(demo))
     hf = Seq2SeqAdapter(static.model, static.tokenizer, static.path, "cpu", torch.float32, engine="hf")
     full = create_projection("full", hf.output_weight, hf.output_bias)
     with pytest.raises(ValueError, match="needs the static engine"):
-        beam_search(hf, full, hf.encode_texts(["a b"], "en"), "en", "it", max_len=4, stepper=captured(hf))
+        settings = SearchSettings(beam=4, max_len=4, early_stopping=False)
+        beam_search(hf, full, hf.encode_texts(["a b"], "en"), "en", "it", settings, stepper=captured(hf))
 
 
 def test_graphed_beam_step_dispatches_no_host_read(demo):
@@ -515,9 +524,9 @@ def test_graphed_searches_undo_their_capture_warm_ups(demo, monkeypatch):
     batch = demo.encode_texts(DEMO_SOURCES, "en")
     greedy = greedy_search(demo, full, batch, "en", "it", max_len=30, stepper=captured(demo, capture=True))
     assert len(calls) == 1 and greedy == greedy_search(demo, full, batch, "en", "it", max_len=30)
-    kw = dict(beam=3, max_len=30)
-    beams = beam_search(demo, full, batch, "en", "it", stepper=captured(demo, capture=True), **kw)
-    assert len(calls) == 3 and beams == beam_search(demo, full, batch, "en", "it", **kw)
+    settings = SearchSettings(beam=3, max_len=30, early_stopping=False)
+    beams = beam_search(demo, full, batch, "en", "it", settings, stepper=captured(demo, capture=True))
+    assert len(calls) == 3 and beams == beam_search(demo, full, batch, "en", "it", settings)
 
 
 @pytest.mark.parametrize("beam", [1, 2])
@@ -535,16 +544,15 @@ def test_translate_with_graphs_equals_the_eager_search(demo, monkeypatch, beam):
         demo, "clustered", cluster_map=cmap, **clustered_options("union", "auto", False, beam)
     )
     monkeypatch.setattr(search, "CPU_SYNC_EVERY", 1000)
-    kw = dict(beam=beam, batch_size=3, max_len=40, progress=False, workers=1)
+    settings, kw = SearchSettings(beam=beam, batch_size=3, max_len=40), dict(progress=False, workers=1)
+    on = replace(settings, graphs="on")
     for proj in (full, union):
-        want = translate(demo, proj, DEMO_SOURCES, "en", "it", **kw)
+        want = translate(demo, proj, DEMO_SOURCES, "en", "it", settings, **kw)
         assert any(want.hypotheses)
-        assert (
-            translate(demo, proj, DEMO_SOURCES, "en", "it", graphs="on", **kw).hypotheses == want.hypotheses
-        )
+        assert translate(demo, proj, DEMO_SOURCES, "en", "it", on, **kw).hypotheses == want.hypotheses
     per_row = make_projection(demo, "clustered", cluster_map=cmap, selection="per-row")
     with pytest.raises(ValueError, match="no capturable output"):
-        translate(demo, per_row, DEMO_SOURCES[:2], "en", "it", graphs="on", **kw)
+        translate(demo, per_row, DEMO_SOURCES[:2], "en", "it", on, **kw)
 
 
 def test_graphs_auto_captures_on_cuda_only_where_the_step_can_be_captured(demo, static, hf):
@@ -590,12 +598,12 @@ def test_translate_with_graphs_in_half_precision(demo, monkeypatch, dtype):
     monkeypatch.setattr(search, "CPU_SYNC_EVERY", 1000)
     for beam in (1, 2):
         opts = clustered_options("union", "auto", False, beam)
-        kw = dict(beam=beam, batch_size=3, max_len=40, progress=False, workers=1)
+        settings, kw = SearchSettings(beam=beam, batch_size=3, max_len=40), dict(progress=False, workers=1)
         for proj in (
             make_projection(half, "full"),
             make_projection(half, "clustered", cluster_map=cmap, **opts),
         ):
-            want = translate(half, proj, DEMO_SOURCES, "en", "it", **kw)
+            want = translate(half, proj, DEMO_SOURCES, "en", "it", settings, **kw)
             assert any(want.hypotheses)
-            got = translate(half, proj, DEMO_SOURCES, "en", "it", graphs="on", **kw)
+            got = translate(half, proj, DEMO_SOURCES, "en", "it", replace(settings, graphs="on"), **kw)
             assert got.hypotheses == want.hypotheses

@@ -21,6 +21,7 @@ from fastvocab.decoding import Seq2SeqAdapter, beam_search, greedy_search
 from fastvocab.decoding.cache_memory import CACHE_LIMIT_ENV
 from fastvocab.decoding.model_families import unsupported_reason
 from fastvocab.decoding.packed_encoder import PackedEncoder
+from fastvocab.decoding.settings import SearchSettings
 from fastvocab.decoding.static_decoder import StaticDecoder
 from fastvocab.kernels import create_projection
 
@@ -202,7 +203,8 @@ def test_greedy_and_beam_equal_generate(static, family, max_len):
     assert greedy == _generate(static, batch, tgt, max_len, beam=1)
     assert len({tuple(s) for s in greedy}) > 1  # the outputs depend on the source: a real test
     for beam in (2, 4):
-        ours = beam_search(static, full, batch, SRC[family], tgt, beam=beam, max_len=max_len)
+        settings = SearchSettings(beam=beam, max_len=max_len, early_stopping=False)
+        ours = beam_search(static, full, batch, SRC[family], tgt, settings)
         assert ours == _generate(static, batch, tgt, max_len, beam=beam)
 
 
@@ -221,9 +223,8 @@ def test_graphed_searches_equal_generate(static, family, max_len, monkeypatch):
     got = greedy_search(static, full, batch, src, tgt, max_len=max_len, stepper=fixed)
     assert got == _generate(static, batch, tgt, max_len, beam=1)
     for beam in (2, 4):
-        got = beam_search(
-            static, full, batch, src, tgt, beam=beam, max_len=max_len, early_stopping=False, stepper=fixed
-        )
+        settings = SearchSettings(beam=beam, max_len=max_len, early_stopping=False)
+        got = beam_search(static, full, batch, src, tgt, settings, stepper=fixed)
         assert got == _generate(static, batch, tgt, max_len, beam=beam)
 
 
@@ -263,4 +264,5 @@ def test_beam_that_does_not_fit_fails_before_decoding(static, family):
     )
     assert len(greedy_search(adapter, full, batch, SRC[family], TGT[family], max_len=max_len)) == 3
     with pytest.raises(MemoryError, match=r"self-attention cache \(2, 2, 12, 4, \d+, 8\)"):
-        beam_search(adapter, full, batch, SRC[family], TGT[family], beam=4, max_len=max_len)
+        settings = SearchSettings(beam=4, max_len=max_len, early_stopping=False)
+        beam_search(adapter, full, batch, SRC[family], TGT[family], settings)

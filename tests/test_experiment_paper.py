@@ -47,7 +47,7 @@ def work(tmp_path_factory, tiny_model_dir, corpus) -> Path:
     from fastvocab.artifacts_schema.fingerprint import ModelRef
     from fastvocab.decoding.hf_adapter import Seq2SeqAdapter
     from fastvocab.experiments import experiment_paper as ep
-    from fastvocab.tasks.maps import make_cluster_map
+    from fastvocab.tasks.maps import MapParams, make_cluster_map
 
     work = tmp_path_factory.mktemp("work")
     adapter = Seq2SeqAdapter.load(tiny_model_dir)
@@ -58,8 +58,8 @@ def work(tmp_path_factory, tiny_model_dir, corpus) -> Path:
     centroids = ep.kmeans(states, 8, settings)
     counter = ep.active_counters(states, centroids, (5,), adapter.n_vocab)[5]
     cmap = make_cluster_map(
-        centroids, counter, model_fingerprint=adapter.fingerprint, name="it-en", scope="direction",
-        k=5, niter=4, seed=1234,
+        centroids, counter, MapParams(k=5), model_fingerprint=adapter.fingerprint, name="it-en", niter=4,
+        seed=1234,
     )  # fmt: skip
     save_cluster_map(cmap, work / "maps" / "it-en")
     return work

@@ -15,7 +15,7 @@ import torch
 from fastvocab.decoding.hf_adapter import Seq2SeqAdapter
 from fastvocab.decoding.lite_m2m100 import lite_unsupported_reason
 from fastvocab.tasks.projections import make_projection
-from fastvocab.tasks.translate import translate
+from fastvocab.tasks.translate import SearchSettings, translate
 from tests.conftest import synthetic_sentences
 
 DEMO_MODEL = Path(__file__).resolve().parent.parent / "models" / "demo"
@@ -57,12 +57,9 @@ def test_the_lite_load_reads_what_transformers_reads(pair):
 def test_the_lite_load_translates_as_transformers_loads(pair, beam):
     lite, hf = pair
     texts = _texts()
-    ours = translate(
-        lite, make_projection(lite, "full"), texts, "en", "it", beam=beam, max_len=24, progress=False
-    )
-    theirs = translate(
-        hf, make_projection(hf, "full"), texts, "en", "it", beam=beam, max_len=24, progress=False
-    )
+    search = SearchSettings(beam=beam, max_len=24)
+    ours = translate(lite, make_projection(lite, "full"), texts, "en", "it", search, progress=False)
+    theirs = translate(hf, make_projection(hf, "full"), texts, "en", "it", search, progress=False)
     assert ours.hypotheses == theirs.hypotheses
 
 

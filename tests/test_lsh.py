@@ -13,6 +13,7 @@ import torch
 
 from fastvocab.artifacts_schema.errors import ArtifactError
 from fastvocab.artifacts_schema.method_index import new_index, save_method_index
+from fastvocab.decoding.settings import SearchSettings
 from fastvocab.kernels import create_projection
 from fastvocab.kernels.lsh import (
     BIAS_WARN_RATIO,
@@ -294,7 +295,8 @@ def decode(adapter, method, texts, beam=1, **options):
     batch = adapter.encode_texts(texts, "en", "it")
     if beam == 1:
         return greedy_search(adapter, proj, batch, "en", "it", max_len=12)
-    return beam_search(adapter, proj, batch, "en", "it", beam=beam, max_len=12)
+    settings = SearchSettings(beam=beam, max_len=12, early_stopping=False)
+    return beam_search(adapter, proj, batch, "en", "it", settings)
 
 
 @pytest.mark.parametrize("beam", [1, 2])

@@ -14,6 +14,7 @@ from fastvocab.artifacts_schema.hidden_states import ShardMeta, direction_dir, s
 from fastvocab.kernels import create_projection
 from fastvocab.tasks.maps import (
     ActiveSetCounter,
+    MapParams,
     assign,
     build_active_sets,
     count_shards,
@@ -182,10 +183,9 @@ def test_target_scope_pools_directions_into_one_map(tmp_path):
     cmap = make_cluster_map(
         centroids,
         pooled,
+        MapParams(scope="target", k=2),
         model_fingerprint="fp-test",
         name=map_name("target", ["en-it", "fr-it"]),
-        scope="target",
-        k=2,
         niter=20,
         seed=1,
         extra={"directions": ["en-it", "fr-it"]},
@@ -208,8 +208,9 @@ def test_a_target_scope_manifest_of_the_earlier_spelling_still_reads(tmp_path):
     f, _, _ = write_shard(tmp_path, "en-it", 0, 50)
     centroids = np.random.default_rng(5).standard_normal((3, 8)).astype(np.float32)
     counter = count_shards([f], centroids, k=2, n_vocab=40)
+    target = MapParams(scope="target", k=2)
     cmap = make_cluster_map(
-        centroids, counter, model_fingerprint="fp-test", name="to-it", scope="target", k=2, niter=1, seed=1
+        centroids, counter, target, model_fingerprint="fp-test", name="to-it", niter=1, seed=1
     )
     cmap.manifest.direction = "*-it"  # as an earlier writer left it on disk
     out = save_cluster_map(cmap, tmp_path / "maps" / "to-it")
@@ -243,7 +244,7 @@ def test_stored_normaliser_is_the_logsumexp_of_the_inactive_logits_at_the_centro
     counter = ActiveSetCounter(r, n_vocab)
     counter.add(np.arange(r).repeat(3), rng.integers(0, n_vocab, (3 * r, 4)))
     cmap = make_cluster_map(
-        centroids, counter, model_fingerprint="fp", name="en-it", scope="direction", k=4, niter=1, seed=0
+        centroids, counter, MapParams(k=4), model_fingerprint="fp", name="en-it", niter=1, seed=0
     )
     attach_normaliser(cmap, w, b, always_active=[0, 5], rank=3)
     save_cluster_map(cmap, tmp_path / "m")
@@ -263,12 +264,11 @@ def test_stored_normaliser_is_the_logsumexp_of_the_inactive_logits_at_the_centro
 
 
 def test_a_map_records_the_probes_it_is_decoded_with():
-    from fastvocab.tasks.maps import MapParams
-
     counter = ActiveSetCounter(2, 20)
     counter.add(np.array([0, 1]), np.array([[7, 3], [5, 9]]))
-    kw = dict(model_fingerprint="fp", name="en-it", scope="direction", k=2, niter=1, seed=0)
-    assert make_cluster_map(np.zeros((2, 2), np.float32), counter, **kw).manifest.probes == 1
-    assert make_cluster_map(np.zeros((2, 2), np.float32), counter, probes=3, **kw).manifest.probes == 3
+    kw = dict(model_fingerprint="fp", name="en-it", niter=1, seed=0)
+    assert make_cluster_map(np.zeros((2, 2), np.float32), counter, MapParams(k=2), **kw).manifest.probes == 1
+    three = MapParams(k=2, probes=3)
+    assert make_cluster_map(np.zeros((2, 2), np.float32), counter, three, **kw).manifest.probes == 3
     with pytest.raises(ValueError, match="probes must be >= 1"):
         MapParams(probes=0)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import os
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,7 @@ import torch
 from conftest import TINY_ARCH, generate_ids, synthetic_sentences
 
 from fastvocab.decoding import Seq2SeqAdapter, StepRecord, beam_search, greedy_search
+from fastvocab.decoding.settings import SearchSettings
 from fastvocab.kernels import create_projection
 from fastvocab.kernels.base import Projection, ProjectionOutput
 
@@ -142,7 +144,8 @@ def test_greedy_equals_generate(adapter, full, src, tgt):
 def test_beam_equals_generate(adapter, full, beam, lp):
     for src, tgt in DIRECTIONS[:2]:
         batch = adapter.encode_texts(_sources(src), src)
-        ours = beam_search(adapter, full, batch, src, tgt, beam=beam, max_len=MAX_LEN, length_penalty=lp)
+        settings = SearchSettings(beam=beam, max_len=MAX_LEN, length_penalty=lp, early_stopping=False)
+        ours = beam_search(adapter, full, batch, src, tgt, settings)
         ref = generate_ids(
             adapter, batch, tgt, MAX_LEN, num_beams=beam, length_penalty=lp, early_stopping=False
         )
@@ -152,8 +155,8 @@ def test_beam_equals_generate(adapter, full, beam, lp):
 def test_beam_early_stopping_equals_generate(adapter, full):
     for src, tgt in DIRECTIONS[1:]:
         batch = adapter.encode_texts(_sources(src), src)
-        kw = dict(beam=4, max_len=MAX_LEN, length_penalty=1.0)
-        ours = beam_search(adapter, full, batch, src, tgt, early_stopping=True, **kw)
+        settings = SearchSettings(beam=4, max_len=MAX_LEN, length_penalty=1.0, early_stopping=True)
+        ours = beam_search(adapter, full, batch, src, tgt, settings)
         assert ours == generate_ids(adapter, batch, tgt, MAX_LEN, num_beams=4, early_stopping=True)
 
 
@@ -164,15 +167,16 @@ def test_decode_reads_early_stopping_from_generation_config(adapter, full, rule)
 
     gc = adapter.model.generation_config
     saved = gc.early_stopping
-    kw = dict(beam=3, max_len=MAX_LEN, length_penalty=1.5)
+    settings = SearchSettings(beam=3, max_len=MAX_LEN, length_penalty=1.5)
     batches = [(adapter.encode_texts(_sources(src), src), src, tgt) for src, tgt in DIRECTIONS[:2]]
-    default = [decode(adapter, full, batch, src, tgt, **kw) for batch, src, tgt in batches]
+    default = [decode(adapter, full, batch, src, tgt, settings) for batch, src, tgt in batches]
     # An explicit rule overrides the config's (translate --early-stopping).
-    explicit = [decode(adapter, full, b, s, t, early_stopping=rule, **kw) for b, s, t in batches]
+    ruled = replace(settings, early_stopping=rule)
+    explicit = [decode(adapter, full, b, s, t, ruled) for b, s, t in batches]
     gc.early_stopping = rule
     try:
         assert adapter.early_stopping == rule
-        ours = [decode(adapter, full, batch, src, tgt, **kw) for batch, src, tgt in batches]
+        ours = [decode(adapter, full, batch, src, tgt, settings) for batch, src, tgt in batches]
         assert ours != default  # the rule changes some outputs here, so following it is what is tested
         assert explicit == ours
         for out, (batch, _, tgt) in zip(ours, batches, strict=True):
@@ -182,13 +186,15 @@ def test_decode_reads_early_stopping_from_generation_config(adapter, full, rule)
     finally:
         gc.early_stopping = saved
     with pytest.raises(ValueError, match="early_stopping must be"):
-        beam_search(adapter, full, adapter.encode_texts(["a"], "en"), "en", "it", early_stopping="sometimes")
+        settings = SearchSettings(beam=4, early_stopping="sometimes")
+        beam_search(adapter, full, adapter.encode_texts(["a"], "en"), "en", "it", settings)
 
 
 def test_beam_one_equals_greedy(adapter, full):
     batch = adapter.encode_texts(_sources("en"), "en")
     greedy = greedy_search(adapter, full, batch, "en", "it", max_len=MAX_LEN)
-    assert beam_search(adapter, full, batch, "en", "it", beam=1, max_len=MAX_LEN) == greedy
+    settings = SearchSettings(beam=1, max_len=MAX_LEN, early_stopping=False)
+    assert beam_search(adapter, full, batch, "en", "it", settings) == greedy
 
 
 def test_finished_rows_are_dropped(adapter, full):
@@ -214,8 +220,9 @@ def test_static_and_hf_engines_agree(adapter, full):
         greedy = greedy_search(adapter, full, batch, src, tgt, max_len=MAX_LEN)
         assert greedy == greedy_search(hf, full, batch, src, tgt, max_len=MAX_LEN)
         for beam in (2, 4):
-            ours = beam_search(adapter, full, batch, src, tgt, beam=beam, max_len=MAX_LEN)
-            assert ours == beam_search(hf, full, batch, src, tgt, beam=beam, max_len=MAX_LEN)
+            settings = SearchSettings(beam=beam, max_len=MAX_LEN, early_stopping=False)
+            ours = beam_search(adapter, full, batch, src, tgt, settings)
+            assert ours == beam_search(hf, full, batch, src, tgt, settings)
 
 
 def test_max_len_and_empty_batch(adapter, full):
@@ -224,10 +231,12 @@ def test_max_len_and_empty_batch(adapter, full):
         assert all(
             len(s) <= max_len for s in greedy_search(adapter, full, batch, "en", "it", max_len=max_len)
         )
-        assert all(len(s) <= max_len for s in beam_search(adapter, full, batch, "en", "it", max_len=max_len))
+        settings = SearchSettings(beam=4, max_len=max_len, early_stopping=False)
+        assert all(len(s) <= max_len for s in beam_search(adapter, full, batch, "en", "it", settings))
     empty = adapter.encode_texts([], "en")
     assert greedy_search(adapter, full, empty, "en", "it") == []
-    assert beam_search(adapter, full, empty, "en", "it") == []
+    settings = SearchSettings(beam=4, early_stopping=False)
+    assert beam_search(adapter, full, empty, "en", "it", settings) == []
     with pytest.raises(ValueError, match="unknown language 'xx'"):
         greedy_search(adapter, full, batch, "en", "xx")
 
@@ -313,8 +322,9 @@ def test_subset_ids_are_mapped_back(adapter, kind):
         if kind == "shared":  # every emitted id is one the projection computed
             assert all(t >= adapter.n_vocab // 2 or t in always for s in got for t in s)
         for beam in (2, 4):
-            got_beam = beam_search(adapter, subset, batch, src, tgt, beam=beam, max_len=MAX_LEN)
-            assert got_beam == beam_search(adapter, ref, batch, src, tgt, beam=beam, max_len=MAX_LEN)
+            settings = SearchSettings(beam=beam, max_len=MAX_LEN, early_stopping=False)
+            got_beam = beam_search(adapter, subset, batch, src, tgt, settings)
+            assert got_beam == beam_search(adapter, ref, batch, src, tgt, settings)
 
 
 def test_topm_with_inactive_mass_reproduces_full_beam(adapter, full):
@@ -325,8 +335,9 @@ def test_topm_with_inactive_mass_reproduces_full_beam(adapter, full):
     for src, tgt in DIRECTIONS:
         batch = adapter.encode_texts(_sources(src), src)
         for beam in (2, 4):  # M=8 >= 2*beam: every candidate the full search looks at is computed
-            expect = beam_search(adapter, full, batch, src, tgt, beam=beam, max_len=MAX_LEN)
-            assert beam_search(adapter, topm, batch, src, tgt, beam=beam, max_len=MAX_LEN) == expect
+            settings = SearchSettings(beam=beam, max_len=MAX_LEN, early_stopping=False)
+            expect = beam_search(adapter, full, batch, src, tgt, settings)
+            assert beam_search(adapter, topm, batch, src, tgt, settings) == expect
 
 
 def test_consecutive_calls_with_different_candidate_sets(adapter):
@@ -336,11 +347,13 @@ def test_consecutive_calls_with_different_candidate_sets(adapter):
     shared_proj = {
         kind: _SubsetProjection(w, b, always_active=always, kind=kind) for kind in ("shared", "per_row")
     }
-    for search in (greedy_search, beam_search):
+    beam4 = SearchSettings(beam=4, max_len=MAX_LEN, early_stopping=False)
+    searches = (lambda *a: greedy_search(*a, max_len=MAX_LEN), lambda *a: beam_search(*a, beam4))
+    for search in searches:
         sequential = []
         for kind, src, tgt in runs:  # one projection object per kind, reused across batches
             batch = adapter.encode_texts(_sources(src), src)
-            sequential.append(search(adapter, shared_proj[kind], batch, src, tgt, max_len=MAX_LEN))
+            sequential.append(search(adapter, shared_proj[kind], batch, src, tgt))
         fresh = []
         for kind, src, tgt in runs:
             fresh_adapter = Seq2SeqAdapter(
@@ -348,7 +361,7 @@ def test_consecutive_calls_with_different_candidate_sets(adapter):
             )
             proj = _SubsetProjection(w, b, always_active=always, kind=kind)
             batch = fresh_adapter.encode_texts(_sources(src), src)
-            fresh.append(search(fresh_adapter, proj, batch, src, tgt, max_len=MAX_LEN))
+            fresh.append(search(fresh_adapter, proj, batch, src, tgt))
         assert sequential == fresh
         assert sequential[0] != sequential[1]  # the runs really differ
 

@@ -29,7 +29,7 @@ from fastvocab.tasks.shortlist import (
     shortlist_tensors,
     vocabulary_tokens,
 )
-from fastvocab.tasks.translate import translate
+from fastvocab.tasks.translate import SearchSettings, translate
 from tests.conftest import WORDS, synthetic_sentences
 
 # -------------------------------------------------------------------------------------------------- helpers
@@ -237,10 +237,10 @@ def test_a_table_covering_every_token_decodes_like_full_softmax(adapter, scope, 
     lines = synthetic_sentences("en", 10, seed=5)
     full = make_projection(adapter, "full")
     proj = make_projection(adapter, "shortlist", index=_covering_index(adapter), scope=scope)
-    kw = dict(beam=beam, batch_size=4, max_len=10, progress=False)
+    search = SearchSettings(beam=beam, batch_size=4, max_len=10)
     assert (
-        translate(adapter, proj, lines, "en", "it", **kw).hypotheses
-        == translate(adapter, full, lines, "en", "it", **kw).hypotheses
+        translate(adapter, proj, lines, "en", "it", search, progress=False).hypotheses
+        == translate(adapter, full, lines, "en", "it", search, progress=False).hypotheses
     )
 
 
@@ -268,17 +268,12 @@ def test_consecutive_batches_with_different_sets_equal_fresh_projections(adapter
     sets_a = proj.for_batch(a["input_ids"], a["attention_mask"]).sets
     sets_b = proj.for_batch(b["input_ids"], b["attention_mask"]).sets
     assert {tuple(s) for s in sets_a} != {tuple(s) for s in sets_b}
-    for search, kw in ((greedy_search, {}), (beam_search, {"beam": 2})):
-        shared = [search(adapter, proj, x, "en", "it", max_len=10, **kw) for x in (a, b, a)]
+    beam2 = SearchSettings(beam=2, max_len=10, early_stopping=False)
+    for search in (lambda *a: greedy_search(*a, max_len=10), lambda *a: beam_search(*a, beam2)):
+        shared = [search(adapter, proj, x, "en", "it") for x in (a, b, a)]
         fresh = [
             search(
-                adapter,
-                make_projection(adapter, "shortlist", index=index, k=1, frequent=2),
-                x,
-                "en",
-                "it",
-                max_len=10,
-                **kw,
+                adapter, make_projection(adapter, "shortlist", index=index, k=1, frequent=2), x, "en", "it"
             )
             for x in (a, b, a)
         ]

@@ -18,7 +18,7 @@ from fastvocab.decoding import Seq2SeqAdapter
 from fastvocab.pipeline.cli import main
 from fastvocab.tasks.evaluate import score, search_error_rate
 from fastvocab.tasks.projections import make_projection
-from fastvocab.tasks.translate import translate
+from fastvocab.tasks.translate import SearchSettings, translate
 
 MAX_LEN = 6
 
@@ -70,13 +70,15 @@ def test_translate_keeps_order_and_empty_lines(adapter):
     lines = _lines()
     proj = make_projection(adapter, "full")
     got = translate(
-        adapter, proj, lines, "en", "it", batch_size=3, max_len=MAX_LEN, progress=False
+        adapter, proj, lines, "en", "it", SearchSettings(batch_size=3, max_len=MAX_LEN), progress=False
     ).hypotheses
     assert len(got) == len(lines)
     assert all(hyp == "" for line, hyp in zip(lines, got, strict=True) if not line.strip())
     # each line on its own gives the same output: sorting by length and batching restored the order
     alone = [
-        translate(adapter, proj, [line], "en", "it", max_len=MAX_LEN, progress=False).hypotheses[0]
+        translate(
+            adapter, proj, [line], "en", "it", SearchSettings(max_len=MAX_LEN), progress=False
+        ).hypotheses[0]
         for line in lines
     ]
     assert got == alone
@@ -89,10 +91,10 @@ def test_translate_workers_do_not_change_outputs(adapter, beam, parallel):
     """Batches decoded by parallel workers (CPU): the same outputs, in input order, as one at a time."""
     lines = _lines()
     proj = make_projection(adapter, "full")
-    kw = dict(beam=beam, batch_size=2, max_len=MAX_LEN, progress=False)
+    search = SearchSettings(beam=beam, batch_size=2, max_len=MAX_LEN)
     threads = torch.get_num_threads()
-    one = translate(adapter, proj, lines, "en", "it", workers=1, **kw)
-    three = translate(adapter, proj, lines, "en", "it", workers=3, parallel=parallel, **kw)
+    one = translate(adapter, proj, lines, "en", "it", search, workers=1, progress=False)
+    three = translate(adapter, proj, lines, "en", "it", search, workers=3, parallel=parallel, progress=False)
     assert three.hypotheses == one.hypotheses and three.target_tokens == one.target_tokens
     assert len({h for h in one.hypotheses if h}) > 2
     assert torch.get_num_threads() == threads  # a worker's thread setting does not leak
@@ -104,7 +106,7 @@ def test_worker_processes_add_their_counts_to_the_callers_projection(adapter, tm
     ids = list(range(0, adapter.n_vocab, 3))
     _save_map(adapter, tmp_path / "maps", [ids[: len(ids) // 2], ids[len(ids) // 3 :], ids])
     lines = _lines()
-    kw = dict(batch_size=2, max_len=MAX_LEN, progress=False)
+    kw = dict(search=SearchSettings(batch_size=2, max_len=MAX_LEN), progress=False)
     tallies = []
     for parallel in ("processes", "threads"):
         proj = make_projection(adapter, "clustered", cluster_map=tmp_path / "maps" / "en-it")
@@ -165,8 +167,8 @@ from fastvocab.decoding import Seq2SeqAdapter
 from fastvocab.tasks.projections import make_projection
 adapter = Seq2SeqAdapter.load({str(model_dir)!r})
 tr.decode = lambda *a, **k: time.sleep(120)  # a batch that lasts
-tr.translate(adapter, make_projection(adapter, "full"), ["a b", "c d", "e f"], "en", "it", batch_size=1,
-             progress=False, workers=2, parallel="processes")
+tr.translate(adapter, make_projection(adapter, "full"), ["a b", "c d", "e f"], "en", "it",
+             tr.SearchSettings(batch_size=1), progress=False, workers=2, parallel="processes")
 """
     proc = subprocess.Popen([sys.executable, "-c", script])
     try:
@@ -200,25 +202,35 @@ def test_translate_worker_error_propagates(adapter, monkeypatch, parallel):
     proj = make_projection(adapter, "full")
     with pytest.raises(MemoryError, match="does not fit"):
         translate(
-            adapter, proj, lines, "en", "it", batch_size=2, max_len=MAX_LEN, progress=False, workers=2,
-            parallel=parallel,
+            adapter, proj, lines, "en", "it", SearchSettings(batch_size=2, max_len=MAX_LEN), progress=False,
+            workers=2, parallel=parallel,
         )  # fmt: skip
 
 
 def test_translate_beam_and_errors(adapter):
     proj = make_projection(adapter, "full")
     lines = _lines()
-    beam = translate(adapter, proj, lines, "en", "it", beam=3, max_len=MAX_LEN, progress=False).hypotheses
+    search = SearchSettings(beam=3, max_len=MAX_LEN)
+    beam = translate(adapter, proj, lines, "en", "it", search, progress=False).hypotheses
     assert len(beam) == len(lines) and any(beam)
-    kw = dict(beam=3, max_len=MAX_LEN, progress=False)
-    assert beam == [translate(adapter, proj, [x], "en", "it", **kw).hypotheses[0] for x in lines]
+    assert beam == [
+        translate(adapter, proj, [x], "en", "it", search, progress=False).hypotheses[0] for x in lines
+    ]
     assert all(h == "" for line, h in zip(lines, beam, strict=True) if not line.strip())
     assert translate(adapter, proj, [], "en", "it", progress=False).hypotheses == []
     with pytest.raises(ValueError, match="unknown language 'xx'"):
         translate(adapter, proj, lines, "xx", "it", progress=False)
     long_line = " ".join(["package"] * 50)
     with pytest.raises(ValueError, match=r"line 3 has \d+ tokens, more than max_input_tokens=20"):
-        translate(adapter, proj, ["a", "", long_line], "en", "it", max_input_tokens=20, progress=False)
+        translate(
+            adapter,
+            proj,
+            ["a", "", long_line],
+            "en",
+            "it",
+            SearchSettings(max_input_tokens=20),
+            progress=False,
+        )
 
 
 def test_score_and_search_error_rate():
@@ -246,7 +258,7 @@ def test_cli_text_round_trip(model_dir, adapter, tmp_path, capsys):
     got = out.read_text(encoding="utf-8").split("\n")
     assert got[-1] == "" and len(got) == len(lines) + 1  # one output line per input line
     expect = translate(
-        adapter, make_projection(adapter), lines, "en", "it", max_len=MAX_LEN, progress=False
+        adapter, make_projection(adapter), lines, "en", "it", SearchSettings(max_len=MAX_LEN), progress=False
     ).hypotheses
     assert got[:-1] == expect
     assert "translated 11 lines (7 non-empty" in err and "sentences/s" in err
@@ -307,7 +319,7 @@ def test_cli_early_stopping_reaches_the_search(model_dir, tmp_path, capsys, monk
     seen, real = [], task.decode
 
     def recording(*a, **kw):
-        seen.append(kw["early_stopping"])
+        seen.append(a[5].early_stopping)  # the search settings
         return real(*a, **kw)
 
     monkeypatch.setattr(task, "decode", recording)
@@ -401,7 +413,7 @@ def test_cli_parquet_round_trip(model_dir, adapter, tmp_path, capsys):
     assert set(table.column("direction").to_pylist()) == {"en-it"}
     assert set(table.column("method").to_pylist()) == {"full"}
     expect = translate(
-        adapter, make_projection(adapter), lines, "en", "it", max_len=MAX_LEN, progress=False
+        adapter, make_projection(adapter), lines, "en", "it", SearchSettings(max_len=MAX_LEN), progress=False
     ).hypotheses
     assert table.column("translation").to_pylist() == expect
 
@@ -609,7 +621,6 @@ def test_cli_inactive_mass_auto_and_exact_options(adapter, tmp_path, flags, want
 def _stream(model_dir, inp, out, chunk_lines=3, beam=1, graphs="auto"):
     """``fastvocab translate``'s run of a text file in this process, in parts of ``chunk_lines`` lines."""
     from fastvocab.pipeline.bulk_driver import BulkRequest, run_bulk
-    from fastvocab.tasks.translate import SearchSettings
 
     search = SearchSettings(beam=beam, batch_size=4, max_len=MAX_LEN, graphs=graphs)
     request = BulkRequest(
@@ -624,7 +635,13 @@ def long_input(adapter, tmp_path):
     inp = tmp_path / "in.txt"
     inp.write_text("\n".join(lines) + "\n", encoding="utf-8")
     expect = translate(
-        adapter, make_projection(adapter), lines, "en", "it", batch_size=4, max_len=MAX_LEN, progress=False
+        adapter,
+        make_projection(adapter),
+        lines,
+        "en",
+        "it",
+        SearchSettings(batch_size=4, max_len=MAX_LEN),
+        progress=False,
     ).hypotheses
     return inp, expect
 

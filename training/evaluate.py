@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, cast
 
 import torch
 
+from fastvocab.decoding.settings import SearchSettings
 from fastvocab.tasks.evaluate import score as sacrebleu_score
 
 if TYPE_CHECKING:
@@ -25,7 +26,7 @@ def translate(
     tgt_lang: str,
     *,
     batch_size: int = 32,
-    max_len: int = 128,
+    max_len: int = SearchSettings.max_len,
     adaptive_len: bool = True,
     device: str = "cpu",
 ) -> list[str]:

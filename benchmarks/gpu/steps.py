@@ -571,6 +571,7 @@ def searched(
     capture is timed too, as a translation pays it once per batch). Without CUDA the captured stepper runs
     its step eagerly (``--smoke`` checks the code)."""
     from fastvocab.decoding.search import beam_search, greedy_search
+    from fastvocab.decoding.settings import SearchSettings
     from fastvocab.decoding.steppers import CapturedStepper, EagerStepper
 
     batch = {"input_ids": src, "attention_mask": torch.ones_like(src)}
@@ -580,9 +581,8 @@ def searched(
 
     if beam == 1:
         return lambda: greedy_search(adapter, projection, batch, "en", "it", max_len=steps, stepper=stepper())
-    return lambda: beam_search(
-        adapter, projection, batch, "en", "it", beam=beam, max_len=steps, stepper=stepper()
-    )
+    settings = SearchSettings(beam=beam, max_len=steps, early_stopping=False)
+    return lambda: beam_search(adapter, projection, batch, "en", "it", settings, stepper=stepper())
 
 
 class _StaticProject:
@@ -629,7 +629,7 @@ def step_e2e_demo(args: argparse.Namespace) -> dict:
     from fastvocab.artifacts_schema.errors import ArtifactError
     from fastvocab.decoding.hf_adapter import Seq2SeqAdapter
     from fastvocab.tasks.projections import clustered_options, make_projection
-    from fastvocab.tasks.translate import translate
+    from fastvocab.tasks.translate import SearchSettings, translate
 
     device = pick_device(args.smoke)
     dtype = DTYPE
@@ -654,16 +654,17 @@ def step_e2e_demo(args: argparse.Namespace) -> dict:
         if map_dir is not None:
             opts = clustered_options("union", "auto", False, beam)
             projs["clustered"] = make_projection(ad, "clustered", cluster_map=map_dir, **opts)
-        kw = dict(beam=beam, batch_size=batch, max_len=max_len, progress=False)
+        kw = dict(beam=beam, batch_size=batch, max_len=max_len)
         base: dict[str, list[str]] = {}
         for name, proj in projs.items():
             for graphs in ("off", "on"):
                 variant = f"{name}/{'graph' if graphs == 'on' else 'eager'}"
-                translate(ad, proj, lines[:batch], "en", "it", graphs=graphs, **kw)  # warm-up
+                search = SearchSettings(graphs=graphs, **kw)
+                translate(ad, proj, lines[:batch], "en", "it", search, progress=False)  # warm-up
                 runs = []
                 for _ in range(repeats):
                     sync(device)
-                    runs.append(translate(ad, proj, lines, "en", "it", graphs=graphs, **kw))
+                    runs.append(translate(ad, proj, lines, "en", "it", search, progress=False))
                     sync(device)
                 hyp = runs[-1].hypotheses
                 base.setdefault(name, hyp)

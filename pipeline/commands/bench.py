@@ -247,21 +247,19 @@ def _fidelity_record(
     """The yardstick's JSON record of ``results`` (``started``: the load average before and the start)."""
     import torch
 
-    from fastvocab.experiments.fidelity import fidelity_record
+    from fastvocab.experiments.fidelity import fidelity_record, run_meta
 
     load_before, t0 = started
+    seconds = time.perf_counter() - t0
     return fidelity_record(
         results,
+        run_meta(adapter, args.device, load_before, threads=torch.get_num_threads()),
         command=command,
-        adapter=adapter,
         settings=settings,
         model=str(args.model),
         maps=str(args.maps),
         directions=directions,
-        device=args.device,
-        threads=torch.get_num_threads(),
-        seconds=time.perf_counter() - t0,
-        load_before=load_before,
+        seconds=seconds,
         extra_meta={"shortlists": {d: str(p) for d, p in shortlists.items()}},
     )
 

@@ -166,9 +166,9 @@ def run(args: argparse.Namespace) -> int:
             path = args.from_tsv or args.from_parquet
             results = [
                 corpus_import.import_parallel(
-                    cfg.out_dir, path, args.src_lang, args.tgt_lang, fmt=mode,
-                    src_col=args.src_col, tgt_col=args.tgt_col, doc_col=args.doc_col,
-                    pivot=cfg.pivot, force=args.force, **split,
+                    cfg.out_dir,
+                    corpus_import.ParallelFile(path, mode, args.src_col, args.tgt_col, args.doc_col),
+                    args.src_lang, args.tgt_lang, pivot=cfg.pivot, force=args.force, **split,
                 )
             ]  # fmt: skip
     except corpus.CorpusError as exc:

@@ -285,18 +285,9 @@ def run_paper_command(args: argparse.Namespace) -> int:
         print(f"[{time.perf_counter() - t0:7.1f} s] {msg}", file=sys.stderr, flush=True)
 
     try:
+        data = ep.PaperData(args.corpus, maps, [states], cache, pool_corpus=args.pool_corpus)
         res = ep.run_paper(
-            adapter,
-            args.corpus,
-            maps,
-            [states],
-            cache,
-            settings,
-            parts,
-            model_path=args.model,
-            device=args.device,
-            pool_corpus=args.pool_corpus,
-            note=note,
+            adapter, data, settings, parts, model_path=args.model, device=args.device, note=note
         )
     except ValueError as exc:  # an unknown language, a direction without corpus sentences
         raise UserError(str(exc)) from exc

@@ -24,7 +24,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from fastvocab.artifacts_schema.atomic import STDIO, copy_to_stream, is_stream
+from fastvocab.artifacts_schema.bulk_parts import PART_LINES
 from fastvocab.artifacts_schema.errors import ArtifactError
+from fastvocab.decoding.settings import SearchSettings
 from fastvocab.pipeline.checks import check_device, check_map_direction, untrained_direction
 from fastvocab.pipeline.commands import (
     add_batch_size,
@@ -40,6 +42,7 @@ from fastvocab.pipeline.commands import (
 from fastvocab.pipeline.config import TranslateConfig
 from fastvocab.pipeline.errors import UserError
 from fastvocab.pipeline.wording import plural
+from fastvocab.tasks.method_settings import MethodSettings
 from fastvocab.tasks.methods import INDEXED_METHODS
 
 if TYPE_CHECKING:
@@ -260,10 +263,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--chunk-lines",
         type=int,
-        default=None,
+        default=PART_LINES,
         metavar="N",
         help="lines a part: memory holds one part a worker, each finished part is kept (in OUTPUT.parts/, "
-        "or in the dataset folder), and a rerun after a kill resumes there (default: 10000)",
+        "or in the dataset folder), and a rerun after a kill resumes there (default: %(default)s)",
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     g = p.add_argument_group("on Ray: the same parts, translated by Ray actors")
@@ -406,21 +409,10 @@ def _projection_options(args: argparse.Namespace) -> dict[str, object]:
         artifact = resolve_map_dir(args.clusters, args.src_lang, args.tgt_lang)
     elif args.method in INDEXED_METHODS and args.index is not None:
         artifact = resolve_index(args.index, args.method, direction)
+    # the flags are named as MethodSettings' fields (--selection, --inactive-mass, ...)
+    settings = MethodSettings(**{f.name: getattr(args, f.name) for f in fields(MethodSettings)})
     return method_options(
-        args.method,
-        direction,
-        beam=args.beam,
-        artifact=artifact,
-        selection=args.selection,
-        inactive_mass=args.inactive_mass,
-        exact=args.exact,
-        probes=args.probes,
-        candidates=args.candidates,
-        bits=args.bits,
-        ef_search=args.ef_search,
-        frequent=args.frequent,
-        scope=args.scope,
-        shortlist=shortlist,
+        args.method, direction, settings, beam=args.beam, artifact=artifact, shortlist=shortlist
     )
 
 
@@ -509,8 +501,6 @@ def through_files(input: str, output: str) -> Iterator[tuple[str, str, Callable[
 
 def _translate(args: argparse.Namespace, input_path: str, output_path: str) -> BulkResult:
     from fastvocab.pipeline.bulk_driver import BulkRequest, run_bulk
-    from fastvocab.tasks.bulk import PART_LINES
-    from fastvocab.tasks.translate import SearchSettings
 
     request = BulkRequest(
         input_path,
@@ -529,7 +519,7 @@ def _translate(args: argparse.Namespace, input_path: str, output_path: str) -> B
         num_cpus_per_worker=args.threads or args.num_cpus_per_worker,
         num_gpus_per_worker=args.num_gpus_per_worker,
         threads=args.threads,
-        lines_per_part=PART_LINES if args.chunk_lines is None else args.chunk_lines,
+        lines_per_part=args.chunk_lines,
         text_column=args.input_column,
         id_column=args.id_column,
     )

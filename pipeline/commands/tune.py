@@ -328,10 +328,8 @@ def run_coverage(args: argparse.Namespace) -> int:
     decoder = DumpDecoder(ctx, DumpSettings(k=1, max_len=args.max_len))
     t0 = time.perf_counter()
     try:
-        result = coverage.tune_by_coverage(
-            decoder, files, dev, test, direction, budget=budget, rs=rs, ks=ks, probes=probes,
-            batch=args.batch_size, seed=args.seed,
-        )  # fmt: skip
+        grid = coverage.CoverageGrid(rs, ks, probes, batch=args.batch_size, seed=args.seed)
+        result = coverage.tune_by_coverage(decoder, files, dev, test, direction, grid, budget=budget)
     except ValueError as exc:  # a K the states do not hold, too few states for an r
         raise UserError(str(exc)) from exc
     out_dir = (args.output or args.work_dir / "tune") / f"{direction}-coverage"

@@ -45,16 +45,9 @@ def run(ctx: StageContext) -> list[StageRecord]:
 
         shortlist = index_dir(t.shortlist, "shortlist", direction)  # checked when the projection loads it
     try:
+        artifact = _artifact(ctx, cfg.method, direction)
         options = method_options(
-            cfg.method,
-            direction,
-            beam=t.beam,
-            artifact=_artifact(ctx, cfg.method, direction),
-            selection=t.selection,
-            inactive_mass=t.inactive_mass,
-            exact=t.exact,
-            probes=t.probes,
-            shortlist=shortlist,
+            cfg.method, direction, t.method(), beam=t.beam, artifact=artifact, shortlist=shortlist
         )
     except ValueError as exc:
         raise UserError(f"bulk.method {cfg.method}: {exc}") from exc

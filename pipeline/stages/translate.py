@@ -109,15 +109,7 @@ def _method_plan(
         # Other methods take options the pipeline does not know yet: they run with their defaults.
         prov["options"] = "defaults"
     options = method_options(
-        method,
-        direction,
-        beam=t.beam,
-        artifact=artifact,
-        selection=t.selection,
-        inactive_mass=t.inactive_mass,
-        exact=t.exact,
-        probes=t.probes,
-        shortlist=shortlist,
+        method, direction, t.method(), beam=t.beam, artifact=artifact, shortlist=shortlist
     )
     if method == "clustered":  # the options as recorded: the map and the table are named by their digests
         prov["options"] = {k: v for k, v in options.items() if k not in ("cluster_map", "shortlist")}

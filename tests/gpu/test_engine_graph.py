@@ -97,6 +97,7 @@ def test_graphed_greedy_search_equals_eager_on_the_demo_model():
 def test_graphed_beam_search_equals_eager_on_the_demo_model(rule):
     """The beam step captured in its two graphs (the captured stepper) against the eager search, GPU, fp32."""
     from fastvocab.decoding import Seq2SeqAdapter, beam_search
+    from fastvocab.decoding.settings import SearchSettings
     from fastvocab.decoding.steppers import CapturedStepper
     from fastvocab.kernels import create_projection
 
@@ -104,9 +105,9 @@ def test_graphed_beam_search_equals_eager_on_the_demo_model(rule):
     full = create_projection("full", demo.output_weight, demo.output_bias)
     lines = ["GNU C library: shared libraries", "transitional package", "fast, lightweight web server"]
     batch = demo.encode_texts(lines, "en")
-    kw = dict(beam=3, max_len=40, early_stopping=rule)
-    want = beam_search(demo, full, batch, "en", "it", **kw)
-    got = beam_search(demo, full, batch, "en", "it", stepper=CapturedStepper(demo, capture=True), **kw)
+    settings = SearchSettings(beam=3, max_len=40, early_stopping=rule)
+    want = beam_search(demo, full, batch, "en", "it", settings)
+    got = beam_search(demo, full, batch, "en", "it", settings, stepper=CapturedStepper(demo, capture=True))
     assert got == want and any(want)
 
 
@@ -116,12 +117,13 @@ def test_translate_with_graphs_equals_eager_on_the_demo_model(beam):
     as the eager translation (GPU, fp32, full projection)."""
     from fastvocab.decoding import Seq2SeqAdapter
     from fastvocab.tasks.projections import make_projection
-    from fastvocab.tasks.translate import translate
+    from fastvocab.tasks.translate import SearchSettings, translate
 
     demo = Seq2SeqAdapter.load(DEMO, device=DEV)
     full = make_projection(demo, "full")
     lines = ["GNU C library: shared libraries", "transitional package", "fast, lightweight web server",
              "documentation for the Python interpreter", "", "daemon that monitors disks"]  # fmt: skip
-    kw = dict(beam=beam, batch_size=2, max_len=40, progress=False)
-    want = translate(demo, full, lines, "en", "it", **kw).hypotheses
-    assert translate(demo, full, lines, "en", "it", graphs="on", **kw).hypotheses == want and any(want)
+    search = SearchSettings(beam=beam, batch_size=2, max_len=40)
+    want = translate(demo, full, lines, "en", "it", search, progress=False).hypotheses
+    on = SearchSettings(beam=beam, batch_size=2, max_len=40, graphs="on")
+    assert translate(demo, full, lines, "en", "it", on, progress=False).hypotheses == want and any(want)
