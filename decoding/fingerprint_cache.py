@@ -14,16 +14,20 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 
-def fingerprint_cache() -> Path:
-    """Where model fingerprints are remembered: ``$FASTVOCAB_CACHE_DIR``, else ``$XDG_CACHE_HOME/fastvocab``,
-    else ``~/.cache/fastvocab``."""
+def cache_root() -> Path:
+    """fastvocab's cache folder (fingerprints here, exported engines in ``engines/``):
+    ``$FASTVOCAB_CACHE_DIR``, else ``$XDG_CACHE_HOME/fastvocab``, else ``~/.cache/fastvocab``."""
     import os
 
     root = os.environ.get("FASTVOCAB_CACHE_DIR")
     if root:
-        return Path(root) / "fingerprints.json"
-    xdg = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(xdg) / "fastvocab" / "fingerprints.json"
+        return Path(root)
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "fastvocab"
+
+
+def fingerprint_cache() -> Path:
+    """Where model fingerprints are remembered: ``fingerprints.json`` in :func:`cache_root`."""
+    return cache_root() / "fingerprints.json"
 
 
 def _files_key(folder: Path) -> str | None:

@@ -26,15 +26,17 @@ import logging
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
 from fastvocab.artifacts_schema.fingerprint import projection_fingerprint
 from fastvocab.decoding.fingerprint_cache import cached_fingerprint, remember_fingerprint
 from fastvocab.decoding.piece_table import PieceTable
+from fastvocab.decoding.settings import ENGINES
 
 if TYPE_CHECKING:
+    from fastvocab.decoding.onnx_step import OnnxDecoder
     from fastvocab.decoding.static_decoder import StaticDecoder
 
 log = logging.getLogger(__name__)
@@ -79,9 +81,6 @@ class DecoderState:
         if self.encoder is None:
             return self.cache.rows
         return self.encoder.hidden.shape[0]
-
-
-ENGINES = ("auto", "static", "hf", "onnx")
 
 
 class Seq2SeqAdapter:
@@ -182,7 +181,8 @@ class Seq2SeqAdapter:
         if engine == "onnx":  # the static engine's layers run by ONNX Runtime (decoding/onnx_step.py)
             from fastvocab.decoding.onnx_step import OnnxDecoder
 
-            self._static = OnnxDecoder(self._static, lambda: self.fingerprint)
+            # OnnxDecoder keeps StaticDecoder's interface (step, reorder, caches): the adapter calls it as one
+            self._static = cast("StaticDecoder", OnnxDecoder(self._static, lambda: self.fingerprint))
             return "onnx"
         return "static"
 
@@ -199,7 +199,7 @@ class Seq2SeqAdapter:
         if self.dtype != torch.float32:
             raise ValueError(f"int8 quantisation starts from a float32 model, got {self.dtype}")
         if self.engine == "onnx":
-            self._static.quantize_int8()  # type: ignore[union-attr]
+            cast("OnnxDecoder", self._static).quantize_int8()
         elif self._static is not None:
             unpack_linears(self._static)  # float32 fast path: its layers go back to nn.Linear, then to int8
             self._static = quantize_linears(self._static)

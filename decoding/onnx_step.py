@@ -38,13 +38,12 @@ ENGINE_VERSION = "3"  # bump when the exported graph changes: a new cache key
 
 
 def engine_cache() -> Path:
-    """Where exported decoder bodies are kept: ``$FASTVOCAB_CACHE_DIR/engines``, else
-    ``$XDG_CACHE_HOME/fastvocab/engines``, else ``~/.cache/fastvocab/engines``."""
-    root = os.environ.get("FASTVOCAB_CACHE_DIR")
-    if root:
-        return Path(root) / "engines"
-    xdg = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(xdg) / "fastvocab" / "engines"
+    """Where exported decoder bodies are kept: ``engines/`` in the cache folder
+    (``fingerprint_cache.cache_root``: ``$FASTVOCAB_CACHE_DIR``, else ``$XDG_CACHE_HOME/fastvocab``, else
+    ``~/.cache/fastvocab``)."""
+    from fastvocab.decoding.fingerprint_cache import cache_root
+
+    return cache_root() / "engines"
 
 
 def onnx_unavailable() -> str | None:

@@ -14,6 +14,8 @@ from typing import Literal
 # beam search's stopping rules as generate's early_stopping names them; None: the model's own
 StoppingRule = bool | Literal["never"] | None
 Graphs = Literal["auto", "on", "off"]  # decoding.steppers.GRAPHS
+# the decoder-step engines (decoding.hf_adapter.Seq2SeqAdapter's engine; onnx: decoding.onnx_step)
+ENGINES = ("auto", "static", "hf", "onnx")
 
 
 @dataclass(frozen=True)

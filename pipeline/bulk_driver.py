@@ -73,6 +73,7 @@ class BulkRequest:
     options: dict[str, object] = field(default_factory=dict)  # make_projection's, artifacts located
     search: SearchSettings = field(default_factory=SearchSettings)
     dtype: str = "float32"
+    engine: str = "auto"  # the decoder-step engine (Seq2SeqAdapter's ``engine``)
     device: str = "cpu"
     workers: int = 1
     ray_address: str | None = None
@@ -271,7 +272,9 @@ def _describe(request: BulkRequest, here: bool):
             torch.set_num_threads(request.threads)
         dtype = torch.float32 if int8 else getattr(torch, request.dtype)
         # lite: the model decodes here and nothing else; transformers' modeling stack costs seconds to import
-        adapter = Seq2SeqAdapter.load(request.model, device=_device(request), dtype=dtype, lite=True)
+        adapter = Seq2SeqAdapter.load(
+            request.model, device=_device(request), dtype=dtype, engine=request.engine, lite=True
+        )
     else:
         adapter = Seq2SeqAdapter.load(request.model, lite=True)
     try:
@@ -397,6 +400,7 @@ def _run(request, inp, layout, parts, output, t0, ray, progress, worker_cls, own
         search=request.search,
         options=request.options,
         dtype=request.dtype,
+        engine=request.engine,
         device=_device(request),
         torch_threads=request.num_cpus_per_worker if ray is not None else request.threads,
         id_type=inp.id_type,

@@ -301,6 +301,7 @@ class BulkJob:
     search: SearchSettings = field(default_factory=SearchSettings)
     options: dict[str, object] = field(default_factory=dict)  # make_projection's (map and index paths)
     dtype: str = "float32"
+    engine: str = "auto"  # the decoder-step engine (Seq2SeqAdapter's ``engine``)
     device: str = "cpu"
     torch_threads: int | None = None
     id_type: str = "int"
@@ -312,8 +313,9 @@ class BulkJob:
 
     def plan(self, r: BulkRange) -> dict[str, object]:
         """What a part records and a rerun compares: the rows and their digest, the model, the method's
-        signature and dtype, the search settings, the direction."""
-        return {
+        signature and dtype, the search settings, the direction, and the engine where one was named (an
+        engine's int8 arithmetic is its own: a part another engine wrote is translated again)."""
+        plan: dict[str, object] = {
             "input": {
                 "file": _relative(r.path, self.input_root),
                 "rows": [r.start, r.stop],
@@ -325,6 +327,9 @@ class BulkJob:
             "direction": self.direction,
             "search": self.search.plan(),
         }
+        if self.engine != "auto":  # parts written before engines were named stay reusable under "auto"
+            plan["engine"] = self.engine
+        return plan
 
 
 def _relative(path: str, root: str) -> str:
@@ -356,7 +361,7 @@ def load_model(job: BulkJob) -> Seq2SeqAdapter:
     from fastvocab.tasks.context import RunContext
 
     dtype = "float32" if job.dtype == "int8" else job.dtype
-    adapter = RunContext(job.model, job.device, dtype, job.torch_threads).load_adapter()
+    adapter = RunContext(job.model, job.device, dtype, job.torch_threads, job.engine).load_adapter()
     if job.dtype == "int8":
         adapter.quantize_int8()
     return adapter

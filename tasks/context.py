@@ -26,6 +26,7 @@ class RunContext:
     device: str = "cpu"
     dtype: str = "float32"
     torch_threads: int | None = None
+    engine: str = "auto"  # the decoder-step engine (Seq2SeqAdapter's ``engine``)
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -46,6 +47,7 @@ class RunContext:
             device=self.device,
             dtype=getattr(torch, self.dtype),
             fingerprint=self.model.fingerprint,
+            engine=self.engine,
         )
         if (adapter.n_vocab, adapter.d_model) != (self.model.n_vocab, self.model.d):
             raise ValueError(

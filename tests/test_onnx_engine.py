@@ -14,6 +14,7 @@ pytest.importorskip("onnx")
 
 from fastvocab.decoding import Seq2SeqAdapter, beam_search, greedy_search
 from fastvocab.decoding.onnx_step import OnnxDecoder
+from fastvocab.decoding.settings import ENGINES, SearchSettings
 from fastvocab.kernels import create_projection
 
 DEMO_MODEL = Path(__file__).resolve().parent.parent / "models" / "demo"
@@ -73,8 +74,9 @@ def test_greedy_and_beam_equal_the_static_engine(static, onnx, src, tgt):
         static, full, batch, src, tgt, max_len=10
     )
     for beam in (2, 4):
-        ours = beam_search(onnx, full, batch, src, tgt, beam=beam, max_len=10)
-        assert ours == beam_search(static, full, batch, src, tgt, beam=beam, max_len=10)
+        search = SearchSettings(beam=beam, max_len=10, early_stopping=False)
+        ours = beam_search(onnx, full, batch, src, tgt, search)
+        assert ours == beam_search(static, full, batch, src, tgt, search)
 
 
 def test_export_is_cached_and_reused(tiny_model_dir, tmp_path, monkeypatch):
@@ -119,7 +121,8 @@ def test_int8_stays_close_and_runs_the_search(tiny_model_dir, static, cache_dir,
     finally:
         torch.set_num_threads(threads)
     full = create_projection("full", static.output_weight, static.output_bias, int8=True)
-    out = beam_search(adapter, full, batch, "en", "it", beam=2, max_len=6)
+    search = SearchSettings(beam=2, max_len=6, early_stopping=False)
+    out = beam_search(adapter, full, batch, "en", "it", search)
     assert len(out) == 4
 
 
@@ -147,9 +150,11 @@ def test_demo_clustered_shortlist_and_exact_equal_the_static_engine(beam, tmp_pa
             proj = make_projection(
                 adapter, "clustered", cluster_map=DEMO_MAPS / "en-it", shortlist=shortlist, **opts
             )
-            search = greedy_search if beam == 1 else beam_search
-            kw = {} if beam == 1 else {"beam": beam}
-            outputs.append(search(adapter, proj, batch, "en", "it", max_len=32, **kw))
+            if beam == 1:
+                outputs.append(greedy_search(adapter, proj, batch, "en", "it", max_len=32))
+            else:
+                search = SearchSettings(beam=beam, max_len=32, early_stopping=False)
+                outputs.append(beam_search(adapter, proj, batch, "en", "it", search))
     assert outputs[:2] == outputs[2:]
 
 
@@ -163,6 +168,38 @@ def test_forked_workers_decode_after_the_parent_did(onnx, static):
     lines = synthetic_sentences("en", 8, seed=9)
     batch = onnx.encode_texts(lines[:2], "en")
     greedy_search(onnx, full, batch, "en", "it", max_len=4)  # the parent's session exists now
-    kw = dict(beam=1, batch_size=2, max_len=6, progress=False)
-    ours = translate(onnx, full, lines, "en", "it", workers=2, parallel="processes", **kw)
-    assert ours.hypotheses == translate(static, full, lines, "en", "it", workers=1, **kw).hypotheses
+    search = SearchSettings(beam=1, batch_size=2, max_len=6)
+    ours = translate(onnx, full, lines, "en", "it", search, workers=2, parallel="processes", progress=False)
+    theirs = translate(static, full, lines, "en", "it", search, workers=1, progress=False)
+    assert ours.hypotheses == theirs.hypotheses
+
+
+def test_translate_engine_flag_gives_the_static_outputs(spread_model_dir, cache_dir, tmp_path, monkeypatch):
+    """``fastvocab translate --engine onnx`` end to end (the bulk job carries the engine to the loaded
+    model): the default engine's lines, and the summary names the engine."""
+    from fastvocab.pipeline.cli import main
+
+    monkeypatch.setenv("FASTVOCAB_CACHE_DIR", str(cache_dir))
+    (tmp_path / "in.txt").write_text("\n".join(synthetic_sentences("en", 5, seed=3)) + "\n", encoding="utf-8")
+    outs = {}
+    for engine in ("auto", "onnx"):
+        out = tmp_path / f"{engine}.txt"
+        argv = ["translate", "--model", str(spread_model_dir), "--src-lang", "en", "--tgt-lang", "it"]
+        argv += ["--max-len", "6", "--no-progress", "-i", str(tmp_path / "in.txt"), "-o", str(out)]
+        assert main([*argv, "--engine", engine]) == 0
+        outs[engine] = out.read_text(encoding="utf-8").splitlines()
+    assert len(outs["auto"]) == 5 and any(outs["auto"])
+    assert outs["onnx"] == outs["auto"]
+
+
+def test_a_named_engine_is_part_of_a_parts_plan():
+    """A part another engine wrote is translated again (int8 arithmetic differs between engines); parts
+    written under the default engine keep their plan, so earlier runs stay resumable."""
+    from fastvocab.artifacts_schema.fingerprint import ModelRef
+    from fastvocab.tasks.bulk import BulkJob, BulkRange
+
+    model = ModelRef(path="m", fingerprint="sha256:x", d=4, n_vocab=8)
+    part = BulkRange(index=0, kind="text", path="in.txt", start=0, stop=3, first_row=0, digest="d")
+    plans = {e: BulkJob(model, "en", "it", "full", "sig", "parts", engine=e).plan(part) for e in ENGINES}
+    assert "engine" not in plans["auto"]
+    assert plans["onnx"]["engine"] == "onnx" and plans["onnx"] != plans["static"] != plans["auto"]

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 from fastvocab.artifacts_schema.atomic import STDIO, copy_to_stream, is_stream
 from fastvocab.artifacts_schema.bulk_parts import PART_LINES
 from fastvocab.artifacts_schema.errors import ArtifactError
-from fastvocab.decoding.settings import SearchSettings
+from fastvocab.decoding.settings import ENGINES, SearchSettings
 from fastvocab.pipeline.checks import check_device, check_map_direction, untrained_direction
 from fastvocab.pipeline.commands import (
     add_batch_size,
@@ -238,6 +238,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         choices=_DTYPES,
         help="model dtype; int8: CPU dynamic quantisation of the encoder and decoder linear layers and of "
         "the full or clustered projection (outputs may differ from float32 on a few %% of lines) "
+        "(default: %(default)s)",
+    )
+    p.add_argument(
+        "--engine",
+        default="auto",
+        choices=ENGINES,
+        help="the decoder step: static = fastvocab's lean preallocated-cache step; onnx = the same layers "
+        "run by ONNX Runtime (CPU; exported once per model into the cache folder, a few seconds the first "
+        "time; with --dtype int8 ONNX Runtime's own int8, so outputs differ from static int8 on some lines); "
+        "hf = the Hugging Face decoder; auto = static where the model's family has it, else hf "
         "(default: %(default)s)",
     )
     p.add_argument(
@@ -513,6 +523,7 @@ def _translate(args: argparse.Namespace, input_path: str, output_path: str) -> B
         # the flags are named as SearchSettings' fields (--beam, --batch-size, ...)
         search=SearchSettings(**{f.name: getattr(args, f.name) for f in fields(SearchSettings)}),
         dtype=args.dtype,
+        engine=args.engine,
         device=args.device,
         workers=args.workers,
         ray_address=args.ray_address,
@@ -551,6 +562,7 @@ def _summarise(args: argparse.Namespace, result: BulkResult) -> None:
             f"translated {result.summary()} in {result.seconds:.2f} s (load {result.load_seconds:.2f} s, "
             f"translating {result.translate_seconds:.2f} s), {speed} "
             f"[{args.method}, beam {args.beam}, batch {args.batch_size}, {args.device}, {args.dtype}, "
+            f"{'' if args.engine == 'auto' else f'engine {args.engine}, '}"
             f"{where}] -> {'standard output' if args.output == STDIO else args.output}",
             file=sys.stderr,
         )
