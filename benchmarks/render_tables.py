@@ -426,6 +426,54 @@ def render_scale(root: Path, doc: Path) -> str:
     return out + "\n" + _sources(doc, root, [*SCALE, STREAM])
 
 
+# --- models/demo-maps/README.md: what the two all-text maps hold (maps.json, the manifests, the files) ---
+
+MAPS_DIR = "models/demo-maps"
+
+
+def _mib(folder: Path) -> str:
+    return f"{sum(f.stat().st_size for f in folder.glob('*.zst')) / 2**20:.1f} MiB"
+
+
+def render_card(root: Path, doc: Path) -> str:
+    maps = root / MAPS_DIR
+    built = json.loads((maps / "maps.json").read_text())
+    cols: dict[str, list[str]] = {}
+    for d in DIRECTIONS:
+        entry, stats = built["maps"][d], built["maps"][d]["build"]["sources"][d]["stats"]
+        manifest = json.loads((maps / d / "manifest.json").read_text())
+        table = json.loads((maps / "shortlist" / d / "manifest.json").read_text())
+        states, frac, n = entry["beam_states"], manifest["active_fraction"], manifest["n_vocab"]
+        frequent = table["params"]["frequent"]
+        cols[d] = [
+            f"{stats['train']['kept']:,} + {stats['mono']['kept']:,}",
+            f"{stats['mono']['held_out']:,}",
+            f"{states['0']:,} / {states['1']:,}",
+            f"{entry['r']:,}, {entry['k']}, {entry['probes']}",
+            f"{100 * frac['mean']:.2f}% / {100 * frac['max']:.2f}%",
+            str(entry["normaliser_rank"]),
+            _mib(maps / d),
+            f"{table['params']['k']}, {frequent or 'none'}, {table['extra']['source_types']:,}",
+            _mib(maps / "shortlist" / d),
+        ]
+    labels = [
+        "source lines: train + monolingual (after de-duplication)",
+        "monolingual lines left out: they are dev or test lines",
+        "dumped states: reference path / greedy path",
+        "clusters r, top-K per state, probes",
+        f"set size, mean / largest (share of the {n:,} ids)",
+        "normaliser rank (beam search's mass estimate)",
+        "map size (compact form, zstd)",
+        "shortlist: targets per source subword, frequent list, source subwords with a row",
+        "shortlist size (compact form, zstd)",
+    ]
+    out = "| | " + " | ".join(DIRECTIONS) + " |\n" + _row(["---", "---:", "---:"])
+    for i, label in enumerate(labels):
+        out += _row([label, *(cols[d][i] for d in DIRECTIONS)])
+    rel = Path(os.path.relpath(maps / "maps.json", doc.parent)).as_posix()
+    return out + f"\nRendered by `benchmarks/render_tables.py` from [maps.json]({rel}) and the manifests.\n"
+
+
 TABLES: dict[str, Callable[[Path, Path], str]] = {
     "peer-cpu": render_peer,
     "methods-cpu": render_methods,
@@ -435,6 +483,7 @@ TABLES: dict[str, Callable[[Path, Path], str]] = {
     "coverage": render_coverage,
     "shipped-test": render_shipped_test,
     "scale": render_scale,
+    "maps-card": render_card,
 }
 
 

@@ -36,9 +36,8 @@ def _copy_docs(render_tables, dst: Path) -> None:
         target = dst / doc.relative_to(ROOT)
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(doc, target)
-    shipped = dst / "models" / "demo-maps"
-    shipped.mkdir(parents=True, exist_ok=True)
-    shutil.copy2(ROOT / "models" / "demo-maps" / "maps.json", shipped)
+    # the maps' build record, manifests and file sizes (the card's table reads them)
+    shutil.copytree(ROOT / "models" / "demo-maps", dst / "models" / "demo-maps", dirs_exist_ok=True)
     shutil.copytree(
         ROOT / "benchmarks" / "results",
         dst / "benchmarks" / "results",
