@@ -9,6 +9,7 @@ import torch
 
 from fastvocab.decoding.hf_adapter import Seq2SeqAdapter
 from fastvocab.decoding.search import beam_search, greedy_search
+from fastvocab.decoding.settings import SearchSettings
 from fastvocab.kernels.exact_gate import PROBE_EVERY, WARMUP_CALLS, ExactGate
 from fastvocab.tasks.projections import make_projection
 from tests.conftest import synthetic_sentences
@@ -41,21 +42,24 @@ def test_exact_steps_go_full_when_few_rows_are_certified_and_the_outputs_stay_fu
     cmap = map_from_sets(rng.standard_normal((6, adapter.d_model)), sets, n, adapter.fingerprint)
     full = make_projection(adapter, "full")
     batch = adapter.encode_texts(synthetic_sentences("en", 6, seed=4), "en", "it")
-    search = greedy_search if beam == 1 else beam_search
-    kw = {} if beam == 1 else {"beam": beam}
-    want = search(adapter, full, batch, "en", "it", max_len=24, **kw)
+    settings = SearchSettings(beam=beam, max_len=24, early_stopping=False)
+
+    def search(*args):
+        return greedy_search(*args, max_len=24) if beam == 1 else beam_search(*args, settings)
+
+    want = search(adapter, full, batch, "en", "it")
     exact_k = 1 if beam == 1 else 2 * beam
     gated = make_projection(adapter, "clustered", cluster_map=cmap, exact_k=exact_k)
-    assert search(adapter, gated, batch, "en", "it", max_len=24, **kw) == want
+    assert search(adapter, gated, batch, "en", "it") == want
     calls = gated._gate.calls
     assert calls > WARMUP_CALLS + 1 and 0 < gated.counters["full"] < gated.counters["rows"]
     assert gated.stats()["full_fraction"] > 0.5  # most steps skipped the certificate
     ungated = make_projection(
         adapter, "clustered", cluster_map=cmap, exact_k=exact_k, full_when_cheaper=False
     )
-    assert search(adapter, ungated, batch, "en", "it", max_len=24, **kw) == want
+    assert search(adapter, ungated, batch, "en", "it") == want
     assert ungated.counters["full"] == 0 and ungated.certified_fraction < 0.5
     gated.full_when_cheaper = False  # switched off later, as for the int8 rule: the certificate every step
     gated.reset_counters()
-    assert search(adapter, gated, batch, "en", "it", max_len=24, **kw) == want
+    assert search(adapter, gated, batch, "en", "it") == want
     assert gated.counters["full"] == 0 and gated.counters["rows"] > 0

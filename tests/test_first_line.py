@@ -8,6 +8,7 @@ import torch
 
 import fastvocab.tasks.translate as tr
 from fastvocab.decoding.hf_adapter import Seq2SeqAdapter
+from fastvocab.decoding.settings import SearchSettings
 from fastvocab.tasks.projections import make_projection
 
 
@@ -37,9 +38,8 @@ def test_one_batch_is_decoded_here_without_forking(tiny, no_fork, threads):
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        res = tr.translate(
-            adapter, projection, ["the package", "a tool"], "en", "it", max_len=8, progress=False
-        )
+        lines = ["the package", "a tool"]
+        res = tr.translate(adapter, projection, lines, "en", "it", SearchSettings(max_len=8), progress=False)
     finally:
         torch.set_num_threads(before)
     assert len(res.hypotheses) == 2
@@ -60,8 +60,7 @@ def test_more_batches_than_one_worker_takes_fork_workers(tiny, no_fork):
                 ["the package", "a tool", "data"],
                 "en",
                 "it",
-                batch_size=1,
-                max_len=8,
+                SearchSettings(batch_size=1, max_len=8),
                 progress=False,
             )
     finally:
