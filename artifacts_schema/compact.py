@@ -173,20 +173,3 @@ def decode_tensors(
         rows = out[delta] if delta not in (None, "all") else None
         out[name] = decode_tensor(stored[name], entry, rows)
     return out
-
-
-def stored_sizes(tensors: Mapping[str, np.ndarray], level: int = 19) -> dict[str, dict[str, Any]]:
-    """Each stored tensor's dtype, bytes and zstd-compressed bytes on its own (at the shipped ``level``):
-    where a file's size goes."""
-    import pyarrow as pa
-
-    codec = pa.Codec("zstd", compression_level=level)
-    return {
-        name: {
-            "stored": a.dtype.name,
-            "shape": list(a.shape),
-            "bytes": int(a.nbytes),
-            "zstd_bytes": len(codec.compress(np.ascontiguousarray(a).tobytes(), asbytes=True)),
-        }
-        for name, a in tensors.items()
-    }

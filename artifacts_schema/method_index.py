@@ -13,11 +13,11 @@ Loading checks the schema version, the method, the tensors' digest and, when giv
 and the direction, so an artifact is never used for a model or direction it was not built for.
 
 Encoding (version 2): ``encoding``, empty for arrays stored as they are; a shipped artifact
-(:func:`save_method_index` with ``compact``) is stored zstd-compressed and, for a method listed in
-:data:`COMPACT_ARRAYS`, its arrays compact (``artifacts_schema/compact.py``): a shortlist's ids as uint16
-(vocabularies of at most 65,536 ids; each row keeps its order, most probable first), ``indptr`` as row
-lengths, ``probs`` in float16 (read only to drop entries below ``min_prob``, whose cut moves by at most that
-rounding). Loaded, it has the plain artifact's arrays and dtypes.
+(:func:`save_method_index` with ``compact``) is stored zstd-compressed and, for a method
+:func:`_compact_options` lists (a shortlist), its arrays compact (``artifacts_schema/compact.py``): a
+shortlist's ids as uint16 (vocabularies of at most 65,536 ids; each row keeps its order, most probable
+first), ``indptr`` as row lengths, ``probs`` in float16 (read only to drop entries below ``min_prob``, whose
+cut moves by at most that rounding). Loaded, it has the plain artifact's arrays and dtypes.
 """
 
 from __future__ import annotations
@@ -86,10 +86,6 @@ def _compact_options(method: str, n_vocab: int) -> dict[str, dict[str, object]]:
             "probs": {"float16": True},
         }
     return {}
-
-
-# the methods whose arrays a compact artifact encodes; any other is compressed only
-COMPACT_ARRAYS = ("shortlist",)
 
 
 def save_method_index(index: MethodIndex, out_dir: str | Path, *, compact: bool = False) -> Path:
