@@ -474,6 +474,22 @@ def render_card(root: Path, doc: Path) -> str:
     return out + f"\nRendered by `benchmarks/render_tables.py` from [maps.json]({rel}) and the manifests.\n"
 
 
+# --- docs/corpus.md: the Debian corpus by pair (fastvocab corpus's own manifest, kept as a record) ---
+
+CORPUS = "corpus-debian-bookworm-2026-11-28.json"
+
+
+def render_corpus(root: Path, doc: Path) -> str:
+    head = ["pair", "segment pairs", "distinct", "train", "dev", "test"]
+    out = _row(head) + _row(["---"] + ["---:"] * (len(head) - 1))
+    for pair, built in _load(root, CORPUS)["pairs"].items():
+        stats, counts = built["stats"], built["counts"]
+        distinct = stats["segment_pairs"] - stats["duplicates_removed"]
+        cells = [stats["segment_pairs"], distinct, counts["train"], counts["dev"], counts["test"]]
+        out += _row([pair, *(f"{n:,}" for n in cells)])
+    return out + "\n" + _sources(doc, root, [CORPUS])
+
+
 TABLES: dict[str, Callable[[Path, Path], str]] = {
     "peer-cpu": render_peer,
     "methods-cpu": render_methods,
@@ -484,6 +500,7 @@ TABLES: dict[str, Callable[[Path, Path], str]] = {
     "shipped-test": render_shipped_test,
     "scale": render_scale,
     "maps-card": render_card,
+    "corpus": render_corpus,
 }
 
 
