@@ -89,6 +89,46 @@ def test_packed_encoder_equals_the_hf_encoder(static, lengths):
     assert not ours[~mask].any()
 
 
+def test_length_groups_cover_every_token_once_in_groups_of_like_length():
+    """One long sentence among short ones gets a grid of its own; every real token has one place, in its
+    sentence's order; sentences of at most SHORT_GROUP_TOKENS stay together however their lengths spread."""
+    from fastvocab.decoding.packed_encoder import SHORT_GROUP_TOKENS, length_groups
+
+    lengths = [12, 90, 3, 40, 30, 29, 60]
+    mask = torch.zeros(len(lengths), max(lengths), dtype=torch.long)
+    for r, n in enumerate(lengths):
+        mask[r, :n] = 1
+    groups = length_groups(mask)
+    sizes = [g.key_mask.shape[-1] for g in groups]
+    assert sizes == [90, 60, 40, 12]  # 90 alone; 60 alone (40 < 0.7 x 60); 40, 30, 29; 12 and 3 (<= 32)
+    assert sizes[-1] <= SHORT_GROUP_TOKENS
+    tokens = torch.cat([g.tokens for g in groups])
+    assert sorted(tokens.tolist()) == list(range(sum(lengths)))
+    for g in groups:
+        s = g.key_mask.shape[-1]
+        rows = g.key_mask[:, 0, 0, :].sum(1).tolist()
+        assert sum(rows) == g.where.numel() == g.tokens.numel()
+        assert bool(g.key_mask.reshape(-1)[g.where].all())  # each token lands on a real position
+        assert int(g.where.max()) < len(rows) * s
+    # a batch that never splits keeps its own grid: no copies by token
+    (one,) = length_groups(mask[[0, 2]])
+    assert one.tokens is None and one.key_mask.shape[-1] == max(lengths)
+
+
+def test_packed_encoder_with_length_groups_equals_the_hf_encoder(static):
+    """Sentences of lengths spread enough to split into several groups, and left in no order."""
+    gen = torch.Generator().manual_seed(5)
+    sizes = [7, 50, 2, 34, 20, 33, 12]
+    seqs = [[*torch.randint(4, static.n_vocab, (n,), generator=gen).tolist(), static.eos_id] for n in sizes]
+    batch = static.pad(seqs)
+    mask = batch["attention_mask"].bool()
+    ours = static.encode(batch).hidden
+    with torch.inference_mode():
+        ref = static.model.get_encoder()(**batch).last_hidden_state
+    torch.testing.assert_close(ours[mask], ref[mask], rtol=1e-5, atol=1e-5)
+    assert not ours[~mask].any()
+
+
 @pytest.mark.parametrize("n", [4096, 5000, 32108])
 @pytest.mark.parametrize("rows", [1, 4, 33])
 @pytest.mark.parametrize("case", ["random", "ties", "max in the tail", "all -inf", "nan"])

@@ -85,6 +85,34 @@ def test_translate_keeps_order_and_empty_lines(adapter):
     assert len({h for h in got if h}) > 2  # outputs differ by source, so the order check means something
 
 
+def test_length_batches_split_off_a_source_far_longer_than_the_rest():
+    from fastvocab.tasks.translate import SPLIT_ABOVE_TOKENS, length_batches
+
+    lengths = [229, 120, 100, 90, 51, 50, 49, 30, 20, 16, 12, 9, 3]
+    got = length_batches(lengths, 4)
+    assert [i for b in got for i in b] == list(range(len(lengths)))  # every line once, in order
+    assert all(1 <= len(b) <= 4 for b in got)
+    assert got[:3] == [[0, 1], [2, 3, 4, 5], [6, 7]]  # 100 < 229/2 ends the first; 20 < 49/2 the third
+    # sources of at most SPLIT_ABOVE_TOKENS never split: a batch of them is cheap however they spread
+    short = [SPLIT_ABOVE_TOKENS, 9, 3, 1]
+    assert length_batches(short, 4) == [[0, 1, 2, 3]]
+    assert length_batches([], 4) == []
+
+
+def test_translate_with_a_far_longer_line_keeps_every_output(adapter):
+    """A line several times longer than the others decodes in a batch of its own, with the same outputs."""
+    lines = _lines()
+    long_line = " ".join(line for line in lines if line.strip())
+    proj = make_projection(adapter, "full")
+    search = SearchSettings(batch_size=8, max_len=MAX_LEN, max_input_tokens=1024)
+    got = translate(adapter, proj, [*lines, long_line], "en", "it", search, progress=False).hypotheses
+    alone = translate(adapter, proj, [long_line], "en", "it", search, progress=False).hypotheses
+    assert (
+        got[-1] == alone[0]
+        and got[:-1] == translate(adapter, proj, lines, "en", "it", search, progress=False).hypotheses
+    )
+
+
 @pytest.mark.parametrize("parallel", ["processes", "threads"])
 @pytest.mark.parametrize("beam", [1, 3])
 def test_translate_workers_do_not_change_outputs(adapter, beam, parallel):
