@@ -9,6 +9,10 @@ to ``--steps`` tokens; its step is a long call less a one-step call over the ste
 cancels out).
 
     python benchmarks/bench_step_profile.py --out benchmarks/results/engine-profile-cpu-DATE.json
+
+``--run``: instead, where a whole ``translate`` of ``--n`` test lines goes on one thread, per engine, dtype
+and method (the shipped en-it map and shortlist): encoder, decoder steps, reorders, projection, the rest
+(the search's own ops, tokenizing, detokenizing), the median of 3 after a warm-up.
 """
 
 from __future__ import annotations
@@ -123,6 +127,59 @@ def ct2_step_ms(ct2_dir: Path, compute: str, adapter, lines: list[str], beam: in
     return round((call(steps) - call(1)) / (steps - 1) * 1e3, 3)
 
 
+def run_breakdown(args) -> list[dict]:
+    from fastvocab.artifacts_schema.corpus import read_direction
+    from fastvocab.decoding import search, steppers
+    from fastvocab.decoding.hf_adapter import Seq2SeqAdapter
+    from fastvocab.experiments.bench_methods import shortlist_folder
+    from fastvocab.tasks.projections import clustered_options, make_projection
+    from fastvocab.tasks.translate import SearchSettings, translate
+
+    lines = read_direction(args.corpus, "en", "it", "test")[1][: args.n]
+    spent: dict[str, float] = {}
+
+    def timed(fn, part):
+        def call(*a, **k):
+            t0 = time.perf_counter()
+            out = fn(*a, **k)
+            spent[part] = spent.get(part, 0.0) + time.perf_counter() - t0
+            return out
+
+        return call
+
+    bind = search._bind
+    search._bind = lambda proj, batch: timed(bind(proj, batch), "projection")
+    for name, part in [("step", "steps"), ("reorder", "reorders"), ("start", "encoder and start")]:
+        setattr(steppers.EagerStepper, name, timed(getattr(steppers.EagerStepper, name), part))
+    rows = []
+    for engine, dtype, method, beam in (x.split(":") for x in args.run.split(",")):
+        adapter, exact = Seq2SeqAdapter.load(args.model, engine=engine), Seq2SeqAdapter.load(args.model)
+        if dtype == "int8":
+            adapter.quantize_int8()
+        opts = {} if method == "full" else dict(
+            cluster_map=args.maps / "en-it", shortlist=shortlist_folder(args.maps, "en-it"),
+            **clustered_options("union", "auto", False, int(beam), None, True),
+        )  # fmt: skip
+        proj = make_projection(exact, method, int8=dtype == "int8", **opts)
+        settings = SearchSettings(beam=int(beam), batch_size=args.batches_run)
+        parts = []
+        for _ in range(4):  # a warm-up, then 3
+            spent.clear()
+            r = translate(adapter, proj, lines, "en", "it", settings, workers=1, progress=False)
+            parts.append({**spent, "total": r.seconds, "rest": r.seconds - sum(spent.values())})
+        row = {
+            "engine": engine,
+            "dtype": dtype,
+            "method": method,
+            "beam": int(beam),
+            "batch": args.batches_run,
+        }
+        row.update({k: round(statistics.median(p[k] for p in parts[1:]), 3) for k in parts[0]})
+        print(row, flush=True)
+        rows.append(row)
+    return rows
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     paths = {"model": ROOT / "models/demo", "corpus": ROOT / "data/corpus", "ct2-dir": None, "out": None}
@@ -130,7 +187,18 @@ def main() -> int:
         p.add_argument(f"--{flag}", type=Path, default=default)
     for flag, default in [("batches", "32,8"), ("beams", "1,4"), ("steps", 24)]:
         p.add_argument(f"--{flag}", type=type(default), default=default)
+    p.add_argument(
+        "--run", help="engine:dtype:method:beam,... (e.g. onnx:int8:clustered:1): the whole-run mode"
+    )
+    p.add_argument("--maps", type=Path, default=ROOT / "models/demo-maps")
+    p.add_argument("--n", type=int, default=200)
+    p.add_argument("--batches-run", type=int, default=32, help="--run's batch size")
     args = p.parse_args()
+    torch.set_num_threads(1)
+    if args.run:
+        meta = {"model": str(args.model), "threads": 1, "lines": f"en-it test, first {args.n}"}
+        write_result(args.out, {**result_header("run-breakdown"), **meta, "rows": run_breakdown(args)})
+        return 0
     from bench_peer import convert_ct2
 
     from fastvocab.artifacts_schema.corpus import read_direction

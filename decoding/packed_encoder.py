@@ -2,8 +2,8 @@
 
 The Hugging Face encoder runs every layer on the padded (rows, S) grid, and sorting lines by length leaves
 much padding where lengths spread. :class:`PackedEncoder` runs its linears, norms and FFN on the real tokens
-only and attention per sentence (``scaled_dot_product_attention`` on a padded view); the static decoder's
-cross-attention K/V GEMM skips padded positions too. Its states equal the Hugging Face encoder's up to fp32
+only, and attention per group of sentences of like length (``scaled_dot_product_attention`` on each group's
+padded grid: :func:`length_groups`); the static decoder's cross-attention K/V GEMM skips padded positions too. Its states equal the Hugging Face encoder's up to fp32
 rounding (another GEMM row count; 1/sqrt(head_dim) folded into Q). What it saved:
 benchmarks/history/engine-notes.md.
 """
@@ -42,9 +42,9 @@ def encoder_unsupported_reason(model: HFModule) -> str | None:
 
 
 class _EncoderLayer(nn.Module):
-    """One encoder layer over the *packed* real tokens (T, d): fused QKV (Q pre-scaled), attention per
-    sentence on a padded (rows, heads, S, hd) view, everything else per token; weights shared with the HF
-    layer except the fused QKV."""
+    """One encoder layer over the *packed* real tokens (T, d): fused QKV (Q pre-scaled), attention per length
+    group on a padded (rows, heads, S, hd) grid, everything else per token; weights shared with the HF layer
+    except the fused QKV."""
 
     def __init__(self, hf_layer: HFModule, heads: int, act: nn.Module, pre_norm: bool) -> None:
         super().__init__()
@@ -138,7 +138,7 @@ def length_groups(attention_mask: torch.Tensor) -> list[LengthGroup]:
 
 class PackedEncoder(nn.Module):
     """The encoder of a supported model without computing padding: the linears, layer norms and FFN run on
-    the batch's real tokens only (T rows instead of rows x S), attention per sentence on a padded view.
+    the batch's real tokens only (T rows instead of rows x S), attention per length group on a padded grid.
 
     Positions, embedding scale, layer order and final norm follow the HF encoder of each family
     (``model_families.Family``); outputs at padded positions are zero (the decoder's
