@@ -19,6 +19,7 @@ from tests.layers import (
     make,
     map_from_sets,
     map_from_states,
+    projection_sets,
     random_layer,
     random_map,
     rows_near,
@@ -33,7 +34,7 @@ def inactive_truth(proj, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     clusters = proj.assign(h).tolist()
     mask = torch.ones_like(full, dtype=torch.bool)
     for row, c in enumerate(clusters):
-        mask[row, proj.active_sets[c]] = False
+        mask[row, projection_sets(proj)[c]] = False
     z = full.masked_fill(~mask, -math.inf)
     return z.amax(dim=1), torch.logsumexp(z, dim=1)
 
