@@ -62,18 +62,9 @@ PEER = (
 
 
 def render_peer(root: Path, doc: Path) -> str:
-    head = [
-        "search, batch",
-        "en-it lines",
-        "full fp32 s",
-        "clustered + shortlist s",
-        "clustered vs full",
-        "CTranslate2 float32 s",
-        "CTranslate2 int8 s",
-        "full fp32 vs CT2 float32",
-        "clustered vs CT2 float32 / int8",
-        "outputs changed",
-    ]
+    head = ["search, batch", "en-it lines", "full fp32 s", "clustered + shortlist s", "clustered vs full",
+            "CTranslate2 float32 s", "CTranslate2 int8 s", "full fp32 vs CT2 float32",
+            "clustered vs CT2 float32 / int8", "outputs changed"]  # fmt: skip
     out = _row(head) + _row(["---"] + ["---:"] * (len(head) - 1))
     for label, name, run in PEER:
         rec = _load(root, name)
@@ -161,14 +152,8 @@ def _bleu_delta(r: dict) -> str:
 
 
 def render_methods(root: Path, doc: Path) -> str:
-    head = [
-        "method, setting",
-        "greedy: speed vs full",
-        "greedy: changed / search errors",
-        "beam 4: speed vs full",
-        "beam 4: changed / search errors",
-        "BLEU vs full (greedy)",
-    ]
+    head = ["method, setting", "greedy: speed vs full", "greedy: changed / search errors",
+            "beam 4: speed vs full", "beam 4: changed / search errors", "BLEU vs full (greedy)"]  # fmt: skip
     out = _row(head) + _row(["---"] + ["---:"] * (len(head) - 1))
     names: list[str] = []
     for label, greedy, beam in METHODS:
@@ -244,14 +229,9 @@ def render_shipped(root: Path, doc: Path) -> str:
     built = json.loads((root / SHIPPED).read_text())
     rows = _rows_by(root, SHIPPED_RECORDS)
     n_vocab = _load(root, SHIPPED_RECORDS[0])["meta"]["n_vocab"]
-    head = [
-        "direction",
-        "map: source lines, states, r, K",
-        "columns a row, b1",
-        "outputs changed: b1 / b32 / beam 4",
-        "BLEU full / clustered, b1",
-        "speed vs full: b1 / b32 / beam 4",
-    ]
+    head = ["direction", "map: source lines, states, r, K", "columns a row, b1",
+            "outputs changed: b1 / b32 / beam 4", "BLEU full / clustered, b1",
+            "speed vs full: b1 / b32 / beam 4"]  # fmt: skip
     out = _row(head) + _row(["---", "---", "---:", "---:", "---:", "---:"])
     for d in ALL_DIRECTIONS:
         b1, b32, b4 = rows[(d, 1, 1)], rows[(d, 1, 32)], rows[(d, 4, 8)]
@@ -289,12 +269,8 @@ def render_data_scale(root: Path, doc: Path) -> str:
         want = {**DATA_POINT, "sentences": size}
         return next(r for r in found[d]["rows"] if all(r.get(k) == v for k, v in want.items()))
 
-    head = [
-        "dumped sentences a direction",
-        "en-it outputs differing",
-        "it-en",
-        "a row's columns (en-it, share of N)",
-    ]
+    head = ["dumped sentences a direction", "en-it outputs differing", "it-en",
+            "a row's columns (en-it, share of N)"]  # fmt: skip
     out = _row(head) + _row(["---:"] * len(head))
     for size in (1500, 6000, 24000, 96000, None):
         sizes = {d: size or found[d]["sizes"][-1] for d in DIRECTIONS}
@@ -327,13 +303,8 @@ def _share(x: float) -> str:
 
 def render_coverage(root: Path, doc: Path) -> str:
     found = _load(root, COVERAGE)["directions"]
-    head = [
-        "what a step computes",
-        "changed, dev (en-it / it-en)",
-        "changed, test",
-        "a row, test",
-        "union 32, test",
-    ]
+    head = ["what a step computes", "changed, dev (en-it / it-en)", "changed, test", "a row, test",
+            "union 32, test"]  # fmt: skip
     out = _row(head) + _row(["---"] + ["---:"] * (len(head) - 1))
     for label, want in COVERAGE_ROWS:
 
@@ -456,17 +427,13 @@ def render_card(root: Path, doc: Path) -> str:
             f"{table['params']['k']}, {frequent or 'none'}, {table['extra']['source_types']:,}",
             _mib(maps / "shortlist" / d),
         ]
-    labels = [
-        "source lines: train + monolingual (after de-duplication)",
-        "monolingual lines left out: they are dev or test lines",
-        "dumped states: reference path / greedy path",
-        "clusters r, top-K per state, probes",
-        f"set size, mean / largest (share of the {n:,} ids)",
-        "normaliser rank (beam search's mass estimate)",
-        "map size (compact form, zstd)",
-        "shortlist: targets per source subword, frequent list, source subwords with a row",
-        "shortlist size (compact form, zstd)",
-    ]
+    labels = ["source lines: train + monolingual (after de-duplication)",
+              "monolingual lines left out: they are dev or test lines",
+              "dumped states: reference path / greedy path", "clusters r, top-K per state, probes",
+              f"set size, mean / largest (share of the {n:,} ids)",
+              "normaliser rank (beam search's mass estimate)", "map size (compact form, zstd)",
+              "shortlist: targets per source subword, frequent list, source subwords with a row",
+              "shortlist size (compact form, zstd)"]  # fmt: skip
     out = "| | " + " | ".join(DIRECTIONS) + " |\n" + _row(["---", "---:", "---:"])
     for i, label in enumerate(labels):
         out += _row([label, *(cols[d][i] for d in DIRECTIONS)])
