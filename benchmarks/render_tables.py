@@ -457,6 +457,71 @@ def render_corpus(root: Path, doc: Path) -> str:
     return out + "\n" + _sources(doc, root, [CORPUS])
 
 
+# --- docs/scale-plan.md: maps, text and GPU hours for 100 languages, from the measured dump rates ---
+
+PLAN_CPU = "build-cpu-2026-11-28-eight-directions.json"  # its first run: the eight added directions' dump
+# the H200 dump's second runs (the rates a long dump meets): the greedy path streamed as counts, the reference
+PLAN_GPU = [f"gpu-h200-2026-11-27-teacher-rows/repeat/{p}/gpu-dump.json" for p in ("streamed", "reference")]
+LANGUAGES, MAP_LINES = 100, 20_000_000  # MAP_LINES: the source lines of one map, as Amer et al. build it
+EN_CENTRIC, EVERY_PAIR = 2 * (LANGUAGES - 1), LANGUAGES * (LANGUAGES - 1)  # to/from English; ordered pairs
+
+
+def _si(n: float) -> str:
+    """490M, 4.0B, 173K: one decimal below 10, none above."""
+    div, unit = next((d, u) for d, u in ((1e9, "B"), (1e6, "M"), (1e3, "K"), (1, "")) if n >= d)
+    return f"{n / div:.{int(n < 10 * div)}f}{unit}"
+
+
+def _plan_tables(root: Path, doc: Path) -> list[str]:
+    """docs/scale-plan.md's three tables: what was measured, the maps, the text and GPU hours."""
+    rec, (g, r) = _load(root, PLAN_CPU), [_load(root, n)["results"][-1] for n in PLAN_GPU]  # second runs
+    p, cores = rec["runs"][0]["params"], rec["meta"]["cpu_count"]
+    dumps = [s["metrics"] for s in rec["runs"][0]["stages"] if s["name"].startswith("dump:")]
+    lines, states = (sum(m[k] for m in dumps) for k in ("sentences", "states"))
+    wall = dumps[0]["stage_wall_seconds"]  # the stage's, recorded on each direction
+    per, rate = "states_per_sentence", "states_per_s"  # the H200 rows' keys, given to the CPU's row too
+    cpu = {per: states / lines, rate: states / wall}
+
+    def path(x: dict) -> str:  # states a line, the rate, one map's states and hours
+        n, h = MAP_LINES * x[per], MAP_LINES * x[per] / x[rate] / 3600
+        return f"{x[per]:.1f} | {_si(x[rate])} states/s | {_si(n)} states, {h:.{2 * (h < 10)}f} h"
+
+    def plan(label: str, maps: int) -> str:  # source lines, greedy-path hours on the H200 and on the CPU
+        n = maps * MAP_LINES * g[per]
+        cost = f"{n / g[rate] / 3600:,.0f} | {n / cpu[rate] / (365.25 * 86400):.1f} years"
+        return f"| {label} | {maps:,} | {_si(maps * MAP_LINES)} | {cost} |\n"
+
+    measured = (
+        f"| work | where | states a source line | rate | one map ({_si(MAP_LINES)} source lines) |\n"
+        "| --- | --- | ---: | ---: | ---: |\n"
+        f"| dump, greedy path and reference path, {len(dumps)} directions, at most "
+        f"{int(p['dump.sentences']):,} source lines each ({lines:,.0f} in all, {states / 1e6:.2f}M states, "
+        f"{wall:.0f} s) | {cores} CPU cores, {p['dump.num_workers']} Ray workers | {path(cpu)} |\n"
+        f"| dump, greedy path, streamed as counts (batch {g['batch_size']:,}) | one H200 | {path(g)} |\n"
+        f"| dump, reference path (teacher forcing, batch {r['batch_size']:,}) | one H200 | {path(r)} |\n"
+    )
+    maps = (
+        f"| scope | English-centric ({EN_CENTRIC} directions) | every pair ({EVERY_PAIR:,} directions) |\n"
+        "| --- | ---: | ---: |\n"
+        f"| one map per direction (source and target known) | {EN_CENTRIC} | {EVERY_PAIR:,} |\n"
+        f"| one map per target language (every source pooled into it) | {LANGUAGES} | {LANGUAGES} |\n"
+        "| per direction where text is plenty, pooled where it is short (the demo model's choice, "
+        f"`bench scope`) | {LANGUAGES}-{EN_CENTRIC} | {LANGUAGES} + the directions with their own text |\n"
+    )
+    hours = (
+        "| plan | maps | source lines | greedy-path GPU hours (demo model, H200) | "
+        f"the same on {cores} CPU cores |\n| --- | ---: | ---: | ---: | ---: |\n"
+        + plan("per direction, English-centric", EN_CENTRIC)
+        + plan("per target language, English-centric or every pair", LANGUAGES)
+        + plan("per direction, every pair", EVERY_PAIR)
+    )
+    return [
+        measured + "\n" + _sources(doc, root, [PLAN_CPU, *PLAN_GPU]),
+        maps + f"\nRendered by `benchmarks/render_tables.py` for {LANGUAGES} languages.\n",
+        hours + "\n" + _sources(doc, root, [PLAN_CPU, PLAN_GPU[0]]),
+    ]
+
+
 TABLES: dict[str, Callable[[Path, Path], str]] = {
     "peer-cpu": render_peer,
     "methods-cpu": render_methods,
@@ -468,6 +533,9 @@ TABLES: dict[str, Callable[[Path, Path], str]] = {
     "scale": render_scale,
     "maps-card": render_card,
     "corpus": render_corpus,
+    "scale-plan-measured": lambda root, doc: _plan_tables(root, doc)[0],
+    "scale-plan-maps": lambda root, doc: _plan_tables(root, doc)[1],
+    "scale-plan-hours": lambda root, doc: _plan_tables(root, doc)[2],
 }
 
 
