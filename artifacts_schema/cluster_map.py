@@ -157,9 +157,6 @@ class ClusterMap:
     counts: np.ndarray  # (nnz,) int32, how many member states predicted the id
     normaliser: Normaliser | None = None  # for these sets + manifest.normaliser["always_active"]
 
-    def active_ids(self, cluster: int) -> np.ndarray:
-        return self.indices[self.indptr[cluster] : self.indptr[cluster + 1]]
-
     @property
     def counts_per_id(self) -> bool:
         """Whether ``counts`` holds every id's count (False for a compact map: each cluster's population on

@@ -89,17 +89,6 @@ def _compressed(data: bytes) -> bytes:
     return len(data).to_bytes(8, "little") + packed
 
 
-def compress_tensor_file(folder: str | Path, tensors_file: str) -> Path:
-    """Replace ``folder/tensors_file`` by its compressed form (the manifest is unchanged); returns it."""
-    plain = Path(folder) / tensors_file
-    data = plain.read_bytes()
-    out = plain.with_name(plain.name + COMPRESSED_SUFFIX)
-    with atomic_path(out) as tmp:
-        tmp.write_bytes(_compressed(data))
-    plain.unlink()
-    return out
-
-
 def _tensor_bytes(folder: Path, tensors_file: str) -> bytes:
     """The safetensors bytes of ``folder/tensors_file``, or of its compressed form when only that exists."""
     plain = folder / tensors_file

@@ -62,18 +62,9 @@ PEER = (
 
 
 def render_peer(root: Path, doc: Path) -> str:
-    head = [
-        "search, batch",
-        "en-it lines",
-        "full fp32 s",
-        "clustered + shortlist s",
-        "clustered vs full",
-        "CTranslate2 float32 s",
-        "CTranslate2 int8 s",
-        "full fp32 vs CT2 float32",
-        "clustered vs CT2 float32 / int8",
-        "outputs changed",
-    ]
+    head = ["search, batch", "en-it lines", "full fp32 s", "clustered + shortlist s", "clustered vs full",
+            "CTranslate2 float32 s", "CTranslate2 int8 s", "full fp32 vs CT2 float32",
+            "clustered vs CT2 float32 / int8", "outputs changed"]  # fmt: skip
     out = _row(head) + _row(["---"] + ["---:"] * (len(head) - 1))
     for label, name, run in PEER:
         rec = _load(root, name)
@@ -161,14 +152,8 @@ def _bleu_delta(r: dict) -> str:
 
 
 def render_methods(root: Path, doc: Path) -> str:
-    head = [
-        "method, setting",
-        "greedy: speed vs full",
-        "greedy: changed / search errors",
-        "beam 4: speed vs full",
-        "beam 4: changed / search errors",
-        "BLEU vs full (greedy)",
-    ]
+    head = ["method, setting", "greedy: speed vs full", "greedy: changed / search errors",
+            "beam 4: speed vs full", "beam 4: changed / search errors", "BLEU vs full (greedy)"]  # fmt: skip
     out = _row(head) + _row(["---"] + ["---:"] * (len(head) - 1))
     names: list[str] = []
     for label, greedy, beam in METHODS:
@@ -244,14 +229,9 @@ def render_shipped(root: Path, doc: Path) -> str:
     built = json.loads((root / SHIPPED).read_text())
     rows = _rows_by(root, SHIPPED_RECORDS)
     n_vocab = _load(root, SHIPPED_RECORDS[0])["meta"]["n_vocab"]
-    head = [
-        "direction",
-        "map: source lines, states, r, K",
-        "columns a row, b1",
-        "outputs changed: b1 / b32 / beam 4",
-        "BLEU full / clustered, b1",
-        "speed vs full: b1 / b32 / beam 4",
-    ]
+    head = ["direction", "map: source lines, states, r, K", "columns a row, b1",
+            "outputs changed: b1 / b32 / beam 4", "BLEU full / clustered, b1",
+            "speed vs full: b1 / b32 / beam 4"]  # fmt: skip
     out = _row(head) + _row(["---", "---", "---:", "---:", "---:", "---:"])
     for d in ALL_DIRECTIONS:
         b1, b32, b4 = rows[(d, 1, 1)], rows[(d, 1, 32)], rows[(d, 4, 8)]
@@ -289,12 +269,8 @@ def render_data_scale(root: Path, doc: Path) -> str:
         want = {**DATA_POINT, "sentences": size}
         return next(r for r in found[d]["rows"] if all(r.get(k) == v for k, v in want.items()))
 
-    head = [
-        "dumped sentences a direction",
-        "en-it outputs differing",
-        "it-en",
-        "a row's columns (en-it, share of N)",
-    ]
+    head = ["dumped sentences a direction", "en-it outputs differing", "it-en",
+            "a row's columns (en-it, share of N)"]  # fmt: skip
     out = _row(head) + _row(["---:"] * len(head))
     for size in (1500, 6000, 24000, 96000, None):
         sizes = {d: size or found[d]["sizes"][-1] for d in DIRECTIONS}
@@ -327,13 +303,8 @@ def _share(x: float) -> str:
 
 def render_coverage(root: Path, doc: Path) -> str:
     found = _load(root, COVERAGE)["directions"]
-    head = [
-        "what a step computes",
-        "changed, dev (en-it / it-en)",
-        "changed, test",
-        "a row, test",
-        "union 32, test",
-    ]
+    head = ["what a step computes", "changed, dev (en-it / it-en)", "changed, test", "a row, test",
+            "union 32, test"]  # fmt: skip
     out = _row(head) + _row(["---"] + ["---:"] * (len(head) - 1))
     for label, want in COVERAGE_ROWS:
 
@@ -456,17 +427,13 @@ def render_card(root: Path, doc: Path) -> str:
             f"{table['params']['k']}, {frequent or 'none'}, {table['extra']['source_types']:,}",
             _mib(maps / "shortlist" / d),
         ]
-    labels = [
-        "source lines: train + monolingual (after de-duplication)",
-        "monolingual lines left out: they are dev or test lines",
-        "dumped states: reference path / greedy path",
-        "clusters r, top-K per state, probes",
-        f"set size, mean / largest (share of the {n:,} ids)",
-        "normaliser rank (beam search's mass estimate)",
-        "map size (compact form, zstd)",
-        "shortlist: targets per source subword, frequent list, source subwords with a row",
-        "shortlist size (compact form, zstd)",
-    ]
+    labels = ["source lines: train + monolingual (after de-duplication)",
+              "monolingual lines left out: they are dev or test lines",
+              "dumped states: reference path / greedy path", "clusters r, top-K per state, probes",
+              f"set size, mean / largest (share of the {n:,} ids)",
+              "normaliser rank (beam search's mass estimate)", "map size (compact form, zstd)",
+              "shortlist: targets per source subword, frequent list, source subwords with a row",
+              "shortlist size (compact form, zstd)"]  # fmt: skip
     out = "| | " + " | ".join(DIRECTIONS) + " |\n" + _row(["---", "---:", "---:"])
     for i, label in enumerate(labels):
         out += _row([label, *(cols[d][i] for d in DIRECTIONS)])
@@ -490,6 +457,71 @@ def render_corpus(root: Path, doc: Path) -> str:
     return out + "\n" + _sources(doc, root, [CORPUS])
 
 
+# --- docs/scale-plan.md: maps, text and GPU hours for 100 languages, from the measured dump rates ---
+
+PLAN_CPU = "build-cpu-2026-11-28-eight-directions.json"  # its first run: the eight added directions' dump
+# the H200 dump's second runs (the rates a long dump meets): the greedy path streamed as counts, the reference
+PLAN_GPU = [f"gpu-h200-2026-11-27-teacher-rows/repeat/{p}/gpu-dump.json" for p in ("streamed", "reference")]
+LANGUAGES, MAP_LINES = 100, 20_000_000  # MAP_LINES: the source lines of one map, as Amer et al. build it
+EN_CENTRIC, EVERY_PAIR = 2 * (LANGUAGES - 1), LANGUAGES * (LANGUAGES - 1)  # to/from English; ordered pairs
+
+
+def _si(n: float) -> str:
+    """490M, 4.0B, 173K: one decimal below 10, none above."""
+    div, unit = next((d, u) for d, u in ((1e9, "B"), (1e6, "M"), (1e3, "K"), (1, "")) if n >= d)
+    return f"{n / div:.{int(n < 10 * div)}f}{unit}"
+
+
+def _plan_tables(root: Path, doc: Path) -> list[str]:
+    """docs/scale-plan.md's three tables: what was measured, the maps, the text and GPU hours."""
+    rec, (g, r) = _load(root, PLAN_CPU), [_load(root, n)["results"][-1] for n in PLAN_GPU]  # second runs
+    p, cores = rec["runs"][0]["params"], rec["meta"]["cpu_count"]
+    dumps = [s["metrics"] for s in rec["runs"][0]["stages"] if s["name"].startswith("dump:")]
+    lines, states = (sum(m[k] for m in dumps) for k in ("sentences", "states"))
+    wall = dumps[0]["stage_wall_seconds"]  # the stage's, recorded on each direction
+    per, rate = "states_per_sentence", "states_per_s"  # the H200 rows' keys, given to the CPU's row too
+    cpu = {per: states / lines, rate: states / wall}
+
+    def path(x: dict) -> str:  # states a line, the rate, one map's states and hours
+        n, h = MAP_LINES * x[per], MAP_LINES * x[per] / x[rate] / 3600
+        return f"{x[per]:.1f} | {_si(x[rate])} states/s | {_si(n)} states, {h:.{2 * (h < 10)}f} h"
+
+    def plan(label: str, maps: int) -> str:  # source lines, greedy-path hours on the H200 and on the CPU
+        n = maps * MAP_LINES * g[per]
+        cost = f"{n / g[rate] / 3600:,.0f} | {n / cpu[rate] / (365.25 * 86400):.1f} years"
+        return f"| {label} | {maps:,} | {_si(maps * MAP_LINES)} | {cost} |\n"
+
+    measured = (
+        f"| work | where | states a source line | rate | one map ({_si(MAP_LINES)} source lines) |\n"
+        "| --- | --- | ---: | ---: | ---: |\n"
+        f"| dump, greedy path and reference path, {len(dumps)} directions, at most "
+        f"{int(p['dump.sentences']):,} source lines each ({lines:,.0f} in all, {states / 1e6:.2f}M states, "
+        f"{wall:.0f} s) | {cores} CPU cores, {p['dump.num_workers']} Ray workers | {path(cpu)} |\n"
+        f"| dump, greedy path, streamed as counts (batch {g['batch_size']:,}) | one H200 | {path(g)} |\n"
+        f"| dump, reference path (teacher forcing, batch {r['batch_size']:,}) | one H200 | {path(r)} |\n"
+    )
+    maps = (
+        f"| scope | English-centric ({EN_CENTRIC} directions) | every pair ({EVERY_PAIR:,} directions) |\n"
+        "| --- | ---: | ---: |\n"
+        f"| one map per direction (source and target known) | {EN_CENTRIC} | {EVERY_PAIR:,} |\n"
+        f"| one map per target language (every source pooled into it) | {LANGUAGES} | {LANGUAGES} |\n"
+        "| per direction where text is plenty, pooled where it is short (the demo model's choice, "
+        f"`bench scope`) | {LANGUAGES}-{EN_CENTRIC} | {LANGUAGES} + the directions with their own text |\n"
+    )
+    hours = (
+        "| plan | maps | source lines | greedy-path GPU hours (demo model, H200) | "
+        f"the same on {cores} CPU cores |\n| --- | ---: | ---: | ---: | ---: |\n"
+        + plan("per direction, English-centric", EN_CENTRIC)
+        + plan("per target language, English-centric or every pair", LANGUAGES)
+        + plan("per direction, every pair", EVERY_PAIR)
+    )
+    return [
+        measured + "\n" + _sources(doc, root, [PLAN_CPU, *PLAN_GPU]),
+        maps + f"\nRendered by `benchmarks/render_tables.py` for {LANGUAGES} languages.\n",
+        hours + "\n" + _sources(doc, root, [PLAN_CPU, PLAN_GPU[0]]),
+    ]
+
+
 TABLES: dict[str, Callable[[Path, Path], str]] = {
     "peer-cpu": render_peer,
     "methods-cpu": render_methods,
@@ -501,6 +533,9 @@ TABLES: dict[str, Callable[[Path, Path], str]] = {
     "scale": render_scale,
     "maps-card": render_card,
     "corpus": render_corpus,
+    "scale-plan-measured": lambda root, doc: _plan_tables(root, doc)[0],
+    "scale-plan-maps": lambda root, doc: _plan_tables(root, doc)[1],
+    "scale-plan-hours": lambda root, doc: _plan_tables(root, doc)[2],
 }
 
 

@@ -229,8 +229,8 @@ class Seq2SeqAdapter:
         ``fingerprint``: the model's known fingerprint (from a ``ModelRef``), so it is not computed again.
         ``engine``, ``cache_len``, ``max_cache_bytes``: the decoder-step engine (see the class). ``lite``: an
         M2M100 folder the static engine runs is read without transformers' modeling code
-        (``decoding.lite_m2m100``; seconds less to start), for callers that only decode: teacher forcing,
-        the reference logits and the hf engine need the Hugging Face model. Other folders load as usual.
+        (``decoding.lite_m2m100``; seconds less to start), for callers that only decode: teacher forcing
+        and the hf engine need the Hugging Face model. Other folders load as usual.
         """
         path = Path(path)
         if not path.is_dir():
@@ -604,16 +604,6 @@ class Seq2SeqAdapter:
         enc = EncoderState(src.hidden.index_select(0, index), src.mask.index_select(0, index))
         state.cache.reorder_cache(index)
         return DecoderState(enc, state.cache, state.length)
-
-    @torch.inference_mode()
-    def reference_logits(self, batch: dict, decoder_input_ids: torch.Tensor) -> torch.Tensor:
-        """The model's own logits (rows, T, N) from a full forward pass: the oracle for ``h W^T + b``."""
-        self._hf_only("the reference logits")
-        return self.model(
-            input_ids=batch["input_ids"].to(self.device),
-            attention_mask=batch["attention_mask"].to(self.device),
-            decoder_input_ids=decoder_input_ids.to(self.device),
-        ).logits
 
 
 def _special_tokens(tok) -> list[str]:

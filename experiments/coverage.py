@@ -186,11 +186,6 @@ def step_misses(
     return ~hit
 
 
-def differing_sentences(mask: torch.Tensor, near: torch.Tensor, path: GreedyPath, probes: int) -> set[int]:
-    """The sentences whose greedy output the sets change (per-row selection; union: at most these)."""
-    return set(path.sentence[step_misses(mask, near, path, probes)].tolist())
-
-
 # popcount of every byte: set sizes of bit-packed masks
 _POPCOUNT = np.array([bin(i).count("1") for i in range(256)], dtype=np.int64)
 # batch-steps whose union is measured per point (evenly spaced): the mean over a few hundred is within a

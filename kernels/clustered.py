@@ -386,11 +386,6 @@ class ClusteredProjection(Projection):
         return self.counters["certified"] / examined
 
     @property
-    def active_sets(self) -> list[torch.Tensor]:
-        """Each cluster's sorted vocabulary ids (always-active ids included), on the device."""
-        return list(self._map.ids)
-
-    @property
     def prepared_map(self) -> PreparedMap:
         """The map as the step reads it (centroids, CSR sets, cached blocks), on the device."""
         return self._map

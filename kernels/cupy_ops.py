@@ -17,8 +17,8 @@ wrapper                what it does                                    torch twi
 =====================  ==============================================  ======================================
 
 Tensors stay torch tensors (allocated by torch's caching allocator); kernels receive raw device pointers
-(zero copy) and run on torch's current stream. ``to_cupy`` / ``to_torch`` are the DLPack bridge, used where a
-CuPy array is needed (the compaction ElementwiseKernel).
+(zero copy) and run on torch's current stream. ``to_cupy`` is the DLPack bridge, used where a CuPy array is
+needed (the compaction ElementwiseKernel).
 
 The fused gather-GEMM reads every active row of W exactly once per launch, in 16-byte chunks, and
 multiplies on tensor cores (``mma.sync.m16n8k16``, fp16/bf16 in, fp32 accumulate), so its cost is the bytes
@@ -355,11 +355,6 @@ def _check_gemm(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
 def to_cupy(t: torch.Tensor) -> cp.ndarray:
     """Zero-copy view of a torch CUDA tensor as a CuPy array (DLPack)."""
     return cp.from_dlpack(t)
-
-
-def to_torch(a: cp.ndarray) -> torch.Tensor:
-    """Zero-copy view of a CuPy array as a torch tensor (DLPack)."""
-    return torch.from_dlpack(a)
 
 
 # --------------------------------------------------------------------------------------------- wrappers

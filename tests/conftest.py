@@ -93,6 +93,19 @@ def generate_ids(adapter, batch: dict, tgt: str, max_len: int, **kw) -> list[lis
     return rows
 
 
+def reference_logits(adapter, batch: dict, decoder_input_ids):
+    """The model's own logits (rows, T, N) from a full forward pass of the Hugging Face model: the oracle for
+    ``h W^T + b``."""
+    import torch
+
+    with torch.inference_mode():
+        return adapter.model(
+            input_ids=batch["input_ids"].to(adapter.device),
+            attention_mask=batch["attention_mask"].to(adapter.device),
+            decoder_input_ids=decoder_input_ids.to(adapter.device),
+        ).logits
+
+
 def decoder_steps(adapter, batch: dict, tokens, fixed: bool = False):
     """``h`` (rows, T, d) of feeding ``tokens`` (rows, T) one position at a time: through
     ``adapter.decoder_step``, or (``fixed``) the static engine's fixed-shape step over a cache that starts

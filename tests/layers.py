@@ -48,6 +48,17 @@ def map_from_sets(
     return ClusterMap(manifest, c, centroid_sq_norms(c), indptr, indices, cnt)
 
 
+def map_set(cmap: ClusterMap, c: int) -> np.ndarray:
+    """Cluster ``c``'s sorted vocabulary ids as the map stores them."""
+    return cmap.indices[cmap.indptr[c] : cmap.indptr[c + 1]]
+
+
+def projection_sets(proj) -> list[torch.Tensor]:
+    """Each cluster's sorted vocabulary ids as a clustered projection computes them (always-active ids
+    included), on its device."""
+    return list(proj.prepared_map.ids)
+
+
 def map_from_states(states: np.ndarray, topk: np.ndarray, r: int, n_vocab: int, fp: str, seed: int = 0):
     """Centroids = r sampled states (no k-means needed for a test), sets from the members' top-K ids."""
     rng = np.random.default_rng(seed)

@@ -7,7 +7,7 @@ import shutil
 
 import pytest
 import torch
-from conftest import synthetic_sentences
+from conftest import reference_logits, synthetic_sentences
 
 from fastvocab.artifacts_schema.fingerprint import projection_fingerprint
 from fastvocab.decoding import Seq2SeqAdapter, beam_search, greedy_search
@@ -92,7 +92,7 @@ def _stepwise_vs_forward(adapter: Seq2SeqAdapter, src: str, tgt: str) -> tuple[t
         if adapter.output_bias is not None:
             logits = logits + adapter.output_bias
         projected.append(logits)
-    return torch.stack(projected, dim=1), adapter.reference_logits(batch, dec_in)
+    return torch.stack(projected, dim=1), reference_logits(adapter, batch, dec_in)
 
 
 def test_m2m100_projection_is_exact_and_tied(m2m):

@@ -29,7 +29,9 @@ from tests.layers import (
     make,
     map_from_sets,
     map_from_states,
+    map_set,
     paper_case,
+    projection_sets,
     random_layer,
     random_map,
     rows_near,
@@ -39,7 +41,7 @@ from tests.layers import (
 
 
 def own_set(proj: ClusteredProjection, c: int) -> set[int]:
-    return set(proj.active_sets[c].tolist())
+    return set(projection_sets(proj)[c].tolist())
 
 
 # --------------------------------------------------------------------------------------- the paper's example
@@ -245,7 +247,7 @@ def test_min_count_prunes_rare_ids_but_keeps_always_active():
     counts = [[3, 1, 2, 1], [1, 4]]
     cmap = map_from_sets(np.eye(2, 16) * 5, sets, 300, fingerprint(w, b), counts)
     proj = create_projection("clustered", w, b, cluster_map=cmap, min_count=2, always_active=[20, 2])
-    assert [s.tolist() for s in proj.active_sets] == [[1, 2, 9, 20], [2, 6, 20]]
+    assert [s.tolist() for s in projection_sets(proj)] == [[1, 2, 9, 20], [2, 6, 20]]
 
 
 def test_empty_cluster_is_never_chosen():
@@ -288,11 +290,11 @@ def test_always_active_ids_are_computed_for_every_row_and_can_win(mode):
     h = rows_near(cmap, clusters)
     eos, tags = 2, [250, 251]
     for c in clusters:
-        assert eos not in cmap.active_ids(c).tolist()
+        assert eos not in map_set(cmap, c).tolist()
     w2 = w.clone()
     w2[eos] = 50.0 * h[1] / h[1].norm()  # EOS dominates row 1
     fp2 = fingerprint(w2, b)
-    cmap2 = map_from_sets(cmap.centroids, [cmap.active_ids(c).tolist() for c in range(12)], 300, fp2)
+    cmap2 = map_from_sets(cmap.centroids, [map_set(cmap, c).tolist() for c in range(12)], 300, fp2)
     proj = create_projection(
         "clustered", w2, b, cluster_map=cmap2, selection=mode, always_active=[eos, *tags]
     )
@@ -497,7 +499,7 @@ def normaliser_truth(proj, h: torch.Tensor) -> torch.Tensor:
     """logsumexp of the full logits over the columns each row's own cluster leaves out, (rows,) float64."""
     full = torch.nn.functional.linear(h, proj.weight, proj.bias).double()
     for row, c in enumerate(proj.assign(h).tolist()):
-        full[row, proj.active_sets[c]] = -math.inf
+        full[row, projection_sets(proj)[c]] = -math.inf
     return torch.logsumexp(full, dim=1)
 
 

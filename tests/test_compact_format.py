@@ -13,7 +13,7 @@ from fastvocab.artifacts_schema.cluster_map import load_cluster_map, save_cluste
 from fastvocab.artifacts_schema.compact import decode_tensor, encode_tensor, int_dtype
 from fastvocab.artifacts_schema.errors import ArtifactError
 from fastvocab.artifacts_schema.method_index import load_method_index, save_method_index
-from fastvocab.artifacts_schema.tensor_folder import MANIFEST_FILE, compress_tensor_file
+from fastvocab.artifacts_schema.tensor_folder import COMPRESSED_SUFFIX, MANIFEST_FILE
 from fastvocab.decoding.hf_adapter import Seq2SeqAdapter
 from fastvocab.decoding.search import beam_search, greedy_search
 from fastvocab.decoding.settings import SearchSettings
@@ -54,6 +54,18 @@ def cmap(adapter):
     return attach_normaliser(
         m, adapter.output_weight, adapter.output_bias, adapter.always_active_ids(), rank=4
     )
+
+
+def compress_map_file(folder) -> None:
+    """Replace a plain map's ``map.safetensors`` by its compressed form, as maps were once shipped (the
+    manifest unchanged): an 8-byte little-endian length of the safetensors bytes, then their zstd frame."""
+    import pyarrow as pa
+
+    plain = folder / "map.safetensors"
+    data = plain.read_bytes()
+    packed = pa.Codec("zstd", compression_level=19).compress(data, asbytes=True)
+    plain.with_name(plain.name + COMPRESSED_SUFFIX).write_bytes(len(data).to_bytes(8, "little") + packed)
+    plain.unlink()
 
 
 def greedy_states(adapter) -> np.ndarray:
@@ -152,7 +164,7 @@ def test_old_folders_still_load(tmp_path, cmap, index):
     old = load_cluster_map(tmp_path / "m")
     assert old.manifest.schema_version == 5 and np.array_equal(old.indices, cmap.indices)
     assert np.array_equal(old.counts, cmap.counts) and old.pruned(2).indices.size < old.indices.size
-    compress_tensor_file(tmp_path / "m", "map.safetensors")
+    compress_map_file(tmp_path / "m")
     assert np.array_equal(load_cluster_map(tmp_path / "m").centroids, cmap.centroids)
     t = load_method_index(tmp_path / "t", "shortlist")
     assert t.manifest.schema_version == 1 and np.array_equal(t.tensors["indices"], index.tensors["indices"])
@@ -220,7 +232,7 @@ def test_uint16_only_when_the_ids_fit(tmp_path):
 def test_compact_published_rewrites_a_plain_folder_in_place(tmp_path, cmap, index):
     root = tmp_path / "shipped"
     save_cluster_map(cmap, root / "en-it")
-    compress_tensor_file(root / "en-it", "map.safetensors")
+    compress_map_file(root / "en-it")
     save_method_index(index, root / "shortlist" / "en-it")
     (root / BUILD_FILE).write_text(json.dumps({"maps": {"en-it": {"tensors_digest": "old"}}}))
     before = json.loads((root / "en-it" / MANIFEST_FILE).read_text())

@@ -21,6 +21,14 @@ K, MAX_LEN, R = 2, 12, 24
 SEARCH = SearchSettings(max_len=MAX_LEN)
 
 
+def differing_sentences(
+    mask: torch.Tensor, near: torch.Tensor, path: coverage.GreedyPath, probes: int
+) -> set[int]:
+    """The sentences with a miss on their path: those whose greedy output the sets change (per-row
+    selection; union: at most these)."""
+    return set(path.sentence[coverage.step_misses(mask, near, path, probes)].tolist())
+
+
 @pytest.fixture(scope="module")
 def dumped(tiny_model_dir, tmp_path_factory):
     root = tmp_path_factory.mktemp("coverage")
@@ -53,7 +61,7 @@ def test_misses_on_the_greedy_path_are_the_per_row_outputs_that_differ(dumped, k
     ((_, mask),) = coverage.set_masks(
         clusters, labels.topk[:, :k], labels.sentence, R, adapter.n_vocab, [sentences], aa
     )
-    predicted = coverage.differing_sentences(mask, near, path, probes=1)
+    predicted = differing_sentences(mask, near, path, probes=1)
 
     cmap = _pipeline_map(decoder, labels, clusters, centroids, k, sentences)
     # the map's sets are the harness's (the same states, clusters and ids)
@@ -106,7 +114,7 @@ def test_with_a_shortlist_the_misses_are_the_outputs_of_both_together_that_diffe
     clusters = coverage.assign_stored(labels, centroids)
     aa = adapter.always_active_ids()
     ((_, mask),) = coverage.set_masks(clusters, labels.topk[:, :1], labels.sentence, R, n, [2], aa)
-    alone = coverage.differing_sentences(mask, near, path, probes=1)
+    alone = differing_sentences(mask, near, path, probes=1)
     # a table whose frequent list holds the tokens the first sentence with a miss misses (the tiny model's
     # random outputs follow no word alignment): that sentence stops missing, some others do not
     misses = coverage.step_misses(mask, near, path, 1)

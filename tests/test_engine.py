@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import decoder_steps, generate_ids, synthetic_sentences
+from conftest import decoder_steps, generate_ids, reference_logits, synthetic_sentences
 
 from fastvocab.decoding import Seq2SeqAdapter, beam_search, greedy_search, search
 from fastvocab.decoding.packed_encoder import PackedEncoder
@@ -67,7 +67,7 @@ def test_step_h_equals_the_hf_decoder(static, hf):
     # a cumulative sum that skips pads; the cached step, like generate, counts them): h W^T are its logits
     logits = ours @ static.output_weight.T
     rows = [0, 2, 3, 5]
-    ref_logits = static.reference_logits(batch, tokens)[rows]
+    ref_logits = reference_logits(static, batch, tokens)[rows]
     torch.testing.assert_close(logits[rows], ref_logits, rtol=1e-4, atol=1e-4)
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import decoder_steps
+from conftest import decoder_steps, reference_logits
 
 from fastvocab.decoding import Seq2SeqAdapter, beam_search, greedy_search
 from fastvocab.decoding.cache_memory import CACHE_LIMIT_ENV
@@ -168,7 +168,7 @@ def test_step_h_equals_the_hf_decoder(static, hf, family):
     torch.testing.assert_close(ours, ref, rtol=1e-5, atol=1e-5)
     # and the model's own logits from a full forward pass: h W^T + b
     logits = ours @ static.output_weight.T + static.output_bias
-    torch.testing.assert_close(logits, static.reference_logits(batch, tokens), rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(logits, reference_logits(static, batch, tokens), rtol=1e-4, atol=1e-4)
 
 
 def test_fixed_shape_step_equals_step(static, family):

@@ -12,13 +12,14 @@ import torch
 
 from fastvocab.kernels import certificate, create_projection
 from fastvocab.kernels.clustered_parts import SELECTIONS
-from tests.conftest import synthetic_sentences, write_en_it_split
+from tests.conftest import reference_logits, synthetic_sentences, write_en_it_split
 from tests.layers import (
     decode,
     fingerprint,
     make,
     map_from_sets,
     map_from_states,
+    projection_sets,
     random_layer,
     random_map,
     rows_near,
@@ -33,7 +34,7 @@ def inactive_truth(proj, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     clusters = proj.assign(h).tolist()
     mask = torch.ones_like(full, dtype=torch.bool)
     for row, c in enumerate(clusters):
-        mask[row, proj.active_sets[c]] = False
+        mask[row, projection_sets(proj)[c]] = False
     z = full.masked_fill(~mask, -math.inf)
     return z.amax(dim=1), torch.logsumexp(z, dim=1)
 
@@ -233,7 +234,7 @@ def test_scorer_agrees_with_the_models_own_log_probs(adapter):
         seq = list(out) + ([adapter.eos_id] if ended[i] else [])
         dec_in = torch.tensor([prefix + seq[:-1]] if seq else [prefix])
         one = {k: v[i : i + 1] for k, v in batch.items()}
-        logits = adapter.reference_logits(one, dec_in)[0].float()  # (T, N)
+        logits = reference_logits(adapter, one, dec_in)[0].float()  # (T, N)
         logp = torch.log_softmax(logits, dim=-1)
         want = sum(float(logp[len(prefix) - 1 + t, tok]) for t, tok in enumerate(seq))
         assert got[i] == pytest.approx(want, abs=1e-3), i

@@ -67,7 +67,7 @@ def test_the_lite_model_refuses_what_needs_transformers(pair):
     lite, _ = pair
     batch = lite.encode_texts(["a b"], "en", "it")
     with pytest.raises(RuntimeError, match="Hugging Face model"):
-        lite.reference_logits(batch, torch.tensor([[lite.decoder_start_id]]))
+        lite.teacher_forced(lite.encode(batch), "it", [[lite.eos_id]], max_len=4)
 
 
 def test_a_folder_the_lite_load_does_not_cover_loads_through_transformers(tiny_model_dir, tmp_path):
