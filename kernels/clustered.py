@@ -449,7 +449,9 @@ class ClusteredProjection(Projection):
         elif self.inactive_mass == ORACLE:
             mass = _oracle_log_mass(logits, ids, self._full_logits(h).float())
         elif self._mass is not None:
-            mass = inactive_log_mass(self.inactive_mass, h, logits, clusters, self.n_vocab, self._mass)
+            mass = inactive_log_mass(
+                self.inactive_mass, h, logits, clusters, self.n_vocab, self._mass, padded=ids.dim() > 1
+            )
         columns = self._computed_columns(logits, ids)
         self._count(rows=rows, columns=columns)
         out = ProjectionOutput(logits=logits, ids=ids, n_vocab=self.n_vocab, log_inactive_mass=mass)

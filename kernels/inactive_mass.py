@@ -86,8 +86,11 @@ def inactive_log_mass(
     clusters: torch.Tensor,
     n_vocab: int,
     tables: MassTables,
+    padded: bool = True,
 ) -> torch.Tensor:
-    """Estimate of ``logsumexp`` over the columns a row did not compute, (rows,) float32.
+    """Estimate of ``logsumexp`` over the columns a row did not compute, (rows,) float32. ``padded``: rows
+    may hold -inf padding (per-row sets, a static union); False when every row computed every column of
+    ``logits`` (a union), which spares ``moments`` three passes over them.
 
     - ``centroid``: the row's own logsumexp shifted by the centroid's inactive/active log ratio.
     - ``moments``: ``log n_I + mean_I + excess_c * var_I / var_c``: the mean ``mean_I`` and variance
@@ -101,9 +104,12 @@ def inactive_log_mass(
         return torch.logsumexp(z, dim=1) + tables.log_ratio[clusters]
     if method == "moments":
         hf = h.float()
-        finite = torch.isfinite(z)
-        zc = z.masked_fill(~finite, 0.0)
-        n_i = (n_vocab - finite.sum(dim=1)).float()  # (rows,)
+        if padded:
+            finite = torch.isfinite(z)
+            zc = z.masked_fill(~finite, 0.0)
+            n_i = (n_vocab - finite.sum(dim=1)).float()  # (rows,)
+        else:
+            zc, n_i = z, torch.full((z.shape[0],), float(n_vocab - z.shape[1]), device=z.device)
         n = n_i.clamp(min=1.0)
         s1 = hf @ tables.w_sum + tables.b_sum  # sum of all N logits
         s2 = ((hf @ tables.gram) * hf).sum(dim=1) + 2.0 * (hf @ tables.w_b) + tables.b_sq  # sum of squares

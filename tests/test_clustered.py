@@ -433,6 +433,19 @@ def test_moments_estimator_tracks_the_true_inactive_mass(mode, seed):
     assert errors["normaliser"] < errors["moments"]
 
 
+def test_moments_without_padding_equals_the_padded_reading():
+    """A union's rows computed every column: ``padded=False`` skips the -inf scan and gives the same mass."""
+    from fastvocab.kernels.inactive_mass import inactive_log_mass
+
+    w, b, cmap, h = lm_like_case(0)
+    proj = create_projection("clustered", w, b, cluster_map=cmap, selection="union", inactive_mass="moments")
+    out = proj(h)
+    assert out.ids is not None and out.ids.dim() == 1 and torch.isfinite(out.logits).all()
+    clusters = torch.arange(h.shape[0]) % len(cmap.indptr[1:])
+    args = ("moments", h, out.logits, clusters, w.shape[0], proj._mass)
+    torch.testing.assert_close(inactive_log_mass(*args, padded=False), inactive_log_mass(*args))
+
+
 @pytest.mark.parametrize("estimator", ["centroid", "moments", "normaliser"])
 def test_inactive_mass_vanishes_with_full_coverage(estimator):
     w, b = random_layer()

@@ -163,6 +163,15 @@ def test_worker_kind_forks_on_linux_only(monkeypatch):
     assert worker_kind("threads", 2) == "threads" and worker_kind("processes", 2) == "processes"
     monkeypatch.setattr(sys, "platform", "linux")
     assert worker_kind("auto", 2) == "processes"
+    # ONNX Runtime's step releases the GIL for its whole call: threads from 32 rows a batch
+    assert (
+        worker_kind("auto", 2, "onnx", 32) == "threads"
+        and worker_kind("auto", 2, "static", 32) == "processes"
+    )
+    assert (
+        worker_kind("auto", 2, "onnx", 8) == "processes"
+        and worker_kind("processes", 2, "onnx", 32) == "processes"
+    )
     monkeypatch.setattr(sys, "platform", "darwin")  # fork is unsafe there
     assert worker_kind("auto", 2) == "threads"
 
