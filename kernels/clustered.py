@@ -80,6 +80,7 @@ from fastvocab.kernels.certificate import BoundTables, bound_tables, certify, in
 from fastvocab.kernels.cluster_assign import (
     PreparedMap,
     assign_clusters,
+    centroid_scores_int8,
     nearest_clusters,
     prepare_map,
     union_columns,
@@ -197,8 +198,10 @@ class ClusteredProjection(Projection):
             hit_probability(self._map, self.n_vocab) if self.int8 and self.selection == "union" else None
         )
         self._w8: Int8Weights | None = None  # int8: W as the full int8 projection holds it
+        self._assign8: torch.nn.Module | None = None  # int8: the centroid scores as an int8 layer
         if self.int8:
             self._w8 = int8_weights(self.weight, self.bias, self._map, cache_bytes=cache_bytes, hit=self._hit)
+            self._assign8 = centroid_scores_int8(self._map)
         self._full_at_rows: dict[int, bool] = {}
         self._mass: MassTables | NormaliserTables | None = None
         self.normaliser_source: str | None = None  # "map" or "computed at load"
@@ -411,7 +414,9 @@ class ClusteredProjection(Projection):
         return StaticUnion(self, rows=rows).capturable(rows)
 
     def assign(self, h: torch.Tensor) -> torch.Tensor:
-        """Cluster of each row (Eq. 2), (rows,) int64."""
+        """Cluster of each row (Eq. 2), (rows,) int64; with ``int8``, from the int8 centroid scores."""
+        if self._assign8 is not None:
+            return self._assign8(h.float()).argmax(dim=1)
         return assign_clusters(h, self._map.centroids_t, self._map.sq_norms)
 
     def for_batch(
@@ -559,7 +564,10 @@ class ClusteredProjection(Projection):
         self, h: torch.Tensor, extra: BatchColumns | None = None
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``extra``: the batch's columns every row of the step gets besides its clusters' sets."""
-        if self.probes > 1:
+        if self.probes > 1 and self._assign8 is not None:
+            near = self._assign8(h.float()).topk(min(self.probes, self._map.r), dim=1).indices
+            clusters, cl = near[:, 0], near.reshape(-1).tolist()
+        elif self.probes > 1:
             near = nearest_clusters(h, self._map.centroids_t, self._map.sq_norms, self.probes)
             clusters, cl = near[:, 0], near.reshape(-1).tolist()  # the estimates read the nearest
         else:

@@ -355,3 +355,24 @@ def test_int8_gather_in_blocks_equals_one_block(monkeypatch, bias):
     torch.testing.assert_close(blocks, whole, rtol=0, atol=1e-5)
     full8 = create_projection("full", w, b, int8=True)(h).logits[:, cols]
     torch.testing.assert_close(whole, full8, rtol=1e-5, atol=1e-4)
+
+
+def test_int8_assignment_picks_the_nearest_centroid_up_to_rounding():
+    """The int8 centroid scores choose the float32 nearest cluster for rows near a centroid, and elsewhere a
+    cluster whose distance is within the scores' rounding of the nearest; probes come nearest first."""
+    w, b, cmap = layer_and_map(r=40)
+    proj = clustered(w, b, cmap, int8=True)
+    exact = clustered(w, b, cmap)
+    near = batch(cmap, 64)
+    assert torch.equal(proj.assign(near), exact.assign(near))
+    far = torch.randn(256, D, generator=torch.Generator().manual_seed(4))  # no centroid nearby: near-ties
+    got = proj.assign(far)
+    c = torch.from_numpy(cmap.centroids).float()
+    dist = torch.cdist(far, c) ** 2  # (rows, r)
+    best = dist.min(dim=1).values
+    chosen = dist.gather(1, got[:, None])[:, 0]
+    assert (chosen <= best * 1.02 + 1e-3).all()
+    assert (got == exact.assign(far)).float().mean() > 0.9
+    probed = clustered(w, b, cmap, int8=True, probes=3)
+    out = probed(near)  # runs the probes' int8 path end to end
+    assert out.logits.shape[0] == near.shape[0]
