@@ -202,6 +202,7 @@ def fastvocab_system(adapter, projection, args) -> Callable[[list[str], int], tu
             ),
             progress=False,
             workers=None if args.parallel == "workers" else 1,
+            parallel=args.worker_kind,
         )
         spent[0] = proj.step_seconds
         if hasattr(proj, "reset_counters"):  # clustered: the columns and skipped rows of this call
@@ -409,6 +410,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--beams", default="1,4", help="comma-separated beam sizes (1 = greedy)")
     p.add_argument("--max-len", type=int, default=128)
     p.add_argument("--repeats", type=int, default=5)
+    kinds = ["auto", "processes", "threads"]  # what fastvocab's workers are: translate's ``parallel``
+    p.add_argument("--worker-kind", choices=kinds, default="auto", help="translate's parallel")
     p.add_argument(
         "--parallel",
         choices=["workers", "intra"],

@@ -52,40 +52,34 @@ def _row(cells: list[str]) -> str:
     return "| " + " | ".join(cells) + " |\n"
 
 
-# --- README: full against clustered + shortlist, with CTranslate2 beside (bench_peer, worker processes) ---
+# --- README: full against clustered + shortlist, with CTranslate2 beside (bench_peer, --engine onnx) ---
 
 PEER = (
-    ("greedy, batch 1", "peer-cpu-2026-11-27-shortlist-b1-procs.json", "beam1"),
-    ("greedy, batch 32", "peer-cpu-2026-11-27-shortlist-b32-procs.json", "beam1"),
-    ("beam 4, batch 8", "peer-cpu-2026-11-27-shortlist-beam4-procs.json", "beam4"),
+    ("greedy, batch 1", "peer-cpu-2026-11-28-lengths-b1.json", "beam1"),
+    ("greedy, batch 32", "peer-cpu-2026-11-28-lengths-b32.json", "beam1"),
+    ("beam 4, batch 32", "peer-cpu-2026-11-28-lengths-b32.json", "beam4"),
 )
 
 
 def render_peer(root: Path, doc: Path) -> str:
-    head = ["search, batch", "en-it lines", "full fp32 s", "clustered + shortlist s", "clustered vs full",
-            "CTranslate2 float32 s", "CTranslate2 int8 s", "full fp32 vs CT2 float32",
-            "clustered vs CT2 float32 / int8", "outputs changed"]  # fmt: skip
+    head = ["search, batch", "en-it lines", "full fp32 s", "clustered s", "clustered vs full",
+            "CTranslate2 float32 s", "full vs CT2 float32", "clustered int8 s", "CTranslate2 int8 s",
+            "clustered int8 vs CT2 int8", "outputs changed (fp32 / int8)"]  # fmt: skip
     out = _row(head) + _row(["---"] + ["---:"] * (len(head) - 1))
     for label, name, run in PEER:
         rec = _load(root, name)
         systems = rec["runs"][run]["systems"]
         full, clu = systems["fastvocab full fp32"], systems["fastvocab clustered fp32"]
-        ct2f, ct2i = systems["ct2 float32"], systems["ct2 int8"]
-        out += _row(
-            [
-                label,
-                str(rec["n_lines"]),
-                f"{full['seconds_median']:.2f}",
-                f"{clu['seconds_median']:.2f}",
-                f"**{clu['speed_vs_full']:.2f}x**",
-                f"{ct2f['seconds_median']:.2f}",
-                f"{ct2i['seconds_median']:.2f}",
-                f"{full['speed_vs_ct2_float32']:.2f}x",
-                f"{clu['speed_vs_ct2_float32']:.2f}x / {clu['speed_vs_ct2_int8']:.2f}x",
-                _pct(clu["lines_changed_vs_fastvocab_full_fp32"]),
-            ]
-        )
-    return out + "\n" + _sources(doc, root, [name for _, name, _ in PEER])
+        clu8 = systems["fastvocab clustered int8"]
+        changed = [_pct(x["lines_changed_vs_fastvocab_full_fp32"]) for x in (clu, clu8)]
+        out += _row([
+            label, str(rec["n_lines"]), f"{full['seconds_median']:.2f}", f"{clu['seconds_median']:.2f}",
+            f"**{clu['speed_vs_full']:.2f}x**", f"{systems['ct2 float32']['seconds_median']:.2f}",
+            f"{full['speed_vs_ct2_float32']:.2f}x", f"{clu8['seconds_median']:.2f}",
+            f"{systems['ct2 int8']['seconds_median']:.2f}", f"**{clu8['speed_vs_ct2_int8']:.2f}x**",
+            " / ".join(changed),
+        ])  # fmt: skip
+    return out + "\n" + _sources(doc, root, list(dict.fromkeys(name for _, name, _ in PEER)))
 
 
 # --- docs/methods.md: every output-layer method on the whole test split (bench methods) ---

@@ -10,7 +10,8 @@ step is many small ops that torch's intra-op threads share poorly, so one batch 
 every thread on one batch (measured: docs/decisions/0002-worker-processes.md). On Linux the workers are
 forked processes (``parallel``): worker threads of one process take turns at the GIL between those
 small ops, which cost the clustered step, with its many more of them, the most (measured:
-benchmarks/README.md, "Turning the sets into speed").
+benchmarks/README.md, "Turning the sets into speed"). The ONNX Runtime engine's step is one call that
+releases the GIL: from 32 rows a batch its workers are threads (docs/decisions/0010-batches-by-length.md).
 """
 
 from __future__ import annotations

@@ -48,7 +48,7 @@ def _copy_docs(render_tables, dst: Path) -> None:
 def test_a_changed_record_fails_the_check_naming_the_doc(render_tables, tmp_path, capsys):
     _copy_docs(render_tables, tmp_path)
     assert render_tables.main(["--check", "--root", str(tmp_path)]) == 0
-    record = tmp_path / "benchmarks" / "results" / "peer-cpu-2026-11-27-shortlist-b32-procs.json"
+    record = tmp_path / "benchmarks" / "results" / "peer-cpu-2026-11-28-lengths-b32.json"
     data = json.loads(record.read_text())
     data["runs"]["beam1"]["systems"]["fastvocab clustered fp32"]["speed_vs_full"] = 9.99
     record.write_text(json.dumps(data))
