@@ -15,7 +15,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from fastvocab.artifacts_schema.bulk_parts import PART_LINES
-from fastvocab.decoding.settings import SearchSettings
+from fastvocab.decoding.settings import ENGINES, SearchSettings
 from fastvocab.pipeline.errors import UserError
 from fastvocab.tasks.method_settings import MethodSettings
 
@@ -95,6 +95,9 @@ class TranslateConfig(_Strict):
     # CUDA where the step can be, eager otherwise)
     graphs: Literal["auto", "on", "off"] = Field(SearchSettings.graphs)
     device: str = "cpu"
+    # the decoder-step engine (fastvocab translate --engine): auto (static where the model family allows,
+    # else hf), static, hf, or onnx (the decoder's layers in ONNX Runtime: docs/decisions/0009)
+    engine: str = "auto"
 
     @field_validator("device")
     @classmethod
@@ -103,6 +106,13 @@ class TranslateConfig(_Strict):
         from fastvocab.pipeline.checks import check_device_name
 
         check_device_name(value, "translate.device")
+        return value
+
+    @field_validator("engine")
+    @classmethod
+    def _check_engine(cls, value: str) -> str:
+        if value not in ENGINES:
+            raise ValueError(f"must be one of {', '.join(ENGINES)}")
         return value
 
     @model_validator(mode="after")

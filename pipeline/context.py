@@ -57,8 +57,10 @@ class StageContext:
                 raise UserError(f"directions {', '.join(self.cfg.directions)}: {exc}") from exc
         return self._model
 
-    def run_context(self, device: str = "cpu", torch_threads: int | None = None) -> RunContext:
-        return RunContext(self.model(), device=device, torch_threads=torch_threads)
+    def run_context(
+        self, device: str = "cpu", torch_threads: int | None = None, engine: str = "auto"
+    ) -> RunContext:
+        return RunContext(self.model(), device=device, torch_threads=torch_threads, engine=engine)
 
     def dump_beams(self) -> list[int]:
         """The paths the dump decodes, in order: the reference path (``dump.reference``), then every beam of

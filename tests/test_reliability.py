@@ -262,6 +262,21 @@ def test_config_early_stopping_reaches_the_search_settings(tmp_path):
         load_config(None, {"translate.early_stopping": "sometimes"})
 
 
+def test_config_engine_reaches_the_translate_stage_workers(tmp_path, tiny_model_dir):
+    from fastvocab.pipeline.config import load_config
+    from fastvocab.pipeline.context import StageContext
+    from fastvocab.pipeline.errors import UserError
+
+    assert load_config(None).translate.engine == "auto"
+    demo = Path(__file__).resolve().parents[1] / "configs" / "demo.yaml"
+    assert load_config(demo).translate.engine == "onnx"  # make demo shows the ONNX Runtime engine
+    with pytest.raises(UserError, match=r"translate\.engine"):
+        load_config(None, {"translate.engine": "fast"})
+    cfg = load_config(None, {"translate.engine": "static", "model": str(tiny_model_dir)})
+    ctx = StageContext(cfg, ray=None, progress=False)  # type: ignore[arg-type]  # no stage runs here
+    assert ctx.run_context("cpu", 1, cfg.translate.engine).load_adapter().engine == "static"
+
+
 # ------------------------------------------------------------------------------ 2: work-dir lock
 
 

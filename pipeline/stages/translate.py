@@ -211,6 +211,7 @@ def run(ctx: StageContext) -> list[StageRecord]:
             jobs += [j for j in current if j.method == "full"]
             current = [j for j in current if j.method != "full"]
         params["methods"] = ",".join(ctx.cfg.eval.labels())
+        params["engine"] = t.engine
         note = f"; unavailable: {'; '.join(unavailable)}" if unavailable else ""
         if not jobs:
             status = "skipped" if current else "unavailable"
@@ -228,7 +229,7 @@ def run(ctx: StageContext) -> list[StageRecord]:
     _, threads, _ = ctx.decoder_workers()
     gpus = 1.0 if t.device.startswith("cuda") else 0.0
     ctx.ray.require_gpus(gpus, f"translate.device={t.device}")
-    run_ctx = ctx.run_context(t.device, int(threads))
+    run_ctx = ctx.run_context(t.device, int(threads), t.engine)
     items = [(job,) for job in work]
     with ctx.bar(len(work), "translate", unit="direction") as bar:
         results = ctx.ray.map_actors(
@@ -258,5 +259,7 @@ def run(ctx: StageContext) -> list[StageRecord]:
             rec.metrics[f"certified_fraction_{meth}"] = r.get("certified_fraction")
             rec.params[f"signature_{meth}"] = r["signature"]
         done = ", ".join(f"{r['method']} {r['tokens_per_s']:.0f} tok/s" for r in res)
+        if t.engine != "auto":
+            done += f" (engine {t.engine})"
         rec.message = f"{done}{rec.message}"
     return list(records.values())
