@@ -2,10 +2,11 @@
 
 The Hugging Face encoder runs every layer on the padded (rows, S) grid, and sorting lines by length leaves
 much padding where lengths spread. :class:`PackedEncoder` runs its linears, norms and FFN on the real tokens
-only, and attention per group of sentences of like length (``scaled_dot_product_attention`` on each group's
-padded grid: :func:`length_groups`); the static decoder's cross-attention K/V GEMM skips padded positions too. Its states equal the Hugging Face encoder's up to fp32
-rounding (another GEMM row count; 1/sqrt(head_dim) folded into Q). What it saved:
-benchmarks/history/engine-notes.md.
+only, and attention per group of sentences of like length (``scaled_dot_product_attention`` on each
+group's padded grid: :func:`length_groups`); the static decoder's cross-attention K/V GEMM skips padded
+positions too. Its states equal the Hugging Face encoder's up to fp32 rounding (another GEMM row count;
+1/sqrt(head_dim) folded into Q). What it saved: benchmarks/history/engine-notes.md and
+docs/decisions/0010-batches-by-length.md.
 """
 
 from __future__ import annotations
