@@ -199,6 +199,8 @@ def run(ctx: StageContext) -> list[StageRecord]:
                 length_penalty=t.length_penalty,
                 early_stopping=t.early_stopping,
             )
+            if t.engine != "auto":  # its timings, and its int8 outputs, are the engine's own
+                prov["engine"] = t.engine
             out = out_dir / f"{label}.parquet"
             mjob = MethodJob(method, str(out), options, prov, None if label == method else label)
             found = read_json(sidecar_path(out))
