@@ -209,21 +209,6 @@ class ActiveSetCounter:
         return out
 
 
-def build_active_sets(
-    cluster_ids: np.ndarray, topk_ids: np.ndarray, r: int, n_vocab: int | None = None, min_count: int = 1
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Active sets as CSR (indptr, indices, counts) from every state's cluster and top-K ids (n, K).
-
-    ``n_vocab`` defaults to the largest id + 1 (only used to encode pairs; it does not change the result).
-    """
-    topk_ids = np.asarray(topk_ids)
-    if n_vocab is None:
-        n_vocab = int(topk_ids.max()) + 1 if topk_ids.size else 1
-    counter = ActiveSetCounter(r, n_vocab)
-    counter.add(cluster_ids, topk_ids)
-    return counter.to_csr(min_count)
-
-
 def count_shards(
     files: Sequence[Path],
     centroids: np.ndarray,

@@ -10,7 +10,22 @@ from fastvocab.artifacts_schema.cluster_map import ClusterMap, MapManifest, acti
 from fastvocab.artifacts_schema.fingerprint import projection_fingerprint
 from fastvocab.decoding.settings import SearchSettings
 from fastvocab.kernels import create_projection
-from fastvocab.tasks.maps import assign, build_active_sets, centroid_sq_norms
+from fastvocab.tasks.maps import ActiveSetCounter, assign, centroid_sq_norms
+
+
+def build_active_sets(
+    cluster_ids: np.ndarray, topk_ids: np.ndarray, r: int, n_vocab: int | None = None, min_count: int = 1
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Active sets as CSR (indptr, indices, counts) from every state's cluster and top-K ids (n, K).
+
+    ``n_vocab`` defaults to the largest id + 1 (only used to encode pairs; it does not change the result).
+    """
+    topk_ids = np.asarray(topk_ids)
+    if n_vocab is None:
+        n_vocab = int(topk_ids.max()) + 1 if topk_ids.size else 1
+    counter = ActiveSetCounter(r, n_vocab)
+    counter.add(cluster_ids, topk_ids)
+    return counter.to_csr(min_count)
 
 
 def fingerprint(weight: torch.Tensor, bias: torch.Tensor | None) -> str:

@@ -16,12 +16,12 @@ from fastvocab.tasks.maps import (
     ActiveSetCounter,
     MapParams,
     assign,
-    build_active_sets,
     count_shards,
     group_directions,
     make_cluster_map,
     map_name,
 )
+from tests.layers import build_active_sets
 
 
 def reference_sets(cluster_ids, topk_ids, r, min_count=1):
