@@ -213,9 +213,10 @@ def length_batches(lengths: Sequence[int], batch_size: int) -> list[list[int]]:
 
 
 # From this many rows a batch (batch size x beam), the ONNX Runtime engine's workers are threads: its step is
-# one call that releases the GIL, and a thread costs no fork. The demo model, 2 workers, en-it test lines:
-# full float32 greedy at batch 32 8% faster than processes, clustered int8 greedy and beam 4 the same or 1-3%
-# faster; at batch 8 processes were 15% faster (the ops between the calls take turns at the GIL).
+# one call that releases the GIL, and a thread costs no fork. The demo model, 2 workers, 200 en-it test
+# lines (benchmarks/results/workers-cpu-2026-11-28-onnx-*.json): at batch 32 threads were 9-19% faster
+# greedy and 2-10% at beam 4, full and clustered, float32 and int8; at batch 8 clustered int8 was 21% faster
+# as processes (the ops between the calls take turns at the GIL).
 ONNX_THREADS_FROM_ROWS = 32
 
 
