@@ -171,9 +171,10 @@ def nearest_clusters(
 def centroid_scores_int8(pm: PreparedMap) -> torch.nn.Module:
     """``h -> h·C_j - ||C_j||^2 / 2`` for every centroid, (rows, r), as a dynamic int8 layer (CPU): the
     nearest centroid is the highest score. For the int8 projection, whose step it makes cheaper: with the
-    demo model's en-it map (r 2,000, d 256) on one thread the float32 assignment took a quarter of a union
-    step at 32 rows (0.44 ms), the int8 one 2.5x less at 8 to 128 rows. Rounding can pick a near-tie's other
-    cluster, an int8 projection's own kind of change. A cluster never chosen (empty set) scores lowest."""
+    demo model's en-it map (r 2,000, d 256) on one thread the float32 assignment GEMM was a quarter of a
+    union step at 32 rows, the int8 one about 2.5x cheaper (docs/decisions/0010-batches-by-length.md).
+    Rounding can pick a near-tie's other cluster, an int8 projection's own kind of change. A cluster never
+    chosen (empty set) scores lowest."""
     from fastvocab.kernels.int8 import int8_linear
 
     low = torch.finfo(torch.float32).min
