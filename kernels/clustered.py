@@ -419,6 +419,13 @@ class ClusteredProjection(Projection):
             return self._assign8(h.float()).argmax(dim=1)
         return assign_clusters(h, self._map.centroids_t, self._map.sq_norms)
 
+    def _nearest(self, h: torch.Tensor, probes: int) -> torch.Tensor:
+        """The ``probes`` nearest clusters of each row, nearest first, (rows, probes) int64; with ``int8``,
+        by the int8 centroid scores."""
+        if self._assign8 is not None:
+            return self._assign8(h.float()).topk(min(probes, self._map.r), dim=1).indices
+        return nearest_clusters(h, self._map.centroids_t, self._map.sq_norms, probes)
+
     def for_batch(
         self, input_ids: torch.Tensor | list[list[int]], attention_mask: torch.Tensor | None = None
     ) -> Callable[[torch.Tensor, torch.Tensor], ProjectionOutput]:
@@ -564,11 +571,8 @@ class ClusteredProjection(Projection):
         self, h: torch.Tensor, extra: BatchColumns | None = None
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``extra``: the batch's columns every row of the step gets besides its clusters' sets."""
-        if self.probes > 1 and self._assign8 is not None:
-            near = self._assign8(h.float()).topk(min(self.probes, self._map.r), dim=1).indices
-            clusters, cl = near[:, 0], near.reshape(-1).tolist()
-        elif self.probes > 1:
-            near = nearest_clusters(h, self._map.centroids_t, self._map.sq_norms, self.probes)
+        if self.probes > 1:
+            near = self._nearest(h, self.probes)
             clusters, cl = near[:, 0], near.reshape(-1).tolist()  # the estimates read the nearest
         else:
             clusters = self.assign(h)  # (rows,)
