@@ -11,6 +11,7 @@ docs/decisions/0010-batches-by-length.md.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -88,8 +89,9 @@ class _EncoderLayer(nn.Module):
 
 # A length group ends where a sentence is shorter than this share of the group's longest: attention's cost
 # grows with rows x S^2 of the group's padded grid, and one long line in a batch sorted by length would
-# otherwise pad every other sentence to its length (batch 0 of the en-it test split: one line of 229 tokens,
-# the next of 51). Groups of at most SHORT_GROUP_TOKENS never split: there a call costs more than the padding.
+# otherwise pad every other sentence to its length (the en-it test split: one line of 229 tokens, the rest
+# of its batch at most ~120). Groups of at most SHORT_GROUP_TOKENS never split: there a call costs more than
+# the padding.
 GROUP_LENGTH_SHARE = 0.7
 SHORT_GROUP_TOKENS = 32
 
@@ -105,18 +107,27 @@ class LengthGroup:
     tokens: torch.Tensor | None
 
 
+def length_runs(lengths: Sequence[int], share: float, above: int, size: int | None = None) -> list[list[int]]:
+    """Positions of ``lengths`` (longest first) in consecutive runs: a run ends before a length under
+    ``share`` of the run's first, when that one is over ``above``, and at ``size`` positions (None: no
+    bound). The encoder's length groups, and ``translate``'s batches."""
+    runs: list[list[int]] = []
+    for i, n in enumerate(lengths):
+        top = lengths[runs[-1][0]] if runs else 0
+        if not runs or (size is not None and len(runs[-1]) >= size) or (top > above and n < share * top):
+            runs.append([])
+        runs[-1].append(i)
+    return runs
+
+
 def length_groups(attention_mask: torch.Tensor) -> list[LengthGroup]:
     """The batch's sentences (rows of ``attention_mask``, 1 = real token) in groups of like length, longest
     first; within a group a sentence's tokens fill its row of the grid from the left, in order (attention
     reads no positions: they are in the embeddings)."""
     lengths = attention_mask.sum(1).tolist()
     order = sorted(range(len(lengths)), key=lambda r: -lengths[r])
-    spans: list[list[int]] = []
-    for r in order:
-        top = lengths[spans[-1][0]] if spans else 0
-        if not spans or (lengths[r] < GROUP_LENGTH_SHARE * top and top > SHORT_GROUP_TOKENS):
-            spans.append([])
-        spans[-1].append(r)
+    runs = length_runs([lengths[r] for r in order], GROUP_LENGTH_SHARE, SHORT_GROUP_TOKENS)
+    spans = [[order[i] for i in run] for run in runs]
     starts = [0]
     for n in lengths:
         starts.append(starts[-1] + n)  # packed tokens run row by row

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 import torch
 
 from fastvocab.decoding.hf_adapter import Seq2SeqAdapter
+from fastvocab.decoding.packed_encoder import length_runs
 from fastvocab.decoding.search import check_stopping_rule, decode
 from fastvocab.decoding.settings import DEFAULT_SEARCH, SearchSettings
 from fastvocab.decoding.steppers import use_graphs
@@ -189,8 +190,8 @@ def translate(
 # A sentence starts a new batch where it is shorter than this share of the batch's longest (sources of more
 # than SPLIT_ABOVE_TOKENS tokens only). Every row of a batch attends over the longest source's padded length
 # at every step, and the batch lasts as long as its longest output: on the en-it test split one line of 229
-# tokens led a batch of lines of at most 51, which took half again as long as any other batch and held up
-# the worker that had it. Alone, it costs its own steps only.
+# tokens led a batch whose other lines had at most ~120, and that batch outlasted the other six together,
+# holding up the worker that had it (docs/decisions/0010-batches-by-length.md).
 SPLIT_SHARE = 0.5
 SPLIT_ABOVE_TOKENS = 32
 
@@ -199,17 +200,7 @@ def length_batches(lengths: Sequence[int], batch_size: int) -> list[list[int]]:
     """Batches of at most ``batch_size`` positions of ``lengths`` (source lengths, longest first), in order:
     a batch also ends before a source shorter than ``SPLIT_SHARE`` of its longest, when that one has more
     than ``SPLIT_ABOVE_TOKENS`` tokens."""
-    batches: list[list[int]] = []
-    for i, n in enumerate(lengths):
-        top = lengths[batches[-1][0]] if batches else 0
-        if (
-            not batches
-            or len(batches[-1]) >= batch_size
-            or (top > SPLIT_ABOVE_TOKENS and n < SPLIT_SHARE * top)
-        ):
-            batches.append([])
-        batches[-1].append(i)
-    return batches
+    return length_runs(lengths, SPLIT_SHARE, SPLIT_ABOVE_TOKENS, batch_size)
 
 
 # From this many rows a batch (batch size x beam), the ONNX Runtime engine's workers are threads: its step is
