@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import math
 import os
 import time
 from collections.abc import Callable
@@ -222,9 +223,6 @@ class OnnxState:
         return sum(t.numel() * t.element_size() for t in held if t is not None)
 
 
-_NP = {torch.float32: np.float32}
-
-
 class OnnxDecoder:
     """The static decoder ``dec`` (float32, CPU) with its layers run by ONNX Runtime; the same interface
     (``start``, ``step``, ``reorder``) and the same ``h`` up to float rounding. ``int8``: the body's int8
@@ -240,7 +238,8 @@ class OnnxDecoder:
         self.fingerprint = fingerprint if isinstance(fingerprint, str) else fingerprint()
         self.int8 = False
         self.export_seconds = 0.0
-        self._session = None  # (pid, InferenceSession): a forked worker opens its own
+        self._session = None  # (pid that opened it, InferenceSession)
+        self._bindings: _Bindings | None = None
         self._zeros = torch.zeros(256)
         self.path, spent = body_path(dec, self.fingerprint, int8=False)
         self.export_seconds += spent
@@ -249,7 +248,8 @@ class OnnxDecoder:
         """Run the int8 export of the body from now on (exported once, cached)."""
         self.path, spent = body_path(self.dec, self.fingerprint, int8=True)
         self.export_seconds += spent
-        self.int8, self._session = True, None
+        self.int8 = True
+        self._drop_session()
 
     def quantize_int8(self) -> None:
         """``--dtype int8``: the body's int8 export, and the cross-attention K/V GEMM (in torch, once per
@@ -270,11 +270,13 @@ class OnnxDecoder:
         raise AttributeError(name)
 
     def session(self):
-        import onnxruntime as ort
+        """The ONNX Runtime session, opened at the first step. A forked worker runs the one it inherited:
+        with one thread and sequential execution a run stays on the calling thread, which fork keeps, and
+        the session keeps what its earlier runs planned for the shapes they saw; opening its own cost each
+        worker ~15 ms and that planning again at every first shape."""
+        if self._session is None:
+            import onnxruntime as ort
 
-        if self._session is None or self._session[0] != os.getpid():
-            if self._session is not None:
-                _keep_forever(self._session[1])
             opts = ort.SessionOptions()
             # One thread: fastvocab's CPU workers run on one thread each (decisions/0002).
             opts.intra_op_num_threads = 1
@@ -285,6 +287,18 @@ class OnnxDecoder:
             sess = ort.InferenceSession(str(self.path), opts, providers=["CPUExecutionProvider"])
             self._session = (os.getpid(), sess)
         return self._session[1]
+
+    def _drop_session(self) -> None:
+        if self._session is not None and self._session[0] != os.getpid():
+            _keep_forever(self._session[1])
+        self._session, self._bindings = None, None
+
+    def bindings(self) -> _Bindings:
+        """The session's IO binding, kept from step to step (a new one for a new session)."""
+        sess = self.session()
+        if self._bindings is None or self._bindings.session is not sess:
+            self._bindings = _Bindings(sess)
+        return self._bindings
 
     # ------------------------------------------------------------------ state
 
@@ -348,22 +362,31 @@ class OnnxDecoder:
             self._grow(state)
         x = dec.embed(tokens, pos).contiguous()
         h = torch.empty_like(x)
-        sess = self.session()
-        io = sess.io_binding()
-        _bind(io.bind_input, "x", x)
-        _bind(io.bind_input, "bias", state.cross_bias)
+        io = self.bindings()
+        io.input("x", x)
+        io.input("bias", state.cross_bias)
         # No zero-sized past: the first step reads position 0 (zeroed by start, where its own key/value
         # go) as one past position weighted exp(min - max) = 0.
         n = max(pos, 1)
         past_bias = self._past_bias(n, masked=pos == 0)  # held until the run: ORT reads its memory then
-        _bind(io.bind_input, "past_bias", past_bias)
-        _bind(io.bind_output, "h", h)
+        io.input("past_bias", past_bias)
+        io.output("h", h)
+        # Each layer's past, new position and cross keys/values bound by address within the two caches
+        # (contiguous, (2, layers, ...)), with no torch view made for them: at one row the views cost
+        # about as much as the body's run.
+        kv, cross = state.self_kv, state.cross_kv
+        assert kv.is_contiguous() and cross.is_contiguous()
+        new_shape, cross_shape = list(kv.shape[3:]), list(cross.shape[2:])
+        past_shape, per_pos, per_cross = [n, *new_shape], 4 * math.prod(new_shape), 4 * math.prod(cross_shape)
+        at, cross_at = kv.data_ptr(), cross.data_ptr()
         for i in range(dec.n_layers):
-            for j, kv in enumerate("kv"):
-                _bind(io.bind_input, f"{kv}_past{i}", state.self_kv[j, i, :n])
-                _bind(io.bind_input, f"{kv}_cross{i}", state.cross_kv[j, i])
-                _bind(io.bind_output, f"{kv}_new{i}", state.self_kv[j, i, pos])
-        sess.run_with_iobinding(io)
+            for j, name in enumerate("kv"):
+                block = j * dec.n_layers + i  # [j, i] in the (2, layers, ...) layout
+                past = at + block * state.capacity * per_pos
+                io.input_at(f"{name}_past{i}", past, past_shape)
+                io.output_at(f"{name}_new{i}", past + pos * per_pos, new_shape)
+                io.input_at(f"{name}_cross{i}", cross_at + block * per_cross, cross_shape)
+        io.run()
         state.length = pos + 1
         return h
 
@@ -384,9 +407,46 @@ def _keep_forever(session) -> None:
     ctypes.pythonapi.Py_IncRef(ctypes.py_object(session))
 
 
-def _bind(bind, name: str, t: torch.Tensor) -> None:
-    """Bind torch tensor ``t`` (contiguous, CPU) to ``name`` in place: ONNX Runtime reads or writes its
-    memory when the session runs, so the caller keeps that memory alive until then (a view of a live
-    buffer, or a local)."""
-    assert t.is_contiguous(), name
-    bind(name, "cpu", 0, _NP[t.dtype], list(t.shape), t.data_ptr())
+class _Bindings:
+    """A session's IO binding at the level of ONNX Runtime's C++ binding (``SessionIOBinding``): torch
+    tensors bound in place by pointer, and a name whose pointer and shape are those already bound is not
+    bound again (the cross-attention keys and values stay the same from step to step). The public
+    ``IOBinding`` wrapper makes an ``OrtDevice`` and checks graph capture at every call, which cost
+    ~130 us a step at one row, more than half of the body's own run (decisions/0009). Built on the
+    pinned ``onnxruntime`` (requirements.txt); the engine's tests run every path."""
+
+    def __init__(self, session) -> None:
+        from onnxruntime.capi import _pybind_state as C
+        from onnxruntime.capi.onnxruntime_inference_collection import OrtDevice
+
+        self.session = session
+        self._run = session._sess.run_with_iobinding
+        self._io = C.SessionIOBinding(session._sess)
+        self._cpu = OrtDevice.make("cpu", 0)._get_c_device()
+        self._bound: dict[str, tuple[int, list[int]]] = {}
+
+    def input(self, name: str, t: torch.Tensor) -> None:
+        """Bind ``t`` (contiguous, CPU, float32) to input ``name`` in place: ONNX Runtime reads its memory
+        when the session runs, so the caller keeps it alive until then."""
+        assert t.is_contiguous() and t.dtype == torch.float32, name
+        self.input_at(name, t.data_ptr(), list(t.shape))
+
+    def output(self, name: str, t: torch.Tensor) -> None:
+        """Bind ``t`` to output ``name``: the run writes into its memory."""
+        assert t.is_contiguous() and t.dtype == torch.float32, name
+        self.output_at(name, t.data_ptr(), list(t.shape))
+
+    def input_at(self, name: str, address: int, shape: list[int]) -> None:
+        """Bind the float32 array of ``shape`` at ``address`` to input ``name``."""
+        if self._bound.get(name) != (address, shape):
+            self._io.bind_input(name, self._cpu, np.float32, shape, address)
+            self._bound[name] = (address, shape)
+
+    def output_at(self, name: str, address: int, shape: list[int]) -> None:
+        """Bind the float32 array of ``shape`` at ``address`` to output ``name``."""
+        if self._bound.get(name) != (address, shape):
+            self._io.bind_output(name, self._cpu, np.float32, shape, address)
+            self._bound[name] = (address, shape)
+
+    def run(self) -> None:
+        self._run(self._io, None)
