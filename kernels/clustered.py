@@ -92,6 +92,7 @@ from fastvocab.kernels.exact_gate import ExactGate
 from fastvocab.kernels.full import FullProjection
 from fastvocab.kernels.gather import (
     BatchColumns,
+    batch_block_logits,
     batch_union_logits,
     cluster_logits,
     gathered_logits,
@@ -127,6 +128,10 @@ DEFAULT_NORMALISER_RANK = 32
 # Cached sub-matrices on CPU by default (MB): a cached cluster turns the per-step gather (a copy of the active
 # rows) into a plain GEMV (measured: benchmarks/history/undertrained-model-2026-11.md, "Output layer alone").
 DEFAULT_CPU_CACHE_MB = 512.0
+# A step with the batch's columns whose rows fall in at most this many clusters, all cached, runs their
+# blocks whole (gather.batch_block_logits) instead of gathering the union's columns: each block is read by
+# every row, so beyond a few clusters the gather reads less.
+BLOCK_CLUSTERS = 4
 
 
 def decoding_probes(asked: int | None, map_probes: int, selection: str) -> int:
@@ -581,6 +586,11 @@ class ClusteredProjection(Projection):
             logits, ids = per_row_logits(h, cl, self._map, self.weight, self.bias, self._w8)
             return logits, ids, clusters
         if extra is not None:  # the batch's columns gathered or packed already
+            uniq = sorted(set(cl))
+            blocks = self._map.blocks if self._w8 is None else self._w8.blocks
+            if len(uniq) <= BLOCK_CLUSTERS and all(blocks[c] is not None for c in uniq):
+                logits, ids = batch_block_logits(h, extra, self._map, uniq, self.weight, self.bias, self._w8)
+                return logits, ids, clusters
             sets = union_mask(cl, self._map.ids, self.n_vocab)
             logits, ids = batch_union_logits(h, extra, sets, self.weight, self.bias, self._w8)
             return logits, ids, clusters

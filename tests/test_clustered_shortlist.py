@@ -170,3 +170,32 @@ def test_a_pooled_map_takes_the_table_of_the_direction_it_serves(adapter, index,
     batch = adapter.encode_texts(synthetic_sentences("en", 3, seed=5), "en", "it")
     assert any(greedy_search(adapter, proj, batch, "en", "it", max_len=6))
     assert "shortlist" in proj.signature()
+
+
+@pytest.mark.parametrize("int8", [False, True])
+@pytest.mark.parametrize("n_clusters", [1, 2, 4])
+def test_a_few_clusters_run_their_cached_blocks_to_the_union_paths_logits_and_ids(
+    adapter, index, cmap, int8, n_clusters
+):
+    """Rows in a few cached clusters take each cluster's block whole, less the columns already held: the
+    same ids, in the same order, and the same logits as the union's mask-and-gather path."""
+    from fastvocab.kernels.gather import BatchColumns, batch_block_logits, batch_union_logits
+
+    proj = make_projection(adapter, "clustered", cluster_map=cmap, shortlist=index, int8=int8)
+    pm, w8 = proj.prepared_map, proj._w8
+    blocks = pm.blocks if w8 is None else w8.blocks
+    clusters = [c for c in range(pm.r) if blocks[c] is not None][:n_clusters]
+    assert len(clusters) == n_clusters
+    batch = adapter.encode_texts(synthetic_sentences("en", 3, seed=6), "en", "it")
+    cands = proj._shortlist.batch_candidates(batch["input_ids"], batch["attention_mask"])
+    ids = torch.from_numpy(np.unique(np.concatenate(cands)))
+    cols = BatchColumns.of(ids, proj.weight, proj.bias, w8)
+    assert set(pm.ids[clusters[0]].tolist()) & set(ids.tolist())  # some columns are held twice
+    sets = torch.zeros(adapter.n_vocab, dtype=torch.bool)
+    for c in clusters:
+        sets[pm.ids[c]] = True
+    h = torch.randn(5, adapter.d_model) * 3
+    want_logits, want_ids = batch_union_logits(h, cols, sets, proj.weight, proj.bias, w8)
+    logits, got_ids = batch_block_logits(h, cols, pm, clusters, proj.weight, proj.bias, w8)
+    assert got_ids.tolist() == want_ids.tolist()
+    torch.testing.assert_close(logits, want_logits, rtol=0, atol=0 if int8 else 1e-5)
