@@ -22,6 +22,7 @@ import hashlib
 import logging
 import math
 import os
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -239,7 +240,7 @@ class OnnxDecoder:
         self.int8 = False
         self.export_seconds = 0.0
         self._session = None  # (pid that opened it, InferenceSession)
-        self._bindings: _Bindings | None = None
+        self._bindings = threading.local()  # .held: this thread's _Bindings
         self._zeros = torch.zeros(256)
         self.path, spent = body_path(dec, self.fingerprint, int8=False)
         self.export_seconds += spent
@@ -291,14 +292,16 @@ class OnnxDecoder:
     def _drop_session(self) -> None:
         if self._session is not None and self._session[0] != os.getpid():
             _keep_forever(self._session[1])
-        self._session, self._bindings = None, None
+        self._session, self._bindings = None, threading.local()
 
     def bindings(self) -> _Bindings:
-        """The session's IO binding, kept from step to step (a new one for a new session)."""
+        """This thread's IO binding for the session, kept from step to step (a new one for a new session).
+        One per thread: ``translate``'s worker threads step their batches through one session at once."""
         sess = self.session()
-        if self._bindings is None or self._bindings.session is not sess:
-            self._bindings = _Bindings(sess)
-        return self._bindings
+        held = getattr(self._bindings, "held", None)
+        if held is None or held.session is not sess:
+            held = self._bindings.held = _Bindings(sess)
+        return held
 
     # ------------------------------------------------------------------ state
 

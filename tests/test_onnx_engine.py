@@ -158,20 +158,24 @@ def test_demo_clustered_shortlist_and_exact_equal_the_static_engine(beam, tmp_pa
     assert outputs[:2] == outputs[2:]
 
 
-def test_forked_workers_decode_after_the_parent_did(onnx, static):
-    """A session opened in the parent before ``translate`` forks its workers: each worker opens its own and
-    never frees the inherited one (whose destructor would hang there)."""
+@pytest.mark.parametrize("parallel", ["processes", "threads"])
+def test_workers_decode_after_the_parent_did(onnx, static, parallel):
+    """A session opened in the parent before ``translate`` starts its workers: forked workers run the one
+    they inherited (never freeing it there: its destructor would hang), worker threads run it at once, each
+    through its own IO binding; batches of different row counts, so that a binding shared between threads
+    would bind one batch's outputs to another's shapes."""
     from fastvocab.kernels import create_projection as make
     from fastvocab.tasks.translate import translate
 
     full = make("full", static.output_weight, static.output_bias)
-    lines = synthetic_sentences("en", 8, seed=9)
+    lines = synthetic_sentences("en", 9, seed=9)
     batch = onnx.encode_texts(lines[:2], "en")
     greedy_search(onnx, full, batch, "en", "it", max_len=4)  # the parent's session exists now
     search = SearchSettings(beam=1, batch_size=2, max_len=6)
-    ours = translate(onnx, full, lines, "en", "it", search, workers=2, parallel="processes", progress=False)
     theirs = translate(static, full, lines, "en", "it", search, workers=1, progress=False)
-    assert ours.hypotheses == theirs.hypotheses
+    for _ in range(2):
+        ours = translate(onnx, full, lines, "en", "it", search, workers=2, parallel=parallel, progress=False)
+        assert ours.hypotheses == theirs.hypotheses
 
 
 def test_translate_engine_flag_gives_the_static_outputs(spread_model_dir, cache_dir, tmp_path, monkeypatch):
