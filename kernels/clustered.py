@@ -586,10 +586,10 @@ class ClusteredProjection(Projection):
             logits, ids = per_row_logits(h, cl, self._map, self.weight, self.bias, self._w8)
             return logits, ids, clusters
         if extra is not None:  # the batch's columns gathered or packed already
-            uniq = sorted(set(cl))
+            few = sorted(set(cl))
             blocks = self._map.blocks if self._w8 is None else self._w8.blocks
-            if len(uniq) <= BLOCK_CLUSTERS and all(blocks[c] is not None for c in uniq):
-                logits, ids = batch_block_logits(h, extra, self._map, uniq, self.weight, self.bias, self._w8)
+            if len(few) <= BLOCK_CLUSTERS and all(blocks[c] is not None for c in few):
+                logits, ids = batch_block_logits(h, extra, self._map, few, self.weight, self.bias, self._w8)
                 return logits, ids, clusters
             sets = union_mask(cl, self._map.ids, self.n_vocab)
             logits, ids = batch_union_logits(h, extra, sets, self.weight, self.bias, self._w8)
