@@ -166,7 +166,6 @@ def translate(
         outputs = pool.map(run, chunks)
     else:
         outputs = map(run, chunks)
-    done = False
     try:
         with bar:
             for chunk, out in zip(chunks, outputs, strict=True):
@@ -177,13 +176,9 @@ def translate(
                 bar.update(len(chunk))
                 if on_lines is not None:
                     on_lines(len(chunk))
-        done = True
     finally:
         if pool:
-            # After an error, batches not yet started are dropped. Once every batch is in, forked workers
-            # exit on their own: waiting for them would add their teardown (~20 ms each for the demo model's
-            # process) to the run.
-            pool.shutdown(wait=not (done and kind == "processes"), cancel_futures=True)
+            pool.shutdown(cancel_futures=True)  # after an error, batches not yet started are dropped
         if kind == "threads":
             torch.set_num_threads(threads)  # MKL's thread count is process-wide: a worker's setting leaks
     seconds = time.perf_counter() - t0
