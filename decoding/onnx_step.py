@@ -441,14 +441,15 @@ class _Bindings:
 
     def input_at(self, name: str, address: int, shape: list[int]) -> None:
         """Bind the float32 array of ``shape`` at ``address`` to input ``name``."""
-        if self._bound.get(name) != (address, shape):
-            self._io.bind_input(name, self._cpu, np.float32, shape, address)
-            self._bound[name] = (address, shape)
+        self._at(self._io.bind_input, name, address, shape)
 
     def output_at(self, name: str, address: int, shape: list[int]) -> None:
         """Bind the float32 array of ``shape`` at ``address`` to output ``name``."""
+        self._at(self._io.bind_output, name, address, shape)
+
+    def _at(self, bind, name: str, address: int, shape: list[int]) -> None:
         if self._bound.get(name) != (address, shape):
-            self._io.bind_output(name, self._cpu, np.float32, shape, address)
+            bind(name, self._cpu, np.float32, shape, address)
             self._bound[name] = (address, shape)
 
     def run(self) -> None:
