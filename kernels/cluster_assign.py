@@ -168,18 +168,19 @@ def nearest_clusters(
     return dist.topk(min(probes, dist.shape[1]), dim=1, largest=False).indices
 
 
-def centroid_scores_int8(pm: PreparedMap) -> torch.nn.Module:
-    """``h -> h·C_j - ||C_j||^2 / 2`` for every centroid, (rows, r), as a dynamic int8 layer (CPU): the
+def centroid_scores_int8(pm: PreparedMap) -> torch.ScriptObject:
+    """``h -> h·C_j - ||C_j||^2 / 2`` for every centroid, (rows, r), as a dynamic int8 layer's packed
+    weights (CPU; ``kernels.int8.linear_packed`` computes the scores): the
     nearest centroid is the highest score. For the int8 projection, whose step it makes cheaper: with the
     demo model's en-it map (r 2,000, d 256) on one thread the float32 assignment GEMM was a quarter of a
     union step at 32 rows, the int8 one about 2.5x cheaper (docs/decisions/0010-batches-by-length.md).
     Rounding can pick a near-tie's other cluster, an int8 projection's own kind of change. A cluster never
     chosen (empty set) scores lowest."""
-    from fastvocab.kernels.int8 import int8_linear
+    from fastvocab.kernels.int8 import int8_linear, packed_of
 
     low = torch.finfo(torch.float32).min
     bias = torch.where(torch.isinf(pm.sq_norms), torch.full_like(pm.sq_norms, low), -0.5 * pm.sq_norms)
-    return int8_linear(pm.centroids_t.t().float(), bias)
+    return packed_of(int8_linear(pm.centroids_t.t().float(), bias))
 
 
 def union_mask(clusters: Sequence[int], ids: Sequence[torch.Tensor], n_vocab: int) -> torch.Tensor:

@@ -106,6 +106,7 @@ from fastvocab.kernels.inactive_mass import (
     normaliser_log_mass,
     normaliser_tables,
 )
+from fastvocab.kernels.int8 import linear_packed
 from fastvocab.kernels.int8_union import (
     Int8Weights,
     int8_cluster_logits,
@@ -203,7 +204,7 @@ class ClusteredProjection(Projection):
             hit_probability(self._map, self.n_vocab) if self.int8 and self.selection == "union" else None
         )
         self._w8: Int8Weights | None = None  # int8: W as the full int8 projection holds it
-        self._assign8: torch.nn.Module | None = None  # int8: the centroid scores as an int8 layer
+        self._assign8: torch.ScriptObject | None = None  # int8: the centroid scores, packed int8 rows
         if self.int8:
             self._w8 = int8_weights(self.weight, self.bias, self._map, cache_bytes=cache_bytes, hit=self._hit)
             self._assign8 = centroid_scores_int8(self._map)
@@ -421,14 +422,14 @@ class ClusteredProjection(Projection):
     def assign(self, h: torch.Tensor) -> torch.Tensor:
         """Cluster of each row (Eq. 2), (rows,) int64; with ``int8``, from the int8 centroid scores."""
         if self._assign8 is not None:
-            return self._assign8(h.float()).argmax(dim=1)
+            return linear_packed(h.float(), self._assign8).argmax(dim=1)
         return assign_clusters(h, self._map.centroids_t, self._map.sq_norms)
 
     def _nearest(self, h: torch.Tensor, probes: int) -> torch.Tensor:
         """The ``probes`` nearest clusters of each row, nearest first, (rows, probes) int64; with ``int8``,
         by the int8 centroid scores."""
         if self._assign8 is not None:
-            return self._assign8(h.float()).topk(min(probes, self._map.r), dim=1).indices
+            return linear_packed(h.float(), self._assign8).topk(min(probes, self._map.r), dim=1).indices
         return nearest_clusters(h, self._map.centroids_t, self._map.sq_norms, probes)
 
     def for_batch(

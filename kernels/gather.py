@@ -126,11 +126,13 @@ def batch_block_logits(
     parts, part_ids = [], []
     for c in clusters:
         ids = pm.ids[c]
-        keep = ~cols.mask[ids]
-        parts.append(cluster_logits(h, pm, c, weight, bias, w8)[:, keep])  # (rows, new columns of c)
-        part_ids.append(ids[keep])
-    logits, ids = torch.cat(parts, dim=1), torch.cat(part_ids)
-    if len(clusters) > 1:  # the union sorted, each id once (a column's logits are the same in any block)
+        keep = torch.logical_not(cols.mask.index_select(0, ids)).nonzero().squeeze(1)  # new columns of c
+        parts.append(cluster_logits(h, pm, c, weight, bias, w8).index_select(1, keep))
+        part_ids.append(ids.index_select(0, keep))
+    if len(clusters) == 1:  # a step at batch 1, mostly: each tensor op costs about as much as its work
+        logits, ids = parts[0], part_ids[0]
+    else:  # the union sorted, each id once (a column's logits are the same in any block)
+        logits, ids = torch.cat(parts, dim=1), torch.cat(part_ids)
         ids, order = torch.sort(ids, stable=True)
         first = torch.ones_like(ids, dtype=torch.bool)
         first[1:] = ids[1:] != ids[:-1]
