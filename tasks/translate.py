@@ -157,10 +157,11 @@ def translate(
     pool: ProcessPoolExecutor | ThreadPoolExecutor | None = None
     outputs: Iterable[list[list[int]]]
     if kind == "processes":
-        # fork: the workers start as copies of this process (nothing pickled but batches and their ids)
+        # fork: the workers start as copies of this process (nothing pickled but batches and their ids).
+        # This process is one of them: one fork fewer, and its caches are warm.
         fork = multiprocessing.get_context("fork")
-        pool = ProcessPoolExecutor(workers, fork, _start_forked_worker, (run, projection, intra))
-        outputs = _added_to(projection, pool.map(_decode_in_forked_worker, chunks))
+        pool = ProcessPoolExecutor(workers - 1, fork, _start_forked_worker, (run, projection, intra))
+        outputs = _shared_with_forks(pool, chunks, run, projection, intra)
     elif kind == "threads":
         pool = ThreadPoolExecutor(workers, initializer=torch.set_num_threads, initargs=(intra,))
         outputs = pool.map(run, chunks)
@@ -179,7 +180,7 @@ def translate(
     finally:
         if pool:
             pool.shutdown(cancel_futures=True)  # after an error, batches not yet started are dropped
-        if kind == "threads":
+        if kind != "one":
             torch.set_num_threads(threads)  # MKL's thread count is process-wide: a worker's setting leaks
     seconds = time.perf_counter() - t0
     log.debug("translated %d lines (%d decoded) in %.2fs", len(lines), len(todo), seconds)
@@ -258,10 +259,29 @@ def _decode_in_forked_worker(chunk: list[int]) -> tuple[list[list[int]], dict[st
     return out, {key: after[key] - before[key] for key in after}
 
 
-def _added_to(
-    projection: Projection, results: Iterable[tuple[list[list[int]], dict[str, float]]]
+def _shared_with_forks(
+    pool: ProcessPoolExecutor,
+    chunks: list[list[int]],
+    run: Callable[[list[int]], list[list[int]]],
+    projection: Projection,
+    threads: int,
 ) -> Iterator[list[list[int]]]:
-    for out, added in results:
+    """Each chunk's ids, in order: the forked workers take chunks from the front, and this process, while
+    the next chunk in order is not back, decodes chunks from the back that no worker has started (a
+    submitted chunk can be cancelled until the pool hands it to a worker). What the workers' projections
+    counted is added to ``projection``; this process counts in it directly."""
+    futures = [pool.submit(_decode_in_forked_worker, chunk) for chunk in chunks]
+    here: dict[int, list[list[int]]] = {}
+    back = len(chunks) - 1
+    torch.set_num_threads(threads)  # this worker's share (translate sets the count back)
+    for i, future in enumerate(futures):
+        while i <= back and not future.done() and futures[back].cancel():
+            here[back] = run(chunks[back])
+            back -= 1
+        if i in here:
+            yield here.pop(i)
+            continue
+        out, added = future.result()
         projection.add_tally(added)
         yield out
 

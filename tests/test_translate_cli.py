@@ -128,6 +128,31 @@ def test_translate_workers_do_not_change_outputs(adapter, beam, parallel):
     assert torch.get_num_threads() == threads  # a worker's thread setting does not leak
 
 
+def test_caller_decodes_beside_its_forked_worker(adapter, monkeypatch, tmp_path):
+    """Two worker processes are this process and one fork: both decode batches, and the outputs come back
+    in input order, as one worker's."""
+    import os
+
+    import fastvocab.tasks.translate as tr
+
+    real, log = tr.decode, tmp_path / "pids"
+
+    def logged(*args, **kwargs):
+        with log.open("a") as f:
+            f.write(f"{os.getpid()}\n")
+        return real(*args, **kwargs)
+
+    lines = [x for x in _lines() if x.strip()] * 3
+    proj = make_projection(adapter, "full")
+    search = SearchSettings(batch_size=1, max_len=MAX_LEN)
+    one = translate(adapter, proj, lines, "en", "it", search, workers=1, progress=False)
+    monkeypatch.setattr(tr, "decode", logged)
+    two = translate(adapter, proj, lines, "en", "it", search, workers=2, parallel="processes", progress=False)
+    assert two.hypotheses == one.hypotheses
+    pids = log.read_text().split()
+    assert len(pids) == len(lines) and str(os.getpid()) in pids and len(set(pids)) == 2
+
+
 def test_worker_processes_add_their_counts_to_the_callers_projection(adapter, tmp_path):
     """What forked workers count (a clustered projection's rows and columns, the timed steps) reaches the
     caller's projection: the same counts as one worker's."""
@@ -193,7 +218,7 @@ def _children(pid: int) -> list[int]:
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
 def test_worker_processes_end_with_a_killed_parent(model_dir):
     """kill -9 of a translating process takes its forked workers with it (they would otherwise wait on the
-    pool's queue for ever)."""
+    pool's queue for ever). Three workers: this process and two forks."""
     import signal
     import time
 
@@ -204,8 +229,8 @@ from fastvocab.decoding import Seq2SeqAdapter
 from fastvocab.tasks.projections import make_projection
 adapter = Seq2SeqAdapter.load({str(model_dir)!r})
 tr.decode = lambda *a, **k: time.sleep(120)  # a batch that lasts
-tr.translate(adapter, make_projection(adapter, "full"), ["a b", "c d", "e f"], "en", "it",
-             tr.SearchSettings(batch_size=1), progress=False, workers=2, parallel="processes")
+tr.translate(adapter, make_projection(adapter, "full"), ["a b", "c d", "e f", "g h"], "en", "it",
+             tr.SearchSettings(batch_size=1), progress=False, workers=3, parallel="processes")
 """
     proc = subprocess.Popen([sys.executable, "-c", script])
     try:
