@@ -198,6 +198,36 @@ def body_path(dec, fingerprint: str, int8: bool) -> tuple[Path, float]:
 
 
 @dataclass
+class _Layout:
+    """Each layer's past, new position and cross keys/values as the body binds them: by address within the
+    two caches (contiguous, (2, layers, ...)), no torch view made for them (at one row a step's views and
+    its Python cost as much as the body's run). ``cross``: (name, address, shape) of the cross inputs and
+    the bias; ``blocks``: (past name, new name, address of position 0) per layer and key/value; a position
+    is ``per_pos`` bytes."""
+
+    key: tuple
+    cross: list[tuple[str, int, list[int]]]
+    blocks: list[tuple[str, str, int]]
+    new_shape: list[int]
+    per_pos: int
+
+    @classmethod
+    def of(cls, key: tuple, kv: torch.Tensor, cross: torch.Tensor, bias: torch.Tensor) -> _Layout:
+        assert kv.is_contiguous() and cross.is_contiguous() and bias.is_contiguous()
+        layers, capacity = kv.shape[1], kv.shape[2]
+        new_shape, cross_shape = list(kv.shape[3:]), list(cross.shape[2:])
+        per_pos, per_cross = 4 * math.prod(new_shape), 4 * math.prod(cross_shape)
+        at, cross_at = kv.data_ptr(), cross.data_ptr()
+        binds, blocks = [("bias", bias.data_ptr(), list(bias.shape))], []
+        for i in range(layers):
+            for j, name in enumerate("kv"):
+                block = j * layers + i  # [j, i] in the (2, layers, ...) layout
+                binds.append((f"{name}_cross{i}", cross_at + block * per_cross, cross_shape))
+                blocks.append((f"{name}_past{i}", f"{name}_new{i}", at + block * capacity * per_pos))
+        return cls(key, binds, blocks, new_shape, per_pos)
+
+
+@dataclass
 class OnnxState:
     """Decoder state of the onnx engine: ``self_kv`` (2, layers, capacity, rows, heads, hd), the first
     ``rows`` rows' worth of ``buffer`` (flat) viewed in that layout; ``spare`` a flat buffer a reorder
@@ -210,6 +240,15 @@ class OnnxState:
     length: int
     buffer: torch.Tensor
     spare: torch.Tensor | None = None
+    _layout: _Layout | None = None
+
+    def layout(self) -> _Layout:
+        """Where the body's cache inputs and outputs lie (:class:`_Layout`), made again when a cache moved."""
+        kv, cross, bias = self.self_kv, self.cross_kv, self.cross_bias
+        key = (kv.data_ptr(), cross.data_ptr(), bias.data_ptr(), kv.shape, cross.shape, bias.shape)
+        if self._layout is None or self._layout.key != key:
+            self._layout = _Layout.of(key, kv, cross, bias)
+        return self._layout
 
     @property
     def rows(self) -> int:
@@ -367,28 +406,19 @@ class OnnxDecoder:
         h = torch.empty_like(x)
         io = self.bindings()
         io.input("x", x)
-        io.input("bias", state.cross_bias)
+        io.output("h", h)
         # No zero-sized past: the first step reads position 0 (zeroed by start, where its own key/value
         # go) as one past position weighted exp(min - max) = 0.
         n = max(pos, 1)
         past_bias = self._past_bias(n, masked=pos == 0)  # held until the run: ORT reads its memory then
         io.input("past_bias", past_bias)
-        io.output("h", h)
-        # Each layer's past, new position and cross keys/values bound by address within the two caches
-        # (contiguous, (2, layers, ...)), with no torch view made for them: at one row the views cost
-        # about as much as the body's run.
-        kv, cross = state.self_kv, state.cross_kv
-        assert kv.is_contiguous() and cross.is_contiguous()
-        new_shape, cross_shape = list(kv.shape[3:]), list(cross.shape[2:])
-        past_shape, per_pos, per_cross = [n, *new_shape], 4 * math.prod(new_shape), 4 * math.prod(cross_shape)
-        at, cross_at = kv.data_ptr(), cross.data_ptr()
-        for i in range(dec.n_layers):
-            for j, name in enumerate("kv"):
-                block = j * dec.n_layers + i  # [j, i] in the (2, layers, ...) layout
-                past = at + block * state.capacity * per_pos
-                io.input_at(f"{name}_past{i}", past, past_shape)
-                io.output_at(f"{name}_new{i}", past + pos * per_pos, new_shape)
-                io.input_at(f"{name}_cross{i}", cross_at + block * per_cross, cross_shape)
+        layout = state.layout()
+        for name, address, shape in layout.cross:  # the same from step to step: not bound again
+            io.input_at(name, address, shape)
+        past_shape, new_shape, per_pos = [n, *layout.new_shape], layout.new_shape, layout.per_pos
+        for past_name, new_name, past in layout.blocks:
+            io.input_at(past_name, past, past_shape)
+            io.output_at(new_name, past + pos * per_pos, new_shape)
         io.run()
         state.length = pos + 1
         return h
