@@ -158,10 +158,13 @@ def translate(
     outputs: Iterable[list[list[int]]]
     if kind == "processes":
         # fork: the workers start as copies of this process (nothing pickled but batches and their ids).
-        # This process is one of them: one fork fewer, and its caches are warm.
         fork = multiprocessing.get_context("fork")
-        pool = ProcessPoolExecutor(workers - 1, fork, _start_forked_worker, (run, projection, intra))
-        outputs = _shared_with_forks(pool, chunks, run, projection, intra)
+        if batch_size <= CALLER_DECODES_UP_TO_BATCH:  # this process is one of them
+            pool = ProcessPoolExecutor(workers - 1, fork, _start_forked_worker, (run, projection, intra))
+            outputs = _shared_with_forks(pool, chunks, run, projection, intra)
+        else:
+            pool = ProcessPoolExecutor(workers, fork, _start_forked_worker, (run, projection, intra))
+            outputs = _added_to(projection, pool.map(_decode_in_forked_worker, chunks))
     elif kind == "threads":
         pool = ThreadPoolExecutor(workers, initializer=torch.set_num_threads, initargs=(intra,))
         outputs = pool.map(run, chunks)
@@ -225,6 +228,13 @@ def worker_kind(parallel: str, workers: int, engine: str = "static", rows: int =
     return parallel
 
 
+# Up to this many lines a batch, the calling process decodes batches beside its forked workers: one fork
+# fewer (~15 ms for a ~900 MB process) and one worker's exit not waited for (~25 ms), which at one line a
+# batch is a tenth of a 48-line run. A pool keeps a batch queued at each fork, which the caller cannot take
+# back, so at the end the caller can wait for up to one batch: at batch 32 (~0.3 s a batch) the static
+# engine ran 28-32% slower so (docs/decisions/0011-small-steps.md).
+CALLER_DECODES_UP_TO_BATCH = 1
+
 # A forked worker's decode function and projection (set once in each worker process by its initializer).
 _FORKED: dict[str, object] = {}
 
@@ -257,6 +267,14 @@ def _decode_in_forked_worker(chunk: list[int]) -> tuple[list[list[int]], dict[st
     out = run(chunk)  # type: ignore[operator]
     after = projection.tally()  # type: ignore[attr-defined]
     return out, {key: after[key] - before[key] for key in after}
+
+
+def _added_to(
+    projection: Projection, results: Iterable[tuple[list[list[int]], dict[str, float]]]
+) -> Iterator[list[list[int]]]:
+    for out, added in results:
+        projection.add_tally(added)
+        yield out
 
 
 def _shared_with_forks(
