@@ -237,6 +237,8 @@ def greedy_search(
     fixed = stepper.fixed
     project, captured = _projector(projection, batch, stepper, rows=n)
     h, _ = stepper.start(batch, tgt_lang, max_len)
+    if n == 1 and not fixed and step_hook is None and device.type == "cpu":
+        return [_greedy_one_row(stepper, project, h, banned, eos, forced_eos, max_len)]
     alive = torch.arange(n, device=device)  # (rows,) source index of each row still in the batch
     finished = torch.zeros(n, dtype=torch.bool, device=device)  # (rows,) row has emitted EOS
     out_tokens = torch.full((n, max_len), eos, dtype=torch.long, device=device)
@@ -309,6 +311,34 @@ def greedy_search(
     if fallback is not None:
         return greedy_search(adapter, fallback, batch, src_lang, tgt_lang, max_len=max_len)
     return [_strip(row, eos) for row in out_tokens.tolist()]
+
+
+def _greedy_one_row(
+    stepper: Stepper,
+    project: Project,
+    h: torch.Tensor,
+    banned: torch.Tensor | None,
+    eos: int,
+    forced_eos: int | None,
+    max_len: int,
+) -> list[int]:
+    """:func:`greedy_search`'s loop for a batch of one sentence on CPU, its choice read as a Python int: at
+    one row each tensor op of the batch's bookkeeping (finished rows, the output grid, the count of the done)
+    costs about as much as its work. The same tokens, the projection called at the same steps."""
+    row = torch.zeros(1, dtype=torch.long)
+    tokens: list[int] = []
+    for step in range(max_len):
+        out = project(h, row)  # at a forced step too, as the batched loop: counters see every step
+        if step == max_len - 1 and forced_eos is not None:
+            token = forced_eos
+        else:
+            token = int(out.to_vocab_ids(_suppress(out, out.logits, banned).argmax(dim=1, keepdim=True)))
+        if token == eos:
+            break
+        tokens.append(token)
+        if step < max_len - 1:
+            h = stepper.step(torch.tensor([token]))
+    return tokens
 
 
 class BeamState:

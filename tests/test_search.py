@@ -190,6 +190,29 @@ def test_decode_reads_early_stopping_from_generation_config(adapter, full, rule)
         beam_search(adapter, full, adapter.encode_texts(["a"], "en"), "en", "it", settings)
 
 
+@pytest.mark.parametrize("max_len", [3, MAX_LEN])
+def test_one_sentence_greedy_equals_generate(adapter, full, max_len):
+    """A batch of one sentence takes greedy search's one-row loop: the tokens generate() gives, the length
+    limit's cut included, and the projection called as often as the batched loop calls it."""
+    calls = []
+
+    def counted(h):
+        calls.append(h.shape[0])
+        return full(h)
+
+    lengths = []
+    for line in _sources("en", 6):
+        batch = adapter.encode_texts([line], "en")
+        ours = greedy_search(adapter, counted, batch, "en", "it", max_len=max_len)
+        assert ours == generate_ids(adapter, batch, "it", max_len, num_beams=1)
+        one_row = len(calls)
+        batched = greedy_search(adapter, counted, batch, "en", "it", max_len=max_len, step_hook=lambda r: None)
+        assert batched == ours and len(calls) - one_row == one_row
+        calls.clear()
+        lengths.append(len(ours[0]))
+    assert len(set(lengths)) > 1  # some end at EOS, some at the limit
+
+
 def test_beam_one_equals_greedy(adapter, full):
     batch = adapter.encode_texts(_sources("en"), "en")
     greedy = greedy_search(adapter, full, batch, "en", "it", max_len=MAX_LEN)
