@@ -36,7 +36,7 @@ from fastvocab.decoding.cache_memory import allocate_cache
 
 log = logging.getLogger(__name__)
 
-ENGINE_VERSION = "3"  # bump when the exported graph changes: a new cache key
+ENGINE_VERSION = "4"  # bump when the exported graph changes: a new cache key
 
 
 def engine_cache() -> Path:
@@ -62,7 +62,7 @@ class _Body(nn.Module):
     """One step of the static decoder's layers, as exported: inputs ``x`` (rows, d) (embedded), per layer the
     past keys and values (n, rows, heads, hd), the cross keys and values (sources, heads, S, hd) and the
     cross bias (sources, 1, 1, S); outputs ``h`` (rows, d) and per layer the new key and value
-    (rows, heads, hd)."""
+    (rows, heads, 1, hd), one cache position."""
 
     def __init__(self, dec) -> None:
         super().__init__()
@@ -95,14 +95,15 @@ class _Body(nn.Module):
         return (x if self.final_ln is None else self.final_ln(x), *new)
 
     def _self_attn(self, layer, x, k_past, v_past, past_bias):
-        # Shapes by constants and -1 only, so that the graph computes no shapes at run time.
+        # Shapes by constants and -1 only, so that the graph computes no shapes at run time; q, k and v
+        # as (rows, heads, 1, hd), the layout of the matmuls and of a cache position alike, so that no
+        # squeeze or unsqueeze runs between them (at one row a node costs more than its work).
         h, hd = self.heads, self.hd
-        qkv = layer.qkv(x).view(-1, 3, h, hd)
-        q, k, v = qkv[:, 0], qkv[:, 1], qkv[:, 2]  # (rows, heads, hd)
-        past = (q.unsqueeze(2) @ k_past.permute(1, 2, 3, 0)).squeeze(2) + past_bias  # (rows, heads, n)
-        now = (q * k).sum(-1, keepdim=True)  # (rows, heads, 1)
+        q, k, v = layer.qkv(x).view(-1, 3 * h, 1, hd).split(h, dim=1)
+        past = q @ k_past.permute(1, 2, 3, 0) + past_bias  # (rows, heads, 1, n)
+        now = (q * k).sum(-1, keepdim=True)  # (rows, heads, 1, 1)
         p = torch.softmax(torch.cat([past, now], dim=-1), dim=-1)
-        o = (p[:, :, :-1].unsqueeze(2) @ v_past.permute(1, 2, 0, 3)).squeeze(2) + p[:, :, -1:] * v
+        o = p[..., :-1] @ v_past.permute(1, 2, 0, 3) + p[..., -1:] * v  # (rows, heads, 1, hd)
         return layer.out_self(o.reshape(-1, h * hd)), k, v
 
     def _cross_attn(self, layer, x, ck, cv, bias):
@@ -203,11 +204,13 @@ class _Layout:
     two caches (contiguous, (2, layers, ...)), no torch view made for them (at one row a step's views and
     its Python cost as much as the body's run). ``cross``: (name, address, shape) of the cross inputs and
     the bias; ``blocks``: (past name, new name, address of position 0) per layer and key/value; a position
-    is ``per_pos`` bytes."""
+    is ``pos_shape`` (rows, heads, hd), ``per_pos`` bytes, and the body writes it as ``new_shape``
+    (rows, heads, 1, hd)."""
 
     key: tuple
     cross: list[tuple[str, int, list[int]]]
     blocks: list[tuple[str, str, int]]
+    pos_shape: list[int]
     new_shape: list[int]
     per_pos: int
 
@@ -215,8 +218,8 @@ class _Layout:
     def of(cls, key: tuple, kv: torch.Tensor, cross: torch.Tensor, bias: torch.Tensor) -> _Layout:
         assert kv.is_contiguous() and cross.is_contiguous() and bias.is_contiguous()
         layers, capacity = kv.shape[1], kv.shape[2]
-        new_shape, cross_shape = list(kv.shape[3:]), list(cross.shape[2:])
-        per_pos, per_cross = 4 * math.prod(new_shape), 4 * math.prod(cross_shape)
+        pos_shape, cross_shape = list(kv.shape[3:]), list(cross.shape[2:])
+        per_pos, per_cross = 4 * math.prod(pos_shape), 4 * math.prod(cross_shape)
         at, cross_at = kv.data_ptr(), cross.data_ptr()
         binds, blocks = [("bias", bias.data_ptr(), list(bias.shape))], []
         for i in range(layers):
@@ -224,7 +227,8 @@ class _Layout:
                 block = j * layers + i  # [j, i] in the (2, layers, ...) layout
                 binds.append((f"{name}_cross{i}", cross_at + block * per_cross, cross_shape))
                 blocks.append((f"{name}_past{i}", f"{name}_new{i}", at + block * capacity * per_pos))
-        return cls(key, binds, blocks, new_shape, per_pos)
+        rows, heads, hd = pos_shape
+        return cls(key, binds, blocks, pos_shape, [rows, heads, 1, hd], per_pos)
 
 
 @dataclass
@@ -415,7 +419,7 @@ class OnnxDecoder:
         layout = state.layout()
         for name, address, shape in layout.cross:  # the same from step to step: not bound again
             io.input_at(name, address, shape)
-        past_shape, new_shape, per_pos = [n, *layout.new_shape], layout.new_shape, layout.per_pos
+        past_shape, new_shape, per_pos = [n, *layout.pos_shape], layout.new_shape, layout.per_pos
         for past_name, new_name, past in layout.blocks:
             io.input_at(past_name, past, past_shape)
             io.output_at(new_name, past + pos * per_pos, new_shape)
