@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import copy
 import warnings
-from typing import TypeVar
+from typing import TypeVar, cast
 
 import torch
 from torch import nn
@@ -83,7 +83,8 @@ def linear_packed(x: torch.Tensor, packed: torch.ScriptObject) -> torch.Tensor:
 def packed_of(layer: nn.Module) -> torch.ScriptObject:
     """The fbgemm-packed weight and bias of a layer from :func:`int8_linear`, for :func:`linear_packed`
     (the same logits as calling the layer, without the module call)."""
-    return layer._packed_params._packed_params  # type: ignore[union-attr]
+    params = cast(nn.Module, layer._packed_params)  # a dynamic int8 Linear's LinearPackedParams
+    return cast(torch.ScriptObject, params._packed_params)
 
 
 def quantize_input(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
