@@ -232,7 +232,7 @@ def worker_kind(parallel: str, workers: int, engine: str = "static", rows: int =
 # fewer (~15 ms for a ~900 MB process) and one worker's exit not waited for (~25 ms), which at one line a
 # batch is a tenth of a 48-line run. A pool keeps a batch queued at each fork, which the caller cannot take
 # back, so at the end the caller can wait for up to one batch: at batch 32 (~0.3 s a batch) the static
-# engine ran 28-32% slower so (docs/decisions/0011-small-steps.md).
+# engine ran 28-32% slower so (docs/decisions/0012-one-line-batches.md).
 CALLER_DECODES_UP_TO_BATCH = 1
 
 # A forked worker's decode function and projection (set once in each worker process by its initializer).
