@@ -48,7 +48,7 @@ def _copy_docs(render_tables, dst: Path) -> None:
 def test_a_changed_record_fails_the_check_naming_the_doc(render_tables, tmp_path, capsys):
     _copy_docs(render_tables, tmp_path)
     assert render_tables.main(["--check", "--root", str(tmp_path)]) == 0
-    _, name, _ = render_tables.PEER[1]  # greedy, batch 32
+    _, name, _ = render_tables.PEER[2]  # greedy, batch 32
     record = tmp_path / "benchmarks" / "results" / name
     data = json.loads(record.read_text())
     data["runs"]["beam1"]["systems"]["fastvocab clustered fp32"]["speed_vs_full"] = 9.99
