@@ -101,9 +101,9 @@ def translate(
     ``torch.get_num_threads()`` threads (None: :func:`decode_workers`); the outputs do not depend on it.
     ``on_lines(n)`` is called as each batch of ``n`` lines is done (a caller's own progress bar).
     ``parallel``: how more than one worker runs: "processes" (forked copies of this process, which share its
-    model and projection memory; what they count, the projection's
-    :meth:`~fastvocab.kernels.base.Projection.tally`, is added back to ``projection``), "threads", or
-    "auto": processes on Linux, else threads (fork is unsafe on macOS, absent on Windows).
+    model and projection memory, and at one line a batch this process beside them; what they count, the
+    projection's :meth:`~fastvocab.kernels.base.Projection.tally`, is added back to ``projection``),
+    "threads", or "auto": processes on Linux, else threads (fork is unsafe on macOS, absent on Windows).
     """
     if search.early_stopping is not None:
         check_stopping_rule(search.early_stopping)
