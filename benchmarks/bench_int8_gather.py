@@ -65,7 +65,7 @@ from bench_meta import ROOT, cpu_name
 
 from fastvocab.artifacts_schema.provenance import git_commit
 from fastvocab.kernels import create_projection, int8_union
-from fastvocab.kernels.int8 import packed_rows
+from fastvocab.kernels.int8 import linear_packed, packed_rows
 
 OUT = ROOT / "benchmarks" / "results" / "int8-gather-cpu-2026-11-25.json"
 
@@ -104,7 +104,7 @@ def cached_kernels(w, b, q, scale, cols: torch.Tensor) -> dict[str, Kernel]:
     return {
         "cached-fp32": lambda h, _cols: F.linear(h, block, block_b),
         "cached-int8-wpack": wpack,
-        "cached-int8-packed": lambda h, _cols: torch.ops.quantized.linear_dynamic(h, packed, True),
+        "cached-int8-packed": lambda h, _cols: linear_packed(h, packed),
     }
 
 
