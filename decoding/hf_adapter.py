@@ -17,7 +17,9 @@ Two decoder-step engines (``engine=``): ``"static"``, the lean preallocated-cach
 Hugging Face decoder called eagerly with a dynamic cache; ``"static"`` also swaps in the padding-free
 encoder (``packed_encoder.PackedEncoder``: same states, no work on padding). ``"auto"`` (the default) picks
 ``"static"`` where it is implemented (every supported family today; a variant it does not recognise falls
-back to ``"hf"``). Both give the same ``h`` (fp32 rounding) and the same search output.
+back to ``"hf"``). Both give the same ``h`` (fp32 rounding) and the same search output. ``"onnx"`` (CPU) runs
+the static engine's decoder layers and the packed encoder's layers in ONNX Runtime
+(``decoding/onnx_step.py``, ``decoding/onnx_encoder.py``).
 """
 
 from __future__ import annotations
@@ -183,6 +185,10 @@ class Seq2SeqAdapter:
 
             # OnnxDecoder keeps StaticDecoder's interface (step, reorder, caches): the adapter calls it as one
             self._static = cast("StaticDecoder", OnnxDecoder(self._static, lambda: self.fingerprint))
+            if isinstance(self._encoder, PackedEncoder):  # its layers too (decoding/onnx_encoder.py)
+                from fastvocab.decoding.onnx_encoder import OnnxEncoder
+
+                self._encoder = OnnxEncoder(self._encoder, self.fingerprint)
             return "onnx"
         return "static"
 
@@ -205,7 +211,9 @@ class Seq2SeqAdapter:
             self._static = quantize_linears(self._static)
         else:
             self._decoder = quantize_linears(self._decoder)
-        if encoder:
+        if encoder and hasattr(self._encoder, "use_int8"):  # OnnxEncoder: its graph's int8 export
+            self._encoder.use_int8()
+        elif encoder:
             self._encoder = quantize_linears(self._encoder)
         self.quantized = True
 

@@ -4,7 +4,7 @@ What it changes against :mod:`fastvocab.decoding.static_decoder`: the layers of 
 cross-attention, feed-forward, the norms) are one ONNX Runtime call instead of ~100 torch ops, and with
 ``--dtype int8`` their linears are ONNX Runtime's dynamic int8 MatMuls (``onnxruntime.quantization``) instead
 of fbgemm's. The embedding, the cross-attention keys/values (once per batch), the cache's row selection and
-the output projection stay in torch.
+the output projection stay in torch; the encoder's layers are :mod:`fastvocab.decoding.onnx_encoder`'s.
 
 The body is exported once per model (``torch.onnx.export`` of :class:`_Body`, built from the static decoder's
 own modules, so every family the static engine runs exports) and cached on disk under
@@ -168,12 +168,16 @@ def quantize_body(src: Path, dst: Path) -> None:
     tmp.replace(dst)
 
 
-def body_path(dec, fingerprint: str, int8: bool) -> tuple[Path, float]:
-    """The exported body of ``dec`` (float32 or int8), exported now when absent from the cache; returns
-    its path and the seconds the export took (0 when found)."""
-    key = hashlib.sha256(f"{fingerprint}|{_versions()}|{dec.family.name}".encode()).hexdigest()[:20]
+def graph_path(
+    name: str, fingerprint: str, family: str, export: Callable[[Path], None], int8: bool
+) -> tuple[Path, float]:
+    """The exported graph ``name`` of a model (``{name}.onnx``, float32, or ``{name}-int8.onnx``) in the
+    model's cache folder, keyed by its ``fingerprint``, its ``family`` and the versions involved; made now
+    when absent (``export(path)`` writes the float32 graph, the int8 one is quantised from it). Returns its
+    path and the seconds the export took (0 when found)."""
+    key = hashlib.sha256(f"{fingerprint}|{_versions()}|{family}".encode()).hexdigest()[:20]
     folder = engine_cache() / key
-    f32, q8 = folder / "body.onnx", folder / "body-int8.onnx"
+    f32, q8 = folder / f"{name}.onnx", folder / f"{name}-int8.onnx"
     path = q8 if int8 else f32
     if path.exists():
         return path, 0.0
@@ -187,15 +191,49 @@ def body_path(dec, fingerprint: str, int8: bool) -> tuple[Path, float]:
             "engine onnx: cannot cache the export under %s (%s); exporting to a temporary folder", folder, exc
         )
         folder = Path(tempfile.mkdtemp(prefix="fastvocab-onnx-"))
-        f32, q8 = folder / "body.onnx", folder / "body-int8.onnx"
+        f32, q8 = folder / f"{name}.onnx", folder / f"{name}-int8.onnx"
         path = q8 if int8 else f32
     if not f32.exists():
-        export_body(dec, f32)
+        export(f32)
     if int8:
         quantize_body(f32, q8)
     spent = time.perf_counter() - t0
-    log.info("engine onnx: exported the decoder body to %s in %.1f s (once per model)", path, spent)
+    log.info("engine onnx: exported the %s graph to %s in %.1f s (once per model)", name, path, spent)
     return path, spent
+
+
+class Session:
+    """One exported graph's ONNX Runtime session, opened at first use (:meth:`get`). A forked worker runs
+    the one it inherited: with one thread and sequential execution a run stays on the calling thread, which
+    fork keeps, and the session keeps what its earlier runs planned for the shapes they saw; opening its own
+    cost each worker ~15 ms and that planning again at every first shape."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._held = None  # (pid that opened it, InferenceSession)
+
+    def get(self):
+        if self._held is None:
+            import onnxruntime as ort
+
+            opts = ort.SessionOptions()
+            # One thread: fastvocab's CPU workers run on one thread each (decisions/0002).
+            opts.intra_op_num_threads = 1
+            opts.inter_op_num_threads = 1
+            opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+            opts.add_session_config_entry("session.intra_op.allow_spinning", "0")  # workers share the cores
+            opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+            sess = ort.InferenceSession(str(self.path), opts, providers=["CPUExecutionProvider"])
+            self._held = (os.getpid(), sess)
+        return self._held[1]
+
+    def reopen(self, path: Path | None = None) -> None:
+        """Open the session again at next use, of ``path`` when given."""
+        if self._held is not None and self._held[0] != os.getpid():
+            _keep_forever(self._held[1])
+        self._held = None
+        if path is not None:
+            self.path = path
 
 
 @dataclass
@@ -282,18 +320,26 @@ class OnnxDecoder:
         self.fingerprint = fingerprint if isinstance(fingerprint, str) else fingerprint()
         self.int8 = False
         self.export_seconds = 0.0
-        self._session = None  # (pid that opened it, InferenceSession)
         self._bindings = threading.local()  # .held: this thread's _Bindings
         self._zeros = torch.zeros(256)
-        self.path, spent = body_path(dec, self.fingerprint, int8=False)
-        self.export_seconds += spent
+        path, self.export_seconds = self._graph(int8=False)
+        self.session = Session(path)
 
     def use_int8(self) -> None:
         """Run the int8 export of the body from now on (exported once, cached)."""
-        self.path, spent = body_path(self.dec, self.fingerprint, int8=True)
+        path, spent = self._graph(int8=True)
         self.export_seconds += spent
         self.int8 = True
-        self._drop_session()
+        self.session.reopen(path)
+        self._bindings = threading.local()
+
+    def _graph(self, int8: bool) -> tuple[Path, float]:
+        export = lambda path: export_body(self.dec, path)  # noqa: E731
+        return graph_path("body", self.fingerprint, self.dec.family.name, export, int8)
+
+    @property
+    def path(self) -> Path:
+        return self.session.path
 
     def quantize_int8(self) -> None:
         """``--dtype int8``: the body's int8 export, and the cross-attention K/V GEMM (in torch, once per
@@ -313,34 +359,10 @@ class OnnxDecoder:
             )
         raise AttributeError(name)
 
-    def session(self):
-        """The ONNX Runtime session, opened at the first step. A forked worker runs the one it inherited:
-        with one thread and sequential execution a run stays on the calling thread, which fork keeps, and
-        the session keeps what its earlier runs planned for the shapes they saw; opening its own cost each
-        worker ~15 ms and that planning again at every first shape."""
-        if self._session is None:
-            import onnxruntime as ort
-
-            opts = ort.SessionOptions()
-            # One thread: fastvocab's CPU workers run on one thread each (decisions/0002).
-            opts.intra_op_num_threads = 1
-            opts.inter_op_num_threads = 1
-            opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-            opts.add_session_config_entry("session.intra_op.allow_spinning", "0")  # workers share the cores
-            opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-            sess = ort.InferenceSession(str(self.path), opts, providers=["CPUExecutionProvider"])
-            self._session = (os.getpid(), sess)
-        return self._session[1]
-
-    def _drop_session(self) -> None:
-        if self._session is not None and self._session[0] != os.getpid():
-            _keep_forever(self._session[1])
-        self._session, self._bindings = None, threading.local()
-
     def bindings(self) -> _Bindings:
         """This thread's IO binding for the session, kept from step to step (a new one for a new session).
         One per thread: ``translate``'s worker threads step their batches through one session at once."""
-        sess = self.session()
+        sess = self.session.get()
         held = getattr(self._bindings, "held", None)
         if held is None or held.session is not sess:
             held = self._bindings.held = _Bindings(sess)

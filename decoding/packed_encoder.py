@@ -188,6 +188,22 @@ class PackedEncoder(nn.Module):
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         """(rows, S) ids and mask (1 = real token) -> hidden states (rows, S, d), zero at padding."""
+        x, where = self.embed(input_ids, attention_mask)
+        groups = length_groups(attention_mask)
+        for layer in self.layers:
+            x = layer(x, groups)
+            if x.dtype == torch.float16:  # HF clamps fp16 overflow the same way after every layer
+                big = torch.finfo(x.dtype).max - 1000
+                x = x.clamp(-big, big)
+        if self.final_ln is not None:
+            x = self.final_ln(x)
+        return unpacked(x, where, *input_ids.shape)
+
+    def embed(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The layers' input: the real tokens' embeddings (T, d), positions added (and MBart's norm), and
+        ``where`` (T,), each token's flat index in the (rows * S) batch."""
         rows, s = input_ids.shape
         fam = self.family
         if fam.pad_positions:  # create_position_ids_from_input_ids: real tokens count on from padding_idx + 1
@@ -209,14 +225,11 @@ class PackedEncoder(nn.Module):
         x = x + self.positions.index_select(0, pos)
         if self.ln_embed is not None:
             x = self.ln_embed(x)
-        groups = length_groups(attention_mask)
-        for layer in self.layers:
-            x = layer(x, groups)
-            if x.dtype == torch.float16:  # HF clamps fp16 overflow the same way after every layer
-                big = torch.finfo(x.dtype).max - 1000
-                x = x.clamp(-big, big)
-        if self.final_ln is not None:
-            x = self.final_ln(x)
-        out = x.new_zeros((rows * s, self.d))
-        out.index_copy_(0, where, x)
-        return out.view(rows, s, self.d)
+        return x, where
+
+
+def unpacked(x: torch.Tensor, where: torch.Tensor, rows: int, s: int) -> torch.Tensor:
+    """Packed token states ``x`` (T, d) back on the (rows, S, d) grid at ``where``, zero at padding."""
+    out = x.new_zeros((rows * s, x.shape[1]))
+    out.index_copy_(0, where, x)
+    return out.view(rows, s, x.shape[1])

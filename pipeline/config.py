@@ -96,8 +96,8 @@ class TranslateConfig(_Strict):
     graphs: Literal["auto", "on", "off"] = Field(SearchSettings.graphs)
     device: str = "cpu"
     # the decoder-step engine (fastvocab translate --engine): auto (static where the model family allows,
-    # else hf), static, hf, or onnx (the decoder's layers in ONNX Runtime:
-    # docs/decisions/0009-onnx-runtime-decoder-body.md)
+    # else hf), static, hf, or onnx (the decoder's and the encoder's layers in ONNX Runtime:
+    # docs/decisions/0009-onnx-runtime-decoder-body.md, 0013-onnx-runtime-encoder.md)
     engine: str = "auto"
 
     @field_validator("device")

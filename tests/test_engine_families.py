@@ -194,6 +194,24 @@ def test_packed_encoder_equals_the_hf_encoder(static, family):
     assert not ours[~mask].any()
 
 
+def test_onnx_engine_encoder_equals_the_hf_encoder(static, family, tmp_path, monkeypatch):
+    """The onnx engine exports every family's encoder layers (post-norm Marian, MBart's embedding norm)."""
+    pytest.importorskip("onnxruntime")
+    pytest.importorskip("onnx")
+    from fastvocab.decoding.onnx_encoder import OnnxEncoder
+
+    monkeypatch.setenv("FASTVOCAB_CACHE_DIR", str(tmp_path))
+    adapter = Seq2SeqAdapter(static.model, static.tokenizer, static.path, "cpu", torch.float32, engine="onnx")
+    assert isinstance(adapter._encoder, OnnxEncoder)
+    batch = _batch(static, 6, seed=9)
+    mask = batch["attention_mask"].bool()
+    ours = adapter.encode(batch).hidden
+    with torch.inference_mode():
+        ref = static.model.get_encoder()(**batch).last_hidden_state
+    torch.testing.assert_close(ours[mask], ref[mask], rtol=1e-5, atol=1e-5)
+    assert not ours[~mask].any()
+
+
 @pytest.mark.parametrize("max_len", [5, 14])
 def test_greedy_and_beam_equal_generate(static, family, max_len):
     full = create_projection("full", static.output_weight, static.output_bias)

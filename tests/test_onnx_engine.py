@@ -1,5 +1,5 @@
-"""``engine="onnx"`` (``fastvocab.decoding.onnx_step``): the static engine's ``h`` and search outputs, its
-row selection, the export cached on disk and reused, int8."""
+"""``engine="onnx"`` (``fastvocab.decoding.onnx_step``, ``onnx_encoder``): the static engine's encoder
+states, ``h`` and search outputs, its row selection, the exports cached on disk and reused, int8."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ pytest.importorskip("onnxruntime")
 pytest.importorskip("onnx")
 
 from fastvocab.decoding import Seq2SeqAdapter, beam_search, greedy_search
+from fastvocab.decoding.onnx_encoder import OnnxEncoder
 from fastvocab.decoding.onnx_step import OnnxDecoder
 from fastvocab.decoding.settings import ENGINES, SearchSettings
 from fastvocab.kernels import create_projection
@@ -48,6 +49,18 @@ def test_step_h_equals_the_static_engine(static, onnx):
     body[1, 3] = body[4, 0] = static.pad_id
     tokens = torch.cat([prefix, body], dim=1)
     torch.testing.assert_close(decoder_steps(onnx, batch, tokens), decoder_steps(static, batch, tokens))
+
+
+def test_encoder_states_equal_the_packed_encoder(static, onnx):
+    """One sentence, and sentences of several lengths (padding, and more than one of the packed encoder's
+    length groups): the same states, zero at padding."""
+    assert isinstance(onnx._encoder, OnnxEncoder)
+    for rows in (1, 6):
+        batch = static.encode_texts(synthetic_sentences("en", rows, seed=5), "en")
+        assert rows == 1 or not batch["attention_mask"].all()
+        ours, ref = onnx.encode(batch).hidden, static.encode(batch).hidden
+        assert ours.shape == ref.shape and ref.abs().sum() > 0
+        torch.testing.assert_close(ours, ref, rtol=1e-5, atol=1e-5)
 
 
 def test_reorder_with_and_without_groups(static, onnx):
@@ -92,6 +105,19 @@ def test_export_is_cached_and_reused(tiny_model_dir, tmp_path, monkeypatch):
     assert second.static_decoder.path.stat().st_mtime_ns == stamp
     second.quantize_int8()
     assert second.static_decoder.export_seconds == 0
+    assert first._encoder.path.name == "encoder-int8.onnx" and first._encoder.path.is_file()
+    assert second._encoder.int8 and second._encoder.export_seconds == 0
+
+
+def test_int8_decoder_only_keeps_the_float32_encoder(tiny_model_dir, static, cache_dir, monkeypatch):
+    monkeypatch.setenv("FASTVOCAB_CACHE_DIR", str(cache_dir))
+    adapter = Seq2SeqAdapter.load(tiny_model_dir, engine="onnx")
+    adapter.quantize_int8(encoder=False)
+    assert adapter.static_decoder.int8 and not adapter._encoder.int8
+    batch = static.encode_texts(synthetic_sentences("en", 3, seed=8), "en")
+    torch.testing.assert_close(
+        adapter.encode(batch).hidden, static.encode(batch).hidden, rtol=1e-5, atol=1e-5
+    )
 
 
 def test_unwritable_cache_still_decodes(tiny_model_dir, static):
@@ -111,12 +137,15 @@ def test_int8_stays_close_and_runs_the_search(tiny_model_dir, static, cache_dir,
     batch = static.encode_texts(synthetic_sentences("en", 4, seed=2), "en")
     prefix = torch.tensor(static.start_tokens("it")).expand(4, -1)
     tokens = torch.cat([prefix, torch.randint(4, static.n_vocab, (4, 5))], dim=1)
+    states, ref_states = adapter.encode(batch).hidden, static.encode(batch).hidden
+    assert adapter._encoder.int8 and not torch.equal(states, ref_states)
+    assert (states - ref_states).norm() / ref_states.norm() < 0.05
     ours, ref = decoder_steps(adapter, batch, tokens), decoder_steps(static, batch, tokens)
     assert (ours - ref).norm() / ref.norm() < 0.05
     threads = torch.get_num_threads()
     torch.set_num_threads(2)  # the first step's masked past once read freed memory: outputs varied
     try:
-        adapter.static_decoder._session = None
+        adapter.static_decoder.session.reopen()
         assert all(torch.equal(decoder_steps(adapter, batch, tokens), ours) for _ in range(3))
     finally:
         torch.set_num_threads(threads)
