@@ -245,8 +245,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default="auto",
         choices=ENGINES,
         help="the decoder step: static = fastvocab's lean preallocated-cache step; onnx = the same layers, "
-        "and the encoder's, run by ONNX Runtime (CPU; exported once per model into the cache folder, a few seconds the first "
-        "time; with --dtype int8 ONNX Runtime's own int8, so outputs differ from static int8 on some lines); "
+        "and the encoder's, run by ONNX Runtime (CPU; exported once per model into the cache folder, a few "
+        "seconds the first time; with --dtype int8 ONNX Runtime's own int8, so outputs differ from static "
+        "int8 on some lines); "
         "hf = the Hugging Face decoder; auto = static where the model's family has it, else hf "
         "(default: %(default)s)",
     )
