@@ -319,7 +319,6 @@ class OnnxDecoder:
         self.dec = dec
         self.fingerprint = fingerprint if isinstance(fingerprint, str) else fingerprint()
         self.int8 = False
-        self.export_seconds = 0.0
         self._bindings = threading.local()  # .held: this thread's _Bindings
         self._zeros = torch.zeros(256)
         path, self.export_seconds = self._graph(int8=False)
