@@ -403,6 +403,15 @@ class Seq2SeqAdapter:
         campaign)."""
         return self._static
 
+    def open_sessions(self) -> None:
+        """Open the onnx engine's ONNX Runtime sessions now (nothing on the other engines): ``translate``
+        calls it before forking its workers, which then run the ones they inherit instead of each opening
+        its own (~25 ms for the demo model's two, int8)."""
+        for part in (self._encoder, self._static):
+            session = getattr(part, "session", None)
+            if session is not None:
+                session.get()
+
     @property
     def early_stopping(self) -> bool | str:
         """Beam search's stopping rule from the model's generation config, as ``generate`` reads it: True

@@ -159,6 +159,7 @@ def translate(
     if kind == "processes":
         # fork: the workers start as copies of this process (nothing pickled but batches and their ids).
         fork = multiprocessing.get_context("fork")
+        adapter.open_sessions()  # inherited by the workers, not opened by each
         if batch_size <= CALLER_DECODES_UP_TO_BATCH:  # this process is one of them
             pool = ProcessPoolExecutor(workers - 1, fork, _start_forked_worker, (run, projection, intra))
             outputs = _shared_with_forks(pool, chunks, run, projection, intra)

@@ -210,6 +210,26 @@ def test_workers_decode_after_the_parent_did(onnx, static, parallel):
         assert ours.hypotheses == theirs.hypotheses
 
 
+def test_forked_workers_inherit_sessions_the_parent_opened(tiny_model_dir, static, cache_dir, monkeypatch):
+    """At two lines a batch only the forked workers decode: the parent opens the sessions before it forks,
+    so that they inherit them (the outputs are those of the static engine)."""
+    from fastvocab.tasks.translate import translate
+
+    monkeypatch.setenv("FASTVOCAB_CACHE_DIR", str(cache_dir))
+    adapter = Seq2SeqAdapter.load(tiny_model_dir, engine="onnx")
+    sessions = (adapter._encoder.session, adapter.static_decoder.session)
+    assert all(s._held is None for s in sessions)
+    full = create_projection("full", static.output_weight, static.output_bias)
+    lines = synthetic_sentences("en", 6, seed=4)
+    search = SearchSettings(beam=1, batch_size=2, max_len=6)
+    ours = translate(
+        adapter, full, lines, "en", "it", search, workers=2, parallel="processes", progress=False
+    )
+    assert all(s._held is not None for s in sessions)
+    theirs = translate(static, full, lines, "en", "it", search, workers=1, progress=False)
+    assert ours.hypotheses == theirs.hypotheses
+
+
 def test_translate_engine_flag_gives_the_static_outputs(spread_model_dir, cache_dir, tmp_path, monkeypatch):
     """``fastvocab translate --engine onnx`` end to end (the bulk job carries the engine to the loaded
     model): the default engine's lines, and the summary names the engine."""
