@@ -13,13 +13,12 @@ to float rounding.
 from __future__ import annotations
 
 import copy
-import os
 from pathlib import Path
 
 import torch
 from torch import nn
 
-from fastvocab.decoding.onnx_step import Session, graph_path
+from fastvocab.decoding.onnx_step import Session, export_graph, graph_path
 from fastvocab.decoding.packed_encoder import PackedEncoder, unpacked
 
 
@@ -61,8 +60,6 @@ class _EncoderBody(nn.Module):
 
 def export_encoder(packed: PackedEncoder, path: Path) -> None:
     """Export :class:`_EncoderBody` of ``packed`` (float32) to ``path``, shapes dynamic."""
-    import warnings
-
     body = _EncoderBody(packed).eval()
     lengths = (3, 2)
     t, rows, s = sum(lengths), len(lengths), max(lengths)
@@ -70,21 +67,8 @@ def export_encoder(packed: PackedEncoder, path: Path) -> None:
     where = torch.tensor([r * s + i for r, n in enumerate(lengths) for i in range(n)])
     grid = torch.full((rows * s,), t).index_copy_(0, where, torch.arange(t))
     bias = torch.zeros(rows, 1, 1, s)
-    tmp = path.with_suffix(f".tmp{os.getpid()}")
     dynamic = {"x": {0: "T"}, "grid": {0: "G"}, "bias": {0: "rows", 3: "S"}, "where": {0: "T"}, "h": {0: "T"}}
-    with warnings.catch_warnings(), torch.no_grad():
-        warnings.simplefilter("ignore")
-        torch.onnx.export(
-            body,
-            (x, grid, bias, where),
-            str(tmp),
-            input_names=["x", "grid", "bias", "where"],
-            output_names=["h"],
-            dynamic_axes=dynamic,
-            opset_version=17,
-            dynamo=False,
-        )
-    tmp.replace(path)
+    export_graph(body, {"x": x, "grid": grid, "bias": bias, "where": where}, ["h"], dynamic, path)
 
 
 class OnnxEncoder:

@@ -135,17 +135,31 @@ def export_body(dec, path: Path) -> None:
     dynamic.update({name: {0: "n", 1: "rows"} for name in names_past})
     dynamic.update({name: {0: "sources", 2: "S"} for name in names_cross})
     dynamic.update({name: {0: "rows"} for name in names_new})
-    tmp = path.with_suffix(f".tmp{os.getpid()}")
+    inputs = {"x": x, "bias": bias, "past_bias": past_bias, **dict(zip(names_past, past, strict=True))}
+    inputs.update(zip(names_cross, cross, strict=True))
+    export_graph(body, inputs, ["h", *names_new], dynamic, path)
+
+
+def export_graph(
+    module: nn.Module,
+    inputs: dict[str, torch.Tensor],
+    outputs: list[str],
+    dynamic: dict[str, dict[int, str]],
+    path: Path,
+) -> None:
+    """``module`` called on ``inputs`` (by name, in its argument order) exported to ``path`` (written whole
+    or not at all), the axes ``dynamic`` names free."""
     import warnings
 
+    tmp = path.with_suffix(f".tmp{os.getpid()}")
     with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore")
         torch.onnx.export(
-            body,
-            (x, bias, past_bias, *past, *cross),
+            module,
+            tuple(inputs.values()),
             str(tmp),
-            input_names=["x", "bias", "past_bias", *names_past, *names_cross],
-            output_names=["h", *names_new],
+            input_names=list(inputs),
+            output_names=outputs,
             dynamic_axes=dynamic,
             opset_version=17,
             dynamo=False,
