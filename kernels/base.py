@@ -249,6 +249,11 @@ class Projection:
         self.step_seconds = 0.0
         self._timing = on
 
+    @property
+    def timing(self) -> bool:
+        """Whether :meth:`time_steps` is on."""
+        return self._timing
+
     def tally(self) -> dict[str, float]:
         """What this projection has added up so far (``step_seconds``, and a method's counters where it keeps
         them). A worker process that decodes with a copy of the projection sends back the difference over

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+import fastvocab.tasks.decode_pool as pool
 import fastvocab.tasks.translate as tr
 from fastvocab.decoding.hf_adapter import Seq2SeqAdapter
 from fastvocab.decoding.settings import SearchSettings
@@ -23,7 +24,7 @@ def no_fork(monkeypatch):
     def refuse(*args, **kwargs):
         raise _Forked("forked worker processes")
 
-    monkeypatch.setattr(tr, "ProcessPoolExecutor", refuse)
+    monkeypatch.setattr(pool, "ProcessPoolExecutor", refuse)
 
 
 @pytest.fixture(scope="module")
@@ -43,11 +44,11 @@ def test_one_batch_is_decoded_here_without_forking(tiny, no_fork, threads):
     finally:
         torch.set_num_threads(before)
     assert len(res.hypotheses) == 2
-    assert tr.decode_workers(adapter, 1, threads) == 1
-    assert tr.worker_kind("auto", tr.decode_workers(adapter, 1, threads)) == "one"
+    assert pool.decode_workers(adapter, 1, threads) == 1
+    assert pool.worker_kind("auto", pool.decode_workers(adapter, 1, threads)) == "one"
 
 
-@pytest.mark.skipif(not tr.sys.platform.startswith("linux"), reason="forked workers are Linux's")
+@pytest.mark.skipif(not pool.sys.platform.startswith("linux"), reason="forked workers are Linux's")
 def test_more_batches_than_one_worker_takes_fork_workers(tiny, no_fork):
     adapter, projection = tiny
     before = torch.get_num_threads()

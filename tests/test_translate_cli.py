@@ -133,9 +133,9 @@ def test_caller_decodes_beside_its_forked_worker(adapter, monkeypatch, tmp_path)
     in input order, as one worker's."""
     import os
 
-    import fastvocab.tasks.translate as tr
+    import fastvocab.tasks.decode_pool as dp
 
-    real, log = tr.decode, tmp_path / "pids"
+    real, log = dp.decode, tmp_path / "pids"
 
     def logged(*args, **kwargs):
         with log.open("a") as f:
@@ -146,7 +146,7 @@ def test_caller_decodes_beside_its_forked_worker(adapter, monkeypatch, tmp_path)
     proj = make_projection(adapter, "full")
     search = SearchSettings(batch_size=1, max_len=MAX_LEN)
     one = translate(adapter, proj, lines, "en", "it", search, workers=1, progress=False)
-    monkeypatch.setattr(tr, "decode", logged)
+    monkeypatch.setattr(dp, "decode", logged)
     two = translate(adapter, proj, lines, "en", "it", search, workers=2, parallel="processes", progress=False)
     assert two.hypotheses == one.hypotheses
     pids = log.read_text().split()
@@ -182,7 +182,7 @@ def test_worker_processes_add_their_counts_to_the_callers_projection(adapter, tm
 
 
 def test_worker_kind_forks_on_linux_only(monkeypatch):
-    from fastvocab.tasks.translate import worker_kind
+    from fastvocab.tasks.decode_pool import worker_kind
 
     assert worker_kind("auto", 1) == worker_kind("processes", 1) == "one"
     assert worker_kind("threads", 2) == "threads" and worker_kind("processes", 2) == "processes"
@@ -224,11 +224,12 @@ def test_worker_processes_end_with_a_killed_parent(model_dir):
 
     script = f"""
 import time
+import fastvocab.tasks.decode_pool as dp
 import fastvocab.tasks.translate as tr
 from fastvocab.decoding import Seq2SeqAdapter
 from fastvocab.tasks.projections import make_projection
 adapter = Seq2SeqAdapter.load({str(model_dir)!r})
-tr.decode = lambda *a, **k: time.sleep(120)  # a batch that lasts
+dp.decode = lambda *a, **k: time.sleep(120)  # a batch that lasts
 tr.translate(adapter, make_projection(adapter, "full"), ["a b", "c d", "e f", "g h"], "en", "it",
              tr.SearchSettings(batch_size=1), progress=False, workers=3, parallel="processes")
 """
@@ -250,16 +251,16 @@ tr.translate(adapter, make_projection(adapter, "full"), ["a b", "c d", "e f", "g
 
 @pytest.mark.parametrize("parallel", ["processes", "threads"])
 def test_translate_worker_error_propagates(adapter, monkeypatch, parallel):
-    import fastvocab.tasks.translate as tr
+    import fastvocab.tasks.decode_pool as dp
 
-    real = tr.decode
+    real = dp.decode
 
     def failing(adapter_, projection, batch, *args, **kwargs):
         if batch["input_ids"].shape[0] == 1:  # the last, short batch
             raise MemoryError("static decoder cache does not fit")
         return real(adapter_, projection, batch, *args, **kwargs)
 
-    monkeypatch.setattr(tr, "decode", failing)
+    monkeypatch.setattr(dp, "decode", failing)
     lines = [x for x in _lines() if x.strip()][:5]
     proj = make_projection(adapter, "full")
     with pytest.raises(MemoryError, match="does not fit"):
@@ -337,7 +338,7 @@ def test_cli_beam(model_dir, tmp_path, capsys):
 def test_cli_graphs_on_equals_off(model_dir, tmp_path, capsys, monkeypatch, beam):
     """``--graphs on`` runs the captured stepper (on CPU its fixed-shape step eagerly): the same lines as
     ``off``; ``auto`` is the eager one on CPU; an unknown choice is refused by the parser."""
-    import fastvocab.tasks.translate as task
+    import fastvocab.tasks.decode_pool as task
 
     seen, real = [], task.decode
 
@@ -376,7 +377,7 @@ def test_pipeline_translate_graphs_key():
 
 @pytest.mark.parametrize(("flag", "rule"), [("true", True), ("never", "never"), ("model", None)])
 def test_cli_early_stopping_reaches_the_search(model_dir, tmp_path, capsys, monkeypatch, flag, rule):
-    import fastvocab.tasks.translate as task
+    import fastvocab.tasks.decode_pool as task
 
     seen, real = [], task.decode
 
