@@ -8,8 +8,10 @@ The defaults are the peer table's: the first 200 rows of ``data/corpus``'s en-it
 of ``runs/demo/maps``, batch 32, 2 threads, ``--max-len 128``, beams 1 and 4, 5 rounds.
 
 Systems, each timed end to end on the same ``--n`` source lines (tokenizing and detokenizing included, model
-load excluded), interleaved round by round after a warm-up on one batch (each round starts one system later
-than the one before), median of ``--repeats`` rounds:
+load excluded), interleaved round by round after a warm-up on one batch a worker (each round starts one
+system later than the one before), median of ``--repeats`` rounds. fastvocab's workers are kept from the
+warm-up on (a ``DecodePool`` a system and beam), as each CTranslate2 ``Translator`` keeps its workers from
+its construction; ``--fresh-workers`` starts and ends them in every timed call, as before 2026-11-28 evening:
 
 - ``fastvocab full fp32`` / ``clustered fp32``: ``tasks.translate.translate`` (what ``fastvocab translate``
   runs) with the static decoder engine; full = ``kernels.full`` (on CPU fp32 with W pre-packed for oneDNN);
@@ -41,7 +43,7 @@ than the one before), median of ``--repeats`` rounds:
   ``--vmap-no-reset`` leaves it out, to see the bug).
 
 Threads (``--parallel``): ``workers`` (default) runs ``--threads`` batches at once on one thread each, on
-both sides: fastvocab's ``translate`` on CPU (``tasks.translate.decode_workers``: forked worker processes,
+both sides: fastvocab's ``translate`` on CPU (``tasks.decode_pool.decode_workers``: forked worker processes,
 or threads of this process before 2026-11-27 evening) and CTranslate2 with
 ``inter_threads`` = threads, ``intra_threads`` = 1; ``intra`` runs one batch at a time on all threads
 (``translate(workers=1)``; CTranslate2 ``intra_threads`` = threads, the tables before 2026-11-23 evening).
@@ -177,10 +179,14 @@ def fastvocab_system(adapter, projection, args) -> Callable[[list[str], int], tu
     """``projection``: one projection for every beam, or a dict beam -> projection (clustered: the
     inactive-mass estimate depends on the beam, as in ``fastvocab translate``). The returned function's
     ``projection_seconds[0]`` holds the seconds its last call spent in projection steps (summed over the
-    workers)."""
+    workers). Each projection's workers are kept from call to call (a ``DecodePool``, started by the
+    warm-up), as a CTranslate2 ``Translator`` keeps its ``inter_threads`` workers; ``--fresh-workers``
+    starts and ends them in every call instead."""
+    from fastvocab.tasks.decode_pool import DecodePool
     from fastvocab.tasks.translate import SearchSettings, translate
 
     spent = [0.0]
+    pools: dict[int, DecodePool] = {}  # id(projection) -> its kept workers
 
     def run(lines: list[str], beam: int) -> tuple[float, list[str]]:
         # Creating a ctranslate2.Translator sets the calling thread's OpenMP thread count to its
@@ -188,6 +194,13 @@ def fastvocab_system(adapter, projection, args) -> Callable[[list[str], int], tu
         torch.set_num_threads(args.threads)
         proj = projection[beam] if isinstance(projection, dict) else projection
         proj.time_steps()  # from zero: another system may share this projection
+        workers = None if args.parallel == "workers" else 1
+        if args.fresh_workers:
+            how: dict = {"workers": workers, "parallel": args.worker_kind}
+        else:
+            if id(proj) not in pools:
+                pools[id(proj)] = DecodePool(adapter, proj, workers, args.worker_kind)
+            how = {"pool": pools[id(proj)]}
         r = translate(
             adapter,
             proj,
@@ -201,8 +214,7 @@ def fastvocab_system(adapter, projection, args) -> Callable[[list[str], int], tu
                 early_stopping=args.early_stopping,
             ),
             progress=False,
-            workers=None if args.parallel == "workers" else 1,
-            parallel=args.worker_kind,
+            **how,
         )
         spent[0] = proj.step_seconds
         if hasattr(proj, "reset_counters"):  # clustered: the columns and skipped rows of this call
@@ -413,6 +425,11 @@ def main(argv: list[str] | None = None) -> int:
     kinds = ["auto", "processes", "threads"]  # what fastvocab's workers are: translate's ``parallel``
     p.add_argument("--worker-kind", choices=kinds, default="auto", help="translate's parallel")
     p.add_argument(
+        "--fresh-workers",
+        action="store_true",
+        help="start and end fastvocab's workers in every call (translate without a kept DecodePool)",
+    )
+    p.add_argument(
         "--parallel",
         choices=["workers", "intra"],
         default="workers",
@@ -512,8 +529,9 @@ def main(argv: list[str] | None = None) -> int:
         times: dict[str, list[float]] = {name: [] for name in systems}
         in_projection: dict[str, list[float]] = {name: [] for name in systems}
         outputs: dict[str, list[str]] = {}
-        for run in systems.values():  # warm-up on one batch (allocations, lazy inits, first-call caches)
-            run(lines[: args.batch_size], beam)
+        # warm-up on one batch a worker (allocations, lazy inits, first-call caches, the kept workers' start)
+        for run in systems.values():
+            run(lines[: args.batch_size * args.threads], beam)
         for i in range(args.repeats):
             for name, run in round_order(list(systems.items()), i):
                 seconds, out = run(lines, beam)
