@@ -55,10 +55,11 @@ def _row(cells: list[str]) -> str:
 # --- README: full against clustered + shortlist, with CTranslate2 beside (bench_peer, --engine onnx) ---
 
 PEER = (
-    ("greedy, batch 1", "peer-cpu-2026-11-28-onnx-encoder-b1.json", "beam1"),
-    ("greedy, batch 1", "peer-cpu-2026-11-28-onnx-encoder-b1-n200.json", "beam1"),
-    ("greedy, batch 32", "peer-cpu-2026-11-28-onnx-encoder-b32.json", "beam1"),
-    ("beam 4, batch 32", "peer-cpu-2026-11-28-onnx-encoder-b32.json", "beam4"),
+    ("greedy, batch 1", "peer-cpu-2026-11-28-kept-workers-b1.json", "beam1"),
+    ("greedy, batch 1", "peer-cpu-2026-11-28-kept-workers-b1-n200.json", "beam1"),
+    ("beam 4, batch 1", "peer-cpu-2026-11-28-kept-workers-b1.json", "beam4"),
+    ("greedy, batch 32", "peer-cpu-2026-11-28-kept-workers-b32.json", "beam1"),
+    ("beam 4, batch 32", "peer-cpu-2026-11-28-kept-workers-b32.json", "beam4"),
 )
 
 
