@@ -21,7 +21,7 @@ import multiprocessing
 import signal
 import sys
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Iterator, Sequence
 from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
 
 import torch
@@ -69,6 +69,7 @@ def worker_kind(parallel: str, workers: int, engine: str = "static", rows: int =
 
 
 Batch = list[list[int]]  # a batch's source token ids, one list a sentence
+Job = tuple[str, str, SearchSettings, bool]  # what every batch of a call is decoded with (decode_ids's)
 
 
 def decode_ids(
@@ -99,7 +100,8 @@ class DecodePool:
     A forked worker holds ``adapter`` and ``projection`` as they were at its fork: after changing either
     (``quantize_int8``, another map), close the pool and make another. The workers start at the first call
     that needs them and last until :meth:`close` (or the ``with`` block's end); a call whose batches need
-    another kind or count of workers replaces them.
+    another kind or count of workers replaces them. One call at a time: threads that translate at once each
+    keep a pool of their own.
     """
 
     def __init__(
@@ -136,14 +138,14 @@ class DecodePool:
         tgt_lang: str,
         search: SearchSettings,
         graphs: bool = False,
-    ) -> Iterator[Batch]:
+    ) -> Generator[Batch, None, None]:
         """Each batch's output ids, in order, as the workers finish them."""
         threads = torch.get_num_threads()
         cap = decode_workers(self.adapter, len(batches), threads)
         workers = cap if self.workers is None else max(1, min(self.workers, len(batches)))
         rows = search.batch_size * search.beam
         kind = worker_kind(self.parallel, workers, self.adapter.engine, rows)
-        args = (src_lang, tgt_lang, search, graphs)
+        args: Job = (src_lang, tgt_lang, search, graphs)
         if kind == "one":
             yield from (decode_ids(self.adapter, self.projection, b, *args) for b in batches)
             return
@@ -167,19 +169,19 @@ class DecodePool:
         if self._executor is None or self._shape != (kind, workers, intra) or forker_gone:
             self.close()
             if kind == "threads":
-                init = torch.set_num_threads
-                self._executor = ThreadPoolExecutor(workers, initializer=init, initargs=(intra,))
+                per_thread = torch.set_num_threads
+                self._executor = ThreadPoolExecutor(workers, initializer=per_thread, initargs=(intra,))
             else:
                 # fork: the workers start as copies of this process (nothing pickled but batches and ids).
                 self.adapter.open_sessions()  # inherited by the workers, not opened by each
                 fork = multiprocessing.get_context("fork")
-                init = (self.adapter, self.projection, intra)
-                self._executor = ProcessPoolExecutor(workers, fork, _start_forked_worker, init)
+                inherited = (self.adapter, self.projection, intra)
+                self._executor = ProcessPoolExecutor(workers, fork, _start_forked_worker, inherited)
                 self._forker = threading.current_thread()
             self._shape = (kind, workers, intra)
         return self._executor
 
-    def _from_forks(self, pool: Executor, batches: Sequence[Batch], args: tuple) -> Iterator[Batch]:
+    def _from_forks(self, pool: Executor, batches: Sequence[Batch], args: Job) -> Iterator[Batch]:
         futures = [pool.submit(_decode_in_forked_worker, b, *args, self.projection.timing) for b in batches]
         try:
             for future in futures:
@@ -188,7 +190,7 @@ class DecodePool:
             _cancel(futures)
 
     def _shared_with_forks(
-        self, pool: Executor, batches: Sequence[Batch], args: tuple, threads: int
+        self, pool: Executor, batches: Sequence[Batch], args: Job, threads: int
     ) -> Iterator[Batch]:
         """Each batch's ids, in order: the forked workers take batches from the front, and this process,
         while the next batch in order is not back, decodes batches from the back that no worker has started
