@@ -82,6 +82,42 @@ def test_reorder_with_and_without_groups(static, onnx):
     torch.testing.assert_close(results[2], results[0], rtol=1e-5, atol=1e-5)
 
 
+def test_beam_reorders_follow_rows_in_place(static, onnx):
+    """A beam step's reorder leaves each row's cache where it was and copies only a parent's extra
+    children's past: swaps, a parent with three children, the cache growing past cache_len, then a sentence
+    dropped. ``h`` equals the static engine's, which moves every row, at every step."""
+    batch = static.encode_texts(synthetic_sentences("en", 2, seed=8), "en")
+    k = 4
+    parents = [
+        [1, 0, 3, 2, 4, 5, 6, 7],  # swaps within each sentence: nothing copied
+        [0, 0, 0, 1, 7, 6, 5, 4],  # row 0 has three children, row 1 one; sentence 2 reversed
+        [2, 1, 0, 3, 4, 4, 5, 5],
+        [0, 1, 2, 3, 5, 5, 5, 5],
+    ]
+    states, seen = {}, []
+    with torch.inference_mode():  # as the search runs: the caches are updated in place
+        for name, adapter in (("static", static), ("onnx", onnx)):
+            state = adapter.encode(batch)
+            for t in adapter.start_tokens("it"):
+                _, state = adapter.decoder_step(torch.full((2,), t), state)
+            state = adapter.reorder(state, torch.arange(2).repeat_interleave(k), group=k)
+            hs = []
+            for step, rows in enumerate(parents):
+                h, state = adapter.decoder_step(torch.arange(5 + step, 13 + step), state)
+                hs.append(h)
+                before = state.cache.self_kv.data_ptr() if name == "onnx" else None
+                state = adapter.reorder(state, torch.tensor(rows), group=k)
+                if name == "onnx":
+                    seen.append(state.cache.at is not None)
+                    assert state.cache.self_kv.data_ptr() == before  # followed in place, not gathered
+            state = adapter.reorder(state, torch.tensor([2, 3, 0, 1]), group=k)  # sentence 1 dropped
+            h, _ = adapter.decoder_step(torch.tensor([20, 21, 22, 23]), state)
+            states[name] = [*hs, h]
+    assert any(seen)
+    for ours, ref in zip(states["onnx"], states["static"], strict=True):
+        torch.testing.assert_close(ours, ref, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize(("src", "tgt"), [("en", "it"), ("fr", "de")])
 def test_greedy_and_beam_equal_the_static_engine(static, onnx, src, tgt):
     full = create_projection("full", static.output_weight, static.output_bias)
