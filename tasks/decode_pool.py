@@ -10,9 +10,9 @@ rows a batch its workers are threads (docs/decisions/0010-batches-by-length.md).
 
 Forking a worker and waiting for it to end cost ~35 ms, which at one line a batch is a sixth of a 48-line
 run (docs/decisions/0014-kept-workers.md). ``translate`` makes a :class:`DecodePool` for one call and closes
-it after; a caller that translates again and again (a service, a benchmark, the bulk worker's parts) keeps
-one and passes it (``translate(..., pool=pool)``), as CTranslate2's ``Translator`` keeps its
-``inter_threads`` workers from its construction.
+it after; a caller that translates again and again (a service, a benchmark) keeps one and passes it
+(``translate(..., pool=pool)``), as CTranslate2's ``Translator`` keeps its ``inter_threads`` workers from
+its construction.
 """
 
 from __future__ import annotations
