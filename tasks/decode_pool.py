@@ -182,7 +182,7 @@ class DecodePool:
         return self._executor
 
     def _from_forks(self, pool: Executor, batches: Sequence[Batch], args: Job) -> Iterator[Batch]:
-        futures = [pool.submit(_decode_in_forked_worker, b, *args, self.projection.timing) for b in batches]
+        futures = self._submit(pool, batches, args)
         try:
             for future in futures:
                 yield self._added(future)
@@ -196,7 +196,7 @@ class DecodePool:
         while the next batch in order is not back, decodes batches from the back that no worker has started
         (a submitted batch can be cancelled until the pool hands it to a worker). This process counts in
         ``projection`` directly."""
-        futures = [pool.submit(_decode_in_forked_worker, b, *args, self.projection.timing) for b in batches]
+        futures = self._submit(pool, batches, args)
         here: dict[int, Batch] = {}
         back = len(batches) - 1
         torch.set_num_threads(threads)  # this worker's share (outputs() sets the count back)
@@ -208,6 +208,10 @@ class DecodePool:
                 yield here.pop(i) if i in here else self._added(future)
         finally:
             _cancel(futures)
+
+    def _submit(self, pool: Executor, batches: Sequence[Batch], args: Job) -> list[Future]:
+        """Every batch to the forked workers, with the caller's current ``time_steps`` setting."""
+        return [pool.submit(_decode_in_forked_worker, b, *args, self.projection.timing) for b in batches]
 
     def _added(self, future: Future) -> Batch:
         out, added = future.result()
