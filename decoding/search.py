@@ -378,6 +378,7 @@ class BeamState:
         self.done = torch.zeros(n, dtype=torch.bool, device=device)
         self.step = torch.zeros(1, dtype=torch.long, device=device)  # the column of the sequences
         self.top_k_mask = torch.arange(2 * k, device=device) < k  # only the best k candidates may finish
+        self.first_row = torch.arange(n, device=device)[:, None] * k  # (n, 1) each sentence's first row
         # (generated tokens incl. the forced tag) ** length_penalty by step: generate's length normalisation
         self.denoms = torch.tensor(
             [float(prefix_len + s) ** length_penalty for s in range(max_len)], device=device
@@ -406,15 +407,16 @@ class BeamState:
         cand_scores, flat = torch.topk(total, min(k2, k * kk), dim=-1)  # (n, k2)
         cand_beam = flat // kk  # which live beam each candidate extends
         cand_toks = row_toks.view(n, k * kk).gather(1, flat)  # (n, k2)
-        cand_seqs = self.run_seqs.gather(1, cand_beam[:, :, None].expand(-1, -1, t)).clone()  # (n, k2, T)
+        cand_seqs = self.run_seqs.gather(1, cand_beam[:, :, None].expand(-1, -1, t))  # (n, k2, T), a copy
         cand_seqs.index_copy_(2, self.step, cand_toks[:, :, None])
         done_cand = torch.ones_like(cand_toks, dtype=torch.bool) if final else cand_toks == self.eos
         denom = self.denoms.index_select(0, self.step)  # (1,)
 
         # Finished candidates among the best k enter the pool of finished hypotheses.
-        new_fin = done_cand & self.top_k_mask[: cand_toks.shape[1]] & ~self.done[:, None]
+        top_k = self.top_k_mask if cand_toks.shape[1] == k2 else self.top_k_mask[: cand_toks.shape[1]]
+        new_fin = done_cand & top_k & ~self.done[:, None]
         if not self.lazy_merge or bool(new_fin.any()):
-            norm = cand_scores / denom + (~new_fin).to(cand_scores.dtype) * _NEG
+            norm = torch.add(cand_scores / denom, ~new_fin, alpha=_NEG)
             m_scores, sel = torch.topk(torch.cat([self.fin_scores, norm], dim=1), k, dim=1)
             m_seqs = torch.cat([self.fin_seqs, cand_seqs], dim=1)
             self.fin_seqs.copy_(m_seqs.gather(1, sel[:, :, None].expand(-1, -1, t)))
@@ -422,9 +424,9 @@ class BeamState:
             self.fin_scores.copy_(m_scores)
 
         # The best k unfinished candidates live on (finished ones pushed to the bottom, as in generate).
-        live, pick = torch.topk(cand_scores + done_cand.to(cand_scores.dtype) * _NEG, k, dim=1)
+        live, pick = torch.topk(torch.add(cand_scores, done_cand, alpha=_NEG), k, dim=1)
         self.run_scores.copy_(live)
-        self.run_seqs.copy_(cand_seqs.gather(1, pick[:, :, None].expand(-1, -1, t)))
+        torch.gather(cand_seqs, 1, pick[:, :, None].expand(-1, -1, t), out=self.run_seqs)
         if final:
             self.done.fill_(True)
         else:
@@ -438,13 +440,14 @@ class BeamState:
                 now &= best <= self.fin_scores.min(dim=1).values
             self.done.logical_or_(now)
         self.step.add_(1)
-        rows = torch.arange(n, device=live.device)[:, None] * k + cand_beam.gather(1, pick)  # (n, k)
+        rows = self.first_row + cand_beam.gather(1, pick)  # (n, k)
         return cand_toks.gather(1, pick), rows
 
     def keep(self, index: torch.Tensor) -> None:
         """Keep the sentences ``index`` (n',) only, in that order (beam_search drops the done ones)."""
         for name in ("run_scores", "run_seqs", "fin_scores", "fin_seqs", "fin_any", "done"):
             setattr(self, name, getattr(self, name)[index])
+        self.first_row = self.first_row[: index.shape[0]]
 
 
 def row_candidates(

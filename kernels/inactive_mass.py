@@ -8,7 +8,7 @@ Shapes: ``h`` (rows, d); ``weight`` (N, d), one vocabulary entry contiguous; ``b
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -37,6 +37,11 @@ class MassTables:
     gram: torch.Tensor  # (d, d) float32
     w_b: torch.Tensor  # (d,) float32
     b_sq: float
+    has_bias: bool = True  # False: b_sum, w_b and b_sq are zero, and a step skips adding them
+    per_cluster: torch.Tensor = field(init=False)  # (r, 2): excess and floored inactive_var, one index a step
+
+    def __post_init__(self) -> None:
+        self.per_cluster = torch.stack([self.excess, self.inactive_var.clamp(min=1e-6)], dim=1)
 
 
 def mass_tables(
@@ -76,6 +81,7 @@ def mass_tables(
         gram=w.T @ w,
         w_b=torch.zeros(w.shape[1], device=device) if b is None else w.T @ b,
         b_sq=0.0 if b is None else float((b.double() ** 2).sum()),
+        has_bias=b is not None,
     )
 
 
@@ -103,20 +109,29 @@ def inactive_log_mass(
     if method == "centroid":
         return torch.logsumexp(z, dim=1) + tables.log_ratio[clusters]
     if method == "moments":
+        # A step at a few rows costs its number of tensor ops (each about as much as its arithmetic), so the
+        # count given by a union (every row computed the same columns) or a model without bias is used as
+        # a number, not as tensors; the arithmetic is the same.
         hf = h.float()
         if padded:
             finite = torch.isfinite(z)
             zc = z.masked_fill(~finite, 0.0)
             n_i = (n_vocab - finite.sum(dim=1)).float()  # (rows,)
+            n = n_i.clamp(min=1.0)
         else:
-            zc, n_i = z, torch.full((z.shape[0],), float(n_vocab - z.shape[1]), device=z.device)
-        n = n_i.clamp(min=1.0)
-        s1 = hf @ tables.w_sum + tables.b_sum  # sum of all N logits
-        s2 = ((hf @ tables.gram) * hf).sum(dim=1) + 2.0 * (hf @ tables.w_b) + tables.b_sq  # sum of squares
+            zc, count = z, n_vocab - z.shape[1]
+            n = torch.full((z.shape[0],), float(max(count, 1)), device=z.device)
+        s1 = hf @ tables.w_sum  # sum of all N logits
+        s2 = ((hf @ tables.gram) * hf).sum(dim=1)  # sum of their squares
+        if tables.has_bias:
+            s1 = s1 + tables.b_sum
+            s2 = s2 + 2.0 * (hf @ tables.w_b) + tables.b_sq
         mean = (s1 - zc.sum(dim=1)) / n
         var = ((s2 - (zc * zc).sum(dim=1)) / n - mean * mean).clamp(min=1e-6)
-        scale = var / tables.inactive_var[clusters].clamp(min=1e-6)
-        est = torch.log(n) + mean + tables.excess[clusters] * scale
+        stats = tables.per_cluster[clusters]  # (rows, 2): excess, inactive variance
+        est = torch.log(n) + mean + stats[:, 0] * (var / stats[:, 1])
+        if not padded:
+            return est if count > 0 else torch.full_like(est, -math.inf)
         return torch.where(n_i > 0, est, torch.full_like(est, -math.inf))
     raise ValueError(f"unknown inactive-mass estimator {method!r}")
 
