@@ -446,6 +446,27 @@ def test_moments_without_padding_equals_the_padded_reading():
     torch.testing.assert_close(inactive_log_mass(*args, padded=False), inactive_log_mass(*args))
 
 
+def test_moments_without_a_bias_skips_its_terms_and_agrees_with_a_zero_bias():
+    """A model without bias: the step adds no bias terms (``has_bias``), and reads the same mass as the
+    same weights with a zero bias, whose terms it adds; per-cluster statistics are read by one index."""
+    from fastvocab.kernels.inactive_mass import inactive_log_mass, mass_tables
+
+    w, b, cmap, h = lm_like_case(0)
+    proj = create_projection("clustered", w, b, cluster_map=cmap, selection="union", inactive_mass="moments")
+    out = proj(h)
+    pm = proj.prepared_map
+    none, zero = mass_tables(pm, w, None), mass_tables(pm, w, torch.zeros_like(b))
+    assert not none.has_bias and zero.has_bias
+    assert torch.equal(none.per_cluster[:, 0], none.excess) and (none.per_cluster[:, 1] >= 1e-6).all()
+    clusters = torch.arange(h.shape[0]) % pm.r
+    got = [
+        inactive_log_mass("moments", h, out.logits, clusters, w.shape[0], t, padded=False)
+        for t in (none, zero)
+    ]
+    assert torch.isfinite(got[0]).all()
+    torch.testing.assert_close(got[0], got[1], rtol=1e-6, atol=1e-5)
+
+
 @pytest.mark.parametrize("estimator", ["centroid", "moments", "normaliser"])
 def test_inactive_mass_vanishes_with_full_coverage(estimator):
     w, b = random_layer()
