@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 import torch
@@ -67,10 +68,11 @@ class BatchColumns:
     weight: torch.Tensor | None
     bias: torch.Tensor | None
     packed: torch.ScriptObject | None = None
-    held: np.ndarray = field(init=False, repr=False, compare=False)  # the mask on the host
 
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "held", self.mask.cpu().numpy())
+    @cached_property
+    def held(self) -> np.ndarray:
+        """The mask on the host (:func:`_new_columns`), read at the batch's first step with few clusters."""
+        return self.mask.cpu().numpy()
 
     @classmethod
     def of(
