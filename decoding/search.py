@@ -39,10 +39,10 @@ from dataclasses import dataclass
 
 import torch
 
-from fastvocab.decoding.rowwise import argmax_rows, topk_rows
 from fastvocab.decoding.settings import DEFAULT_SEARCH, SearchSettings
 from fastvocab.decoding.steppers import CapturedStepper, EagerStepper, Stepper, capturable_step
 from fastvocab.kernels.base import CapturableStep, Projection, ProjectionOutput
+from fastvocab.kernels.rowwise import argmax_rows, topk_rows
 
 log = logging.getLogger(__name__)
 
@@ -245,7 +245,7 @@ def greedy_search(
     column = torch.zeros(
         1, dtype=torch.long, device=device
     )  # fixed shapes: this step's column, on the device
-    # Fixed shapes: torch's argmax (the CPU's blocked one reads a NaN check back to the host).
+    # Fixed shapes: torch's argmax (the CPU's numpy one makes a new tensor, not one a graph holds).
     argmax = argmax_rows if not fixed else (lambda scores: scores.argmax(dim=1, keepdim=True))
     # With a hook every step compacts, so records hold exactly the live rows (the dump relies on it).
     fraction = COMPACT_FRACTION
@@ -332,7 +332,7 @@ def _greedy_one_row(
         if step == max_len - 1 and forced_eos is not None:
             token = forced_eos
         else:
-            token = int(out.to_vocab_ids(_suppress(out, out.logits, banned).argmax(dim=1, keepdim=True)))
+            token = int(out.to_vocab_ids(argmax_rows(_suppress(out, out.logits, banned))))
         if token == eos:
             break
         tokens.append(token)

@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from fastvocab.artifacts_schema.cluster_map import ClusterMap
+from fastvocab.kernels.rowwise import argmin_rows
 
 
 @dataclass
@@ -156,7 +157,7 @@ def centroid_distances(h: torch.Tensor, centroids_t: torch.Tensor, sq_norms: tor
 
 def assign_clusters(h: torch.Tensor, centroids_t: torch.Tensor, sq_norms: torch.Tensor) -> torch.Tensor:
     """Eq. 2 of Amer et al.: the nearest centroid of each row, (rows,) int64 (ties: lowest j)."""
-    return centroid_distances(h, centroids_t, sq_norms).argmin(dim=1)
+    return argmin_rows(centroid_distances(h, centroids_t, sq_norms))
 
 
 def nearest_clusters(

@@ -117,6 +117,7 @@ from fastvocab.kernels.int8_union import (
     int8_weights,
 )
 from fastvocab.kernels.popular import hit_probability
+from fastvocab.kernels.rowwise import argmax_rows
 from fastvocab.kernels.shortlist import ShortlistProjection
 
 log = logging.getLogger(__name__)
@@ -422,7 +423,7 @@ class ClusteredProjection(Projection):
     def assign(self, h: torch.Tensor) -> torch.Tensor:
         """Cluster of each row (Eq. 2), (rows,) int64; with ``int8``, from the int8 centroid scores."""
         if self._assign8 is not None:
-            return linear_packed(h.float(), self._assign8).argmax(dim=1)
+            return argmax_rows(linear_packed(h.float(), self._assign8))[:, 0]
         return assign_clusters(h, self._map.centroids_t, self._map.sq_norms)
 
     def _nearest(self, h: torch.Tensor, probes: int) -> torch.Tensor:

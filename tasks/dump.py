@@ -292,7 +292,7 @@ class DumpDecoder:
         the batch's records are read back once, at its end (:func:`_host_columns`), not every step."""
         import torch
 
-        from fastvocab.decoding.rowwise import topk_rows
+        from fastvocab.kernels.rowwise import topk_rows
 
         # The output's log-probs are computed once and shared with beam search's own candidates.
         logp, cols = topk_rows(output.log_probs(), min(self.k, output.logits.shape[1]))
@@ -426,7 +426,7 @@ class StepRecorder:
         self.calls = torch.zeros(1, dtype=torch.long, device=device)  # the next step's slot, on the device
 
     def __call__(self, h: torch.Tensor) -> ProjectionOutput:
-        from fastvocab.decoding.rowwise import topk_rows
+        from fastvocab.kernels.rowwise import topk_rows
 
         out = self.projection(h)
         logp, cols = topk_rows(out.log_probs(), self.k)

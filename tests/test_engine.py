@@ -13,10 +13,10 @@ from conftest import decoder_steps, generate_ids, reference_logits, synthetic_se
 
 from fastvocab.decoding import Seq2SeqAdapter, beam_search, greedy_search, search
 from fastvocab.decoding.packed_encoder import PackedEncoder
-from fastvocab.decoding.rowwise import argmax_rows, topk_rows
 from fastvocab.decoding.settings import SearchSettings
 from fastvocab.decoding.static_decoder import StaticDecoder, StaticState
 from fastvocab.kernels import create_projection
+from fastvocab.kernels.rowwise import argmax_rows, argmin_rows, topk_rows
 
 DEMO_MODEL = Path(__file__).resolve().parent.parent / "models" / "demo"
 DEMO_SOURCES = [
@@ -118,11 +118,12 @@ def test_length_groups_cover_every_token_once_in_groups_of_like_length():
     assert one.tokens is None and one.key_mask.shape[-1] == max(lengths)
 
 
-@pytest.mark.parametrize("n", [4096, 5000, 32108])
+@pytest.mark.parametrize("n", [7, 2000, 32108])
 @pytest.mark.parametrize("rows", [1, 4, 33])
-@pytest.mark.parametrize("case", ["random", "ties", "max in the tail", "all -inf", "nan"])
+@pytest.mark.parametrize("case", ["random", "ties", "max in the tail", "all -inf", "nan", "two nan"])
 def test_argmax_rows_equals_argmax(n, rows, case):
-    """The blocked argmax of greedy search: the same (first) index as torch.argmax, ties and NaN included."""
+    """The searches' argmax (numpy's on CPU): the same (first) index as torch.argmax, ties and NaN
+    included; its argmin counterpart (the nearest centroid) the same as torch.argmin; a strided view too."""
     gen = torch.Generator().manual_seed(n + rows)
     x = torch.randn(rows, n, generator=gen)
     if case == "ties":
@@ -132,8 +133,12 @@ def test_argmax_rows_equals_argmax(n, rows, case):
     elif case == "all -inf":
         x[:] = -torch.inf
     elif case == "nan":
-        x[0, 11] = torch.nan
+        x[0, min(11, n - 1)] = torch.nan
+    elif case == "two nan":
+        x[-1, [n - 1, n // 2]] = torch.nan
     assert torch.equal(argmax_rows(x), x.argmax(dim=-1, keepdim=True))
+    assert torch.equal(argmin_rows(x), x.argmin(dim=-1))
+    assert torch.equal(argmax_rows(x.double()[:, ::2]), x.double()[:, ::2].argmax(dim=-1, keepdim=True))
 
 
 @pytest.mark.parametrize("n", [8192, 8200, 32108])
