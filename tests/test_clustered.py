@@ -433,17 +433,30 @@ def test_moments_estimator_tracks_the_true_inactive_mass(mode, seed):
     assert errors["normaliser"] < errors["moments"]
 
 
-def test_moments_without_padding_equals_the_padded_reading():
-    """A union's rows computed every column: ``padded=False`` skips the -inf scan and gives the same mass."""
-    from fastvocab.kernels.inactive_mass import inactive_log_mass
+@pytest.mark.parametrize("rows", [1, 4, 33])
+@pytest.mark.parametrize("bias", [True, False])
+def test_moments_without_padding_equals_the_padded_reading(rows, bias):
+    """A union's rows computed every column: ``padded=False`` skips the -inf scan (on CPU its per-row
+    arithmetic runs in numpy) and gives the same mass bit for bit, at any row count (33: torch's vector
+    lanes and its tail) and with or without a bias; a union of every column leaves no mass."""
+    from fastvocab.kernels.inactive_mass import inactive_log_mass, mass_tables
 
     w, b, cmap, h = lm_like_case(0)
     proj = create_projection("clustered", w, b, cluster_map=cmap, selection="union", inactive_mass="moments")
+    noise = torch.randn(36, h.shape[1], generator=torch.Generator().manual_seed(1))
+    h = (h.repeat(9, 1) + 0.1 * noise)[:rows]
     out = proj(h)
     assert out.ids is not None and out.ids.dim() == 1 and torch.isfinite(out.logits).all()
-    clusters = torch.arange(h.shape[0]) % len(cmap.indptr[1:])
-    args = ("moments", h, out.logits, clusters, w.shape[0], proj._mass)
-    torch.testing.assert_close(inactive_log_mass(*args, padded=False), inactive_log_mass(*args))
+    clusters = torch.arange(rows) % len(cmap.indptr[1:])
+    tables = mass_tables(proj.prepared_map, w, b if bias else None)
+    assert tables.has_bias == bias
+    args = ("moments", h, out.logits, clusters, w.shape[0], tables)
+    got, want = inactive_log_mass(*args, padded=False), inactive_log_mass(*args)
+    assert got.dtype == want.dtype == torch.float32 and torch.isfinite(got).all()
+    assert torch.equal(got, want)
+    every = torch.nn.functional.linear(h, w, b)  # all N columns computed: nothing is inactive
+    assert torch.equal(inactive_log_mass("moments", h, every, clusters, w.shape[0], tables, padded=False),
+                       torch.full((rows,), -math.inf))  # fmt: skip
 
 
 def test_moments_without_a_bias_skips_its_terms_and_agrees_with_a_zero_bias():
