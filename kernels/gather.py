@@ -142,11 +142,16 @@ def _new_columns(
     """Of the sets of ``clusters`` laid side by side, the positions to keep and their ids, each (K,): every
     id the batch does not hold, once (its first place), ids ascending. Worked out on the host, in numpy: the
     same in tensor ops took ~25 of them, each costing more than its work at a few hundred ids."""
-    ids = np.concatenate([pm.ids[c].cpu().numpy() for c in clusters])
+    parts = [pm.ids[c].cpu().numpy() for c in clusters]
+    ids = parts[0] if len(parts) == 1 else np.concatenate(parts)
     pos = np.flatnonzero(~cols.held[ids])  # the ids the batch does not hold
-    new, first = np.unique(ids[pos], return_index=True)  # a stable sort: each id's first place
+    if len(parts) == 1:  # one set: its ids are distinct and ascending already
+        keep, new = pos, ids[pos]
+    else:
+        new, first = np.unique(ids[pos], return_index=True)  # a stable sort: each id's first place
+        keep = pos[first]
     device = cols.ids.device
-    return torch.from_numpy(pos[first]).to(device), torch.from_numpy(new).to(device)
+    return torch.from_numpy(keep).to(device), torch.from_numpy(new).to(device)
 
 
 def _batch_logits(h: torch.Tensor, cols: BatchColumns) -> torch.Tensor:
