@@ -34,6 +34,7 @@ import torch
 
 from fastvocab.artifacts_schema.fingerprint import projection_fingerprint
 from fastvocab.decoding.fingerprint_cache import cached_fingerprint, remember_fingerprint
+from fastvocab.decoding.inference import step_inference
 from fastvocab.decoding.piece_table import PieceTable
 from fastvocab.decoding.settings import ENGINES
 
@@ -516,7 +517,7 @@ class Seq2SeqAdapter:
         hidden = out if isinstance(out, torch.Tensor) else out.last_hidden_state  # PackedEncoder: a tensor
         return EncoderState(hidden=hidden, mask=mask)  # (rows, S, d), (rows, S)
 
-    @torch.inference_mode()
+    @step_inference
     def decoder_step(
         self, tokens: torch.Tensor, state: EncoderState | DecoderState
     ) -> tuple[torch.Tensor, DecoderState]:

@@ -33,6 +33,7 @@ import torch
 from torch import nn
 
 from fastvocab.decoding.cache_memory import allocate_cache
+from fastvocab.decoding.inference import step_inference
 
 log = logging.getLogger(__name__)
 
@@ -419,7 +420,7 @@ class OnnxDecoder:
         kv[:, :, :n].copy_(state.self_kv[:, :, :n])
         state.self_kv, state.buffer, state.spare = kv, flat, None
 
-    @torch.inference_mode()
+    @step_inference
     def reorder(self, state: OnnxState, index: torch.Tensor, group: int | None = None) -> OnnxState:
         """As ``StaticDecoder.reorder``: rows ``index`` in that order, into the spare buffer (which swaps);
         a beam step's reorder (the same rows and groups) moves only what it must (:meth:`_follow`)."""
@@ -469,14 +470,13 @@ class OnnxDecoder:
         where = order = None
         if at != list(range(rows)):
             where = torch.tensor(at)
-            order = torch.empty_like(where)
-            order[where] = torch.arange(rows)
+            order = torch.from_numpy(np.argsort(at))  # ``at`` is a permutation: its inverse
         return OnnxState(state.self_kv, state.cross_kv, state.cross_bias, group, n, state.buffer, state.spare,
                          state._layout, where, order)  # fmt: skip
 
     # ------------------------------------------------------------------ step
 
-    @torch.inference_mode()
+    @step_inference
     def step(self, tokens: torch.Tensor, state: OnnxState) -> torch.Tensor:
         """Feed one token per row (rows,); returns ``h`` (rows, d) and advances ``state`` in place."""
         dec, pos = self.dec, state.length

@@ -1,5 +1,5 @@
 """Random output layers, cluster maps and states for the projection tests (clustered, static union, fidelity,
-LSH, graph), and the two calls those tests make on the tiny model."""
+LSH, graph), the two calls those tests make on the tiny model, and the check of a decoder's step input."""
 
 from __future__ import annotations
 
@@ -139,3 +139,19 @@ def make(adapter, method, **options):
         always_active=adapter.always_active_ids() if method != "full" else (),
         **options,
     )
+
+
+def assert_embedding_equals_the_tensor_one(dec) -> None:
+    """``dec.embed`` (a ``StaticDecoder``; numpy on CPU where it can) equals the embedding lookup, scale and
+    position rows in torch, bit for bit, a pad token's position included."""
+    tokens = torch.tensor([5, dec.pad_id, 17, 9])
+    for pos in (0, 3, 11):
+        x = torch.nn.functional.embedding(tokens, dec.embed_weight) * dec.embed_scale
+        row = pos + dec.pos_offset
+        if dec.family.pad_positions:
+            x = x + dec.positions.index_select(0, torch.where(tokens == dec.pad_id, dec.pad_id, row))
+        else:
+            x = x + dec.positions[row]
+        want = x if dec.ln_embed is None else dec.ln_embed(x)
+        got = dec.embed(tokens, pos)
+        assert got.dtype == torch.float32 and torch.equal(got, want), pos

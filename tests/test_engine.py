@@ -17,6 +17,7 @@ from fastvocab.decoding.settings import SearchSettings
 from fastvocab.decoding.static_decoder import StaticDecoder, StaticState
 from fastvocab.kernels import create_projection
 from fastvocab.kernels.rowwise import argmax_rows, argmin_rows, topk_rows
+from tests.layers import assert_embedding_equals_the_tensor_one
 
 DEMO_MODEL = Path(__file__).resolve().parent.parent / "models" / "demo"
 DEMO_SOURCES = [
@@ -641,3 +642,21 @@ def test_translate_with_graphs_in_half_precision(demo, monkeypatch, dtype):
             assert any(want.hypotheses)
             got = translate(half, proj, DEMO_SOURCES, "en", "it", replace(settings, graphs="on"), **kw)
             assert got.hypotheses == want.hypotheses
+
+
+def test_embedding_on_the_host_equals_the_tensor_one(static):
+    """M2M100's step input in numpy on CPU (a pad token keeps the pad position): the tensor code's rows."""
+    assert_embedding_equals_the_tensor_one(static._static)
+
+
+def test_a_step_outside_a_search_runs_in_inference_mode(static):
+    """A decoder step called on its own enters inference mode (the searches' own steps are already in it,
+    where it is not entered again): no autograd record of its tensors either way."""
+    batch = static.encode_texts(["a b c"], "en")
+    state = static.encode(batch)
+    assert not torch.is_inference_mode_enabled()
+    h, _ = static.decoder_step(torch.tensor([static.decoder_start_id]), state)
+    assert h.is_inference() and not h.requires_grad
+    with torch.inference_mode():
+        h2, _ = static.decoder_step(torch.tensor([static.decoder_start_id]), static.encode(batch))
+    assert torch.equal(h, h2)

@@ -24,6 +24,7 @@ from fastvocab.decoding.packed_encoder import PackedEncoder
 from fastvocab.decoding.settings import SearchSettings
 from fastvocab.decoding.static_decoder import StaticDecoder
 from fastvocab.kernels import create_projection
+from tests.layers import assert_embedding_equals_the_tensor_one
 
 VOCAB = 96
 LANGS = {"en_XX": VOCAB - 2, "it_IT": VOCAB - 1}  # MBart-50 style tags: the last ids of the vocabulary
@@ -284,3 +285,9 @@ def test_beam_that_does_not_fit_fails_before_decoding(static, family):
     with pytest.raises(MemoryError, match=r"self-attention cache \(2, 2, 12, 4, \d+, 8\)"):
         settings = SearchSettings(beam=4, max_len=max_len, early_stopping=False)
         beam_search(adapter, full, batch, SRC[family], TGT[family], settings)
+
+
+def test_embedding_on_the_host_equals_the_tensor_one(static):
+    """The decoder step's input, made in numpy on CPU where the family allows it (no embedding layer
+    norm): the same float32 rows as the tensor code, for each family's kind of positions."""
+    assert_embedding_equals_the_tensor_one(static._static)
