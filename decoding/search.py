@@ -367,6 +367,8 @@ class BeamState:
         check_stopping_rule(rule)
         self.k, self.max_len, self.rule, self.eos, self.lp = k, max_len, rule, eos, length_penalty
         self.lazy_merge = lazy_merge
+        # Whether the pool may hold a finished hypothesis, as the host knows it: lazily, from the first merge.
+        self.pooled = not lazy_merge
         self.run_scores = torch.full((n, k), _NEG, device=device)  # cumulative log-prob of the live beams
         self.run_scores[:, 0] = 0.0  # identical beams at the start: only the first one may expand
         self.run_seqs = torch.full((n, k, max_len), eos, dtype=torch.long, device=device)  # (n, k, T)
@@ -410,12 +412,17 @@ class BeamState:
         cand_seqs = self.run_seqs.gather(1, cand_beam[:, :, None].expand(-1, -1, t))  # (n, k2, T), a copy
         cand_seqs.index_copy_(2, self.step, cand_toks[:, :, None])
         done_cand = torch.ones_like(cand_toks, dtype=torch.bool) if final else cand_toks == self.eos
-        denom = self.denoms.index_select(0, self.step)  # (1,)
 
         # Finished candidates among the best k enter the pool of finished hypotheses.
         top_k = self.top_k_mask if cand_toks.shape[1] == k2 else self.top_k_mask[: cand_toks.shape[1]]
-        new_fin = done_cand & top_k & ~self.done[:, None]
-        if not self.lazy_merge or bool(new_fin.any()):
+        # Lazily: no EOS among the candidates (most steps) leaves nothing to merge, read before the mask.
+        merge = not self.lazy_merge or final or bool(done_cand.any())
+        if merge:
+            new_fin = done_cand & top_k & ~self.done[:, None]
+            merge = not self.lazy_merge or bool(new_fin.any())
+        if merge:
+            self.pooled = True
+            denom = self.denoms.index_select(0, self.step)  # (1,)
             norm = torch.add(cand_scores / denom, ~new_fin, alpha=_NEG)
             m_scores, sel = torch.topk(torch.cat([self.fin_scores, norm], dim=1), k, dim=1)
             m_seqs = torch.cat([self.fin_seqs, cand_seqs], dim=1)
@@ -429,13 +436,15 @@ class BeamState:
         torch.gather(cand_seqs, 1, pick[:, :, None].expand(-1, -1, t), out=self.run_seqs)
         if final:
             self.done.fill_(True)
-        else:
+        elif self.pooled:  # with an empty pool no slot holds a finished hypothesis: no sentence is done
             # Done when all k slots hold finished hypotheses and (unless the rule is True) the best live
             # beam, normalised at its current length (or at the limit: "never"), is no better than the worst.
             now = self.fin_any.all(dim=1)
             if self.rule is not True:
                 best = self.run_scores[:, 0] / (
-                    self.never_len if self.rule == "never" and self.lp > 0 else denom
+                    self.never_len
+                    if self.rule == "never" and self.lp > 0
+                    else self.denoms.index_select(0, self.step)
                 )
                 now &= best <= self.fin_scores.min(dim=1).values
             self.done.logical_or_(now)
@@ -577,7 +586,7 @@ def beam_search(
                 break
             continue
         tokens, rows = choose(h, step, first=step == 0 and first_step)
-        if (step + 1) % sync_every == 0 and bool(beams.done.any()):  # the host read
+        if (step + 1) % sync_every == 0 and beams.pooled and bool(beams.done.any()):  # the host read
             collect()
             if bool(beams.done.all()):
                 break

@@ -429,3 +429,35 @@ if __name__ == "__main__":  # used by the eos_model_dir fixture
 
     torch.set_num_threads(1)
     build_eos_model(Path(sys.argv[1]), Path(sys.argv[2]))
+
+
+@pytest.mark.parametrize("rule", [False, True, "never"])
+def test_lazy_pool_equals_the_merge_every_step(rule):
+    """On CPU the beam state merges into its pool only at steps with an EOS candidate, and checks the
+    stopping rule only once its pool took one (``pooled``): the same tokens, rows, pool and done sentences
+    as merging and checking every step (the fixed-shape path), step by step, up to the length limit."""
+    from fastvocab.decoding.search import BeamState
+
+    n, k, eos, steps = 3, 4, 2, 9
+    gen = torch.Generator().manual_seed(7)
+    states = [
+        BeamState(n, k, steps + 1, 2, 1.0, rule, eos, torch.device("cpu"), lazy_merge=lazy)
+        for lazy in (True, False)
+    ]
+    pooled_at = None
+    for step in range(steps + 1):
+        vals = torch.randn(n * k, 2 * k, generator=gen).sort(dim=1, descending=True).values - 2.0
+        toks = torch.randint(3, 500, (n * k, 2 * k), generator=gen)
+        if step in (3, 5, 6):  # EOS among some rows' best continuations, from the fourth step on
+            toks[(step % n) * k, 0] = eos  # the best continuation of a sentence's best beam
+        outs = [s.advance(vals, toks, final=step == steps) for s in states]
+        assert all(torch.equal(a, b) for a, b in zip(outs[0], outs[1], strict=True)), step
+        lazy, eager = states
+        for name in ("run_scores", "run_seqs", "fin_any", "done", "step"):
+            assert torch.equal(getattr(lazy, name), getattr(eager, name)), (step, name)
+        real = lazy.fin_any  # the pool's slots that hold a finished hypothesis (the others are placeholders)
+        assert torch.equal(lazy.fin_scores[real], eager.fin_scores[real]), step
+        assert torch.equal(lazy.fin_seqs[real], eager.fin_seqs[real]), step
+        if lazy.pooled and pooled_at is None:
+            pooled_at = step
+    assert pooled_at == 3 and bool(states[0].fin_any.any()) and bool(states[0].done.all())
