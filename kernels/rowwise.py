@@ -20,9 +20,9 @@ def argmax_rows(scores: torch.Tensor) -> torch.Tensor:
 
     torch's CPU ``argmax`` over the last dimension does not vectorise: at 32 x 32,108 float32 it took ~10x
     as long as numpy's, at 4 x 2,000 (a beam's centroid scores) ~5x (1 thread, Xeon; the record in the
-    module docstring), and a search calls it every step.
-    numpy's keeps torch's answer: the first maximum, and a row's first NaN where it has one. Elsewhere (an
-    accelerator, other dtypes, a tensor that records gradients) it is torch's ``argmax``.
+    module docstring), and a search calls it every step. numpy's keeps torch's answer: the first maximum,
+    and a row's first NaN where it has one. Elsewhere (an accelerator, other dtypes, a tensor that records
+    gradients) it is torch's ``argmax``.
     """
     if _numpy_can(scores):
         return torch.from_numpy(scores.numpy().argmax(axis=-1, keepdims=True))
