@@ -432,32 +432,44 @@ if __name__ == "__main__":  # used by the eos_model_dir fixture
 
 
 @pytest.mark.parametrize("rule", [False, True, "never"])
-def test_lazy_pool_equals_the_merge_every_step(rule):
-    """On CPU the beam state merges into its pool only at steps with an EOS candidate, and checks the
-    stopping rule only once its pool took one (``pooled``): the same tokens, rows, pool and done sentences
-    as merging and checking every step (the fixed-shape path), step by step, up to the length limit."""
+def test_host_step_equals_the_tensor_step(rule):
+    """On CPU the beam state steps in numpy, merges into its pool only at steps with an EOS candidate, and
+    checks the stopping rule only once its pool took one (``pooled``): the same tokens, rows, pool and done
+    sentences as the tensor step, which merges and checks every step (the fixed-shape path), step by step,
+    up to the length limit."""
     from fastvocab.decoding.search import BeamState
 
     n, k, eos, steps = 3, 4, 2, 9
     gen = torch.Generator().manual_seed(7)
     states = [
-        BeamState(n, k, steps + 1, 2, 1.0, rule, eos, torch.device("cpu"), lazy_merge=lazy)
-        for lazy in (True, False)
+        BeamState(n, k, steps + 1, 2, 1.0, rule, eos, torch.device("cpu"), host=host)
+        for host in (True, False)
     ]
     pooled_at = None
     for step in range(steps + 1):
+        n = states[0].n
         vals = torch.randn(n * k, 2 * k, generator=gen).sort(dim=1, descending=True).values - 2.0
         toks = torch.randint(3, 500, (n * k, 2 * k), generator=gen)
         if step in (3, 5, 6):  # EOS among some rows' best continuations, from the fourth step on
             toks[(step % n) * k, 0] = eos  # the best continuation of a sentence's best beam
-        outs = [s.advance(vals, toks, final=step == steps) for s in states]
-        assert all(torch.equal(a, b) for a, b in zip(outs[0], outs[1], strict=True)), step
-        lazy, eager = states
-        for name in ("run_scores", "run_seqs", "fin_any", "done", "step"):
-            assert torch.equal(getattr(lazy, name), getattr(eager, name)), (step, name)
-        real = lazy.fin_any  # the pool's slots that hold a finished hypothesis (the others are placeholders)
-        assert torch.equal(lazy.fin_scores[real], eager.fin_scores[real]), step
-        assert torch.equal(lazy.fin_seqs[real], eager.fin_seqs[real]), step
-        if lazy.pooled and pooled_at is None:
+            toks[(step + 1) % n * k + 1, 2] = eos  # and a third one of another sentence's second beam
+        if step in (3, 4):  # every beam of sentence 0 ends: its pool fills, and it is done (then more EOS)
+            toks[:k, :2] = eos
+        final = step == steps
+        outs = [s.advance(vals, toks, final=final) for s in states]
+        host, tensor = states
+        # At the length limit every candidate finishes: the live beams are placeholders at -1e9, whose order
+        # among equal scores neither step promises, and are never fed.
+        live = [] if final else ["run_scores", "run_seqs"]
+        assert final or all(torch.equal(a, b) for a, b in zip(outs[0], outs[1], strict=True)), step
+        for name in [*live, "fin_any", "done", "step"]:
+            assert torch.equal(getattr(host, name), getattr(tensor, name)), (step, name)
+        real = host.fin_any  # the pool's slots that hold a finished hypothesis (the others are placeholders)
+        assert torch.equal(host.fin_scores[real], tensor.fin_scores[real]), step
+        assert torch.equal(host.fin_seqs[real], tensor.fin_seqs[real]), step
+        if host.pooled and pooled_at is None:
             pooled_at = step
+        if step == 7:  # beam_search drops sentences: the host step goes on from the kept ones
+            for s in states:
+                s.keep(torch.tensor([2, 0]))
     assert pooled_at == 3 and bool(states[0].fin_any.any()) and bool(states[0].done.all())
