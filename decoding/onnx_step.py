@@ -292,7 +292,7 @@ class OnnxState:
 
     After a beam step's reorder a row's cache may stay where it was (:meth:`OnnxDecoder.reorder`): ``at``
     (rows,) is then the cache row of each of the search's rows and ``order`` its inverse, the search's row
-    in each cache row; None while they are the same."""
+    in each cache row, both int64 arrays on the host; None while they are the same."""
 
     self_kv: torch.Tensor
     cross_kv: torch.Tensor
@@ -302,8 +302,8 @@ class OnnxState:
     buffer: torch.Tensor
     spare: torch.Tensor | None = None
     _layout: _Layout | None = None
-    at: torch.Tensor | None = None
-    order: torch.Tensor | None = None
+    at: np.ndarray | None = None
+    order: np.ndarray | None = None
 
     def layout(self) -> _Layout:
         """Where the body's cache inputs and outputs lie (:class:`_Layout`), made again when a cache moved."""
@@ -426,7 +426,7 @@ class OnnxDecoder:
         a beam step's reorder (the same rows and groups) moves only what it must (:meth:`_follow`)."""
         n, rows, cap = state.length, index.shape[0], state.capacity
         if state.at is not None:  # the cache rows of the rows asked for
-            index = state.at.index_select(0, index)
+            index = torch.from_numpy(state.at[index.numpy()])
         if group is not None and group == state.group > 1 and rows == state.rows:
             return self._follow(state, index)
         spare = state.spare
@@ -462,15 +462,15 @@ class OnnxDecoder:
             for r in range(rows):
                 if not taken[r]:
                     free.setdefault(r // group, []).append(r)
-            past = state.self_kv[:, :, :n]
-            for i in extra:  # row by row: index_copy_ on this strided view ran 3x slower (a probe)
+            past = state.self_kv[:, :, :n].numpy()
+            for i in extra:  # row by row, in numpy: a torch copy_ costs ~5x its work at a few positions
                 r = free[i // group].pop()
-                past[:, :, :, r].copy_(past[:, :, :, at[i]])
+                past[:, :, :, r] = past[:, :, :, at[i]]
                 at[i] = r
         where = order = None
         if at != list(range(rows)):
-            where = torch.tensor(at)
-            order = torch.from_numpy(np.argsort(at))  # ``at`` is a permutation: its inverse
+            where = np.array(at)
+            order = np.argsort(where)  # ``at`` is a permutation: its inverse
         return OnnxState(state.self_kv, state.cross_kv, state.cross_bias, group, n, state.buffer, state.spare,
                          state._layout, where, order)  # fmt: skip
 
@@ -482,8 +482,8 @@ class OnnxDecoder:
         dec, pos = self.dec, state.length
         if pos >= state.capacity:
             self._grow(state)
-        if state.order is not None:  # each cache row's token
-            tokens = tokens.index_select(0, state.order)
+        if state.order is not None:  # each cache row's token (numpy: a step's few rows)
+            tokens = torch.from_numpy(tokens.numpy()[state.order])
         x = dec.embed(tokens, pos).contiguous()
         h = torch.empty_like(x)
         io = self.bindings()
@@ -503,7 +503,7 @@ class OnnxDecoder:
             io.output_at(new_name, past + pos * per_pos, new_shape)
         io.run()
         state.length = pos + 1
-        return h if state.at is None else h.index_select(0, state.at)
+        return h if state.at is None else torch.from_numpy(h.numpy()[state.at])
 
     def _past_bias(self, n: int, masked: bool) -> torch.Tensor:
         if masked:
