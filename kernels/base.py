@@ -125,6 +125,8 @@ class ProjectionOutput:
         if self.ids is None:
             return cols
         if self.ids.dim() == 1:
+            if self.ids.device.type == "cpu":  # numpy: a step's few rows cost a torch index ~5x its work
+                return torch.from_numpy(self.ids.numpy()[cols.numpy()])
             return self.ids[cols]
         return torch.gather(self.ids, 1, cols)
 

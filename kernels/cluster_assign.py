@@ -49,6 +49,11 @@ class PreparedMap:
         return max(self.sizes)
 
     @functools.cached_property
+    def host_csr(self) -> tuple[np.ndarray, np.ndarray]:
+        """``indptr`` and ``indices`` on the host (copied once): the numpy work on a step's few clusters."""
+        return self.indptr.cpu().numpy(), self.indices.cpu().numpy()
+
+    @functools.cached_property
     def covered(self) -> int:
         """How many distinct ids the sets hold together (what no union can exceed); counted once."""
         return int(torch.unique(self.indices).numel())

@@ -74,6 +74,11 @@ class BatchColumns:
         """The mask on the host (:func:`_new_columns`), read at the batch's first step with few clusters."""
         return self.mask.cpu().numpy()
 
+    @cached_property
+    def held_ids(self) -> np.ndarray:
+        """``ids`` on the host (:func:`batch_block_logits` on CPU)."""
+        return self.ids.cpu().numpy()
+
     @classmethod
     def of(
         cls,
@@ -132,26 +137,36 @@ def batch_block_logits(
     than the GEMMs (a greedy step at batch 1: 260 -> 140 us with the demo model)."""
     parts = [cluster_logits(h, pm, c, weight, bias, w8) for c in clusters]
     keep, ids = _new_columns(cols, pm, clusters)
-    logits = (parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)).index_select(1, keep)
-    return torch.cat([_batch_logits(h, cols), logits], dim=1), torch.cat([cols.ids, ids])
+    batch = _batch_logits(h, cols)
+    if _numpy_ready(batch):  # the same copies in numpy: at a step's few rows a torch op costs ~5x its work
+        blocks = np.concatenate([p.numpy() for p in parts], axis=1) if len(parts) > 1 else parts[0].numpy()
+        logits = np.concatenate([batch.numpy(), blocks[:, keep]], axis=1)
+        return torch.from_numpy(logits), torch.from_numpy(np.concatenate([cols.held_ids, ids]))
+    device = cols.ids.device
+    blocks_t = parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
+    logits_t = blocks_t.index_select(1, torch.from_numpy(keep).to(device))
+    return torch.cat([batch, logits_t], dim=1), torch.cat([cols.ids, torch.from_numpy(ids).to(device)])
+
+
+def _numpy_ready(t: torch.Tensor) -> bool:
+    """Whether ``t`` can be worked on in numpy, in place: float32 on CPU (numpy has no bfloat16)."""
+    return t.device.type == "cpu" and t.dtype == torch.float32
 
 
 def _new_columns(
     cols: BatchColumns, pm: PreparedMap, clusters: Sequence[int]
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Of the sets of ``clusters`` laid side by side, the positions to keep and their ids, each (K,): every
-    id the batch does not hold, once (its first place), ids ascending. Worked out on the host, in numpy: the
-    same in tensor ops took ~25 of them, each costing more than its work at a few hundred ids."""
-    parts = [pm.ids[c].cpu().numpy() for c in clusters]
+) -> tuple[np.ndarray, np.ndarray]:
+    """Of the sets of ``clusters`` laid side by side, the positions to keep and their ids, each (K,) int64
+    on the host: every id the batch does not hold, once (its first place), ids ascending. Worked out in
+    numpy: the same in tensor ops took ~25 of them, each costing more than its work at a few hundred ids."""
+    indptr, indices = pm.host_csr
+    parts = [indices[indptr[c] : indptr[c + 1]] for c in clusters]
     ids = parts[0] if len(parts) == 1 else np.concatenate(parts)
     pos = np.flatnonzero(~cols.held[ids])  # the ids the batch does not hold
     if len(parts) == 1:  # one set: its ids are distinct and ascending already
-        keep, new = pos, ids[pos]
-    else:
-        new, first = np.unique(ids[pos], return_index=True)  # a stable sort: each id's first place
-        keep = pos[first]
-    device = cols.ids.device
-    return torch.from_numpy(keep).to(device), torch.from_numpy(new).to(device)
+        return pos, ids[pos]
+    new, first = np.unique(ids[pos], return_index=True)  # a stable sort: each id's first place
+    return pos[first], new
 
 
 def _batch_logits(h: torch.Tensor, cols: BatchColumns) -> torch.Tensor:

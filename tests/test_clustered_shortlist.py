@@ -174,12 +174,18 @@ def test_a_pooled_map_takes_the_table_of_the_direction_it_serves(adapter, index,
 
 @pytest.mark.parametrize("int8", [False, True])
 @pytest.mark.parametrize("n_clusters", [1, 2, 4])
+@pytest.mark.parametrize("host", [True, False])
 def test_a_few_clusters_run_their_cached_blocks_to_the_union_paths_logits_and_ids(
-    adapter, index, cmap, int8, n_clusters
+    adapter, index, cmap, int8, n_clusters, host, monkeypatch
 ):
     """Rows in a few cached clusters take each cluster's block whole, less the columns already held: the
-    same ids, in the same order, and the same logits as the union's mask-and-gather path."""
+    same ids, in the same order, and the same logits as the union's mask-and-gather path, whether the
+    blocks' columns are picked in numpy (CPU, float32) or in tensor ops (an accelerator, bfloat16)."""
+    from fastvocab.kernels import gather
     from fastvocab.kernels.gather import BatchColumns, batch_block_logits, batch_union_logits
+
+    if not host:
+        monkeypatch.setattr(gather, "_numpy_ready", lambda t: False)
 
     proj = make_projection(adapter, "clustered", cluster_map=cmap, shortlist=index, int8=int8)
     pm, w8 = proj.prepared_map, proj._w8
