@@ -60,6 +60,8 @@ Quality per system: lines that differ from fastvocab full fp32 and, for int8, fr
 for a vmap system, from the same CTranslate2 compute type without the vmap (``lines_changed_vs_own_full``);
 BLEU and chrF against the references when the lines come from a corpus split. Speed ratios are medians of
 per-round ratios (paired rounds, so load drift on a shared machine cancels). The load average is recorded.
+``--timed`` times only the systems it names, back to back in each round; the others run once, untimed, for
+the quality columns. On a noisy machine two systems alternating give a tighter ratio than six in a row.
 Clustered systems also record ``active_fraction`` (columns computed per row / N over their rounds; a row of a
 step that skipped the map counts N), ``speed_vs_full`` (against fastvocab full of the same dtype) and the
 Amdahl bound ``bound_vs_full = 1 / ((1 - s) + s * u)`` with ``s`` full's measured ``projection_share`` and
@@ -173,6 +175,14 @@ class Ct2System:
             ):
                 res[i] = r
         return res
+
+
+def paired_ratio(numerators: list[float], denominators: list[float]) -> float | None:
+    """The median of the per-round ratios (paired rounds: load drift cancels), None where either system was
+    not timed (``--timed``)."""
+    if not numerators or not denominators:
+        return None
+    return round(statistics.median([n / d for n, d in zip(numerators, denominators, strict=True)]), 3)
 
 
 def fastvocab_system(adapter, projection, args) -> Callable[[list[str], int], tuple[float, list[str]]]:
@@ -422,6 +432,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--beams", default="1,4", help="comma-separated beam sizes (1 = greedy)")
     p.add_argument("--max-len", type=int, default=128)
     p.add_argument("--repeats", type=int, default=5)
+    p.add_argument(
+        "--timed",
+        metavar="NAME[,NAME]",
+        help="time only these systems (as the table names them) in the rounds, back to back; the others run "
+        "once, untimed, for the quality columns. Two systems alternating give a tighter ratio on a noisy "
+        "machine than six in a row",
+    )
     kinds = ["auto", "processes", "threads"]  # what fastvocab's workers are: translate's ``parallel``
     p.add_argument("--worker-kind", choices=kinds, default="auto", help="translate's parallel")
     p.add_argument(
@@ -504,6 +521,10 @@ def main(argv: list[str] | None = None) -> int:
     lines, refs, where = load_lines(args)
     systems, info = build_systems(args)
     beams = [int(b) for b in args.beams.split(",")]
+    timed = list(systems) if not args.timed else [name.strip() for name in args.timed.split(",")]
+    unknown = [name for name in timed if name not in systems]
+    if unknown:
+        p.error(f"--timed: no system {', '.join(map(repr, unknown))}; the systems: {', '.join(systems)}")
     result: dict = {
         "benchmark": "bench_peer",
         "date": dt.datetime.now().isoformat(timespec="seconds"),
@@ -532,8 +553,11 @@ def main(argv: list[str] | None = None) -> int:
         # warm-up on one batch a worker (allocations, lazy inits, first-call caches, the kept workers' start)
         for run in systems.values():
             run(lines[: args.batch_size * args.threads], beam)
+        for name in systems:
+            if name not in timed:  # outputs only, for the quality columns
+                outputs[name] = systems[name](lines, beam)[1]
         for i in range(args.repeats):
-            for name, run in round_order(list(systems.items()), i):
+            for name, run in round_order([(name, systems[name]) for name in timed], i):
                 seconds, out = run(lines, beam)
                 times[name].append(seconds)
                 if hasattr(run, "projection_seconds"):
@@ -546,7 +570,7 @@ def main(argv: list[str] | None = None) -> int:
         rows = {}
         for name in systems:
             row: dict = {
-                "seconds_median": round(statistics.median(times[name]), 4),
+                "seconds_median": round(statistics.median(times[name]), 4) if times[name] else None,
                 "seconds": [round(t, 4) for t in times[name]],
                 "lines_changed_vs_fastvocab_full_fp32": round(search_error_rate(outputs[name], base), 4),
             }
@@ -567,10 +591,8 @@ def main(argv: list[str] | None = None) -> int:
                 s_full = rows[twin].get("projection_share") if twin in rows else None
                 row["active_fraction"] = round(u, 4)
                 row["full_fraction"] = pstats.get("full_fraction")
-                row["speed_vs_full"] = round(
-                    statistics.median([f / t for f, t in zip(times[twin], times[name], strict=True)]), 3
-                )
-                if s_full is not None:
+                row["speed_vs_full"] = paired_ratio(times[twin], times[name])
+                if s_full is not None and row["speed_vs_full"] is not None:
                     row["bound_vs_full"] = round(1 / ((1 - s_full) + s_full * u), 3)
                     row["of_bound"] = round(row["speed_vs_full"] / row["bound_vs_full"], 3)
             if "int8" in name:
@@ -580,23 +602,16 @@ def main(argv: list[str] | None = None) -> int:
                 own = outputs[name.removesuffix(" + vmap")]
                 row["lines_changed_vs_own_full"] = round(search_error_rate(outputs[name], own), 4)
                 row["identical_vs_own_full"] = round(1 - row["lines_changed_vs_own_full"], 4)
-                row["speed_vs_own_full"] = round(
-                    statistics.median(
-                        [c / t for c, t in zip(times[name.removesuffix(" + vmap")], times[name], strict=True)]
-                    ),
-                    3,
-                )
+                row["speed_vs_own_full"] = paired_ratio(times[name.removesuffix(" + vmap")], times[name])
             if args.with_engine and name.startswith(f"fastvocab-{args.with_engine} "):
                 main_twin = name.replace(f"fastvocab-{args.with_engine} ", "fastvocab ")
                 row["lines_changed_vs_main_engine"] = round(
                     search_error_rate(outputs[name], outputs[main_twin]), 4
                 )
-                ratios = [o / t for o, t in zip(times[name], times[main_twin], strict=True)]
-                row["main_engine_speed_vs_this"] = round(statistics.median(ratios), 3)
+                row["main_engine_speed_vs_this"] = paired_ratio(times[name], times[main_twin])
             for peer in ("ct2 float32", "ct2 int8"):
-                if peer in times:
-                    ratios = [c / t for c, t in zip(times[peer], times[name], strict=True)]
-                    row[f"speed_vs_{peer.replace(' ', '_')}"] = round(statistics.median(ratios), 3)
+                if peer in times and paired_ratio(times[peer], times[name]) is not None:
+                    row[f"speed_vs_{peer.replace(' ', '_')}"] = paired_ratio(times[peer], times[name])
             if refs is not None:
                 row.update(bleu_chrf(outputs[name], refs))
             rows[name] = row
@@ -621,12 +636,13 @@ def main(argv: list[str] | None = None) -> int:
         for name, r in rows.items():
             int8_changed = r.get("lines_changed_by_int8")
             int8_changed = "-" if int8_changed is None else f"{100 * int8_changed:.1f}%"
+            median = "-" if r["seconds_median"] is None else f"{r['seconds_median']:.2f}"
             print(
-                f"| {name} | {r['seconds_median']:.2f} | {r.get('speed_vs_ct2_float32', '-')} | "
+                f"| {name} | {median} | {r.get('speed_vs_ct2_float32', '-')} | "
                 f"{r.get('speed_vs_ct2_int8', '-')} | {100 * r['lines_changed_vs_fastvocab_full_fp32']:.1f}% "
                 "| "
                 f"{int8_changed} | {r.get('bleu', '-')} | {r.get('active_fraction', '-')} "
-                f"| {r.get('speed_vs_full', '-')} | {r.get('bound_vs_full', '-')} |"
+                f"| {r.get('speed_vs_full') or '-'} | {r.get('bound_vs_full', '-')} |"
             )
     out = Path(args.out) if args.out else RESULTS / f"peer-cpu-{dt.date.today().isoformat()}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
