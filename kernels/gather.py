@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from fastvocab.kernels import int8
 from fastvocab.kernels.cluster_assign import PreparedMap
 from fastvocab.kernels.int8_union import Int8Weights, int8_cluster_logits, int8_union_logits
+from fastvocab.kernels.rowwise import numpy_can
 
 # CPU gathers go through a reused 4 MB block: one big index_select would allocate a fresh C x d buffer per
 # call (beyond glibc's mmap threshold, so every page faults in again: 3-5x slower at C = 12.5K, d = 1024,
@@ -138,7 +139,7 @@ def batch_block_logits(
     parts = [cluster_logits(h, pm, c, weight, bias, w8) for c in clusters]
     keep, ids = _new_columns(cols, pm, clusters)
     batch = _batch_logits(h, cols)
-    if _numpy_ready(batch):  # the same copies in numpy: at a step's few rows a torch op costs ~5x its work
+    if numpy_can(batch):  # the same copies in numpy
         blocks = np.concatenate([p.numpy() for p in parts], axis=1) if len(parts) > 1 else parts[0].numpy()
         logits = np.concatenate([batch.numpy(), blocks[:, keep]], axis=1)
         return torch.from_numpy(logits), torch.from_numpy(np.concatenate([cols.held_ids, ids]))
@@ -146,11 +147,6 @@ def batch_block_logits(
     blocks_t = parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
     logits_t = blocks_t.index_select(1, torch.from_numpy(keep).to(device))
     return torch.cat([batch, logits_t], dim=1), torch.cat([cols.ids, torch.from_numpy(ids).to(device)])
-
-
-def _numpy_ready(t: torch.Tensor) -> bool:
-    """Whether ``t`` can be worked on in numpy, in place: float32 on CPU (numpy has no bfloat16)."""
-    return t.device.type == "cpu" and t.dtype == torch.float32
 
 
 def _new_columns(

@@ -24,7 +24,7 @@ def argmax_rows(scores: torch.Tensor) -> torch.Tensor:
     and a row's first NaN where it has one. Elsewhere (an accelerator, other dtypes, a tensor that records
     gradients) it is torch's ``argmax``.
     """
-    if _numpy_can(scores):
+    if numpy_can(scores):
         return torch.from_numpy(scores.numpy().argmax(axis=-1, keepdims=True))
     return scores.argmax(dim=-1, keepdim=True)
 
@@ -32,13 +32,15 @@ def argmax_rows(scores: torch.Tensor) -> torch.Tensor:
 def argmin_rows(scores: torch.Tensor) -> torch.Tensor:
     """``scores.argmin(dim=-1)`` (rows,), the first minimum on ties: :func:`argmax_rows`' counterpart (the
     nearest centroid of each row, from its distances)."""
-    if _numpy_can(scores):
+    if numpy_can(scores):
         return torch.from_numpy(scores.numpy().argmin(axis=-1))
     return scores.argmin(dim=-1)
 
 
-def _numpy_can(scores: torch.Tensor) -> bool:
-    return scores.device.type == "cpu" and scores.dtype in _NUMPY_FLOATS and not scores.requires_grad
+def numpy_can(t: torch.Tensor) -> bool:
+    """Whether ``t`` can be worked on in numpy, on its own memory: float32 or float64 on CPU, recording no
+    gradients. The CPU step's small work runs there: a torch op on a few rows costs ~5x its arithmetic."""
+    return t.device.type == "cpu" and t.dtype in _NUMPY_FLOATS and not t.requires_grad
 
 
 # topk_rows: block width (the k best blocks are searched again, k x this per row).

@@ -185,7 +185,7 @@ def test_a_few_clusters_run_their_cached_blocks_to_the_union_paths_logits_and_id
     from fastvocab.kernels.gather import BatchColumns, batch_block_logits, batch_union_logits
 
     if not host:
-        monkeypatch.setattr(gather, "_numpy_ready", lambda t: False)
+        monkeypatch.setattr(gather, "numpy_can", lambda t: False)
 
     proj = make_projection(adapter, "clustered", cluster_map=cmap, shortlist=index, int8=int8)
     pm, w8 = proj.prepared_map, proj._w8
