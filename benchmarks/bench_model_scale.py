@@ -34,7 +34,9 @@ projection's own ``int8`` option, two projections over the same map when both ru
 ``ct2-int8`` (``bench_peer.Ct2System``, the peer benchmark's CTranslate2 runner) and ``ct2-int8-vmap`` (one
 per ``--active`` fraction: a vocabulary map whose always-allowed line holds as many tokens as the clustered
 int8 union at that point, measured in an untimed clustered run over the point's lines, the most popular tokens
-of the synthetic pool first; so each batch gets the same candidate count as clustered's union).
+of the synthetic pool first; so each batch gets the same candidate count as clustered's union). fastvocab's
+systems run on ``--engine`` (default ``static``; ``onnx``: the encoder's and decoder's layers in ONNX Runtime,
+exported once per model and cached, int8 as ONNX Runtime's dynamic quantisation).
 
 **Synthetic cluster maps**: ``--clusters`` clusters (r), each set ``round(frac * N)`` ids drawn without
 replacement with weights ``1 / rank^zipf`` over a random ranking of the vocabulary (Gumbel top-k), so popular
@@ -336,11 +338,11 @@ def prepare_shape(name: str, args, systems: list[str]) -> tuple[Path, Path | Non
     return model_dir, ct2_dir if (ct2_dir / "model.bin").exists() else None, shape, info
 
 
-def load_adapter(model_dir: Path, fingerprint: str | None, int8: bool):
-    """The model with EOS suppressed (every sentence runs to max_len) and the forced EOS off."""
+def load_adapter(model_dir: Path, fingerprint: str | None, int8: bool, engine: str = "static"):
+    """The model on ``engine`` with EOS suppressed (every sentence runs to max_len) and the forced EOS off."""
     from fastvocab.decoding.hf_adapter import Seq2SeqAdapter
 
-    a = Seq2SeqAdapter.load(model_dir, fingerprint=fingerprint)
+    a = Seq2SeqAdapter.load(model_dir, fingerprint=fingerprint, engine=engine)
     a.model.generation_config.suppress_tokens = [a.eos_id]
     a.forced_eos_id = None
     if int8:
@@ -651,7 +653,8 @@ def run_shape(name: str, args, result: dict) -> None:
     print(f"{name}: {shape}", file=sys.stderr, flush=True)
     fingerprint = info.get("fingerprint")
     rss0 = meminfo("VmRSS")
-    a32 = load_adapter(model_dir, fingerprint, int8=False)
+    a32 = load_adapter(model_dir, fingerprint, int8=False, engine=args.engine)
+    info["engine"] = a32.engine
     if fingerprint is None and name != "demo":
         info["fingerprint"] = a32.fingerprint
         marker = Path(args.root) / name / "shape.json"
@@ -664,7 +667,7 @@ def run_shape(name: str, args, result: dict) -> None:
     a8 = full8 = None
     if need8:
         rss0 = meminfo("VmRSS")
-        a8 = load_adapter(model_dir, a32.fingerprint, int8=True)
+        a8 = load_adapter(model_dir, a32.fingerprint, int8=True, engine=args.engine)
         full8 = make_projection(a32, "full", int8=True)  # the int8 option of full
         load_mib["fastvocab int8"] = (meminfo("VmRSS") - rss0) / 2**20
     clustered: dict[str, dict[float, object]] = {"fp32": {}, "int8": {}}  # by dtype, then fraction
@@ -964,6 +967,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--src-words", type=int, default=16, help="words per source line")
     p.add_argument("--parallel", choices=["workers", "intra"], default="workers")
+    p.add_argument(
+        "--engine",
+        choices=["static", "onnx"],
+        default="static",
+        help="fastvocab's decoder engine (translate --engine; onnx exports the model's layers once, cached)",
+    )
     p.add_argument("--root", default=str(ROOT / "work" / "model-scale"), help="model, CT2 and map cache")
     p.add_argument("--real-map", default=str(ROOT / "runs" / "demo" / "maps" / "en-it"))
     p.add_argument("--out", help="result JSON (default benchmarks/results/model-scale-cpu-<date>.json)")
