@@ -610,8 +610,9 @@ def main(argv: list[str] | None = None) -> int:
                 )
                 row["main_engine_speed_vs_this"] = paired_ratio(times[name], times[main_twin])
             for peer in ("ct2 float32", "ct2 int8"):
-                if peer in times and paired_ratio(times[peer], times[name]) is not None:
-                    row[f"speed_vs_{peer.replace(' ', '_')}"] = paired_ratio(times[peer], times[name])
+                ratio = paired_ratio(times[peer], times[name]) if peer in times else None
+                if ratio is not None:
+                    row[f"speed_vs_{peer.replace(' ', '_')}"] = ratio
             if refs is not None:
                 row.update(bleu_chrf(outputs[name], refs))
             rows[name] = row
