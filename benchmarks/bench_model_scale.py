@@ -103,6 +103,7 @@ from bench_meta import cpu_name, meminfo, reset_peak_rss, round_order
 from bench_peer import Ct2System, convert_ct2, vmap_model_dir
 
 from fastvocab.artifacts_schema.provenance import git_commit
+from fastvocab.kernels.int8 import many_rows_gemm
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
@@ -1000,6 +1001,7 @@ def main(argv: list[str] | None = None) -> int:
         "args": vars(args),
         "device": f"{cpu_name()} ({os.cpu_count()} cores visible)",
         "torch": torch.__version__,
+        "int8_gemm": many_rows_gemm(),
         "ctranslate2": ctranslate2.__version__,
         "timing": "one process, systems interleaved round by round; tokens/s from the median round",
         "gemm_peak_gflops": {},

@@ -92,6 +92,7 @@ from bench_meta import cpu_name, round_order
 from fastvocab.artifacts_schema.provenance import git_commit
 from fastvocab.decoding.search import parse_early_stopping, stopping_rule
 from fastvocab.kernels.clustered_parts import INACTIVE_MASS
+from fastvocab.kernels.int8 import many_rows_gemm
 from fastvocab.tasks.evaluate import score, search_error_rate
 from fastvocab.tasks.projections import BEAM_INACTIVE_MASS, SHORTLIST_BEAM_INACTIVE_MASS, clustered_options
 
@@ -534,6 +535,7 @@ def main(argv: list[str] | None = None) -> int:
         "device": f"{cpu_name()} ({os.cpu_count()} cores visible)",
         "threads": args.threads,
         "torch": torch.__version__,
+        "int8_gemm": many_rows_gemm(),
         "model": args.model,
         "direction": f"{args.src_lang}-{args.tgt_lang}",
         "lines": where,

@@ -13,12 +13,16 @@ from __future__ import annotations
 import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from fastvocab.artifacts_schema.cluster_map import ClusterMap
 from fastvocab.kernels.rowwise import argmin_rows
+
+if TYPE_CHECKING:
+    from fastvocab.kernels.int8 import PackedRows
 
 
 @dataclass
@@ -174,7 +178,7 @@ def nearest_clusters(
     return dist.topk(min(probes, dist.shape[1]), dim=1, largest=False).indices
 
 
-def centroid_scores_int8(pm: PreparedMap) -> torch.ScriptObject:
+def centroid_scores_int8(pm: PreparedMap) -> PackedRows:
     """``h -> h·C_j - ||C_j||^2 / 2`` for every centroid, (rows, r), as a dynamic int8 layer's packed
     weights (CPU; ``kernels.int8.linear_packed`` computes the scores): the
     nearest centroid is the highest score. For the int8 projection, whose step it makes cheaper: with the
@@ -186,7 +190,7 @@ def centroid_scores_int8(pm: PreparedMap) -> torch.ScriptObject:
 
     low = torch.finfo(torch.float32).min
     bias = torch.where(torch.isinf(pm.sq_norms), torch.full_like(pm.sq_norms, low), -0.5 * pm.sq_norms)
-    return packed_of(int8_linear(pm.centroids_t.t().float(), bias))
+    return packed_of(int8_linear(pm.centroids_t.t().float(), bias), many_rows=True)
 
 
 def union_mask(clusters: Sequence[int], ids: Sequence[torch.Tensor], n_vocab: int) -> torch.Tensor:

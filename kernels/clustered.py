@@ -106,7 +106,7 @@ from fastvocab.kernels.inactive_mass import (
     normaliser_log_mass,
     normaliser_tables,
 )
-from fastvocab.kernels.int8 import linear_packed
+from fastvocab.kernels.int8 import PackedRows, linear_packed
 from fastvocab.kernels.int8_union import (
     Int8Weights,
     int8_cluster_logits,
@@ -205,7 +205,7 @@ class ClusteredProjection(Projection):
             hit_probability(self._map, self.n_vocab) if self.int8 and self.selection == "union" else None
         )
         self._w8: Int8Weights | None = None  # int8: W as the full int8 projection holds it
-        self._assign8: torch.ScriptObject | None = None  # int8: the centroid scores, packed int8 rows
+        self._assign8: PackedRows | None = None  # int8: the centroid scores, packed int8 rows
         if self.int8:
             self._w8 = int8_weights(self.weight, self.bias, self._map, cache_bytes=cache_bytes, hit=self._hit)
             self._assign8 = centroid_scores_int8(self._map)
@@ -492,7 +492,8 @@ class ClusteredProjection(Projection):
                 # each row brings the sets of its `probes` nearest clusters: as many draws
                 pb = None if self._w8 is None else self._w8.popular
                 width = None if pb is None else pb.block_columns
-                full = int8_map_skipped(self._hit, rows * self.probes, rows, self.n_vocab, width)
+                on_ort = self._w8 is not None and self._w8.on_ort
+                full = int8_map_skipped(self._hit, rows * self.probes, rows, self.n_vocab, width, on_ort)
                 self._full_at_rows[rows] = full
             if full:
                 return True

@@ -28,11 +28,10 @@ import logging
 from typing import Any
 
 import torch
-from torch import nn
 
 from fastvocab.kernels import prepack
 from fastvocab.kernels.base import CapturableStep, Projection, ProjectionOutput, register
-from fastvocab.kernels.int8 import int8_linear
+from fastvocab.kernels.int8 import PackedRows, int8_linear, linear_packed, packed_of
 
 log = logging.getLogger(__name__)
 
@@ -59,9 +58,9 @@ class FullProjection(Projection):
         self._packed: torch.Tensor | None = None  # opaque oneDNN layout of W
         self._wt: torch.Tensor | None = None  # (d, N) contiguous
         self._packed_version = -1  # W's version counter when the copies were made
-        self._q: nn.Module | None = None  # the int8 linear layer
+        self._q: PackedRows | None = None  # the int8 linear layer's packed rows
         if self.int8:
-            self._q = int8_linear(weight, bias)
+            self._q = packed_of(int8_linear(weight, bias), many_rows=True)
         self._pack()
 
     def _pack(self) -> None:
@@ -107,7 +106,7 @@ class FullProjection(Projection):
 
     def _project(self, h: torch.Tensor) -> ProjectionOutput:
         if self._q is not None:
-            logits = self._q(h.float().contiguous())  # (rows, N) float32
+            logits = linear_packed(h.float().contiguous(), self._q)  # (rows, N) float32
             return ProjectionOutput(logits=logits, ids=None, n_vocab=self.n_vocab)
         if self._packed is not None and self.weight._version != self._packed_version:
             # W was changed in place (a tied embedding edited, a fitted row): the copies follow it.

@@ -68,7 +68,7 @@ class BatchColumns:
     mask: torch.Tensor
     weight: torch.Tensor | None
     bias: torch.Tensor | None
-    packed: torch.ScriptObject | None = None
+    packed: int8.PackedRows | None = None  # fbgemm only: made per batch, too briefly held for a session
 
     @cached_property
     def held(self) -> np.ndarray:

@@ -12,14 +12,21 @@ fbgemm's AVX2 kernels add pairs of u8 x s8 products in int16, which 8 bits could
 int32 and scales back to float32. :func:`quantize_input` reproduces that quantisation, so a kernel that
 multiplies some of the layer's rows in float32 arithmetic (the clustered projection's gathers) computes the
 same integers and the same logits, to float rounding.
+
+Rows packed once (:func:`packed_rows`, :func:`packed_of`) run through fbgemm's packed GEMM. Those that serve
+steps of many rows may also run on ONNX Runtime's int8 GEMM (MLAS), fed the input quantised as fbgemm
+quantises it: the same int32 sums, the same logits (:class:`PackedRows`, :func:`ort_int8`).
 """
 
 from __future__ import annotations
 
 import copy
+import functools
+import os
 import warnings
 from typing import TypeVar, cast
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -60,31 +67,133 @@ def int8_rows(layer: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
     return qw.int_repr().contiguous(), qw.q_per_channel_scales().float()
 
 
-def packed_rows(q: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None) -> torch.ScriptObject:
+# Rows packed for many-row steps run a step of ORT_MIN_ROWS rows or more on ONNX Runtime's int8 GEMM (MLAS)
+# where :func:`ort_int8`, if they are ORT_MIN_DIM wide or more. On one thread of a 2-core Xeon with AMX,
+# over 4,096-column blocks back to back, fbgemm took 1.28-1.49x MLAS's time at d 1024 from 8 to 64 rows, and
+# 0.84-1.08x at d 256; 16 rows leave a margin for MLAS's cost per call, which grows in share as rows shrink
+# (docs/decisions/0019-int8-gemms-on-onnx-runtime.md).
+ORT_MIN_ROWS = 16
+ORT_MIN_DIM = 512
+INT8_GEMM_ENV = "FASTVOCAB_INT8_GEMM"  # auto, fbgemm or onnxruntime
+
+
+@functools.lru_cache(maxsize=1)
+def ort_int8() -> bool:
+    """Whether rows packed for many-row steps run those steps on ONNX Runtime: as ``FASTVOCAB_INT8_GEMM``
+    says (``fbgemm``, ``onnxruntime``), or with ``auto`` (the default) on CPUs with AMX tiles, where MLAS's
+    int8 GEMM measured about twice fbgemm's at 32 rows; elsewhere it was not measured, and fbgemm stays."""
+    choice = os.environ.get(INT8_GEMM_ENV, "auto").strip().lower()
+    if choice not in ("auto", "fbgemm", "onnxruntime"):
+        raise ValueError(f"{INT8_GEMM_ENV}={choice!r}: expected auto, fbgemm or onnxruntime")
+    if choice == "fbgemm":
+        return False
+    try:
+        import onnx  # noqa: F401
+        import onnxruntime  # noqa: F401
+    except ImportError as exc:
+        if choice == "onnxruntime":
+            raise ValueError(f"{INT8_GEMM_ENV}=onnxruntime needs onnxruntime and onnx ({exc})") from exc
+        return False
+    if choice == "onnxruntime":
+        return True
+    amx = getattr(torch.cpu, "_is_amx_tile_supported", None)  # private, hence looked up
+    return bool(amx()) if amx is not None else False
+
+
+def many_rows_gemm() -> str:
+    """The int8 GEMM of one-thread steps of many rows (:func:`ort_int8`), as benchmark records name it."""
+    return f"onnxruntime from {ORT_MIN_ROWS} rows at d >= {ORT_MIN_DIM}" if ort_int8() else "fbgemm"
+
+
+class PackedRows:
+    """int8 rows (n, ``d``) with their scales and bias, packed once for fbgemm (``quantized.linear_dynamic``).
+    With ``many_rows`` (where :func:`ort_int8`, and ``d`` is ``ORT_MIN_DIM`` or more) one-thread steps of
+    ``ORT_MIN_ROWS`` rows or more run them on ONNX Runtime: ``session``, over the rows packed for MLAS (n d
+    bytes more), opened here. It runs on one thread, sequentially, so forked workers run the one they
+    inherit (as the ONNX Runtime decoder's), without opening and packing their own."""
+
+    def __init__(self, fbgemm: torch.ScriptObject, d: int, many_rows: bool = False) -> None:
+        self.fbgemm = fbgemm
+        self.session = _ort_session(fbgemm) if many_rows and d >= ORT_MIN_DIM and ort_int8() else None
+
+
+def _ort_session(fbgemm: torch.ScriptObject):
+    """An ONNX Runtime session of ``MatMulIntegerToFloat`` over fbgemm-packed rows: inputs ``a`` (rows, d)
+    uint8, ``a_scale`` and ``a_zero`` (the input quantised as fbgemm quantises it); output ``y`` (rows, n)
+    float32, the rows' scales and bias applied."""
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+
+    w, bias = torch.ops.quantized.linear_unpack(fbgemm)
+    n, d = w.shape
+    inits = [
+        numpy_helper.from_array(np.ascontiguousarray(w.int_repr().numpy().T), "w"),  # (d, n) int8
+        numpy_helper.from_array(w.q_per_channel_scales().float().numpy(), "w_scale"),
+    ]
+    inputs = ["a", "w", "a_scale", "w_scale", "a_zero"]
+    if bias is not None:
+        inits.append(numpy_helper.from_array(bias.detach().float().numpy(), "bias"))
+        inputs += ["", "bias"]  # no weight zero points: symmetric
+    node = helper.make_node("MatMulIntegerToFloat", inputs, ["y"], domain="com.microsoft")
+    graph = helper.make_graph(
+        [node],
+        "int8_rows",
+        [
+            helper.make_tensor_value_info("a", TensorProto.UINT8, ["rows", d]),
+            helper.make_tensor_value_info("a_scale", TensorProto.FLOAT, []),
+            helper.make_tensor_value_info("a_zero", TensorProto.UINT8, []),
+        ],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["rows", n])],
+        inits,
+    )
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]
+    model = helper.make_model(graph, opset_imports=opsets, ir_version=8)
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = 1  # no thread pool: forked workers run it on their own thread
+    opts.inter_op_num_threads = 1
+    opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    opts.add_session_config_entry("session.intra_op.allow_spinning", "0")  # workers share the cores
+    return ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+
+
+def packed_rows(
+    q: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None, *, many_rows: bool = False
+) -> PackedRows:
     """Rows ``q`` (n, d) int8 with their scales (n,) packed for ``quantized.linear_dynamic`` (fbgemm), as a
-    layer from :func:`int8_linear` holds its own: :func:`linear_packed` on them gives that layer's logits."""
+    layer from :func:`int8_linear` holds its own: :func:`linear_packed` on them gives that layer's logits.
+    ``many_rows``: they serve steps of many rows (:class:`PackedRows`)."""
     ctx = _quiet()
     try:
         zero = torch.zeros(q.shape[0], dtype=torch.int64)
         qw = torch._make_per_channel_quantized_tensor(q, scale.double(), zero, 0)
-        return torch.ops.quantized.linear_prepack(qw, bias)
+        return PackedRows(torch.ops.quantized.linear_prepack(qw, bias), q.shape[1], many_rows)
     finally:
         ctx.__exit__(None, None, None)
 
 
-def linear_packed(x: torch.Tensor, packed: torch.ScriptObject) -> torch.Tensor:
+def linear_packed(x: torch.Tensor, packed: PackedRows) -> torch.Tensor:
     """``x`` (rows, d) float32 through rows packed by :func:`packed_rows` (or :func:`packed_of` a layer),
-    (rows, n) float32."""
+    (rows, n) float32: on ONNX Runtime from ``ORT_MIN_ROWS`` rows on one thread when they serve many rows
+    (:class:`PackedRows`), else fbgemm (which runs on this process's threads)."""
+    if packed.session is not None and x.shape[0] >= ORT_MIN_ROWS and torch.get_num_threads() == 1:
+        # fbgemm's own input quantisation (unsigned 7 bits): both sum the same integers
+        qx = torch.quantize_per_tensor_dynamic(x.contiguous(), torch.quint8, reduce_range=True)
+        feeds = {
+            "a": qx.int_repr().numpy(),
+            "a_scale": np.array(qx.q_scale(), dtype=np.float32),
+            "a_zero": np.array(qx.q_zero_point(), dtype=np.uint8),
+        }
+        return torch.from_numpy(packed.session.run(None, feeds)[0])
     # The overload itself: the op packet's call looks for fake script objects in the arguments first,
     # ~2 us of a one-row step's 14 us GEMM.
-    return torch.ops.quantized.linear_dynamic.default(x, packed, True)  # reduce_range, as the layers
+    return torch.ops.quantized.linear_dynamic.default(x, packed.fbgemm, True)  # reduce_range, as the layers
 
 
-def packed_of(layer: nn.Module) -> torch.ScriptObject:
-    """The fbgemm-packed weight and bias of a layer from :func:`int8_linear`, for :func:`linear_packed`
-    (the same logits as calling the layer, without the module call)."""
+def packed_of(layer: nn.Module, *, many_rows: bool = False) -> PackedRows:
+    """The packed weight and bias of a layer from :func:`int8_linear`, for :func:`linear_packed` (the same
+    logits as calling the layer, without the module call); ``many_rows`` as :func:`packed_rows`."""
     params = cast(nn.Module, layer._packed_params)  # a dynamic int8 Linear's LinearPackedParams
-    return cast(torch.ScriptObject, params._packed_params)
+    return PackedRows(cast(torch.ScriptObject, params._packed_params), layer.in_features, many_rows)
 
 
 def quantize_input(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

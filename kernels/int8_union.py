@@ -9,6 +9,7 @@ Every kernel here computes the full int8 layer's own logits on its columns, to f
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -25,6 +26,7 @@ from fastvocab.kernels.popular import (
 from fastvocab.kernels.union_costs import (
     COST_ROWS,
     COST_UNIONS,
+    PACKAGED_ORT,
     CostTable,
     costs_from_timings,
     load_cost_table,
@@ -46,6 +48,14 @@ INT8_GATHER_CHUNK_BYTES = 4 << 20
 # choice changes only the time.
 COST_TABLE = load_cost_table()
 INT8_COST_ROWS, INT8_GATHER_US, INT8_DENSE_US = COST_TABLE.rows, COST_TABLE.gather_us, COST_TABLE.dense_us
+# The same where the dense GEMM of many rows runs on ONNX Runtime (``Int8Weights.on_ort``): measured on a
+# machine with AMX, where it costs about half of fbgemm's (docs/decisions/0019-int8-gemms-on-onnx-runtime.md).
+ORT_COST_TABLE = load_cost_table(packaged=PACKAGED_ORT)
+ORT_COST_ROWS, ORT_GATHER_US, ORT_DENSE_US = (
+    ORT_COST_TABLE.rows,
+    ORT_COST_TABLE.gather_us,
+    ORT_COST_TABLE.dense_us,
+)
 
 
 @dataclass
@@ -64,11 +74,18 @@ class Int8Weights:
     q: torch.Tensor  # (N, d) int8
     scale: torch.Tensor  # (N,) float32
     bias: torch.Tensor | None  # (N,) float32
-    blocks: list[torch.ScriptObject | None]
+    blocks: list[int8.PackedRows | None]
     cached_bytes: int
     max_norm: float  # max_i ||w_i||: the certificate's bound on what input rounding moves a logit
     max_residual: float  # max_i ||w_i - scale_i q_i||: the same for the weights' rounding
     popular: PopularBlocks | None = None
+    full: int8.PackedRows | None = None  # ``linear``'s packed rows, for steps of many rows
+
+    @property
+    def on_ort(self) -> bool:
+        """Whether the dense GEMM of many rows runs on ONNX Runtime (``kernels.int8.PackedRows``), which the
+        union kernels' choice prices by its own cost table."""
+        return self.full is not None and self.full.session is not None
 
 
 # A union step's columns, ordered by how likely a row's set holds them, fall in blocks of this many: the
@@ -85,7 +102,7 @@ class PopularBlocks:
 
     rank: torch.Tensor  # (N,) int64: each id's position in the order
     block_columns: int
-    packed: list[torch.ScriptObject]  # block j: the ids at positions [j * block_columns, (j + 1) * ...)
+    packed: list[int8.PackedRows]  # block j: the ids at positions [j * block_columns, (j + 1) * ...)
 
 
 def int8_weights(
@@ -103,7 +120,7 @@ def int8_weights(
     linear = int8.int8_linear(weight, bias)
     q, scale = int8.int8_rows(linear)
     b = None if bias is None else bias.detach().float().contiguous()
-    blocks: list[torch.ScriptObject | None] = [None] * pm.r
+    blocks: list[int8.PackedRows | None] = [None] * pm.r
     row_bytes, used = 2 * q.shape[1], 0
     for c in np.argsort(-pm.population, kind="stable"):
         need = pm.sizes[c] * row_bytes
@@ -123,6 +140,7 @@ def int8_weights(
         max_norm=max_norm,
         max_residual=max_residual,
         popular=None if hit is None else popular_blocks(q, scale, b, hit),
+        full=int8.packed_of(linear, many_rows=True),
     )
 
 
@@ -137,7 +155,10 @@ def popular_blocks(
         ids = order[lo : lo + width]
         packed.append(
             int8.packed_rows(
-                q.index_select(0, ids), scale.index_select(0, ids), None if bias is None else bias[ids]
+                q.index_select(0, ids),
+                scale.index_select(0, ids),
+                None if bias is None else bias[ids],
+                many_rows=True,  # a union step's: many rows
             )
         )
     return PopularBlocks(rank=rank, block_columns=width, packed=packed)
@@ -170,7 +191,8 @@ def int8_logit_error(h: torch.Tensor, w8: Int8Weights) -> torch.Tensor:
 
 def int8_full_logits(h: torch.Tensor, w8: Int8Weights) -> torch.Tensor:
     """All N columns through the int8 layer, (rows, N) float32."""
-    return w8.linear(h.float().contiguous())
+    x = h.float().contiguous()
+    return w8.linear(x) if w8.full is None else int8.linear_packed(x, w8.full)
 
 
 def int8_gathered_logits(h: torch.Tensor, w8: Int8Weights, cols: torch.Tensor) -> torch.Tensor:
@@ -179,7 +201,7 @@ def int8_gathered_logits(h: torch.Tensor, w8: Int8Weights, cols: torch.Tensor) -
     :func:`int8_gather_gemm` for small unions; otherwise the layer over all N, keeping ``cols``
     (:func:`int8_dense_cheaper`).
     """
-    if int8_dense_cheaper(cols.numel(), h.shape[0], w8.q.shape[0]):
+    if int8_dense_cheaper(cols.numel(), h.shape[0], w8.q.shape[0], w8.on_ort):
         return int8_full_logits(h, w8).index_select(1, cols)
     return int8_gather_gemm(h, w8, cols)
 
@@ -199,7 +221,7 @@ def int8_union_logits(h: torch.Tensor, w8: Int8Weights, cols: torch.Tensor) -> t
     n_vocab = w8.q.shape[0]
     width = pb.block_columns
     smallest = n_vocab - width * (-(-n_vocab // width) - 1)  # the last block's ids: the cheapest run dense
-    if not int8_dense_cheaper(cols.numel(), h.shape[0], smallest):
+    if not int8_dense_cheaper(cols.numel(), h.shape[0], smallest, w8.on_ort):
         # even all of it in one block would be gathered: no block runs dense, skip the bookkeeping
         return int8_gather_gemm(h, w8, cols)
     x = h.float().contiguous()
@@ -209,7 +231,7 @@ def int8_union_logits(h: torch.Tensor, w8: Int8Weights, cols: torch.Tensor) -> t
         pb.rank,
         pb.block_columns,
         n_vocab,
-        int8_dense_cheaper,
+        functools.partial(int8_dense_cheaper, on_ort=w8.on_ort),
         lambda j: int8.linear_packed(x, pb.packed[j]),
         lambda c: int8_gather_gemm(h, w8, c),
         full=lambda: int8_full_logits(h, w8),
@@ -217,17 +239,28 @@ def int8_union_logits(h: torch.Tensor, w8: Int8Weights, cols: torch.Tensor) -> t
     return int8_gather_gemm(h, w8, cols) if logits is None else logits
 
 
-def int8_dense_cheaper(columns: int | np.ndarray, rows: int, n_vocab: int | np.ndarray) -> bool | np.ndarray:
+def int8_dense_cheaper(
+    columns: int | np.ndarray, rows: int, n_vocab: int | np.ndarray, on_ort: bool = False
+) -> bool | np.ndarray:
     """Whether ``rows`` rows cost less over all ``n_vocab`` columns (packed int8 GEMM) than over ``columns``
-    gathered ones (the measured costs :data:`INT8_GATHER_US`, :data:`INT8_DENSE_US` at ``rows``). ``columns``
-    and ``n_vocab`` may be arrays (one decision per block of :class:`PopularBlocks`)."""
-    gather = columns * float(np.interp(rows, INT8_COST_ROWS, INT8_GATHER_US))
-    return gather > n_vocab * float(np.interp(rows, INT8_COST_ROWS, INT8_DENSE_US))
+    gathered ones (the measured costs :data:`INT8_GATHER_US`, :data:`INT8_DENSE_US` at ``rows``; with
+    ``on_ort``, :data:`ORT_GATHER_US`, :data:`ORT_DENSE_US`). ``columns`` and ``n_vocab`` may be arrays (one
+    decision per block of :class:`PopularBlocks`)."""
+    table_rows, gather_us, dense_us = (
+        (ORT_COST_ROWS, ORT_GATHER_US, ORT_DENSE_US)
+        if on_ort
+        else (INT8_COST_ROWS, INT8_GATHER_US, INT8_DENSE_US)
+    )
+    gather = columns * float(np.interp(rows, table_rows, gather_us))
+    return gather > n_vocab * float(np.interp(rows, table_rows, dense_us))
 
 
-def int8_map_skipped(hit: np.ndarray, draws: int, rows: int, n_vocab: int, width: int | None) -> bool:
-    """:func:`~fastvocab.kernels.popular.map_skipped` by the int8 kernels' costs."""
-    return map_skipped(hit, draws, rows, n_vocab, width, int8_dense_cheaper)
+def int8_map_skipped(
+    hit: np.ndarray, draws: int, rows: int, n_vocab: int, width: int | None, on_ort: bool = False
+) -> bool:
+    """:func:`~fastvocab.kernels.popular.map_skipped` by the int8 kernels' costs (``on_ort``: as
+    :func:`int8_dense_cheaper`)."""
+    return map_skipped(hit, draws, rows, n_vocab, width, functools.partial(int8_dense_cheaper, on_ort=on_ort))
 
 
 def int8_gather_gemm(h: torch.Tensor, w8: Int8Weights, cols: torch.Tensor) -> torch.Tensor:
@@ -279,13 +312,16 @@ def measure_costs(
     gen = torch.Generator().manual_seed(0)
     linear = int8.int8_linear(torch.randn(n_vocab, d, generator=gen) * d**-0.5, None)
     q, scale = int8.int8_rows(linear)
-    w8 = Int8Weights(linear, q, scale, bias=None, blocks=[], cached_bytes=0, max_norm=0.0, max_residual=0.0)
+    # the dense GEMM as a projection runs it: on ONNX Runtime from ORT_MIN_ROWS rows where int8.ort_int8()
+    full = int8.packed_of(linear, many_rows=True)
+    w8 = Int8Weights(linear, q, scale, None, [], 0, 0.0, 0.0, full=full)
     kernels = {
         "int8-gather": lambda h, cols: int8_gather_gemm(h, w8, cols),
         "int8-dense": lambda h, cols: _dense_columns(h, w8, cols),
     }
     timings = time_kernels(kernels, d, n_vocab, rows, unions, repeats)
-    return costs_from_timings(timings, n_vocab, machine(d, n_vocab, unions, repeats))
+    measured_on = {**machine(d, n_vocab, unions, repeats), "int8_gemm": int8.many_rows_gemm()}
+    return costs_from_timings(timings, n_vocab, measured_on)
 
 
 def _dense_columns(h: torch.Tensor, w8: Int8Weights, cols: torch.Tensor) -> torch.Tensor:

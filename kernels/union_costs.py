@@ -29,6 +29,9 @@ import torch
 # packaged one, read once, when the int8 union kernels are first imported.
 COSTS_ENV = "FASTVOCAB_INT8_COSTS"
 PACKAGED = "int8_costs.json"
+# The table of a machine whose dense int8 GEMM of many rows runs on ONNX Runtime (``kernels.int8.ort_int8``):
+# a projection whose rows have a session reads this one.
+PACKAGED_ORT = "int8_costs_onnxruntime.json"
 
 
 @dataclass(frozen=True)
@@ -72,15 +75,16 @@ class CostTable:
         }
 
 
-def load_cost_table(path: str | Path | None = None) -> CostTable:
-    """The table at ``path``; else the one ``FASTVOCAB_INT8_COSTS`` names; else the packaged one."""
+def load_cost_table(path: str | Path | None = None, packaged: str = PACKAGED) -> CostTable:
+    """The table at ``path``; else the one ``FASTVOCAB_INT8_COSTS`` names; else the packaged one
+    ``packaged``."""
     if path is None and os.environ.get(COSTS_ENV):
         path, where = os.environ[COSTS_ENV], f"{COSTS_ENV}={os.environ[COSTS_ENV]}"
     else:
-        where = str(path or PACKAGED)
+        where = str(path or packaged)
     try:
         if path is None:
-            text = resources.files("fastvocab.kernels").joinpath(PACKAGED).read_text()
+            text = resources.files("fastvocab.kernels").joinpath(packaged).read_text()
         else:
             text = Path(path).read_text()
         return CostTable.from_json(json.loads(text))
