@@ -193,7 +193,8 @@ def packed_of(layer: nn.Module, *, many_rows: bool = False) -> PackedRows:
     """The packed weight and bias of a layer from :func:`int8_linear`, for :func:`linear_packed` (the same
     logits as calling the layer, without the module call); ``many_rows`` as :func:`packed_rows`."""
     params = cast(nn.Module, layer._packed_params)  # a dynamic int8 Linear's LinearPackedParams
-    return PackedRows(cast(torch.ScriptObject, params._packed_params), layer.in_features, many_rows)
+    d = cast(int, layer.in_features)
+    return PackedRows(cast(torch.ScriptObject, params._packed_params), d, many_rows)
 
 
 def quantize_input(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
