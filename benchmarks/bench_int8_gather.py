@@ -7,7 +7,9 @@
 The last writes this machine's cost table for the clustered projection's choice between the two int8 union
 kernels (``int8_union.measure_costs``; ``FASTVOCAB_INT8_COSTS=costs.json`` makes the projection read it
 instead of the packaged ``kernels/int8_costs.json``), at the packaged table's rows and unions unless
-``--rows`` / ``--union`` say otherwise.
+``--rows`` / ``--union`` say otherwise. Where ``kernels.int8.ort_int8`` (a CPU with AMX), its dense kernel
+runs on ONNX Runtime from 16 rows, as the projection's does: the packaged
+``kernels/int8_costs_onnxruntime.json`` was measured so.
 
 The clustered projection's union step computes ``h @ W[cols]^T + b[cols]`` for a batch's union ``cols`` of
 active ids (a share ``u`` of the N columns). In float32 it copies the rows of W block by block

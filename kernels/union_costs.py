@@ -6,8 +6,10 @@ vocabulary column); which one is cheaper depends on the step's rows and on the m
 caches and memory), not on the model. The costs are measured, not modelled:
 ``benchmarks/bench_int8_gather.py --cost-table`` times both kernels at a few row counts and writes a table.
 The package ships the table of the machine it was tuned on (``int8_costs.json``, which records that machine
-and the result file it comes from); ``FASTVOCAB_INT8_COSTS`` names another table, for a machine measured the
-same way. Both kernels give the same logits: a table changes only the time.
+and the result file it comes from), and one of a machine whose dense GEMM of many rows runs on ONNX Runtime
+(``int8_costs_onnxruntime.json``, ``kernels.int8.ort_int8``), which a projection whose rows have sessions
+reads; ``FASTVOCAB_INT8_COSTS`` names another table, for a machine measured the same way, read by both.
+Both kernels give the same logits: a table changes only the time.
 """
 
 from __future__ import annotations
