@@ -34,6 +34,7 @@ from torch import nn
 
 from fastvocab.decoding.cache_memory import allocate_cache
 from fastvocab.decoding.inference import step_inference
+from fastvocab.kernels.ort_session import one_thread_session, onnx_unavailable
 
 log = logging.getLogger(__name__)
 
@@ -47,16 +48,6 @@ def engine_cache() -> Path:
     from fastvocab.decoding.fingerprint_cache import cache_root
 
     return cache_root() / "engines"
-
-
-def onnx_unavailable() -> str | None:
-    """None when ONNX Runtime and the exporter's ``onnx`` package import; otherwise why not."""
-    try:
-        import onnx  # noqa: F401
-        import onnxruntime  # noqa: F401
-    except ImportError as exc:
-        return f"engine 'onnx' needs onnxruntime and onnx ({exc})"
-    return None
 
 
 class _Body(nn.Module):
@@ -229,17 +220,7 @@ class Session:
 
     def get(self):
         if self._held is None:
-            import onnxruntime as ort
-
-            opts = ort.SessionOptions()
-            # One thread: fastvocab's CPU workers run on one thread each (decisions/0002).
-            opts.intra_op_num_threads = 1
-            opts.inter_op_num_threads = 1
-            opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-            opts.add_session_config_entry("session.intra_op.allow_spinning", "0")  # workers share the cores
-            opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-            sess = ort.InferenceSession(str(self.path), opts, providers=["CPUExecutionProvider"])
-            self._held = (os.getpid(), sess)
+            self._held = (os.getpid(), one_thread_session(str(self.path)))
         return self._held[1]
 
     def reopen(self, path: Path | None = None) -> None:

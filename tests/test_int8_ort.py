@@ -10,8 +10,8 @@ import multiprocessing as mp
 import pytest
 import torch
 
-from fastvocab.decoding.onnx_step import onnx_unavailable
 from fastvocab.kernels import create_projection, int8, int8_union
+from fastvocab.kernels.ort_session import onnx_unavailable
 from tests.layers import random_layer, random_map, rows_near
 
 N, D = 400, 64
