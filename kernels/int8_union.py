@@ -62,15 +62,16 @@ ORT_COST_ROWS, ORT_GATHER_US, ORT_DENSE_US = (
 class Int8Weights:
     """W and b as the full projection's ``int8`` option holds them, for the clustered projection's int8 path.
 
-    ``linear``: the dynamic int8 layer over all N columns (``kernels.int8.int8_linear``: one scale per
-    output row, symmetric, packed for fbgemm): large unions and rows that get full logits. ``q`` and
+    ``full``: the dynamic int8 layer over all N columns (``kernels.int8.int8_linear``: one scale per
+    output row, symmetric), its packed rows (fbgemm, and ONNX Runtime for steps of many rows where
+    ``kernels.int8.ort_int8``): large unions and rows that get full logits. ``q`` and
     ``scale``: the same int8 rows unpacked, (N, d) and (N,) float32, for gathers. ``blocks[c]``: cluster
     ``c``'s rows packed alone (a cached cluster, the int8 counterpart of ``PreparedMap.blocks``; None when it
     is not cached). Every path computes the layer's own logits on its columns, to float rounding: the
     activations are quantised as the layer quantises them (``kernels.int8.quantize_input``).
     """
 
-    linear: torch.nn.Module
+    full: int8.PackedRows
     q: torch.Tensor  # (N, d) int8
     scale: torch.Tensor  # (N,) float32
     bias: torch.Tensor | None  # (N,) float32
@@ -79,13 +80,12 @@ class Int8Weights:
     max_norm: float  # max_i ||w_i||: the certificate's bound on what input rounding moves a logit
     max_residual: float  # max_i ||w_i - scale_i q_i||: the same for the weights' rounding
     popular: PopularBlocks | None = None
-    full: int8.PackedRows | None = None  # ``linear``'s packed rows, for steps of many rows
 
     @property
     def on_ort(self) -> bool:
         """Whether the dense GEMM of many rows runs on ONNX Runtime (``kernels.int8.PackedRows``), which the
         union kernels' choice prices by its own cost table."""
-        return self.full is not None and self.full.session is not None
+        return self.full.session is not None
 
 
 # A union step's columns, ordered by how likely a row's set holds them, fall in blocks of this many: the
@@ -131,7 +131,7 @@ def int8_weights(
             used += need
     max_norm, max_residual = _int8_residuals(weight, q, scale)
     return Int8Weights(
-        linear=linear,
+        full=int8.packed_of(linear, many_rows=True),
         q=q,
         scale=scale,
         bias=b,
@@ -140,7 +140,6 @@ def int8_weights(
         max_norm=max_norm,
         max_residual=max_residual,
         popular=None if hit is None else popular_blocks(q, scale, b, hit),
-        full=int8.packed_of(linear, many_rows=True),
     )
 
 
@@ -191,8 +190,7 @@ def int8_logit_error(h: torch.Tensor, w8: Int8Weights) -> torch.Tensor:
 
 def int8_full_logits(h: torch.Tensor, w8: Int8Weights) -> torch.Tensor:
     """All N columns through the int8 layer, (rows, N) float32."""
-    x = h.float().contiguous()
-    return w8.linear(x) if w8.full is None else int8.linear_packed(x, w8.full)
+    return int8.linear_packed(h.float().contiguous(), w8.full)
 
 
 def int8_gathered_logits(h: torch.Tensor, w8: Int8Weights, cols: torch.Tensor) -> torch.Tensor:
@@ -314,7 +312,7 @@ def measure_costs(
     q, scale = int8.int8_rows(linear)
     # the dense GEMM as a projection runs it: on ONNX Runtime from ORT_MIN_ROWS rows where int8.ort_int8()
     full = int8.packed_of(linear, many_rows=True)
-    w8 = Int8Weights(linear, q, scale, None, [], 0, 0.0, 0.0, full=full)
+    w8 = Int8Weights(full, q, scale, bias=None, blocks=[], cached_bytes=0, max_norm=0.0, max_residual=0.0)
     kernels = {
         "int8-gather": lambda h, cols: int8_gather_gemm(h, w8, cols),
         "int8-dense": lambda h, cols: _dense_columns(h, w8, cols),
