@@ -33,7 +33,6 @@ search, where such a step gets the full logits (a column is never dropped silent
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -111,16 +110,6 @@ def _sync_every(device: torch.device, step_hook: StepHook | None) -> int:
     if step_hook is not None:
         return 1
     return CPU_SYNC_EVERY if device.type == "cpu" else SYNC_EVERY
-
-
-def _suppress(out: ProjectionOutput, scores: torch.Tensor, banned: torch.Tensor | None) -> torch.Tensor:
-    """Set the columns of ``banned`` vocabulary ids to -inf in ``scores`` (rows, C), out of place."""
-    if banned is None:
-        return scores
-    if out.ids is None:
-        return scores.index_fill(1, banned, -math.inf)
-    mask = torch.isin(out.ids, banned)  # (C,) or (rows, C)
-    return scores.masked_fill(mask, -math.inf)
 
 
 def _banned_ids(adapter, device: torch.device) -> torch.Tensor | None:
@@ -269,7 +258,8 @@ def greedy_search(
             if forced is not None:
                 tokens = torch.full_like(alive, forced)
             else:
-                scores = _suppress(out, out.logits, banned)  # (rows, C); argmax(logits) == argmax(log-probs)
+                # (rows, C); argmax(logits) == argmax(log-probs)
+                scores = out.search_scores(banned, log_probs=False, spend=step_hook is None)
                 tokens = out.to_vocab_ids(argmax(scores))[:, 0]  # (rows,)
         # A finished row still in the batch keeps emitting EOS: out_tokens holds EOS there already.
         tokens = tokens.masked_fill(finished, eos)
@@ -333,7 +323,7 @@ def _greedy_one_row(
         if step == max_len - 1 and forced_eos is not None:
             token = forced_eos
         else:
-            token = int(out.to_vocab_ids(argmax_rows(_suppress(out, out.logits, banned))))
+            token = int(out.to_vocab_ids(argmax_rows(out.search_scores(banned, log_probs=False, spend=True))))
         if token == eos:
             break
         tokens.append(token)
@@ -549,12 +539,14 @@ def row_candidates(
     k: int,
     first: bool = False,
     topk: Callable[[torch.Tensor, int], tuple[torch.Tensor, torch.Tensor]] = topk_rows,
+    spend: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Each row's best ``2k`` continuations (log-probs, vocabulary ids) from a projection's output, the
     ``banned`` ids at -inf after the log-softmax (as generate's processors): a sentence's best ``2k`` over
     its ``k`` rows lie within them. ``first``: the rows are one per sentence (the first step), copied to its
-    ``k`` beams. ``topk``: the per-row top-k (the CPU's blocked one; ``torch.topk`` gives the same values)."""
-    logp = _suppress(out, out.log_probs(), banned)  # (rows, C)
+    ``k`` beams. ``topk``: the per-row top-k (the CPU's blocked one; ``torch.topk`` gives the same values).
+    ``spend``: nothing reads ``out`` after (:meth:`ProjectionOutput.search_scores`)."""
+    logp = out.search_scores(banned, log_probs=True, spend=spend)  # (rows, C)
     vals, cols = topk(logp, min(2 * k, logp.shape[1]))
     toks = out.to_vocab_ids(cols)
     if first:
@@ -636,7 +628,7 @@ def beam_search(
         if forced is not None:
             row_vals, row_toks = forced_candidates(sent.shape[0] * k, forced, device)
         else:
-            row_vals, row_toks = row_candidates(out, banned, k, first)
+            row_vals, row_toks = row_candidates(out, banned, k, first, spend=step_hook is None)
         return beams.advance(row_vals, row_toks, final=final)  # (nb, k) each
 
     def feed(tokens: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:

@@ -92,12 +92,15 @@ class ProjectionOutput:
         or (rows, C) per-row ids (padding positions repeat a valid id and carry ``-inf``).
     log_inactive_mass: optional (rows,) estimate of ``logsumexp`` over the columns *not* computed, added to
         the softmax normalizer so scores stay comparable across hypotheses (beam search).
+    scratch: the logits are this output's alone (computed for it; no projection keeps or reuses them), so
+        :meth:`search_scores` may write in them.
     """
 
     logits: torch.Tensor
     ids: torch.Tensor | None
     n_vocab: int
     log_inactive_mass: torch.Tensor | None = None
+    scratch: bool = False
     _log_probs: torch.Tensor | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
@@ -116,9 +119,43 @@ class ProjectionOutput:
             if self.log_inactive_mass is None:
                 self._log_probs = torch.log_softmax(logits, dim=-1)
             else:
-                norm = torch.logaddexp(torch.logsumexp(logits, dim=-1), self.log_inactive_mass.float())
-                self._log_probs = logits - norm[:, None]
+                self._log_probs = logits - self._log_norm(logits)[:, None]
         return self._log_probs
+
+    def search_scores(self, banned: torch.Tensor | None, log_probs: bool, spend: bool) -> torch.Tensor:
+        """What a search ranks, (rows, C): the logits (greedy: their argmax is the log-probs') or the
+        log-probs (beam search), the ``banned`` vocabulary ids at -inf (after the log-softmax, as generate's
+        processors).
+
+        ``spend``: the caller reads this output last. Then, where the logits are ``scratch`` and nothing
+        has read the log-probs, both are written in the logits' own memory (on CPU): at a full vocabulary each
+        out of place result is a (rows, N) pass and a fresh allocation (16 MB at 128 rows of 32K columns),
+        beside a GEMM that takes a few times as long. The values are the same; the output's logits are spent.
+        """
+        logits = self.logits
+        # On CPU only: the accelerators' searches keep their fixed-shape steps as measured.
+        in_place = spend and self.scratch and self._log_probs is None and logits.device.type == "cpu"
+        in_place = in_place and logits.dtype == torch.float32 and logits.is_contiguous()
+        if not log_probs:
+            scores = logits
+        elif not in_place:
+            scores = self.log_probs()
+        elif self.log_inactive_mass is None:
+            scores = torch._log_softmax(logits, 1, False, out=logits)  # torch.log_softmax's own kernel
+        else:
+            scores = logits.sub_(self._log_norm(logits)[:, None])
+        if banned is None:
+            return scores
+        if self.ids is None:
+            fill = scores.index_fill_ if in_place else scores.index_fill
+            return fill(1, banned, -math.inf)
+        mask = torch.isin(self.ids, banned)  # (C,) or (rows, C)
+        return scores.masked_fill_(mask, -math.inf) if in_place else scores.masked_fill(mask, -math.inf)
+
+    def _log_norm(self, logits: torch.Tensor) -> torch.Tensor:
+        """The softmax normaliser of ``logits`` (the output's, in float32) with the left-out mass, (rows,)."""
+        assert self.log_inactive_mass is not None
+        return torch.logaddexp(torch.logsumexp(logits, dim=-1), self.log_inactive_mass.float())
 
     def to_vocab_ids(self, cols: torch.Tensor) -> torch.Tensor:
         """Map column positions (rows, k) to vocabulary ids (rows, k)."""

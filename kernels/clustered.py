@@ -67,6 +67,7 @@ import logging
 import math
 import threading
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, cast
 
@@ -456,7 +457,7 @@ class ClusteredProjection(Projection):
             return ProjectionOutput(empty, torch.zeros(0, dtype=torch.int64, device=h.device), self.n_vocab)
         if self._full_cheaper(rows):
             self._count(rows=rows, columns=rows * self.n_vocab, full=rows)
-            return ProjectionOutput(logits=self._full_logits(h), ids=None, n_vocab=self.n_vocab)
+            return ProjectionOutput(logits=self._full_logits(h), ids=None, n_vocab=self.n_vocab, scratch=True)
         # The CuPy grouping kernel runs in one block: beyond 1024 rows per-row selection takes the torch path.
         if self.backend == "cupy" and (self.selection == "union" or rows <= 1024):
             logits, ids, clusters = self._project_cupy(h)
@@ -473,7 +474,7 @@ class ClusteredProjection(Projection):
             )
         columns = self._computed_columns(logits, ids)
         self._count(rows=rows, columns=columns)
-        out = ProjectionOutput(logits=logits, ids=ids, n_vocab=self.n_vocab, log_inactive_mass=mass)
+        out = ProjectionOutput(logits, ids, self.n_vocab, log_inactive_mass=mass, scratch=True)
         if self.mass_radius is not None:
             return self._exact_mass_far_rows(h, out, clusters)
         if self._bounds is None:
@@ -519,7 +520,7 @@ class ClusteredProjection(Projection):
         ids = out.ids if out.ids.dim() == 1 else out.ids[idx]
         exact = _oracle_log_mass(out.logits[idx], ids, self._full_logits(h[idx]).float())
         mass = out.log_inactive_mass.index_copy(0, idx, exact.to(out.log_inactive_mass.dtype))
-        return ProjectionOutput(logits=out.logits, ids=out.ids, n_vocab=self.n_vocab, log_inactive_mass=mass)
+        return replace(out, log_inactive_mass=mass)
 
     def _computed_columns(self, logits: torch.Tensor, ids: torch.Tensor) -> int:
         if ids.dim() == 1:
@@ -555,14 +556,16 @@ class ClusteredProjection(Projection):
         self._count(columns=(out.rows - n_ok) * self.n_vocab)
         if n_ok == 0:  # every row falls back: the plain full projection, no scatter
             logits = self._full_logits(h)
-            return ProjectionOutput(logits=logits, ids=None, n_vocab=self.n_vocab)
+            return ProjectionOutput(logits=logits, ids=None, n_vocab=self.n_vocab, scratch=True)
         fallback = (~ok).nonzero()[:, 0]  # (f,)
         dense = out.dense()  # (rows, N), -inf where a certified row computed nothing
         dense[fallback] = self._full_logits(h[fallback]).to(dense.dtype)
         left_out = out.log_inactive_mass
         if left_out is not None:  # an estimate for certified rows (exact_k == 1); fallback rows: nothing
             left_out = left_out.index_fill(0, fallback, -math.inf)
-        return ProjectionOutput(logits=dense, ids=None, n_vocab=self.n_vocab, log_inactive_mass=left_out)
+        return ProjectionOutput(
+            logits=dense, ids=None, n_vocab=self.n_vocab, log_inactive_mass=left_out, scratch=True
+        )
 
     def _full_logits(self, h: torch.Tensor) -> torch.Tensor:
         """All N columns, (rows, N): rows a certificate sends to the full projection, or whose

@@ -107,7 +107,7 @@ class FullProjection(Projection):
     def _project(self, h: torch.Tensor) -> ProjectionOutput:
         if self._q is not None:
             logits = linear_packed(h.float().contiguous(), self._q)  # (rows, N) float32
-            return ProjectionOutput(logits=logits, ids=None, n_vocab=self.n_vocab)
+            return ProjectionOutput(logits=logits, ids=None, n_vocab=self.n_vocab, scratch=True)
         if self._packed is not None and self.weight._version != self._packed_version:
             # W was changed in place (a tied embedding edited, a fitted row): the copies follow it.
             log.debug("full projection: W changed in place, packing it again")
@@ -119,4 +119,4 @@ class FullProjection(Projection):
             logits = h @ self._wt if self.bias is None else torch.addmm(self.bias, h, self._wt)  # (rows, N)
         else:
             logits = prepack.packed_linear(h, self._packed, self.bias)
-        return ProjectionOutput(logits=logits, ids=None, n_vocab=self.n_vocab)
+        return ProjectionOutput(logits=logits, ids=None, n_vocab=self.n_vocab, scratch=True)

@@ -262,7 +262,7 @@ def candidates_output(projection: CandidateSource, h: torch.Tensor, k: int) -> P
         )
     ids, pad = with_always_active(projection.candidates(h), projection.always_active, projection.n_vocab)
     logits = candidate_logits(h, projection.weight, projection.bias, ids, pad)
-    return ProjectionOutput(logits=logits, ids=ids, n_vocab=projection.n_vocab)
+    return ProjectionOutput(logits=logits, ids=ids, n_vocab=projection.n_vocab, scratch=True)
 
 
 def bias_spread_ratio(weight: torch.Tensor, bias: torch.Tensor | None, h: torch.Tensor) -> float:

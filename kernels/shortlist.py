@@ -249,4 +249,4 @@ class ShortlistBatch:
         if self.member is not None:
             own = self.member.index_select(0, row_ids.to(self.member.device))  # (rows, C)
             logits = logits.masked_fill(~own, -math.inf)
-        return ProjectionOutput(logits=logits, ids=self.ids, n_vocab=self.n_vocab)
+        return ProjectionOutput(logits=logits, ids=self.ids, n_vocab=self.n_vocab, scratch=True)

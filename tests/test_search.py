@@ -473,3 +473,64 @@ def test_host_step_equals_the_tensor_step(rule):
             for s in states:
                 s.keep(torch.tensor([2, 0]))
     assert pooled_at == 3 and bool(states[0].fin_any.any()) and bool(states[0].done.all())
+
+
+@pytest.mark.parametrize("ids", ["full", "shared", "per_row"])
+@pytest.mark.parametrize("mass", [False, True])
+@pytest.mark.parametrize("log_probs", [False, True])
+def test_search_scores_spent_in_place_equal_the_copies(ids, mass, log_probs):
+    """A search that reads an output last gets the same scores, bit for bit, computed in the logits' own
+    memory when they are the output's (``scratch``); otherwise the logits are left as they were."""
+    gen = torch.Generator().manual_seed(0)
+    rows, n_vocab = 5, 60
+    c = n_vocab if ids == "full" else 24
+    logits = torch.randn(rows, c, generator=gen) * 4
+    col_ids = {
+        "full": None,
+        "shared": torch.randperm(n_vocab, generator=gen)[:c],
+        "per_row": torch.stack([torch.randperm(n_vocab, generator=gen)[:c] for _ in range(rows)]),
+    }[ids]
+    left_out = torch.randn(rows, generator=gen) if mass else None
+    banned = torch.arange(0, n_vocab, 3)
+
+    def output(scratch: bool) -> ProjectionOutput:
+        return ProjectionOutput(logits.clone(), col_ids, n_vocab, log_inactive_mass=left_out, scratch=scratch)
+
+    want = output(False)
+    kept = want.logits.clone()
+    expected = want.search_scores(banned, log_probs=log_probs, spend=True)
+    assert torch.equal(want.logits, kept)  # not scratch: never written
+    assert torch.isinf(expected).sum() > 0 and torch.isfinite(expected).sum() > 0
+    for spend in (True, False):
+        out = output(True)
+        got = out.search_scores(banned, log_probs=log_probs, spend=spend)
+        assert torch.equal(got, expected), spend
+        assert (got.data_ptr() == out.logits.data_ptr()) == spend
+        if not spend:
+            assert torch.equal(out.logits, logits)
+    read = output(True)
+    first = read.log_probs().clone()
+    assert torch.equal(read.search_scores(banned, log_probs=log_probs, spend=True), expected)
+    assert torch.equal(read.log_probs(), first)  # read before: the kept log-probs stay as they were
+
+
+@pytest.mark.parametrize("beam", [1, 3])
+def test_searches_leave_the_outputs_a_step_hook_sees(adapter, full, beam):
+    """With a step hook the searches spend no output: what the hook kept reads as the projection gave it."""
+    batch = adapter.encode_texts(_sources("en")[:4], "en")
+    records: list[StepRecord] = []
+    kept: list[torch.Tensor] = []
+
+    def hook(record: StepRecord) -> None:
+        records.append(record)
+        kept.append(record.output.logits.clone())
+
+    settings = SearchSettings(beam=beam, max_len=MAX_LEN, early_stopping=False)
+    search = greedy_search if beam == 1 else beam_search
+    if beam == 1:
+        search(adapter, full, batch, "en", "it", max_len=MAX_LEN, step_hook=hook)
+    else:
+        search(adapter, full, batch, "en", "it", settings, step_hook=hook)
+    assert records and all(r.output.scratch for r in records)
+    for record, logits in zip(records, kept, strict=True):
+        assert torch.equal(record.output.logits, logits)
