@@ -32,6 +32,7 @@ import torch
 
 from fastvocab.artifacts_schema.hidden_states import fixed_list_to_numpy, iter_batches, read_shard_meta
 from fastvocab.kernels import cluster_assign
+from fastvocab.kernels.id_sets import unique_ids
 from fastvocab.tasks.dump import DumpDecoder
 from fastvocab.tasks.kmeans import sample_states, train_kmeans
 from fastvocab.tasks.maps import assign, centroid_sq_norms
@@ -229,7 +230,7 @@ def path_coverage(
     def union(g: np.ndarray) -> int:
         bits = np.zeros(packed.shape[1], dtype=np.uint8)
         if probes:
-            bits |= np.bitwise_or.reduce(packed[np.unique(cl[g])], 0)
+            bits |= np.bitwise_or.reduce(packed[unique_ids(cl[g])], 0)
         if cand is not None:
             first = sent[g[0]] // batch * batch  # the batch's sentences, bound for all its steps
             bits |= np.bitwise_or.reduce(cand[first : first + batch], 0)

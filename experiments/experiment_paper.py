@@ -55,6 +55,7 @@ from fastvocab.decoding.hf_adapter import Seq2SeqAdapter
 from fastvocab.decoding.settings import SearchSettings
 from fastvocab.experiments.bench_methods import BenchSettings, Metered, measure_beam, run_bench
 from fastvocab.experiments.fidelity import Scorer
+from fastvocab.kernels.id_sets import unique_ids
 from fastvocab.tasks.kmeans import train_kmeans
 from fastvocab.tasks.maps import ActiveSetCounter, MapParams, assign, centroid_sq_norms, make_cluster_map
 from fastvocab.tasks.projections import make_projection
@@ -379,7 +380,7 @@ def load_states(files: Sequence[Path], max_sentences: int = 0, source: str = "")
                     seen += 1
             keep = np.isin(sent, np.fromiter(allowed, dtype=np.int64, count=len(allowed)))
         else:
-            allowed.update(np.unique(sent).tolist())
+            allowed.update(unique_ids(np.asarray(sent)).tolist())
             keep = np.ones(len(sent), dtype=bool)
         if keep.any():
             hidden.append(fixed_list_to_numpy(batch.column("hidden"), meta.d, np.float32)[keep])

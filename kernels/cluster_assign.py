@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from fastvocab.artifacts_schema.cluster_map import ClusterMap
+from fastvocab.kernels.id_sets import unique_ids
 from fastvocab.kernels.rowwise import argmin_rows
 
 if TYPE_CHECKING:
@@ -73,7 +74,7 @@ def merged_csr(
     if always_active.size:
         extra = (np.arange(r, dtype=np.int64)[:, None] * n_vocab + always_active[None, :]).reshape(-1)
         keys = np.concatenate([keys, extra])
-    keys = np.unique(keys)  # sorts, drops the always-active ids a set already had
+    keys = unique_ids(keys)  # sorts, drops the always-active ids a set already had
     sizes = np.bincount(keys // n_vocab, minlength=r)
     out_ptr = np.zeros(r + 1, dtype=np.int64)
     np.cumsum(sizes, out=out_ptr[1:])

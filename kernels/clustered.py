@@ -99,6 +99,7 @@ from fastvocab.kernels.gather import (
     gathered_logits,
     per_row_logits,
 )
+from fastvocab.kernels.id_sets import unique_ids
 from fastvocab.kernels.inactive_mass import (
     MassTables,
     NormaliserTables,
@@ -443,7 +444,7 @@ class ClusteredProjection(Projection):
         if self._shortlist is None:
             return lambda h, row_ids: self(h)
         sets = self._shortlist.batch_candidates(input_ids, attention_mask)
-        ids = np.unique(np.concatenate(sets)) if sets else np.zeros(0, dtype=np.int64)
+        ids = unique_ids(np.concatenate(sets)) if sets else np.zeros(0, dtype=np.int64)
         # the batch's candidates are gathered (float) or packed (int8) here, once for the batch
         extra = BatchColumns.of(torch.from_numpy(ids).to(self.device), self.weight, self.bias, self._w8)
         return lambda h, row_ids: self._checked_call(h, lambda x: self._project(x, extra))

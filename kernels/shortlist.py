@@ -41,6 +41,7 @@ from fastvocab.artifacts_schema.digest import digest
 from fastvocab.artifacts_schema.errors import ArtifactError
 from fastvocab.artifacts_schema.method_index import MethodIndex, method_index_for
 from fastvocab.kernels.base import Projection, ProjectionOutput, register
+from fastvocab.kernels.id_sets import unique_ids
 
 log = logging.getLogger(__name__)
 
@@ -123,7 +124,7 @@ class ShortlistProjection(Projection):
         fixed = np.concatenate(
             [freq, np.asarray(t["always_active"], dtype=np.int64), self.always_active.cpu().numpy()]
         )
-        self._fixed = np.unique(fixed)  # (F,) candidates of every sentence
+        self._fixed = unique_ids(fixed)  # (F,) candidates of every sentence
         if indptr.shape != (self.n_vocab + 1,) or indptr[-1] != len(indices):
             raise ArtifactError(f"corrupt shortlist table: indptr {indptr.shape} for N={self.n_vocab}")
         if any(a.size and (a.min() < 0 or a.max() >= self.n_vocab) for a in (indices, self._fixed)):
@@ -164,13 +165,13 @@ class ShortlistProjection(Projection):
     def candidates(self, source_ids: Sequence[int]) -> np.ndarray:
         """Sorted candidate ids (int64) of one source sentence (ids without a row add nothing, except
         themselves with ``copy``)."""
-        src = np.unique(np.asarray(source_ids, dtype=np.int64))
+        src = unique_ids(np.asarray(source_ids, dtype=np.int64))
         src = src[(src >= 0) & (src < self.n_vocab)]
         lo, hi = self._indptr[src], self._indptr[src + 1]
         rows = [self._indices[a:b] for a, b in zip(lo.tolist(), hi.tolist(), strict=True) if b > a]
         if self.copy:
             rows.append(src)
-        return np.unique(np.concatenate([self._fixed, *rows]))
+        return unique_ids(np.concatenate([self._fixed, *rows]))
 
     def for_batch(
         self, input_ids: torch.Tensor | Sequence[Sequence[int]], attention_mask: torch.Tensor | None = None
@@ -214,7 +215,7 @@ class ShortlistBatch:
         self.projection = p
         self.sets = sets
         self.n_vocab, self.d = p.n_vocab, p.d
-        union = np.unique(np.concatenate(sets)) if sets else p._fixed
+        union = unique_ids(np.concatenate(sets)) if sets else p._fixed
         device = p.device
         if len(union) == p.n_vocab:  # every column: the full weight, no copy, outputs equal full softmax's
             self.ids: torch.Tensor | None = None

@@ -44,6 +44,7 @@ from fastvocab.artifacts_schema.corpus import (
 )
 from fastvocab.artifacts_schema.digest import files_digest, footer_digest
 from fastvocab.artifacts_schema.errors import ArtifactError
+from fastvocab.kernels.id_sets import unique_ids
 from fastvocab.tasks.corpus import first_occurrences, line_key
 from fastvocab.tasks.debian_translations import normalise
 
@@ -162,7 +163,7 @@ def held_out_keys(corpus_dir: str | Path, direction: str) -> tuple[np.ndarray, s
             keys += [line_key(normalise(t)) for t in batch.column(0).to_pylist() if t]
     if not files:
         log.warning("%s: no dev or test split in %s: no line is held out of the dump", direction, corpus_dir)
-    return np.unique(np.asarray(keys, dtype=np.uint64)), footer_digest(files) if files else ""
+    return unique_ids(np.asarray(keys, dtype=np.uint64)), footer_digest(files) if files else ""
 
 
 @dataclass
