@@ -694,10 +694,12 @@ def run_shape(name: str, args, result: dict) -> None:
                 "union_fraction": union_growth(cmap),
             }
             opts = {"cluster_map": out, "selection": "union", "inactive_mass": args.inactive_mass}
-            if "clustered-fp32" in systems:
-                clustered["fp32"][frac] = make_projection(a32, "clustered", **opts)
-            if "clustered-int8" in systems:  # the int8 option: W quantised as full int8's
-                clustered["int8"][frac] = make_projection(a32, "clustered", int8=True, **opts)
+            built_s = maps_info[f"{frac:g}"]["projection_build_s"] = {}
+            for dtype, system in (("fp32", "clustered-fp32"), ("int8", "clustered-int8")):
+                if system in systems:  # the int8 option: W quantised as full int8's
+                    t0 = time.perf_counter()
+                    clustered[dtype][frac] = make_projection(a32, "clustered", int8=dtype == "int8", **opts)
+                    built_s[dtype] = round(time.perf_counter() - t0, 1)
             del cmap
     info["load_rss_mib"] = {k: round(v) for k, v in load_mib.items()}
     info["synthetic_maps"] = maps_info
