@@ -42,6 +42,7 @@ from fastvocab.artifacts_schema.corpus import (
     update_manifest,
     valid_file,
 )
+from fastvocab.kernels.id_sets import unique_ids
 from fastvocab.tasks import debian_translations as debian
 from fastvocab.tasks.debian_translations import CorpusError, check_lang
 
@@ -340,7 +341,7 @@ def write_pair(
     stats = {**stats, **plan.stats}
     for split in ("dev", "test"):
         stats[f"{split}_docs"] = len({row[1] for row in plan.rows[split]})
-    stats["train_docs"] = len(np.unique(plan.doc[in_train]))
+    stats["train_docs"] = len(unique_ids(plan.doc[in_train]))
     record = {"build": build, "source": source, "counts": counts, "stats": stats, "created": now_utc()}
     update_manifest(out_dir, "pairs", name, record)
     log.info("%s: %s", name, ", ".join(f"{s} {n}" for s, n in counts.items()))
