@@ -108,6 +108,7 @@ class Seq2SeqAdapter:
         engine: str = "auto",
         cache_len: int = 64,
         max_cache_bytes: int | None = None,
+        from_folder: bool = False,
     ):
         self.model = model
         self.tokenizer = tokenizer
@@ -157,7 +158,9 @@ class Seq2SeqAdapter:
             self.languages = [lang for lang in self.languages if lang in set(trained)]
         self.quantized = False
         self.lite = False  # decoding.lite_m2m100's model: the static engine only (load's ``lite``)
-        self.from_folder = False  # set by load: W and b are the folder's, as its files hold them
+        # load's: W and b are the folder's, as its files hold them (before the engine, which may need the
+        # fingerprint, so that it is remembered)
+        self.from_folder = from_folder
         self._static: StaticDecoder | None = None  # when the engine resolves to "static"
         self.engine = self._pick_engine(engine, cache_len, max_cache_bytes)
 
@@ -270,8 +273,8 @@ class Seq2SeqAdapter:
                 engine=engine,
                 cache_len=cache_len,
                 max_cache_bytes=max_cache_bytes,
+                from_folder=True,
             )
-        adapter.from_folder = True
         log.debug(
             "loaded %s (%s, N=%d, d=%d, engine %s%s)",
             path,
@@ -316,6 +319,7 @@ class Seq2SeqAdapter:
             engine=engine,
             cache_len=cache_len,
             max_cache_bytes=max_cache_bytes,
+            from_folder=True,
         )
         adapter.lite = True
         return adapter

@@ -61,24 +61,29 @@ def test_workers_use_the_drivers_fingerprint_and_never_hash(fake_ctx, tmp_path, 
     assert fingerprint_calls(caplog) == 0
 
 
+@pytest.mark.parametrize("engine", ["static", "onnx", "auto"])
 def test_a_folders_fingerprint_is_remembered_until_its_files_change(
-    tiny_model_dir, tmp_path, caplog, monkeypatch
+    tiny_model_dir, tmp_path, caplog, monkeypatch, engine
 ):
+    """Whichever engine loads it: the ONNX Runtime engine names its exports by the fingerprint while the
+    adapter is built, and remembers it all the same."""
     import os
     import shutil
 
     from fastvocab.decoding.hf_adapter import Seq2SeqAdapter
 
+    if engine == "onnx":
+        pytest.importorskip("onnxruntime")
     monkeypatch.setenv("FASTVOCAB_CACHE_DIR", str(tmp_path / "cache"))
     model = tmp_path / "model"
     shutil.copytree(tiny_model_dir, model)
     caplog.set_level(logging.DEBUG, logger=FP_LOGGER)
-    first = Seq2SeqAdapter.load(model).fingerprint
+    first = Seq2SeqAdapter.load(model, engine=engine).fingerprint
     assert fingerprint_calls(caplog) == 1 and (tmp_path / "cache" / "fingerprints.json").is_file()
-    assert Seq2SeqAdapter.load(model).fingerprint == first
+    assert Seq2SeqAdapter.load(model, engine=engine).fingerprint == first
     assert fingerprint_calls(caplog) == 1  # remembered: not hashed again
     weights = model / "model.safetensors"
     st = weights.stat()
     os.utime(weights, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000))  # a rewritten file: hashed again
-    assert Seq2SeqAdapter.load(model).fingerprint == first
+    assert Seq2SeqAdapter.load(model, engine=engine).fingerprint == first
     assert fingerprint_calls(caplog) == 2
