@@ -36,6 +36,7 @@ from bench_meta import ROOT, result_header, write_result
 
 PHASES = re.compile(r"bulk phases \(s\): (.*)$", re.M)
 JOB = re.compile(r"parts translated in ([0-9.]+) s")
+RAN_ON = re.compile(r", engine (\w+), ")  # the summary line names the engine "auto" picked
 EXPORT = re.compile(r"engine onnx: exported the \w+ graph to \S+/(\S+) in ([0-9.]+) s")
 
 
@@ -69,6 +70,7 @@ def one_run(
         "translate_s": round(phases.get("translate", 0.0), 3),
         "assemble_s": round(phases.get("assemble", 0.0), 3),
         "job_s": round(job_seconds, 3),
+        "engine": found.group(1) if (found := RAN_ON.search(done.stderr)) else None,
         "exports_s": {name: float(sec) for name, sec in EXPORT.findall(done.stderr)},  # by file; a cold cache
         "load_avg_before": [round(x, 2) for x in load],
         "output": done.stdout.strip(),
@@ -118,6 +120,7 @@ def main() -> None:
         "model": str(args.model.relative_to(ROOT) if args.model.is_relative_to(ROOT) else args.model),
         "line": args.line,
         "engine": args.engine,
+        "engine_run": runs[0]["engine"],  # what --engine auto picked
         "dtype": args.dtype,
         "cold_cache": args.cold_cache,
         "runs": args.runs,

@@ -15,11 +15,13 @@ The output projection itself is *not* applied here: the search hands ``h`` to a 
 Two decoder-step engines (``engine=``): ``"static"``, the lean preallocated-cache step of
 ``fastvocab.decoding.static_decoder`` (M2M100, NLLB, the demo model, Marian, MBart), and ``"hf"``, the
 Hugging Face decoder called eagerly with a dynamic cache; ``"static"`` also swaps in the padding-free
-encoder (``packed_encoder.PackedEncoder``: same states, no work on padding). ``"auto"`` (the default) picks
-``"static"`` where it is implemented (every supported family today; a variant it does not recognise falls
-back to ``"hf"``). Both give the same ``h`` (fp32 rounding) and the same search output. ``"onnx"`` (CPU) runs
+encoder (``packed_encoder.PackedEncoder``: same states, no work on padding). ``"onnx"`` (CPU, float32) runs
 the static engine's decoder layers and the packed encoder's layers in ONNX Runtime
-(``decoding/onnx_step.py``, ``decoding/onnx_encoder.py``).
+(``decoding/onnx_step.py``, ``decoding/onnx_encoder.py``). All give the same ``h`` (fp32 rounding) and the
+same search output. ``"auto"`` (the default) picks ``"onnx"`` on CPU in float32 where ONNX Runtime is
+installed and the cache folder can keep its export, else ``"static"``, where the static step is implemented
+(every supported family today; a variant it does not recognise falls back to ``"hf"``):
+docs/decisions/0021-auto-is-onnx-on-cpu.md.
 """
 
 from __future__ import annotations
@@ -89,11 +91,11 @@ class DecoderState:
 class Seq2SeqAdapter:
     """Encoder, cached decoder step, exact output projection and tokenization of one seq2seq checkpoint.
 
-    ``engine``: "auto" (static where implemented, else hf), "static" (an error for a family it does not
-    implement) or "hf"; see the module docstring. ``cache_len``: target positions the static engine's
-    self-attention cache holds at first (it doubles when a sentence runs longer). ``max_cache_bytes``: the
-    static engine refuses a cache allocation above this (default: ``FASTVOCAB_CACHE_LIMIT_MB``, else the
-    device's free memory), with an error naming the sizes.
+    ``engine``: "auto" (onnx on CPU in float32, else static, where implemented; else hf), "static" (an
+    error for a family it does not implement), "onnx" or "hf"; see the module docstring. ``cache_len``:
+    target positions the static engine's self-attention cache holds at first (it doubles when a sentence
+    runs longer). ``max_cache_bytes``: the static engine refuses a cache allocation above this (default:
+    ``FASTVOCAB_CACHE_LIMIT_MB``, else the device's free memory), with an error naming the sizes.
     """
 
     def __init__(
@@ -181,6 +183,8 @@ class Seq2SeqAdapter:
                 raise ValueError(f"engine {engine!r} cannot run {self.path}: {reason}")
             log.debug("engine auto -> hf for %s: %s", self.path, reason)
             return "hf"
+        if engine == "auto":
+            engine = self._auto_engine()
         self._static = StaticDecoder(self.model, capacity=cache_len, max_cache_bytes=max_cache_bytes)
         if encoder_unsupported_reason(self.model) is None:
             self._encoder = PackedEncoder(self.model)  # padding-free encoder (packed_encoder's docstring)
@@ -195,6 +199,22 @@ class Seq2SeqAdapter:
                 self._encoder = OnnxEncoder(self._encoder, self.fingerprint)
             return "onnx"
         return "static"
+
+    def _auto_engine(self) -> str:
+        """What ``engine="auto"`` runs where the family has the static engine: ``"onnx"`` on CPU in float32
+        (the faster of the two, docs/decisions/0021-auto-is-onnx-on-cpu.md), where ONNX Runtime is
+        installed and the cache folder can keep the export (else every run would export again); ``"static"``
+        otherwise."""
+        from fastvocab.decoding.onnx_step import engine_cache_unusable
+        from fastvocab.kernels.ort_session import onnx_unavailable
+
+        if self.device.type != "cpu" or self.dtype != torch.float32:
+            return "static"
+        reason = onnx_unavailable() or engine_cache_unusable()
+        if reason is not None:
+            log.debug("engine auto -> static for %s: %s", self.path, reason)
+            return "static"
+        return "onnx"
 
     def quantize_int8(self, encoder: bool = True) -> None:
         """Dynamic int8 quantisation (``torch.ao.quantization.quantize_dynamic``, per output channel) of the
@@ -251,10 +271,7 @@ class Seq2SeqAdapter:
             raise FileNotFoundError(f"{path} is not a model folder (no config.json)")
         adapter = None
         if lite and engine != "hf":
-            lite_engine = "onnx" if engine == "onnx" else "static"
-            adapter = cls._load_lite(
-                path, device, dtype, fingerprint, cache_len, max_cache_bytes, lite_engine
-            )
+            adapter = cls._load_lite(path, device, dtype, fingerprint, cache_len, max_cache_bytes, engine)
         if adapter is None:
             from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
             from transformers.utils import logging as hf_logging
@@ -295,7 +312,7 @@ class Seq2SeqAdapter:
         fingerprint: str | None,
         cache_len: int,
         max_cache_bytes: int | None,
-        engine: str = "static",
+        engine: str = "auto",
     ) -> Seq2SeqAdapter | None:
         """The adapter over ``decoding.lite_m2m100``'s load, or None where the folder or the static engine
         needs the Hugging Face model."""

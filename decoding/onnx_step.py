@@ -50,6 +50,19 @@ def engine_cache() -> Path:
     return cache_root() / "engines"
 
 
+def engine_cache_unusable() -> str | None:
+    """None when :func:`engine_cache` exists or can be made, and can be written; otherwise why not (the
+    engine then exports into a temporary folder, again on every run)."""
+    folder = engine_cache()
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        return f"cannot make the engine cache {folder}: {exc}"
+    if not os.access(folder, os.W_OK | os.X_OK):
+        return f"cannot write the engine cache {folder}"
+    return None
+
+
 class _Body(nn.Module):
     """One step of the static decoder's layers, as exported: inputs ``x`` (rows, d) (embedded), per layer the
     past keys and values (n, rows, heads, hd), the cross keys and values (sources, heads, S, hd) and the

@@ -18,6 +18,12 @@ Graphs = Literal["auto", "on", "off"]  # decoding.steppers.GRAPHS
 ENGINES = ("auto", "static", "hf", "onnx")
 
 
+def engine_for(engine: str, graphs: str) -> str:
+    """The engine to load for a search run with ``graphs``: "on" runs the static engine's fixed-shape step
+    (decoding.steppers), which ONNX Runtime's engine has not, so "auto" then loads the static engine."""
+    return "static" if engine == "auto" and graphs == "on" else engine
+
+
 @dataclass(frozen=True)
 class SearchSettings:
     """How sentences are decoded: search, batching and limits (``translate``'s and ``decode``'s)."""

@@ -40,7 +40,7 @@ from fastvocab.artifacts_schema.bulk_parts import (
     write_manifest,
 )
 from fastvocab.artifacts_schema.lock import WorkDirBusy, WorkDirLock
-from fastvocab.decoding.settings import SearchSettings
+from fastvocab.decoding.settings import SearchSettings, engine_for
 from fastvocab.pipeline.errors import UserError
 from fastvocab.pipeline.tracking import StageRecord
 from fastvocab.pipeline.wording import plural
@@ -273,7 +273,11 @@ def _describe(request: BulkRequest, here: bool):
         dtype = torch.float32 if int8 else getattr(torch, request.dtype)
         # lite: the model decodes here and nothing else; transformers' modeling stack costs seconds to import
         adapter = Seq2SeqAdapter.load(
-            request.model, device=_device(request), dtype=dtype, engine=request.engine, lite=True
+            request.model,
+            device=_device(request),
+            dtype=dtype,
+            engine=engine_for(request.engine, request.search.graphs),
+            lite=True,
         )
     else:
         adapter = Seq2SeqAdapter.load(request.model, lite=True)
@@ -415,6 +419,8 @@ def _run(request, inp, layout, parts, output, t0, ray, progress, worker_cls, own
         "signature": signature,
         "map": str(request.options.get("cluster_map", request.options.get("index", ""))),
         "dtype": request.dtype,
+        # the engine the model runs in this process ("auto" resolved); on Ray, as asked
+        "engine": loaded[0].engine if loaded is not None else request.engine,
         "device": job.device,
         **{f"search.{k}": v for k, v in asdict(request.search).items()},
         "workers": request.workers,

@@ -95,9 +95,10 @@ class TranslateConfig(_Strict):
     # CUDA where the step can be, eager otherwise)
     graphs: Literal["auto", "on", "off"] = Field(SearchSettings.graphs)
     device: str = "cpu"
-    # the decoder-step engine (fastvocab translate --engine): auto (static where the model family allows,
-    # else hf), static, hf, or onnx (the decoder's and the encoder's layers in ONNX Runtime:
-    # docs/decisions/0009-onnx-runtime-decoder-body.md, 0013-onnx-runtime-encoder.md)
+    # the decoder-step engine (fastvocab translate --engine): auto (onnx on CPU in float32 where the cache
+    # folder can keep its export, static otherwise, hf for a family without the static step:
+    # docs/decisions/0021-auto-is-onnx-on-cpu.md), static, hf, or onnx (the decoder's and the encoder's
+    # layers in ONNX Runtime: docs/decisions/0009-onnx-runtime-decoder-body.md, 0013-onnx-runtime-encoder.md)
     engine: str = "auto"
 
     @field_validator("device")

@@ -30,6 +30,7 @@ from fastvocab.artifacts_schema.digest import Digest
 from fastvocab.artifacts_schema.errors import ArtifactError
 from fastvocab.artifacts_schema.fingerprint import ModelRef
 from fastvocab.decoding.hf_adapter import Seq2SeqAdapter
+from fastvocab.decoding.settings import engine_for
 from fastvocab.kernels.base import Projection
 from fastvocab.tasks.inputs import iter_text_records
 from fastvocab.tasks.translate import LineTooLongError, SearchSettings, translate
@@ -361,7 +362,8 @@ def load_model(job: BulkJob) -> Seq2SeqAdapter:
     from fastvocab.tasks.context import RunContext
 
     dtype = "float32" if job.dtype == "int8" else job.dtype
-    adapter = RunContext(job.model, job.device, dtype, job.torch_threads, job.engine).load_adapter()
+    engine = engine_for(job.engine, job.search.graphs)
+    adapter = RunContext(job.model, job.device, dtype, job.torch_threads, engine).load_adapter()
     if job.dtype == "int8":
         adapter.quantize_int8()
     return adapter

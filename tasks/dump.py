@@ -44,7 +44,7 @@ from fastvocab.artifacts_schema.hidden_states import (
     shard_table,
     write_shard,
 )
-from fastvocab.decoding.settings import SearchSettings
+from fastvocab.decoding.settings import SearchSettings, engine_for
 from fastvocab.tasks.context import RunContext
 
 if TYPE_CHECKING:
@@ -188,7 +188,7 @@ class DumpDecoder:
         self.settings = settings
         self.k, self.max_len, self.batch_size = settings.k, settings.max_len, settings.batch_size
         self.beam = settings.beam
-        self.adapter = ctx.load_adapter()
+        self.adapter = replace(ctx, engine=engine_for(ctx.engine, settings.graphs)).load_adapter()
         self.projection = create_projection(
             "full", self.adapter.output_weight, self.adapter.output_bias, fingerprint=ctx.model.fingerprint
         )

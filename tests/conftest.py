@@ -14,7 +14,9 @@ import pytest
 
 # Model fingerprints are remembered across runs by design (decoding/hf_adapter.py): in the suite that would
 # make a test that counts hashes depend on what ran before it, and fill the user's cache. A folder that
-# cannot exist turns remembering off; tests/test_run_context.py tests it with a folder of its own.
+# cannot exist turns remembering off; tests/test_run_context.py tests it with a folder of its own. It also
+# makes engine "auto" the static engine (it would export into a temporary folder each time): tests of the
+# ONNX Runtime engine name it, or give the cache a folder (tests/test_onnx_engine.py).
 os.environ["FASTVOCAB_CACHE_DIR"] = os.path.join(os.devnull, "fastvocab-cache")
 
 LANGS = ["en", "it", "fr", "de"]

@@ -268,20 +268,40 @@ def test_forked_workers_inherit_sessions_the_parent_opened(tiny_model_dir, stati
 
 def test_translate_engine_flag_gives_the_static_outputs(spread_model_dir, cache_dir, tmp_path, monkeypatch):
     """``fastvocab translate --engine onnx`` end to end (the bulk job carries the engine to the loaded
-    model): the default engine's lines, and the summary names the engine."""
+    model): the static engine's lines, and the summary names the engine."""
     from fastvocab.pipeline.cli import main
 
     monkeypatch.setenv("FASTVOCAB_CACHE_DIR", str(cache_dir))
     (tmp_path / "in.txt").write_text("\n".join(synthetic_sentences("en", 5, seed=3)) + "\n", encoding="utf-8")
     outs = {}
-    for engine in ("auto", "onnx"):
+    for engine in ("static", "onnx"):
         out = tmp_path / f"{engine}.txt"
         argv = ["translate", "--model", str(spread_model_dir), "--src-lang", "en", "--tgt-lang", "it"]
         argv += ["--max-len", "6", "--no-progress", "-i", str(tmp_path / "in.txt"), "-o", str(out)]
         assert main([*argv, "--engine", engine]) == 0
         outs[engine] = out.read_text(encoding="utf-8").splitlines()
-    assert len(outs["auto"]) == 5 and any(outs["auto"])
-    assert outs["onnx"] == outs["auto"]
+    assert len(outs["static"]) == 5 and any(outs["static"])
+    assert outs["onnx"] == outs["static"]
+
+
+def test_auto_runs_onnx_on_cpu_in_float32_where_the_export_can_be_kept(
+    tiny_model_dir, cache_dir, tmp_path, monkeypatch
+):
+    """``engine="auto"``: ONNX Runtime on CPU in float32 (and for int8, quantised from it); the static
+    engine in another dtype, without ONNX Runtime, or where the cache folder cannot keep the export."""
+    import fastvocab.kernels.ort_session as ort_session
+
+    monkeypatch.setenv("FASTVOCAB_CACHE_DIR", str(cache_dir))
+    assert Seq2SeqAdapter.load(tiny_model_dir, cache_len=4).engine == "onnx"
+    lite = Seq2SeqAdapter.load(tiny_model_dir, cache_len=4, lite=True)
+    assert lite.lite and lite.engine == "onnx"
+    assert Seq2SeqAdapter.load(tiny_model_dir, cache_len=4, dtype=torch.bfloat16).engine == "static"
+    with monkeypatch.context() as mp:
+        mp.setattr(ort_session, "onnx_unavailable", lambda what="": f"{what} needs onnxruntime")
+        assert Seq2SeqAdapter.load(tiny_model_dir, cache_len=4).engine == "static"
+    (tmp_path / "a-file").write_text("", encoding="utf-8")
+    monkeypatch.setenv("FASTVOCAB_CACHE_DIR", str(tmp_path / "a-file" / "cache"))
+    assert Seq2SeqAdapter.load(tiny_model_dir, cache_len=4).engine == "static"
 
 
 def test_a_named_engine_is_part_of_a_parts_plan():
@@ -295,3 +315,30 @@ def test_a_named_engine_is_part_of_a_parts_plan():
     plans = {e: BulkJob(model, "en", "it", "full", "sig", "parts", engine=e).plan(part) for e in ENGINES}
     assert "engine" not in plans["auto"]
     assert plans["onnx"]["engine"] == "onnx" and plans["onnx"] != plans["static"] != plans["auto"]
+
+
+def test_graphs_on_loads_the_static_engine_under_auto(
+    spread_model_dir, tiny_model_dir, cache_dir, tmp_path, monkeypatch, capsys
+):
+    """``--graphs on`` runs the static engine's fixed-shape step, which ONNX Runtime's engine has not: under
+    ``--engine auto`` a translate and a dump then load the static engine, with the same lines."""
+    from fastvocab.pipeline.cli import main
+    from fastvocab.tasks.context import RunContext, describe_model
+    from fastvocab.tasks.dump import DumpDecoder, DumpSettings
+
+    monkeypatch.setenv("FASTVOCAB_CACHE_DIR", str(cache_dir))
+    (tmp_path / "in.txt").write_text("\n".join(synthetic_sentences("en", 5, seed=3)) + "\n", encoding="utf-8")
+    outs = {}
+    for graphs in ("off", "on"):
+        out = tmp_path / f"{graphs}.txt"
+        argv = ["translate", "--model", str(spread_model_dir), "--src-lang", "en", "--tgt-lang", "it"]
+        argv += ["--max-len", "6", "--no-progress", "-i", str(tmp_path / "in.txt"), "-o", str(out)]
+        assert main([*argv, "--graphs", graphs]) == 0
+        engine = "static" if graphs == "on" else "onnx"
+        assert f", engine {engine}, " in capsys.readouterr().err
+        outs[graphs] = out.read_text(encoding="utf-8").splitlines()
+    assert any(outs["off"]) and outs["on"] == outs["off"]
+    ctx = RunContext(describe_model(tiny_model_dir), torch_threads=1)
+    for graphs, engine in (("on", "static"), ("off", "onnx")):
+        settings = DumpSettings(k=4, max_len=5, batch_size=4, graphs=graphs)
+        assert DumpDecoder(ctx, settings).adapter.engine == engine

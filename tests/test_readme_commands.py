@@ -67,7 +67,7 @@ def run_as_written(lines: list[str], folder: Path) -> dict[str, str]:
         (folder / name).write_text("\n".join(SOURCE) + "\n")
     (folder / "reference.txt").write_text("Software libero per tutti.\nIl pacchetto fornisce una libreria.\n")
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
-    env["FASTVOCAB_CACHE_DIR"] = str(folder / "cache")  # a user's cache folder: --engine onnx exports there
+    env["FASTVOCAB_CACHE_DIR"] = str(folder / "cache")  # a user's cache folder: engine auto exports there
     outputs = {}
     for line in lines:
         proc = subprocess.run(

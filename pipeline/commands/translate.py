@@ -248,7 +248,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "and the encoder's, run by ONNX Runtime (CPU; exported once per model into the cache folder, a few "
         "seconds the first time; with --dtype int8 ONNX Runtime's own int8, so outputs differ from static "
         "int8 on some lines); "
-        "hf = the Hugging Face decoder; auto = static where the model's family has it, else hf "
+        "hf = the Hugging Face decoder; auto = onnx on CPU in float32 (and int8) where ONNX Runtime is "
+        "installed and the cache folder is writable, else static, where the model's family has it, else hf "
         "(default: %(default)s)",
     )
     p.add_argument(
@@ -563,7 +564,7 @@ def _summarise(args: argparse.Namespace, result: BulkResult) -> None:
             f"translated {result.summary()} in {result.seconds:.2f} s (load {result.load_seconds:.2f} s, "
             f"translating {result.translate_seconds:.2f} s), {speed} "
             f"[{args.method}, beam {args.beam}, batch {args.batch_size}, {args.device}, {args.dtype}, "
-            f"{'' if args.engine == 'auto' else f'engine {args.engine}, '}"
+            f"engine {result.params.get('engine', args.engine)}, "
             f"{where}] -> {'standard output' if args.output == STDIO else args.output}",
             file=sys.stderr,
         )

@@ -24,6 +24,7 @@ from fastvocab.artifacts_schema.digest import text_digest
 from fastvocab.artifacts_schema.errors import ArtifactError
 from fastvocab.artifacts_schema.jsonfile import read_json
 from fastvocab.artifacts_schema.translations import sidecar_path
+from fastvocab.decoding.settings import engine_for
 from fastvocab.kernels.clustered import decoding_probes
 from fastvocab.pipeline.checks import check_map_direction
 from fastvocab.pipeline.context import StageContext
@@ -231,7 +232,7 @@ def run(ctx: StageContext) -> list[StageRecord]:
     _, threads, _ = ctx.decoder_workers()
     gpus = 1.0 if t.device.startswith("cuda") else 0.0
     ctx.ray.require_gpus(gpus, f"translate.device={t.device}")
-    run_ctx = ctx.run_context(t.device, int(threads), t.engine)
+    run_ctx = ctx.run_context(t.device, int(threads), engine_for(t.engine, t.graphs))
     items = [(job,) for job in work]
     with ctx.bar(len(work), "translate", unit="direction") as bar:
         results = ctx.ray.map_actors(
