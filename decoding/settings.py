@@ -18,10 +18,15 @@ Graphs = Literal["auto", "on", "off"]  # decoding.steppers.GRAPHS
 ENGINES = ("auto", "static", "hf", "onnx")
 
 
-def engine_for(engine: str, graphs: str) -> str:
-    """The engine to load for a search run with ``graphs``: "on" runs the static engine's fixed-shape step
-    (decoding.steppers), which ONNX Runtime's engine has not, so "auto" then loads the static engine."""
-    return "static" if engine == "auto" and graphs == "on" else engine
+def engine_for(engine: str, graphs: str, threads: int | None = 1) -> str:
+    """The engine to load for searches run with ``graphs`` by a caller that decodes one batch at a time on
+    ``threads`` torch threads (None: torch's default). "auto" loads the static engine where ``graphs`` is
+    "on" (the static engine's fixed-shape step, decoding.steppers, which ONNX Runtime's engine has not), or
+    on more than one thread (ONNX Runtime's sessions run on one thread each; ``translate`` spreads batches
+    over one-thread workers instead, and passes 1)."""
+    if engine == "auto" and (graphs == "on" or threads is None or threads > 1):
+        return "static"
+    return engine
 
 
 @dataclass(frozen=True)

@@ -188,7 +188,8 @@ class DumpDecoder:
         self.settings = settings
         self.k, self.max_len, self.batch_size = settings.k, settings.max_len, settings.batch_size
         self.beam = settings.beam
-        self.adapter = replace(ctx, engine=engine_for(ctx.engine, settings.graphs)).load_adapter()
+        engine = engine_for(ctx.engine, settings.graphs, ctx.torch_threads)  # one batch at a time
+        self.adapter = replace(ctx, engine=engine).load_adapter()
         self.projection = create_projection(
             "full", self.adapter.output_weight, self.adapter.output_bias, fingerprint=ctx.model.fingerprint
         )

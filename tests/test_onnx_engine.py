@@ -321,7 +321,8 @@ def test_graphs_on_loads_the_static_engine_under_auto(
     spread_model_dir, tiny_model_dir, cache_dir, tmp_path, monkeypatch, capsys
 ):
     """``--graphs on`` runs the static engine's fixed-shape step, which ONNX Runtime's engine has not: under
-    ``--engine auto`` a translate and a dump then load the static engine, with the same lines."""
+    ``--engine auto`` a translate and a dump then load the static engine, with the same lines. A dump on more
+    than one thread decodes one batch at a time on them: the static engine too."""
     from fastvocab.pipeline.cli import main
     from fastvocab.tasks.context import RunContext, describe_model
     from fastvocab.tasks.dump import DumpDecoder, DumpSettings
@@ -338,7 +339,9 @@ def test_graphs_on_loads_the_static_engine_under_auto(
         assert f", engine {engine}, " in capsys.readouterr().err
         outs[graphs] = out.read_text(encoding="utf-8").splitlines()
     assert any(outs["off"]) and outs["on"] == outs["off"]
-    ctx = RunContext(describe_model(tiny_model_dir), torch_threads=1)
-    for graphs, engine in (("on", "static"), ("off", "onnx")):
+    model = describe_model(tiny_model_dir)
+    for graphs, threads, engine in (("on", 1, "static"), ("off", 1, "onnx"), ("off", 2, "static")):
         settings = DumpSettings(k=4, max_len=5, batch_size=4, graphs=graphs)
+        ctx = RunContext(model, torch_threads=threads)
         assert DumpDecoder(ctx, settings).adapter.engine == engine
+    assert DumpDecoder(RunContext(model, torch_threads=2, engine="onnx"), settings).adapter.engine == "onnx"
