@@ -245,12 +245,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default="auto",
         choices=ENGINES,
         help="the decoder step: static = fastvocab's lean preallocated-cache step; onnx = the same layers, "
-        "and the encoder's, run by ONNX Runtime (CPU; exported once per model into the cache folder, a few "
-        "seconds the first time; with --dtype int8 ONNX Runtime's own int8, so outputs differ from static "
-        "int8 on some lines); "
-        "hf = the Hugging Face decoder; auto = onnx on CPU in float32 (and int8) where ONNX Runtime is "
-        "installed and the cache folder is writable, else static, where the model's family has it, else hf "
-        "(default: %(default)s)",
+        "and the encoder's, run by ONNX Runtime (CPU; exported once per model into the cache folder, "
+        "seconds at most the first time; with --dtype int8 ONNX Runtime's own int8, so outputs differ from "
+        "static int8 on some lines); hf = the Hugging Face decoder; auto = onnx on CPU in float32 (and "
+        "int8) where ONNX Runtime is installed and the cache folder is writable, else static (also with "
+        "--graphs on), where the model's family has it, else hf (default: %(default)s)",
     )
     p.add_argument(
         "--threads",
