@@ -266,20 +266,22 @@ def test_forked_workers_inherit_sessions_the_parent_opened(tiny_model_dir, stati
     assert ours.hypotheses == theirs.hypotheses
 
 
+def _translated(model: Path, folder: Path, name: str, *flags: str) -> list[str]:
+    """``fastvocab translate`` of 5 synthetic English lines into Italian with ``flags``: the output lines."""
+    from fastvocab.pipeline.cli import main
+
+    src, out = folder / "in.txt", folder / f"{name}.txt"
+    src.write_text("\n".join(synthetic_sentences("en", 5, seed=3)) + "\n", encoding="utf-8")
+    argv = ["translate", "--model", str(model), "--src-lang", "en", "--tgt-lang", "it", "--max-len", "6"]
+    assert main([*argv, "--no-progress", "-i", str(src), "-o", str(out), *flags]) == 0
+    return out.read_text(encoding="utf-8").splitlines()
+
+
 def test_translate_engine_flag_gives_the_static_outputs(spread_model_dir, cache_dir, tmp_path, monkeypatch):
     """``fastvocab translate --engine onnx`` end to end (the bulk job carries the engine to the loaded
     model): the static engine's lines, and the summary names the engine."""
-    from fastvocab.pipeline.cli import main
-
     monkeypatch.setenv("FASTVOCAB_CACHE_DIR", str(cache_dir))
-    (tmp_path / "in.txt").write_text("\n".join(synthetic_sentences("en", 5, seed=3)) + "\n", encoding="utf-8")
-    outs = {}
-    for engine in ("static", "onnx"):
-        out = tmp_path / f"{engine}.txt"
-        argv = ["translate", "--model", str(spread_model_dir), "--src-lang", "en", "--tgt-lang", "it"]
-        argv += ["--max-len", "6", "--no-progress", "-i", str(tmp_path / "in.txt"), "-o", str(out)]
-        assert main([*argv, "--engine", engine]) == 0
-        outs[engine] = out.read_text(encoding="utf-8").splitlines()
+    outs = {e: _translated(spread_model_dir, tmp_path, e, "--engine", e) for e in ("static", "onnx")}
     assert len(outs["static"]) == 5 and any(outs["static"])
     assert outs["onnx"] == outs["static"]
 
@@ -323,21 +325,15 @@ def test_graphs_on_loads_the_static_engine_under_auto(
     """``--graphs on`` runs the static engine's fixed-shape step, which ONNX Runtime's engine has not: under
     ``--engine auto`` a translate and a dump then load the static engine, with the same lines. A dump on more
     than one thread decodes one batch at a time on them: the static engine too."""
-    from fastvocab.pipeline.cli import main
     from fastvocab.tasks.context import RunContext, describe_model
     from fastvocab.tasks.dump import DumpDecoder, DumpSettings
 
     monkeypatch.setenv("FASTVOCAB_CACHE_DIR", str(cache_dir))
-    (tmp_path / "in.txt").write_text("\n".join(synthetic_sentences("en", 5, seed=3)) + "\n", encoding="utf-8")
     outs = {}
     for graphs in ("off", "on"):
-        out = tmp_path / f"{graphs}.txt"
-        argv = ["translate", "--model", str(spread_model_dir), "--src-lang", "en", "--tgt-lang", "it"]
-        argv += ["--max-len", "6", "--no-progress", "-i", str(tmp_path / "in.txt"), "-o", str(out)]
-        assert main([*argv, "--graphs", graphs]) == 0
+        outs[graphs] = _translated(spread_model_dir, tmp_path, graphs, "--graphs", graphs)
         engine = "static" if graphs == "on" else "onnx"
         assert f", engine {engine}, " in capsys.readouterr().err
-        outs[graphs] = out.read_text(encoding="utf-8").splitlines()
     assert any(outs["off"]) and outs["on"] == outs["off"]
     model = describe_model(tiny_model_dir)
     for graphs, threads, engine in (("on", 1, "static"), ("off", 1, "onnx"), ("off", 2, "static")):
