@@ -210,7 +210,7 @@ class Seq2SeqAdapter:
 
         if self.device.type != "cpu" or self.dtype != torch.float32:
             return "static"
-        reason = onnx_unavailable() or engine_cache_unusable()
+        reason = engine_cache_unusable() or onnx_unavailable()  # the cheap check first
         if reason is not None:
             log.debug("engine auto -> static for %s: %s", self.path, reason)
             return "static"
