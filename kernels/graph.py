@@ -59,8 +59,10 @@ class GraphParams:
 
 
 def _faiss():
+    from fastvocab.kernels.faiss_import import import_faiss
+
     try:
-        import faiss
+        faiss = import_faiss()
     except ImportError as exc:
         raise ImportError(
             "the graph output-layer method needs Faiss (pip install faiss-cpu); it is not installed here"

@@ -25,6 +25,7 @@ from fastvocab.artifacts_schema.hidden_states import (
     shard_rows,
 )
 from fastvocab.artifacts_schema.kmeans_result import KMeansInfo, save_kmeans
+from fastvocab.kernels.faiss_import import import_faiss
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +49,7 @@ class KMeansParams:
 @contextlib.contextmanager
 def faiss_threads(n: int | None) -> Iterator[int]:
     """Fix Faiss' OpenMP thread count inside the block (restored after); yields the count used."""
-    import faiss
+    faiss = import_faiss()
 
     before = faiss.omp_get_max_threads()
     if n is not None:
@@ -63,7 +64,7 @@ def use_gpu(requested: bool) -> bool:
     """GPU k-means only when asked for, the Faiss build has GPU support and a GPU is visible."""
     if not requested:
         return False
-    import faiss
+    faiss = import_faiss()
 
     ngpu = faiss.get_num_gpus() if hasattr(faiss, "get_num_gpus") else 0
     if ngpu == 0:
@@ -82,7 +83,7 @@ def train_kmeans(
     threads: int | None = None,
 ) -> tuple[np.ndarray, KMeansInfo]:
     """Train ``r`` centroids on ``x`` (n, d) with ``faiss.Kmeans``; returns (centroids (r, d) f32, info)."""
-    import faiss
+    faiss = import_faiss()
 
     x = np.ascontiguousarray(x, dtype=np.float32)
     if x.ndim != 2:
