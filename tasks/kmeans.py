@@ -2,8 +2,8 @@
 
 Deterministic by construction: the training sample is drawn with a seeded numpy generator from the shards in
 sorted order, Faiss gets a fixed seed, and the OpenMP thread count is fixed for the call. Same seed, same data
--> byte-identical centroids (tests/test_kmeans.py checks it). The result folder's format is
-``artifacts_schema.kmeans_result``.
+-> byte-identical centroids on one machine (tests/test_kmeans.py checks it; another CPU's BLAS kernels round
+differently). The result folder's format is ``artifacts_schema.kmeans_result``.
 """
 
 from __future__ import annotations
