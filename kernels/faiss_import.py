@@ -15,6 +15,7 @@ keeps its own choice. The kernels follow the CPU's flags as numpy reads them: Sk
 from __future__ import annotations
 
 import os
+import sys
 from types import ModuleType
 
 import numpy as np
@@ -31,8 +32,6 @@ def openblas_core(features: dict[str, bool]) -> str | None:
 
 def import_faiss() -> ModuleType:
     """``import faiss``, its OpenBLAS told this CPU's kernels (see the module docstring)."""
-    import sys
-
     if "faiss" in sys.modules or "OPENBLAS_CORETYPE" in os.environ:
         import faiss
 
