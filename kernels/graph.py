@@ -39,6 +39,7 @@ import torch
 
 from fastvocab.artifacts_schema.method_index import ANY_DIRECTION, MethodIndex, method_index_for, new_index
 from fastvocab.kernels.base import Projection, ProjectionOutput, register
+from fastvocab.kernels.faiss_import import import_faiss
 from fastvocab.kernels.lsh import candidates_output, check_int, manifest_params
 
 log = logging.getLogger(__name__)
@@ -59,8 +60,6 @@ class GraphParams:
 
 
 def _faiss():
-    from fastvocab.kernels.faiss_import import import_faiss
-
     try:
         faiss = import_faiss()
     except ImportError as exc:

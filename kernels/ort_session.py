@@ -5,7 +5,8 @@ from __future__ import annotations
 
 
 def onnx_unavailable(what: str = "engine 'onnx'") -> str | None:
-    """None when ONNX Runtime and the ``onnx`` package import; otherwise why ``what`` cannot run."""
+    """None when ONNX Runtime imports and the ``onnx`` package is installed (found, not imported: only an
+    export needs it); otherwise why ``what`` cannot run."""
     from importlib.util import find_spec
 
     try:
