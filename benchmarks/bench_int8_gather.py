@@ -20,10 +20,10 @@ option does):
 
 - ``fp32-gather``: the float32 path as it is (the reference);
 - ``int8-gather``: ``int8_union.int8_gather_gemm``, what the clustered projection's int8 option runs:
-  int8 rows gathered per block and widened to float32 in a cache-sized buffer, then the float32 GEMM, on
-  the activations quantised as the full int8 layer quantises them (per tensor, 7 bits),
-  so its float32 GEMM computes the layer's integer sums exactly and its logits are the full int8
-  projection's on those columns;
+  int8 rows gathered per block into a cache-sized buffer, then the int8 GEMM (``torch._int_mm``, int32
+  sums) on the activations quantised as the full int8 layer quantises them (per tensor, 7 bits), so it
+  computes the layer's integer sums and its logits are the full int8 projection's on those columns (until
+  2026-11-29 the rows were widened to float32 for a float32 GEMM: the same sums, 2-4x the time);
 - ``int8-dense``: the full int8 layer (fbgemm, W packed once) over all N columns, then the C columns kept:
   int8 arithmetic, but N rows read;
 - ``int8-clustered``: what ``ClusteredProjection(int8=True)`` runs for a union of several clusters

@@ -10,8 +10,8 @@ quantise the decoder's and the encoder's linears with it without importing a pro
 A dynamic int8 linear quantises its input per call, per tensor, to unsigned 7-bit integers (``reduce_range``:
 fbgemm's AVX2 kernels add pairs of u8 x s8 products in int16, which 8 bits could saturate), multiplies in
 int32 and scales back to float32. :func:`quantize_input` reproduces that quantisation, so a kernel that
-multiplies some of the layer's rows in float32 arithmetic (the clustered projection's gathers) computes the
-same integers and the same logits, to float rounding.
+multiplies some of the layer's rows on its own (the clustered projection's gathers, ``torch._int_mm``)
+computes the same integers and the same logits.
 
 Rows packed once (:func:`packed_rows`, :func:`packed_of`) run through fbgemm's packed GEMM. Those that serve
 steps of many rows may also run on ONNX Runtime's int8 GEMM (MLAS), fed the input quantised as fbgemm

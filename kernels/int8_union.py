@@ -3,8 +3,8 @@ logits of a union or a cluster from those int8 rows, which of the two union kern
 GEMM over all N) costs less at a step's size (by a table of their measured costs, ``union_costs``, which
 :func:`measure_costs` measures on this machine), and whether a step should skip the map altogether.
 
-Every kernel here computes the full int8 layer's own logits on its columns, to float rounding
-(``kernels.int8.quantize_input``): the choice between them changes only the time.
+Every kernel here computes the full int8 layer's own logits on its columns: its integer sums, scaled as it
+scales them (``kernels.int8.quantize_input``), so the choice between them changes only the time.
 """
 
 from __future__ import annotations
@@ -34,18 +34,21 @@ from fastvocab.kernels.union_costs import (
     time_kernels,
 )
 
-# An int8 union step gathers its rows a block at a time and widens them to float32 in a buffer of this size,
-# like the float32 gather's block, so the GEMM reads it from cache (256 KiB to 16 MiB tried: 4 MiB fastest).
+# An int8 union step gathers its int8 rows a block at a time into a buffer of this size, so the int8 GEMM
+# reads them from cache (256 KiB to 4 MiB tried: the same within noise; a 40% union at d 1024 gathered whole,
+# 51 MiB, took 3x as long: a probe on the 2-core Xeon).
 INT8_GATHER_CHUNK_BYTES = 4 << 20
 # Which of the two int8 union kernels is cheaper, from their per-column costs in microseconds by the rows of
 # the step, measured on a machine (``union_costs``: the packaged table, or the one FASTVOCAB_INT8_COSTS names,
-# read once, here): the gather per gathered column (random rows read, widened, multiplied in float32) against
-# the packed fbgemm GEMM per vocabulary column (W read in order, int8 arithmetic). Neither is linear in rows:
-# on the machine of the packaged table (2-core AVX2, d 1024, one thread) the float32 GEMM behind the gather
-# runs 8, 12 and 24 rows at nearly the cost per column of 32, so the gather wins below a union of 18% of N at
+# read once, here): the gather per gathered column (random rows read and multiplied) against the packed
+# fbgemm GEMM per vocabulary column (W read in order, int8 arithmetic). Neither is linear in rows: on the
+# machine of the packaged table (2-core AVX2, d 1024, one thread) the gather wins below a union of 18% of N at
 # 1 row, 10-13% at 2-12 rows, 26-35% at 16-32 rows. Between the rows measured the costs are interpolated;
 # beyond the last both grow with the rows alike, so its ratio decides. Both kernels give the same logits: the
-# choice changes only the time.
+# choice changes only the time. The packaged tables were measured with the gather that widened its rows to
+# float32, which cost 2-4x today's: they keep the dense GEMM for unions the gather would now win on one thread
+# alone. Tables measured with today's gather made the 418M shape's greedy batch-32 step run the map instead of
+# the dense GEMM, 1.8x slower on two workers (docs/decisions/0023-int8-gather-in-int8.md), so they stay.
 COST_TABLE = load_cost_table()
 INT8_COST_ROWS, INT8_GATHER_US, INT8_DENSE_US = COST_TABLE.rows, COST_TABLE.gather_us, COST_TABLE.dense_us
 # The same where the dense GEMM of many rows runs on ONNX Runtime (``Int8Weights.on_ort``): measured on a
@@ -262,31 +265,27 @@ def int8_map_skipped(
 
 
 def int8_gather_gemm(h: torch.Tensor, w8: Int8Weights, cols: torch.Tensor) -> torch.Tensor:
-    """The input quantised as the layer does, the int8 rows ``cols`` gathered a block at a time and widened
-    to float32 in a cache-sized buffer, one float32 GEMM per block: the layer's int32 sums exactly (integers
-    below 2^24: ``127 * 127 * d`` for d up to 1040; beyond, within float32 rounding of them), scaled back as
+    """The input quantised as the layer does, the int8 rows ``cols`` gathered a block at a time into a
+    cache-sized buffer and multiplied in int8 (``torch._int_mm``, int32 sums: the layer's own), scaled back as
     the layer scales them. (rows, C) float32."""
     c, rows, d = cols.numel(), h.shape[0], w8.q.shape[1]
-    ints, h_scale = int8.quantize_input(h)  # (rows, d) float32 integers, 0-d scale
-    step = max(1, INT8_GATHER_CHUNK_BYTES // (4 * d))
+    ints, h_scale = int8.quantize_input(h)
+    x8 = ints.to(torch.int8)  # the integers less their zero point lie in [-127, 127]
+    step = max(1, INT8_GATHER_CHUNK_BYTES // d)
     if c <= step:  # one block: no buffers to reuse, fewer operations (they dominate at a few rows)
-        logits = ints @ w8.q.index_select(0, cols).float().t()  # (rows, C)
-        logits *= h_scale * w8.scale.index_select(0, cols)
-        return logits if w8.bias is None else logits.add_(w8.bias.index_select(0, cols))
-    buf8 = torch.empty((min(step, c), d), dtype=torch.int8)
-    buf = torch.empty((min(step, c), d), dtype=torch.float32)
-    acc_t = torch.empty((c, rows), dtype=torch.float32)  # (C, rows): each block fills contiguous rows
-    ints_t = ints.t()
-    for lo in range(0, c, step):
-        sel = cols[lo : lo + step]
-        n = sel.numel()
-        torch.index_select(w8.q, 0, sel, out=buf8[:n])
-        buf[:n].copy_(buf8[:n])
-        torch.mm(buf[:n], ints_t, out=acc_t[lo : lo + n])
-    logits = acc_t.t() * (h_scale * w8.scale.index_select(0, cols))
-    if w8.bias is not None:
-        logits += w8.bias.index_select(0, cols)
-    return logits
+        acc = torch._int_mm(x8, w8.q.index_select(0, cols).t())  # (rows, C) int32
+    else:
+        buf = torch.empty((step, d), dtype=torch.int8)
+        acc_t = torch.empty((c, rows), dtype=torch.int32)  # (C, rows): each block fills contiguous rows
+        x8_t = x8.t()
+        for lo in range(0, c, step):
+            sel = cols[lo : lo + step]
+            n = sel.numel()
+            torch.index_select(w8.q, 0, sel, out=buf[:n])
+            torch._int_mm(buf[:n], x8_t, out=acc_t[lo : lo + n])
+        acc = acc_t.t()
+    logits = acc.float().mul_(h_scale * w8.scale.index_select(0, cols))
+    return logits if w8.bias is None else logits.add_(w8.bias.index_select(0, cols))
 
 
 def int8_cluster_logits(h: torch.Tensor, w8: Int8Weights, pm: PreparedMap, c: int) -> torch.Tensor:

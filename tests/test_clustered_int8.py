@@ -343,18 +343,40 @@ def test_bulk_worker_hands_int8_to_the_clustered_projection(spread_model_dir, tm
 
 @pytest.mark.parametrize("bias", [1.0, 0.0])
 def test_int8_gather_in_blocks_equals_one_block(monkeypatch, bias):
-    """A union larger than the gather's buffer runs block by block; a small one in one go: the same logits."""
+    """A union larger than the gather's buffer runs block by block; a small one in one go: the same logits,
+    the full int8 layer's."""
     w, b, cmap = layer_and_map(bias=bias)
     w8 = clustered(w, b, cmap, int8=True)._w8
     assert w8 is not None
     h = batch(cmap, 5)
     cols = torch.arange(0, N, 3)
     whole = int8_union.int8_gather_gemm(h, w8, cols)
-    monkeypatch.setattr(int8_union, "INT8_GATHER_CHUNK_BYTES", 4 * D * 16)  # 16 columns a block
+    monkeypatch.setattr(int8_union, "INT8_GATHER_CHUNK_BYTES", D * 16)  # 16 int8 rows a block
     blocks = int8_union.int8_gather_gemm(h, w8, cols)
-    torch.testing.assert_close(blocks, whole, rtol=0, atol=1e-5)
+    assert torch.equal(blocks, whole)
     full8 = create_projection("full", w, b, int8=True)(h).logits[:, cols]
     torch.testing.assert_close(whole, full8, rtol=1e-5, atol=1e-4)
+
+
+def test_int8_gather_is_the_layers_integer_sums_scaled():
+    """The gather multiplies the input's integers (quantised as the layer quantises them) by the int8 rows
+    with exact integer sums, then scales them as the layer does: bit for bit that, over every row count the
+    search uses and columns in any order."""
+    from fastvocab.kernels import int8
+
+    g = torch.Generator().manual_seed(0)
+    d, n = 1024, 300
+    q = torch.randint(-127, 128, (n, d), dtype=torch.int8, generator=g)
+    scale = torch.rand(n, generator=g) / 100 + 1e-3
+    bias = torch.randn(n, generator=g)
+    w8 = int8_union.Int8Weights(None, q, scale, bias, [], 0, 0.0, 0.0)
+    cols = torch.randperm(n, generator=g)[:97]
+    for rows in (1, 4, 33):
+        h = torch.randn(rows, d, generator=g) * 3
+        ints, h_scale = int8.quantize_input(h)
+        sums = ints.to(torch.int64) @ q[cols].to(torch.int64).t()  # exact
+        want = (sums.float() * (h_scale * scale[cols])).add_(bias[cols])
+        assert torch.equal(int8_union.int8_gather_gemm(h, w8, cols), want)
 
 
 def test_int8_assignment_picks_the_nearest_centroid_up_to_rounding():
