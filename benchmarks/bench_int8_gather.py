@@ -9,7 +9,11 @@ kernels (``int8_union.measure_costs``; ``FASTVOCAB_INT8_COSTS=costs.json`` makes
 instead of the packaged ``kernels/int8_costs.json``), at the packaged table's rows and unions unless
 ``--rows`` / ``--union`` say otherwise. Where ``kernels.int8.ort_int8`` (a CPU with AMX), its dense kernel
 runs on ONNX Runtime from 16 rows, as the projection's does: the packaged
-``kernels/int8_costs_onnxruntime.json`` was measured so.
+``kernels/int8_costs_onnxruntime.json`` was measured so. The packaged tables were measured with the earlier
+gather (rows widened to float32); a table of today's gather, timed on one thread alone, sent the 418M shape's
+greedy batch-32 step on two workers to the map instead of the dense GEMM, and the run took 1.8x as long
+(``docs/decisions/0023-int8-gather-in-int8.md``): check a new table with ``bench_model_scale.py`` at the
+batches you run before you use it.
 
 The clustered projection's union step computes ``h @ W[cols]^T + b[cols]`` for a batch's union ``cols`` of
 active ids (a share ``u`` of the N columns). In float32 it copies the rows of W block by block

@@ -9,7 +9,10 @@ The package ships the table of the machine it was tuned on (``int8_costs.json``,
 and the result file it comes from), and one of a machine whose dense GEMM of many rows runs on ONNX Runtime
 (``int8_costs_onnxruntime.json``, ``kernels.int8.ort_int8``), which a projection whose rows have sessions
 reads; ``FASTVOCAB_INT8_COSTS`` names another table, for a machine measured the same way, read by both.
-Both kernels give the same logits: a table changes only the time.
+Both kernels give the same logits: a table changes only the time. Both packaged tables priced the gather
+before it multiplied in int8, at 2-4x today's cost; they are kept, because a table of today's gather timed on
+one thread chose it for steps of many rows, and a run on two workers took 1.8x as long as with the dense GEMM
+(docs/decisions/0023-int8-gather-in-int8.md).
 """
 
 from __future__ import annotations
