@@ -10,9 +10,9 @@ and the result file it comes from), and one of a machine whose dense GEMM of man
 (``int8_costs_onnxruntime.json``, ``kernels.int8.ort_int8``), which a projection whose rows have sessions
 reads; ``FASTVOCAB_INT8_COSTS`` names another table, for a machine measured the same way, read by both.
 Both kernels give the same logits: a table changes only the time. Both packaged tables priced the gather
-before it multiplied in int8, at 2-4x today's cost; they are kept, because a table of today's gather timed on
-one thread chose it for steps of many rows, and a run on two workers took 1.8x as long as with the dense GEMM
-(docs/decisions/0023-int8-gather-in-int8.md).
+before it multiplied in int8, at 2-4x today's cost; they are kept, because a table of today's gather chose it
+for the sparse blocks of steps of many rows, and a run on two workers took 1.8x as long as with the dense
+GEMM (docs/decisions/0023-int8-gather-in-int8.md).
 """
 
 from __future__ import annotations
