@@ -46,9 +46,9 @@ INT8_GATHER_CHUNK_BYTES = 4 << 20
 # 1 row, 10-13% at 2-12 rows, 26-35% at 16-32 rows. Between the rows measured the costs are interpolated;
 # beyond the last both grow with the rows alike, so its ratio decides. Both kernels give the same logits: the
 # choice changes only the time. The packaged tables were measured with the gather that widened its rows to
-# float32, which cost 2-4x today's: they keep the dense GEMM for unions the gather would now win on one thread
-# alone. Tables measured with today's gather made the 418M shape's greedy batch-32 step run the map instead of
-# the dense GEMM, 1.8x slower on two workers (docs/decisions/0023-int8-gather-in-int8.md), so they stay.
+# float32, which cost 2-4x today's: they keep the dense GEMM for some unions the gather alone would now win.
+# Tables measured with today's gather made the 418M shape's greedy batch-32 step run the map instead of the
+# dense GEMM, 1.8x slower on two workers (docs/decisions/0023-int8-gather-in-int8.md), so they stay.
 COST_TABLE = load_cost_table()
 INT8_COST_ROWS, INT8_GATHER_US, INT8_DENSE_US = COST_TABLE.rows, COST_TABLE.gather_us, COST_TABLE.dense_us
 # The same where the dense GEMM of many rows runs on ONNX Runtime (``Int8Weights.on_ort``): measured on a

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from fastvocab.kernels import create_projection, int8_union, popular
+from fastvocab.kernels import create_projection, int8, int8_union, popular
 from fastvocab.kernels.clustered import ClusteredProjection
 from tests.layers import random_layer, random_map, rows_near
 
@@ -360,10 +360,8 @@ def test_int8_gather_in_blocks_equals_one_block(monkeypatch, bias):
 
 def test_int8_gather_is_the_layers_integer_sums_scaled():
     """The gather multiplies the input's integers (quantised as the layer quantises them) by the int8 rows
-    with exact integer sums, then scales them as the layer does: bit for bit that, over every row count the
-    search uses and columns in any order."""
-    from fastvocab.kernels import int8
-
+    with exact integer sums, then scales them as the layer does: bit for bit that, at one row, a beam's four
+    and more than 32, with columns in any order."""
     g = torch.Generator().manual_seed(0)
     d, n = 1024, 300
     q = torch.randint(-127, 128, (n, d), dtype=torch.int8, generator=g)
