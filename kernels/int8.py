@@ -24,6 +24,7 @@ import copy
 import functools
 import os
 import warnings
+from collections.abc import Callable, Sequence
 from typing import TypeVar, cast
 
 import numpy as np
@@ -170,7 +171,7 @@ def linear_packed(x: torch.Tensor, packed: PackedRows) -> torch.Tensor:
     """``x`` (rows, d) float32 through rows packed by :func:`packed_rows` (or :func:`packed_of` a layer),
     (rows, n) float32: on ONNX Runtime from ``ORT_MIN_ROWS`` rows on one thread when they serve many rows
     (:class:`PackedRows`), else fbgemm (which runs on this process's threads)."""
-    if packed.session is not None and x.shape[0] >= ORT_MIN_ROWS and torch.get_num_threads() == 1:
+    if _on_onnx_runtime(x, packed):
         # fbgemm's own input quantisation (unsigned 7 bits): both sum the same integers
         qx = torch.quantize_per_tensor_dynamic(x.contiguous(), torch.quint8, reduce_range=True)
         feeds = {
@@ -179,9 +180,48 @@ def linear_packed(x: torch.Tensor, packed: PackedRows) -> torch.Tensor:
             "a_zero": np.array(qx.q_zero_point(), dtype=np.uint8),
         }
         return torch.from_numpy(packed.session.run(None, feeds)[0])
-    # The overload itself: the op packet's call looks for fake script objects in the arguments first,
-    # ~2 us of a one-row step's 14 us GEMM.
-    return torch.ops.quantized.linear_dynamic.default(x, packed.fbgemm, True)  # reduce_range, as the layers
+    return _fbgemm_calls()[0](x, packed.fbgemm)
+
+
+def linear_packed_many(x: torch.Tensor, packed: Sequence[PackedRows]) -> list[torch.Tensor]:
+    """``x`` through each of several packed row sets, as :func:`linear_packed` on each, in one call from
+    Python where all run on fbgemm: a step's cached cluster blocks and its batch's columns."""
+    if any(_on_onnx_runtime(x, p) for p in packed):
+        return [linear_packed(x, p) for p in packed]
+    return _fbgemm_calls()[1](x, [p.fbgemm for p in packed])
+
+
+def _on_onnx_runtime(x: torch.Tensor, packed: PackedRows) -> bool:
+    return packed.session is not None and x.shape[0] >= ORT_MIN_ROWS and torch.get_num_threads() == 1
+
+
+def _fbgemm_one(x: torch.Tensor, packed: torch.classes.quantized.LinearPackedParamsBase) -> torch.Tensor:
+    return torch.ops.quantized.linear_dynamic(x, packed, True)  # reduce_range, as the layers
+
+
+def _fbgemm_each(
+    x: torch.Tensor, packed: list[torch.classes.quantized.LinearPackedParamsBase]
+) -> list[torch.Tensor]:
+    return [torch.ops.quantized.linear_dynamic(x, p, True) for p in packed]
+
+
+@functools.lru_cache(maxsize=1)
+def _fbgemm_calls() -> tuple[Callable, Callable]:
+    """:func:`_fbgemm_one` and :func:`_fbgemm_each` compiled by TorchScript, which passes the packed
+    weights to the op in C++. Called from Python, the op takes ~20 us more a call to receive them than its
+    GEMM at a step's few rows takes (4 x 256 x 300 on one thread of a Xeon: ~25 us from Python, ~11 from
+    TorchScript, ~3-5 a further call inside one; docs/decisions/0024-fbgemm-from-torchscript.md). Where
+    TorchScript is gone, the op is called from Python: the same op, the same logits."""
+    ctx = _quiet()
+    warnings.filterwarnings(
+        "ignore", message=r".*torch\.jit\.script.* is deprecated", category=DeprecationWarning
+    )
+    try:
+        return torch.jit.script(_fbgemm_one), torch.jit.script(_fbgemm_each)
+    except Exception:  # deprecated: a torch without TorchScript still runs the op
+        return _fbgemm_one, _fbgemm_each
+    finally:
+        ctx.__exit__(None, None, None)
 
 
 def packed_of(layer: nn.Module, *, many_rows: bool = False) -> PackedRows:

@@ -178,3 +178,15 @@ def test_a_projection_with_sessions_prices_its_kernels_by_the_onnx_runtime_table
     monkeypatch.setattr(int8, "ort_int8", lambda: False)
     without = create_projection("clustered", w, b, cluster_map=cmap, int8=True, cache_mb=0)
     assert not without._w8.on_ort
+
+
+def test_several_sets_at_many_rows_run_each_on_its_session(ort_on):
+    """``linear_packed_many``: where a set runs on ONNX Runtime, every set runs as ``linear_packed`` does."""
+    _, plain, many = packed_layer(bias=True, seed=4)
+    x = rows(int8.ORT_MIN_ROWS + 2, seed=5)
+    got = int8.linear_packed_many(x, [many, plain, many])
+    assert many.session.runs == 2
+    want = int8.linear_packed(x, plain)
+    assert torch.equal(got[1], want)
+    for g in (got[0], got[2]):
+        torch.testing.assert_close(g, want, rtol=1e-6, atol=1e-6 * float(want.abs().max()))

@@ -1,0 +1,54 @@
+"""fbgemm's int8 GEMM is called from TorchScript (one call for a step's several packed row sets), which hands
+it the packed weights in C++: the op's own logits, whichever way it is called."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fastvocab.kernels import int8
+
+D = 48
+
+
+def layer(n: int, seed: int, bias: bool = True):
+    gen = torch.Generator().manual_seed(seed)
+    b = torch.randn(n, generator=gen) if bias else None
+    return int8.int8_linear(torch.randn(n, D, generator=gen) * D**-0.5, b)
+
+
+def op(x: torch.Tensor, packed: int8.PackedRows) -> torch.Tensor:
+    return torch.ops.quantized.linear_dynamic.default(x, packed.fbgemm, True)
+
+
+@pytest.mark.parametrize("rows", [1, 4, 33])
+def test_packed_rows_give_the_ops_logits_one_set_or_several(rows):
+    layers = [layer(n, seed=n, bias=n != 70) for n in (30, 70, 5)]
+    packed = [int8.packed_of(lin) for lin in layers]
+    x = torch.randn(rows, D, generator=torch.Generator().manual_seed(rows)) * 3
+    want = [op(x, p) for p in packed]
+    assert all(w.abs().max() > 0 for w in want)
+    assert all(torch.equal(int8.linear_packed(x, p), w) for p, w in zip(packed, want, strict=True))
+    assert all(torch.equal(lin(x), w) for lin, w in zip(layers, want, strict=True))
+    got = int8.linear_packed_many(x, packed)
+    assert len(got) == 3 and all(torch.equal(g, w) for g, w in zip(got, want, strict=True))
+
+
+def test_the_calls_are_compiled_here_and_fall_back_to_python_without_torchscript(monkeypatch):
+    one, each = int8._fbgemm_calls()
+    assert isinstance(one, torch.jit.ScriptFunction) and isinstance(each, torch.jit.ScriptFunction)
+
+    def gone(fn):
+        raise RuntimeError("no TorchScript")
+
+    packed = int8.packed_of(layer(20, seed=1))
+    x = torch.randn(3, D)
+    want = op(x, packed)
+    int8._fbgemm_calls.cache_clear()
+    monkeypatch.setattr(torch.jit, "script", gone)
+    try:
+        assert int8._fbgemm_calls() == (int8._fbgemm_one, int8._fbgemm_each)
+        assert torch.equal(int8.linear_packed(x, packed), want)
+        assert torch.equal(int8.linear_packed_many(x, [packed, packed])[1], want)
+    finally:
+        int8._fbgemm_calls.cache_clear()
