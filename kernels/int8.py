@@ -30,6 +30,7 @@ from typing import TypeVar, cast
 import numpy as np
 import torch
 from torch import nn
+from torch.ao.nn.quantized.dynamic import Linear as DynamicLinear
 
 from fastvocab.kernels.ort_session import one_thread_session, onnx_unavailable
 
@@ -249,7 +250,19 @@ def quantize_linears(module: M, inplace: bool = False) -> M:
     try:
         target = module if inplace else copy.deepcopy(module)
         return quantize_dynamic(
-            target, {nn.Linear: per_channel_dynamic_qconfig}, dtype=torch.qint8, inplace=True
+            target,
+            {nn.Linear: per_channel_dynamic_qconfig},
+            dtype=torch.qint8,
+            mapping={nn.Linear: Int8Linear},
+            inplace=True,
         )
     finally:
         ctx.__exit__(None, None, None)
+
+
+class Int8Linear(DynamicLinear):
+    """torch's dynamic int8 ``Linear`` whose call runs the op as :func:`linear_packed` does (from
+    TorchScript: ~20 us less a call at a step's few rows), the same op and arguments, the same output."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _fbgemm_calls()[0](x, self._packed_params._packed_params)

@@ -52,3 +52,24 @@ def test_the_calls_are_compiled_here_and_fall_back_to_python_without_torchscript
         assert torch.equal(int8.linear_packed_many(x, [packed, packed])[1], want)
     finally:
         int8._fbgemm_calls.cache_clear()
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # torch.ao.quantization, the reference
+def test_quantised_layers_call_the_op_as_torchs_own_dynamic_linear_does():
+    """``quantize_linears`` swaps in :class:`~fastvocab.kernels.int8.Int8Linear`: torch's dynamic int8
+    layer, with its weights, whose call gives torch's layer's output bit for bit (2-d and 3-d input)."""
+    from torch import nn
+    from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
+
+    gen = torch.Generator().manual_seed(3)
+    model = nn.Sequential(nn.Linear(D, 40), nn.ReLU(), nn.Linear(40, 24, bias=False))
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.randn(p.shape, generator=gen) * 0.2)
+    ours = int8.quantize_linears(model)
+    torchs = quantize_dynamic(model, {nn.Linear: per_channel_dynamic_qconfig}, dtype=torch.qint8)
+    assert isinstance(ours[0], int8.Int8Linear) and isinstance(ours[2], int8.Int8Linear)
+    assert type(torchs[0]) is not int8.Int8Linear
+    for x in (torch.randn(5, D, generator=gen), torch.randn(2, 3, D, generator=gen)):
+        want = torchs(x)
+        assert want.abs().max() > 0 and torch.equal(ours(x), want)
