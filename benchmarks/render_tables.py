@@ -55,10 +55,10 @@ def _row(cells: list[str]) -> str:
 # --- README: full against clustered + shortlist, with CTranslate2 beside (bench_peer, --engine onnx) ---
 
 PEER = (
-    ("greedy, batch 1", "peer-cpu-2026-11-29-xeon-b1-n200.json", "beam1"),
+    ("greedy, batch 1", "peer-cpu-2026-11-29-xeon-b1-n200-torchscript.json", "beam1"),
     ("beam 4, batch 1", "peer-cpu-2026-11-29-xeon-b1-beam4-n200.json", "beam4"),
-    ("greedy, batch 32", "peer-cpu-2026-11-29-xeon-b32.json", "beam1"),
-    ("beam 4, batch 32", "peer-cpu-2026-11-29-xeon-b32.json", "beam4"),
+    ("greedy, batch 32", "peer-cpu-2026-11-29-xeon-b32-torchscript.json", "beam1"),
+    ("beam 4, batch 32", "peer-cpu-2026-11-29-xeon-b32-torchscript.json", "beam4"),
 )
 
 

@@ -13,6 +13,9 @@ int32 and scales back to float32. :func:`quantize_input` reproduces that quantis
 multiplies some of the layer's rows on its own (the clustered projection's gathers, ``torch._int_mm``)
 computes the same integers and the same logits.
 
+fbgemm's GEMM is called from TorchScript (:func:`linear_packed`, :func:`linear_packed_many` and the layers,
+:class:`Int8Linear`): called from Python, receiving the packed weights cost more than a step's GEMM.
+
 Rows packed once (:func:`packed_rows`, :func:`packed_of`) run through fbgemm's packed GEMM. Those that serve
 steps of many rows may also run on ONNX Runtime's int8 GEMM (MLAS), fed the input quantised as fbgemm
 quantises it: the same int32 sums, the same logits (:class:`PackedRows`, :func:`ort_int8`).
@@ -172,7 +175,7 @@ def linear_packed(x: torch.Tensor, packed: PackedRows) -> torch.Tensor:
     """``x`` (rows, d) float32 through rows packed by :func:`packed_rows` (or :func:`packed_of` a layer),
     (rows, n) float32: on ONNX Runtime from ``ORT_MIN_ROWS`` rows on one thread when they serve many rows
     (:class:`PackedRows`), else fbgemm (which runs on this process's threads)."""
-    if _on_onnx_runtime(x, packed):
+    if packed.session is not None and _many_rows(x):
         # fbgemm's own input quantisation (unsigned 7 bits): both sum the same integers
         qx = torch.quantize_per_tensor_dynamic(x.contiguous(), torch.quint8, reduce_range=True)
         feeds = {
@@ -187,21 +190,27 @@ def linear_packed(x: torch.Tensor, packed: PackedRows) -> torch.Tensor:
 def linear_packed_many(x: torch.Tensor, packed: Sequence[PackedRows]) -> list[torch.Tensor]:
     """``x`` through each of several packed row sets, as :func:`linear_packed` on each, in one call from
     Python where all run on fbgemm: a step's cached cluster blocks and its batch's columns."""
-    if any(_on_onnx_runtime(x, p) for p in packed):
+    if _many_rows(x) and any(p.session is not None for p in packed):
         return [linear_packed(x, p) for p in packed]
     return _fbgemm_calls()[1](x, [p.fbgemm for p in packed])
 
 
-def _on_onnx_runtime(x: torch.Tensor, packed: PackedRows) -> bool:
-    return packed.session is not None and x.shape[0] >= ORT_MIN_ROWS and torch.get_num_threads() == 1
+def _many_rows(x: torch.Tensor) -> bool:
+    """Whether rows packed with a session run ``x`` on it: ``ORT_MIN_ROWS`` rows or more, on one thread."""
+    return x.shape[0] >= ORT_MIN_ROWS and torch.get_num_threads() == 1
 
 
-def _fbgemm_one(x: torch.Tensor, packed: torch.classes.quantized.LinearPackedParamsBase) -> torch.Tensor:
+# TorchScript reads the packed weights' type from the annotations; mypy does not know torch.classes' names.
+def _fbgemm_one(
+    x: torch.Tensor,
+    packed: torch.classes.quantized.LinearPackedParamsBase,  # type: ignore[name-defined]
+) -> torch.Tensor:
     return torch.ops.quantized.linear_dynamic(x, packed, True)  # reduce_range, as the layers
 
 
 def _fbgemm_each(
-    x: torch.Tensor, packed: list[torch.classes.quantized.LinearPackedParamsBase]
+    x: torch.Tensor,
+    packed: list[torch.classes.quantized.LinearPackedParamsBase],  # type: ignore[name-defined]
 ) -> list[torch.Tensor]:
     return [torch.ops.quantized.linear_dynamic(x, p, True) for p in packed]
 
