@@ -8,6 +8,8 @@ called from Python (the op overload, as ``kernels.int8.linear_packed`` did until
 TorchScript (``linear_packed`` now); ``blocks``: a step's few packed blocks, one Python call each against
 one TorchScript call for all (``linear_packed_many``). Median microseconds a call over ``--repeats`` rounds.
 
+``first_call_ms``: a fresh process's first call, each way (what each worker pays once).
+
 ``translate``: the demo model's en-it test lines, clustered int8 with the shipped map and shortlist, one
 process on one thread, both ways alternating round by round: the seconds (median) and whether the outputs
 are the same.
@@ -18,6 +20,8 @@ from __future__ import annotations
 import argparse
 import functools
 import statistics
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -79,6 +83,31 @@ def bench_calls(dims: list[int], columns: list[int], rows: list[int], calls: int
                 )
                 print(row, flush=True)
                 out.append(row)
+    return out
+
+
+_FIRST_CALL = """
+import time, torch
+from fastvocab.kernels import int8
+packed = int8.packed_of(int8.int8_linear(torch.randn(300, 256), None))
+x = torch.randn(4, 256)
+op = torch.ops.quantized.linear_dynamic.default
+t0 = time.perf_counter()
+op(x, packed.fbgemm, True) if WAY == "python" else int8.linear_packed(x, packed)
+print((time.perf_counter() - t0) * 1e3)
+"""
+
+
+def bench_first_call(repeats: int) -> dict[str, list[float]]:
+    """Milliseconds of a fresh process's first int8 call (4 x 256 x 300), each way: what a worker pays once
+    (for TorchScript: compiling the function and its first run)."""
+    out: dict[str, list[float]] = {PYTHON: [], SCRIPT: []}
+    for _ in range(repeats):
+        for way in out:
+            code = _FIRST_CALL.replace("WAY", repr(way))
+            text = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+            out[way].append(round(float(text.stdout.split()[-1]), 2))
+    print({"first_call_ms": out}, flush=True)
     return out
 
 
@@ -147,8 +176,9 @@ def main() -> int:
     else:
         sizes = dict(dims=[256, 1024], columns=[300, 2000], rows=[1, 4, 32], calls=500, repeats=5)
     calls = bench_calls(**sizes)
+    first = bench_first_call(1 if args.quick else 3)
     result = {**result_header("int8-calls"), "threads": 1, **{k: v for k, v in sizes.items()}}
-    result.update(calls=calls, translate=bench_translate(args), model=str(args.model))
+    result.update(calls=calls, first_call_ms=first, translate=bench_translate(args), model=str(args.model))
     write_result(args.out, result)
     return 0
 

@@ -227,11 +227,29 @@ def _fbgemm_calls() -> tuple[Callable, Callable]:
         "ignore", message=r".*torch\.jit\.script.* is deprecated", category=DeprecationWarning
     )
     try:
-        return torch.jit.script(_fbgemm_one), torch.jit.script(_fbgemm_each)
+        return _unoptimised(torch.jit.script(_fbgemm_one)), _unoptimised(torch.jit.script(_fbgemm_each))
     except Exception:  # deprecated: a torch without TorchScript still runs the op
         return _fbgemm_one, _fbgemm_each
     finally:
         ctx.__exit__(None, None, None)
+
+
+def _unoptimised(compiled: Callable) -> Callable:
+    """``compiled`` run by TorchScript's plain executor. The optimising one, the default, compiles a plan at
+    a process's first call (45-80 ms on the Xeon, in every forked worker) that one op does not need; the
+    plain one took 1 ms. The flag is the calling thread's, set back after each call."""
+    get, put = torch._C._get_graph_executor_optimize, torch._C._set_graph_executor_optimize
+
+    def call(*args):
+        was = get()
+        put(False)
+        try:
+            return compiled(*args)
+        finally:
+            put(was)
+
+    call.__wrapped__ = compiled  # type: ignore[attr-defined]
+    return call
 
 
 def packed_of(layer: nn.Module, *, many_rows: bool = False) -> PackedRows:

@@ -36,7 +36,9 @@ def test_packed_rows_give_the_ops_logits_one_set_or_several(rows):
 
 def test_the_calls_are_compiled_here_and_fall_back_to_python_without_torchscript(monkeypatch):
     one, each = int8._fbgemm_calls()
-    assert isinstance(one, torch.jit.ScriptFunction) and isinstance(each, torch.jit.ScriptFunction)
+    assert isinstance(one.__wrapped__, torch.jit.ScriptFunction)
+    assert isinstance(each.__wrapped__, torch.jit.ScriptFunction)
+    assert torch._C._get_graph_executor_optimize()  # set back after each call
 
     def gone(fn):
         raise RuntimeError("no TorchScript")
