@@ -38,14 +38,15 @@ def test_the_calls_are_compiled_here_and_fall_back_to_python_without_torchscript
     one, each = int8._fbgemm_calls()
     assert isinstance(one.__wrapped__, torch.jit.ScriptFunction)
     assert isinstance(each.__wrapped__, torch.jit.ScriptFunction)
-    assert torch._C._get_graph_executor_optimize()  # set back after each call
+    packed = int8.packed_of(layer(20, seed=1))
+    x = torch.randn(3, D)
+    want = op(x, packed)
+    assert torch.equal(one(x, packed.fbgemm), want)
+    assert torch._C._get_graph_executor_optimize()  # the plain executor's flag is set back after a call
 
     def gone(fn):
         raise RuntimeError("no TorchScript")
 
-    packed = int8.packed_of(layer(20, seed=1))
-    x = torch.randn(3, D)
-    want = op(x, packed)
     int8._fbgemm_calls.cache_clear()
     monkeypatch.setattr(torch.jit, "script", gone)
     try:
