@@ -60,6 +60,12 @@ COMPACT_FRACTION: float | None = None
 # accelerator's schedule on CPU), and every step whenever a step_hook is given (records hold live rows only).
 SYNC_EVERY = 4
 CPU_SYNC_EVERY = 1
+# Beam search on CPU: up to this many scores a step (rows x columns), each row's candidates are one compiled
+# call (row_candidates). Its normaliser takes ~9 ns a score, one at a time, and torch's vectorised one ~1 ns
+# plus ~60 us of calls in a run; a beam-4 step of the shipped clustered maps scores ~2,500 (demo model).
+HOST_CANDIDATES = 8192
+_NO_IDS = np.empty(0, dtype=np.int64)
+_NO_MASS = np.empty(0, dtype=np.float32)
 
 
 @dataclass
@@ -383,6 +389,9 @@ class BeamState:
         self.never_len = float(prefix_len + max_len - 1) ** length_penalty  # "never": judged at the limit
         self._views: dict[str, np.ndarray] = {}
         if host:
+            never = rule == "never" and length_penalty > 0  # "never" judges the best live beam at the limit
+            self._rule_code = compiled_step().rule_code(rule is True, never)
+        if host:
             self._view_all()
 
     @property
@@ -447,75 +456,22 @@ class BeamState:
     def _advance_host(
         self, row_vals: torch.Tensor, row_toks: torch.Tensor, final: bool
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """:meth:`advance` in numpy on the state's CPU memory: the same float32 sums, divisions and
-        comparisons, in ~15 numpy operations at ~1-2 us each where the tensor step made ~30 torch ops at
-        ~5 us each (one sentence at beam 4, in a whole one-thread run: ~90 us a step against ~140, a probe).
-        Among equal scores the lower index comes first (``torch.topk`` promises no order among them)."""
+        """:meth:`advance` compiled, on the state's CPU memory (``host_beam_step.advance``): the same float32
+        sums, divisions and comparisons as the tensor step, in one call where numpy took ~15 operations and
+        torch ~30. Among equal scores the lower index comes first (``torch.topk`` promises no order)."""
         v = self._views
-        n, k = self.n, self.k
-        vals = row_vals.numpy()
-        kk = vals.shape[1]
-        total = (vals.reshape(n, k, kk) + v["run_scores"][:, :, None]).reshape(n, k * kk)
-        sent = np.arange(n)[:, None]  # each sentence's row of the (n, ...) arrays
-        flat = _best_first(total, 2 * k)  # (n, m), m = min(2k, k*kk)
-        cand_scores = total[sent, flat]
-        cand_beam = flat // kk  # which live beam each candidate extends
-        cand_toks = row_toks.numpy().reshape(n, k * kk)[sent, flat]
-        step = int(v["step"][0])
-        done_cand = np.ones(cand_toks.shape, dtype=bool) if final else cand_toks == self.eos
-        if final or done_cand.any():
-            # Finished candidates among the best k enter the pool of finished hypotheses.
-            new_fin = done_cand & v["top_k_mask"][: cand_toks.shape[1]] & ~v["done"][:, None]
-            if new_fin.any():
-                self._merge_host(cand_scores, cand_beam, cand_toks, new_fin, step)
-            # The best k unfinished candidates live on (finished ones pushed to the bottom, as in generate).
-            scores = cand_scores + done_cand * np.float32(_NEG)
-            pick = _best_first(scores, k)
-            live, beam, toks = scores[sent, pick], cand_beam[sent, pick], cand_toks[sent, pick]
-        else:  # nothing finished: the best k candidates, already in order
-            live, beam, toks = cand_scores[:, :k], cand_beam[:, :k], cand_toks[:, :k]
-        seqs = v["run_seqs"]
-        seqs[:] = seqs[sent, beam]
-        seqs[:, :, step] = toks
-        v["run_scores"][:] = live
-        done = v["done"]
-        if final:
-            done[:] = True
-        elif self.pooled:  # with an empty pool no slot holds a finished hypothesis: no sentence is done
-            now = v["fin_any"].all(axis=1)
-            if self.rule is not True:
-                never = self.rule == "never" and self.lp > 0
-                at_len = np.float32(self.never_len) if never else v["denoms"][step]
-                now &= v["run_scores"][:, 0] / at_len <= v["fin_scores"].min(axis=1)
-            done |= now
-        v["step"][0] = step + 1
-        return torch.from_numpy(np.ascontiguousarray(toks)), torch.from_numpy(v["first_row"] + beam)
-
-    def _merge_host(
-        self,
-        cand_scores: np.ndarray,
-        cand_beam: np.ndarray,
-        cand_toks: np.ndarray,
-        new_fin: np.ndarray,
-        step: int,
-    ) -> None:
-        """The pool's best k of its hypotheses and the ``new_fin`` candidates (normalised by their length)."""
-        v, k = self._views, self.k
-        sent = np.arange(self.n)[:, None]
-        self.pooled = True
-        cand_seqs = v["run_seqs"][sent, cand_beam]  # (n, m, T), a copy
-        cand_seqs[:, :, step] = cand_toks
-        norm = cand_scores / v["denoms"][step] + ~new_fin * np.float32(_NEG)
-        scores = np.concatenate([v["fin_scores"], norm], axis=1)
-        sel = _best_first(scores, k)
-        v["fin_seqs"][:] = np.concatenate([v["fin_seqs"], cand_seqs], axis=1)[sent, sel]
-        v["fin_any"][:] = np.concatenate([v["fin_any"], new_fin], axis=1)[sent, sel]
-        v["fin_scores"][:] = scores[sent, sel]
+        toks = np.empty((self.n, self.k), dtype=np.int64)
+        rows = np.empty((self.n, self.k), dtype=np.int64)
+        self.pooled = compiled_step().advance(
+            row_vals.numpy(), row_toks.numpy(), v["run_scores"], v["run_seqs"], v["fin_scores"],
+            v["fin_seqs"], v["fin_any"], v["done"], v["step"], v["denoms"], self.eos, final, self.pooled,
+            self._rule_code, np.float32(self.never_len), toks, rows,
+        )  # fmt: skip
+        return torch.from_numpy(toks), torch.from_numpy(rows)
 
     def _view_all(self) -> None:
         """numpy views of the state's tensors (the same memory), for :meth:`_advance_host`."""
-        names = ("run_scores", "run_seqs", "fin_scores", "fin_seqs", "fin_any", "done", "step", "top_k_mask",
-                 "first_row", "denoms")  # fmt: skip
+        names = ("run_scores", "run_seqs", "fin_scores", "fin_seqs", "fin_any", "done", "step", "denoms")
         self._views = {name: getattr(self, name).numpy() for name in names}
 
     def keep(self, index: torch.Tensor) -> None:
@@ -525,12 +481,6 @@ class BeamState:
         self.first_row = self.first_row[: index.shape[0]]
         if self.host:
             self._view_all()
-
-
-def _best_first(scores: np.ndarray, k: int) -> np.ndarray:
-    """The columns of each row's ``k`` largest ``scores``, largest first, the lower column first among equal
-    ones: ``torch.topk``'s choice but for the order of ties (it promises none)."""
-    return np.argsort(-scores, axis=1, kind="stable")[:, :k]
 
 
 def row_candidates(
@@ -545,13 +495,50 @@ def row_candidates(
     ``banned`` ids at -inf after the log-softmax (as generate's processors): a sentence's best ``2k`` over
     its ``k`` rows lie within them. ``first``: the rows are one per sentence (the first step), copied to its
     ``k`` beams. ``topk``: the per-row top-k (the CPU's blocked one; ``torch.topk`` gives the same values).
-    ``spend``: nothing reads ``out`` after (:meth:`ProjectionOutput.search_scores`)."""
+    ``spend``: nothing reads ``out`` after (:meth:`ProjectionOutput.search_scores`).
+
+    On CPU, for a step's few rows and columns (up to :data:`HOST_CANDIDATES` scores), the normaliser, the
+    banned ids and the top-k are one compiled call (``host_beam_step.row_candidates``); above that torch's
+    vectorised log-softmax and the blocked top-k run faster than its one value at a time."""
+    if topk is topk_rows and _host_can(out):
+        return _host_candidates(out, banned, k, first)
     logp = out.search_scores(banned, log_probs=True, spend=spend)  # (rows, C)
     vals, cols = topk(logp, min(2 * k, logp.shape[1]))
     toks = out.to_vocab_ids(cols)
     if first:
         return vals.repeat_interleave(k, 0), toks.repeat_interleave(k, 0)
     return vals, toks
+
+
+def compiled_step():
+    """``fastvocab.decoding.host_beam_step``, imported on first use: numba takes ~0.4 s to import, and only
+    beam search on CPU needs it."""
+    from fastvocab.decoding import host_beam_step
+
+    return host_beam_step
+
+
+def _host_can(out: ProjectionOutput) -> bool:
+    logits = out.logits
+    return (
+        logits.device.type == "cpu" and logits.dtype == torch.float32 and logits.numel() <= HOST_CANDIDATES
+        and (out.ids is None or out.ids.dim() == 1) and not logits.requires_grad
+    )  # fmt: skip
+
+
+def _host_candidates(
+    out: ProjectionOutput, banned: torch.Tensor | None, k: int, first: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`row_candidates` as one compiled call on the output's CPU memory."""
+    rows, cols = out.logits.shape
+    m, copies = min(2 * k, cols), k if first else 1
+    vals = np.empty((rows * copies, m), dtype=np.float32)
+    toks = np.empty((rows * copies, m), dtype=np.int64)
+    ids = _NO_IDS if out.ids is None else out.ids.numpy()
+    mass = _NO_MASS if out.log_inactive_mass is None else out.log_inactive_mass.float().numpy()
+    banned_ids = _NO_IDS if banned is None else np.sort(banned.numpy())
+    compiled_step().row_candidates(out.logits.numpy(), ids, mass, banned_ids, m, copies, vals, toks)
+    return torch.from_numpy(vals), torch.from_numpy(toks)
 
 
 def forced_candidates(rows: int, token: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,0 +1,145 @@
+"""Beam search's compiled host step (``decoding/host_beam_step.py``) against the torch and numpy it stands
+for: the candidates' order, the log-probs and ids of each row's best continuations, whole searches.
+
+The advance itself is checked against the tensor step, step by step, in
+``test_search.py::test_host_step_equals_the_tensor_step``."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from fastvocab.decoding import search
+from fastvocab.decoding.hf_adapter import Seq2SeqAdapter
+from fastvocab.decoding.search import beam_search, row_candidates
+from fastvocab.decoding.settings import SearchSettings
+from fastvocab.kernels.base import ProjectionOutput
+from fastvocab.tasks.projections import clustered_options, make_projection
+from tests.conftest import synthetic_sentences
+from tests.layers import random_map
+
+
+def _torch_topk(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.topk(x, k, dim=-1)
+
+
+def test_best_first_is_a_stable_descending_argsort():
+    """Largest first, the lower index first among equal values, NaN last: ``np.argsort(-x, "stable")``."""
+    best_first = search.compiled_step()._best_first
+    rng = np.random.default_rng(0)
+    for trial in range(200):
+        x = rng.integers(-3, 4, size=int(rng.integers(1, 24))).astype(np.float32)  # many ties
+        if trial % 3 == 0:
+            x[rng.integers(0, x.shape[0], size=2)] = rng.choice([np.nan, -np.inf, np.inf], size=2)
+        for m in {1, min(4, x.shape[0]), x.shape[0]}:
+            out = np.full(m, -1, dtype=np.int64)
+            best_first(x, m, out)
+            np.testing.assert_array_equal(out, np.argsort(-x, kind="stable")[:m], err_msg=str((x, m)))
+
+
+@pytest.mark.parametrize("ids", ["full", "shared"])
+@pytest.mark.parametrize("mass", [False, True])
+@pytest.mark.parametrize("banned", [False, True])
+@pytest.mark.parametrize("first", [False, True])
+def test_compiled_candidates_equal_torchs(ids, mass, banned, first):
+    """Each row's 2k best log-probs and ids: the compiled call against torch's log-softmax (with the left-out
+    mass where there is one), banned ids at -inf and ``torch.topk``. The normaliser is summed in float64 in
+    the compiled call, so the log-probs agree to float32 rounding; the ids are the same."""
+    gen = torch.Generator().manual_seed(1)
+    rows, n_vocab, k = 6, 80, 3
+    c = n_vocab if ids == "full" else 30
+    col_ids = None if ids == "full" else torch.randperm(n_vocab, generator=gen)[:c]
+    logits = torch.randn(rows, c, generator=gen) * 3
+    left_out = torch.randn(rows, generator=gen) + 2 if mass else None
+    out = ProjectionOutput(logits, col_ids, n_vocab, log_inactive_mass=left_out)
+    # The best few columns' ids banned: the answer must skip them.
+    top_ids = out.to_vocab_ids(torch.topk(logits, 2, dim=-1).indices)
+    ban = torch.unique(top_ids[:, 0]) if banned else None
+    assert search._host_can(out)
+    got_vals, got_toks = row_candidates(out, ban, k, first)
+    want_vals, want_toks = row_candidates(out, ban, k, first, topk=_torch_topk)
+    assert got_vals.shape == want_vals.shape == (rows * (k if first else 1), 2 * k)
+    assert torch.equal(got_toks, want_toks)
+    torch.testing.assert_close(got_vals, want_vals, rtol=0, atol=1e-5)
+    assert bool((got_vals < 0).all())
+    if banned:
+        assert not bool(torch.isin(got_toks, ban).any())
+
+
+@pytest.mark.parametrize("mass", [False, True])
+def test_a_row_of_minus_infinity_normalises_as_torch_does(mass):
+    """A row whose every column is -inf: NaN log-probs without a left-out mass (torch's log-softmax), -inf
+    with one (the mass is the whole normaliser)."""
+    logits = torch.full((2, 5), -math.inf)
+    logits[1] = torch.arange(5.0)
+    left_out = torch.tensor([0.5, 0.5]) if mass else None
+    out = ProjectionOutput(logits, None, 5, log_inactive_mass=left_out)
+    got, _ = row_candidates(out, None, 1)
+    want, _ = row_candidates(out, None, 1, topk=_torch_topk)
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-6, equal_nan=True)
+    assert bool(got[0].isnan().all()) != mass
+
+
+def test_wide_outputs_take_torchs_vectorised_path(monkeypatch):
+    """Above ``HOST_CANDIDATES`` scores a step takes torch's log-softmax and top-k, and gets the same
+    candidates; per-row ids (a per-row selection) always do."""
+    out = ProjectionOutput(torch.randn(4, 50), None, 50)
+    assert search._host_can(out)
+    monkeypatch.setattr(search, "HOST_CANDIDATES", 199)
+    assert not search._host_can(out)
+    assert not search._host_can(ProjectionOutput(torch.randn(2, 5), torch.randint(0, 50, (2, 5)), 50))
+
+
+@pytest.fixture(scope="module")
+def adapter(tiny_model_dir) -> Seq2SeqAdapter:
+    return Seq2SeqAdapter.load(tiny_model_dir, device="cpu", dtype=torch.float32)
+
+
+@pytest.mark.parametrize("rule", [False, True, "never"])
+def test_beam_search_with_the_compiled_step_equals_the_tensor_step(adapter, monkeypatch, rule):
+    """Whole beam searches on CPU: the compiled candidates and advance, against torch's candidates and the
+    tensor step (the one an accelerator runs), with the full projection and with a clustered one that
+    estimates the left-out mass; the same hypotheses."""
+    texts = synthetic_sentences("en", 6, seed=4)
+    batch = adapter.encode_texts(texts, "en")
+    settings = SearchSettings(beam=3, max_len=12, early_stopping=rule, length_penalty=1.2)
+    full = make_projection(adapter, "full")
+    cmap = random_map(adapter.output_weight, adapter.output_bias, size=60)
+    clustered = make_projection(
+        adapter, "clustered", cluster_map=cmap, **clustered_options("union", "auto", False, 3)
+    )
+    for proj in (full, clustered):
+        got = beam_search(adapter, proj, batch, "en", "it", settings)
+        with monkeypatch.context() as patch:
+            patch.setattr(search, "HOST_CANDIDATES", 0)
+            patch.setattr(search.BeamState, "_advance_host", _tensor_advance)
+            want = beam_search(adapter, proj, batch, "en", "it", settings)
+        assert got == want and any(got), (proj, rule)
+
+
+def _tensor_advance(self, row_vals, row_toks, final):
+    """BeamState's tensor step run where the host step would (``host`` only picks between the two; the
+    tensor step merges and checks every step, so its pool counts as taken)."""
+    self.host, self.pooled = False, True
+    try:
+        return self.advance(row_vals, row_toks, final)
+    finally:
+        self.host = True
+
+
+def test_warm_compiles_what_beam_search_calls(adapter):
+    """``warm`` (run into the deploy image) compiles both functions for the very types beam search passes:
+    a search after it compiles nothing more."""
+    kernels = search.compiled_step()
+    kernels.warm()
+    before = (list(kernels.advance.signatures), list(kernels.row_candidates.signatures))
+    batch = adapter.encode_texts(synthetic_sentences("en", 3, seed=5), "en")
+    cmap = random_map(adapter.output_weight, adapter.output_bias, size=60)
+    proj = make_projection(
+        adapter, "clustered", cluster_map=cmap, **clustered_options("union", "auto", False, 2)
+    )
+    assert any(beam_search(adapter, proj, batch, "en", "it", SearchSettings(beam=2, max_len=8)))
+    assert (list(kernels.advance.signatures), list(kernels.row_candidates.signatures)) == before
