@@ -5,7 +5,9 @@
 
 ``translate``: the demo model's en-it test lines, clustered int8 with the shipped map and shortlist (and
 the full int8 projection, whose wide rows keep torch's candidates), one process on one thread, both ways
-alternating round by round: the seconds (median), each round's ratio, and whether the outputs are the same.
+alternating every ``--chunk`` lines (this machine's speed drifts by 1.5x within minutes, and whole runs
+alternating round by round measured 0.83-1.96x for the same pair): each round's seconds of each way, their
+medians, each round's ratio, and whether the outputs are the same.
 ``compiled`` is the step as it is (``decoding/host_beam_step.py``); ``numpy`` is the step before it: each
 row's candidates by torch's log-softmax and blocked top-k, the beams' advance in numpy (kept below, as
 ``search.py`` had it until 2026-11-29).
@@ -160,13 +162,20 @@ def bench_translate(args) -> list[dict]:
         settings = SearchSettings(beam=int(beam), batch_size=int(batch))
         seconds: dict[str, list[float]] = {NUMPY: [], COMPILED: []}
         outputs: dict[str, list[str]] = {}
+        chunks = [lines[i : i + args.chunk] for i in range(0, len(lines), args.chunk)]
         for i in range(args.rounds + 1):  # the first round warms both up, untimed
-            for way in round_order([NUMPY, COMPILED], i):
-                _use(way)
-                r = translate(adapter, proj, lines, "en", "it", settings, workers=1, progress=False)
-                if i:
-                    seconds[way].append(round(r.seconds, 3))
-                outputs[way] = r.hypotheses
+            took = {NUMPY: 0.0, COMPILED: 0.0}
+            said: dict[str, list[str]] = {NUMPY: [], COMPILED: []}
+            for c, chunk in enumerate(chunks):  # both ways chunk by chunk: the machine's drift hits both
+                for way in round_order([NUMPY, COMPILED], i + c):
+                    _use(way)
+                    r = translate(adapter, proj, chunk, "en", "it", settings, workers=1, progress=False)
+                    took[way] += r.seconds
+                    said[way] += r.hypotheses
+            if i:
+                for way, s in took.items():
+                    seconds[way].append(round(s, 3))
+            outputs = said
         med = {way: statistics.median(s) for way, s in seconds.items()}
         row = {
             "projection": f"{method} int8",
@@ -196,12 +205,13 @@ def main() -> int:
     p.add_argument("--systems", default=systems, help="method:beam:batch,... (default: %(default)s)")
     p.add_argument("--n", type=int, default=100, help="test lines to translate (default: %(default)s)")
     p.add_argument("--rounds", type=int, default=5, help="timed rounds of each way (default: %(default)s)")
+    p.add_argument("--chunk", type=int, default=10, help="lines a way translates before the other's turn")
     p.add_argument("--quick", action="store_true", help="8 lines, one round, no first-call runs: a smoke run")
     p.add_argument("--out", type=Path)
     args = p.parse_args()
     torch.set_num_threads(1)
     if args.quick:
-        args.n, args.rounds, args.systems = 8, 1, "clustered:4:1"
+        args.n, args.rounds, args.systems, args.chunk = 8, 1, "clustered:4:1", 4
     result = {**result_header("host-step"), "threads": 1, "engine": "onnx", "model": str(args.model)}
     result["first_call_s"] = {} if args.quick else bench_first_call(3)
     result["translate"] = bench_translate(args)
