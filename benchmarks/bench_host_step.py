@@ -162,7 +162,8 @@ def bench_translate(args) -> list[dict]:
         settings = SearchSettings(beam=int(beam), batch_size=int(batch))
         seconds: dict[str, list[float]] = {NUMPY: [], COMPILED: []}
         outputs: dict[str, list[str]] = {}
-        chunks = [lines[i : i + args.chunk] for i in range(0, len(lines), args.chunk)]
+        size = max(args.chunk, int(batch))  # whole batches
+        chunks = [lines[i : i + size] for i in range(0, len(lines), size)]
         for i in range(args.rounds + 1):  # the first round warms both up, untimed
             took = {NUMPY: 0.0, COMPILED: 0.0}
             said: dict[str, list[str]] = {NUMPY: [], COMPILED: []}
@@ -182,6 +183,7 @@ def bench_translate(args) -> list[dict]:
             "beam": int(beam),
             "batch": int(batch),
             "lines": len(lines),
+            "chunk_lines": size,
             "seconds": seconds,
             f"{NUMPY}_median_s": med[NUMPY],
             f"{COMPILED}_median_s": med[COMPILED],
@@ -205,7 +207,12 @@ def main() -> int:
     p.add_argument("--systems", default=systems, help="method:beam:batch,... (default: %(default)s)")
     p.add_argument("--n", type=int, default=100, help="test lines to translate (default: %(default)s)")
     p.add_argument("--rounds", type=int, default=5, help="timed rounds of each way (default: %(default)s)")
-    p.add_argument("--chunk", type=int, default=10, help="lines a way translates before the other's turn")
+    p.add_argument(
+        "--chunk",
+        type=int,
+        default=10,
+        help="lines a way translates before the other's turn (at least a batch; default: %(default)s)",
+    )
     p.add_argument("--quick", action="store_true", help="8 lines, one round, no first-call runs: a smoke run")
     p.add_argument("--out", type=Path)
     args = p.parse_args()
