@@ -1,4 +1,5 @@
-"""What the compiled beam step saves on CPU, against the numpy and torch step it replaced, on one thread.
+"""What the compiled CPU step saves, against the numpy and torch it replaced, on one thread: beam search's
+candidates and advance, and the clustered projection's estimate of the left-out mass.
 
     .venv/bin/python benchmarks/bench_host_step.py --out benchmarks/results/host-step-cpu-DATE.json
     .venv/bin/python benchmarks/bench_host_step.py --quick      # a smoke run: 8 lines, one round
@@ -8,19 +9,22 @@ the full int8 projection, whose wide rows keep torch's candidates), one process 
 alternating every ``--chunk`` lines (this machine's speed drifts by 1.5x within minutes, and whole runs
 alternating round by round measured 0.83-1.96x for the same pair): each round's seconds of each way, their
 medians, each round's ratio, and whether the outputs are the same.
-``compiled`` is the step as it is (``decoding/host_beam_step.py``); ``numpy`` is the step before it: each
-row's candidates by torch's log-softmax and blocked top-k, the beams' advance in numpy (kept below, as
-``search.py`` had it until 2026-11-29).
+``compiled`` is the step as it is (``decoding/host_beam_step.py``, ``kernels/host_moments.py``); ``numpy``
+is the step before it: each row's candidates by torch's log-softmax and blocked top-k, the beams' advance
+in numpy, the ``moments`` estimate in torch and numpy (kept below, as ``search.py`` and
+``inactive_mass.py`` had them until 2026-11-29).
 
 ``first_call_s``: what a fresh process pays before its first beam step: numba's import, then the first
-call of both functions, compiled into an empty cache (the first run on a machine) or loaded from it (every
-later process), each in its own process.
+call of the compiled functions (``host_beam_step.warm``), compiled into an empty cache (the first run on a
+machine) or loaded from it (every later process), each in its own process.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -33,6 +37,7 @@ import torch
 from bench_meta import ROOT, result_header, round_order, write_result
 
 from fastvocab.decoding import search
+from fastvocab.kernels import inactive_mass
 
 COMPILED = "compiled"
 NUMPY = "numpy"
@@ -99,7 +104,26 @@ def _numpy_merge(self, cand_scores, cand_beam, cand_toks, new_fin, step: int) ->
     v["fin_scores"][:] = scores[sent, sel]
 
 
+def _numpy_moments(hf, z, clusters, count: int, tables) -> torch.Tensor:
+    if count <= 0:
+        return torch.full((z.shape[0],), -math.inf)
+    s1, s2 = inactive_mass._logit_sums(hf, tables)
+    zs, zz = z.sum(dim=1), (z * z).sum(dim=1)
+    n = np.float32(count)
+    mean = (s1.numpy() - zs.numpy()) / n
+    var = np.maximum((s2.numpy() - zz.numpy()) / n - mean * mean, np.float32(1e-6))
+    stats = tables.per_cluster.numpy()[clusters.numpy()]
+    est = _log_count(count, z.shape[0]) + mean + stats[:, 0] * (var / stats[:, 1])
+    return torch.from_numpy(est)
+
+
+@functools.lru_cache(maxsize=4096)
+def _log_count(count: int, rows: int) -> np.ndarray:
+    return torch.log(torch.full((rows,), float(count))).numpy()
+
+
 _COMPILED_ADVANCE = search.BeamState._advance_host
+_COMPILED_MOMENTS = inactive_mass._moments_union_cpu
 _HOST_CANDIDATES = search.HOST_CANDIDATES
 
 
@@ -107,6 +131,7 @@ def _use(way: str) -> None:
     numpy = way == NUMPY
     search.HOST_CANDIDATES = 0 if numpy else _HOST_CANDIDATES
     search.BeamState._advance_host = _numpy_advance if numpy else _COMPILED_ADVANCE  # type: ignore[method-assign]
+    inactive_mass._moments_union_cpu = _numpy_moments if numpy else _COMPILED_MOMENTS
 
 
 # ------------------------------------------------------------------ measurements

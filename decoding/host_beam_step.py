@@ -245,8 +245,11 @@ def _merge(  # pragma: no cover - compiled
 
 
 def warm() -> None:
-    """Compile both functions for the arrays beam search passes (or load them from numba's cache): the
-    first run on a machine compiles for ~15 s on a 2-core Xeon, a later process loads them in ~1 s."""
+    """Compile the CPU step's functions for the arrays the search passes them (or load them from numba's
+    cache): these two and the clustered projection's ``host_moments.moments_union``. The first run on a
+    machine compiles for ~15 s on a 2-core Xeon, a later process loads them in ~1 s."""
+    from fastvocab.kernels.host_moments import moments_union
+
     n, k, kk, t = 1, 2, 4, 3
     f32, i64, z = np.float32, np.int64, np.zeros
     advance(
@@ -256,3 +259,6 @@ def warm() -> None:
     )  # fmt: skip
     row_candidates(z((2, 5), f32), np.arange(5, dtype=i64), z(2, f32), z(0, i64), 4, 1, z((2, 4), f32),
                    z((2, 4), i64))  # fmt: skip
+    d = 3
+    moments_union(z((2, d), f32), z((2, 5), f32), z(2, i64), 7, z(d, f32), z((d, d), f32), z(d, f32), 0.0,
+                  0.0, True, np.ones((2, 2), f32), z(2, f32))  # fmt: skip

@@ -45,6 +45,14 @@ class MassTables:
     def __post_init__(self) -> None:
         self.per_cluster = torch.stack([self.excess, self.inactive_var.clamp(min=1e-6)], dim=1)
 
+    @functools.cached_property
+    def host(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """``w_sum``, ``gram``, ``w_b`` and ``per_cluster`` on the host (the compiled CPU step's)."""
+        w_sum, gram, w_b, per_cluster = (
+            t.float().cpu().contiguous().numpy() for t in (self.w_sum, self.gram, self.w_b, self.per_cluster)
+        )
+        return w_sum, gram, w_b, per_cluster
+
 
 def mass_tables(
     pm: PreparedMap, weight: torch.Tensor, bias: torch.Tensor | None, chunk_bytes: int = 1 << 28
@@ -149,26 +157,19 @@ def _logit_sums(hf: torch.Tensor, tables: MassTables) -> tuple[torch.Tensor, tor
 def _moments_union_cpu(
     hf: torch.Tensor, z: torch.Tensor, clusters: torch.Tensor, count: int, tables: MassTables
 ) -> torch.Tensor:
-    """``moments`` for a union on CPU: the sums in torch as the tensor path makes them, the per-row
-    arithmetic on their (rows,) results in numpy. The same float32 operations in the same order, so the
-    same estimate bit for bit, at ~1 us an operation against torch's ~5 on a step's few rows."""
+    """``moments`` for a union on CPU: one compiled call (``host_moments.moments_union``; numba, imported
+    on first use) where the tensor path makes ~15 operations, each costing more than its work at a step's
+    few rows. The same estimate to float32 rounding (its sums run in float64)."""
     if count <= 0:  # the union holds every column: nothing is inactive
         return torch.full((z.shape[0],), -math.inf)
-    s1, s2 = _logit_sums(hf, tables)
-    zs, zz = z.sum(dim=1), (z * z).sum(dim=1)
-    n = np.float32(count)
-    mean = (s1.numpy() - zs.numpy()) / n
-    var = np.maximum((s2.numpy() - zz.numpy()) / n - mean * mean, np.float32(1e-6))
-    stats = tables.per_cluster.numpy()[clusters.numpy()]  # (rows, 2): excess, inactive variance
-    est = _log_count(count, z.shape[0]) + mean + stats[:, 0] * (var / stats[:, 1])
-    return torch.from_numpy(est)
+    from fastvocab.kernels.host_moments import moments_union
 
-
-@functools.lru_cache(maxsize=4096)
-def _log_count(count: int, rows: int) -> np.ndarray:
-    """log(count) for ``rows`` rows, (rows,) float32, as the tensor path's ``torch.log`` gives it: numpy's
-    ``log`` may differ in the last bit, and torch's own differs between its vector lanes and its tail."""
-    return torch.log(torch.full((rows,), float(count))).numpy()
+    out = np.empty(z.shape[0], dtype=np.float32)
+    w_sum, gram, w_b, per_cluster = tables.host
+    rows, logits, near = (t.contiguous().numpy() for t in (hf, z, clusters))
+    sums = (w_sum, gram, w_b, tables.b_sum, tables.b_sq, tables.has_bias)
+    moments_union(rows, logits, near, count, *sums, per_cluster, out)
+    return torch.from_numpy(out)
 
 
 @dataclass

@@ -436,9 +436,9 @@ def test_moments_estimator_tracks_the_true_inactive_mass(mode, seed):
 @pytest.mark.parametrize("rows", [1, 4, 33])
 @pytest.mark.parametrize("bias", [True, False])
 def test_moments_without_padding_equals_the_padded_reading(rows, bias):
-    """A union's rows computed every column: ``padded=False`` skips the -inf scan (on CPU its per-row
-    arithmetic runs in numpy) and gives the same mass bit for bit, at any row count (33: torch's vector
-    lanes and its tail) and with or without a bias; a union of every column leaves no mass."""
+    """A union's rows computed every column: ``padded=False`` skips the -inf scan (on CPU one compiled call,
+    its sums in float64) and gives the same mass to float32 rounding, at any row count and with or without
+    a bias; a union of every column leaves no mass."""
     from fastvocab.kernels.inactive_mass import inactive_log_mass, mass_tables
 
     w, b, cmap, h = lm_like_case(0)
@@ -453,7 +453,7 @@ def test_moments_without_padding_equals_the_padded_reading(rows, bias):
     args = ("moments", h, out.logits, clusters, w.shape[0], tables)
     got, want = inactive_log_mass(*args, padded=False), inactive_log_mass(*args)
     assert got.dtype == want.dtype == torch.float32 and torch.isfinite(got).all()
-    assert torch.equal(got, want)
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=2e-5)
     every = torch.nn.functional.linear(h, w, b)  # all N columns computed: nothing is inactive
     assert torch.equal(inactive_log_mass("moments", h, every, clusters, w.shape[0], tables, padded=False),
                        torch.full((rows,), -math.inf))  # fmt: skip

@@ -131,15 +131,19 @@ def _tensor_advance(self, row_vals, row_toks, final):
 
 
 def test_warm_compiles_what_beam_search_calls(adapter):
-    """``warm`` (run into the deploy image) compiles both functions for the very types beam search passes:
-    a search after it compiles nothing more."""
+    """``warm`` (run into the deploy image) compiles the functions for the very types beam search passes
+    them (with a clustered projection's ``moments`` estimate): a search after it compiles nothing more."""
+    from fastvocab.kernels.host_moments import moments_union
+
     kernels = search.compiled_step()
+    compiled = (kernels.advance, kernels.row_candidates, moments_union)
     kernels.warm()
-    before = (list(kernels.advance.signatures), list(kernels.row_candidates.signatures))
+    before = [list(f.signatures) for f in compiled]
     batch = adapter.encode_texts(synthetic_sentences("en", 3, seed=5), "en")
     cmap = random_map(adapter.output_weight, adapter.output_bias, size=60)
     proj = make_projection(
         adapter, "clustered", cluster_map=cmap, **clustered_options("union", "auto", False, 2)
     )
     assert any(beam_search(adapter, proj, batch, "en", "it", SearchSettings(beam=2, max_len=8)))
-    assert (list(kernels.advance.signatures), list(kernels.row_candidates.signatures)) == before
+    assert [list(f.signatures) for f in compiled] == before
+    assert all(before), "a function warm does not compile"
