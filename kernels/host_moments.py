@@ -2,26 +2,26 @@
 (``inactive_mass._moments_union_cpu``).
 
 At a step of a few rows the estimate was ~15 torch and numpy operations (two GEMMs against the model-wide
-sums, the sums of the computed logits and of their squares, the per-row arithmetic), each costing more
-than its work: in a whole one-thread run of the demo model at beam 4, batch 1, replacing them by this one
-call decoded the same lines 1.04-1.10x faster (a probe). Its sums run in float64, in an order the compiler
-may vectorise: the estimate agrees with the tensor path's to float32 rounding (~1e-6 nats), not bit for
-bit.
+sums, the sums of the computed logits and of their squares, the per-row arithmetic). In a whole one-thread
+run of the demo model at beam 4, batch 1, this one call instead decoded the same lines 1.04-1.10x faster
+(docs/decisions/0025-a-compiled-cpu-step.md). Its sums run in float64, in an order the compiler may
+vectorise: the estimate agrees with the tensor path's to float32 rounding (~1e-6 nats), not bit for bit.
 """
 
 from __future__ import annotations
 
 import math
 
-import numba
 import numpy as np
+
+from fastvocab.kernels.jit import njit
 
 # Reassociation (vectorised sums) and fused multiply-adds, without assuming finite values as fastmath=True
 # would.
 _SUMS = {"reassoc", "contract"}
 
 
-@numba.njit(cache=True, nogil=True, fastmath=_SUMS)
+@njit(fastmath=_SUMS)
 def moments_union(
     h, z, clusters, count, w_sum, gram, w_b, b_sum, b_sq, has_bias, per_cluster, out
 ):  # pragma: no cover

@@ -147,3 +147,14 @@ def test_warm_compiles_what_beam_search_calls(adapter):
     assert any(beam_search(adapter, proj, batch, "en", "it", SearchSettings(beam=2, max_len=8)))
     assert [list(f.signatures) for f in compiled] == before
     assert all(before), "a function warm does not compile"
+
+
+def test_a_function_numba_cannot_cache_is_compiled_without_the_cache():
+    """Where numba has no folder to cache a function in (here: one without a source file), ``njit``
+    compiles it in the process instead of failing the import."""
+    from fastvocab.kernels.jit import njit
+
+    scope: dict = {}
+    exec("def plus_one(x):\n    return x + 1\n", scope)
+    compiled = njit()(scope["plus_one"])
+    assert compiled(np.int64(41)) == 42 and compiled.signatures
