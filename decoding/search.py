@@ -391,7 +391,6 @@ class BeamState:
         if host:
             never = rule == "never" and length_penalty > 0  # "never" judges the best live beam at the limit
             self._rule_code = compiled_step().rule_code(rule is True, never)
-        if host:
             self._view_all()
 
     @property
