@@ -246,7 +246,7 @@ def _merge(  # pragma: no cover - compiled
 def warm() -> None:
     """Compile the CPU step's functions for the arrays the search passes them (or load them from numba's
     cache): these two and the clustered projection's ``host_moments.moments_union``. The first run on a
-    machine compiles for ~15 s on a 2-core Xeon, a later process loads them in ~1 s."""
+    machine compiles for 8-10 s on a 2-core Xeon, a later process loads them in 0.5-0.8 s."""
     from fastvocab.kernels.host_moments import moments_union
 
     n, k, kk, t = 1, 2, 4, 3
