@@ -2,17 +2,22 @@
 candidates and advance, and the clustered projection's estimate of the left-out mass.
 
     .venv/bin/python benchmarks/bench_host_step.py --out benchmarks/results/host-step-cpu-DATE.json
+    .venv/bin/python benchmarks/bench_host_step.py --against torch-candidates \
+        --systems full:4:32:float32,clustered:4:32 --n 192 --chunk 32    # the candidates alone
     .venv/bin/python benchmarks/bench_host_step.py --quick      # a smoke run: 8 lines, one round
 
-``translate``: the demo model's en-it test lines, clustered int8 with the shipped map and shortlist (and
-the full int8 projection, whose wide rows keep torch's candidates), one process on one thread, both ways
-alternating every ``--chunk`` lines (this machine's speed drifts by 1.5x within minutes, and whole runs
-alternating round by round measured 0.83-1.96x for the same pair): each round's seconds of each way, their
-medians, each round's ratio, and whether the outputs are the same.
-``compiled`` is the step as it is (``decoding/host_beam_step.py``, ``kernels/host_moments.py``); ``numpy``
-is the step before it: each row's candidates by torch's log-softmax and blocked top-k, the beams' advance
-in numpy, the ``moments`` estimate in torch and numpy (kept below, as ``search.py`` and
-``inactive_mass.py`` had them until 2026-11-29).
+``translate``: the demo model's en-it test lines, each system (``--systems``: clustered with the shipped map
+and shortlist, or full; int8 unless ``:float32``), one process on one thread, both ways alternating every
+``--chunk`` lines (this machine's speed drifts by 1.5x within minutes, and whole runs alternating round by
+round measured 0.83-1.96x for the same pair): each round's seconds of each way, their medians, each round's
+ratio, and whether the outputs are the same.
+``compiled`` is the step as it is (``decoding/host_beam_step.py``, ``kernels/host_moments.py``). It is
+measured ``--against`` one of:
+- ``numpy``, the step before it: each row's candidates by torch's log-softmax and blocked top-k, the beams'
+  advance in numpy, the ``moments`` estimate in torch and numpy (kept below, as ``search.py`` and
+  ``inactive_mass.py`` had them until 2026-11-29);
+- ``torch-candidates``: the compiled step with torch's log-softmax and blocked top-k for the candidates
+  (``search.COMPILED_CANDIDATES`` off), what every step wider than 8,192 scores ran until 2026-11-30.
 
 ``first_call_s``: what a fresh process pays before its first beam step: numba's import, then the first
 call of the compiled functions (``host_beam_step.warm``), compiled into an empty cache (the first run on a
@@ -41,6 +46,7 @@ from fastvocab.kernels import inactive_mass
 
 COMPILED = "compiled"
 NUMPY = "numpy"
+TORCH_CANDIDATES = "torch-candidates"
 
 
 # ------------------------------------------------------------ the step before (numpy), to measure against
@@ -124,12 +130,11 @@ def _log_count(count: int, rows: int) -> np.ndarray:
 
 _COMPILED_ADVANCE = search.BeamState._advance_host
 _COMPILED_MOMENTS = inactive_mass._moments_union_cpu
-_HOST_CANDIDATES = search.HOST_CANDIDATES
 
 
 def _use(way: str) -> None:
     numpy = way == NUMPY
-    search.HOST_CANDIDATES = 0 if numpy else _HOST_CANDIDATES
+    search.COMPILED_CANDIDATES = way == COMPILED
     search.BeamState._advance_host = _numpy_advance if numpy else _COMPILED_ADVANCE  # type: ignore[method-assign]
     inactive_mass._moments_union_cpu = _numpy_moments if numpy else _COMPILED_MOMENTS
 
@@ -173,29 +178,32 @@ def bench_translate(args) -> list[dict]:
 
     lines = read_direction(args.corpus, "en", "it", "test")[1][: args.n]
     exact = Seq2SeqAdapter.load(args.model)
-    adapter = Seq2SeqAdapter.load(args.model, engine="onnx")
-    adapter.quantize_int8()
+    adapters = {"float32": Seq2SeqAdapter.load(args.model, engine="onnx")}
+    adapters["int8"] = Seq2SeqAdapter.load(args.model, engine="onnx")
+    adapters["int8"].quantize_int8()
+    base = args.against
     rows = []
     for system in args.systems.split(","):
-        method, beam, batch = system.split(":")
+        method, beam, batch, dtype = [*system.split(":"), "int8"][:4]
         options = {}
         if method == "clustered":
             options = dict(
                 cluster_map=args.maps / "en-it", shortlist=shortlist_folder(args.maps, "en-it"),
                 **clustered_options("union", "auto", False, int(beam), None, True),
             )  # fmt: skip
-        proj = make_projection(exact, method, int8=True, **options)
+        proj = make_projection(exact, method, int8=dtype == "int8", **options)
         settings = SearchSettings(beam=int(beam), batch_size=int(batch))
-        seconds: dict[str, list[float]] = {NUMPY: [], COMPILED: []}
+        seconds: dict[str, list[float]] = {base: [], COMPILED: []}
         outputs: dict[str, list[str]] = {}
         size = max(args.chunk, int(batch))  # whole batches
         chunks = [lines[i : i + size] for i in range(0, len(lines), size)]
         for i in range(args.rounds + 1):  # the first round warms both up, untimed
-            took = {NUMPY: 0.0, COMPILED: 0.0}
-            said: dict[str, list[str]] = {NUMPY: [], COMPILED: []}
+            took = {base: 0.0, COMPILED: 0.0}
+            said: dict[str, list[str]] = {base: [], COMPILED: []}
             for c, chunk in enumerate(chunks):  # both ways chunk by chunk: the machine's drift hits both
-                for way in round_order([NUMPY, COMPILED], i + c):
+                for way in round_order([base, COMPILED], i + c):
                     _use(way)
+                    adapter = adapters[dtype]
                     r = translate(adapter, proj, chunk, "en", "it", settings, workers=1, progress=False)
                     took[way] += r.seconds
                     said[way] += r.hypotheses
@@ -204,21 +212,22 @@ def bench_translate(args) -> list[dict]:
                     seconds[way].append(round(s, 3))
             outputs = said
         med = {way: statistics.median(s) for way, s in seconds.items()}
-        by_round = [round(a / b, 3) for a, b in zip(seconds[NUMPY], seconds[COMPILED], strict=True)]
+        by_round = [round(a / b, 3) for a, b in zip(seconds[base], seconds[COMPILED], strict=True)]
         row = {
-            "projection": f"{method} int8",
+            "projection": f"{method} {dtype}",
             "beam": int(beam),
             "batch": int(batch),
             "lines": len(lines),
             "chunk_lines": size,
+            "against": base,
             "seconds": seconds,
-            f"{NUMPY}_median_s": med[NUMPY],
+            f"{base}_median_s": med[base],
             f"{COMPILED}_median_s": med[COMPILED],
-            "speedup": round(med[NUMPY] / med[COMPILED], 3),
+            "speedup": round(med[base] / med[COMPILED], 3),
             "speedup_by_round": by_round,
             # Both ways ran chunk by chunk within a round, so a round's ratio is a paired reading.
             "speedup_by_round_median": round(statistics.median(by_round), 3),
-            "same_outputs": outputs[NUMPY] == outputs[COMPILED],
+            "same_outputs": outputs[base] == outputs[COMPILED],
         }
         print(row, flush=True)
         rows.append(row)
@@ -231,7 +240,17 @@ def main() -> int:
     for flag, default in [("model", "models/demo"), ("corpus", "data/corpus"), ("maps", "models/demo-maps")]:
         p.add_argument(f"--{flag}", type=Path, default=ROOT / default)
     systems = "clustered:4:1,clustered:4:32,full:4:1"
-    p.add_argument("--systems", default=systems, help="method:beam:batch,... (default: %(default)s)")
+    p.add_argument(
+        "--systems",
+        default=systems,
+        help="method:beam:batch[:float32],... (int8 unless float32; default: %(default)s)",
+    )
+    p.add_argument(
+        "--against",
+        choices=[NUMPY, TORCH_CANDIDATES],
+        default=NUMPY,
+        help="the step to measure the compiled one against (module docstring; default: %(default)s)",
+    )
     p.add_argument("--n", type=int, default=100, help="test lines to translate (default: %(default)s)")
     p.add_argument("--rounds", type=int, default=5, help="timed rounds of each way (default: %(default)s)")
     p.add_argument(

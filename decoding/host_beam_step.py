@@ -84,6 +84,129 @@ def _log_norm(x, mass: float, with_mass: bool) -> np.float32:  # pragma: no cove
     return np.float32(math.log(s) + m)
 
 
+# The candidates' scan: a row is read in groups of _GROUP columns, and a group whose maximum cannot enter the
+# best m is skipped. numba does not vectorise a max reduction; _LANES independent maxima keep the core busy.
+_GROUP = 64
+_LANES = 16
+_LOG2E = np.float32(1.4426950408889634)
+# 2^f on [-1/2, 1/2]: a degree-6 least-squares fit of the relative error, lowest power first. Evaluated in
+# float32 it is within 1e-7 of 2^f; exp(t) adds the rounding of t / ln 2 (|t| x 6e-8 relative), which
+# matters only for terms far below the row's maximum (tests/test_host_beam_step.py checks both).
+_EXP2 = (
+    np.float32(1.0), np.float32(0.6931471824645996), np.float32(0.24022646248340607),
+    np.float32(0.05550329014658928), np.float32(0.009618519805371761), np.float32(0.0013399859890341759),
+    np.float32(0.00015337577497120947),
+)  # fmt: skip
+
+
+@njit()
+def _group_maxima(x, out) -> np.float32:  # pragma: no cover - compiled
+    """Each group's maximum of a row into ``out``, and the row's maximum (NaN is never chosen: callers
+    check for it apart)."""
+    cols = x.shape[0]
+    whole = cols // _GROUP
+    lanes = np.empty(_LANES, np.float32)
+    top = np.float32(-np.inf)
+    for g in range(whole):
+        lo = g * _GROUP
+        for a in range(_LANES):
+            lanes[a] = x[lo + a]
+        for j in range(lo + _LANES, lo + _GROUP, _LANES):
+            for a in range(_LANES):
+                lanes[a] = x[j + a] if x[j + a] > lanes[a] else lanes[a]
+        v = lanes[0]
+        for a in range(1, _LANES):
+            v = lanes[a] if lanes[a] > v else v
+        out[g] = v
+        top = v if v > top else top
+    if whole * _GROUP < cols:
+        v = x[whole * _GROUP]
+        for j in range(whole * _GROUP + 1, cols):
+            v = x[j] if x[j] > v else v
+        out[whole] = v
+        top = v if v > top else top
+    return top
+
+
+@njit(fastmath={"reassoc", "contract"}, inline="always")
+def _exp(t):  # pragma: no cover - compiled
+    """exp(t) for float32 t <= 0, without a call, so that a loop over it vectorises: 2^n from the exponent
+    bits times the polynomial's 2^f (t under -87 counts as e^-87: against a sum of at least 1, nothing)."""
+    u = t * _LOG2E
+    u = u if u > np.float32(-126.0) else np.float32(-126.0)
+    n = np.floor(u + np.float32(0.5))
+    f = u - n
+    p = _EXP2[6]
+    for i in range(5, -1, -1):
+        p = p * f + _EXP2[i]
+    return p * np.int32((np.int32(n) + np.int32(127)) << np.int32(23)).view(np.float32)
+
+
+@njit(fastmath={"reassoc", "contract"})
+def _exp_sum(x, m) -> tuple[float, np.float32]:  # pragma: no cover - compiled
+    """sum(exp(x - m)) over a row of finite values <= ``m``: a group's terms summed in float32, the groups in
+    float64. Also ``x - x`` summed: 0 where every value is finite, else NaN."""
+    cols = x.shape[0]
+    whole = cols // _GROUP
+    m32 = np.float32(m)
+    s = 0.0
+    finite = np.float32(0.0)
+    for g in range(whole):
+        part = np.float32(0.0)
+        for j in range(g * _GROUP, (g + 1) * _GROUP):
+            finite += x[j] - x[j]
+            part += _exp(x[j] - m32)
+        s += np.float64(part)
+    for j in range(whole * _GROUP, cols):
+        finite += x[j] - x[j]
+        s += np.float64(_exp(x[j] - m32))
+    return s, finite
+
+
+@njit()
+def _exact_row(x, norm, ids, banned, m, logp, best) -> None:  # pragma: no cover - compiled
+    """A row's ``m`` best log-probs' columns into ``best``, every column's log-prob written into ``logp``:
+    for rows with a NaN or an infinity, which rank as ``_best_first`` says."""
+    for j in range(x.shape[0]):
+        logp[j] = x[j] - norm
+        if banned.shape[0] and _is_banned(ids[j] if ids.shape[0] else j, banned):
+            logp[j] = -np.inf
+    _best_first(logp, m, best)
+
+
+@njit(inline="always")
+def _is_banned(vid, banned) -> bool:  # pragma: no cover - compiled
+    at = np.searchsorted(banned, vid)
+    return at < banned.shape[0] and banned[at] == vid
+
+
+@njit()
+def _scan_row(x, norm, gmax, ids, banned, m, vals, best) -> None:  # pragma: no cover - compiled
+    """``_exact_row`` for a finite row, reading only the groups whose maximum can enter the best ``m``:
+    ``vals``/``best`` the best log-probs and their columns, in ``_best_first``'s order."""
+    n = 0
+    for g in range(gmax.shape[0]):
+        if n == m and not gmax[g] - norm > vals[m - 1]:  # x - norm grows with x: none of it can enter
+            continue
+        for j in range(g * _GROUP, min((g + 1) * _GROUP, x.shape[0])):
+            v = x[j] - norm
+            if n == m and not v > vals[m - 1]:
+                continue
+            if banned.shape[0] and _is_banned(ids[j] if ids.shape[0] else j, banned):
+                v = np.float32(-np.inf)
+                if n == m:
+                    continue
+            i = n if n < m else m - 1
+            while i > 0 and v > vals[i - 1]:
+                vals[i] = vals[i - 1]
+                best[i] = best[i - 1]
+                i -= 1
+            vals[i] = v
+            best[i] = j
+            if n < m:
+                n += 1
+
+
 @njit()
 def row_candidates(logits, ids, mass, banned, m, copies, out_vals, out_toks) -> None:  # pragma: no cover
     """Each row's ``m`` best log-probs and their vocabulary ids, best first, into ``out_vals`` /
@@ -93,26 +216,36 @@ def row_candidates(logits, ids, mass, banned, m, copies, out_vals, out_toks) -> 
     id j; ``mass`` (rows,) float32 each row's log of the mass left out of the columns, or empty where none
     is; ``banned`` sorted int64 vocabulary ids whose log-prob is -inf (after the normaliser, as generate's
     processors); ``copies``: each row's candidates written to that many consecutive rows (beam search's
-    first step scores one row per sentence for its beams)."""
+    first step scores one row per sentence for its beams).
+
+    A finite row is read three times and never written: its groups' maxima, the normaliser (a vectorised
+    exp), and a scan of the groups that can hold its best. A row with a NaN or an infinity (or an infinite
+    mass) takes the exact scalar path, torch's answer for it."""
     rows, cols = logits.shape
-    logp = np.empty(cols, np.float32)
+    with_mass = mass.shape[0] > 0
+    gmax = np.empty((cols + _GROUP - 1) // _GROUP, np.float32)
+    vals = np.empty(m, np.float32)
     best = np.empty(m, np.int64)
+    logp = np.empty(0, np.float32)  # the exact path's, made at its first row
     for r in range(rows):
         x = logits[r]
-        norm = _log_norm(x, mass[r] if mass.shape[0] else 0.0, mass.shape[0] > 0)
-        for j in range(cols):
-            logp[j] = x[j] - norm
-        if banned.shape[0]:
-            for j in range(cols):
-                vid = ids[j] if ids.shape[0] else j
-                at = np.searchsorted(banned, vid)
-                if at < banned.shape[0] and banned[at] == vid:
-                    logp[j] = -np.inf
-        _best_first(logp, m, best)
+        left = np.float64(mass[r]) if with_mass else -math.inf
+        top = max(np.float64(_group_maxima(x, gmax)), left)
+        s, finite = _exp_sum(x, top)
+        if finite == 0.0 and not math.isinf(top) and not math.isnan(left) and left != math.inf:
+            if with_mass:
+                s += math.exp(left - top)
+            _scan_row(x, np.float32(math.log(s) + top), gmax, ids, banned, m, vals, best)
+        else:
+            if logp.shape[0] == 0:
+                logp = np.empty(cols, np.float32)
+            _exact_row(x, _log_norm(x, mass[r] if with_mass else 0.0, with_mass), ids, banned, m, logp, best)
+            for i in range(m):
+                vals[i] = logp[best[i]]
         for c in range(copies):
             o = r * copies + c
             for i in range(m):
-                out_vals[o, i] = logp[best[i]]
+                out_vals[o, i] = vals[i]
                 out_toks[o, i] = ids[best[i]] if ids.shape[0] else best[i]
 
 

@@ -60,10 +60,10 @@ COMPACT_FRACTION: float | None = None
 # accelerator's schedule on CPU), and every step whenever a step_hook is given (records hold live rows only).
 SYNC_EVERY = 4
 CPU_SYNC_EVERY = 1
-# Beam search on CPU: up to this many scores a step (rows x columns), each row's candidates are one compiled
-# call (row_candidates). Its normaliser takes ~9 ns a score, one at a time, and torch's vectorised one ~1 ns
-# plus ~60 us of calls in a run; a beam-4 step of the shipped clustered maps scores ~2,500 (demo model).
-HOST_CANDIDATES = 8192
+# Beam search on CPU: each row's candidates are one compiled call (host_beam_step.row_candidates) at every
+# width, from a beam-4 step of the shipped clustered maps (~2,500 scores) to the full layer at batch 32 (4M).
+# False: torch's log-softmax and the blocked top-k, as on an accelerator (tests and benchmarks compare them).
+COMPILED_CANDIDATES = True
 _NO_IDS = np.empty(0, dtype=np.int64)
 _NO_MASS = np.empty(0, dtype=np.float32)
 
@@ -496,9 +496,8 @@ def row_candidates(
     ``k`` beams. ``topk``: the per-row top-k (the CPU's blocked one; ``torch.topk`` gives the same values).
     ``spend``: nothing reads ``out`` after (:meth:`ProjectionOutput.search_scores`).
 
-    On CPU, for a step's few rows and columns (up to :data:`HOST_CANDIDATES` scores), the normaliser, the
-    banned ids and the top-k are one compiled call (``host_beam_step.row_candidates``); above that torch's
-    vectorised log-softmax and the blocked top-k run faster than its one value at a time."""
+    On CPU (float32, one id per column), the normaliser, the banned ids and the top-k are one compiled call
+    (``host_beam_step.row_candidates``) that reads the logits and writes nothing over them."""
     if topk is topk_rows and _host_can(out):
         return _host_candidates(out, banned, k, first)
     logp = out.search_scores(banned, log_probs=True, spend=spend)  # (rows, C)
@@ -520,7 +519,7 @@ def compiled_step():
 def _host_can(out: ProjectionOutput) -> bool:
     logits = out.logits
     return (
-        logits.device.type == "cpu" and logits.dtype == torch.float32 and logits.numel() <= HOST_CANDIDATES
+        COMPILED_CANDIDATES and logits.device.type == "cpu" and logits.dtype == torch.float32
         and (out.ids is None or out.ids.dim() == 1) and not logits.requires_grad
     )  # fmt: skip
 

@@ -83,14 +83,50 @@ def test_a_row_of_minus_infinity_normalises_as_torch_does(mass):
     assert bool(got[0].isnan().all()) != mass
 
 
-def test_wide_outputs_take_torchs_vectorised_path(monkeypatch):
-    """Above ``HOST_CANDIDATES`` scores a step takes torch's log-softmax and top-k, and gets the same
-    candidates; per-row ids (a per-row selection) always do."""
+@pytest.mark.parametrize("ids", ["full", "shared"])
+@pytest.mark.parametrize("mass", [False, True])
+def test_wide_rows_with_ties_rank_as_a_stable_sort(ids, mass):
+    """Rows of thousands of columns (whole groups of the scan and a tail), integer logits so that many tie
+    across groups, a few banned ids: the compiled candidates are the columns of a stable descending sort of
+    the log-probs (ties: the lower column first) without the banned ones, and their log-probs are torch's
+    log-softmax to float32 rounding."""
+    gen = torch.Generator().manual_seed(3)
+    rows, c, n_vocab, k = 5, 64 * 40 + 37, 5000, 4
+    col_ids = None if ids == "full" else torch.randperm(n_vocab, generator=gen)[:c]
+    logits = torch.randint(-40, 12, (rows, c), generator=gen).float()
+    logits[:, -1] = 11.0  # a tie at the maximum in the tail
+    left_out = torch.randn(rows, generator=gen) + 9 if mass else None
+    out = ProjectionOutput(logits, col_ids, n_vocab, log_inactive_mass=left_out)
+    ban = out.to_vocab_ids(torch.topk(logits, 3, dim=-1).indices)[:2].flatten().unique()
+    got_vals, got_toks = row_candidates(out, ban, k)
+    want_vals, _ = row_candidates(out, ban, k, topk=_torch_topk)
+    torch.testing.assert_close(got_vals, want_vals, rtol=0, atol=1e-5)
+    vocab = torch.arange(c) if col_ids is None else col_ids
+    for r in range(rows):
+        keep = ~torch.isin(vocab, ban)
+        order = np.argsort(-logits[r][keep].numpy(), kind="stable")[: 2 * k]
+        assert torch.equal(got_toks[r], vocab[keep][order]), r
+
+
+def test_the_exp_is_within_float32_rounding():
+    """The vectorised exp the normaliser sums, against float64's: within 2e-7 near 0, where a row's sum
+    gets its size, and within float32's rounding of ``t / ln 2`` further out (|t| x 6e-8)."""
+    exp = search.compiled_step()._exp
+    t = np.linspace(-87.0, 0.0, 100_001).astype(np.float32)
+    got = np.array([exp(v) for v in t[::97]], dtype=np.float64)
+    want = np.exp(t[::97].astype(np.float64))
+    assert bool((np.abs(got / want - 1) < 2e-7 + 6e-8 * np.abs(t[::97])).all())
+    assert np.abs(got / want - 1)[t[::97] > -1].max() < 2e-7
+
+
+def test_other_outputs_take_torchs_path(monkeypatch):
+    """Per-row ids (a per-row selection) take torch's log-softmax and top-k; so does every output where the
+    compiled candidates are switched off."""
     out = ProjectionOutput(torch.randn(4, 50), None, 50)
     assert search._host_can(out)
-    monkeypatch.setattr(search, "HOST_CANDIDATES", 199)
-    assert not search._host_can(out)
     assert not search._host_can(ProjectionOutput(torch.randn(2, 5), torch.randint(0, 50, (2, 5)), 50))
+    monkeypatch.setattr(search, "COMPILED_CANDIDATES", False)
+    assert not search._host_can(out)
 
 
 @pytest.fixture(scope="module")
@@ -114,7 +150,7 @@ def test_beam_search_with_the_compiled_step_equals_the_tensor_step(adapter, monk
     for proj in (full, clustered):
         got = beam_search(adapter, proj, batch, "en", "it", settings)
         with monkeypatch.context() as patch:
-            patch.setattr(search, "HOST_CANDIDATES", 0)
+            patch.setattr(search, "COMPILED_CANDIDATES", False)
             patch.setattr(search.BeamState, "_advance_host", _tensor_advance)
             want = beam_search(adapter, proj, batch, "en", "it", settings)
         assert got == want and any(got), (proj, rule)
