@@ -17,7 +17,7 @@ measured ``--against`` one of:
   advance in numpy, the ``moments`` estimate in torch and numpy (kept below, as ``search.py`` and
   ``inactive_mass.py`` had them until 2026-11-29);
 - ``torch-candidates``: the compiled step with torch's log-softmax and blocked top-k for the candidates
-  (``search.COMPILED_CANDIDATES`` off), what every step wider than 8,192 scores ran until 2026-11-30.
+  (``search.COMPILED_CANDIDATES`` off), what every step wider than 8,192 scores ran until 2026-11-29.
 
 ``first_call_s``: what a fresh process pays before its first beam step: numba's import, then the first
 call of the compiled functions (``host_beam_step.warm``), compiled into an empty cache (the first run on a
