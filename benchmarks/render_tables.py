@@ -56,9 +56,9 @@ def _row(cells: list[str]) -> str:
 
 PEER = (
     ("greedy, batch 1", "peer-cpu-2026-11-29-xeon-b1-n200-torchscript.json", "beam1"),
-    ("beam 4, batch 1", "peer-cpu-2026-11-29-xeon-b1-beam4-n200-compiled-step-2.json", "beam4"),
-    ("greedy, batch 32", "peer-cpu-2026-11-29-xeon-b32-compiled-step.json", "beam1"),
-    ("beam 4, batch 32", "peer-cpu-2026-11-29-xeon-b32-compiled-step.json", "beam4"),
+    ("beam 4, batch 1", "peer-cpu-2026-11-29-xeon-b1-beam4-n200-wide-candidates.json", "beam4"),
+    ("greedy, batch 32", "peer-cpu-2026-11-29-xeon-b32-wide-candidates.json", "beam1"),
+    ("beam 4, batch 32", "peer-cpu-2026-11-29-xeon-b32-wide-candidates.json", "beam4"),
 )
 
 
