@@ -46,8 +46,9 @@ def test_best_first_is_a_stable_descending_argsort():
 @pytest.mark.parametrize("first", [False, True])
 def test_compiled_candidates_equal_torchs(ids, mass, banned, first):
     """Each row's 2k best log-probs and ids: the compiled call against torch's log-softmax (with the left-out
-    mass where there is one), banned ids at -inf and ``torch.topk``. The normaliser is summed in float64 in
-    the compiled call, so the log-probs agree to float32 rounding; the ids are the same."""
+    mass where there is one), banned ids at -inf and ``torch.topk``. The compiled call sums its own exp (a
+    group of 64 columns in float32, the groups in float64), so the log-probs agree to float32 rounding; the
+    ids are the same. 80 columns: a whole group and a tail."""
     gen = torch.Generator().manual_seed(1)
     rows, n_vocab, k = 6, 80, 3
     c = n_vocab if ids == "full" else 30
