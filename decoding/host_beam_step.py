@@ -239,7 +239,7 @@ def row_candidates(logits, ids, mass, banned, m, copies, out_vals, out_toks) -> 
         left = np.float64(mass[r]) if with_mass else -math.inf
         top = max(np.float64(_group_maxima(x, gmax)), left)
         s, finite = _exp_sum(x, top)
-        if finite == 0.0 and not math.isinf(top) and not math.isnan(left) and left != math.inf:
+        if finite == 0.0 and not math.isinf(top) and not math.isnan(left):  # (an infinite mass: top)
             if with_mass:
                 s += math.exp(left - top)
             _scan_row(x, np.float32(math.log(s) + top), gmax, ids, banned, m, vals, best)
