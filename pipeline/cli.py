@@ -13,6 +13,7 @@ import sys
 from fastvocab import __version__
 from fastvocab.artifacts_schema.errors import ArtifactError
 from fastvocab.pipeline.errors import Interrupted, UserError
+from fastvocab.pipeline.signals import stop_on_signals
 
 # Subcommand name -> module under fastvocab.pipeline.commands (imported only when used: keeps --help fast).
 COMMANDS = {
@@ -85,7 +86,10 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser(load=chosen).parse_args(argv)
     configure_logging(args.verbose)
     try:
-        return int(args._module.run(args) or 0)
+        # SIGTERM (timeout, Slurm, Kubernetes) stops every command as SIGINT does: Ray's actors stopped,
+        # locks released, finished work kept, exit 143 (pipeline/signals.py)
+        with stop_on_signals():
+            return int(args._module.run(args) or 0)
     except (UserError, ArtifactError, FileNotFoundError, UnicodeDecodeError) as exc:
         print(f"fastvocab {args.command}: error: {exc}", file=sys.stderr)
         return 2

@@ -579,7 +579,7 @@ def test_cli_clustered_method(model_dir, adapter, tmp_path, capsys, mode):
 @pytest.mark.parametrize(
     ("flags", "message"),
     [
-        (("--probes", "2"), "--probes applies to --method clustered, not --method full"),
+        (("--method", "full", "--probes", "2"), "--probes applies to --method clustered, not --method full"),
         (("--method", "clustered", "--probes", "0"), "--probes must be >= 1, got 0"),
         (("--method", "clustered", "--probes", "2", "--selection", "per-row"), "--probes above 1 needs"),
     ],
@@ -631,6 +631,58 @@ def test_cli_clustered_refuses_foreign_or_missing_map(model_dir, adapter, tmp_pa
     assert rc == 2 and "no cluster map for en-it" in err and not out.exists()
 
 
+DEMO = Path(__file__).resolve().parents[1] / "models"
+
+
+def test_clusters_imply_the_method_and_the_tables_beside_the_maps(tmp_path, capsys):
+    """The shipped maps decode with their shortlist tables unless told not to: without them, "Free Software
+    for everyone." came out as "Il s'agit d'un logiciel libre pour tout ce qui" (en-fr). ``--clusters`` alone
+    is the fast path; a map folder named directly finds the tables in its parent's ``shortlist/``."""
+    inp = tmp_path / "in.txt"
+    inp.write_text("Free Software for everyone.\nSoftware libero per tutti.\nThe package manager.\n")
+
+    def run(name: str, *flags: str) -> tuple[str, str]:
+        out = tmp_path / f"{name}.txt"
+        argv = ["translate", "--model", str(DEMO / "demo"), "--src-lang", "en", "--tgt-lang", "fr"]
+        rc, _, err = _cli(capsys, *argv, "-i", str(inp), "-o", str(out), "--no-progress", *flags)
+        assert rc == 0, err
+        return out.read_text(encoding="utf-8"), err
+
+    maps = str(DEMO / "demo-maps")
+    told, _ = run("told", "--method", "clustered", "--clusters", maps, "--with-shortlist", maps)
+    implied, err = run("implied", "--clusters", maps)
+    assert implied == told and "[clustered, beam 1" in err, err
+    assert run("direct", "--clusters", f"{maps}/en-fr")[0] == told
+    alone, err = run("alone", "--clusters", maps, "--no-shortlist")
+    assert "warning: --no-shortlist: decoding without the shortlist tables beside the maps" in err, err
+    assert alone != told  # what the tables are for: these lines change without them
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (
+            ("--method", "full", "--clusters", "M"),
+            "--clusters applies to --method clustered, not --method full",
+        ),
+        (("--no-shortlist",), "--no-shortlist applies to --method clustered, not --method full"),
+        (
+            ("--clusters", "M", "--no-shortlist", "--with-shortlist", "M"),
+            "--no-shortlist and --with-shortlist",
+        ),
+    ],
+    ids=["clusters-with-full", "no-shortlist-with-full", "both"],
+)
+def test_flags_of_another_method_are_refused(tmp_path, capsys, flags, message):
+    inp, out = tmp_path / "in.txt", tmp_path / "out.txt"
+    inp.write_text("the package\n", encoding="utf-8")
+    flags = tuple(str(DEMO / "demo-maps") if f == "M" else f for f in flags)
+    argv = ["translate", "--model", str(DEMO / "demo"), "--src-lang", "en", "--tgt-lang", "it"]
+    rc, _, err = _cli(capsys, *argv, "-i", str(inp), "-o", str(out), *flags)
+    assert rc == 2 and message in err and len(err.strip().splitlines()) == 1, err
+    assert not out.exists()
+
+
 @pytest.mark.parametrize(
     ("flags", "want"),
     [
@@ -647,7 +699,7 @@ def test_cli_inactive_mass_auto_and_exact_options(adapter, tmp_path, flags, want
     """What the translate flags hand the clustered projection; the pipeline's translate section maps to the
     same options (tasks.projections.clustered_options)."""
     from fastvocab.pipeline.cli import build_parser
-    from fastvocab.pipeline.commands.translate import _projection_options
+    from fastvocab.pipeline.commands.translate import _check_args, _projection_options
     from fastvocab.pipeline.config import TranslateConfig
     from fastvocab.tasks.projections import clustered_options
 
@@ -667,6 +719,7 @@ def test_cli_inactive_mass_auto_and_exact_options(adapter, tmp_path, flags, want
         "clustered",
     ]
     args = build_parser("translate").parse_args([*argv, "--clusters", str(maps), *flags])
+    _check_args(args)  # resolves the map folder, as translate does before the job
     got = _projection_options(args)
     assert got == {"cluster_map": maps / "en-it", "selection": "union", **want}
     cfg = TranslateConfig(

@@ -81,8 +81,8 @@ def _tune(capsys, work: Path, tiny_model_dir: Path, *extra: str) -> tuple[int, s
 
 def test_tune_picks_the_fastest_configuration_within_the_budget(work, tiny_model_dir, tmp_path, capsys):
     rc, out, err = _tune(capsys, work, tiny_model_dir, "--budget", "0.25", "--json", str(tmp_path / "t.json"))
-    assert rc == 0, err
     record = json.loads((tmp_path / "t.json").read_text())
+    assert rc == (0 if record["within_budget_on_test"] else 3), err  # 3: the choice missed it on test
     assert record == json.loads((work / "work" / "tune" / "en-it-beam1" / "tune.json").read_text())
     rows, chosen = record["rows"], record["chosen"]
     assert record["candidates"] == 16 and {r["rung"] for r in rows} == {0, 1}
@@ -140,6 +140,10 @@ def test_tune_picks_the_fastest_configuration_within_the_budget(work, tiny_model
     parents = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
     assert len(parents) == 1 and len(runs) == 1 + 16
     parent = parents[0]
+    # a choice that misses the budget on test is no finished tune: the run says so
+    on_test = record["within_budget_on_test"]
+    assert parent.info.status == ("FINISHED" if on_test else "FAILED")
+    assert parent.data.tags["fastvocab.tune"] == ("chosen" if on_test else "budget-not-met-on-test")
     assert parent.data.tags["fastvocab.tune.kmeans.r"] == str(chosen["r"])
     assert parent.data.metrics["chosen_dev_search_errors"] == chosen["search_errors"]
     assert {a.path for a in client.list_artifacts(parent.info.run_id)} >= {"tune.json", "tune.csv", "tune.md"}

@@ -54,8 +54,7 @@ EXAMPLES = """\
 examples:
   echo "Free software for everyone." | fastvocab translate --src-lang en --tgt-lang it
   fastvocab translate --src-lang en --tgt-lang it -i input.txt -o output.txt
-  fastvocab translate --src-lang en --tgt-lang it -i input.txt -o output.txt \\
-      --method clustered --clusters models/demo-maps --with-shortlist models/demo-maps
+  fastvocab translate --src-lang en --tgt-lang it -i input.txt -o output.txt --clusters models/demo-maps
   fastvocab translate --src-lang en --tgt-lang it -i data/corpus/en-it/test.parquet --input-column text1 \\
       -o out/ --workers 2
 """
@@ -73,6 +72,8 @@ _METHOD_FLAGS = {
     "scope": ("shortlist",),
     "probes": ("clustered",),
     "with_shortlist": ("clustered",),
+    "no_shortlist": ("clustered",),
+    "clusters": ("clustered",),
 }
 
 
@@ -111,9 +112,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="FILE",
         help="output: FILE.parquet, DIR/ (with the trailing /: a Parquet dataset of parts, "
         "id/source/translation), else text, one line per input line; a missing folder is created; an "
-        "existing file is replaced atomically, a symlink's file too (the link kept); - or a pipe or device "
-        "(/dev/stdout, a FIFO) is written through once every line is translated "
-        "(default: -, standard output)",
+        "existing file is replaced atomically, a symlink's file too (the link kept); -, /dev/stdout (or "
+        "any descriptor the shell opened: /dev/fd/N), a pipe or a device is written through, where it "
+        "stands, once every line is translated (default: -, standard output)",
     )
     add_beam(p, d.beam)
     add_batch_size(p, d.batch_size)
@@ -147,11 +148,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--method",
-        default="full",
+        default=None,
         choices=available_projections(),
-        help="output-layer method (default: %(default)s)",
+        help="output-layer method (default: clustered with --clusters, else full)",
     )
-    p.add_argument("--clusters", type=Path, metavar="DIR", help="cluster map folder, or a folder of them")
+    p.add_argument(
+        "--clusters",
+        type=Path,
+        metavar="DIR",
+        help="cluster map folder, or a folder of them; implies --method clustered",
+    )
     p.add_argument(
         "--index",
         type=Path,
@@ -211,7 +217,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="DIR",
         help="clustered, union selection: a lexical shortlist of this model and direction (as --index "
         "finds it) whose candidates for the batch's sentences join every step's columns: the clusters' "
-        "sets then need fewer ids for the same fidelity (maps with maps.k: 1)",
+        "sets then need fewer ids for the same fidelity (maps with maps.k: 1) (default: the tables beside "
+        "the maps, DIR/shortlist/ of --clusters DIR or of the map's parent folder, where they exist)",
+    )
+    p.add_argument(
+        "--no-shortlist",
+        action="store_true",
+        help="clustered: decode with the clusters' sets alone, not with the shortlist tables found beside "
+        "the maps (outputs may then differ from full softmax on many more lines)",
     )
     add_inactive_mass(
         p,
@@ -332,12 +345,16 @@ def _check_args(args: argparse.Namespace) -> None:
         raise UserError(f"--dtype int8 runs on CPU only (dynamic quantisation), not --device {args.device}")
     if args.src_lang == args.tgt_lang:
         raise UserError(f"--src-lang and --tgt-lang are both {args.src_lang}: nothing to translate")
+    if args.method is None:
+        args.method = "clustered" if args.clusters is not None else "full"
+    if args.no_shortlist and args.with_shortlist is not None:
+        raise UserError("--no-shortlist and --with-shortlist: give one of them")
     if args.method == "clustered" and args.clusters is None:
         raise UserError("--method clustered needs --clusters (a cluster map folder, or a folder of them)")
     if args.exact and args.method != "clustered":
         raise UserError(f"--exact applies to --method clustered, not --method {args.method}")
     for flag, methods in _METHOD_FLAGS.items():
-        if getattr(args, flag) is not None and args.method not in methods:
+        if getattr(args, flag) not in (None, False) and args.method not in methods:
             name = "--" + flag.replace("_", "-")
             raise UserError(f"{name} applies to --method {' or '.join(methods)}, not --method {args.method}")
     for flag in ("candidates", "bits", "ef_search", "frequent", "probes"):
@@ -369,11 +386,46 @@ def _check_args(args: argparse.Namespace) -> None:
         warning = coverage_problem(manifest, args.beam, map_dir)
         if warning is not None:
             print(f"warning: {warning}", file=sys.stderr)
+        given, args.clusters = args.clusters, map_dir  # resolved once: the job loads this folder
+        if args.with_shortlist is None:
+            _default_shortlist(args, given, map_dir)
     if args.method in INDEXED_METHODS and args.index is not None:
-        resolve_index(args.index, args.method, f"{args.src_lang}-{args.tgt_lang}")
+        args.index = resolve_index(args.index, args.method, f"{args.src_lang}-{args.tgt_lang}")
     if args.with_shortlist is not None:
         direction = f"{args.src_lang}-{args.tgt_lang}"
-        resolve_index(args.with_shortlist, "shortlist", direction, "--with-shortlist")
+        args.with_shortlist = resolve_index(args.with_shortlist, "shortlist", direction, "--with-shortlist")
+
+
+def _default_shortlist(args: argparse.Namespace, given: Path, map_dir: Path) -> None:
+    """Maps shipped with their shortlist tables were built to decode with them (sets of K 1 take the
+    shortlist's candidates for granted): without them outputs change on many lines, so the tables beside
+    the maps are the default, and leaving them out is said."""
+    from fastvocab.artifacts_schema.method_index import MANIFEST_FILE
+    from fastvocab.tasks.methods import METHODS_DIR, index_dir
+
+    direction = f"{args.src_lang}-{args.tgt_lang}"
+    # a maps root (models/demo-maps/shortlist/), a work dir (work/methods/shortlist/), or beside the map
+    roots = dict.fromkeys((given, given / METHODS_DIR, map_dir.parent, map_dir.parent.parent / METHODS_DIR))
+    places = [index_dir(root, "shortlist", direction) for root in roots]
+    tables = next((p for p in places if (p / MANIFEST_FILE).is_file()), None)
+    if tables is None:
+        return
+    if args.no_shortlist:
+        print(
+            f"warning: --no-shortlist: decoding without the shortlist tables beside the maps ({tables}); "
+            "outputs may differ from full softmax on many more lines",
+            file=sys.stderr,
+        )
+    elif args.selection != "union":
+        print(
+            f"warning: --selection {args.selection} decodes without the shortlist tables beside the maps "
+            f"({tables}), which join a union batch only; outputs may differ from full softmax on many more "
+            "lines",
+            file=sys.stderr,
+        )
+    else:
+        log.info("clustered: with the shortlist tables beside the maps, %s (--no-shortlist: without)", tables)
+        args.with_shortlist = tables
 
 
 def resolve_index(path: Path, method: str, direction: str, flag: str = "--index") -> Path:
@@ -406,24 +458,20 @@ def torch_device_type(device: str) -> str:
 
 
 def _projection_options(args: argparse.Namespace) -> dict[str, object]:
-    """The flags as projection options (``tasks.projections.method_options``), the artifact located first."""
+    """The flags as projection options (``tasks.projections.method_options``); :func:`_check_args` has
+    resolved the artifact folders."""
     from fastvocab.tasks.projections import method_options
 
     direction = f"{args.src_lang}-{args.tgt_lang}"
     artifact: Path | None = None
-    shortlist = None
-    if args.with_shortlist is not None:
-        shortlist = resolve_index(args.with_shortlist, "shortlist", direction, "--with-shortlist")
     if args.method == "clustered":
-        from fastvocab.artifacts_schema.cluster_map import resolve_map_dir
-
-        artifact = resolve_map_dir(args.clusters, args.src_lang, args.tgt_lang)
-    elif args.method in INDEXED_METHODS and args.index is not None:
-        artifact = resolve_index(args.index, args.method, direction)
+        artifact = args.clusters
+    elif args.method in INDEXED_METHODS:
+        artifact = args.index
     # the flags are named as MethodSettings' fields (--selection, --inactive-mass, ...)
     settings = MethodSettings(**{f.name: getattr(args, f.name) for f in fields(MethodSettings)})
     return method_options(
-        args.method, direction, settings, beam=args.beam, artifact=artifact, shortlist=shortlist
+        args.method, direction, settings, beam=args.beam, artifact=artifact, shortlist=args.with_shortlist
     )
 
 

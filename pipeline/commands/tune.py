@@ -86,8 +86,13 @@ prints the map's path and the config keys (configs/demo.yaml) that make the pipe
 settings. Logs to MLflow (--tracking-uri, else $MLFLOW_TRACKING_URI, else the default store
 <work-dir>/mlflow.db, where `fastvocab run` logs; --no-mlflow: nothing): a parent run with the settings, the
 choice and the tables, a child run per tried configuration. Exits 2 with the lowest error
-rate measured when no configuration meets the budget.
+rate measured when no configuration meets the budget on dev, and 3 when the chosen one misses it on the test
+split (the map and tune.json are still written; the MLflow run ends FAILED, tagged
+fastvocab.tune=budget-not-met-on-test).
 """
+
+# exit status of a tune whose choice met the budget on dev and missed it on test
+MISSED_ON_TEST = 3
 
 EXAMPLES = """\
 examples:
@@ -546,7 +551,7 @@ def run_decode(args: argparse.Namespace) -> int:
             [out_dir / n for n in ("tune.json", "tune.csv", "tune.md")],
         )
     _print_choice(record, settings, args, map_dir)
-    return 0
+    return 0 if record["within_budget_on_test"] else MISSED_ON_TEST
 
 
 def _closing_meta(t0: float) -> dict[str, Any]:
@@ -617,7 +622,11 @@ def _log(tracker, record: dict, rows: list[dict], result: dict | None, artifacts
 
     meta = record["meta"]
     direction = meta["direction"]
-    tags = {"fastvocab.tune": "chosen" if result is not None else "no-configuration-within-budget"}
+    if result is None:
+        outcome = "no-configuration-within-budget"
+    else:
+        outcome = "chosen" if record["within_budget_on_test"] else "budget-not-met-on-test"
+    tags = {"fastvocab.tune": outcome}
     tracker.start(f"tune:{direction}:beam{meta['beam']}", {"command": record["command"], **meta}, tags)
     by_label: dict[str, list[dict]] = {}
     for row in rows:
@@ -653,5 +662,5 @@ def _log(tracker, record: dict, rows: list[dict], result: dict | None, artifacts
         for key, value in record["chosen"]["config_keys"].items():
             tracker.client.set_tag(tracker.parent_id, f"fastvocab.tune.{key}", str(value))
         tracker.client.set_tag(tracker.parent_id, "fastvocab.tune.map_path", record["map_path"])
-    tracker.end(metrics=final)
+    tracker.end("FINISHED" if outcome == "chosen" else "FAILED", metrics=final)
     print(f"MLflow: run {tracker.parent_id} in {tracker.uri}", file=sys.stderr)
