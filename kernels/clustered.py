@@ -594,8 +594,11 @@ class ClusteredProjection(Projection):
             return logits, ids, clusters
         if extra is not None:  # the batch's columns gathered or packed already
             few = sorted(set(cl))
-            blocks = self._map.blocks if self._w8 is None else self._w8.blocks
-            if len(few) <= BLOCK_CLUSTERS and all(blocks[c] is not None for c in few):
+            if self._w8 is None:
+                cached = all(self._map.blocks[c] is not None for c in few)
+            else:  # packed at first uses: cached is what decides the path (int8_union.ClusterBlocks)
+                cached = all(self._w8.blocks.cached(c) for c in few)
+            if len(few) <= BLOCK_CLUSTERS and cached:
                 logits, ids = batch_block_logits(h, extra, self._map, few, self.weight, self.bias, self._w8)
                 return logits, ids, clusters
             sets = union_mask(cl, self._map.ids, self.n_vocab)

@@ -138,7 +138,7 @@ def batch_block_logits(
     logits and ids, without the mask over N, its compaction and the gather, which at a few rows cost more
     than the GEMMs (a greedy step at batch 1: 260 -> 140 us with the demo model)."""
     if w8 is not None and cols.packed is not None:  # int8: every GEMM of the step in one call
-        blocks8 = [cast(int8.PackedRows, w8.blocks[c]) for c in clusters]
+        blocks8 = [cast(int8.PackedRows, w8.blocks[c]) for c in clusters]  # packed at first use
         *parts, batch = int8.linear_packed_many(h.float().contiguous(), [*blocks8, cols.packed])
     else:
         parts = [cluster_logits(h, pm, c, weight, bias, w8) for c in clusters]

@@ -98,11 +98,14 @@ def test_cached_cluster_is_a_packed_int8_block_with_the_same_logits():
     w, b, cmap = layer_and_map()
     cached = clustered(w, b, cmap, int8=True, cache_mb=1.0)
     plain = clustered(w, b, cmap, int8=True, cache_mb=0)
-    hit = [c for c, blk in enumerate(cached._w8.blocks) if blk is not None]
-    assert hit and all(blk is None for blk in plain._w8.blocks)
+    blocks = cached._w8.blocks
+    hit = [c for c in range(cmap.manifest.r) if blocks.cached(c)]
+    assert hit and not any(plain._w8.blocks.cached(c) for c in range(cmap.manifest.r))
     assert cached.prepared_map.cached_bytes == 0  # no float32 blocks beside the int8 ones
+    assert blocks.packed_count() == 0  # packed at their first use, not at load
     h = rows_near(cmap, [hit[0]] * 3, noise=0.01)
     a, z = cached(h), plain(h)
+    assert blocks.packed_count() == 1  # one step in one cluster: that cluster's block alone
     assert torch.equal(a.ids, z.ids)
     torch.testing.assert_close(a.logits, z.logits, rtol=1e-5, atol=1e-5)
 

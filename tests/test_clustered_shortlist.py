@@ -189,8 +189,8 @@ def test_a_few_clusters_run_their_cached_blocks_to_the_union_paths_logits_and_id
 
     proj = make_projection(adapter, "clustered", cluster_map=cmap, shortlist=index, int8=int8)
     pm, w8 = proj.prepared_map, proj._w8
-    blocks = pm.blocks if w8 is None else w8.blocks
-    clusters = [c for c in range(pm.r) if blocks[c] is not None][:n_clusters]
+    cached = (lambda c: pm.blocks[c] is not None) if w8 is None else w8.blocks.cached
+    clusters = [c for c in range(pm.r) if cached(c)][:n_clusters]
     assert len(clusters) == n_clusters
     batch = adapter.encode_texts(synthetic_sentences("en", 3, seed=6), "en", "it")
     cands = proj._shortlist.batch_candidates(batch["input_ids"], batch["attention_mask"])
