@@ -6,6 +6,7 @@ one-line error."""
 from __future__ import annotations
 
 import json
+import statistics
 from pathlib import Path
 
 import pytest
@@ -102,6 +103,13 @@ def test_tune_picks_the_fastest_configuration_within_the_budget(work, tiny_model
     # every row: the yardstick's agreement, within its bounds
     for r in rows:
         assert 0 <= r["search_errors"] <= 1 - r["identical"] + 1e-9 and r["sent_per_s"] > 0
+    # the deciding rung and the test check: speed as the median of paired passes, their spread judged
+    for row in [*final, record["test"]]:
+        passes = row["speed_ratio_passes"]
+        assert 3 <= len(passes) <= 6
+        assert abs(row["speed_ratio"] - statistics.median(passes)) <= 1e-3
+        assert row["speed_stable"] or len(passes) == 6  # more passes until steady, or flagged
+    assert all("speed_ratio_passes" not in r for r in first)  # earlier rungs: one pass, as --repeats says
     # the test split was decoded with the choice and judged against the budget
     test = record["test"]
     assert test["split"] == "test" and test["label"] == chosen["label"] and test["sentences"] == 6
