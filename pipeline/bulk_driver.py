@@ -459,7 +459,8 @@ def _run(request, inp, layout, parts, output, t0, ray, progress, worker_cls, own
         "signature": signature,
         "map": str(request.options.get("cluster_map", request.options.get("index", ""))),
         "dtype": request.dtype,
-        # the engine the model runs in this process ("auto" resolved); on Ray, as asked
+        # the engine the model runs in this process ("auto" resolved); on Ray, as asked until the workers
+        # report the engine they decoded with (_translate_parts)
         "engine": loaded[0].engine if loaded is not None else request.engine,
         "device": job.device,
         **{f"search.{k}": v for k, v in asdict(request.search).items()},
@@ -560,6 +561,7 @@ def _translate_parts(
     )
 
     shown = [bar.n]  # the bar before the part in progress (in this process it moves batch by batch)
+    engines: set[str] = set()  # what the workers decoded with ("auto" resolved on each of them)
 
     def on_result(res: dict[str, Any]) -> None:
         if ray is not None:
@@ -570,6 +572,8 @@ def _translate_parts(
         result.decode_seconds += float(res["decode_seconds"])
         result.empty_outputs += int(res["empty_outputs"])
         result.duplicate_ids += int(res["duplicate_ids"])
+        if res.get("engine"):
+            engines.add(str(res["engine"]))
         result.cut_outputs += int(res.get("cut_outputs", 0))
         result.cut_lines = sorted([*result.cut_lines, *res.get("cut_lines", [])])[:CUT_LINES_SHOWN]
         w = workers[str(res["worker"])]
@@ -597,6 +601,8 @@ def _translate_parts(
         raise UserError(f"{exc}{kept}") from None
     phases["translate"] = time.perf_counter() - started - phases.get("ray_start_late", 0.0)
     result.workers = dict(workers)
+    if engines:  # nodes without ONNX Runtime may pick another engine for "auto": each one named
+        result.params["engine"] = ",".join(sorted(engines))
     if result.cut_outputs:
         lines = ", ".join(map(str, result.cut_lines))
         more = ", ..." if result.cut_outputs > len(result.cut_lines) else ""

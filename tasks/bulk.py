@@ -454,5 +454,6 @@ class BulkWorker:
             "cut_lines": [r.first_row + i + 1 for i in res.cut[:CUT_LINES_SHOWN]],  # 1-based input lines
             "duplicate_ids": len(ids) - len(set(ids)),
             "worker": self.name,
+            "engine": adapter.engine,  # the engine "auto" resolved to where the range was decoded
             "finished": time.time(),
         }

@@ -248,6 +248,8 @@ def test_two_ray_workers_one_killed_equal_translate_by_range(model_dir, adapter,
     result = run_bulk(req, ray=ray_session, progress=False, worker_cls=DiesOnce)
     assert Path(DiesOnce.marker).exists() and result.parts_retried == 1
     assert result.parts_translated == 5 and result.lines == 23 and result.tokens > 0  # each range once
+    # the engine the actors decoded with ("auto" is static here: the suite's cache folder is not writable)
+    assert result.params["engine"] == "static" and result.record().params["engine"] == "static"
     assert out.read_text(encoding="utf-8") == _by_range(adapter, inp, "clustered", options, 2)
     assert not Path(str(out) + ".parts").exists()
 
@@ -285,7 +287,7 @@ def test_a_small_job_for_two_workers_runs_in_this_process_and_says_so(
 
 def test_min_ray_lines_0_sends_a_small_job_to_ray(model_dir, tmp_path, capsys, ray_session):
     """--min-ray-lines 0: the same small job on Ray actors (the module's Ray, which the job's session
-    reuses)."""
+    reuses); the summary names the engine the actors ran, not "auto"."""
     inp = _write_text(tmp_path / "in.txt", _lines(6))
     rc, err = _cli(
         capsys, model_dir, inp, tmp_path / "out.txt", "--workers", "2", "--min-ray-lines", "0",
@@ -293,6 +295,8 @@ def test_min_ray_lines_0_sends_a_small_job_to_ray(model_dir, tmp_path, capsys, r
     )  # fmt: skip
     assert rc == 0, err
     assert "decoding in this process" not in err and " a worker, " in err and "used of 2]" in err
+    # the suite's cache folder cannot be written (conftest): "auto" is the static engine, on Ray too
+    assert ", engine static, " in err
     assert (tmp_path / "out.txt").read_text(encoding="utf-8").count("\n") == 6
 
 
