@@ -383,6 +383,40 @@ def _merge(  # pragma: no cover - compiled
             fin_scores[s, i] = kept[i]
 
 
+# What cache_state says of the compiled functions: numba's cache holds their machine code for this source,
+# numba version and CPU (a later process loads it in under a second); it holds none (the first run on a
+# machine, or after the source changed: a compile of ~10 s); or numba has no writable folder to cache them
+# in (kernels/jit.py), so every process compiles them.
+WARM, COLD, UNCACHED = "warm", "cold", "uncached"
+
+
+def cache_state() -> tuple[str, str | None]:
+    """(:data:`WARM` | :data:`COLD` | :data:`UNCACHED`, numba's cache folder of the first function found
+    cold) for the functions :func:`warm` compiles, from numba's own index files: a function is warm when its
+    index (``<name>-<line>.pyXY.nbi``, which numba empties of entries made for another numba version or
+    source stamp) holds an entry for this CPU (numba's codegen ``magic_tuple``) and the function's current
+    bytecode, the key numba loads by. Reads one small file a function (under a millisecond), compiles
+    nothing. Where numba's internals are not as expected, :data:`WARM`: say nothing rather than a wrong
+    line."""
+    import hashlib
+
+    from fastvocab.kernels.host_moments import moments_union
+
+    for fn in (advance, row_candidates, moments_union):
+        try:
+            cache = fn._cache
+            index = getattr(cache, "_cache_file", None)
+            if index is None:  # numba's NullCache: no folder could be written
+                return UNCACHED, None
+            magic = fn.targetctx.codegen().magic_tuple()
+            code = hashlib.sha256(fn.py_func.__code__.co_code).hexdigest()
+            if not any(key[1] == magic and key[2][0] == code for key in index._load_index()):
+                return COLD, str(cache.cache_path)
+        except Exception:  # numba's private cache layout changed: no claim either way
+            return WARM, None
+    return WARM, None
+
+
 def warm() -> None:
     """Compile the CPU step's functions for the arrays the search passes them (or load them from numba's
     cache): these two and the clustered projection's ``host_moments.moments_union``. The first run on a

@@ -8,7 +8,10 @@ each actor loads the model and the method once, reads its own ranges and writes 
 replaced and its range retried; a part is written atomically, so a retried range is written once. At the end
 a text (or single Parquet file) output is assembled from the parts in input order, atomically; a dataset
 output (``-o DIR/``) keeps its parts and gets ``_manifest.json``. With one worker and no Ray address the
-driver translates the parts itself, with the model it loaded to describe the job.
+driver translates the parts itself, with the model it loaded to describe the job; so it does with several
+workers and no Ray address for an input below ``min_ray_lines`` lines (``ray_session.MIN_RAY_LINES``), which
+it decodes faster than a local Ray and its actors start. The parts are the same either way, so either run
+resumes the other's.
 
 Why parts on an actor pool and not Ray Data: a rerun after a kill must re-translate nothing that finished.
 ``ray.data.read_parquet -> map_batches -> write_parquet`` has no notion of a finished block that a new job
@@ -25,7 +28,7 @@ import shutil
 import sys
 import time
 from collections import defaultdict
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +45,7 @@ from fastvocab.artifacts_schema.bulk_parts import (
 from fastvocab.artifacts_schema.lock import WorkDirBusy, WorkDirLock
 from fastvocab.decoding.settings import SearchSettings, engine_for
 from fastvocab.pipeline.errors import UserError
+from fastvocab.pipeline.ray_session import MIN_RAY_LINES
 from fastvocab.pipeline.tracking import StageRecord
 from fastvocab.pipeline.wording import plural
 from fastvocab.tasks.bulk import (
@@ -55,6 +59,7 @@ from fastvocab.tasks.bulk import (
     input_digest,
     part_statuses,
     plan_input,
+    rows_up_to,
 )
 
 log = logging.getLogger(__name__)
@@ -83,6 +88,8 @@ class BulkRequest:
     lines_per_part: int = PART_LINES
     text_column: str | None = None
     id_column: str | None = "id"
+    # workers > 1 without a Ray address: an input of fewer lines is decoded in this process (0: never)
+    min_ray_lines: int = MIN_RAY_LINES
 
 
 @dataclass
@@ -113,6 +120,7 @@ class BulkResult:
     params: dict[str, object] = field(default_factory=dict)
     # seconds: setup (input, model, and Ray's start when overlapped), plan, ray_start, translate, assemble
     phases: dict[str, float] = field(default_factory=dict)
+    on_ray: bool = False  # the parts were given to Ray actors (False: decoded in this process)
 
     @property
     def tokens_per_second(self) -> float:
@@ -349,6 +357,10 @@ def run_bulk(
     if Path(request.input).is_dir() and output.resolve().is_relative_to(Path(request.input).resolve()):
         raise UserError(f"--output {request.output} is inside the input folder {request.input}")
     on_ray = request.workers > 1 or request.ray_address is not None or ray is not None
+    if on_ray and ray is None:
+        here = _in_process_instead(request, inp)
+        if here is not None:
+            on_ray, request = False, here
     own = on_ray and ray is None
     if own:
         from fastvocab.pipeline.ray_session import RaySession
@@ -359,6 +371,33 @@ def run_bulk(
     finally:
         if own:
             ray.shutdown()
+
+
+def _in_process_instead(request: BulkRequest, inp: BulkInput) -> BulkRequest | None:
+    """The request to decode in this process when the job is too small to pay for a local Ray (one line on
+    standard error says so), else None. Only a local Ray started for the job is given up: never a cluster
+    named by ``ray_address`` or ``$RAY_ADDRESS`` (``ray job submit``), nor GPU workers (the threshold is a
+    CPU measurement). The process decodes with the CPUs the local Ray would have had, as threads."""
+    limit = request.min_ray_lines
+    if (
+        limit <= 0
+        or request.workers <= 1
+        or request.ray_address is not None
+        or os.environ.get("RAY_ADDRESS")
+        or request.num_gpus_per_worker > 0
+    ):
+        return None
+    lines = rows_up_to(inp, limit)
+    if lines >= limit:
+        return None
+    threads = min(request.workers * request.num_cpus_per_worker, os.cpu_count() or 1)
+    print(
+        f"{plural(lines, 'line')}: decoding in this process with {plural(threads, 'thread')}, faster than "
+        f"starting Ray for {request.workers} workers (below {limit} lines); --min-ray-lines 0 to use Ray "
+        "anyway",
+        file=sys.stderr,
+    )
+    return replace(request, threads=threads)
 
 
 def _run(request, inp, layout, parts, output, t0, ray, progress, worker_cls, own) -> BulkResult:
@@ -411,6 +450,7 @@ def _run(request, inp, layout, parts, output, t0, ray, progress, worker_cls, own
         input_root=request.input,
     )
     result = BulkResult(output, lines=inp.rows, parts=len(ranges), null_texts=inp.nulls)
+    result.on_ray = ray is not None
     result.params = {
         "model": str(request.model),
         "model_fingerprint": model.fingerprint,
@@ -419,11 +459,13 @@ def _run(request, inp, layout, parts, output, t0, ray, progress, worker_cls, own
         "signature": signature,
         "map": str(request.options.get("cluster_map", request.options.get("index", ""))),
         "dtype": request.dtype,
-        # the engine the model runs in this process ("auto" resolved); on Ray, as asked
+        # the engine the model runs in this process ("auto" resolved); on Ray, as asked until the workers
+        # report the engine they decoded with (_translate_parts)
         "engine": loaded[0].engine if loaded is not None else request.engine,
         "device": job.device,
         **{f"search.{k}": v for k, v in asdict(request.search).items()},
         "workers": request.workers,
+        "decoded_on": "ray" if ray is not None else "process",
         "num_cpus_per_worker": request.num_cpus_per_worker,
         "num_gpus_per_worker": request.num_gpus_per_worker,
         "ray_address": request.ray_address or "",
@@ -519,6 +561,7 @@ def _translate_parts(
     )
 
     shown = [bar.n]  # the bar before the part in progress (in this process it moves batch by batch)
+    engines: set[str] = set()  # what the workers decoded with ("auto" resolved on each of them)
 
     def on_result(res: dict[str, Any]) -> None:
         if ray is not None:
@@ -529,6 +572,8 @@ def _translate_parts(
         result.decode_seconds += float(res["decode_seconds"])
         result.empty_outputs += int(res["empty_outputs"])
         result.duplicate_ids += int(res["duplicate_ids"])
+        if res.get("engine"):
+            engines.add(str(res["engine"]))
         result.cut_outputs += int(res.get("cut_outputs", 0))
         result.cut_lines = sorted([*result.cut_lines, *res.get("cut_lines", [])])[:CUT_LINES_SHOWN]
         w = workers[str(res["worker"])]
@@ -556,6 +601,8 @@ def _translate_parts(
         raise UserError(f"{exc}{kept}") from None
     phases["translate"] = time.perf_counter() - started - phases.get("ray_start_late", 0.0)
     result.workers = dict(workers)
+    if engines:  # nodes without ONNX Runtime may pick another engine for "auto": each one named
+        result.params["engine"] = ",".join(sorted(engines))
     if result.cut_outputs:
         lines = ", ".join(map(str, result.cut_lines))
         more = ", ..." if result.cut_outputs > len(result.cut_lines) else ""
@@ -639,6 +686,7 @@ def check_request(request: BulkRequest) -> None:
     """What can be refused before anything loads: counts, resources, where the output goes."""
     for flag, value, low in (
         ("--workers", request.workers, 1),
+        ("--min-ray-lines", request.min_ray_lines, 0),
         ("--num-cpus-per-worker", request.num_cpus_per_worker, 1),
         ("--chunk-lines", request.lines_per_part, 1),
     ):

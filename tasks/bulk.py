@@ -212,6 +212,18 @@ class BulkRange:
         return ids, texts
 
 
+def rows_up_to(inp: BulkInput, limit: int) -> int:
+    """The input's rows, counted up to ``limit`` at most: a Parquet input's from its footers, a text
+    file's by reading its first ``limit`` lines (kilobytes, not the file), counted as :func:`plan_input`
+    counts them."""
+    if inp.kind != "text":
+        return min(inp.rows, limit)
+    import itertools
+
+    with open(inp.files[0].path, "rb") as f:
+        return sum(1 for _ in itertools.islice(f, limit))
+
+
 def _line_bytes(i: int, text: str) -> bytes:
     return f"{i}\t{text}\n".encode()
 
@@ -442,5 +454,6 @@ class BulkWorker:
             "cut_lines": [r.first_row + i + 1 for i in res.cut[:CUT_LINES_SHOWN]],  # 1-based input lines
             "duplicate_ids": len(ids) - len(set(ids)),
             "worker": self.name,
+            "engine": adapter.engine,  # the engine "auto" resolved to where the range was decoded
             "finished": time.time(),
         }

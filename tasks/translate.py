@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from fastvocab.decoding.hf_adapter import Seq2SeqAdapter
 from fastvocab.decoding.packed_encoder import length_runs
-from fastvocab.decoding.search import check_stopping_rule
+from fastvocab.decoding.search import check_stopping_rule, prepare_compiled_step
 from fastvocab.decoding.settings import DEFAULT_SEARCH, SearchSettings
 from fastvocab.decoding.steppers import use_graphs
 from fastvocab.kernels.base import Projection
@@ -108,6 +108,9 @@ def translate(
             f"beam, batch_size, max_len and max_input_tokens must be >= 1 "
             f"(got {beam}, {batch_size}, {max_len}, {max_input_tokens})"
         )
+    if beam > 1 and adapter.device.type == "cpu":
+        # before the pool forks: its processes inherit the compiled step rather than each compiling it
+        prepare_compiled_step()
     if pool is None:
         own = pool = DecodePool(adapter, projection, workers, parallel)
     else:

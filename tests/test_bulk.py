@@ -248,8 +248,78 @@ def test_two_ray_workers_one_killed_equal_translate_by_range(model_dir, adapter,
     result = run_bulk(req, ray=ray_session, progress=False, worker_cls=DiesOnce)
     assert Path(DiesOnce.marker).exists() and result.parts_retried == 1
     assert result.parts_translated == 5 and result.lines == 23 and result.tokens > 0  # each range once
+    # the engine the actors decoded with ("auto" is static here: the suite's cache folder is not writable)
+    assert result.params["engine"] == "static" and result.record().params["engine"] == "static"
     assert out.read_text(encoding="utf-8") == _by_range(adapter, inp, "clustered", options, 2)
     assert not Path(str(out) + ".parts").exists()
+
+
+class _NoRay:
+    """Stands in for RaySession where a job must not start Ray."""
+
+    def __init__(self, *a, **k):
+        raise AssertionError("Ray was started")
+
+
+def test_a_small_job_for_two_workers_runs_in_this_process_and_says_so(
+    model_dir, tmp_path, capsys, monkeypatch
+):
+    """--workers 2 without --ray-address for an input below --min-ray-lines: decoded in this process (no
+    Ray session made), with one line on standard error naming why and the flag that sends it to Ray."""
+    import fastvocab.pipeline.ray_session
+
+    monkeypatch.setattr(fastvocab.pipeline.ray_session, "RaySession", _NoRay)
+    inp = _write_text(tmp_path / "in.txt", _lines(6))
+    rc, err = _cli(capsys, model_dir, inp, tmp_path / "out.txt", "--workers", "2", "--min-ray-lines", "7")
+    assert rc == 0, err
+    said = [line for line in err.splitlines() if "decoding in this process" in line]
+    assert said == [
+        "6 lines: decoding in this process with 2 threads, faster than starting Ray for 2 workers "
+        "(below 7 lines); --min-ray-lines 0 to use Ray anyway"
+    ]
+    assert ", 2 threads]" in err and "Ray worker" not in err
+    assert (tmp_path / "out.txt").read_text(encoding="utf-8").count("\n") == 6
+    # at the threshold, or with a named cluster, Ray it is (RaySession refuses here: the job goes to it)
+    for extra in (("--min-ray-lines", "6"), ("--ray-address", "local")):
+        with pytest.raises(AssertionError, match="Ray was started"):
+            _cli(capsys, model_dir, inp, tmp_path / "ray.txt", "--workers", "2", *extra)
+
+
+def test_min_ray_lines_0_sends_a_small_job_to_ray(model_dir, tmp_path, capsys, ray_session):
+    """--min-ray-lines 0: the same small job on Ray actors (the module's Ray, which the job's session
+    reuses); the summary names the engine the actors ran, not "auto"."""
+    inp = _write_text(tmp_path / "in.txt", _lines(6))
+    rc, err = _cli(
+        capsys, model_dir, inp, tmp_path / "out.txt", "--workers", "2", "--min-ray-lines", "0",
+        "--chunk-lines", "3",
+    )  # fmt: skip
+    assert rc == 0, err
+    assert "decoding in this process" not in err and " a worker, " in err and "used of 2]" in err
+    # the suite's cache folder cannot be written (conftest): "auto" is the static engine, on Ray too
+    assert ", engine static, " in err
+    assert (tmp_path / "out.txt").read_text(encoding="utf-8").count("\n") == 6
+
+
+def test_parts_of_a_ray_run_and_of_an_in_process_run_resume_each_other(
+    model_dir, adapter, tmp_path, ray_session
+):
+    """A Ray run's parts (some lost, as after a kill) are reused by a run in this process, which redoes only
+    the missing ones, and the other way round; the dataset is what ``translate`` makes of the lines."""
+    lines = _lines()
+    inp = _write_text(tmp_path / "in.txt", lines)
+    out = f"{tmp_path / 'out'}/"
+    first = run_bulk(_request(model_dir, inp, out, workers=2), ray=ray_session, progress=False)
+    assert first.on_ray and first.parts_translated == 5 and first.params["decoded_on"] == "ray"
+    for i in (1, 3):
+        part_file(out, i).unlink()
+    here = run_bulk(_request(model_dir, inp, out, workers=2), progress=False)  # 23 lines: in this process
+    assert not here.on_ray and (here.parts_reused, here.parts_translated) == (3, 2)
+    for i in (0, 4):
+        part_file(out, i).unlink()
+    again = run_bulk(_request(model_dir, inp, out, workers=2), ray=ray_session, progress=False)
+    assert again.on_ray and (again.parts_reused, again.parts_translated) == (3, 2)
+    got = pa.concat_tables([pq.read_table(part_file(out, i)) for i in range(5)])
+    assert got.column("translation").to_pylist() == _expect(adapter, lines)
 
 
 DRIVER = """

@@ -195,3 +195,61 @@ def test_a_function_numba_cannot_cache_is_compiled_without_the_cache():
     exec("def plus_one(x):\n    return x + 1\n", scope)
     compiled = njit()(scope["plus_one"])
     assert compiled(np.int64(41)) == 42 and compiled.signatures
+
+
+_PREPARE_TWICE = """
+from fastvocab.decoding.search import prepare_compiled_step
+prepare_compiled_step()
+prepare_compiled_step()  # once per process: the second call says and does nothing
+"""
+
+
+@pytest.mark.slow  # ~25 s on 2 shared cores: a real compile, and two processes importing torch
+def test_a_cold_numba_cache_is_said_once_and_a_warm_one_not_at_all(tmp_path):
+    """Compiled for real (~10 s) into an empty cache folder: the first process prints the one line naming
+    where the code is kept; the next process, on the cache the first left, prints nothing."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path)}  # numba looks there before beside the module
+
+    def stderr() -> list[str]:
+        run = [sys.executable, "-c", _PREPARE_TWICE]
+        done = subprocess.run(run, env=env, capture_output=True, text=True, timeout=300, check=True)
+        return done.stderr.splitlines()
+
+    (line,) = stderr()
+    start = "compiling the beam search's CPU kernels (once per machine, ~10 s; cached in "
+    assert line.startswith(f"{start}{tmp_path}{os.sep}") and line.endswith(")"), line
+    assert any(tmp_path.rglob("*.nbi")) and stderr() == []
+
+
+@pytest.mark.parametrize("state", ["cold", "warm", "uncached"])
+def test_translate_prepares_the_compiled_step_before_its_first_beam(adapter, monkeypatch, capsys, state):
+    """``translate`` at beam > 1 on CPU loads the compiled step before decoding (so a decode pool's forks
+    inherit it), with the line a cold or missing cache calls for (numba's cache read as ``state`` here;
+    nothing compiled); greedy search needs no compiled step."""
+    from fastvocab.decoding import host_beam_step
+    from fastvocab.tasks.translate import translate
+
+    warmed: list[bool] = []
+    monkeypatch.setattr(search, "_PREPARED", False)
+    monkeypatch.setattr(host_beam_step, "cache_state", lambda: (state, "/cache/decoding_x"))
+    monkeypatch.setattr(host_beam_step, "warm", lambda: warmed.append(True))
+    lines = synthetic_sentences("en", 2, seed=3)
+    proj = make_projection(adapter)
+    translate(adapter, proj, lines, "en", "it", SearchSettings(max_len=4), progress=False, workers=1)
+    assert warmed == [] and capsys.readouterr().err == ""
+    beam = SearchSettings(beam=2, max_len=4)
+    for _ in range(2):
+        translate(adapter, proj, lines, "en", "it", beam, progress=False, workers=1)
+    err = capsys.readouterr().err.splitlines()
+    assert warmed == [True]
+    if state == "cold":
+        assert err == ["compiling the beam search's CPU kernels (once per machine, ~10 s; cached in "
+                       "/cache/decoding_x)"]  # fmt: skip
+    elif state == "uncached":
+        assert len(err) == 1 and "every process compiles them: set NUMBA_CACHE_DIR" in err[0]
+    else:
+        assert err == []

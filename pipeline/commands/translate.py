@@ -41,6 +41,7 @@ from fastvocab.pipeline.commands import (
 )
 from fastvocab.pipeline.config import TranslateConfig
 from fastvocab.pipeline.errors import UserError
+from fastvocab.pipeline.ray_session import MIN_RAY_LINES
 from fastvocab.pipeline.wording import plural
 from fastvocab.tasks.method_settings import MethodSettings
 from fastvocab.tasks.methods import INDEXED_METHODS
@@ -301,7 +302,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="N",
         help="decode on N Ray actors, each loading the model once and pulling ranges of --chunk-lines lines "
         "from one queue; finished parts are kept and a rerun resumes; 1 without --ray-address: in this "
-        "process (default: 1)",
+        "process, and so is an input below --min-ray-lines (default: 1)",
+    )
+    g.add_argument(
+        "--min-ray-lines",
+        type=int,
+        default=MIN_RAY_LINES,
+        metavar="N",
+        help="--workers > 1 without --ray-address: an input of fewer lines is decoded in this process, with "
+        "the workers' CPUs as threads, which finishes before a local Ray and its actors (each loading the "
+        "model) would start; the same parts and outputs; a named cluster (--ray-address, $RAY_ADDRESS) and "
+        "GPU workers always get Ray; 0: always Ray (default: %(default)s)",
     )
     g.add_argument(
         "--ray-address",
@@ -582,13 +593,14 @@ def _translate(args: argparse.Namespace, input_path: str, output_path: str) -> B
         lines_per_part=args.chunk_lines,
         text_column=args.input_column,
         id_column=args.id_column,
+        min_ray_lines=args.min_ray_lines,
     )
     return run_bulk(request, progress=not args.no_progress)
 
 
 def _summarise(args: argparse.Namespace, result: BulkResult) -> None:
     """The job's line on standard error (its output may be standard output)."""
-    if args.workers == 1 and args.ray_address is None:
+    if not result.on_ray:
         import torch
 
         where = plural(torch.get_num_threads(), "thread")
