@@ -108,7 +108,9 @@ def test_output_to_the_shells_stdout_with_two_ray_workers_keeps_every_line(job, 
     offset), nothing lost."""
     pytest.importorskip("ray")
     model, inp, ref = job
-    command = _translate(model, inp, "/dev/stdout", "--workers", "2", "--chunk-lines", "2")
+    command = _translate(
+        model, inp, "/dev/stdout", "--workers", "2", "--chunk-lines", "2", "--min-ray-lines", "0"
+    )
     res = _bash(f"echo OLD > f\n{{ echo HEADER; {command}; echo FOOTER; }} >> f 2>&1", tmp_path)
     assert res.returncode == 0, res.stderr
     data = (tmp_path / "f").read_bytes()
@@ -162,7 +164,8 @@ def test_sigterm_mid_job_exits_143_releases_the_lock_and_the_rerun_resumes(job, 
     inp = tmp_path / "long.txt"
     inp.write_text("\n".join(synthetic_sentences("en", 400, seed=9)) + "\n", encoding="utf-8")
     out = tmp_path / "out.txt"
-    command = _translate(model, inp, str(out), "--chunk-lines", "4", "--beam", "2", "--workers", str(workers))
+    ray = ("--workers", str(workers), "--min-ray-lines", "0")  # on Ray even for these few lines
+    command = _translate(model, inp, str(out), "--chunk-lines", "4", "--beam", "2", *ray)
     proc = subprocess.Popen(
         shlex.split(command),
         cwd=tmp_path,
