@@ -22,6 +22,7 @@ last bits (torch sums float32 with another exp); a row with a NaN or an infinity
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 
@@ -402,6 +403,7 @@ def cache_state() -> tuple[str, str | None]:
 
     from fastvocab.kernels.host_moments import moments_union
 
+    fn: Any  # a numba dispatcher: its cache and target context are numba's own attributes
     for fn in (advance, row_candidates, moments_union):
         try:
             cache = fn._cache

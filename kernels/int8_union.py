@@ -78,7 +78,7 @@ class Int8Weights:
     q: torch.Tensor  # (N, d) int8
     scale: torch.Tensor  # (N,) float32
     bias: torch.Tensor | None  # (N,) float32
-    blocks: Sequence[int8.PackedRows | None]  # ClusterBlocks: packed at first use
+    blocks: ClusterBlocks  # packed at first use
     cached_bytes: int
     max_norm: float  # max_i ||w_i||: the certificate's bound on what input rounding moves a logit
     max_residual: float  # max_i ||w_i - scale_i q_i||: the same for the weights' rounding
@@ -118,10 +118,12 @@ class ClusterBlocks(Sequence):
     cached is fixed at load (:meth:`cache`), so a step takes the same path whenever its blocks were
     packed: the outputs do not depend on what ran before."""
 
-    def __init__(self, q: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None, pm: PreparedMap):
-        self._q, self._scale, self._bias, self._ids = q, scale, bias, pm.ids
-        self._cached = np.zeros(pm.r, dtype=bool)
-        self._packed: list[int8.PackedRows | None] = [None] * pm.r
+    def __init__(
+        self, q: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None, ids: Sequence[torch.Tensor]
+    ) -> None:
+        self._q, self._scale, self._bias, self._ids = q, scale, bias, ids  # ids[c]: cluster c's set
+        self._cached = np.zeros(len(ids), dtype=bool)
+        self._packed: list[int8.PackedRows | None] = [None] * len(ids)
 
     def cache(self, c: int) -> None:
         self._cached[c] = True
@@ -160,7 +162,7 @@ def int8_weights(
     linear = int8.int8_linear(weight, bias)
     q, scale = int8.int8_rows(linear)
     b = None if bias is None else bias.detach().float().contiguous()
-    blocks = ClusterBlocks(q, scale, b, pm)
+    blocks = ClusterBlocks(q, scale, b, pm.ids)
     row_bytes, used = 2 * q.shape[1], 0
     for c in np.argsort(-pm.population, kind="stable"):
         need = pm.sizes[c] * row_bytes
@@ -347,7 +349,16 @@ def measure_costs(
     q, scale = int8.int8_rows(linear)
     # the dense GEMM as a projection runs it: on ONNX Runtime from ORT_MIN_ROWS rows where int8.ort_int8()
     full = int8.packed_of(linear, many_rows=True)
-    w8 = Int8Weights(full, q, scale, bias=None, blocks=[], cached_bytes=0, max_norm=0.0, max_residual=0.0)
+    w8 = Int8Weights(
+        full,
+        q,
+        scale,
+        bias=None,
+        blocks=ClusterBlocks(q, scale, None, []),
+        cached_bytes=0,
+        max_norm=0.0,
+        max_residual=0.0,
+    )
     kernels = {
         "int8-gather": lambda h, cols: int8_gather_gemm(h, w8, cols),
         "int8-dense": lambda h, cols: _dense_columns(h, w8, cols),

@@ -43,7 +43,9 @@ from fastvocab.artifacts_schema.bulk_parts import (
     write_manifest,
 )
 from fastvocab.artifacts_schema.lock import WorkDirBusy, WorkDirLock
-from fastvocab.decoding.settings import SearchSettings, engine_for
+from fastvocab.decoding.hf_adapter import Seq2SeqAdapter
+from fastvocab.decoding.settings import SearchSettings
+from fastvocab.kernels.base import Projection
 from fastvocab.pipeline.errors import UserError
 from fastvocab.pipeline.ray_session import MIN_RAY_LINES
 from fastvocab.pipeline.tracking import StageRecord
@@ -63,6 +65,9 @@ from fastvocab.tasks.bulk import (
 )
 
 log = logging.getLogger(__name__)
+
+# a model and its method's projection, loaded in this process (tasks.bulk.load_decoder_model)
+Loaded = tuple[Seq2SeqAdapter, Projection]
 
 
 @dataclass(frozen=True)
@@ -259,58 +264,47 @@ def _device(request: BulkRequest) -> str:
     return "cuda" if request.num_gpus_per_worker > 0 else request.device
 
 
-def _describe(request: BulkRequest, here: bool):
+def _describe(request: BulkRequest, here: bool, loaded: Loaded | None = None):
     """The model's identity and the method's signature, on the driver (the workers must match it).
 
     ``here``: the parts are translated in this process, so the model is loaded as they decode it (device,
     dtype, threads) and returned with the method's projection for the worker, which would otherwise load
-    both a second time; else a CPU float32 load only describes them. A language the model lacks or an option
-    the method refuses is a ``UserError``; a missing or mismatched map or index stays an ``ArtifactError``.
+    both a second time; else a CPU float32 load only describes them. ``loaded``: the model and projection a
+    caller already holds for this request (a ``Translator``'s), which describe the job and, here, decode it,
+    with no load at all. A language the model lacks or an option the method refuses is a ``UserError``; a
+    missing or mismatched map or index stays an ``ArtifactError``.
     """
-    import torch
-
     from fastvocab.artifacts_schema.errors import ArtifactError
     from fastvocab.artifacts_schema.fingerprint import ModelRef
-    from fastvocab.decoding.hf_adapter import Seq2SeqAdapter
-    from fastvocab.tasks.bulk import build_projection
+    from fastvocab.tasks.bulk import load_decoder_model, method_projection
 
-    int8 = request.dtype == "int8"
-    if here:
-        if request.threads is not None:
-            torch.set_num_threads(request.threads)
-        dtype = torch.float32 if int8 else getattr(torch, request.dtype)
-        # lite: the model decodes here and nothing else; transformers' modeling stack costs seconds to import
-        adapter = Seq2SeqAdapter.load(
-            request.model,
-            device=_device(request),
-            dtype=dtype,
-            engine=engine_for(request.engine, request.search.graphs),
-            lite=True,
-        )
-    else:
-        adapter = Seq2SeqAdapter.load(request.model, lite=True)
+    languages = (request.src_lang, request.tgt_lang)
     try:
-        for lang in (request.src_lang, request.tgt_lang):
-            adapter.check_language(lang)
+        if loaded is not None:
+            adapter, projection = loaded
+            for lang in languages:
+                adapter.check_language(lang)
+        elif here:
+            # the model as the parts decode it: int8 quantised before the projection is built over it
+            adapter = load_decoder_model(
+                request.model,
+                request.dtype,
+                _device(request),
+                request.engine,
+                request.search.graphs,
+                request.threads,
+                languages=languages,
+            )
+        else:
+            adapter = load_decoder_model(request.model, languages=languages)
         model = ModelRef(
             path=str(Path(request.model).resolve()),
             fingerprint=adapter.fingerprint,
             d=int(adapter.d_model),
             n_vocab=int(adapter.n_vocab),
         )
-        if here and int8:
-            adapter.quantize_int8()
-        probe = BulkJob(
-            model,
-            request.src_lang,
-            request.tgt_lang,
-            request.method,
-            "",
-            "",
-            options=request.options,
-            dtype=request.dtype,
-        )
-        projection = build_projection(adapter, probe)
+        if loaded is None:
+            projection = method_projection(adapter, request.method, request.options, request.dtype)
     except ArtifactError:
         raise
     except ValueError as exc:
@@ -324,12 +318,16 @@ def run_bulk(
     ray=None,
     progress: bool = True,
     worker_cls: type = BulkWorker,
+    loaded: Loaded | None = None,
 ) -> BulkResult:
     """Translate ``request.input`` into ``request.output`` in parts; see the module docstring.
 
     ``ray``: a :class:`~fastvocab.pipeline.ray_session.RaySession` (the pipeline's); None makes one when the
     job needs Ray (``workers`` > 1 or an address), else the parts are translated in this process.
-    ``worker_cls`` is the worker class hosted (tests substitute one that dies). Bad input is a ``UserError``
+    ``worker_cls`` is the worker class hosted (tests substitute one that dies). ``loaded``: the model
+    (loaded by ``tasks.bulk.load_decoder_model`` as the request asks) and the method's projection, already
+    in this process (a ``Translator``'s): they describe the job instead of a load, and decode its parts when
+    they are translated here. Bad input is a ``UserError``
     before anything is written: a missing file or invalid UTF-8 before the model loads, a language the model
     lacks before any part is translated. A line longer than ``search.max_input_tokens`` stops the job with
     its file and line number; the parts finished before it are kept for a rerun.
@@ -367,7 +365,7 @@ def run_bulk(
 
         ray = RaySession(request.ray_address, request.workers * request.num_cpus_per_worker)
     try:
-        return _run(request, inp, layout, parts, output, t0, ray, progress, worker_cls, own)
+        return _run(request, inp, layout, parts, output, t0, ray, progress, worker_cls, own, loaded)
     finally:
         if own:
             ray.shutdown()
@@ -400,7 +398,7 @@ def _in_process_instead(request: BulkRequest, inp: BulkInput) -> BulkRequest | N
     return replace(request, threads=threads)
 
 
-def _run(request, inp, layout, parts, output, t0, ray, progress, worker_cls, own) -> BulkResult:
+def _run(request, inp, layout, parts, output, t0, ray, progress, worker_cls, own, held) -> BulkResult:
 
     phases: dict[str, float] = {}
 
@@ -412,7 +410,7 @@ def _run(request, inp, layout, parts, output, t0, ray, progress, worker_cls, own
         except (InputError, ValueError) as exc:
             raise UserError(str(exc)) from exc
         phases["plan"] = time.perf_counter() - t
-        return planned, _describe(request, here=ray is None)
+        return planned, _describe(request, here=ray is None, loaded=held)
 
     if own and not parts.exists():
         # a fresh job on its own Ray: start Ray while the input is planned and the model described (seconds)

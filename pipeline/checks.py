@@ -53,6 +53,12 @@ def check_device(device: str, what: str = "--device") -> None:
         )
 
 
+def check_int8_device(dtype: str, device: str, what: str = "--dtype", where: str = "--device") -> None:
+    """int8 is torch's dynamic quantisation, which runs on CPU only: refused elsewhere before any load."""
+    if dtype == "int8" and device.partition(":")[0] != "cpu":
+        raise UserError(f"{what} int8 runs on CPU only (dynamic quantisation), not {where} {device}")
+
+
 def check_output_file(path: Path, what: str = "--output") -> None:
     """``path`` must be a file name we can create: not a folder, inside a folder we may write to.
 

@@ -358,26 +358,82 @@ def part_statuses(job: BulkJob, ranges: list[BulkRange]) -> list[str]:
     return [part_status(part_file(job.parts, r.index), job.plan(r)) for r in ranges]
 
 
-def build_projection(adapter: Seq2SeqAdapter, job: BulkJob) -> Projection:
-    """The job's output layer over a loaded model (with dtype int8, the full and clustered projections' own
-    int8 option)."""
+def method_projection(
+    adapter: Seq2SeqAdapter, method: str, options: dict[str, object], dtype: str
+) -> Projection:
+    """Output-layer method ``method`` over a model loaded by :func:`load_decoder_model` in ``dtype``: with
+    int8, the full and clustered projections' own int8 option, so the output layer runs in int8 as the
+    decoder's linears do."""
     from fastvocab.tasks.projections import INT8_METHODS, make_projection
 
-    options = dict(job.options)
-    if job.dtype == "int8" and job.method in INT8_METHODS:
+    options = dict(options)
+    if dtype == "int8" and method in INT8_METHODS:
         options["int8"] = True
-    return make_projection(adapter, job.method, **options)
+    return make_projection(adapter, method, **options)
+
+
+def build_projection(adapter: Seq2SeqAdapter, job: BulkJob) -> Projection:
+    """The job's output layer over a loaded model (:func:`method_projection` of its method and dtype)."""
+    return method_projection(adapter, job.method, job.options, job.dtype)
+
+
+def load_decoder_model(
+    path: str | Path,
+    dtype: str = "float32",
+    device: str = "cpu",
+    engine: str = "auto",
+    graphs: str = "auto",
+    threads: int | None = None,
+    fingerprint: str | None = None,
+    languages: tuple[str, ...] = (),
+) -> Seq2SeqAdapter:
+    """A model as translation decodes it: the load of the bulk driver, of its workers and of
+    ``fastvocab.Translator``, so that every one of them decodes the same model alike.
+
+    Read without transformers' modeling code where the folder allows (``lite``: the model only decodes here,
+    and that import costs seconds). ``dtype`` int8 loads float32 and quantises the linear layers at once: a
+    decode pool forked later must inherit the quantised model, and a projection built later its int8
+    option (:func:`method_projection`). ``languages`` are checked before that quantisation, which a wrong
+    code would waste (``ValueError`` naming the valid codes). ``threads`` sets torch's threads first (None:
+    torch's own); ``fingerprint``: the model's, when the caller knows it, so it is not hashed again.
+    """
+    import torch
+
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {', '.join(DTYPES)}; got {dtype!r}")
+    if threads is not None:
+        torch.set_num_threads(threads)
+    adapter = Seq2SeqAdapter.load(
+        path,
+        device=device,
+        dtype=torch.float32 if dtype == "int8" else getattr(torch, dtype),
+        fingerprint=fingerprint,
+        engine=engine_for(engine, graphs),
+        lite=True,
+    )
+    for lang in languages:
+        adapter.check_language(lang)
+    if dtype == "int8":
+        adapter.quantize_int8()
+    return adapter
 
 
 def load_model(job: BulkJob) -> Seq2SeqAdapter:
     """The job's model on its device and dtype, trusting the driver's fingerprint (no re-hash)."""
-    from fastvocab.tasks.context import RunContext
-
-    dtype = "float32" if job.dtype == "int8" else job.dtype
-    engine = engine_for(job.engine, job.search.graphs)
-    adapter = RunContext(job.model, job.device, dtype, job.torch_threads, engine).load_adapter()
-    if job.dtype == "int8":
-        adapter.quantize_int8()
+    adapter = load_decoder_model(
+        job.model.path,
+        job.dtype,
+        job.device,
+        job.engine,
+        job.search.graphs,
+        job.torch_threads,
+        fingerprint=job.model.fingerprint,
+    )
+    if (adapter.n_vocab, adapter.d_model) != (job.model.n_vocab, job.model.d):
+        raise ArtifactError(
+            f"model {job.model.path} changed since the job was planned: N={adapter.n_vocab}, "
+            f"d={adapter.d_model}, planned N={job.model.n_vocab}, d={job.model.d}"
+        )
     return adapter
 
 

@@ -272,7 +272,7 @@ def _fidelity_shortlists(
         return {}
     if args.selection != "union" or "per-row" in methods:
         raise UserError("--with-shortlist needs union selection (drop per-row from --methods)")
-    from fastvocab.pipeline.commands.translate import resolve_index
+    from fastvocab.pipeline.method_choice import resolve_index
 
     return {d: resolve_index(args.with_shortlist, "shortlist", d, "--with-shortlist") for d in directions}
 

@@ -27,7 +27,7 @@ from fastvocab.artifacts_schema.atomic import STDIO, copy_to_stream, is_stream
 from fastvocab.artifacts_schema.bulk_parts import PART_LINES
 from fastvocab.artifacts_schema.errors import ArtifactError
 from fastvocab.decoding.settings import ENGINES, SearchSettings
-from fastvocab.pipeline.checks import check_device, check_map_direction, untrained_direction
+from fastvocab.pipeline.checks import check_device, check_int8_device, untrained_direction
 from fastvocab.pipeline.commands import (
     add_batch_size,
     add_beam,
@@ -41,6 +41,7 @@ from fastvocab.pipeline.commands import (
 )
 from fastvocab.pipeline.config import TranslateConfig
 from fastvocab.pipeline.errors import UserError
+from fastvocab.pipeline.method_choice import clustered_artifacts, implied_method, resolve_index
 from fastvocab.pipeline.ray_session import MIN_RAY_LINES
 from fastvocab.pipeline.wording import plural
 from fastvocab.tasks.method_settings import MethodSettings
@@ -352,14 +353,10 @@ def _check_args(args: argparse.Namespace) -> None:
             raise UserError(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")
     if args.threads is not None and args.threads < 1:
         raise UserError(f"--threads must be >= 1, got {args.threads}")
-    if args.dtype == "int8" and torch_device_type(args.device) != "cpu":
-        raise UserError(f"--dtype int8 runs on CPU only (dynamic quantisation), not --device {args.device}")
+    check_int8_device(args.dtype, args.device)
     if args.src_lang == args.tgt_lang:
         raise UserError(f"--src-lang and --tgt-lang are both {args.src_lang}: nothing to translate")
-    if args.method is None:
-        args.method = "clustered" if args.clusters is not None else "full"
-    if args.no_shortlist and args.with_shortlist is not None:
-        raise UserError("--no-shortlist and --with-shortlist: give one of them")
+    args.method = implied_method(args.method, args.clusters)
     if args.method == "clustered" and args.clusters is None:
         raise UserError("--method clustered needs --clusters (a cluster map folder, or a folder of them)")
     if args.exact and args.method != "clustered":
@@ -376,8 +373,6 @@ def _check_args(args: argparse.Namespace) -> None:
             )
     if (args.probes or 1) > 1 and args.selection != "union":
         raise UserError("--probes above 1 needs --selection union (per-row groups rows by their one cluster)")
-    if args.with_shortlist is not None and args.selection != "union":
-        raise UserError("--with-shortlist needs --selection union (its candidates join the batch's union)")
     if args.method == "shortlist" and args.index is None:
         raise UserError(
             "--method shortlist needs --index (a shortlist table of this model and direction: build it with "
@@ -388,84 +383,19 @@ def _check_args(args: argparse.Namespace) -> None:
     if untrained is not None:
         print(f"warning: {untrained}", file=sys.stderr)
     if args.method == "clustered":
-        from fastvocab.artifacts_schema.cluster_map import coverage_problem, resolve_map_dir
-
-        # only the manifest is read here; the model and the map's tensors load after every check passed
-        map_dir = resolve_map_dir(args.clusters, args.src_lang, args.tgt_lang)
-        manifest = check_map_direction(map_dir, args.src_lang, args.tgt_lang)
-        # a map not built for this beam still decodes; one line says so, and how to rebuild it
-        warning = coverage_problem(manifest, args.beam, map_dir)
-        if warning is not None:
-            print(f"warning: {warning}", file=sys.stderr)
-        given, args.clusters = args.clusters, map_dir  # resolved once: the job loads this folder
-        if args.with_shortlist is None:
-            _default_shortlist(args, given, map_dir)
+        # only manifests are read here; the model and the map's tensors load after every check passed, and
+        # the job loads the folders resolved here
+        args.clusters, args.with_shortlist = clustered_artifacts(
+            args.clusters,
+            args.src_lang,
+            args.tgt_lang,
+            beam=args.beam,
+            selection=args.selection,
+            with_shortlist=args.with_shortlist,
+            no_shortlist=args.no_shortlist,
+        )
     if args.method in INDEXED_METHODS and args.index is not None:
         args.index = resolve_index(args.index, args.method, f"{args.src_lang}-{args.tgt_lang}")
-    if args.with_shortlist is not None:
-        direction = f"{args.src_lang}-{args.tgt_lang}"
-        args.with_shortlist = resolve_index(args.with_shortlist, "shortlist", direction, "--with-shortlist")
-
-
-def _default_shortlist(args: argparse.Namespace, given: Path, map_dir: Path) -> None:
-    """Maps shipped with their shortlist tables were built to decode with them (sets of K 1 take the
-    shortlist's candidates for granted): without them outputs change on many lines, so the tables beside
-    the maps are the default, and leaving them out is said."""
-    from fastvocab.artifacts_schema.method_index import MANIFEST_FILE
-    from fastvocab.tasks.methods import METHODS_DIR, index_dir
-
-    direction = f"{args.src_lang}-{args.tgt_lang}"
-    # a maps root (models/demo-maps/shortlist/), a work dir (work/methods/shortlist/), or beside the map
-    roots = dict.fromkeys((given, given / METHODS_DIR, map_dir.parent, map_dir.parent.parent / METHODS_DIR))
-    places = [index_dir(root, "shortlist", direction) for root in roots]
-    tables = next((p for p in places if (p / MANIFEST_FILE).is_file()), None)
-    if tables is None:
-        return
-    if args.no_shortlist:
-        print(
-            f"warning: --no-shortlist: decoding without the shortlist tables beside the maps ({tables}); "
-            "outputs may differ from full softmax on many more lines",
-            file=sys.stderr,
-        )
-    elif args.selection != "union":
-        print(
-            f"warning: --selection {args.selection} decodes without the shortlist tables beside the maps "
-            f"({tables}), which join a union batch only; outputs may differ from full softmax on many more "
-            "lines",
-            file=sys.stderr,
-        )
-    else:
-        log.info("clustered: with the shortlist tables beside the maps, %s (--no-shortlist: without)", tables)
-        args.with_shortlist = tables
-
-
-def resolve_index(path: Path, method: str, direction: str, flag: str = "--index") -> Path:
-    """The artifact folder ``--index`` names for ``method`` and ``direction``: the folder itself when it
-    holds a manifest, else the pipeline's layout under it (``tasks.methods.index_dir``) or under its
-    ``methods/``. Only the manifest is read: another method or direction is an ArtifactError before the
-    model loads."""
-    from fastvocab.artifacts_schema.method_index import ANY_DIRECTION, MANIFEST_FILE, load_index_manifest
-    from fastvocab.tasks.methods import index_places
-
-    tried = index_places(path, method, direction)
-    found = next((p for p in tried if (p / MANIFEST_FILE).is_file()), None)
-    if found is None:
-        raise UserError(
-            f"{flag} {path}: no {method} artifact there "
-            f"(looked for {', '.join(str(p / MANIFEST_FILE) for p in tried)}); "
-            f"build one with fastvocab run (methods.build: [{method}])"
-        )
-    m = load_index_manifest(found)
-    if m.method != method:
-        raise ArtifactError(f"{flag} {found} is a {m.method} artifact, not a {method} one")
-    if m.direction not in (ANY_DIRECTION, direction):
-        raise ArtifactError(f"{flag} {found} is a {method} artifact for {m.direction}, not for {direction}")
-    return found
-
-
-def torch_device_type(device: str) -> str:
-    """``cuda`` for ``cuda:0`` etc., without importing torch."""
-    return device.split(":", 1)[0]
 
 
 def _projection_options(args: argparse.Namespace) -> dict[str, object]:

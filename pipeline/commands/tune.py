@@ -256,7 +256,7 @@ def settings_from(args: argparse.Namespace):
 
     shortlist = None
     if args.with_shortlist is not None:
-        from fastvocab.pipeline.commands.translate import resolve_index
+        from fastvocab.pipeline.method_choice import resolve_index
 
         shortlist = str(resolve_index(args.with_shortlist, "shortlist", args.direction, "--with-shortlist"))
     try:
