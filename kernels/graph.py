@@ -64,7 +64,8 @@ def _faiss():
         faiss = import_faiss()
     except ImportError as exc:
         raise ImportError(
-            "the graph output-layer method needs Faiss (pip install faiss-cpu); it is not installed here"
+            "the graph output-layer method needs Faiss, which is not installed: "
+            "pip install 'fastvocab[pipeline]' (or faiss-cpu alone)"
         ) from exc
     return faiss
 

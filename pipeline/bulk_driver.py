@@ -47,6 +47,7 @@ from fastvocab.decoding.hf_adapter import Seq2SeqAdapter
 from fastvocab.decoding.settings import SearchSettings
 from fastvocab.kernels.base import Projection
 from fastvocab.pipeline.errors import UserError
+from fastvocab.pipeline.extras import needed, require
 from fastvocab.pipeline.ray_session import MIN_RAY_LINES
 from fastvocab.pipeline.tracking import StageRecord
 from fastvocab.pipeline.wording import plural
@@ -226,10 +227,11 @@ class BulkResult:
 
 def plot_throughput(result: BulkResult, path: Path) -> Path:
     """Tokens/s over the job's time (all workers) and lines done, as a PNG."""
-    import matplotlib
+    with needed():
+        import matplotlib
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
 
     width, rates = result.throughput()
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.4))
@@ -690,6 +692,11 @@ def check_request(request: BulkRequest) -> None:
     ):
         if value < low:
             raise UserError(f"{flag} must be >= {low}, got {value}")
+    if request.ray_address is not None:
+        require(f"--ray-address {request.ray_address}", "ray")
+    elif request.workers > 1:
+        instead = "or drop --workers to translate in this process"
+        require(f"--workers {request.workers}", "ray", instead=instead)
     if request.num_gpus_per_worker < 0:
         raise UserError(f"--num-gpus-per-worker must be >= 0, got {request.num_gpus_per_worker:g}")
     if request.dtype == "int8" and request.num_gpus_per_worker > 0:

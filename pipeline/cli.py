@@ -12,7 +12,9 @@ import sys
 
 from fastvocab import __version__
 from fastvocab.artifacts_schema.errors import ArtifactError
+from fastvocab.pipeline.commands import check_model
 from fastvocab.pipeline.errors import Interrupted, UserError
+from fastvocab.pipeline.extras import MODULES, installed, missing
 from fastvocab.pipeline.signals import stop_on_signals
 
 # Subcommand name -> module under fastvocab.pipeline.commands (imported only when used: keeps --help fast).
@@ -89,9 +91,17 @@ def main(argv: list[str] | None = None) -> int:
         # SIGTERM (timeout, Slurm, Kubernetes) stops every command as SIGINT does: Ray's actors stopped,
         # locks released, finished work kept, exit 143 (pipeline/signals.py)
         with stop_on_signals():
+            check_model(args)
             return int(args._module.run(args) or 0)
     except (UserError, ArtifactError, FileNotFoundError, UnicodeDecodeError) as exc:
         print(f"fastvocab {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except ModuleNotFoundError as exc:
+        # a module of the pipeline extra that a command imported without checking first (pipeline/extras.py)
+        top = (exc.name or "").partition(".")[0]
+        if top not in MODULES or installed(top):
+            raise
+        print(f"fastvocab {args.command}: error: {missing([top])}", file=sys.stderr)
         return 2
     except Interrupted as exc:
         print(f"fastvocab {args.command}: {exc}; rerun the same command to resume", file=sys.stderr)

@@ -12,12 +12,14 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import sys
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from fastvocab.artifacts_schema.errors import ArtifactError
 from fastvocab.pipeline.errors import Interrupted, UserError
+from fastvocab.pipeline.extras import needed
 
 
 @dataclass(frozen=True)
@@ -69,7 +71,8 @@ class RaySession:
         self._started = False
 
     def ensure(self):
-        import ray
+        with needed():
+            import ray
 
         if not ray.is_initialized():
             try:
@@ -102,9 +105,8 @@ class RaySession:
 
     def cpus(self) -> int:
         """CPUs Ray can schedule on (the local limit before Ray is started)."""
-        import ray
-
-        if ray.is_initialized():
+        ray = sys.modules.get("ray")  # not imported: not started in this process either (nor installed)
+        if ray is not None and ray.is_initialized():
             return int(ray.cluster_resources().get("CPU", 1))
         return self.num_cpus
 
@@ -140,7 +142,8 @@ class RaySession:
         released afterwards: an idle actor keeps its CPUs, which the next stage's tasks need.
         """
         ray = self.ensure()
-        from ray.util import ActorPool
+        with needed():
+            from ray.util import ActorPool
 
         restarts = RETRIES.actor_restarts
         remote = ray.remote(
@@ -253,7 +256,8 @@ class RaySession:
 
     def shutdown(self) -> None:
         if self._started:
-            import ray
+            with needed():
+                import ray
 
             ray.shutdown()
             self._started = False
@@ -262,7 +266,8 @@ class RaySession:
 @contextlib.contextmanager
 def _user_errors() -> Iterator[None]:
     """Re-raise our own errors from a Ray task or actor as themselves; anything else keeps Ray's report."""
-    import ray
+    with needed():
+        import ray
 
     try:
         yield

@@ -19,6 +19,7 @@ from pathlib import Path
 from fastvocab import __version__
 from fastvocab.artifacts_schema.atomic import write_text_atomic
 from fastvocab.pipeline.errors import UserError
+from fastvocab.pipeline.extras import needed
 from fastvocab.pipeline.report_artifacts import fmt_size
 from fastvocab.pipeline.report_store import ReportData, collect, open_client
 from fastvocab.pipeline.report_tables import (
@@ -39,7 +40,8 @@ def template_text() -> str:
 
 def render(data: ReportData) -> str:
     """The page of what was read: the template filled with its tables and figures."""
-    import jinja2
+    with needed():
+        import jinja2
 
     env = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
     env.globals["size"] = fmt_size

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 from urllib.parse import unquote, urlsplit
 
 from fastvocab.pipeline.errors import UserError
+from fastvocab.pipeline.extras import needed
 from fastvocab.pipeline.report_artifacts import IMAGE_TYPES, MAX_IMAGE_BYTES, Artifact, read_artifact
 from fastvocab.pipeline.tracking import ARTIFACTS_DIR, check_tracking_uri
 
@@ -72,7 +73,8 @@ def open_client(uri: str) -> MlflowClient:
     A SQLite store is checked read-only first: MLflow would create a missing database (or the tables of a
     non-MLflow one), and a report must not write to the store.
     """
-    from mlflow import MlflowClient
+    with needed():
+        from mlflow import MlflowClient
 
     scheme = urlsplit(uri).scheme.split("+", 1)[0].lower()
     if scheme == "sqlite":
@@ -107,7 +109,8 @@ def _first_line(exc: BaseException) -> str:
 
 
 def _get_run(client: MlflowClient, run_id: str, uri: str) -> Run:
-    from mlflow.exceptions import MlflowException
+    with needed():
+        from mlflow.exceptions import MlflowException
 
     try:
         return client.get_run(run_id)
@@ -123,7 +126,8 @@ def resolve_run_id(client: MlflowClient, run_id: str, uri: str) -> str:
     """``latest`` -> the id of the most recently started run that has no parent; anything else unchanged."""
     if run_id != LATEST:
         return run_id
-    from mlflow.entities import ViewType
+    with needed():
+        from mlflow.entities import ViewType
 
     try:
         exp_ids = [e.experiment_id for e in client.search_experiments(view_type=ViewType.ACTIVE_ONLY)]

@@ -10,6 +10,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
+from fastvocab.pipeline.extras import needed
 from fastvocab.pipeline.report_artifacts import Cell, Table, number_cell
 from fastvocab.pipeline.report_store import ReportData, RunInfo
 
@@ -145,10 +146,11 @@ def history_figure(runs: list[RunInfo], title: str) -> str:
     keys = sorted({k for r in runs for k in r.history})
     if not keys:
         return ""
-    import matplotlib
+    with needed():
+        import matplotlib
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
 
     cols = min(3, len(keys))
     nrows = math.ceil(len(keys) / cols)

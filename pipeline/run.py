@@ -31,6 +31,7 @@ from fastvocab.artifacts_schema.lock import WorkDirLock
 from fastvocab.pipeline.config import RunConfig
 from fastvocab.pipeline.context import StageContext
 from fastvocab.pipeline.errors import Interrupted, UserError
+from fastvocab.pipeline.extras import require
 from fastvocab.pipeline.ray_session import RaySession
 from fastvocab.pipeline.signals import stop_on_signals
 from fastvocab.pipeline.stages import STAGES, stage_function
@@ -44,6 +45,14 @@ from fastvocab.pipeline.tracking import (
 )
 
 log = logging.getLogger(__name__)
+
+# What the stages need of the pipeline extra (pipeline/extras.py), checked before anything is written: Ray
+# hosts the workers of every stage but corpus and evaluate, k-means runs in Faiss; the run's MLflow log needs
+# MLflow and matplotlib (the maps' figures).
+STAGE_MODULES = {stage: ("ray",) for stage in STAGES if stage not in ("corpus", "evaluate")} | {
+    "kmeans": ("ray", "faiss")
+}
+TRACKER_MODULES = ("mlflow", "matplotlib")
 
 
 @dataclass
@@ -87,6 +96,8 @@ def run_pipeline(
     workers stopped, the MLflow run closed as KILLED, the lock released, :class:`Interrupted` raised.
     """
     selected = parse_stages(stages)
+    needs = [m for stage in selected for m in STAGE_MODULES.get(stage, ())]
+    require("the pipeline", *needs, *(TRACKER_MODULES if tracker is None else ()))
     t0 = time.perf_counter()
     ctx = StageContext(
         cfg, RaySession(ray_address or cfg.ray_address, cfg.ray_num_cpus, log_to_driver), progress=progress

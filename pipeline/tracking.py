@@ -28,6 +28,7 @@ import numpy as np
 from fastvocab import __version__
 from fastvocab.artifacts_schema.provenance import git_commit
 from fastvocab.pipeline.errors import UserError
+from fastvocab.pipeline.extras import needed
 
 log = logging.getLogger(__name__)
 
@@ -180,10 +181,11 @@ def flatten(d: dict[str, object], prefix: str = "") -> dict[str, str]:
 def plot_active_fractions(fractions: dict[int, np.ndarray], title: str, path: Path) -> Path:
     """Per-cluster percentage of active vocabulary columns, one series per K (Amer et al. Fig. 4), and
     the distribution over clusters."""
-    import matplotlib
+    with needed():
+        import matplotlib
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
 
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 3.8), gridspec_kw={"width_ratios": [2, 1]})
     for k in sorted(fractions, reverse=True):  # largest K behind, as in the paper's figure
@@ -209,8 +211,9 @@ class Tracker:
     """Parent run + child runs in one MLflow experiment, through ``MlflowClient`` (no global active run)."""
 
     def __init__(self, uri: str, experiment: str, artifact_root: Path | None = None) -> None:
-        from mlflow import MlflowClient
-        from mlflow.exceptions import MlflowException
+        with needed():
+            from mlflow import MlflowClient
+            from mlflow.exceptions import MlflowException
 
         self.uri = uri
         try:
@@ -258,7 +261,8 @@ class Tracker:
         return True
 
     def start(self, run_name: str, config: dict[str, object], tags: dict[str, str]) -> str:
-        from mlflow.entities import Param
+        with needed():
+            from mlflow.entities import Param
 
         run = self.client.create_run(
             self.experiment_id,
@@ -282,7 +286,8 @@ class Tracker:
 
     def log_stage(self, rec: StageRecord) -> str:
         """One child run for a stage record (skipped stages too, tagged ``fastvocab.status=skipped``)."""
-        from mlflow.entities import Metric, Param, RunTag
+        with needed():
+            from mlflow.entities import Metric, Param, RunTag
 
         if self.parent_id is None:
             raise RuntimeError("Tracker.start() must come first")
@@ -331,7 +336,8 @@ class Tracker:
         return run_id
 
     def end(self, status: str = "FINISHED", metrics: dict[str, float] | None = None) -> None:
-        from mlflow.entities import Metric
+        with needed():
+            from mlflow.entities import Metric
 
         if self.parent_id is None:
             return

@@ -60,27 +60,53 @@ def add_count(p: argparse.ArgumentParser, flag: str, help: str, default: int | N
 
 
 DEMO_MODEL = Path("models/demo")
+# Why an installed package has no default model: the demo model is not package data (~28 MB of weights in
+# a wheel of 0.5 MB, installed on every Ray node and GPU image that translates with its own model), so it
+# is found in the source checkout only.
+NO_DEMO_MODEL = (
+    "--model is required: this install of fastvocab has no demo model (it is models/demo of the source "
+    "checkout); pass --model DIR, a Hugging Face model folder such as CHECKOUT/models/demo"
+)
 
 
-def default_model() -> Path:
-    """``models/demo`` of the current folder, else the demo model of the checkout fastvocab runs from (so a
-    command works from any folder), else ``models/demo`` as given, which the loader then reports missing."""
+def source_checkout() -> Path | None:
+    """The source checkout fastvocab runs from, or None (installed from a wheel).
+
+    Installed in editable mode (``make setup``: strict, this file a link into the checkout; or the default
+    mode, this file in the checkout itself), the room ``pipeline/`` is a folder of the checkout, beside
+    ``pyproject.toml``; in a wheel's install this file is ``site-packages/fastvocab/pipeline/...``.
+    """
+    root = Path(__file__).resolve().parents[2]
+    return root if (root / "pyproject.toml").is_file() and (root / "fastvocab").is_dir() else None
+
+
+def default_model() -> Path | None:
+    """``models/demo`` of the current folder, else the demo model of the source checkout fastvocab runs
+    from (so a command works from any folder), else None: an installed package ships no demo model, and
+    ``--model`` is then required (:func:`check_model`)."""
     if DEMO_MODEL.is_dir():
         return DEMO_MODEL
-    # installed in strict editable mode, this file is a link into the checkout
-    checkout = Path(__file__).resolve().parents[2] / DEMO_MODEL
-    return checkout if checkout.is_dir() else DEMO_MODEL
+    checkout = source_checkout()
+    if checkout is not None and (checkout / DEMO_MODEL).is_dir():
+        return checkout / DEMO_MODEL
+    return None
 
 
 def add_model(p: argparse.ArgumentParser) -> None:
-    """``--model DIR``, the model folder (default: the demo model, :func:`default_model`)."""
+    """``--model DIR``, the model folder (default: the demo model, :func:`default_model`; none where it is
+    not found, and then the option is required)."""
+    default = default_model()
+    said = "(default: %(default)s, the demo model)" if default else "(required: no demo model installed)"
     p.add_argument(
-        "--model",
-        type=Path,
-        default=default_model(),
-        metavar="DIR",
-        help="a local Hugging Face model folder (default: %(default)s, the demo model)",
+        "--model", type=Path, default=default, metavar="DIR", help=f"a local Hugging Face model folder {said}"
     )
+
+
+def check_model(args: argparse.Namespace) -> None:
+    """A command with ``--model`` (:func:`add_model`) run without it where there is no demo model: one
+    line (argparse's ``required`` would print the command's whole usage first)."""
+    if "model" in vars(args) and args.model is None:
+        raise UserError(NO_DEMO_MODEL)
 
 
 def add_corpus(p: argparse.ArgumentParser, help: str = "corpus folder (default: %(default)s)") -> None:
@@ -171,13 +197,18 @@ def mlflow_store(
 ) -> Store | None:
     """Where a command logs to MLflow (pipeline/tracking.py :func:`resolve_store`, ``work_dir``'s default
     store): None with --no-mlflow, and, for a command that logs only when asked (``by_default`` False),
-    when neither --tracking-uri nor $MLFLOW_TRACKING_URI names a store. Imports no MLflow."""
+    when neither --tracking-uri nor $MLFLOW_TRACKING_URI names a store. Imports no MLflow; refuses a store
+    where MLflow (or matplotlib, for the figures a run logs) is not installed (pipeline/extras.py)."""
+    from fastvocab.pipeline.extras import require
     from fastvocab.pipeline.tracking import resolve_store
 
     if args.no_mlflow:
         return None
     store = resolve_store(args.tracking_uri, work_dir)
-    return None if store.is_default and not by_default else store
+    if store.is_default and not by_default:
+        return None
+    require(f"logging to MLflow ({store.source})", "mlflow", "matplotlib", instead="or --no-mlflow")
+    return store
 
 
 class _Deprecated(argparse.Action):

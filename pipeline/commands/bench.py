@@ -435,6 +435,9 @@ def run_methods_command(
     """Run ``bench methods`` as ``args`` say: the record, the plot, the table, MLflow when asked."""
     from fastvocab.experiments import bench_methods as bm
     from fastvocab.experiments.fidelity import run_meta
+    from fastvocab.pipeline.extras import require
+
+    require("bench methods (its plot)", "matplotlib")
 
     work = args.work_dir
     maps = args.maps or (work / "maps" if work else Path("runs/demo/maps"))

@@ -262,6 +262,7 @@ def run(args: argparse.Namespace) -> int:
 def run_paper_command(args: argparse.Namespace) -> int:
     from fastvocab.experiments import experiment_paper as ep
     from fastvocab.experiments.fidelity import run_meta
+    from fastvocab.pipeline.extras import require
     from fastvocab.pipeline.tracking import Tracker
 
     settings = paper_settings(args)
@@ -269,6 +270,9 @@ def run_paper_command(args: argparse.Namespace) -> int:
     bad = [x for x in parts if x not in ep.PARTS]
     if bad:
         raise UserError(f"--parts: unknown {bad}; valid: {', '.join(ep.PARTS)}")
+    figures = [x for x in parts if x not in ep.TABLE_PARTS]
+    if figures:
+        require(f"experiment paper's {', '.join(figures)}", "matplotlib")
     work = args.work_dir or DEFAULT_WORK_DIR
     maps = args.maps or work / "maps"
     states = args.states or work / "states"

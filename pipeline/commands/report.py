@@ -51,6 +51,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from fastvocab.pipeline.extras import require
+
+    # the store is read through MLflow, the page rendered with Jinja2, a metric's series plotted
+    require("the report", "mlflow", "jinja2", "matplotlib")
     from fastvocab.pipeline.report import write_report
     from fastvocab.pipeline.tracking import resolve_store
 

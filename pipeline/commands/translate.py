@@ -433,9 +433,12 @@ def log_to_mlflow(result: BulkResult, uri: str, experiment: str, run_name: str) 
 def run(args: argparse.Namespace) -> int:
     """The flags as a :class:`~fastvocab.pipeline.bulk_driver.BulkRequest`, the job, its summary line (and
     the method's counts when it ran in this process) and, with a tracking URI, its MLflow run."""
+    from fastvocab.pipeline.extras import require
     from fastvocab.pipeline.tracking import check_tracking_uri
 
     _check_args(args)
+    if args.method == "graph":
+        require("--method graph", "faiss")
     store = mlflow_store(args, by_default=False)
     uri = store.uri if store is not None else None
     if store is not None:
