@@ -13,14 +13,13 @@ from urllib.parse import unquote, urlsplit
 
 from fastvocab.pipeline.errors import UserError
 from fastvocab.pipeline.report_artifacts import IMAGE_TYPES, MAX_IMAGE_BYTES, Artifact, read_artifact
-from fastvocab.pipeline.tracking import ARTIFACTS_DIR, check_tracking_uri
+from fastvocab.pipeline.tracking import ARTIFACTS_DIR, PIPELINE_KIND, check_tracking_uri
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
     from mlflow.entities import Run
 
 LATEST = "latest"  # RUN_ID alias: the most recently started pipeline run of the store (resolve_latest)
-PIPELINE = "pipeline"  # the kind of a `fastvocab run` parent run (its fastvocab.kind tag)
 MAX_DEPTH = 3  # descendants below the reported run (pipeline: 1; experiment grids: 2)
 MAX_ARTIFACTS_PER_RUN = 200
 
@@ -128,7 +127,7 @@ def run_kind(tags: dict[str, str]) -> str:
     if tags.get("fastvocab.kind"):
         return tags["fastvocab.kind"]
     if "fastvocab.stages" in tags or "fastvocab.stages_selected" in tags:
-        return PIPELINE
+        return PIPELINE_KIND
     if "fastvocab.tune" in tags:
         return "tune"
     for key, word in (("fastvocab.benchmark", "bench"), ("fastvocab.experiment", "experiment")):
@@ -160,7 +159,7 @@ def resolve_latest(client: MlflowClient, uri: str) -> tuple[str, str]:
             for run in page:
                 if "mlflow.parentRunId" in run.data.tags:
                     continue
-                if run_kind(run.data.tags) == PIPELINE:
+                if run_kind(run.data.tags) == PIPELINE_KIND:
                     why = f"latest: pipeline run {_describe(run)}"
                     if newer is None:
                         return run.info.run_id, why + ", the store's newest run"

@@ -35,6 +35,7 @@ from fastvocab.pipeline.ray_session import RaySession
 from fastvocab.pipeline.signals import stop_on_signals
 from fastvocab.pipeline.stages import STAGES, stage_function
 from fastvocab.pipeline.tracking import (
+    PIPELINE_KIND,
     NullTracker,
     StageRecord,
     Store,
@@ -184,9 +185,6 @@ def _run_stages(
         finally:
             ctx.ray.shutdown()  # stops the workers (actors, tasks) of a local session
     return PipelineResult(records, tracker.parent_id, tracker.uri, seconds)
-
-
-PIPELINE_KIND = "pipeline"  # the parent run's fastvocab.kind tag: what `fastvocab report latest` looks for
 
 
 def stage_tags(selected: Sequence[str], done: dict[str, list[StageRecord]]) -> dict[str, str]:

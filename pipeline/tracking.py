@@ -66,6 +66,7 @@ class StageRecord:
     ended: float | None = None
 
 
+PIPELINE_KIND = "pipeline"  # a `fastvocab run` parent run's fastvocab.kind tag (`fastvocab report latest`)
 SAMPLE_ROWS = 50  # rows of the translation sample a translate run logs as a table
 SAMPLE_TABLE = "translations_sample.json"  # its artifact file
 
