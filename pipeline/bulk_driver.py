@@ -38,6 +38,7 @@ from fastvocab.artifacts_schema.bulk_parts import (
     assemble,
     part_counts,
     part_file,
+    read_part_table,
     remove_parts_folder,
     stale_parts,
     write_manifest,
@@ -49,7 +50,7 @@ from fastvocab.kernels.base import Projection
 from fastvocab.pipeline.errors import UserError
 from fastvocab.pipeline.extras import needed, require
 from fastvocab.pipeline.ray_session import MIN_RAY_LINES
-from fastvocab.pipeline.tracking import StageRecord
+from fastvocab.pipeline.tracking import SAMPLE_ROWS, SAMPLE_TABLE, StageRecord
 from fastvocab.pipeline.wording import plural
 from fastvocab.tasks.bulk import (
     CUT_LINES_SHOWN,
@@ -127,6 +128,9 @@ class BulkResult:
     # seconds: setup (input, model, and Ray's start when overlapped), plan, ray_start, translate, assemble
     phases: dict[str, float] = field(default_factory=dict)
     on_ray: bool = False  # the parts were given to Ray actors (False: decoded in this process)
+    started_at: float | None = None  # when the job started (seconds since the epoch)
+    # the first SAMPLE_ROWS lines of the output: id, source, translation (what the MLflow run shows)
+    sample: dict[str, list[object]] = field(default_factory=dict)
 
     @property
     def tokens_per_second(self) -> float:
@@ -205,6 +209,9 @@ class BulkResult:
             metrics,
             series={"throughput_tokens_per_s": rates} if rates else {},
             artifacts=artifacts,
+            tables={SAMPLE_TABLE: self.sample} if self.sample.get("id") else {},
+            started=self.started_at,
+            ended=None if self.started_at is None else self.started_at + self.seconds,
         )
 
     def summary(self) -> str:
@@ -335,7 +342,7 @@ def run_bulk(
     its file and line number; the parts finished before it are kept for a rerun.
     """
 
-    t0 = time.perf_counter()
+    t0, started_at = time.perf_counter(), time.time()
     check_request(request)
     try:
         inp = describe_input(request.input, request.text_column, request.id_column)
@@ -367,7 +374,9 @@ def run_bulk(
 
         ray = RaySession(request.ray_address, request.workers * request.num_cpus_per_worker)
     try:
-        return _run(request, inp, layout, parts, output, t0, ray, progress, worker_cls, own, loaded)
+        result = _run(request, inp, layout, parts, output, t0, ray, progress, worker_cls, own, loaded)
+        result.started_at = started_at
+        return result
     finally:
         if own:
             ray.shutdown()
@@ -620,6 +629,7 @@ def _translate_parts(
             result.duplicate_ids,
         )
     paths = [part_file(parts, r.index) for r in ranges]
+    result.sample = read_sample(paths)
     if layout == "dataset":
         if todo or not (parts / MANIFEST).is_file():  # a finished dataset checked again stays untouched
             write_manifest(
@@ -648,6 +658,19 @@ def _translate_parts(
     result.phases = phases
     log.debug("bulk phases (s): %s", ", ".join(f"{k} {v:.2f}" for k, v in phases.items()))
     return result
+
+
+def read_sample(paths: list[Path], rows: int = SAMPLE_ROWS) -> dict[str, list[object]]:
+    """The first ``rows`` lines of the parts (in order) as columns: ``id``, ``source``, ``translation``."""
+    columns: dict[str, list[object]] = {"id": [], "source": [], "translation": []}
+    for path in paths:
+        need = rows - len(columns["id"])
+        if need <= 0:
+            break
+        table = read_part_table(path).slice(0, need)
+        for name, values in columns.items():
+            values.extend(table.column(name).to_pylist())
+    return columns
 
 
 def _remove_temporaries(parts: Path) -> None:

@@ -1,5 +1,6 @@
 """An artifact file as the report shows it: images embedded as ``data:`` URIs, CSV and Markdown pipe tables
-parsed into tables (numbers rounded like metrics), JSON pretty-printed and text cut to a size."""
+and MLflow tables (``log_table``'s JSON) parsed into tables (numbers rounded like metrics), other JSON
+pretty-printed and text cut to a size."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from pathlib import Path
 MAX_IMAGE_BYTES = 8 << 20  # larger images are listed, not embedded
 MAX_TEXT_BYTES = 64 << 10  # JSON and text artifacts are shown up to this size
 MAX_TABLE_ROWS = 30  # CSV / Markdown rows shown per artifact (the file in the store has them all)
+MAX_TABLE_JSON_BYTES = 4 << 20  # an MLflow table (JSON) up to this size is read whole to show its rows
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 IMAGE_TYPES = {
     ".png": "image/png",
@@ -190,6 +192,29 @@ def markdown_blocks(text: str) -> list[Block]:
     return blocks
 
 
+def json_table(data: object) -> Table | None:
+    """An MLflow table (``MlflowClient.log_table``: JSON ``{"columns": [...], "data": [[...], ...]}``, pandas'
+    split orientation) as a table; None for any other JSON. Text stays as written (a translation that reads
+    as a number is not rounded); numbers are rounded like metrics."""
+    if not isinstance(data, dict) or set(data) != {"columns", "data"}:
+        return None
+    header, rows = data["columns"], data["data"]
+    if not isinstance(header, list) or not isinstance(rows, list):
+        return None
+    if not all(isinstance(row, list) and len(row) == len(header) for row in rows):
+        return None
+
+    def cell(value: object) -> Cell:
+        if isinstance(value, bool) or value is None:
+            return Cell("" if value is None else str(value).lower())
+        if isinstance(value, (int, float)):
+            return number_cell(float(value))
+        return Cell(value if isinstance(value, str) else json.dumps(value, ensure_ascii=False))
+
+    body, note = _limited_rows(rows, "rows")
+    return Table([str(h) for h in header], [[cell(v) for v in row] for row in body], note)
+
+
 def _read_text(path: Path, size: int) -> tuple[str, str]:
     with open(path, "rb") as f:
         raw = f.read(MAX_TEXT_BYTES + 1)
@@ -231,6 +256,12 @@ def read_artifact(rel: str, path: Path, twin: str = "") -> Artifact:
         if note and art.table is not None:
             art.table.note = "; ".join(x for x in (art.table.note, note) if x)
         return art
+    if suffix == ".json" and 0 < size <= MAX_TABLE_JSON_BYTES:
+        with contextlib.suppress(ValueError, UnicodeDecodeError):
+            table = json_table(json.loads(path.read_text(encoding="utf-8")))
+            if table is not None:
+                art.kind, art.table = "table", table
+                return art
     if suffix in TEXT_SUFFIXES or size == 0:
         text, note = _read_text(path, size)
         if suffix == ".json" and not note:

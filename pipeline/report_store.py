@@ -14,13 +14,13 @@ from urllib.parse import unquote, urlsplit
 from fastvocab.pipeline.errors import UserError
 from fastvocab.pipeline.extras import needed
 from fastvocab.pipeline.report_artifacts import IMAGE_TYPES, MAX_IMAGE_BYTES, Artifact, read_artifact
-from fastvocab.pipeline.tracking import ARTIFACTS_DIR, check_tracking_uri
+from fastvocab.pipeline.tracking import ARTIFACTS_DIR, PIPELINE_KIND, check_tracking_uri
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
     from mlflow.entities import Run
 
-LATEST = "latest"  # RUN_ID alias: the most recently started top-level run of the store
+LATEST = "latest"  # RUN_ID alias: the most recently started pipeline run of the store (resolve_latest)
 MAX_DEPTH = 3  # descendants below the reported run (pipeline: 1; experiment grids: 2)
 MAX_ARTIFACTS_PER_RUN = 200
 
@@ -65,6 +65,7 @@ class ReportData:
     experiment_id: str
     tracking_uri: str
     generated: datetime
+    chosen: str = ""  # for RUN_ID latest: which run it took, and why
 
 
 def open_client(uri: str) -> MlflowClient:
@@ -122,13 +123,36 @@ def _get_run(client: MlflowClient, run_id: str, uri: str) -> Run:
         raise UserError(f"tracking URI {uri}: {_first_line(exc)}") from exc
 
 
-def resolve_run_id(client: MlflowClient, run_id: str, uri: str) -> str:
-    """``latest`` -> the id of the most recently started run that has no parent; anything else unchanged."""
-    if run_id != LATEST:
-        return run_id
+def run_kind(tags: dict[str, str]) -> str:
+    """What logged a top-level run: its ``fastvocab.kind`` tag (``pipeline``, ``bulk``), else what its other
+    tags say (a pipeline run logged before runs carried their kind has ``fastvocab.stages``; ``tune``,
+    ``bench ...``, ``experiment ...``), else ``other``."""
+    if tags.get("fastvocab.kind"):
+        return tags["fastvocab.kind"]
+    if "fastvocab.stages" in tags or "fastvocab.stages_selected" in tags:
+        return PIPELINE_KIND
+    if "fastvocab.tune" in tags:
+        return "tune"
+    for key, word in (("fastvocab.benchmark", "bench"), ("fastvocab.experiment", "experiment")):
+        if key in tags:
+            return f"{word} {tags[key]}"
+    return "other"
+
+
+def _describe(run: Run) -> str:
+    started = datetime.fromtimestamp((run.info.start_time or 0) / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+    return f"{run.info.run_id} ({run.info.run_name or 'unnamed'}, started {started})"
+
+
+def resolve_latest(client: MlflowClient, uri: str) -> tuple[str, str]:
+    """(run id, why) of ``latest``: the most recently started pipeline run (a top-level run of ``fastvocab
+    run``); when the store holds none, the most recently started top-level run of any kind. ``why`` names
+    the run taken and, when a run of another kind (``tune``, ``translate``, ...) started later, that one and
+    how to report it."""
     with needed():
         from mlflow.entities import ViewType
 
+    newer: Run | None = None  # the newest top-level run, when it is not a pipeline run
     try:
         exp_ids = [e.experiment_id for e in client.search_experiments(view_type=ViewType.ACTIVE_ONLY)]
         page_token = None
@@ -137,14 +161,28 @@ def resolve_run_id(client: MlflowClient, run_id: str, uri: str) -> str:
                 exp_ids, order_by=["attributes.start_time DESC"], max_results=500, page_token=page_token
             )
             for run in page:
-                if "mlflow.parentRunId" not in run.data.tags:
-                    return run.info.run_id
+                if "mlflow.parentRunId" in run.data.tags:
+                    continue
+                if run_kind(run.data.tags) == PIPELINE_KIND:
+                    why = f"latest: pipeline run {_describe(run)}"
+                    if newer is None:
+                        return run.info.run_id, why + ", the store's newest run"
+                    kind = run_kind(newer.data.tags)
+                    return run.info.run_id, (
+                        f"{why}, the newest pipeline run; a {kind} run started since: {_describe(newer)} "
+                        f"(`fastvocab report {newer.info.run_id}`)"
+                    )
+                newer = newer or run
             page_token = page.token
             if not page_token:
                 break
     except Exception as exc:
         raise UserError(f"tracking URI {uri}: {_first_line(exc)}") from exc
-    raise UserError(f"no runs in {uri}")
+    if newer is None:
+        raise UserError(f"no runs in {uri}")
+    kind = run_kind(newer.data.tags)
+    why = f"latest: no pipeline run in the store; the newest run, a {kind} run: {_describe(newer)}"
+    return newer.info.run_id, why
 
 
 def _children(client: MlflowClient, experiment_id: str, parent_id: str) -> list[Run]:
@@ -253,8 +291,11 @@ def _run_info(
 
 
 def collect(client: MlflowClient, run_id: str, uri: str, tmp: Path) -> ReportData:
-    """Read the run, its descendants (depth-first, children by start time) and their artifacts."""
-    run_id = resolve_run_id(client, run_id, uri)
+    """Read the run (``latest``: :func:`resolve_latest`'s), its descendants (depth-first, children by
+    start time) and their artifacts."""
+    chosen = ""
+    if run_id == LATEST:
+        run_id, chosen = resolve_latest(client, uri)
     run = _get_run(client, run_id, uri)
     try:
         experiment = client.get_experiment(run.info.experiment_id)
@@ -281,4 +322,5 @@ def collect(client: MlflowClient, run_id: str, uri: str, tmp: Path) -> ReportDat
         experiment_id=run.info.experiment_id,
         tracking_uri=uri,
         generated=datetime.now(UTC),
+        chosen=chosen,
     )

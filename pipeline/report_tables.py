@@ -17,9 +17,13 @@ from fastvocab.pipeline.report_store import ReportData, RunInfo
 METRIC_COLUMNS = 10
 # Tags shown in the report's header, in this order; the rest of the non-``mlflow.`` tags follow.
 HEADER_TAGS = {
+    "fastvocab.kind": "kind",
     "fastvocab.version": "fastvocab version",
     "fastvocab.commit": "git commit",
-    "fastvocab.stages": "stages",
+    "fastvocab.stages": "stages run",
+    "fastvocab.stages_skipped": "stages skipped (nothing to do)",
+    "fastvocab.stage_failed": "stage failed",
+    "fastvocab.stages_selected": "stages selected",
     "fastvocab.work_dir": "work dir",
     "fastvocab.all_skipped": "all stages skipped",
 }
@@ -112,13 +116,14 @@ def overview_table(runs: list[RunInfo]) -> Table:
         "artifacts",
         "message",
     ]
-    note = "start and duration are the MLflow run's; a pipeline stage's own times are among its metrics"
+    note = "start and duration: the work's (a pipeline stage's units share the stage's)"
     return Table(header, rows, note)
 
 
 def header_table(data: ReportData) -> Table:
     root = data.root
-    items: list[tuple[str, object]] = [
+    items: list[tuple[str, object]] = [("chosen as", data.chosen)] if data.chosen else []
+    items += [
         ("run id", root.run_id),
         ("run name", root.name),
         ("experiment", f"{data.experiment} (id {data.experiment_id})"),
@@ -137,7 +142,7 @@ def header_table(data: ReportData) -> Table:
         items.append(("parent run", root.tags["mlflow.parentRunId"]))
     items += [("child runs", str(len(data.descendants))), ("tracking URI", data.tracking_uri)]
     table = key_value_table(items)
-    table.rows[3][1].css = f"status {root.status.lower()}"
+    table.rows[[k for k, _ in items].index("status")][1].css = f"status {root.status.lower()}"
     return table
 
 

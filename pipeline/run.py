@@ -36,6 +36,7 @@ from fastvocab.pipeline.ray_session import RaySession
 from fastvocab.pipeline.signals import stop_on_signals
 from fastvocab.pipeline.stages import STAGES, stage_function
 from fastvocab.pipeline.tracking import (
+    PIPELINE_KIND,
     NullTracker,
     StageRecord,
     Store,
@@ -99,6 +100,7 @@ def run_pipeline(
     needs = [m for stage in selected for m in STAGE_MODULES.get(stage, ())]
     require("the pipeline", *needs, *(TRACKER_MODULES if tracker is None else ()))
     t0 = time.perf_counter()
+    started = time.time()  # the parent MLflow run spans the whole run, from here
     ctx = StageContext(
         cfg, RaySession(ray_address or cfg.ray_address, cfg.ray_num_cpus, log_to_driver), progress=progress
     )
@@ -121,7 +123,7 @@ def run_pipeline(
                 tracker = Tracker.open(store, cfg.mlflow_experiment)
             if stale is not None and isinstance(tracker, Tracker):
                 _close_stale_run(tracker, stale.extra)
-            return _run_stages(ctx, selected, tracker, lock, run_name, t0)
+            return _run_stages(ctx, selected, tracker, lock, run_name, t0, started)
     finally:
         lock.release()
 
@@ -148,20 +150,35 @@ def _run_stages(
     lock: WorkDirLock,
     run_name: str | None,
     t0: float,
+    started: float | None = None,
 ) -> PipelineResult:
+    """Each selected stage in order, each of its records logged as a child run that spans the stage's work
+    (a stage does all its units at once: they share its start and end); the parent run is tagged with the
+    stages that ran and those that had nothing to do (:func:`stage_tags`)."""
     tracker.start(
         run_name or f"run {time.strftime('%Y-%m-%d %H:%M:%S')}",
         ctx.cfg.model_dump(mode="json"),
-        {"fastvocab.stages": ",".join(selected), "fastvocab.work_dir": str(ctx.work_dir)},
+        {
+            "fastvocab.kind": PIPELINE_KIND,
+            "fastvocab.stages_selected": ",".join(selected),
+            "fastvocab.work_dir": str(ctx.work_dir),
+        },
+        started=started,
     )
     if tracker.parent_id:
         lock.update(mlflow_run_id=tracker.parent_id, mlflow_uri=tracker.uri)
     records: list[StageRecord] = []
+    done: dict[str, list[StageRecord]] = {}  # the stages that returned, in order, and their records
     status = "FAILED"
     try:
         for name in selected:
-            t_stage = time.perf_counter()
-            for rec in stage_function(name)(ctx):
+            t_stage, stage_start = time.perf_counter(), time.time()
+            stage_records = stage_function(name)(ctx)
+            stage_end = time.time()
+            done[name] = stage_records
+            for rec in stage_records:
+                rec.started = stage_start if rec.started is None else rec.started
+                rec.ended = stage_end if rec.ended is None else rec.ended
                 verb = {"ran": "done", "skipped": "skip"}.get(rec.status, rec.status)
                 level = logging.INFO if rec.status in ("ran", "skipped") else logging.WARNING
                 log.log(level, "%s %s %s: %s", verb, rec.stage, rec.unit, rec.message)
@@ -175,7 +192,23 @@ def _run_stages(
     finally:
         seconds = time.perf_counter() - t0
         try:
-            tracker.end(status, {"seconds": seconds})
+            tracker.end(status, {"seconds": seconds}, stage_tags(selected, done))
         finally:
             ctx.ray.shutdown()  # stops the workers (actors, tasks) of a local session
     return PipelineResult(records, tracker.parent_id, tracker.uri, seconds)
+
+
+def stage_tags(selected: Sequence[str], done: dict[str, list[StageRecord]]) -> dict[str, str]:
+    """The parent run's account of its stages: ``fastvocab.stages``, those that ran (did work for at least one
+    unit); ``fastvocab.stages_skipped``, those that returned with nothing to do (every output current, or
+    nothing configured for them); and ``fastvocab.stage_failed``, the stage a failed or stopped run was in.
+    ``fastvocab.stages_selected`` (tagged at the start) lists what was asked for."""
+    ran = [s for s, recs in done.items() if any(r.status == "ran" for r in recs)]
+    tags = {
+        "fastvocab.stages": ",".join(ran),
+        "fastvocab.stages_skipped": ",".join(s for s in done if s not in ran),
+    }
+    failed = next((s for s in selected if s not in done), None)
+    if failed is not None:
+        tags["fastvocab.stage_failed"] = failed
+    return tags

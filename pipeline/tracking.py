@@ -1,6 +1,10 @@
 """MLflow logging for a pipeline run, from the driver only (Ray workers return metrics; MLflow's advice).
 
 One parent run per ``fastvocab run``; one child run (``mlflow.parentRunId``) per stage and direction (or map).
+Runs span the work, not the logging calls: a child run starts and ends with its stage (the driver stamps each
+record, :attr:`StageRecord.started` and :attr:`StageRecord.ended`), a parent with the command's work.
+An experiment fastvocab creates in a SQLite store keeps its artifacts beside the database file
+(``<folder of the .db>/mlartifacts``, :func:`artifact_root_for`), wherever the command runs from.
 Every command finds its store with :func:`resolve_store`: ``--tracking-uri`` (``fastvocab run``: or the
 config's ``mlflow_tracking_uri``), else ``$MLFLOW_TRACKING_URI``, else the default store
 ``sqlite:///<work_dir>/mlflow.db`` with artifacts under ``<work_dir>/mlartifacts`` (``runs/demo`` for a
@@ -55,6 +59,17 @@ class StageRecord:
     series: dict[str, list[float]] = field(default_factory=dict)  # metric per step (k-means objective)
     artifacts: list[Path] = field(default_factory=list)  # files to copy into the run (manifests, ...)
     fractions: dict[int, np.ndarray] = field(default_factory=dict)  # per-cluster active fraction by K
+    # tables logged as MLflow tables (JSON in ``MlflowClient.log_table``'s split orientation), by artifact
+    # file: column name -> values, all of one length (a sample of translations: source, reference, hypotheses)
+    tables: dict[str, dict[str, list[object]]] = field(default_factory=dict)
+    # when the unit's work started and ended (seconds since the epoch); None: the driver sets its stage's
+    started: float | None = None
+    ended: float | None = None
+
+
+PIPELINE_KIND = "pipeline"  # a `fastvocab run` parent run's fastvocab.kind tag (`fastvocab report latest`)
+SAMPLE_ROWS = 50  # rows of the translation sample a translate run logs as a table
+SAMPLE_TABLE = "translations_sample.json"  # its artifact file
 
 
 DEFAULT_WORK_DIR = Path("runs/demo")  # RunConfig.work_dir's default (configs/demo.yaml's, make demo's)
@@ -125,6 +140,31 @@ def check_tracking_uri(uri: str, source: str = "MLflow tracking URI") -> None:
             ) from exc
         for key, value in HTTP_RETRY_DEFAULTS.items():
             os.environ.setdefault(key, value)
+
+
+def artifact_root_for(uri: str) -> Path | None:
+    """Where an experiment created in the store ``uri`` keeps its artifacts: ``mlartifacts`` beside the
+    database file of a SQLite store (the default store's ``<work_dir>/mlartifacts``), None for any other
+    store (a server or a file store chooses its own). MLflow's own default for a SQLite store is ``./mlruns``
+    of whatever folder the command ran in."""
+    if _scheme(uri) != "sqlite" or ":///" not in uri:
+        return None
+    db = uri.split(":///", 1)[1].split("?", 1)[0]
+    if not db or db == ":memory:":
+        return None
+    return Path(db).resolve().parent / ARTIFACTS_DIR
+
+
+def _scheme(uri: str) -> str:
+    """The scheme of a store URI, lower case, without its driver (``postgresql+psycopg2`` -> postgresql)."""
+    from urllib.parse import urlsplit
+
+    return urlsplit(uri).scheme.split("+", 1)[0].lower()
+
+
+def epoch_ms(seconds: float | None) -> int | None:
+    """Seconds since the epoch as MLflow's milliseconds (None stays None: MLflow takes the current time)."""
+    return None if seconds is None else int(seconds * 1000)
 
 
 def relocate_artifacts(db: Path, artifact_root: Path) -> str | None:
@@ -211,11 +251,17 @@ class Tracker:
     """Parent run + child runs in one MLflow experiment, through ``MlflowClient`` (no global active run)."""
 
     def __init__(self, uri: str, experiment: str, artifact_root: Path | None = None) -> None:
+        """A tracker on the store ``uri``, in ``experiment`` (created when missing, its artifacts in
+        ``artifact_root``, default :func:`artifact_root_for`). The parent run starts, unless
+        :meth:`start` is told otherwise, when the tracker was made: the commands make it before their work."""
         with needed():
             from mlflow import MlflowClient
             from mlflow.exceptions import MlflowException
 
         self.uri = uri
+        self.opened_at = time.time()
+        if artifact_root is None:
+            artifact_root = artifact_root_for(uri)
         try:
             self.client = MlflowClient(tracking_uri=uri)
             exp = self.client.get_experiment_by_name(experiment)
@@ -247,7 +293,8 @@ class Tracker:
                 )
         else:
             check_tracking_uri(store.uri, store.source)
-        return cls(store.uri, experiment, work_dir / ARTIFACTS_DIR if work_dir is not None else None)
+        # the default store's artifacts, <work_dir>/mlartifacts, are beside its database as any SQLite store's
+        return cls(store.uri, experiment)
 
     def close_stale(self, run_id: str) -> bool:
         """Close a parent run left RUNNING by a killed process (its lock was taken over) as KILLED."""
@@ -260,13 +307,17 @@ class Tracker:
         self.client.set_terminated(run_id, "KILLED")
         return True
 
-    def start(self, run_name: str, config: dict[str, object], tags: dict[str, str]) -> str:
+    def start(
+        self, run_name: str, config: dict[str, object], tags: dict[str, str], started: float | None = None
+    ) -> str:
+        """The parent run, from ``started`` (seconds since the epoch; default: when the tracker was made)."""
         with needed():
             from mlflow.entities import Param
 
         run = self.client.create_run(
             self.experiment_id,
             run_name=run_name,
+            start_time=epoch_ms(self.opened_at if started is None else started),
             tags={
                 "fastvocab.version": __version__,
                 "fastvocab.commit": git_commit(digits=12, mark_dirty=False),
@@ -285,7 +336,8 @@ class Tracker:
         return self.parent_id
 
     def log_stage(self, rec: StageRecord) -> str:
-        """One child run for a stage record (skipped stages too, tagged ``fastvocab.status=skipped``)."""
+        """One child run for a stage record (skipped stages too, tagged ``fastvocab.status=skipped``),
+        spanning ``rec.started`` to ``rec.ended`` (the time of this call where they are None)."""
         with needed():
             from mlflow.entities import Metric, Param, RunTag
 
@@ -294,6 +346,7 @@ class Tracker:
         run = self.client.create_run(
             self.experiment_id,
             run_name=f"{rec.stage}:{rec.unit}",
+            start_time=epoch_ms(rec.started),
             tags={
                 "mlflow.parentRunId": self.parent_id,
                 "fastvocab.stage": rec.stage,
@@ -302,7 +355,7 @@ class Tracker:
             },
         )
         run_id = run.info.run_id
-        now = int(time.time() * 1000)
+        now = epoch_ms(rec.ended) or int(time.time() * 1000)
         metrics = [Metric(k, float(v), now, 0) for k, v in sorted(rec.metrics.items()) if _finite(v)]
         for name, values in rec.series.items():
             metrics += [Metric(name, float(v), now, i) for i, v in enumerate(values) if _finite(v)]
@@ -330,14 +383,39 @@ class Tracker:
                 )
                 self.client.log_artifact(run_id, str(png))
                 self.client.log_artifact(run_id, str(csv))
-        self.client.set_terminated(run_id, "FINISHED")
+        if rec.tables:
+            self._log_tables(run_id, rec.tables)
+        self.client.set_terminated(run_id, "FINISHED", end_time=epoch_ms(rec.ended))
         self.children.append(run_id)
         self._statuses.append(rec.status)
         return run_id
 
-    def end(self, status: str = "FINISHED", metrics: dict[str, float] | None = None) -> None:
+    def _log_tables(self, run_id: str, tables: dict[str, dict[str, list[object]]]) -> None:
+        """Each table as ``MlflowClient.log_table`` writes one (JSON ``{"columns", "data"}``, pandas' split
+        orientation, which ``load_table`` and the UI read) and lists it in the ``mlflow.loggedArtifacts`` tag;
+        written here, UTF-8 and without pandas."""
+        logged = []
+        with tempfile.TemporaryDirectory() as tmp:
+            for name, columns in tables.items():
+                header = list(columns)
+                rows = [list(row) for row in zip(*columns.values(), strict=True)]
+                path = Path(tmp) / name
+                path.parent.mkdir(parents=True, exist_ok=True)
+                text = json.dumps({"columns": header, "data": rows}, ensure_ascii=False, default=str)
+                path.write_text(text, encoding="utf-8")
+                folder = Path(name).parent.as_posix()
+                self.client.log_artifact(run_id, str(path), None if folder == "." else folder)
+                logged.append({"path": name, "type": "table"})
+        self.client.set_tag(run_id, "mlflow.loggedArtifacts", json.dumps(logged))
+
+    def end(
+        self,
+        status: str = "FINISHED",
+        metrics: dict[str, float] | None = None,
+        tags: dict[str, str] | None = None,
+    ) -> None:
         with needed():
-            from mlflow.entities import Metric
+            from mlflow.entities import Metric, RunTag
 
         if self.parent_id is None:
             return
@@ -345,12 +423,13 @@ class Tracker:
         metrics = dict(metrics or {})
         metrics["stages_ran"] = sum(s == "ran" for s in self._statuses)
         metrics["stages_skipped"] = sum(s == "skipped" for s in self._statuses)
+        all_skipped = bool(self._statuses) and all(s != "ran" for s in self._statuses)
+        tags = {**(tags or {}), "fastvocab.all_skipped": str(all_skipped).lower()}
         self.client.log_batch(
             self.parent_id,
             metrics=[Metric(k, float(v), now, 0) for k, v in sorted(metrics.items()) if _finite(v)],
+            tags=[RunTag(k, v[:5000]) for k, v in sorted(tags.items())],
         )
-        all_skipped = bool(self._statuses) and all(s != "ran" for s in self._statuses)
-        self.client.set_tag(self.parent_id, "fastvocab.all_skipped", str(all_skipped).lower())
         self.client.set_terminated(self.parent_id, status)
 
 
@@ -360,13 +439,20 @@ class NullTracker:
     parent_id = None
     uri = "none"
 
-    def start(self, run_name: str, config: dict[str, object], tags: dict[str, str]) -> None:
+    def start(
+        self, run_name: str, config: dict[str, object], tags: dict[str, str], started: float | None = None
+    ) -> None:
         return None
 
     def log_stage(self, rec: StageRecord) -> None:
         return None
 
-    def end(self, status: str = "FINISHED", metrics: dict[str, float] | None = None) -> None:
+    def end(
+        self,
+        status: str = "FINISHED",
+        metrics: dict[str, float] | None = None,
+        tags: dict[str, str] | None = None,
+    ) -> None:
         return None
 
 

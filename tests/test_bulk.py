@@ -4,6 +4,7 @@ resumable after any kill."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -377,7 +378,7 @@ def test_bulk_stage_logs_one_mlflow_run_that_the_report_renders(model_dir, tmp_p
     from fastvocab.pipeline.config import load_config
     from fastvocab.pipeline.report import write_report
     from fastvocab.pipeline.run import run_pipeline
-    from fastvocab.pipeline.tracking import NullTracker
+    from fastvocab.pipeline.tracking import SAMPLE_TABLE, NullTracker
 
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     inp = _write_text(tmp_path / "in.txt", _lines())
@@ -400,7 +401,11 @@ def test_bulk_stage_logs_one_mlflow_run_that_the_report_renders(model_dir, tmp_p
     assert "empty_outputs" in m and m["tokens_per_s_per_worker"] > 0
     assert p["method"] == "full" and p["model_fingerprint"].startswith("sha256:") and p["workers"] == "1"
     assert client.get_metric_history(child.info.run_id, "throughput_tokens_per_s")
-    assert [a.path for a in client.list_artifacts(child.info.run_id)] == ["throughput.png"]
+    arts = [a.path for a in client.list_artifacts(child.info.run_id)]
+    assert arts == ["throughput.png", SAMPLE_TABLE]
+    sample = json.loads(Path(client.download_artifacts(child.info.run_id, SAMPLE_TABLE)).read_text())
+    assert sample["columns"] == ["id", "source", "translation"]
+    assert [row[1] for row in sample["data"]] == _lines()  # 23 lines, below SAMPLE_ROWS: every one
     html = write_report(result.parent_run_id, tmp_path / "report.html", result.tracking_uri)[0].read_text()
     assert "bulk:en-it" in html and "throughput.png" in html and "5 of 5 parts translated" in html
 

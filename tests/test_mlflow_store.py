@@ -193,3 +193,157 @@ def test_a_default_translate_does_not_import_mlflow(here, tiny_model_dir):
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stderr.strip().endswith("mlflow not imported"), proc.stderr[-2000:]
     assert not list(here.rglob(tracking.DB_FILE))
+
+
+# ------------------------------------------------------------- what the runs say: times, stages, artifacts
+
+
+def _fake_stages(monkeypatch, stages: dict):
+    """``_run_stages`` with stages that take a known time: each is (seconds, records, error)."""
+    import time
+    from types import SimpleNamespace
+
+    from fastvocab.pipeline import run as run_module
+
+    def stage_function(name):
+        seconds, records, error = stages[name]
+
+        def stage(ctx):
+            time.sleep(seconds)
+            if error is not None:
+                raise error
+            return [tracking.StageRecord(name, unit, status) for unit, status in records]
+
+        return stage
+
+    monkeypatch.setattr(run_module, "stage_function", stage_function)
+    ctx = SimpleNamespace(
+        cfg=SimpleNamespace(model_dump=lambda mode: {"work_dir": "w"}),
+        work_dir=Path("w"),
+        ray=SimpleNamespace(shutdown=lambda: None),
+    )
+    return run_module, ctx, SimpleNamespace(update=lambda **kw: None)
+
+
+def _runs(tracker: Tracker):
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracker.uri)
+    parent = client.get_run(tracker.parent_id)
+    children = {client.get_run(c).info.run_name: client.get_run(c).info for c in tracker.children}
+    return parent, children
+
+
+def test_child_runs_span_their_stage_and_the_parent_the_run(here, monkeypatch):
+    import time
+
+    stages = {
+        "corpus": (0.3, [("en-it", "ran"), ("it-en", "skipped")], None),
+        "dump": (0.2, [("en-it", "skipped")], None),
+        "kmeans": (0.0, [], None),  # nothing configured for it: skipped too
+    }
+    run_module, ctx, lock = _fake_stages(monkeypatch, stages)
+    tracker = Tracker(sqlite(here / "mlflow.db"), "spans")
+    started = time.time() - 5.0  # the run began before the tracker opened (the model was described)
+    before = time.time()
+    run_module._run_stages(ctx, list(stages), tracker, lock, "r", time.perf_counter(), started)
+    after = time.time()
+    parent, children = _runs(tracker)
+    info = parent.info
+    assert info.start_time == int(started * 1000) and info.end_time <= int(after * 1000)
+    corpus = [children["corpus:en-it"], children["corpus:it-en"]]
+    # both units of a stage share its span, which is its work's (0.3 s), not the logging call's
+    assert corpus[0].start_time == corpus[1].start_time and corpus[0].end_time == corpus[1].end_time
+    assert corpus[0].end_time - corpus[0].start_time >= 300
+    dump = children["dump:en-it"]
+    assert dump.end_time - dump.start_time >= 200
+    assert int(before * 1000) <= corpus[0].start_time < corpus[0].end_time <= dump.start_time
+    assert dump.end_time <= info.end_time  # the parent ends after its last stage
+    tags = parent.data.tags
+    assert tags["fastvocab.kind"] == "pipeline"
+    assert tags["fastvocab.stages_selected"] == "corpus,dump,kmeans"
+    assert tags["fastvocab.stages"] == "corpus"  # the stages that ran, not those selected
+    assert tags["fastvocab.stages_skipped"] == "dump,kmeans"
+    assert "fastvocab.stage_failed" not in tags
+
+
+def test_a_failed_run_names_its_stage_and_only_the_stages_that_ran(here, monkeypatch):
+    stages = {
+        "corpus": (0.0, [("en-it", "skipped")], None),
+        "dump": (0.0, [("en-it", "ran")], None),
+        "kmeans": (0.0, [], RuntimeError("k-means broke")),
+        "maps": (0.0, [("en-it", "ran")], None),
+    }
+    run_module, ctx, lock = _fake_stages(monkeypatch, stages)
+    tracker = Tracker(sqlite(here / "mlflow.db"), "failed")
+    with pytest.raises(RuntimeError):
+        run_module._run_stages(ctx, list(stages), tracker, lock, "r", 0.0)
+    parent, _ = _runs(tracker)
+    assert parent.info.status == "FAILED"
+    tags = parent.data.tags
+    assert (tags["fastvocab.stages"], tags["fastvocab.stages_skipped"]) == ("dump", "corpus")
+    assert tags["fastvocab.stage_failed"] == "kmeans"
+    assert tags["fastvocab.stages_selected"] == "corpus,dump,kmeans,maps"
+
+
+def test_an_experiment_in_a_sqlite_store_keeps_its_artifacts_beside_the_database(here, monkeypatch):
+    from mlflow import MlflowClient
+
+    store = here / "store"
+    store.mkdir()
+    elsewhere = here / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)  # MLflow's own default would be ./mlruns of this folder
+    for uri in (sqlite(store / "named.db"), "sqlite:///../store/relative.db"):
+        tracker = Tracker(uri, "beside")
+        exp = MlflowClient(uri).get_experiment(tracker.experiment_id)
+        assert exp.artifact_location == (store / tracking.ARTIFACTS_DIR).resolve().as_uri()
+    assert tracking.artifact_root_for("http://host:5000") is None
+    assert tracking.artifact_root_for("sqlite://") is None
+    assert tracking.artifact_root_for("sqlite:///:memory:") is None
+    # the default store: <work_dir>/mlartifacts, as before
+    default = Tracker.open(resolve_store(None, here / "work"), "default")
+    exp = MlflowClient(default.uri).get_experiment(default.experiment_id)
+    assert exp.artifact_location == (here / "work" / tracking.ARTIFACTS_DIR).resolve().as_uri()
+    assert not (elsewhere / "mlruns").exists()
+
+
+def test_translate_logs_its_time_and_a_sample_beside_its_store(here, tiny_model_dir):
+    """``fastvocab translate --tracking-uri``: the experiment's artifacts beside the store (not ./mlruns), the
+    child run spans the job (the output was written inside it), the parent the command, and the child holds
+    the first lines as a table: source and translation."""
+    import json
+    import time
+
+    from mlflow import MlflowClient
+
+    lines = [f"the package {i} for the system" for i in range(60)]
+    (here / "in.txt").write_text("\n".join(lines) + "\n")
+    (here / "store").mkdir()
+    uri = sqlite(here / "store" / "t.db")
+    argv = ["translate", "--model", str(tiny_model_dir), "--src-lang", "en", "--tgt-lang", "it"]
+    argv += ["-i", "in.txt", "-o", "out.txt", "--max-len", "4", "--chunk-lines", "20", "--tracking-uri", uri]
+    before = int(time.time() * 1000)
+    assert main(argv) == 0
+    after = int(time.time() * 1000)
+    written = (here / "out.txt").stat().st_mtime_ns // 1_000_000
+    assert not (here / "mlruns").exists()
+
+    client = MlflowClient(uri)
+    exp = client.get_experiment_by_name("fastvocab-bulk")
+    assert exp.artifact_location == (here / "store" / tracking.ARTIFACTS_DIR).resolve().as_uri()
+    (parent,) = client.search_runs([exp.experiment_id], filter_string="tags.`fastvocab.kind` = 'bulk'")
+    (child,) = client.search_runs(
+        [exp.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{parent.info.run_id}'"
+    )
+    p, c = parent.info, child.info
+    assert before <= p.start_time <= c.start_time <= written <= c.end_time <= p.end_time <= after
+
+    sample = Path(client.download_artifacts(c.run_id, tracking.SAMPLE_TABLE, str(here / "dl")))
+    table = json.loads(sample.read_text())
+    assert table["columns"] == ["id", "source", "translation"]
+    rows = table["data"]
+    assert len(rows) == tracking.SAMPLE_ROWS  # the first 50 of 60 lines, across three parts
+    translations = (here / "out.txt").read_text().splitlines()
+    assert [r[1] for r in rows] == lines[: tracking.SAMPLE_ROWS]
+    assert [r[2] for r in rows] == translations[: tracking.SAMPLE_ROWS]

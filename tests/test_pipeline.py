@@ -24,7 +24,7 @@ from fastvocab.artifacts_schema.hidden_states import validate_direction
 from fastvocab.pipeline.cli import main
 from fastvocab.pipeline.config import load_config
 from fastvocab.pipeline.run import run_pipeline
-from fastvocab.pipeline.tracking import TRACKING_FILES
+from fastvocab.pipeline.tracking import SAMPLE_TABLE, TRACKING_FILES
 from tests.conftest import write_en_it_split
 
 DIRECTIONS = ["en-it", "it-en"]
@@ -197,6 +197,25 @@ def test_mlflow_parent_run_has_child_runs_metrics_and_artifacts(setup):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert by_name["corpus:en-it"].data.tags["fastvocab.status"] == "skipped"  # the test wrote the corpus
 
+    # each child run spans its stage's work (the dump's wall time at least), the parent all of them
+    assert dump.info.end_time - dump.info.start_time >= 1000 * dump.data.metrics["stage_wall_seconds"] - 1
+    assert parent.info.start_time <= min(r.info.start_time for r in children)
+    assert parent.info.end_time >= max(r.info.end_time for r in children)
+    assert parent.info.end_time - parent.info.start_time >= 1000 * parent.data.metrics["seconds"] - 1
+    tags = parent.data.tags
+    assert tags["fastvocab.stages"] == "dump,kmeans,maps,translate,evaluate"  # those that ran
+    assert tags["fastvocab.stages_skipped"] == "corpus" and tags["fastvocab.stages_selected"] == STAGES
+
+    # a reviewer reads the translations: source, reference and each method's hypothesis, as a table
+    tr = by_name["translate:en-it"]
+    sample = json.loads(Path(client.download_artifacts(tr.info.run_id, SAMPLE_TABLE)).read_text())
+    assert sample["columns"] == ["id", "source", "reference", "hypothesis_full", "hypothesis_clustered"]
+    assert len(sample["data"]) == 6  # eval.sentences, below SAMPLE_ROWS
+    full = pq.read_table(cfg.work_dir / "translations" / "en-it" / "full.parquet").to_pylist()
+    assert [row[1] for row in sample["data"]] == [r["source"] for r in full]
+    assert [row[3] for row in sample["data"]] == [r["translation"] for r in full]
+    assert all(row[2] for row in sample["data"])  # the references
+
 
 def mp_fingerprint(by_name):
     return by_name["maps:en-it"].data.params["model_fingerprint"]
@@ -221,6 +240,8 @@ def test_rerun_skips_everything_and_changes_no_output_file(setup, capsys):
     latest_parent = next(r for r in runs if "mlflow.parentRunId" not in r.data.tags)
     assert latest_parent.info.run_id != first.parent_run_id
     assert latest_parent.data.tags["fastvocab.all_skipped"] == "true"
+    assert latest_parent.data.tags.get("fastvocab.stages", "") == ""  # no stage ran
+    assert latest_parent.data.tags["fastvocab.stages_skipped"] == STAGES
 
 
 def test_same_seed_same_data_gives_byte_identical_centroids_and_maps(setup):

@@ -13,9 +13,16 @@ import pytest
 
 from fastvocab.pipeline.cli import main
 from fastvocab.pipeline.report_artifacts import PNG_SIGNATURE, fmt_number, markdown_blocks
-from fastvocab.pipeline.tracking import StageRecord, Tracker
+from fastvocab.pipeline.tracking import SAMPLE_TABLE, StageRecord, Tracker
 
 HOSTILE = "<script>alert('x')</script> & <b>bold</b>"
+# a translation sample as the translate stage logs it: text that reads as a number stays as written
+SAMPLE = {
+    "id": [0, 1],
+    "source": ["Free software.", HOSTILE],
+    "reference": ["Software libero.", "3.14159265"],
+    "hypothesis_full": ["Software libero.", "1e5"],
+}
 
 
 class Page(HTMLParser):
@@ -122,6 +129,9 @@ def store(tmp_path_factory) -> dict:
             metrics={"active_fraction_mean": 0.0123},
             fractions={1: np.linspace(0.01, 0.02, 8), 3: np.linspace(0.02, 0.04, 8)},
         ),
+        StageRecord(
+            "translate", "en-it", "ran", metrics={"tokens_per_s_full": 50.0}, tables={SAMPLE_TABLE: SAMPLE}
+        ),
         StageRecord("evaluate", "en-it", "skipped", "outputs exist"),
     ]
     children = [tracker.log_stage(rec) for rec in records]
@@ -205,6 +215,45 @@ def test_csv_and_markdown_artifacts_are_tables(page):
         ["clustered", "a", "18.25"],
     ]
     assert any(t["header"] == ["method", "bleu"] and t["rows"][0][1][0] == "18.5" for t in doc.tables)
+
+
+def test_a_translation_sample_is_a_table_of_text(page):
+    doc, _ = page
+    table = next(t for t in doc.tables if t["header"] == list(SAMPLE))
+    rows = [[c[0] for c in row] for row in table["rows"]]
+    assert rows == [[str(i), *(SAMPLE[k][i] for k in list(SAMPLE)[1:])] for i in range(2)]
+
+
+def _logged(uri: str, experiment: str, name: str, tags: dict[str, str]) -> str:
+    tracker = Tracker(uri, experiment)
+    run_id = tracker.start(name, {}, tags)
+    tracker.log_stage(StageRecord("tune", "r8", "ran"))
+    tracker.end()
+    return run_id
+
+
+def test_latest_is_the_latest_pipeline_run_and_says_so(tmp_path, capsys):
+    """After `fastvocab run` then `fastvocab tune` (and a translate) in one store, `report latest` reports
+    the pipeline run, names it, and names the newer run it passed over with the command that reports it."""
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    pipeline = _logged(uri, "fastvocab", "run 1", {"fastvocab.kind": "pipeline"})
+    tune = _logged(uri, "fastvocab-tune", "tune:en-it:beam1", {"fastvocab.tune": "chosen"})
+    out = tmp_path / "latest.html"
+    assert main(["report", "latest", "--tracking-uri", uri, "-o", str(out)]) == 0
+    captured = capsys.readouterr()
+    assert f"report of run {pipeline}" in captured.out
+    (why,) = [line for line in captured.err.splitlines() if line.startswith("latest:")]
+    assert why.startswith(f"latest: pipeline run {pipeline} (run 1, started ")
+    assert f"a tune run started since: {tune}" in why and f"`fastvocab report {tune}`" in why
+    page = Page(out.read_text(encoding="utf-8"))
+    assert [row[1][0] for _, row in page.rows_starting("chosen as")] == [why]
+    # a store without a pipeline run: its newest run, said so
+    only = f"sqlite:///{tmp_path / 'tune-only.db'}"
+    bulk = _logged(only, "fastvocab-bulk", "translate en-it", {"fastvocab.kind": "bulk"})
+    assert main(["report", "latest", "--tracking-uri", only, "-o", str(out)]) == 0
+    captured = capsys.readouterr()
+    assert f"report of run {bulk}" in captured.out
+    assert f"latest: no pipeline run in the store; the newest run, a bulk run: {bulk}" in captured.err
 
 
 def test_latest_run_in_the_work_dirs_store(store, monkeypatch, capsys):

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from fastvocab.pipeline.commands import STORE_DEFAULT, add_examples, add_output
@@ -30,7 +31,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "run_id",
         metavar="RUN_ID",
         help="MLflow run id (printed by `fastvocab run`; a parent run's report holds all its child runs), "
-        "or 'latest': the most recently started top-level run of the store",
+        "or 'latest': the most recently started pipeline run (`fastvocab run`) of the store, else, when it "
+        "has none, its most recently started run; which run it took and why is printed, with a newer run of "
+        "another kind (tune, translate, ...) and its id",
     )
     add_output(p, "HTML file to write (atomically) (default: report-<RUN_ID>.html in the current folder)")
     p.add_argument(
@@ -59,6 +62,8 @@ def run(args: argparse.Namespace) -> int:
     from fastvocab.pipeline.tracking import resolve_store
 
     path, data = write_report(args.run_id, args.output, resolve_store(args.tracking_uri, args.work_dir).uri)
+    if data.chosen:
+        print(data.chosen, file=sys.stderr)
     n_images = sum(a.kind == "image" for r in [data.root, *data.descendants] for a in r.artifacts)
     print(
         f"report of run {data.root.run_id} ({data.root.name}, {len(data.descendants)} child runs, "

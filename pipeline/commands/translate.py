@@ -416,14 +416,23 @@ def _projection_options(args: argparse.Namespace) -> dict[str, object]:
     )
 
 
-def log_to_mlflow(result: BulkResult, uri: str, experiment: str, run_name: str) -> str:
-    """One MLflow run for the job (a parent with the job's child record, as the report reads pipelines)."""
+def log_to_mlflow(
+    result: BulkResult, uri: str, experiment: str, run_name: str, started: float | None = None
+) -> str:
+    """One MLflow run for the job (a parent with the job's child record, as the report reads pipelines),
+    from ``started`` (seconds since the epoch: when the command started; default the job's start) to now;
+    the child holds the job's first lines as a table (source and translation)."""
     import tempfile
 
     from fastvocab.pipeline.tracking import Tracker
 
-    tracker = Tracker(uri, experiment)
-    tracker.start(run_name, {"bulk": result.params}, {"fastvocab.kind": "bulk"})
+    tracker = Tracker(uri, experiment)  # a new experiment in a SQLite store: artifacts beside the .db
+    tracker.start(
+        run_name,
+        {"bulk": result.params},
+        {"fastvocab.kind": "bulk"},
+        started=result.started_at if started is None else started,
+    )
     with tempfile.TemporaryDirectory() as tmp:
         tracker.log_stage(result.record(artifacts_dir=Path(tmp)))
     tracker.end("FINISHED", {"lines": result.lines, "tokens_per_s": result.tokens_per_second})
@@ -433,9 +442,12 @@ def log_to_mlflow(result: BulkResult, uri: str, experiment: str, run_name: str) 
 def run(args: argparse.Namespace) -> int:
     """The flags as a :class:`~fastvocab.pipeline.bulk_driver.BulkRequest`, the job, its summary line (and
     the method's counts when it ran in this process) and, with a tracking URI, its MLflow run."""
+    import time
+
     from fastvocab.pipeline.extras import require
     from fastvocab.pipeline.tracking import check_tracking_uri
 
+    started = time.time()
     _check_args(args)
     if args.method == "graph":
         require("--method graph", "faiss")
@@ -451,7 +463,8 @@ def run(args: argparse.Namespace) -> int:
         result.output = Path(shown(str(result.output)))
     _summarise(args, result)
     if uri:
-        run_id = log_to_mlflow(result, uri, args.experiment_name, f"translate {result.params['direction']}")
+        name = f"translate {result.params['direction']}"
+        run_id = log_to_mlflow(result, uri, args.experiment_name, name, started)
         print(f"MLflow run {run_id} in {uri}", file=sys.stderr)
     return 0
 

@@ -3,6 +3,8 @@
 All methods of a direction run in one actor (so their speed ratios compare like with like), full first. A
 method that is not available in this installation, or lacks its artifact, is reported as ``unavailable`` with
 the reason, and the run goes on. Outputs whose JSON record matches the current provenance are kept.
+Each direction's record carries a sample of its translations (the first ``SAMPLE_ROWS`` sentences: source,
+reference, one hypothesis column per method), logged as an MLflow table.
 """
 
 from __future__ import annotations
@@ -23,12 +25,12 @@ from fastvocab.artifacts_schema.corpus import read_direction
 from fastvocab.artifacts_schema.digest import text_digest
 from fastvocab.artifacts_schema.errors import ArtifactError
 from fastvocab.artifacts_schema.jsonfile import read_json
-from fastvocab.artifacts_schema.translations import sidecar_path
+from fastvocab.artifacts_schema.translations import read_hypotheses, sidecar_path
 from fastvocab.decoding.settings import engine_for
 from fastvocab.kernels.clustered import decoding_probes
 from fastvocab.pipeline.checks import check_map_direction
 from fastvocab.pipeline.context import StageContext
-from fastvocab.pipeline.tracking import StageRecord
+from fastvocab.pipeline.tracking import SAMPLE_ROWS, SAMPLE_TABLE, StageRecord
 from fastvocab.tasks.methods import INDEXED_METHODS
 from fastvocab.tasks.projections import method_options
 from fastvocab.tasks.workers import MethodJob, TranslateJob, TranslateWorker
@@ -165,8 +167,9 @@ def run(ctx: StageContext) -> list[StageRecord]:
     m = ctx.model()
     records: dict[str, StageRecord] = {}
     work: list[TranslateJob] = []
+    samples: dict[str, tuple[list[int], list[str], list[str], list[Path]]] = {}
     for direction in ctx.cfg.directions:
-        ids, sources, _ = eval_sample(ctx, direction)
+        ids, sources, refs = eval_sample(ctx, direction)
         out_dir = ctx.translations_root / direction
         params: dict[str, Any] = {
             "model_fingerprint": m.fingerprint,
@@ -215,6 +218,8 @@ def run(ctx: StageContext) -> list[StageRecord]:
             current = [j for j in current if j.method != "full"]
         params["methods"] = ",".join(ctx.cfg.eval.labels())
         params["engine"] = t.engine
+        outputs = sorted((Path(j.out) for j in current + jobs), key=lambda p: p.stem != "full")
+        samples[direction] = (ids, sources, refs, outputs)
         note = f"; unavailable: {'; '.join(unavailable)}" if unavailable else ""
         if not jobs:
             status = "skipped" if current else "unavailable"
@@ -226,9 +231,35 @@ def run(ctx: StageContext) -> list[StageRecord]:
         jobs.sort(key=lambda j: j.method != "full")
         work.append(TranslateJob(direction, tuple(sources), tuple(ids), tuple(jobs), search))
         records[direction] = StageRecord("translate", direction, "ran", note, params)
-    if not work:
-        return list(records.values())
+    if work:
+        _translate(ctx, work, records)
+    for direction, rec in records.items():
+        table = sample_table(*samples[direction])
+        if table is not None:
+            rec.tables[SAMPLE_TABLE] = table
+    return list(records.values())
 
+
+def sample_table(
+    ids: list[int], sources: list[str], refs: list[str], outputs: list[Path]
+) -> dict[str, list[object]] | None:
+    """The first ``SAMPLE_ROWS`` sentences as columns: ``id``, ``source``, ``reference`` (where the sample
+    has references) and ``hypothesis_<method>`` for each translations file in ``outputs`` (None when there is
+    none): what a reviewer reads in the run beside its scores."""
+    n = min(SAMPLE_ROWS, len(sources))
+    columns: dict[str, list[object]] = {"id": list(ids[:n]), "source": list(sources[:n])}
+    if any(r for r in refs[:n]):
+        columns["reference"] = list(refs[:n])
+    hyps = {p.stem: read_hypotheses(p, sources)[:n] for p in outputs if p.exists()}
+    if not hyps:
+        return None
+    columns.update({f"hypothesis_{label}": list(h) for label, h in hyps.items()})
+    return columns
+
+
+def _translate(ctx: StageContext, work: list[TranslateJob], records: dict[str, StageRecord]) -> None:
+    """The directions' jobs on a pool of translation actors; their speeds and signatures into the records."""
+    t = ctx.cfg.translate
     _, threads, _ = ctx.decoder_workers()
     gpus = 1.0 if t.device.startswith("cuda") else 0.0
     ctx.ray.require_gpus(gpus, f"translate.device={t.device}")
@@ -265,4 +296,3 @@ def run(ctx: StageContext) -> list[StageRecord]:
         if t.engine != "auto":
             done += f" (engine {t.engine})"
         rec.message = f"{done}{rec.message}"
-    return list(records.values())
