@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from collections.abc import Set as AbstractSet
 from pathlib import Path
 
-from fastvocab.artifacts_schema.corpus import direction_file, read_corpus_file
+from fastvocab.artifacts_schema.corpus import CATALOG_SOURCES, direction_file, read_corpus_file
 from fastvocab.artifacts_schema.digest import files_digest
 from fastvocab.artifacts_schema.errors import ArtifactError
 from fastvocab.tasks import gettext_catalogs as gettext
@@ -37,8 +37,8 @@ __all__ = ["CATALOG_SOURCE", "SYSTEM_LOCALE_DIR", "SYSTEM_SOURCE", "build_catalo
 
 log = logging.getLogger(__name__)
 
-CATALOG_SOURCE = "gettext-catalogs"  # catalogs of Debian packages fetched with apt
-SYSTEM_SOURCE = "gettext-system"  # the machine's own catalogs
+# catalogs of Debian packages fetched with apt, the machine's own catalogs
+CATALOG_SOURCE, SYSTEM_SOURCE = CATALOG_SOURCES
 SYSTEM_LOCALE_DIR = Path("/usr/share/locale")
 # What catalog_rows counts, the cleaning's counts (gettext_catalogs.COUNTS) first: all in the manifest, 0 too.
 ROW_COUNTS = (
@@ -73,7 +73,7 @@ def _held_out(folders: Sequence[Path], out_dir: Path, pivot: str, lang: str) -> 
             for column in ("text1", "text2"):
                 texts.update(table.column(column).to_pylist())
             paths.append(path)
-        records.append({"dir": str(folder.resolve()), "digest": files_digest(*paths)})
+        records.append({"dir": str(folder), "digest": files_digest(*paths)})
     return texts, records
 
 
@@ -214,10 +214,10 @@ def build_catalog_corpus(
                 raise CorpusError(f"{pivot}-{lang}: the catalogs give no pair after cleaning")
             source: dict = {"kind": origin["source"], "hold_out": held[lang][1]}
             if from_system:
-                source["dir"] = str(Path(system_dir).resolve())
+                source["dir"] = str(system_dir)
                 source["catalogs"] = [c.name for c in catalogs[lang]]
             else:
-                source["lists_dir"] = str(lists.resolve())
+                source["lists_dir"] = str(lists)
                 source["release"] = gettext.package_releases(lists)
                 source["packages"] = [
                     {

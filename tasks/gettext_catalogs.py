@@ -209,8 +209,9 @@ def download_packages(lists_dir: str | Path, debs_dir: str | Path, packages: lis
 
 
 def unpack_package(deb: Path, unpacked_root: Path) -> Path:
-    """``dpkg-deb -x`` of a ``.deb`` into ``<unpacked_root>/<its name without .deb>/`` (atomically: a folder
-    there is complete); an existing folder is reused."""
+    """``dpkg-deb -x`` of a ``.deb``, of which ``<unpacked_root>/<its name without .deb>/`` keeps the
+    catalogs' folder (``usr/share/locale``: the programs, libraries and manuals are not needed). Written
+    atomically (a folder there is complete); an existing one is reused."""
     target = unpacked_root / deb.name.removesuffix(".deb")
     if target.is_dir():
         return target
@@ -218,14 +219,24 @@ def unpack_package(deb: Path, unpacked_root: Path) -> Path:
     if dpkg_deb is None:
         raise CorpusError(f"dpkg-deb not found: cannot unpack {deb}; {_NO_APT}")
     log.info("unpacking %s", deb.name)
-    with atomic_path(target) as tmp:
-        cmd = [dpkg_deb, "-x", str(deb), str(tmp)]
+    unpacked_root.mkdir(parents=True, exist_ok=True)
+    scratch_dir = tempfile.TemporaryDirectory(prefix=".unpack.", dir=unpacked_root)
+    with scratch_dir as scratch, atomic_path(target) as tmp:
+        cmd = [dpkg_deb, "-x", str(deb), scratch]
         proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
         if proc.returncode != 0:
             err = proc.stderr.strip().splitlines() or ["no output"]
             raise CorpusError(f"dpkg-deb -x {deb} failed (exit {proc.returncode}): {err[0]}")
-        tmp.mkdir(exist_ok=True)  # a package without files
+        kept = package_locale_dir(tmp)
+        kept.parent.mkdir(parents=True)
+        locale = package_locale_dir(Path(scratch))
+        if locale.is_dir():
+            shutil.move(locale, kept)
     return target
+
+
+def package_locale_dir(unpacked: Path) -> Path:
+    return unpacked / "usr" / "share" / "locale"
 
 
 # ---------------------------------------------------------------------------------------------- catalogs
@@ -265,10 +276,6 @@ def find_catalogs(locale_dir: str | Path, origin: str, languages: Iterable[str])
                     if mo.is_file():
                         found.append(Catalog(origin, sub.name, mo.stem, mo))
     return sorted(found, key=lambda c: (c.domain, c.locale))
-
-
-def package_locale_dir(unpacked: Path) -> Path:
-    return unpacked / "usr" / "share" / "locale"
 
 
 # --------------------------------------------------------------------------------------------- cleaning

@@ -290,7 +290,7 @@ def test_dev_and_test_never_reach_train_nor_the_descriptions_dev_and_test(tmp_pa
     assert result.stats["held_out_descriptions"] >= 3 + 3  # each of the 3 held sentences, 3 domains
     assert result.stats["train_dropped_overlap"] > 0  # the recurring translations did collide
     record = json.loads((out / "corpus.json").read_text())["pairs"]["en-it"]
-    assert record["source"]["hold_out"][0]["dir"] == str(desc.resolve())
+    assert record["source"]["hold_out"][0]["dir"] == str(desc)
     # the description corpus rebuilt: the catalog pair is rebuilt too
     write_description_corpus(desc, "it", {"train": [("a", "b")], "dev": [("c", "d")], "test": [("e", "f")]})
     assert not build_system(tmp_path, locale, dev_size=30, test_size=30, hold_out=[desc])[0].skipped
@@ -456,3 +456,21 @@ def test_cli_reads_the_system_catalogs_with_config_keys(tmp_path, capsys):
     assert f"catalog corpus in {tmp_path / 'cat'}" in capsys.readouterr().out
     counts = {s: len(read_direction(tmp_path / "cat", "en", "it", s)[0]) for s in SPLITS}
     assert counts == {"train": 21, "dev": 4, "test": 4}  # 30 messages, one held out by the descriptions
+
+
+def test_the_corpus_stage_builds_no_description_pair_into_a_catalog_corpus(tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    from fastvocab.pipeline.config import load_config
+    from fastvocab.pipeline.errors import UserError
+    from fastvocab.pipeline.stages import corpus as corpus_stage
+
+    locale = tmp_path / "locale"
+    write_mo(locale / "it" / "LC_MESSAGES" / "demo.mo", ENTRIES)
+    build_system(tmp_path, locale)
+    out = tmp_path / "catalogs"
+    cfg = load_config(None, {"corpus.out_dir": str(out), "directions": ["en-it", "en-fr"]})
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))  # no apt-get: no network, whatever the stage does
+    with pytest.raises(UserError, match="a catalog corpus: build it with `fastvocab corpus --catalogs"):
+        corpus_stage.run(SimpleNamespace(cfg=cfg, corpus_dir=out))
+    assert not (out / "en-fr").exists() and not (out / "apt-lists").exists()
