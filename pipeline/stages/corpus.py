@@ -41,10 +41,10 @@ def run(ctx: StageContext) -> list[StageRecord]:
             str(r.get("build", {}).get("source")) for r in read_manifest(ctx.corpus_dir)["pairs"].values()
         }
         if built_from & set(CATALOG_SOURCES):
-            langs = ",".join(sorted({x for d in missing for x in d.split("-")}))
+            wanted = ",".join(sorted({x for d in missing for x in d.split("-")}))
             raise UserError(
                 f"no {split} corpus for {', '.join(missing)} in {ctx.corpus_dir}, a catalog corpus: build it "
-                f"with `fastvocab corpus --catalogs -o {ctx.corpus_dir} --languages {langs}`"
+                f"with `fastvocab corpus --catalogs -o {ctx.corpus_dir} --languages {wanted}`"
             )
         not_pivot = [d for d in missing if pivot not in d.split("-")]
         if not_pivot:
