@@ -31,6 +31,10 @@ MANIFEST_FORMAT = "fastvocab-corpus/1"
 
 SPLITS = ("train", "dev", "test")
 
+# The build sources of a catalog corpus's pairs (tasks/catalog_corpus.py): Debian packages' gettext catalogs
+# fetched with apt, or the machine's own.
+CATALOG_SOURCES = ("gettext-catalogs", "gettext-system")
+
 CORPUS_SCHEMA = pa.schema(
     [
         pa.field("id", pa.int64(), nullable=False),

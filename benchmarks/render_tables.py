@@ -452,6 +452,25 @@ def render_corpus(root: Path, doc: Path) -> str:
     return out + "\n" + _sources(doc, root, [CORPUS])
 
 
+# --- docs/corpus.md: the catalog corpus by pair, with what each cleaning step left out ---
+
+CATALOGS = "corpus-catalogs-bookworm-2026-12-02.json"
+
+
+def render_catalogs(root: Path, doc: Path) -> str:
+    head = ["pair", "catalogs", "messages", "option tables", "inner placeholders", "edge placeholders",
+            "plural", "duplicates", "pairs", "train", "dev", "test"]  # fmt: skip
+    out = _row(head) + _row(["---"] + ["---:"] * (len(head) - 1))
+    for pair, built in _load(root, CATALOGS)["pairs"].items():
+        st, counts = built["stats"], built["counts"]
+        duplicates = st["duplicates_in_catalog"] + st["duplicates_across_catalogs"]
+        cells = [st["catalogs"], st["messages"], st["verbatim"], st["placeholders"],
+                 st["placeholders_stripped"], st["plural"], duplicates, st["pairs"],
+                 counts["train"], counts["dev"], counts["test"]]  # fmt: skip
+        out += _row([pair, *(f"{n:,}" for n in cells)])
+    return out + "\n" + _sources(doc, root, [CATALOGS])
+
+
 # --- docs/scale-plan.md: maps, text and GPU hours for 100 languages, from the measured dump rates ---
 
 PLAN_CPU = "build-cpu-2026-11-28-eight-directions.json"  # its first run: the eight added directions' dump
@@ -528,6 +547,7 @@ TABLES: dict[str, Callable[[Path, Path], str]] = {
     "scale": render_scale,
     "maps-card": render_card,
     "corpus": render_corpus,
+    "catalogs": render_catalogs,
     "scale-plan-measured": lambda root, doc: _plan_tables(root, doc)[0],
     "scale-plan-maps": lambda root, doc: _plan_tables(root, doc)[1],
     "scale-plan-hours": lambda root, doc: _plan_tables(root, doc)[2],

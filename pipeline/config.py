@@ -51,6 +51,35 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=False)
 
 
+# Debian packages that ship many translated gettext catalogs (the Debian 12 names; gettext-base holds
+# gettext-runtime's catalogs, login shadow's, binutils-common binutils', util-linux-locales util-linux's).
+CATALOG_PACKAGES = [
+    "coreutils", "tar", "grep", "sed", "findutils", "diffutils", "cpio", "bash", "apt", "dpkg", "gettext",
+    "gettext-base", "wget", "make", "nano", "sudo", "man-db", "login", "procps", "binutils-common",
+    "util-linux-locales", "e2fsprogs-l10n", "gnupg-l10n",
+]  # fmt: skip
+
+
+class CatalogsConfig(_Strict):
+    """``fastvocab corpus --catalogs``: pairs from the gettext message catalogs of Debian packages, in the
+    corpus layout of their own folder (tasks/catalog_corpus.py). Languages, pivot, split sizes and seed are
+    the corpus section's."""
+
+    out_dir: Path = Path("data/catalogs")
+    # fetched with apt-get download (name, or name=version), unpacked into out_dir, nothing installed
+    packages: list[str] = CATALOG_PACKAGES
+    # read the machine's own catalogs (system_dir/<locale>/LC_MESSAGES/*.mo) instead of the packages'
+    from_system: bool = False
+    system_dir: Path = Path("/usr/share/locale")
+    lists_dir: Path | None = None  # private apt lists folder; default: <out_dir>/apt-lists
+    # corpus folders whose dev and test sentences of the same pair no catalog split may hold; null: the
+    # description corpus, corpus.out_dir
+    hold_out: list[Path] | None = None
+
+    def hold_out_dirs(self, corpus_dir: Path) -> list[Path]:
+        return [corpus_dir] if self.hold_out is None else list(self.hold_out)
+
+
 class CorpusConfig(_Strict):
     out_dir: Path = Path("data/corpus")
     languages: list[str] = ["en", "it", "fr", "de", "es", "pt"]
@@ -62,6 +91,7 @@ class CorpusConfig(_Strict):
     # also each language's Debian descriptions as its monolingual file (mono/<lang>.parquet), which the dump
     # source "mono" reads
     mono: bool = False
+    catalogs: CatalogsConfig = CatalogsConfig()
 
 
 class TranslateConfig(_Strict):

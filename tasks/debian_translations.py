@@ -91,50 +91,92 @@ def find_indexes(lists_dir: str | Path, lang: str) -> list[Path]:
     return found
 
 
+def find_apt_get(hint: str) -> str:
+    """The ``apt-get`` on PATH; a CorpusError ending with ``hint`` (what to do without apt) when none is."""
+    apt_get = shutil.which("apt-get")
+    if apt_get is None:
+        raise CorpusError(f"apt-get not found: {hint}")
+    return apt_get
+
+
+def private_lists_options(lists_dir: Path) -> list[str]:
+    """apt options that read and write the lists of ``lists_dir`` (created, with its ``partial/``) instead of
+    the system's, and leave the system's package caches alone."""
+    (lists_dir / "partial").mkdir(parents=True, exist_ok=True)
+    return [
+        "-o", f"Dir::State::Lists={lists_dir}",
+        # do not rebuild the system's package cache from our private lists
+        "-o", "Dir::Cache::pkgcache=",
+        "-o", "Dir::Cache::srcpkgcache=",
+    ]  # fmt: skip
+
+
+def run_apt(cmd: list[str], what: str, cwd: Path | None = None) -> str:
+    """Run an apt command; its standard output, or a one-line CorpusError naming ``what`` with apt's first
+    error line (``E: ...``) when it fails."""
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False, cwd=cwd)
+    if proc.returncode != 0:
+        lines = [ln.strip() for ln in (proc.stderr + proc.stdout).splitlines() if ln.strip()]
+        errors = [ln for ln in lines if ln.startswith("E:")] or lines or ["no output"]
+        raise CorpusError(f"{what} failed (exit {proc.returncode}): {errors[0]}")
+    return proc.stdout
+
+
+def apt_update(lists_dir: str | Path, languages: Iterable[str], hint: str) -> None:
+    """``apt-get update`` into a private lists folder: the Packages indexes of the machine's configured
+    sources, and the Translation indexes of ``languages`` (none: Packages only).
+
+    The system's own lists and caches are left alone; ``hint`` says what to do where apt is missing.
+    """
+    languages = list(languages)
+    lists_dir = Path(lists_dir).resolve()
+    cmd = [
+        find_apt_get(hint),
+        "-q",
+        "-o", f"Acquire::Languages={','.join(languages) or 'none'}",
+        *private_lists_options(lists_dir),
+        # fail on any index that cannot be fetched instead of warning and going on
+        "-o", "APT::Update::Error-Mode=any",
+        "update",
+    ]  # fmt: skip
+    run_apt(cmd, f"apt-get update into {lists_dir}")
+
+
 def fetch_indexes(lists_dir: str | Path, languages: Iterable[str]) -> None:
     """Fetch the Translation indexes of ``languages`` with ``apt-get update`` into a private lists folder.
 
     Uses the machine's configured apt sources; the system's own lists and caches are left alone.
     """
     languages = [check_lang(lang) for lang in languages]
-    lists_dir = Path(lists_dir).resolve()
-    apt_get = shutil.which("apt-get")
-    if apt_get is None:
-        raise CorpusError(
-            "apt-get not found: the Debian corpus is fetched with apt; elsewhere pass --lists-dir with "
-            "Translation-<lang> files, or import your own data with --from-tsv/--from-parquet"
-        )
-    (lists_dir / "partial").mkdir(parents=True, exist_ok=True)
-    cmd = [
-        apt_get,
-        "-q",
-        "-o", f"Acquire::Languages={','.join(languages)}",
-        "-o", f"Dir::State::Lists={lists_dir}",
-        # do not rebuild the system's package cache from our private lists
-        "-o", "Dir::Cache::pkgcache=",
-        "-o", "Dir::Cache::srcpkgcache=",
-        # fail on any index that cannot be fetched instead of warning and going on
-        "-o", "APT::Update::Error-Mode=any",
-        "update",
-    ]  # fmt: skip
-    log.info("fetching Translation indexes (%s) into %s with apt-get update", ",".join(languages), lists_dir)
-    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
-    if proc.returncode != 0:
-        lines = [ln.strip() for ln in (proc.stderr + proc.stdout).splitlines() if ln.strip()]
-        errors = [ln for ln in lines if ln.startswith("E:")] or lines or ["no output"]
-        raise CorpusError(f"apt-get update into {lists_dir} failed (exit {proc.returncode}): {errors[0]}")
+    log.info(
+        "fetching Translation indexes (%s) into %s with apt-get update",
+        ",".join(languages),
+        Path(lists_dir).resolve(),
+    )
+    apt_update(
+        lists_dir,
+        languages,
+        "the Debian corpus is fetched with apt; elsewhere pass --lists-dir with "
+        "Translation-<lang> files, or import your own data with --from-tsv/--from-parquet",
+    )
 
 
 def release_info(index_paths: Iterable[Path]) -> list[dict[str, str]]:
     """Origin/Suite/Codename/Version/Date of the releases the indexes come from (from their InRelease)."""
-    infos = []
     releases = set()
     for p in index_paths:
         m = _INDEX_RE.match(p.name)
         if m is None:
             raise ValueError(f"{p}: not a Translation index file name")
         releases.add((p.parent, m["release"]))
-    for parent, release in sorted(releases):
+    return read_releases(sorted(releases))
+
+
+def read_releases(releases: Iterable[tuple[Path, str]]) -> list[dict[str, str]]:
+    """The fields of :data:`_RELEASE_FIELDS` of each ``(lists folder, <host>_<path>_dists_<suite>)``'s
+    InRelease (or Release) file, in order; a release without either file is left out."""
+    infos = []
+    for parent, release in releases:
         for name in (f"{release}_InRelease", f"{release}_Release"):
             path = parent / name
             if path.is_file():

@@ -9,6 +9,7 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 fastvocab --help > /dev/null
 fastvocab corpus -o data/corpus
+fastvocab corpus --catalogs -o data/catalogs
 fastvocab train-demo --preset tiny --max-steps 20 --work-dir "$tmp/train-demo"
 fastvocab run configs/demo.yaml
 fastvocab report latest -o "$tmp/report.html"

@@ -1,4 +1,5 @@
-"""``fastvocab corpus``: the Debian description-translation corpus, or your own parallel or monolingual data.
+"""``fastvocab corpus``: the Debian description-translation corpus, the gettext-catalog corpus
+(``--catalogs``), or your own parallel or monolingual data.
 
 Flags override single fields of the ``corpus`` section of a config file (pipeline/config.py CorpusConfig).
 """
@@ -9,17 +10,22 @@ import argparse
 from collections.abc import Sequence
 from pathlib import Path
 
-from fastvocab.artifacts_schema.corpus import MANIFEST, SPLITS, mono_path
+from fastvocab.artifacts_schema.corpus import MANIFEST, SPLITS, mono_path, read_manifest
 from fastvocab.pipeline.commands import add_examples, add_output
 from fastvocab.pipeline.config import CorpusConfig, load_config
 from fastvocab.pipeline.errors import UserError
 
-HELP = "build a parallel corpus from Debian's description translations, or from your own files"
+HELP = (
+    "build a parallel corpus from Debian's description translations, from the gettext message catalogs of "
+    "Debian packages, or from your own files"
+)
 
 EXAMPLES = """\
 examples:
   fastvocab corpus -o data/corpus
   fastvocab corpus -o data/pool --languages en,fr,es
+  fastvocab corpus --catalogs -o data/catalogs
+  fastvocab corpus --catalogs --packages coreutils,tar --dev-size 500 --test-size 500
 """
 
 
@@ -28,7 +34,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_examples(p, EXAMPLES)
     config = "or the --config file's"
     p.add_argument("--config", metavar="FILE", help="a run config; its corpus section gives the defaults")
-    add_output(p, f"output folder (default: {d.out_dir}, {config})", metavar="DIR")
+    add_output(
+        p,
+        f"output folder (default: {d.out_dir}, with --catalogs {d.catalogs.out_dir}, {config} "
+        "corpus.out_dir or corpus.catalogs.out_dir)",
+        metavar="DIR",
+    )
     p.add_argument(
         "--dev-size",
         type=int,
@@ -50,7 +61,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     deb.add_argument(
         "--languages",
         metavar="L1,L2,...",
-        help=f"languages, pivot included (default: {','.join(d.languages)}, {config})",
+        help=f"languages, pivot included, --catalogs' too (default: {','.join(d.languages)}, {config})",
     )
     deb.add_argument(
         "--mono-debian",
@@ -62,7 +73,47 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     deb.add_argument(
         "--lists-dir",
         metavar="DIR",
-        help="apt lists folder to read, fetched into when incomplete (default: OUTPUT/apt-lists)",
+        help="apt lists folder to read, fetched into when incomplete (default: OUTPUT/apt-lists); with "
+        "--catalogs, the Packages indexes' folder",
+    )
+
+    cat = p.add_argument_group(
+        "gettext message catalogs (--catalogs)",
+        "Pairs of English messages and their translations from the catalogs "
+        "(usr/share/locale/<lang>/LC_MESSAGES/*.mo) of Debian packages: apt-get update into a private lists "
+        "folder, apt-get download, dpkg-deb -x into OUTPUT (nothing installed), each package's version "
+        "recorded in OUTPUT/corpus.json. pt and pt_BR both count as pt. Plural messages give their singular; "
+        "placeholders at a segment's ends are stripped, a segment with one inside is dropped; accelerators "
+        "and markup are removed; --help option tables are left out. The dev and test sentences of the "
+        "description corpus (--hold-out) are in no split. The same layout as the descriptions', so a run "
+        "config's corpus.out_dir can point at it.",
+    )
+    cat.add_argument(
+        "--catalogs",
+        action="store_true",
+        help="build the catalog corpus instead of the description corpus",
+    )
+    cat.add_argument(
+        "--packages",
+        metavar="P1,P2,...",
+        help=f"packages whose catalogs to read (name or name=version) (default: {len(d.catalogs.packages)} "
+        f"packages, {', '.join(d.catalogs.packages[:4])}, ..., {config} corpus.catalogs.packages)",
+    )
+    cat.add_argument(
+        "--catalogs-from-system",
+        action="store_true",
+        default=None,
+        help=f"read this machine's own catalogs ({d.catalogs.system_dir}) instead of fetching packages "
+        "(default: off, or the --config file's corpus.catalogs.from_system)",
+    )
+    cat.add_argument(
+        "--hold-out",
+        metavar="DIR",
+        type=Path,
+        action="append",
+        help="a corpus folder whose pairs' dev and test sentences no catalog split may hold; repeat for "
+        "several (default: the description corpus, corpus.out_dir, or the --config file's "
+        "corpus.catalogs.hold_out)",
     )
 
     own = p.add_argument_group("your own data (instead of the Debian corpus)")
@@ -88,17 +139,23 @@ def _flags(names: list[str]) -> str:
 
 def _check_flags(args: argparse.Namespace) -> str:
     """Which source the flags ask for; flags that do not belong to it are an error."""
-    mode = "tsv" if args.from_tsv else "parquet" if args.from_parquet else "mono" if args.mono else "debian"
+    own = "tsv" if args.from_tsv else "parquet" if args.from_parquet else "mono" if args.mono else None
+    if own and args.catalogs:
+        raise UserError(f"--catalogs cannot be used with {'--mono' if own == 'mono' else f'--from-{own}'}")
+    mode = own or ("catalogs" if args.catalogs else "debian")
     allowed = {
         "debian": {"languages", "lists_dir", "mono_debian"},
+        "catalogs": {"languages", "lists_dir", "packages", "catalogs_from_system", "hold_out"},
         "tsv": {"src_lang", "tgt_lang"},
         "parquet": {"src_lang", "tgt_lang", "src_col", "tgt_col", "doc_col"},
         "mono": {"lang"},
     }[mode]
-    source = {"debian": "the Debian corpus", "mono": "--mono"}.get(mode, f"--from-{mode}")
+    source = {"debian": "the Debian corpus", "catalogs": "--catalogs", "mono": "--mono"}.get(
+        mode, f"--from-{mode}"
+    )
     specific = [
         *("languages", "lists_dir", "mono_debian", "src_lang", "tgt_lang", "src_col", "tgt_col", "doc_col"),
-        "lang",
+        *("lang", "packages", "catalogs_from_system", "hold_out"),
     ]
     wrong = [name for name in specific if getattr(args, name) is not None and name not in allowed]
     if wrong:
@@ -126,25 +183,90 @@ def _table(headers: list[str], rows: Sequence[Sequence[object]]) -> str:
     return "\n".join(lines)
 
 
-def run(args: argparse.Namespace) -> int:
-    from fastvocab.tasks import corpus, corpus_import
+def _split_list(value: str) -> list[str]:
+    return [x.strip() for x in value.split(",") if x.strip()]
 
-    mode = _check_flags(args)
+
+def _overrides(args: argparse.Namespace, mode: str) -> dict[str, object]:
+    """The config keys the flags set: ``-o`` and ``--lists-dir`` are the catalog corpus's with
+    ``--catalogs``."""
+    section = "corpus.catalogs" if mode == "catalogs" else "corpus"
     overrides: dict[str, object] = {}
     if args.output is not None:
-        overrides["corpus.out_dir"] = args.output
+        overrides[f"{section}.out_dir"] = args.output
+    if args.lists_dir is not None:
+        overrides[f"{section}.lists_dir"] = args.lists_dir
     if args.languages is not None:
-        overrides["corpus.languages"] = [x.strip() for x in args.languages.split(",") if x.strip()]
-    for name in ("dev_size", "test_size", "seed", "lists_dir"):
+        overrides["corpus.languages"] = _split_list(args.languages)
+    for name in ("dev_size", "test_size", "seed"):
         if getattr(args, name) is not None:
             overrides[f"corpus.{name}"] = getattr(args, name)
     if args.mono_debian:
         overrides["corpus.mono"] = True
-    cfg = load_config(args.config, overrides).corpus
+    if args.packages is not None:
+        overrides["corpus.catalogs.packages"] = _split_list(args.packages)
+    if args.catalogs_from_system:
+        overrides["corpus.catalogs.from_system"] = True
+    if args.hold_out is not None:
+        overrides["corpus.catalogs.hold_out"] = args.hold_out
+    return overrides
+
+
+def _build_catalogs(cfg: CorpusConfig, force: bool) -> list:
+    try:
+        from fastvocab.tasks import catalog_corpus
+    except ImportError as exc:  # polib, in the pipeline extra
+        raise UserError(f"--catalogs needs polib ({exc}): pip install polib") from exc
+    cat = cfg.catalogs
+    results = catalog_corpus.build_catalog_corpus(
+        cat.out_dir,
+        cfg.languages,
+        cat.packages,
+        pivot=cfg.pivot,
+        dev_size=cfg.dev_size,
+        test_size=cfg.test_size,
+        seed=cfg.seed,
+        lists_dir=cat.lists_dir,
+        from_system=cat.from_system,
+        system_dir=cat.system_dir,
+        hold_out=cat.hold_out_dirs(cfg.out_dir),
+        force=force,
+    )
+    return results
+
+
+def _print_catalogs(results: list, out_dir: Path) -> None:
+    """Per pair: messages read, distinct pairs kept, the splits; then the packages and their versions."""
+    rows = [
+        [
+            r.name,
+            r.stats.get("messages", "-"),
+            r.stats.get("pairs", "-"),
+            *(r.counts[s] for s in SPLITS),
+            "up to date" if r.skipped else "written",
+        ]
+        for r in results
+    ]
+    print(_table(["pair", "messages", "pairs", *SPLITS, ""], rows))
+    record = read_manifest(out_dir)["pairs"].get(results[0].name, {}) if results else {}
+    packages = record.get("source", {}).get("packages")
+    if packages:
+        print("packages: " + ", ".join(f"{p['name']} {p['version']}" for p in packages))
+    print(f"catalog corpus in {out_dir} ({out_dir / MANIFEST}: counts of every cleaning step)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from fastvocab.tasks import corpus, corpus_import
+
+    mode = _check_flags(args)
+    cfg = load_config(args.config, _overrides(args, mode)).corpus
     split = {"dev_size": cfg.dev_size, "test_size": cfg.test_size, "seed": cfg.seed}
+    out_dir = cfg.catalogs.out_dir if mode == "catalogs" else cfg.out_dir
 
     try:
-        if mode == "debian":
+        if mode == "catalogs":
+            results = _build_catalogs(cfg, args.force)
+        elif mode == "debian":
             results = corpus.build_debian_corpus(
                 cfg.out_dir,
                 cfg.languages,
@@ -174,6 +296,9 @@ def run(args: argparse.Namespace) -> int:
     except corpus.CorpusError as exc:
         raise UserError(str(exc)) from exc
 
+    if mode == "catalogs":
+        _print_catalogs(results, out_dir)
+        return 0
     rows = []
     for r in results:
         state = "up to date" if r.skipped else "written"
@@ -184,5 +309,5 @@ def run(args: argparse.Namespace) -> int:
     if mode == "debian" and monos:
         mono_rows = [[m.lang, m.count, "up to date" if m.skipped else "written"] for m in monos]
         print(_table(["mono", "sentences", ""], mono_rows))
-    print(f"corpus in {cfg.out_dir} ({cfg.out_dir / MANIFEST})")
+    print(f"corpus in {out_dir} ({out_dir / MANIFEST})")
     return 0

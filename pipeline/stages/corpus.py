@@ -1,5 +1,6 @@
 """The corpus stage: the directions' files must exist in the corpus layout (``artifacts_schema/corpus.py``);
-when they do not, the Debian description corpus is built with ``fastvocab.tasks.corpus`` (pivot pairs only).
+when they do not, the Debian description corpus is built with ``fastvocab.tasks.corpus`` (pivot pairs only),
+except into a catalog corpus's folder (``fastvocab corpus --catalogs`` builds that one).
 """
 
 from __future__ import annotations
@@ -8,7 +9,7 @@ import logging
 
 import pyarrow.parquet as pq
 
-from fastvocab.artifacts_schema.corpus import split_path
+from fastvocab.artifacts_schema.corpus import CATALOG_SOURCES, read_manifest, split_path
 from fastvocab.artifacts_schema.errors import ArtifactError
 from fastvocab.pipeline.context import StageContext
 from fastvocab.pipeline.errors import UserError
@@ -36,6 +37,15 @@ def run(ctx: StageContext) -> list[StageRecord]:
     built: set[str] = set()
     if missing:
         pivot = cfg.corpus.pivot
+        built_from = {
+            str(r.get("build", {}).get("source")) for r in read_manifest(ctx.corpus_dir)["pairs"].values()
+        }
+        if built_from & set(CATALOG_SOURCES):
+            wanted = ",".join(sorted({x for d in missing for x in d.split("-")}))
+            raise UserError(
+                f"no {split} corpus for {', '.join(missing)} in {ctx.corpus_dir}, a catalog corpus: build it "
+                f"with `fastvocab corpus --catalogs -o {ctx.corpus_dir} --languages {wanted}`"
+            )
         not_pivot = [d for d in missing if pivot not in d.split("-")]
         if not_pivot:
             raise UserError(
