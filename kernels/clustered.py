@@ -594,11 +594,7 @@ class ClusteredProjection(Projection):
             return logits, ids, clusters
         if extra is not None:  # the batch's columns gathered or packed already
             few = sorted(set(cl))
-            if self._w8 is None:
-                cached = all(self._map.blocks[c] is not None for c in few)
-            else:  # packed at first uses: cached is what decides the path (int8_union.ClusterBlocks)
-                cached = all(self._w8.blocks.cached(c) for c in few)
-            if len(few) <= BLOCK_CLUSTERS and cached:
+            if len(few) <= BLOCK_CLUSTERS and all(self._cached(c) for c in few):
                 logits, ids = batch_block_logits(h, extra, self._map, few, self.weight, self.bias, self._w8)
                 return logits, ids, clusters
             sets = union_mask(cl, self._map.ids, self.n_vocab)
@@ -618,6 +614,13 @@ class ClusteredProjection(Projection):
         else:
             logits = gathered_logits(h, self.weight, self.bias, ids)  # (rows, C)
         return logits, ids, clusters
+
+    def _cached(self, c: int) -> bool:
+        """Whether cluster ``c``'s block is cached: an int8 block is packed at its first use, so being
+        cached, not being packed, decides a step's path (``int8_union.ClusterBlocks``)."""
+        if self._w8 is not None:
+            return self._w8.blocks.cached(c)
+        return self._map.blocks[c] is not None
 
     def _project_cupy(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         from fastvocab.kernels import cupy_ops

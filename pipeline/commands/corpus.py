@@ -215,7 +215,7 @@ def _overrides(args: argparse.Namespace, mode: str) -> dict[str, object]:
 def _build_catalogs(cfg: CorpusConfig, force: bool) -> list:
     try:
         from fastvocab.tasks import catalog_corpus
-    except ImportError as exc:  # polib, in the pipeline extra
+    except ImportError as exc:  # polib: a dependency, but a hand-made environment may lack it
         raise UserError(f"--catalogs needs polib ({exc}): pip install polib") from exc
     cat = cfg.catalogs
     results = catalog_corpus.build_catalog_corpus(
