@@ -175,9 +175,10 @@ DUMP_BATCH_GPU = 512
 
 class DumpConfig(_Strict):
     # what a direction's dump reads, in order (tasks/dump_sources.py): "train" (the pair's train split, with
-    # its references), "pairs" (the source side of the other pairs' train splits), "mono"
-    # (<corpus>/mono/<src>.parquet), or a path (a text file, or a Parquet file, folder or glob); lines
-    # de-duplicated, and no dev or test line
+    # its references), "catalogs" (its train split in the catalog corpus, corpus.catalogs.out_dir, with
+    # references; built by the corpus stage when missing), "pairs" (the source side of the other pairs'
+    # train splits), "mono" (<corpus>/mono/<src>.parquet), or a path (a text file, or a Parquet file,
+    # folder or glob); lines de-duplicated, and no dev or test line of either corpus
     sources: list[str] = ["train"]
     # sentences per direction whose states are stored (the first ones; "all": every line of the sources)
     sentences: int | Literal["all"] = 2000

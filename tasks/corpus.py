@@ -419,6 +419,11 @@ def build_debian_corpus(
     return pairs
 
 
+# Locales whose descriptions a language's monolingual text also reads: Debian's Brazilian Portuguese index
+# holds 4-5 times the descriptions of Translation-pt, and the demo model's pt is either.
+MONO_VARIANTS = {"pt": ("pt_BR",)}
+
+
 def write_debian_mono(
     out_dir: str | Path, lists_dir: str | Path | None, lang: str, *, force: bool = False
 ) -> MonoResult:
@@ -427,8 +432,9 @@ def write_debian_mono(
 
     Segments whose description has a translation are in it too: the dump's sources drop lines they already
     hold and every dev or test line, so what it adds is the text no pair has (descriptions without a
-    translation, and those whose paragraphs do not align). A monolingual file the user imported is replaced
-    only with ``force``.
+    translation, and those whose paragraphs do not align). A language of ``MONO_VARIANTS`` reads its variants'
+    descriptions after its own (fetched into ``lists_dir`` when missing). A monolingual file the user
+    imported is replaced only with ``force``.
     """
     out_dir = Path(out_dir)
     lists_dir = Path(lists_dir) if lists_dir is not None else out_dir / "apt-lists"
@@ -436,6 +442,12 @@ def write_debian_mono(
     paths = debian.find_indexes(lists_dir, lang)
     if not paths:
         raise CorpusError(f"no Translation-{lang} index in {lists_dir} (run fastvocab corpus first)")
+    variants = MONO_VARIANTS.get(lang, ())
+    if any(not debian.find_indexes(lists_dir, v) for v in variants):
+        # apt-get update drops the indexes of languages it is not asked for: ask for those held too
+        debian.fetch_indexes(lists_dir, sorted({*debian.indexed_languages(lists_dir), *variants}))
+    by_locale = {loc: debian.find_indexes(lists_dir, loc) for loc in (lang, *variants)}
+    paths = [p for found in by_locale.values() for p in found]
     build = {"source": DEBIAN_SOURCE, "segmentation": debian.SEGMENTATION, "indexes": [p.name for p in paths]}
     target = mono_path(out_dir, lang)
     record = read_manifest(out_dir)["mono"].get(lang)
@@ -447,11 +459,15 @@ def write_debian_mono(
                 f"{target} holds the monolingual file imported from {record.get('source', {}).get('path')}: "
                 "pass --force to replace it with the Debian descriptions"
             )
-    docs = debian.load_descriptions(paths, lang)
-    segments = [seg for md5 in sorted(docs) for seg in docs[md5].segments if seg]
+    segments = []
+    descriptions = 0
+    for loc, found in by_locale.items():
+        docs = debian.load_descriptions(found, loc)
+        descriptions += len(docs)
+        segments += [seg for md5 in sorted(docs) for seg in docs[md5].segments if seg]
     texts = list(dict.fromkeys(segments))  # the first copy of each, in order
     stats = {
-        "descriptions": len(docs),
+        "descriptions": descriptions,
         "segments": len(segments),
         "duplicates_removed": len(segments) - len(texts),
     }
@@ -464,7 +480,7 @@ def write_debian_mono(
         lang,
         {"build": build, "source": source, "count": len(texts), "stats": stats, "created": now_utc()},
     )
-    log.info("mono %s: %d distinct segments of %d descriptions", lang, len(texts), len(docs))
+    log.info("mono %s: %d distinct segments of %d descriptions", lang, len(texts), descriptions)
     return MonoResult(lang, len(texts), stats)
 
 

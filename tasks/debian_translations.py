@@ -35,12 +35,13 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote
 
 log = logging.getLogger(__name__)
 
 # <host>_<path>_dists_<suite>_<component>_i18n_Translation-<lang>[.<compression>], as apt names list files.
 _INDEX_RE = re.compile(
-    r"^(?P<release>.+_dists_[^_]+)_(?P<component>[^_]+)_i18n_Translation-(?P<lang>[A-Za-z_]+)"
+    r"^(?P<release>.+_dists_[^_]+)_(?P<component>[^_]+)_i18n_Translation-(?P<lang>[A-Za-z_]+(?:%5[fF][A-Za-z]+)?)"
     r"(?:\.(?P<ext>lz4|gz|xz|bz2|zst|lzma))?$"
 )
 # Compressions Python reads itself; the others go through apt-helper (which also reads these).
@@ -78,6 +79,21 @@ def check_lang(lang: str) -> str:
 # ---------------------------------------------------------------------------------------------- fetching
 
 
+def indexed_languages(lists_dir: str | Path) -> list[str]:
+    """The languages an apt lists folder holds ``Translation-<lang>`` indexes of, sorted."""
+    lists_dir = Path(lists_dir)
+    if not lists_dir.is_dir():
+        return []
+    return sorted(
+        {_index_lang(m) for p in lists_dir.iterdir() if (m := _INDEX_RE.match(p.name)) and p.is_file()}
+    )
+
+
+def _index_lang(match: re.Match) -> str:
+    # apt escapes the underscore of a regional locale in the file name: Translation-pt%5fBR
+    return unquote(match["lang"])
+
+
 def find_indexes(lists_dir: str | Path, lang: str) -> list[Path]:
     """The ``Translation-<lang>`` index files in an apt lists folder (every suite and component), sorted."""
     lists_dir = Path(lists_dir)
@@ -86,7 +102,7 @@ def find_indexes(lists_dir: str | Path, lang: str) -> list[Path]:
     found = []
     for path in sorted(lists_dir.iterdir()):
         m = _INDEX_RE.match(path.name)
-        if m and m["lang"] == lang and path.is_file():
+        if m and _index_lang(m) == lang and path.is_file():
             found.append(path)
     return found
 

@@ -6,6 +6,9 @@ split. ``dump.sources`` lists, in order:
 
 - ``train``: the direction's train split, each line with its reference translation (the reference path,
   teacher forcing, reads it);
+- ``catalogs``: the direction's train split in the catalog corpus (``fastvocab corpus --catalogs``: gettext
+  messages and their translations), with its references as ``train``; the catalog corpus's dev and test
+  lines are then held out too;
 - ``pairs``: the source side of the corpus's other pairs' train splits in the same source language;
 - ``mono``: the source language's monolingual file (``<corpus>/mono/<src>.parquet``: Debian descriptions
   with ``fastvocab corpus --mono-debian``, or a user's file with ``--mono``);
@@ -102,16 +105,19 @@ def _text_batches(path: Path) -> Iterator[tuple[list[str], None]]:
         yield batch, None
 
 
-def resolve_sources(corpus_dir: str | Path, direction: str, entries: Sequence[str]) -> list[SourceInput]:
+def resolve_sources(
+    corpus_dir: str | Path, direction: str, entries: Sequence[str], catalogs_dir: str | Path | None = None
+) -> list[SourceInput]:
     """The inputs ``entries`` name for ``direction`` (see the module docstring); ArtifactError for a missing
     file or an unusable Parquet input."""
     src, _, tgt = direction.partition("-")
     inputs: list[SourceInput] = []
     for entry in entries:
-        if entry == "train":
-            path, swap = direction_file(corpus_dir, src, tgt, "train")
+        if entry in ("train", "catalogs"):
+            folder = corpus_dir if entry == "train" else _catalogs(catalogs_dir)
+            path, swap = direction_file(folder, src, tgt, "train")
             text, ref = ("text2", "text1") if swap else ("text1", "text2")
-            inputs.append(SourceInput("train", "parquet", (str(path),), text, ref))
+            inputs.append(SourceInput(entry, "parquet", (str(path),), text, ref))
         elif entry == "pairs":
             for a, b in available_pairs(corpus_dir):
                 if src in (a, b) and {a, b} != {src, tgt}:
@@ -132,6 +138,14 @@ def resolve_sources(corpus_dir: str | Path, direction: str, entries: Sequence[st
     return inputs
 
 
+def _catalogs(catalogs_dir: str | Path | None) -> Path:
+    if catalogs_dir is None:
+        raise ArtifactError(
+            "dump source 'catalogs': no catalog corpus folder given (corpus.catalogs.out_dir)"
+        )
+    return Path(catalogs_dir)
+
+
 def _user_input(entry: str) -> SourceInput:
     from fastvocab.tasks.bulk import describe_input
 
@@ -145,22 +159,26 @@ def _user_input(entry: str) -> SourceInput:
     return SourceInput(entry, "parquet", files, found.text_column)
 
 
-def held_out_keys(corpus_dir: str | Path, direction: str) -> tuple[np.ndarray, str]:
-    """Line keys of the direction's dev and test source side (sorted, unique), and a digest of those files.
+def held_out_keys(
+    corpus_dir: str | Path, direction: str, more_dirs: Sequence[str | Path] = ()
+) -> tuple[np.ndarray, str]:
+    """Line keys of the direction's dev and test source side in ``corpus_dir`` and each of ``more_dirs``
+    (sorted, unique), and a digest of those files.
 
     A direction without dev and test files holds nothing out (and says so in the log)."""
     src, _, tgt = direction.partition("-")
     keys: list[int] = []
     files: list[Path] = []
-    for split in ("dev", "test"):
-        try:
-            path, swap = direction_file(corpus_dir, src, tgt, split)
-        except ArtifactError:
-            continue
-        files.append(path)
-        column = "text2" if swap else "text1"
-        for batch in pq.ParquetFile(path).iter_batches(batch_size=READ_ROWS, columns=[column]):
-            keys += [line_key(normalise(t)) for t in batch.column(0).to_pylist() if t]
+    for folder in (corpus_dir, *more_dirs):
+        for split in ("dev", "test"):
+            try:
+                path, swap = direction_file(folder, src, tgt, split)
+            except ArtifactError:
+                continue
+            files.append(path)
+            column = "text2" if swap else "text1"
+            for batch in pq.ParquetFile(path).iter_batches(batch_size=READ_ROWS, columns=[column]):
+                keys += [line_key(normalise(t)) for t in batch.column(0).to_pylist() if t]
     if not files:
         log.warning("%s: no dev or test split in %s: no line is held out of the dump", direction, corpus_dir)
     return unique_ids(np.asarray(keys, dtype=np.uint64)), footer_digest(files) if files else ""
@@ -182,14 +200,22 @@ class SourcesResult:
 
 
 def build_sources(
-    corpus_dir: str | Path, direction: str, entries: Sequence[str], out: str | Path, *, force: bool = False
+    corpus_dir: str | Path,
+    direction: str,
+    entries: Sequence[str],
+    out: str | Path,
+    *,
+    catalogs_dir: str | Path | None = None,
+    force: bool = False,
 ) -> SourcesResult:
-    """Write ``direction``'s dump input to ``out`` (atomically), unless a current one is there."""
+    """Write ``direction``'s dump input to ``out`` (atomically), unless a current one is there.
+    ``catalogs_dir``: the catalog corpus the source ``catalogs`` reads."""
     out = Path(out)
     if not entries:
         raise ArtifactError(f"{direction}: no dump sources named (dump.sources)")
-    inputs = resolve_sources(corpus_dir, direction, entries)
-    held, held_digest = held_out_keys(corpus_dir, direction)
+    inputs = resolve_sources(corpus_dir, direction, entries, catalogs_dir)
+    more = [_catalogs(catalogs_dir)] if "catalogs" in entries else []
+    held, held_digest = held_out_keys(corpus_dir, direction, more)
     build = {
         "format": SOURCES_FORMAT,
         "direction": direction,

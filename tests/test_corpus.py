@@ -625,3 +625,25 @@ def test_cli_flag_errors(tmp_path, capsys, argv, message):
     assert run_cli("--output", tmp_path / "c", *argv) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and message in err
+
+
+def test_mono_pt_reads_the_brazilian_descriptions_too(tmp_path):
+    from fastvocab.tasks.corpus import write_debian_mono
+
+    lists = tmp_path / "lists"
+    lists.mkdir()
+    prefix = "mirror_debian_dists_bookworm_main_i18n_Translation-"
+
+    def index(lang, texts):
+        return "\n".join(
+            f"Package: p{i}\nDescription-md5: {i + 1000:032x}\nDescription-{lang}: {t}\n"
+            for i, t in enumerate(texts)
+        )
+
+    (lists / f"{prefix}pt").write_text(index("pt", ["um editor", "uma biblioteca"]), encoding="utf-8")
+    # the same description in both, and one only Brazilian: each distinct text once, pt's first
+    (lists / f"{prefix}pt%5fBR").write_text(index("pt_BR", ["um editor", "uma ferramenta"]), encoding="utf-8")
+    result = write_debian_mono(tmp_path / "corpus", lists, "pt")
+    assert read_mono(tmp_path / "corpus", "pt")[1] == ["um editor", "uma biblioteca", "uma ferramenta"]
+    assert result.stats == {"descriptions": 4, "segments": 4, "duplicates_removed": 1}
+    assert write_debian_mono(tmp_path / "corpus", lists, "pt").skipped

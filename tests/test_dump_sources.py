@@ -113,3 +113,45 @@ def test_config_refuses_dev_and_test_as_sources():
 
     with pytest.raises(UserError, match="'test' is held out"):
         load_config(None, {"dump.sources": ["train", "test"]})
+
+
+def test_catalogs_source_reads_references_and_holds_out_its_dev_and_test(corpus, tmp_path):
+    catalogs = tmp_path / "catalogs"
+    _pair(
+        catalogs, "en", "it", "train", [("Open file", "Apri file"), ("the dev line", "x"), ("a cat", "gatto")]
+    )
+    _pair(catalogs, "en", "it", "dev", [("Save file", "Salva file")])
+    _pair(catalogs, "en", "it", "test", [("Quit", "Esci")])
+    # the catalogs' held-out messages appear in the other sources: they must never reach the dump input
+    _pair(corpus, "en", "fr", "train", [("Quit", "Quitter"), ("a bird", "un oiseau")])
+    out = tmp_path / "it-en.parquet"
+    result = build_sources(corpus, "it-en", ["train", "catalogs"], out, catalogs_dir=catalogs)
+    rows = pq.read_table(out).to_pylist()
+    # it-en reads the en-it pairs swapped: the Italian side is the source, the English its reference
+    assert [(r["text"], r["reference"], r["origin"]) for r in rows] == [
+        ("un gatto", "a cat", "train"),
+        ("un cane", "a dog", "train"),
+        ("il gatto", "a cat", "train"),
+        ("Apri file", "Open file", "catalogs"),
+        ("x", "the dev line", "catalogs"),
+        ("gatto", "a cat", "catalogs"),
+    ]
+    en = build_sources(
+        corpus, "en-it", ["catalogs", "pairs"], tmp_path / "en-it.parquet", catalogs_dir=catalogs
+    )
+    texts = [r["text"] for r in pq.read_table(tmp_path / "en-it.parquet").to_pylist()]
+    assert texts == ["Open file", "a cat", "a bird"]  # description dev line, catalog test line: held out
+    assert en.stats["catalogs"]["held_out"] == 1 and en.stats["pairs:en-fr"]["held_out"] == 1
+    # the catalogs' dev and test files are part of the record: a changed held-out split rebuilds the input
+    _pair(catalogs, "en", "it", "test", [("Quit", "Esci"), ("a bird", "un uccello")])
+    again = build_sources(
+        corpus, "en-it", ["catalogs", "pairs"], tmp_path / "en-it.parquet", catalogs_dir=catalogs
+    )
+    assert not again.skipped and again.rows == 2
+
+
+def test_catalogs_source_needs_its_folder(corpus, tmp_path):
+    with pytest.raises(ArtifactError, match="catalog corpus"):
+        build_sources(corpus, "en-it", ["train", "catalogs"], tmp_path / "out.parquet")
+    with pytest.raises(ArtifactError, match="en-it|it-en|train"):
+        build_sources(corpus, "en-it", ["catalogs"], tmp_path / "out.parquet", catalogs_dir=tmp_path / "none")

@@ -14,6 +14,7 @@ from fastvocab.artifacts_schema.corpus import MANIFEST, SPLITS, mono_path, read_
 from fastvocab.pipeline.commands import add_examples, add_output
 from fastvocab.pipeline.config import CorpusConfig, load_config
 from fastvocab.pipeline.errors import UserError
+from fastvocab.pipeline.stages.corpus import build_catalogs
 
 HELP = (
     "build a parallel corpus from Debian's description translations, from the gettext message catalogs of "
@@ -212,29 +213,6 @@ def _overrides(args: argparse.Namespace, mode: str) -> dict[str, object]:
     return overrides
 
 
-def _build_catalogs(cfg: CorpusConfig, force: bool) -> list:
-    try:
-        from fastvocab.tasks import catalog_corpus
-    except ImportError as exc:  # polib: a dependency, but a hand-made environment may lack it
-        raise UserError(f"--catalogs needs polib ({exc}): pip install polib") from exc
-    cat = cfg.catalogs
-    results = catalog_corpus.build_catalog_corpus(
-        cat.out_dir,
-        cfg.languages,
-        cat.packages,
-        pivot=cfg.pivot,
-        dev_size=cfg.dev_size,
-        test_size=cfg.test_size,
-        seed=cfg.seed,
-        lists_dir=cat.lists_dir,
-        from_system=cat.from_system,
-        system_dir=cat.system_dir,
-        hold_out=cat.hold_out_dirs(cfg.out_dir),
-        force=force,
-    )
-    return results
-
-
 def _print_catalogs(results: list, out_dir: Path) -> None:
     """Per pair: messages read, distinct pairs kept, the splits; then the packages and their versions."""
     rows = [
@@ -265,7 +243,7 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         if mode == "catalogs":
-            results = _build_catalogs(cfg, args.force)
+            results = build_catalogs(cfg, args.force)
         elif mode == "debian":
             results = corpus.build_debian_corpus(
                 cfg.out_dir,

@@ -1,6 +1,7 @@
 """The corpus stage: the directions' files must exist in the corpus layout (``artifacts_schema/corpus.py``);
 when they do not, the Debian description corpus is built with ``fastvocab.tasks.corpus`` (pivot pairs only),
-except into a catalog corpus's folder (``fastvocab corpus --catalogs`` builds that one).
+except into a catalog corpus's folder (``fastvocab corpus --catalogs`` builds that one). With a dump source
+``catalogs``, the catalog corpus (``corpus.catalogs``) is built too where it lacks a direction's pair.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import pyarrow.parquet as pq
 
 from fastvocab.artifacts_schema.corpus import CATALOG_SOURCES, read_manifest, split_path
 from fastvocab.artifacts_schema.errors import ArtifactError
+from fastvocab.pipeline.config import CorpusConfig
 from fastvocab.pipeline.context import StageContext
 from fastvocab.pipeline.errors import UserError
 from fastvocab.pipeline.tracking import StageRecord
@@ -72,6 +74,7 @@ def run(ctx: StageContext) -> list[StageRecord]:
         )
         built = set(missing)
     mono = _mono_files(ctx)
+    catalogs = _catalog_pairs(ctx)
     records = []
     for direction in cfg.directions:
         path = _pair_file(ctx, direction, split)
@@ -80,8 +83,8 @@ def run(ctx: StageContext) -> list[StageRecord]:
                 f"the corpus stage produced no {split} split for {direction} in {ctx.corpus_dir}"
             )
         rows = pq.ParquetFile(path).metadata.num_rows
-        status = "ran" if direction in built or direction in mono else "skipped"
-        msg = f"{rows} {split} pairs in {path}" + mono.get(direction, "")
+        status = "ran" if direction in built or direction in mono or direction in catalogs else "skipped"
+        msg = f"{rows} {split} pairs in {path}" + mono.get(direction, "") + catalogs.get(direction, "")
         records.append(
             StageRecord(
                 "corpus",
@@ -113,3 +116,56 @@ def _mono_files(ctx: StageContext) -> dict[str, str]:
         if not result.skipped:
             written[direction] = f"; mono {src}: {result.count} sentences written"
     return written
+
+
+def _catalog_pairs(ctx: StageContext) -> dict[str, str]:
+    """With a dump source ``catalogs``: the catalog corpus, built where it lacks a direction's pair; returns
+    what was written, by direction, for the record."""
+    cfg = ctx.cfg
+    if "catalogs" not in cfg.dump.sources:
+        return {}
+    folder = cfg.corpus.catalogs.out_dir
+    missing = [d for d in cfg.directions if not _has_pair(folder, d)]
+    if not missing:
+        return {}
+    langs = sorted({x for d in missing for x in d.split("-")} | {cfg.corpus.pivot})
+    log.info("building the catalog corpus for %s in %s", ", ".join(langs), folder)
+    corpus = cfg.corpus.model_copy(update={"languages": langs})
+    try:
+        results = build_catalogs(corpus, force=False)
+    except ArtifactError as exc:
+        raise UserError(f"dump source 'catalogs': {exc}") from exc
+    train = {r.name: r.counts["train"] for r in results}
+    written = {}
+    for direction in missing:
+        pair = "-".join(sorted(direction.split("-"), key=lambda x: x != cfg.corpus.pivot))
+        written[direction] = f"; catalogs {pair}: {train.get(pair, 0)} train pairs written"
+    return written
+
+
+def _has_pair(folder, direction: str) -> bool:
+    src, _, tgt = direction.partition("-")
+    return any(split_path(folder, a, b, "train").exists() for a, b in ((src, tgt), (tgt, src)))
+
+
+def build_catalogs(cfg: CorpusConfig, force: bool) -> list:
+    """``fastvocab corpus --catalogs``: the catalog corpus of ``cfg.catalogs`` (tasks/catalog_corpus.py)."""
+    try:
+        from fastvocab.tasks import catalog_corpus
+    except ImportError as exc:  # polib: a dependency, but a hand-made environment may lack it
+        raise UserError(f"--catalogs needs polib ({exc}): pip install polib") from exc
+    cat = cfg.catalogs
+    return catalog_corpus.build_catalog_corpus(
+        cat.out_dir,
+        cfg.languages,
+        cat.packages,
+        pivot=cfg.pivot,
+        dev_size=cfg.dev_size,
+        test_size=cfg.test_size,
+        seed=cfg.seed,
+        lists_dir=cat.lists_dir,
+        from_system=cat.from_system,
+        system_dir=cat.system_dir,
+        hold_out=cat.hold_out_dirs(cfg.out_dir),
+        force=force,
+    )

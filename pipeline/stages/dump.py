@@ -49,7 +49,11 @@ def build_source_file(ctx: StageContext, direction: str) -> SourcesResult:
 
     try:
         return build_sources(
-            ctx.corpus_dir, direction, ctx.cfg.dump.sources, sources_path(ctx.sources_root, direction)
+            ctx.corpus_dir,
+            direction,
+            ctx.cfg.dump.sources,
+            sources_path(ctx.sources_root, direction),
+            catalogs_dir=ctx.cfg.corpus.catalogs.out_dir,
         )
     except ArtifactError as exc:
         raise UserError(f"dump.sources: {exc}") from exc
