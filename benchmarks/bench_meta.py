@@ -71,12 +71,18 @@ def result_header(benchmark: str) -> dict[str, object]:
     and the load average at the end of the run."""
     import torch
 
+    family = os.environ.get(EMULATE_ENV)
+    emulated = {}
+    if family:
+        caps = ", ".join(f"{k}={v}" for k, v in EMULATE[family].items())
+        emulated = {"emulated": f"{family}: AMX refused (seccomp); {caps}; MLAS picks its kernels by CPUID"}
     return {
         "benchmark": benchmark,
         "date": dt.datetime.now().isoformat(timespec="seconds"),
         "commit": git_commit(),
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
-        "device": cpu_name(),
+        "device": cpu_name() + (f" emulating {family}" if family else ""),
+        **emulated,
         "torch": torch.__version__,
         "load_avg": os.getloadavg(),
     }
@@ -132,3 +138,71 @@ def wait_child(proc: subprocess.Popen) -> tuple[int, float]:
     """Wait for a child process: its exit code and its own peak RSS in MB (``wait4``)."""
     _, status, usage = os.wait4(proc.pid, 0)
     return os.waitstatus_to_exitcode(status), round(usage.ru_maxrss / 1024, 1)
+
+
+# ------------------------------------------------------------------------------------------ no AMX here
+# Linux hands a process the AMX tile registers only once it asks (arch_prctl ARCH_REQ_XCOMP_PERM), and
+# every library that uses them (ONNX Runtime's MLAS, oneDNN, MKL) asks before its first tile kernel and
+# falls back to its AVX-512 VNNI kernels when refused. Refusing that one call emulates an AVX-512 CPU without
+# AMX (AMD EPYC Zen 4) for all of them at once, which ISA caps cannot: MLAS reads CPUID and has no cap.
+_ARCH_PRCTL, _ARCH_REQ_XCOMP_PERM, _AUDIT_ARCH_X86_64 = 158, 0x1023, 0xC000003E
+
+
+# ISA caps another CPU family's libraries would run under on this one, beside AMX refused
+EMULATE = {
+    "no-amx": {  # AVX-512 with VNNI and BF16, no AMX (AMD EPYC Zen 4)
+        "ONEDNN_MAX_CPU_ISA": "AVX512_CORE_BF16",
+        "MKL_ENABLE_INSTRUCTIONS": "AVX512",
+        "ATEN_CPU_CAPABILITY": "avx512",
+        "NUMBA_CPU_NAME": "znver4",
+    },
+    "avx2": {  # AVX2 only (AMD EPYC Zen 2/3); MLAS has no cap: it still runs its AVX-512 kernels
+        "ONEDNN_MAX_CPU_ISA": "AVX2_VNNI",
+        "MKL_ENABLE_INSTRUCTIONS": "AVX2",
+        "ATEN_CPU_CAPABILITY": "avx2",
+        "NUMBA_CPU_NAME": "znver3",
+    },
+}
+EMULATE_ENV = "BENCH_EMULATE"  # set by emulate(): the family every record of this process says it emulated
+
+
+def emulate(family: str) -> None:
+    """Run the rest of this process (and its children) as on ``family`` of :data:`EMULATE`: AMX refused and
+    the family's ISA caps set. Call it before torch, ONNX Runtime, CTranslate2 or numba load."""
+    refuse_amx()
+    os.environ.update(EMULATE[family])
+    os.environ[EMULATE_ENV] = family
+
+
+def refuse_amx() -> None:
+    """Install a seccomp filter that fails this process's (and its children's) requests for the AMX tile
+    state with EPERM; every other system call is let through. Call it before any library loads."""
+    import ctypes
+    import errno
+    import struct
+
+    ld, jeq, ret = 0x20, 0x15, 0x06  # BPF_LD|BPF_W|BPF_ABS, BPF_JMP|BPF_JEQ|BPF_K, BPF_RET|BPF_K
+    allow, refuse = 0x7FFF0000, 0x00050000 | errno.EPERM
+    program = [
+        (ld, 0, 0, 4),  # seccomp_data.arch
+        (jeq, 0, 4, _AUDIT_ARCH_X86_64),
+        (ld, 0, 0, 0),  # seccomp_data.nr
+        (jeq, 0, 2, _ARCH_PRCTL),
+        (ld, 0, 0, 16),  # the low word of args[0]
+        (jeq, 1, 0, _ARCH_REQ_XCOMP_PERM),
+        (ret, 0, 0, allow),
+        (ret, 0, 0, refuse),
+    ]
+    code = b"".join(struct.pack("HBBI", *insn) for insn in program)
+    buf = ctypes.create_string_buffer(code)
+
+    class SockFprog(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+    prog = SockFprog(len(program), ctypes.addressof(buf))
+    libc = ctypes.CDLL(None, use_errno=True)
+    pr_set_no_new_privs, pr_set_seccomp, seccomp_mode_filter = 38, 22, 2
+    if libc.prctl(pr_set_no_new_privs, 1, 0, 0, 0) or libc.prctl(
+        pr_set_seccomp, seccomp_mode_filter, ctypes.byref(prog), 0, 0
+    ):
+        raise OSError(ctypes.get_errno(), "seccomp filter refusing AMX could not be installed")

@@ -89,9 +89,9 @@ INT8_GEMM_ENV = "FASTVOCAB_INT8_GEMM"  # auto, fbgemm or onnxruntime
 @functools.lru_cache(maxsize=1)
 def ort_int8() -> bool:
     """Whether rows packed for many-row steps run those steps on ONNX Runtime: as ``FASTVOCAB_INT8_GEMM``
-    says (``fbgemm``, ``onnxruntime``), or with ``auto`` (the default) on CPUs with AMX tiles, where MLAS's
-    int8 GEMM measured 1.3-2.2x as fast as fbgemm's from 8 rows at d 1024; elsewhere it was not measured, and
-    fbgemm stays."""
+    says (``fbgemm``, ``onnxruntime``), or with ``auto`` (the default) where AMX tiles are usable
+    (:func:`amx_usable`), where MLAS's int8 GEMM measured 1.3-2.2x as fast as fbgemm's from 8 rows at d 1024;
+    elsewhere it was not measured, and fbgemm stays."""
     choice = os.environ.get(INT8_GEMM_ENV, "auto").strip().lower()
     if choice not in ("auto", "fbgemm", "onnxruntime"):
         raise ValueError(f"{INT8_GEMM_ENV}={choice!r}: expected auto, fbgemm or onnxruntime")
@@ -104,8 +104,19 @@ def ort_int8() -> bool:
         return True
     if missing:
         return False
-    amx = getattr(torch.cpu, "_is_amx_tile_supported", None)  # private, hence looked up
-    return bool(amx()) if amx is not None else False
+    return amx_usable()
+
+
+@functools.lru_cache(maxsize=1)
+def amx_usable() -> bool:
+    """Whether this process can run AMX tile kernels: the CPU has them (CPUID) and the kernel grants the
+    tile state (Linux asks each process to request it; a kernel before 5.16, or a sandbox, refuses, and
+    then MLAS, oneDNN and MKL run their AVX-512 kernels: the CPU counts as one without AMX)."""
+    supported = getattr(torch.cpu, "_is_amx_tile_supported", None)  # private, hence looked up
+    grant = getattr(torch._C._cpu, "_init_amx", None)
+    if supported is None or not supported():
+        return False
+    return bool(grant()) if grant is not None else True
 
 
 def many_rows_gemm() -> str:

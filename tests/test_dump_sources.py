@@ -125,7 +125,8 @@ def test_catalogs_source_reads_references_and_holds_out_its_dev_and_test(corpus,
     # the catalogs' held-out messages appear in the other sources: they must never reach the dump input
     _pair(corpus, "en", "fr", "train", [("Quit", "Quitter"), ("a bird", "un oiseau")])
     out = tmp_path / "it-en.parquet"
-    result = build_sources(corpus, "it-en", ["train", "catalogs"], out, catalogs_dir=catalogs)
+    built = build_sources(corpus, "it-en", ["train", "catalogs"], out, catalogs_dir=catalogs)
+    assert (built.rows, built.with_reference) == (6, 6)
     rows = pq.read_table(out).to_pylist()
     # it-en reads the en-it pairs swapped: the Italian side is the source, the English its reference
     assert [(r["text"], r["reference"], r["origin"]) for r in rows] == [
@@ -153,5 +154,5 @@ def test_catalogs_source_reads_references_and_holds_out_its_dev_and_test(corpus,
 def test_catalogs_source_needs_its_folder(corpus, tmp_path):
     with pytest.raises(ArtifactError, match="catalog corpus"):
         build_sources(corpus, "en-it", ["train", "catalogs"], tmp_path / "out.parquet")
-    with pytest.raises(ArtifactError, match="en-it|it-en|train"):
+    with pytest.raises(ArtifactError, match=r"en-it|it-en|train"):
         build_sources(corpus, "en-it", ["catalogs"], tmp_path / "out.parquet", catalogs_dir=tmp_path / "none")

@@ -6,6 +6,9 @@ the path on, whatever the CPU, and let layers narrower than ``ORT_MIN_DIM`` take
 from __future__ import annotations
 
 import multiprocessing as mp
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -190,3 +193,24 @@ def test_several_sets_at_many_rows_run_each_on_its_session(ort_on):
     assert torch.equal(got[1], want)
     for g in (got[0], got[2]):
         torch.testing.assert_close(g, want, rtol=1e-6, atol=1e-6 * float(want.abs().max()))
+
+
+@pytest.mark.skipif(
+    not getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)(), reason="the CPU has no AMX tiles"
+)
+def test_amx_refused_by_the_kernel_counts_as_no_amx():
+    """A process the kernel refuses the tile state (as a sandbox or an old kernel does) runs MLAS's AVX-512
+    kernels, so the auto choice must not count it as an AMX machine."""
+    code = (
+        "import sys; sys.path.insert(0, 'benchmarks'); from bench_meta import refuse_amx; "
+        "refuse_amx() if sys.argv[1] == 'refuse' else None; "
+        "from fastvocab.kernels import int8; print(int8.amx_usable())"
+    )
+    root = Path(__file__).resolve().parent.parent
+    seen = [
+        subprocess.run(
+            [sys.executable, "-c", code, how], cwd=root, capture_output=True, text=True, check=True
+        ).stdout.strip()
+        for how in ("refuse", "allow")
+    ]
+    assert seen == ["False", "True"]
