@@ -24,7 +24,9 @@ with the same search and settings, with the fidelity yardstick's own pieces (``e
 - ``build_seconds``, ``artifact_bytes``: the method's offline artifact (lsh codes, graph index, shortlist
   table: built here, timed, saved to a scratch folder and measured on disk, or read from ``methods_dir``
   with the build time its manifest recorded; cluster map: its files' size, build time not recorded (dump,
-  k-means and maps stages)).
+  k-means and maps stages));
+- ``started``, ``ended``: when the point's work ran (seconds since the epoch), from its warm-up to the end
+  of the passes it shares with the other points of its beam and their scoring: the span of its MLflow run.
 
 Plain functions: no Ray, no MLflow; the callers print, write and log.
 """
@@ -427,7 +429,9 @@ def measure_beam(
     args = (src, tgt, beam, settings.batch_size, settings.max_len, settings.length_penalty)
     warm = seqs[: min(len(seqs), settings.warmup)]
     memory: dict[str, dict[str, Any]] = {}
+    began: dict[str, float] = {}
     for name, (_, _, p) in projs.items():  # each method alone: warm-up and its memory peak
+        began[name] = time.time()
         memory[name] = measure_peak(functools.partial(decode_all, adapter, {name: p}, warm, *args))
     everything = {name: p for name, (_, _, p) in projs.items()}
     proj_s: dict[str, list[float]] = {n: [] for n in projs}
@@ -476,6 +480,9 @@ def measure_beam(
                 "unstable_across_repeats": name in passes.unstable,
             }
         )
+    ended = time.time()
+    for row in rows:
+        row.update(started=began[str(row["label"])], ended=ended)
     return rows
 
 
@@ -633,13 +640,28 @@ def plot_speed_vs_errors(rows: Sequence[dict[str, Any]], path: str | Path, title
     return path
 
 
+# when a row's work ran (seconds since the epoch): its MLflow run's span, not a number it measured
+SPAN_KEYS = ("started", "ended")
+
+
 def numeric_metrics(row: dict[str, Any]) -> dict[str, float]:
-    """A row's finite numbers (MLflow metrics)."""
+    """A row's finite numbers (MLflow metrics), its span (:data:`SPAN_KEYS`) aside."""
     return {
         k: float(v)
         for k, v in row.items()
-        if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(float(v))
+        if k not in SPAN_KEYS
+        and isinstance(v, (int, float))
+        and not isinstance(v, bool)
+        and math.isfinite(float(v))
     }
+
+
+def span(rows: Sequence[dict[str, Any]]) -> tuple[float | None, float | None]:
+    """When the work behind ``rows`` started and ended (their earliest ``started``, latest ``ended``; None
+    where no row says): the ``started`` and ``ended`` of the MLflow record that stands for them."""
+    starts = [float(r["started"]) for r in rows if r.get("started") is not None]
+    ends = [float(r["ended"]) for r in rows if r.get("ended") is not None]
+    return (min(starts) if starts else None, max(ends) if ends else None)
 
 
 def bench_record(

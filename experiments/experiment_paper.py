@@ -53,7 +53,7 @@ from fastvocab.artifacts_schema.hidden_states import (
 )
 from fastvocab.decoding.hf_adapter import Seq2SeqAdapter
 from fastvocab.decoding.settings import SearchSettings
-from fastvocab.experiments.bench_methods import BenchSettings, Metered, measure_beam, run_bench
+from fastvocab.experiments.bench_methods import BenchSettings, Metered, measure_beam, run_bench, span
 from fastvocab.experiments.fidelity import Scorer
 from fastvocab.kernels.id_sets import unique_ids
 from fastvocab.tasks.kmeans import train_kmeans
@@ -159,6 +159,8 @@ class PaperResult:
     fig4: dict[int, np.ndarray] = field(default_factory=dict)  # K -> (r,) active fraction per cluster
     states: dict[str, dict[str, Any]] = field(default_factory=dict)  # where each direction's states came from
     seconds: dict[str, float] = field(default_factory=dict)
+    # part -> when its work started and ended (seconds since the epoch): its MLflow run's span
+    spans: dict[str, tuple[float | None, float | None]] = field(default_factory=dict)
 
 
 Note = Callable[[str], None]
@@ -334,6 +336,17 @@ def table5(rows: Sequence[dict[str, Any]], settings: PaperSettings) -> list[dict
 
 
 TABLES = {"table2": table2, "table3": table3, "table4": table4, "table5": table5}
+
+
+def table_sources(name: str, rows: Sequence[dict[str, Any]], settings: PaperSettings) -> list[dict[str, Any]]:
+    """The decoding runs' rows a table is made from: set 2 at its setting for Table 4, set 1 at the last
+    setting for Table 5, set 1 at every setting for Tables 2 and 3."""
+    set_no, pairs = {
+        "table4": (2, [settings.set2_setting]),
+        "table5": (1, [settings.settings[-1]]),
+    }.get(name, (1, list(settings.settings)))
+    wanted = {tuple(pair) for pair in pairs}
+    return [r for r in rows if r["set"] == set_no and (r["beam"], r["batch"]) in wanted]
 
 
 # ------------------------------------------------------------------------------------------------ states
@@ -674,6 +687,7 @@ def run_paper(
         for name in TABLE_PARTS:
             if name in parts:
                 res.tables[name] = TABLES[name](res.bench_rows, settings)
+                res.spans[name] = span(table_sources(name, res.bench_rows, settings))
         res.seconds["tables"] = round(time.perf_counter() - t0, 1)
     if not any(p.startswith("figure") for p in parts):
         return res
@@ -712,14 +726,15 @@ def run_paper(
         return st
 
     if "figure2" in parts:
-        t1 = time.perf_counter()
+        t1, started = time.perf_counter(), time.time()
         own = states_of(settings.fig_direction, settings.fig2_sentences)
         others = [states_of(d, settings.fig2_sentences) for d in settings.fig2_pool]
         pooled = States.concat([own, *others], "+".join([settings.fig_direction, *settings.fig2_pool]))
         res.fig2 = figure2(own, pooled, settings, adapter.n_vocab, note)
         res.seconds["figure2"] = round(time.perf_counter() - t1, 1)
+        res.spans["figure2"] = (started, time.time())
     if "figure3" in parts or "figure4" in parts:
-        t1 = time.perf_counter()
+        t1, started = time.perf_counter(), time.time()
         st = states_of(settings.fig_direction, settings.fig_state_sentences)
         if "figure3" in parts:
             res.fig3, res.fig4 = figure3_and_4(adapter, corpus, st, settings, note)
@@ -729,6 +744,10 @@ def run_paper(
             )
             res.fig4 = {k: set_fractions(c) for k, c in counters.items()}
         res.seconds["figure3_4"] = round(time.perf_counter() - t1, 1)
+        ended = time.time()
+        for name in ("figure3", "figure4"):  # one k-means per r serves both: they share the work's span
+            if name in parts:
+                res.spans[name] = (started, ended)
     return res
 
 

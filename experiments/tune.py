@@ -336,7 +336,9 @@ def measure_candidates(
 
     ``stable``: passes are repeated until each candidate's per-pass speed ratios agree
     (:data:`STABLE_SPREAD`), and its ``speed_ratio`` is their median (``speed_ratio_passes``,
-    ``speed_stable``)."""
+    ``speed_stable``). Every row's ``started`` and ``ended`` (seconds since the epoch) are this call's:
+    the candidates decode batch by batch in turn, so each one's work spans all of it."""
+    started = time.time()
     everything: dict[str, Projection] = {"full": full, **{c.label: p for c, p in projs.items()}}
     args = (src, tgt, settings.beam, settings.batch_size, settings.max_len, settings.length_penalty)
     repeats = max(settings.repeats, STABLE_PASSES) if stable else settings.repeats
@@ -379,6 +381,9 @@ def measure_candidates(
                 "active_columns_per_row": None if cols is None else round(cols, 1),
             }
         )
+    ended = time.time()
+    for row in rows:
+        row.update(started=started, ended=ended)
     return rows
 
 

@@ -2,7 +2,8 @@
 
 One parent run per ``fastvocab run``; one child run (``mlflow.parentRunId``) per stage and direction (or map).
 Runs span the work, not the logging calls: a child run starts and ends with its stage (the driver stamps each
-record, :attr:`StageRecord.started` and :attr:`StageRecord.ended`), a parent with the command's work.
+record, :attr:`StageRecord.started` and :attr:`StageRecord.ended`), a parent with the command's work;
+``tune``, ``bench methods`` and ``experiment paper`` set the same two fields from the rows their work stamped.
 An experiment fastvocab creates in a SQLite store keeps its artifacts beside the database file
 (``<folder of the .db>/mlartifacts``, :func:`artifact_root_for`), wherever the command runs from.
 Every command finds its store with :func:`resolve_store`: ``--tracking-uri`` (``fastvocab run``: or the
@@ -62,7 +63,8 @@ class StageRecord:
     # tables logged as MLflow tables (JSON in ``MlflowClient.log_table``'s split orientation), by artifact
     # file: column name -> values, all of one length (a sample of translations: source, reference, hypotheses)
     tables: dict[str, dict[str, list[object]]] = field(default_factory=dict)
-    # when the unit's work started and ended (seconds since the epoch); None: the driver sets its stage's
+    # when the unit's work started and ended (seconds since the epoch); None: the driver sets its stage's,
+    # and a record logged without it spans only the logging call
     started: float | None = None
     ended: float | None = None
 

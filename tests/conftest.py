@@ -152,3 +152,31 @@ def spread_model_dir(tiny_model_dir, tmp_path_factory) -> Path:
     model.save_pretrained(out)
     tok.save_pretrained(out)
     return out
+
+
+def slow_down(monkeypatch, module, name: str, seconds: float) -> None:
+    """``module.name`` made to sleep ``seconds`` before it runs: work that lasts at least that long, so a run
+    that spans it can be told from one that spans only its logging."""
+    import time
+
+    real = getattr(module, name)
+
+    def slow(*args, **kwargs):
+        time.sleep(seconds)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(module, name, slow)
+
+
+def parent_and_children(uri: str, experiment: str):
+    """The one parent run of ``experiment`` in the store ``uri`` (its ``RunInfo``) and its child runs' infos
+    by run name, read back through ``MlflowClient``."""
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri=uri)
+    runs = client.search_runs([client.get_experiment_by_name(experiment).experiment_id])
+    (parent,) = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
+    children = {
+        r.info.run_name: r.info for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id
+    }
+    return parent.info, children

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from fastvocab.pipeline.cli import main
-from tests.conftest import synthetic_sentences, write_en_it_split
+from tests.conftest import parent_and_children, slow_down, synthetic_sentences, write_en_it_split
 
 pytest.importorskip("faiss")
 
@@ -89,15 +89,22 @@ def _cli(capsys, *argv: object) -> tuple[int, str, str]:
 
 
 def test_bench_methods_writes_every_method_the_plot_and_mlflow(
-    tiny_model_dir, corpus, work, tmp_path, capsys
+    tiny_model_dir, corpus, work, tmp_path, capsys, monkeypatch
 ):
+    import time
+
+    from fastvocab.experiments import bench_methods as bm
+
+    slow_down(monkeypatch, bm, "decode_passes", 0.2)  # a beam's passes last at least 0.2 s
     out = tmp_path / "results" / "methods.json"
+    before = time.time()
     rc, stdout, err = _cli(
         capsys,
         *("bench", "methods", "--quick", "--model", tiny_model_dir, "--corpus", corpus),
         *("--work-dir", work, "--directions", "en-it", "--beams", "1,2", "--sentences", 4),
         *("--max-len", 5, "--threads", 1, "--output", out),
     )
+    after = time.time()
     assert rc == 0, err
     record = json.loads(out.read_text())
     # --quick, the earlier spelling of the default grid, still parses; the record names the grid
@@ -135,6 +142,19 @@ def test_bench_methods_writes_every_method_the_plot_and_mlflow(
     assert len(parents) == 1 and len(runs) == 1 + len(rows)
     names = {a.path for a in client.list_artifacts(parents[0].info.run_id)}
     assert {"methods.json", "methods.png"} <= names
+    # each point's child run spans its decoding (its row's span), inside the parent's span of the command
+    info, spans = parent_and_children(client.tracking_uri, "fastvocab-bench")
+    assert int(before * 1000) <= info.start_time and info.end_time <= int(after * 1000) + 1
+    for row in rows:
+        child = spans[f"bench-methods:{row['direction']}:beam{row['beam']}:{row['label']}"]
+        assert (child.start_time, child.end_time) == (int(row["started"] * 1000), int(row["ended"] * 1000))
+        assert child.end_time - child.start_time >= 200, row["label"]
+        assert info.start_time <= child.start_time and child.end_time <= info.end_time
+        assert "started" not in client.get_run(child.run_id).data.metrics  # a time, not a measurement
+    # the beams run one after the other: beam 1's points end before beam 2's begin
+    assert max(r["ended"] for r in rows if r["beam"] == 1) <= min(
+        r["started"] for r in rows if r["beam"] == 2
+    )
 
 
 def test_bench_methods_point_replaces_a_methods_grid(tiny_model_dir, corpus, work, tmp_path, capsys):

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from fastvocab.pipeline.cli import main
-from tests.conftest import synthetic_sentences, write_en_it_split
+from tests.conftest import slow_down, synthetic_sentences, write_en_it_split
 
 pytest.importorskip("faiss")
 pytest.importorskip("mlflow")
@@ -65,7 +65,15 @@ def work(tmp_path_factory, tiny_model_dir, corpus) -> Path:
     return work
 
 
-def test_paper_end_to_end(tiny_model_dir, corpus, work, tmp_path):
+def test_paper_end_to_end(tiny_model_dir, corpus, work, tmp_path, monkeypatch):
+    import time
+
+    from fastvocab.experiments import bench_methods as bm
+    from fastvocab.experiments import experiment_paper as ep
+
+    # work of a known least length: each decoding run's passes and Figure 2 take at least 0.2 s
+    slow_down(monkeypatch, bm, "decode_passes", 0.2)
+    slow_down(monkeypatch, ep, "figure2", 0.2)
     out = tmp_path / "out"
     argv = [
         "experiment", "paper", "--quick",
@@ -75,7 +83,9 @@ def test_paper_end_to_end(tiny_model_dir, corpus, work, tmp_path):
         "--fig2-rs", "4,8", "--fig2-sentences", "20", "--fig3-rs", "4,8", "--fig4-r", "8",
         "--ks", "1,3", "--niter", "4", "--threads", "1", "--output", str(out),
     ]  # fmt: skip
+    before = time.time()
     assert main(argv) == 0
+    after = time.time()
     for name in ("table2", "table3", "table4", "table5"):
         assert (out / f"{name}.csv").is_file() and (out / f"{name}.md").read_text().startswith("# Table")
     for name in ("figure2", "figure3", "figure4"):
@@ -131,6 +141,20 @@ def test_paper_end_to_end(tiny_model_dir, corpus, work, tmp_path):
         by_part["figure2"].data.metrics["target only.r4.max_active_pct"]
         == fig2[("target only", 4)]["max_active_pct"]
     )
+    # each part's child run spans its work, inside the parent's span of the command: Tables 2 and 3 the
+    # two runs of set 1, Table 5 its last, Table 4 set 2's run after them, then Figure 2, then Figures 3
+    # and 4 together (two decoding runs, one per r)
+    span = {name: (c.info.start_time, c.info.end_time) for name, c in by_part.items()}
+    assert span == {name: (int(a * 1000), int(b * 1000)) for name, (a, b) in record["spans"].items()}
+    whole = (parent.info.start_time, parent.info.end_time)
+    assert int(before * 1000) <= whole[0] and whole[1] <= int(after * 1000) + 1
+    least = {"table2": 400, "table3": 400, "table5": 200, "table4": 200, "figure2": 200, "figure3": 400}
+    for name, ms in least.items():
+        assert span[name][1] - span[name][0] >= ms, name
+    assert all(whole[0] <= start <= end <= whole[1] for start, end in span.values())
+    assert span["table2"] == span["table3"] and span["table5"][1] == span["table2"][1]
+    assert span["table2"][1] <= span["table4"][0] and span["table4"][1] <= span["figure2"][0]
+    assert span["figure2"][1] <= span["figure3"][0] and span["figure3"] == span["figure4"]
     html, data = write_report(parent.info.run_id, tmp_path / "report.html", uri)
     text = html.read_text()
     assert len(data.descendants) == 7 and text.count("data:image/png;base64") >= 3

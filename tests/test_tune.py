@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from fastvocab.pipeline.cli import main
-from tests.conftest import synthetic_sentences, write_en_it_split
+from tests.conftest import parent_and_children, slow_down, synthetic_sentences, write_en_it_split
 
 pytest.importorskip("faiss")
 
@@ -80,8 +80,17 @@ def _tune(capsys, work: Path, tiny_model_dir: Path, *extra: str) -> tuple[int, s
     return rc, cap.out, cap.err
 
 
-def test_tune_picks_the_fastest_configuration_within_the_budget(work, tiny_model_dir, tmp_path, capsys):
+def test_tune_picks_the_fastest_configuration_within_the_budget(
+    work, tiny_model_dir, tmp_path, capsys, monkeypatch
+):
+    import time
+
+    from fastvocab.experiments import tune as tt
+
+    slow_down(monkeypatch, tt, "decode_passes", 0.2)  # a rung's decoding lasts at least 0.2 s
+    before = time.time()
     rc, out, err = _tune(capsys, work, tiny_model_dir, "--budget", "0.25", "--json", str(tmp_path / "t.json"))
+    after = time.time()
     record = json.loads((tmp_path / "t.json").read_text())
     assert rc == (0 if record["within_budget_on_test"] else 3), err  # 3: the choice missed it on test
     assert record == json.loads((work / "work" / "tune" / "en-it-beam1" / "tune.json").read_text())
@@ -157,6 +166,18 @@ def test_tune_picks_the_fastest_configuration_within_the_budget(work, tiny_model
     assert {a.path for a in client.list_artifacts(parent.info.run_id)} >= {"tune.json", "tune.csv", "tune.md"}
     children = {r.data.params["decided"] for r in runs if r.info.run_id != parent.info.run_id}
     assert "chosen" in children
+    # each configuration's child run spans its rungs' decoding, inside the parent's span of the command
+    info, spans = parent_and_children(client.tracking_uri, "fastvocab-tune")
+    assert int(before * 1000) <= info.start_time and info.end_time <= int(after * 1000) + 1
+    for label in {r["label"] for r in rows}:
+        mine = [r for r in rows if r["label"] == label]
+        child = spans[f"tune:{label}"]
+        assert child.start_time == int(mine[0]["started"] * 1000)
+        assert child.end_time == int(mine[-1]["ended"] * 1000)
+        assert child.end_time - child.start_time >= 200 * len(mine), label
+        assert info.start_time <= child.start_time and child.end_time <= info.end_time
+    # the rungs run one after the other: the first rung's work ends before the second's begins
+    assert max(r["ended"] for r in first) <= min(r["started"] for r in final)
 
 
 def test_probes_are_an_axis_and_a_shortlist_keeps_the_union():

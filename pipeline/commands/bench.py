@@ -504,8 +504,9 @@ def run_methods_command(
 
 
 def _log_methods_to_mlflow(tracker, record: dict, out: Path, png: Path) -> None:
-    """One parent run (the settings as params, the JSON and PNG as artifacts), one child run per point."""
-    from fastvocab.experiments.bench_methods import numeric_metrics
+    """One parent run (the settings as params, the JSON and PNG as artifacts), one child run per point,
+    spanning its decoding."""
+    from fastvocab.experiments.bench_methods import numeric_metrics, span
     from fastvocab.pipeline.tracking import StageRecord
 
     meta = record["meta"]
@@ -516,7 +517,11 @@ def _log_methods_to_mlflow(tracker, record: dict, out: Path, png: Path) -> None:
         params = {k: row[k] for k in ("direction", "beam", "batch", "method", "label", "artifact")}
         params["options"] = row["options"]
         unit = f"{row['direction']}:beam{row['beam']}:{row['label']}"
-        tracker.log_stage(StageRecord("bench-methods", unit, "ran", "", params, numeric_metrics(row)))
+        started, ended = span([row])
+        metrics = numeric_metrics(row)
+        tracker.log_stage(
+            StageRecord("bench-methods", unit, "ran", "", params, metrics, started=started, ended=ended)
+        )
     tracker.client.log_artifact(tracker.parent_id, str(out))
     tracker.client.log_artifact(tracker.parent_id, str(png))
     tracker.end()

@@ -332,7 +332,7 @@ TITLES = {
 
 def write_results(res, out: Path, settings, meta: dict, command: str) -> dict[str, list[Path]]:
     """Every part's files under ``out`` (tables: CSV + Markdown; figures: PNG + CSV + Markdown) and
-    ``paper.json`` (command, meta, settings, every row); returns part -> files."""
+    ``paper.json`` (command, meta, settings, every row, each part's span); returns part -> files."""
     from fastvocab.artifacts_schema.jsonfile import write_json
     from fastvocab.experiments import experiment_paper as ep
     from fastvocab.pipeline.tracking import plot_active_fractions
@@ -372,6 +372,7 @@ def write_results(res, out: Path, settings, meta: dict, command: str) -> dict[st
         "figure3": res.fig3,
         "figure4": {f"k{k}": [round(float(x), 6) for x in v] for k, v in res.fig4.items()},
         "bench_rows": res.bench_rows,
+        "spans": {name: list(span) for name, span in res.spans.items()},
     }
     write_json(out / "paper.json", record)
     files["record"] = [out / "paper.json"]
@@ -415,7 +416,8 @@ def part_metrics(name: str, res, settings) -> tuple[dict[str, float], dict[str, 
 
 
 def log_to_mlflow(tracker, res, files: dict[str, list[Path]], settings, meta: dict, command: str) -> str:
-    """One parent run (settings and meta as params, the JSON record), one child run per table and figure."""
+    """One parent run (settings and meta as params, the JSON record), one child run per table and figure,
+    spanning the part's work (``res.spans``)."""
     from fastvocab.pipeline.tracking import StageRecord
 
     config = {
@@ -443,8 +445,20 @@ def log_to_mlflow(tracker, res, files: dict[str, list[Path]], settings, meta: di
             params.update(direction=settings.fig_direction, r=settings.fig4_r, ks=settings.ks)
         params["inactive_mass"] = settings.inactive_mass
         unit = TITLES[name].split(": ", 1)[1]
+        started, ended = res.spans.get(name, (None, None))
         tracker.log_stage(
-            StageRecord(name, unit, "ran", "", params, metrics, series=series, artifacts=files[name])
+            StageRecord(
+                name,
+                unit,
+                "ran",
+                "",
+                params,
+                metrics,
+                series=series,
+                artifacts=files[name],
+                started=started,
+                ended=ended,
+            )
         )
     tracker.client.log_artifact(tracker.parent_id, str(files["record"][0]))
     tracker.end()

@@ -628,8 +628,9 @@ def _print_choice(record: dict, settings, args: argparse.Namespace, map_dir: Pat
 
 def _log(tracker, record: dict, rows: list[dict], result: dict | None, artifacts: list[Path]) -> None:
     """One parent run (settings as params; the choice and test check as metrics; the tables as artifacts),
-    one child run per tried configuration (its last rung's metrics; per-rung values as metric steps)."""
-    from fastvocab.experiments.bench_methods import numeric_metrics
+    one child run per tried configuration (its last rung's metrics; per-rung values as metric steps) that
+    spans its rungs' decoding, from its first rung's start to its last rung's end."""
+    from fastvocab.experiments.bench_methods import numeric_metrics, span
     from fastvocab.pipeline.tracking import StageRecord
 
     meta = record["meta"]
@@ -656,7 +657,10 @@ def _log(tracker, record: dict, rows: list[dict], result: dict | None, artifacts
             f"{name}_by_rung": [float(r[name]) for r in mine]
             for name in ("search_errors", "speed_ratio", "cpu_ratio", "sentences")
         }
-        tracker.log_stage(StageRecord("tune", label, "ran", "", params, metrics, series))
+        started, ended = span(mine)
+        tracker.log_stage(
+            StageRecord("tune", label, "ran", "", params, metrics, series, started=started, ended=ended)
+        )
     for path in artifacts:
         tracker.client.log_artifact(tracker.parent_id, str(path))
     final: dict[str, float] = {}
