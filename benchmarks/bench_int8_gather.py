@@ -12,7 +12,7 @@ runs on ONNX Runtime from 16 rows, as the projection's does: the packaged
 ``kernels/int8_costs_onnxruntime.json`` was measured so. The packaged tables were measured with the earlier
 gather (rows widened to float32); a table of today's gather, measured so, sent the 418M shape's
 greedy batch-32 step on two workers to the map instead of the dense GEMM, and the run took 1.8x as long
-(``docs/decisions/0023-int8-gather-in-int8.md``): check a new table with ``bench_model_scale.py`` at the
+(``docs/cpu-engine.md``, 0023): check a new table with ``bench_model_scale.py`` at the
 batches you run before you use it.
 
 The clustered projection's union step computes ``h @ W[cols]^T + b[cols]`` for a batch's union ``cols`` of

@@ -436,7 +436,7 @@ def main(argv: list[str] | None = None) -> int:
         "copy_bandwidth_GBps": meta["copy_gbps"],
         "torch": torch.__version__,
         "commit": git_commit(cwd=ROOT),
-        "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "threads": torch.get_num_threads(),
         "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
         "host": platform.node(),

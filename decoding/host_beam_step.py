@@ -11,7 +11,7 @@ At the full layer the candidates are most of a step's work outside the GEMM: at 
 has 128 rows of 32,108 logits (16 MB). torch's log-softmax read them twice and wrote them over, then the
 top-k read them again. :func:`row_candidates` reads a row once from memory and twice more from cache, and
 writes nothing: the normaliser's exp is vectorised by hand (numba's own is a call per value), and the top-k
-scans only the groups of columns that can hold a row's best (docs/decisions/0026-wide-candidates-compiled.md).
+scans only the groups of columns that can hold a row's best (docs/cpu-engine.md, 0026).
 
 The arithmetic is the one the numpy and torch steps did: float32 sums, divisions and comparisons, the same
 order of candidates (largest first, the lower index first among equal values, NaN last). The normaliser of a

@@ -521,7 +521,7 @@ class _Bindings:
     tensors bound in place by pointer, and a name whose pointer and shape are those already bound is not
     bound again (the cross-attention keys and values stay the same from step to step). The public
     ``IOBinding`` wrapper makes an ``OrtDevice`` and checks graph capture at every call, which cost
-    ~130 us a step at one row, more than half of the body's own run (decisions/0011). Built on the
+    ~130 us a step at one row, more than half of the body's own run (docs/cpu-engine.md, 0011). Built on the
     pinned ``onnxruntime`` (requirements.txt); the engine's tests run every path."""
 
     def __init__(self, session) -> None:

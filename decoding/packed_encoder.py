@@ -6,7 +6,7 @@ only, and attention per group of sentences of like length (``scaled_dot_product_
 group's padded grid: :func:`length_groups`); the static decoder's cross-attention K/V GEMM skips padded
 positions too. Its states equal the Hugging Face encoder's up to fp32 rounding (another GEMM row count;
 1/sqrt(head_dim) folded into Q). What it saved: benchmarks/history/engine-notes.md and
-docs/decisions/0010-batches-by-length.md.
+docs/cpu-engine.md (0010).
 """
 
 from __future__ import annotations

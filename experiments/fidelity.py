@@ -1,6 +1,6 @@
 """The fidelity yardstick: how far clustered decoding is from full softmax, per search setting.
 
-Behind ``fastvocab bench fidelity`` and ``benchmarks/bench_fidelity.py``. For every direction (the test split
+Behind ``fastvocab bench fidelity``. For every direction (the test split
 of a corpus), beam size and batch size it decodes the same sentences with the full projection and with each
 method of :data:`METHODS`, in the same process (token ids, not text), and records against full softmax with
 the same search and settings:

@@ -184,7 +184,7 @@ def centroid_scores_int8(pm: PreparedMap) -> PackedRows:
     weights (CPU; ``kernels.int8.linear_packed`` computes the scores): the
     nearest centroid is the highest score. For the int8 projection, whose step it makes cheaper: with the
     demo model's en-it map (r 2,000, d 256) on one thread the float32 assignment GEMM was a quarter of a
-    union step at 32 rows, the int8 one about 2.5x cheaper (docs/decisions/0010-batches-by-length.md).
+    union step at 32 rows, the int8 one about 2.5x cheaper (docs/cpu-engine.md, 0010).
     Rounding can pick a near-tie's other cluster, an int8 projection's own kind of change. A cluster never
     chosen (empty set) scores lowest."""
     from fastvocab.kernels.int8 import int8_linear, packed_of

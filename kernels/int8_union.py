@@ -48,7 +48,7 @@ INT8_GATHER_CHUNK_BYTES = 4 << 20
 # choice changes only the time. The packaged tables were measured with the gather that widened its rows to
 # float32, which cost 2-4x today's: they keep the dense GEMM for some unions the gather alone would now win.
 # Tables measured with today's gather made the 418M shape's greedy batch-32 step run the map instead of the
-# dense GEMM, 1.8x slower on two workers (docs/decisions/0023-int8-gather-in-int8.md), so they stay.
+# dense GEMM, 1.8x slower on two workers (docs/cpu-engine.md, 0023), so they stay.
 COST_TABLE = load_cost_table()
 INT8_COST_ROWS, INT8_GATHER_US, INT8_DENSE_US = COST_TABLE.rows, COST_TABLE.gather_us, COST_TABLE.dense_us
 # The same where the dense GEMM of many rows runs on ONNX Runtime (``Int8Weights.on_ort``): measured on a

@@ -12,7 +12,7 @@ reads; ``FASTVOCAB_INT8_COSTS`` names another table, for a machine measured the 
 Both kernels give the same logits: a table changes only the time. Both packaged tables priced the gather
 before it multiplied in int8, at 2-4x today's cost; they are kept, because a table of today's gather chose it
 for the sparse blocks of steps of many rows, and a run on two workers took 1.8x as long as with the dense
-GEMM (docs/decisions/0023-int8-gather-in-int8.md).
+GEMM (docs/cpu-engine.md, 0023).
 """
 
 from __future__ import annotations

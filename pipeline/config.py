@@ -128,7 +128,7 @@ class TranslateConfig(_Strict):
     # the decoder-step engine (fastvocab translate --engine): auto (onnx on CPU in float32 where the cache
     # folder can keep its export, static otherwise, hf for a family without the static step:
     # docs/decisions/0021-auto-is-onnx-on-cpu.md), static, hf, or onnx (the decoder's and the encoder's
-    # layers in ONNX Runtime: docs/decisions/0009-onnx-runtime-decoder-body.md, 0013-onnx-runtime-encoder.md)
+    # layers in ONNX Runtime: docs/decisions/0009-onnx-runtime-decoder-body.md, docs/cpu-engine.md 0013)
     engine: str = "auto"
 
     @field_validator("device")

@@ -282,7 +282,7 @@ def up_to_date_pair(out_dir: Path, lang1: str, lang2: str, build: dict) -> PairR
 
 
 def now_utc() -> str:
-    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+    return dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
 
 
 # Rows per Parquet batch when a file is streamed out: memory holds one batch of text at a time.

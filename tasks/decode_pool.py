@@ -6,10 +6,10 @@ every thread on one batch (measured: docs/decisions/0002-worker-processes.md). O
 forked processes (``parallel``): worker threads of one process take turns at the GIL between those small
 ops, which cost the clustered step, with its many more of them, the most (measured: benchmarks/README.md,
 "Turning the sets into speed"). The ONNX Runtime engine's step is one call that releases the GIL: from 32
-rows a batch its workers are threads (docs/decisions/0010-batches-by-length.md).
+rows a batch its workers are threads (docs/cpu-engine.md, 0010).
 
 Forking a worker and waiting for it to end cost ~35 ms, which at one line a batch is a sixth of a 48-line
-run (docs/decisions/0014-kept-workers.md). ``translate`` makes a :class:`DecodePool` for one call and closes
+run (docs/cpu-engine.md, 0014). ``translate`` makes a :class:`DecodePool` for one call and closes
 it after; a caller that translates again and again (a service, a benchmark) keeps one and passes it
 (``translate(..., pool=pool)``), as CTranslate2's ``Translator`` keeps its ``inter_threads`` workers from
 its construction.
@@ -44,7 +44,7 @@ ONNX_THREADS_FROM_ROWS = 32
 # fewer (~15 ms for a ~900 MB process) and one worker's exit not waited for (~25 ms). A pool keeps a batch
 # queued at each fork, which the caller cannot take back, so at the end the caller can wait for up to one
 # batch: at batch 32 (~0.3 s a batch) the static engine ran 28-32% slower so
-# (docs/decisions/0012-one-line-batches.md).
+# (docs/cpu-engine.md, 0012).
 CALLER_DECODES_UP_TO_BATCH = 1
 
 

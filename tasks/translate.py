@@ -168,7 +168,7 @@ def translate(
 # than SPLIT_ABOVE_TOKENS tokens only). Every row of a batch attends over the longest source's padded length
 # at every step, and the batch lasts as long as its longest output: on the en-it test split one line of 229
 # tokens led a batch whose other lines had at most ~120, and that batch outlasted the other six together,
-# holding up the worker that had it (docs/decisions/0010-batches-by-length.md).
+# holding up the worker that had it (docs/cpu-engine.md, 0010).
 SPLIT_SHARE = 0.5
 SPLIT_ABOVE_TOKENS = 32
 

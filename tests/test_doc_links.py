@@ -14,6 +14,7 @@ MARKDOWN = [
     *sorted((ROOT / "docs").rglob("*.md")),
     *sorted((ROOT / "benchmarks").glob("*.md")),
     *sorted((ROOT / "benchmarks" / "history").glob("*.md")),
+    ROOT / "benchmarks" / "results" / "history" / "README.md",
     *sorted((ROOT / "models").glob("*/README.md")),
     *sorted((ROOT / "deploy").rglob("*.md")),
 ]

@@ -282,37 +282,26 @@ def test_cli_exact_output_equals_full_and_prints_the_certified_share(
 # -------------------------------------------------------------------------------------------- the yardstick
 
 
-def test_bench_fidelity_runs_on_the_tiny_model(tmp_path, tiny_model_dir, mixed_map):
+def test_bench_fidelity_runs_the_default_methods_and_names_its_run(tmp_path, tiny_model_dir, mixed_map):
+    """The grid's default methods at two beams (``exact`` certifies only what full softmax would give) and a
+    record that names its commit, its load and its command."""
     import json
-    import subprocess
-    import sys
-    from pathlib import Path
 
     from fastvocab.artifacts_schema.cluster_map import save_cluster_map
+    from fastvocab.pipeline.cli import main
 
     write_en_it_split(tmp_path / "corpus", "test", 5, seed=5)
     save_cluster_map(mixed_map, tmp_path / "maps" / "en-it")
     out = tmp_path / "fidelity.json"
-    script = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_fidelity.py"
-    argv = [
-        "--model",
-        str(tiny_model_dir),
-        "--maps",
-        str(tmp_path / "maps"),
-        "--corpus",
-        str(tmp_path / "corpus"),
-    ]
-    argv += ["--directions", "en-it", "--beams", "1,2", "--batches", "2", "--max-len", "8", "--threads", "1"]
-    done = subprocess.run(
-        [sys.executable, str(script), *argv, "-o", str(out)], capture_output=True, text=True, timeout=300
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
+    argv = ["bench", "fidelity", "--model", str(tiny_model_dir), "--maps", str(tmp_path / "maps")]
+    argv += ["--corpus", str(tmp_path / "corpus"), "--directions", "en-it", "--beams", "1,2"]
+    argv += ["--batches", "2", "--max-len", "8", "--threads", "1", "-o", str(out)]
+    assert main(argv) == 0
     data = json.loads(out.read_text())
     got = {(r["beam"], r["method"]) for r in data["results"]}
     assert got == {(1, "clustered"), (1, "exact"), (2, "clustered"), (2, "normaliser"), (2, "exact")}
-    assert (
-        data["meta"]["commit"] and data["meta"]["loadavg_before"] and "bench_fidelity.py" in data["command"]
-    )
+    assert data["meta"]["commit"] and data["meta"]["loadavg_before"] and data["meta"]["device"]
+    assert data["command"].startswith("fastvocab bench fidelity")
     for r in data["results"]:
         assert r["sentences"] == 5 and 0.0 <= r["search_errors"] <= 1.0 - r["identical"] + 1e-9
         if r["method"] == "exact":

@@ -1,9 +1,9 @@
 """``fastvocab bench``: measurements a user can rerun on their own model and maps.
 
-``fastvocab bench fidelity``: the fidelity yardstick of ``experiments/fidelity.py``, which
-``benchmarks/bench_fidelity.py`` also runs: decode a direction's test sentences with full softmax and with
-clustered methods, same search and settings, and report per direction, beam, batch and method the
-identical-output rate, the search error rate, BLEU, active columns per row, the certified share and speed.
+``fastvocab bench fidelity``: the fidelity yardstick of ``experiments/fidelity.py``: decode a direction's
+test sentences with full softmax and with clustered methods, same search and settings, and report per
+direction, beam, batch and method the identical-output rate, the search error rate, BLEU, active columns per
+row, the certified share and speed.
 
 ``fastvocab bench methods``: every output-layer method (full, clustered union and per-row, lsh, graph,
 shortlist) over a grid of its parameters (``experiments.bench_methods``, which reuses the yardstick's decoding
