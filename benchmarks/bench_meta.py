@@ -46,7 +46,8 @@ def cpu_name() -> str:
     model = next((line.split(":", 1)[1].strip() for line in info if line.startswith("model name")), "cpu")
     flags = next((set(line.split(":", 1)[1].split()) for line in info if line.startswith("flags")), set())
     isa = [name for flag, name in _ISA_FLAGS.items() if flag in flags]
-    return f"{model} ({', '.join(isa)})" if isa else model
+    family = os.environ.get(EMULATE_ENV)
+    return (f"{model} ({', '.join(isa)})" if isa else model) + (f" emulating {family}" if family else "")
 
 
 def device_name(device: str) -> str:
@@ -71,18 +72,13 @@ def result_header(benchmark: str) -> dict[str, object]:
     and the load average at the end of the run."""
     import torch
 
-    family = os.environ.get(EMULATE_ENV)
-    emulated = {}
-    if family:
-        caps = ", ".join(f"{k}={v}" for k, v in EMULATE[family].items())
-        emulated = {"emulated": f"{family}: AMX refused (seccomp); {caps}; MLAS picks its kernels by CPUID"}
     return {
         "benchmark": benchmark,
         "date": dt.datetime.now().isoformat(timespec="seconds"),
         "commit": git_commit(),
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
-        "device": cpu_name() + (f" emulating {family}" if family else ""),
-        **emulated,
+        "device": cpu_name(),
+        **emulation(),
         "torch": torch.__version__,
         "load_avg": os.getloadavg(),
     }
@@ -164,6 +160,16 @@ EMULATE = {
     },
 }
 EMULATE_ENV = "BENCH_EMULATE"  # set by emulate(): the family every record of this process says it emulated
+
+
+def emulation() -> dict[str, str]:
+    """A record's ``emulated`` field: how this process emulates another CPU family (:func:`emulate`), or
+    nothing when it runs as the host."""
+    family = os.environ.get(EMULATE_ENV)
+    if not family:
+        return {}
+    caps = ", ".join(f"{k}={v}" for k, v in EMULATE[family].items())
+    return {"emulated": f"{family}: AMX refused (seccomp); {caps}; MLAS picks its kernels by CPUID"}
 
 
 def emulate(family: str) -> None:

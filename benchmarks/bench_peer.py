@@ -87,7 +87,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from bench_meta import cpu_name, round_order
+from bench_meta import cpu_name, emulation, round_order
 
 from fastvocab.artifacts_schema.provenance import git_commit
 from fastvocab.decoding.search import parse_early_stopping, stopping_rule
@@ -533,6 +533,7 @@ def main(argv: list[str] | None = None) -> int:
         "command": " ".join([".venv/bin/python", "benchmarks/bench_peer.py", *(argv or sys.argv[1:])]),
         "args": vars(args),  # every setting, defaults included
         "device": f"{cpu_name()} ({os.cpu_count()} cores visible)",
+        **emulation(),
         "threads": args.threads,
         "torch": torch.__version__,
         "int8_gemm": many_rows_gemm(),
