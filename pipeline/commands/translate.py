@@ -24,7 +24,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from fastvocab.artifacts_schema.atomic import STDIO, copy_to_stream, is_stream
-from fastvocab.artifacts_schema.bulk_parts import PART_LINES
 from fastvocab.artifacts_schema.errors import ArtifactError
 from fastvocab.decoding.settings import ENGINES, SearchSettings
 from fastvocab.pipeline.checks import check_device, check_int8_device, untrained_direction
@@ -39,7 +38,6 @@ from fastvocab.pipeline.commands import (
     mlflow_store,
 )
 from fastvocab.pipeline.commands.method_flags import add_method_flags, applies_to, chosen_options, given_flags
-from fastvocab.pipeline.config import TranslateConfig
 from fastvocab.pipeline.errors import UserError
 from fastvocab.pipeline.method_choice import clustered_artifacts, implied_method, resolve_index
 from fastvocab.pipeline.ray_session import MIN_RAY_LINES
@@ -48,6 +46,7 @@ from fastvocab.pipeline.wording import plural
 if TYPE_CHECKING:
     from fastvocab.kernels.options import MethodOptions
     from fastvocab.pipeline.bulk_driver import BulkResult
+    from fastvocab.pipeline.config import TranslateConfig
 
 HELP = "translate a text file or Parquet dataset for one direction (full, clustered, lsh, graph, shortlist)"
 
@@ -75,6 +74,9 @@ def _stopping_rule(value: str) -> bool | str | None:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    from fastvocab.artifacts_schema.bulk_parts import PART_LINES
+    from fastvocab.pipeline.config import TranslateConfig
+
     d = TranslateConfig()
     add_examples(p, EXAMPLES)
     add_model(p)
