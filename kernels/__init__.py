@@ -26,11 +26,15 @@ __all__ = [
 
 def __getattr__(name: str) -> Any:
     if name in ("Projection", "ProjectionOutput", "register"):
-        from fastvocab.kernels import base as module
-    elif name == "FullProjection":
-        from fastvocab.kernels import full as module
-    elif name in ("available_projections", "create_projection"):
-        from fastvocab.kernels import registry as module
-    else:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(module, name)
+        from fastvocab.kernels import base
+
+        return getattr(base, name)
+    if name == "FullProjection":
+        from fastvocab.kernels import full
+
+        return full.FullProjection
+    if name in ("available_projections", "create_projection"):
+        from fastvocab.kernels import registry
+
+        return getattr(registry, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -18,12 +18,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 from fastvocab.kernels.options import ArtifactPath, Flag, MethodOptions, option, required
 
 SELECTIONS = ("union", "per-row")  # which columns each row gets: the batch's union, or its own cluster's
 INACTIVE_MASS = ("none", "centroid", "moments", "normaliser")
+SelectionName = Literal["union", "per-row"]  # SELECTIONS
+InactiveMassChoice = Literal["auto", "none", "centroid", "moments", "normaliser"]  # "auto" and INACTIVE_MASS
 # Also accepted as inactive_mass, a diagnostic of the fidelity harness and not a method (no CLI choice): the
 # exact log-mass of the columns not computed, from the full logits of every row. It separates search errors
 # due to the sets from those due to the estimate of their mass (experiments/fidelity.py names it ORACLE_MASS);
@@ -257,7 +259,7 @@ class ClusteredOptions(MethodOptions):
             needed="a cluster map folder, or a folder of them",
         )
     )
-    selection: str = option(
+    selection: SelectionName = option(
         "union",
         Flag(
             "--selection",
@@ -277,7 +279,7 @@ class ClusteredOptions(MethodOptions):
             default="the map's own, which its builder chose, maps.probes; 1 for maps that do not record one",
         ),
     )
-    inactive_mass: str = option(
+    inactive_mass: InactiveMassChoice = option(
         AUTO,
         Flag(
             "--inactive-mass",

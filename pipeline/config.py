@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from fastvocab.artifacts_schema.bulk_parts import PART_LINES
 from fastvocab.decoding.settings import ENGINES, SearchSettings
-from fastvocab.kernels.clustered_parts import ClusteredOptions
+from fastvocab.kernels.clustered_parts import ClusteredOptions, InactiveMassChoice, SelectionName
 from fastvocab.pipeline.errors import UserError
 
 if TYPE_CHECKING:
@@ -99,12 +99,10 @@ class TranslateConfig(_Strict):
     # the clustered method's options: kernels.clustered_parts.ClusteredOptions, whose fields hold the defaults
     # and check their values (tests/test_method_options.py keeps these keys its fields)
     # rows share the union of their sets, or not
-    selection: Literal["union", "per-row"] = Field(ClusteredOptions.selection)
+    selection: SelectionName = ClusteredOptions.selection
     # estimate of the mass of the columns not computed (auto: none for greedy, the measured best for beam
     # search: kernels/clustered_parts.py BEAM_INACTIVE_MASS, SHORTLIST_BEAM_INACTIVE_MASS with a shortlist)
-    inactive_mass: Literal["auto", "none", "centroid", "moments", "normaliser"] = Field(
-        ClusteredOptions.inactive_mass
-    )
+    inactive_mass: InactiveMassChoice = ClusteredOptions.inactive_mass
     # rows without an exactness certificate get the full projection
     exact: bool = ClusteredOptions.exact
     # union selection: each row adds the sets of its `probes` nearest clusters (1: the nearest); null: the

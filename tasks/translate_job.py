@@ -289,7 +289,7 @@ class TranslateWorker:
         the method's counts). Returns the records."""
         adapter = self._model()
         sources = list(sources)
-        records = []
+        records: list[dict[str, object]] = []
         warm = False
         for job in jobs:
             projection = job_projection(adapter, job)
@@ -304,7 +304,7 @@ class TranslateWorker:
             write_translations(
                 out, res.hypotheses, sources=sources, ids=list(ids), direction=job.direction, method=job.name
             )
-            record = {
+            record: dict[str, object] = {
                 "method": job.name,
                 "plan": job.sample_plan(sources_digest),
                 "signature": projection.signature(),

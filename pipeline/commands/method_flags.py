@@ -72,7 +72,8 @@ def applies_to(names: list[str], methods: list[str], method: str) -> UserError:
 def given_flags(args: argparse.Namespace, types: dict[str, type[MethodOptions]], method: str) -> set[str]:
     """The method flags given on the command line (``types``' flags whose value is not None); flags of
     another method than ``method`` are a UserError naming them and the methods they apply to."""
-    given, foreign = set(), {}
+    given: set[str] = set()
+    foreign: dict[tuple[str, ...], list[str]] = {}
     for name, users in method_flags(types).items():
         if getattr(args, users[0][1].dest, None) is None:
             continue

@@ -276,6 +276,7 @@ def _check_args(args: argparse.Namespace) -> MethodOptions:
     and the job's counts are checked by pipeline/bulk_driver.py); returns the options of the method chosen,
     with its map, table or index found and checked here, once for the job (only manifests are read: the
     model and the artifacts' tensors load after every check passed)."""
+    from fastvocab.kernels.clustered_parts import ClusteredOptions
     from fastvocab.kernels.registry import options_types
 
     for flag in ("beam", "batch_size", "max_len", "max_input_tokens"):
@@ -303,7 +304,7 @@ def _check_args(args: argparse.Namespace) -> MethodOptions:
             args.src_lang,
             args.tgt_lang,
             beam=args.beam,
-            selection=args.selection or types["clustered"].selection,
+            selection=args.selection or ClusteredOptions.selection,
             with_shortlist=args.with_shortlist,
             no_shortlist=args.no_shortlist,
         )

@@ -277,7 +277,10 @@ def _translate(ctx: StageContext, work: list[Sample], records: dict[str, StageRe
     _, threads, _ = ctx.decoder_workers()
     gpus = 1.0 if t.device.startswith("cuda") else 0.0
     ctx.ray.require_gpus(gpus, f"translate.device={t.device}")
-    items = [(tuple(replace(j, torch_threads=int(threads)) for j in jobs), *rest) for jobs, *rest in work]
+    items: list[Sample] = [
+        (tuple(replace(j, torch_threads=int(threads)) for j in jobs), ids, sources, digest)
+        for jobs, ids, sources, digest in work
+    ]
     with ctx.bar(len(work), "translate", unit="direction") as bar:
         results = ctx.ray.map_actors(
             TranslateWorker,
