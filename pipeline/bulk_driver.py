@@ -69,7 +69,7 @@ from fastvocab.tasks.translate_job import TranslateJob, TranslateWorker, part_st
 
 log = logging.getLogger(__name__)
 
-# a model and its method's projection, loaded in this process (tasks.bulk.load_decoder_model)
+# a model and its method's projection, loaded in this process (tasks.translate_job.load_decoder_model)
 Loaded = tuple[Seq2SeqAdapter, Projection]
 
 
@@ -337,13 +337,13 @@ def run_bulk(
 
     ``ray``: a :class:`~fastvocab.pipeline.ray_session.RaySession` (the pipeline's); None makes one when the
     job needs Ray (``workers`` > 1 or an address), else the parts are translated in this process.
-    ``worker_cls`` is the worker class hosted (tests substitute one that dies). ``loaded``: the model
-    (loaded by ``tasks.bulk.load_decoder_model`` as the request asks) and the method's projection, already
-    in this process (a ``Translator``'s): they describe the job instead of a load, and decode its parts when
-    they are translated here. Bad input is a ``UserError``
-    before anything is written: a missing file or invalid UTF-8 before the model loads, a language the model
-    lacks before any part is translated. A line longer than ``search.max_input_tokens`` stops the job with
-    its file and line number; the parts finished before it are kept for a rerun.
+    ``worker_cls`` is the worker class hosted (tests substitute one that dies). ``loaded``: the model (loaded
+    by ``tasks.translate_job.load_decoder_model`` as the request asks) and the method's projection, already in
+    this process (a ``Translator``'s): they describe the job instead of a load, and decode its parts when they
+    are translated here. Bad input is a ``UserError`` before anything is written: a missing file or invalid
+    UTF-8 before the model loads, a language the model lacks before any part is translated. A line longer than
+    ``search.max_input_tokens`` stops the job with its file and line number; the parts finished before it are
+    kept for a rerun.
     """
 
     t0, started_at = time.perf_counter(), time.time()

@@ -1,14 +1,14 @@
 """``fastvocab.Translator``: fastvocab from Python, as CTranslate2's ``Translator`` is used.
 
-A program that translates again and again should pay for the model, the output layer and the decoding
-workers once, not at every call, and should not have to know the order they must be made in (an int8 model
-is quantised before a decode pool forks copies of it). A ``Translator`` loads the model once, as the bulk
-driver and its workers load it (``tasks.bulk.load_decoder_model``); builds each direction's output layer
-and its :class:`~fastvocab.tasks.decode_pool.DecodePool` at the first call that needs them and keeps them;
-and decides the method and the maps' shortlist tables by the rule ``fastvocab translate`` follows
+A program that translates again and again should pay for the model, the output layer and the decoding workers
+once, not at every call, and should not have to know the order they must be made in (an int8 model is
+quantised before a decode pool forks copies of it). A ``Translator`` loads the model once, as the bulk driver
+and its workers load it (``tasks.translate_job.load_decoder_model``); builds each direction's output layer and
+its :class:`~fastvocab.tasks.decode_pool.DecodePool` at the first call that needs them and keeps them; and
+decides the method and the maps' shortlist tables by the rule ``fastvocab translate`` follows
 (``pipeline.method_choice``), so that both give the same outputs for the same lines. ``translate_file`` is
-``fastvocab translate -i -o``'s resumable path (``pipeline.bulk_driver.run_bulk``), over the model and
-method already loaded.
+``fastvocab translate -i -o``'s resumable path (``pipeline.bulk_driver.run_bulk``), over the model and method
+already loaded.
 """
 
 from __future__ import annotations
