@@ -3,7 +3,7 @@
 :func:`method_projection` builds it from the options a user chose (a method's options dataclass,
 ``kernels/options.py``), as the CLI, the bulk job, the pipeline and the Translator all do;
 :func:`make_projection` from the projection's own keyword options, as the measurement harnesses and the
-tests build the variants they compare.
+tests build the variants they compare (the clustered ones from :func:`clustered_options`).
 """
 
 from __future__ import annotations
@@ -47,15 +47,7 @@ def method_projection(
     )
 
 
-def clustered_options(
-    selection: str,
-    inactive_mass: str,
-    exact: bool,
-    beam: int,
-    probes: int | None = None,
-    shortlist: bool = False,
-) -> dict[str, object]:
-    """The clustered projection's keyword options, its map and shortlist aside, as ``fastvocab translate``
-    picks them at ``beam`` (``inactive_mass`` may be ``auto``; ``probes`` None: the map's own;
-    ``shortlist``: whether one joins the sets): what a harness passes to :func:`make_projection`."""
-    return clustered_kwargs(selection, inactive_mass, exact, beam, probes, shortlist)
+# The clustered projection's keyword options as fastvocab translate picks them at a beam, its map and
+# shortlist aside (ClusteredOptions.projection_kwargs reads the same function): what a harness passes to
+# make_projection.
+clustered_options = clustered_kwargs
