@@ -126,3 +126,16 @@ def test_the_rule_lives_in_the_options_and_the_kernel_reads_the_same_object():
     assert build_projection(FullOptions(), w, None).name == "full"
     with pytest.raises(ValueError, match="are not the options of method"):
         build_projection(type("Fake", (LshOptions,), {"method": "full"})(), w, None)
+
+
+def test_the_search_flags_and_keys_are_the_search_settings_fields():
+    """The search options too are one declaration, ``SearchSettings``, whose fields the config's translate
+    keys and the command line's flags are named after (with its defaults)."""
+    from fastvocab.decoding.settings import SearchSettings
+
+    config = TranslateConfig()
+    args = _parse()
+    for f in fields(SearchSettings):
+        assert getattr(config, f.name) == f.default, f.name
+        assert getattr(args, f.name) == f.default, f.name
+    assert config.search() == SearchSettings()
