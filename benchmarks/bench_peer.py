@@ -91,10 +91,10 @@ from bench_meta import cpu_name, emulation, round_order
 
 from fastvocab.artifacts_schema.provenance import git_commit
 from fastvocab.decoding.search import parse_early_stopping, stopping_rule
-from fastvocab.kernels.clustered_parts import INACTIVE_MASS
+from fastvocab.kernels.clustered_parts import BEAM_INACTIVE_MASS, INACTIVE_MASS, SHORTLIST_BEAM_INACTIVE_MASS
 from fastvocab.kernels.int8 import many_rows_gemm
 from fastvocab.tasks.evaluate import score, search_error_rate
-from fastvocab.tasks.projections import BEAM_INACTIVE_MASS, SHORTLIST_BEAM_INACTIVE_MASS, clustered_options
+from fastvocab.tasks.projections import clustered_options
 
 RESULTS = Path(__file__).resolve().parent / "results"
 ROOT = Path(__file__).resolve().parent.parent

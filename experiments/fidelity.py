@@ -52,8 +52,9 @@ from fastvocab.decoding.scoring import sequence_scores
 from fastvocab.decoding.search import ProjectionLike, decode
 from fastvocab.decoding.settings import SearchSettings
 from fastvocab.kernels.base import Projection
+from fastvocab.kernels.clustered_parts import exact_k_for
 from fastvocab.tasks.evaluate import score
-from fastvocab.tasks.projections import clustered_options, exact_k_for, make_projection
+from fastvocab.tasks.projections import clustered_options, make_projection
 
 # The clustered projection's diagnostic inactive_mass (no CLI choice): the exact log-mass of the columns not
 # computed, from the full logits of every row, so its search errors are those of the sets alone.

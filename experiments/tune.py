@@ -45,7 +45,7 @@ from fastvocab.decoding.hf_adapter import Seq2SeqAdapter
 from fastvocab.decoding.settings import SearchSettings
 from fastvocab.experiments.fidelity import Reference, Scorer, decode_passes
 from fastvocab.kernels.base import Projection
-from fastvocab.kernels.clustered_parts import SELECTIONS
+from fastvocab.kernels.clustered_parts import SELECTIONS, ClusteredOptions
 from fastvocab.tasks.kmeans import KMeansParams, sample_states, train_kmeans
 from fastvocab.tasks.maps import (
     ActiveSetCounter,
@@ -54,7 +54,6 @@ from fastvocab.tasks.maps import (
     count_shards_by_k,
     make_cluster_map,
 )
-from fastvocab.tasks.method_settings import MethodSettings
 from fastvocab.tasks.projections import clustered_options, make_projection
 
 
@@ -145,7 +144,7 @@ class TuneSettings:
     max_len: int = SearchSettings.max_len
     length_penalty: float = SearchSettings.length_penalty
     # as translate.inactive_mass (auto: none greedy, normaliser beam search)
-    inactive_mass: str = MethodSettings.inactive_mass
+    inactive_mass: str = ClusteredOptions.inactive_mass
     repeats: int = 1  # timed passes per rung (median)
     probes: tuple[int, ...] = (1,)  # nearest clusters a row reads: an axis of the grid
     shortlist: str | None = None  # a shortlist table whose candidates join every candidate's sets (union)

@@ -22,65 +22,29 @@ import torch
 
 from fastvocab import __version__
 from fastvocab.artifacts_schema.fingerprint import projection_fingerprint
+from fastvocab.kernels.options import MethodOptions
 
-_REGISTRY: dict[str, type[Projection]] = {}
+_REGISTRY: dict[str, type[Projection]] = {}  # the methods by name (kernels/registry.py reads it)
 _TIMING_LOCK = threading.Lock()  # translate() may call one projection from several worker threads
 
 P = TypeVar("P", bound="type[Projection]")
 
 
-def register(name: str) -> Callable[[P], P]:
-    """Class decorator: make a projection available under ``name`` (``--method name``)."""
+def register(name: str, options: type[MethodOptions]) -> Callable[[P], P]:
+    """Class decorator: make a projection available under ``name`` (``--method name``), with the dataclass of
+    the options a user chooses of it (``kernels/options.py``), from which its flags are made."""
 
     def deco(cls: P) -> P:
         if name in _REGISTRY:
             raise ValueError(f"projection {name!r} is already registered by {_REGISTRY[name].__name__}")
+        if options.method != name:
+            raise ValueError(f"projection {name!r} registered with the options of {options.method!r}")
         cls.name = name
+        cls.options_type = options
         _REGISTRY[name] = cls
         return cls
 
     return deco
-
-
-def available_projections() -> list[str]:
-    _import_builtin_methods()
-    return sorted(_REGISTRY)
-
-
-def create_projection(
-    name: str,
-    weight: torch.Tensor,
-    bias: torch.Tensor | None,
-    *,
-    always_active: Sequence[int] = (),
-    fingerprint: str | None = None,
-    **options: object,
-) -> Projection:
-    """Build the projection registered as ``name``; unknown names and options raise ``ValueError``.
-
-    ``fingerprint``: the model's fingerprint when the caller knows it (an adapter does), so the projection
-    does not hash ``W`` and ``b`` again.
-    """
-    _import_builtin_methods()
-    if name not in _REGISTRY:
-        raise ValueError(f"unknown output-layer method {name!r}; valid: {', '.join(sorted(_REGISTRY))}")
-    cls = _REGISTRY[name]
-    try:
-        return cls(weight, bias, always_active=always_active, fingerprint=fingerprint, **options)
-    except TypeError as exc:  # unexpected keyword: say which method rejected it
-        raise ValueError(f"bad options for method {name!r}: {exc}") from exc
-
-
-def _import_builtin_methods() -> None:
-    # Importing the modules runs their @register decorators.
-    import importlib
-
-    for mod in ("full", "clustered", "lsh", "shortlist", "graph"):
-        try:
-            importlib.import_module(f"fastvocab.kernels.{mod}")
-        except ModuleNotFoundError as exc:
-            if exc.name != f"fastvocab.kernels.{mod}":
-                raise
 
 
 @dataclass
@@ -222,6 +186,7 @@ class Projection:
     """
 
     name: ClassVar[str] = "?"
+    options_type: ClassVar[type[MethodOptions]] = MethodOptions  # what a user chooses of it (register)
     # What time_steps() sums; class defaults, so that a subclass that skips __init__ (a proxy) still has them.
     step_seconds: float = 0.0
     _timing: bool = False

@@ -87,7 +87,7 @@ from fastvocab.kernels.cluster_assign import (
     union_columns,
     union_mask,
 )
-from fastvocab.kernels.clustered_parts import ORACLE, ClusteredParts
+from fastvocab.kernels.clustered_parts import ORACLE, ClusteredOptions, ClusteredParts
 from fastvocab.kernels.clustered_static import StaticUnion
 from fastvocab.kernels.exact_gate import ExactGate
 from fastvocab.kernels.full import FullProjection
@@ -146,7 +146,7 @@ def decoding_probes(asked: int | None, map_probes: int, selection: str) -> int:
     return map_probes if selection == "union" else 1
 
 
-@register("clustered")
+@register("clustered", ClusteredOptions)
 class ClusteredProjection(Projection):
     """Clustered output layer over a cluster map built for this model (refuses any other map).
 

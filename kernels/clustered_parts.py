@@ -4,19 +4,28 @@ columns left out (:class:`MassEstimate`) and the exactness certificate (:class:`
 
 Each part checks its own values and their combinations when it is made, with a ValueError that names the
 option; :class:`ClusteredParts` holds the four and checks what spans two of them. The options keep the
-flat names that the registry, the configs and the command lines pass
+flat names that the registry passes
 (``create_projection("clustered", W, b, cluster_map=..., selection="per-row", exact_k=1)``):
 :meth:`ClusteredParts.pop` takes them out of such keywords and makes the parts.
+
+:class:`ClusteredOptions` is what a user chooses of them (``fastvocab translate``'s flags, the pipeline's
+translate section, ``fastvocab.Translator``), with the choices made by the beam (``auto`` inactive mass,
+``exact``) left open until the search is known; its rules are the parts' own, checked by making them.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
-from typing import Any
+from pathlib import Path
+from typing import Any, ClassVar, Literal
+
+from fastvocab.kernels.options import ArtifactPath, Flag, MethodOptions, option, required
 
 SELECTIONS = ("union", "per-row")  # which columns each row gets: the batch's union, or its own cluster's
 INACTIVE_MASS = ("none", "centroid", "moments", "normaliser")
+SelectionName = Literal["union", "per-row"]  # SELECTIONS
+InactiveMassChoice = Literal["auto", "none", "centroid", "moments", "normaliser"]  # "auto" and INACTIVE_MASS
 # Also accepted as inactive_mass, a diagnostic of the fidelity harness and not a method (no CLI choice): the
 # exact log-mass of the columns not computed, from the full logits of every row. It separates search errors
 # due to the sets from those due to the estimate of their mass (experiments/fidelity.py names it ORACLE_MASS);
@@ -184,3 +193,142 @@ class ClusteredParts:
             return kind(**{f.name: options.pop(f.name) for f in fields(kind) if f.name in options})
 
         return cls(part(Selection), part(Compute), part(MassEstimate), part(Certificate))
+
+
+# What ``inactive_mass="auto"`` stands for in beam search: the estimator with the fewest search errors
+# measured. With the maps shipped beside the demo model, beam 4, batch 8, the whole test split: 3.8% / 2.9%
+# search errors (en-it / it-en) against 4.3% / 4.1% without an estimate, at 0.82-0.85x of that one's speed
+# (benchmarks/results/fidelity-cpu-2026-11-27-shipped-beam4-*.json). Greedy search reads logits only.
+BEAM_INACTIVE_MASS = "normaliser"
+# The same with a shortlist: the batch's candidates are columns outside the row's own set, whose exact mass
+# the normaliser (an expansion of the mass outside that set) must take off its estimate, and where they hold
+# most of it what is left is lost in the estimate's error. ``moments`` reads the mean and variance of the
+# columns actually left out. With the shipped maps and tables, beam 4, batch 8, the whole test split: 5.3% /
+# 6.4% (en-it / it-en) of outputs changed, against 8.8% / 10.9% with the normaliser and 0.9% (en-it) with
+# the exact mass (benchmarks/results/methods-cpu-2026-11-27-hybrid-mass-b4.json).
+SHORTLIST_BEAM_INACTIVE_MASS = "moments"
+AUTO = "auto"  # the inactive mass chosen by the beam (auto_inactive_mass)
+
+
+def auto_inactive_mass(beam: int, shortlist: bool = False) -> str:
+    """The inactive-mass estimator ``auto`` stands for at this beam size, with or without a shortlist."""
+    if beam == 1:
+        return "none"
+    return SHORTLIST_BEAM_INACTIVE_MASS if shortlist else BEAM_INACTIVE_MASS
+
+
+def exact_k_for(beam: int) -> int:
+    """``exact_k`` that makes a search exact: greedy needs the top-1 certified, beam search the 2 x beam
+    candidates it keeps per row."""
+    return 1 if beam == 1 else 2 * beam
+
+
+def clustered_kwargs(
+    selection: str,
+    inactive_mass: str,
+    exact: bool,
+    beam: int,
+    probes: int | None = None,
+    shortlist: bool = False,
+) -> dict[str, object]:
+    """The clustered projection's keyword options for a search at ``beam``, its map and shortlist aside
+    (``inactive_mass`` may be ``auto``; ``probes`` None: the map's own; ``shortlist``: whether one joins)."""
+    mass = auto_inactive_mass(beam, shortlist) if inactive_mass == AUTO else inactive_mass
+    kwargs: dict[str, object] = {"selection": selection, "inactive_mass": mass}
+    if exact:
+        kwargs["exact_k"] = exact_k_for(beam)
+    if probes is not None:
+        kwargs["probes"] = probes
+    return kwargs
+
+
+@dataclass(frozen=True)
+class ClusteredOptions(MethodOptions):
+    """What a user chooses of the clustered method. ``cluster_map`` and ``shortlist`` are folders found
+    and checked once, before the job (``pipeline/method_choice.py``): a map of the direction decoded, and
+    a lexical shortlist table of the same model and direction whose candidates join every step's union."""
+
+    method: ClassVar[str] = "clustered"
+
+    cluster_map: ArtifactPath = required(
+        Flag(
+            "--clusters",
+            "cluster map folder, or a folder of them; implies --method clustered",
+            type=Path,
+            metavar="DIR",
+            needed="a cluster map folder, or a folder of them",
+        )
+    )
+    selection: SelectionName = option(
+        "union",
+        Flag(
+            "--selection",
+            "every row of a batch gets the union of the batch's clusters' columns (union), or only its own "
+            "cluster's (per-row)",
+            choices=SELECTIONS,
+        ),
+    )
+    probes: int | None = option(
+        None,
+        Flag(
+            "--probes",
+            "union selection: each row adds the sets of its N nearest clusters to the union, not only its "
+            "nearest's (fewer misses for states between clusters, more columns)",
+            type=int,
+            metavar="N",
+            default="the map's own, which its builder chose, maps.probes; 1 for maps that do not record one",
+        ),
+    )
+    inactive_mass: InactiveMassChoice = option(
+        AUTO,
+        Flag(
+            "--inactive-mass",
+            "estimate of the probability mass of the columns not computed, so beam scores stay comparable "
+            f"(auto: {BEAM_INACTIVE_MASS} for --beam > 1, the fewest search errors measured, from the "
+            f"normaliser stored in the map, {SHORTLIST_BEAM_INACTIVE_MASS} with a shortlist; none for "
+            "greedy, which reads logits only)",
+            choices=(AUTO, *INACTIVE_MASS),
+        ),
+    )
+    exact: bool = option(
+        False,
+        Flag(
+            "--exact",
+            "certify each decoder row (a bound on every column not computed) and give rows without a "
+            "certificate the full projection: output identical to --method full; while the certificate "
+            "vouches for fewer rows than it would need to pay, whole steps take the full projection "
+            "(measured as it decodes); prints the certified share of rows",
+            type=bool,
+        ),
+    )
+    shortlist: ArtifactPath | None = option(
+        None,
+        Flag(
+            "--with-shortlist",
+            "union selection: a lexical shortlist of this model and direction (as --index finds it) whose "
+            "candidates for the batch's sentences join every step's columns: the clusters' sets then need "
+            "fewer ids for the same fidelity (maps with maps.k: 1)",
+            type=Path,
+            metavar="DIR",
+            default="the tables beside the maps, DIR/shortlist/ of --clusters DIR or of the map's parent "
+            "folder, where they exist",
+        ),
+    )
+
+    def __post_init__(self) -> None:
+        # the projection's own rules, checked by making its parts: one place for each
+        Selection(self.selection, self.probes, shortlist=self.shortlist)
+        _choice("inactive_mass", self.inactive_mass, (AUTO, *INACTIVE_MASS))
+        object.__setattr__(self, "exact", bool(self.exact))
+
+    def projection_kwargs(self, beam: int = 1, int8: bool = False) -> dict[str, object]:
+        kwargs: dict[str, object] = {"cluster_map": self.cluster_map}
+        shortlist = self.shortlist is not None
+        kwargs.update(
+            clustered_kwargs(self.selection, self.inactive_mass, self.exact, beam, self.probes, shortlist)
+        )
+        if shortlist:
+            kwargs["shortlist"] = self.shortlist
+        if int8:
+            kwargs["int8"] = True
+        return kwargs

@@ -25,18 +25,30 @@ says why.
 from __future__ import annotations
 
 import logging
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import torch
 
 from fastvocab.kernels import prepack
 from fastvocab.kernels.base import CapturableStep, Projection, ProjectionOutput, register
 from fastvocab.kernels.int8 import PackedRows, int8_linear, linear_packed, packed_of
+from fastvocab.kernels.options import MethodOptions
 
 log = logging.getLogger(__name__)
 
 
-@register("full")
+@dataclass(frozen=True)
+class FullOptions(MethodOptions):
+    """The full projection has no option a user chooses; a model decoding in int8 gives it ``int8``."""
+
+    method: ClassVar[str] = "full"
+
+    def projection_kwargs(self, beam: int = 1, int8: bool = False) -> dict[str, object]:
+        return {"int8": True} if int8 else {}
+
+
+@register("full", FullOptions)
 class FullProjection(Projection):
     """All N columns. ``prepack`` (default True): on CPU fp32, keep ``W`` in GEMM-friendly layouts too
     (module docstring); ignored where that path is unavailable. ``int8`` (CPU only): ``W`` and ``b`` in a

@@ -32,7 +32,7 @@ import logging
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -41,6 +41,15 @@ from fastvocab.artifacts_schema.method_index import ANY_DIRECTION, MethodIndex, 
 from fastvocab.kernels.base import Projection, ProjectionOutput, register
 from fastvocab.kernels.faiss_import import import_faiss
 from fastvocab.kernels.lsh import candidates_output, check_int, manifest_params
+from fastvocab.kernels.options import (
+    INDEX_FLAG,
+    ArtifactPath,
+    Flag,
+    MethodOptions,
+    candidates_flag,
+    check_count,
+    option,
+)
 
 log = logging.getLogger(__name__)
 
@@ -125,7 +134,25 @@ def build_graph_index(
     )
 
 
-@register("graph")
+@dataclass(frozen=True)
+class GraphOptions(MethodOptions):
+    """What a user chooses of the graph method: its HNSW graph (``index``; None: built from W at load),
+    the candidates a row gets (``k``; None: the projection's 10) and the search queue (``ef_search``)."""
+
+    method: ClassVar[str] = "graph"
+
+    index: ArtifactPath | None = option(None, INDEX_FLAG)
+    k: int | None = option(None, candidates_flag("top-K of the graph search", "10"))
+    ef_search: int | None = option(
+        None, Flag("--ef-search", "HNSW search queue, >= K is used", type=int, metavar="N", default="256")
+    )
+
+    def __post_init__(self) -> None:
+        check_count("k", self.k, 1)
+        check_count("ef_search", self.ef_search, 1)
+
+
+@register("graph", GraphOptions)
 class GraphProjection(Projection):
     """FGD over this model's W and b (refuses an index built for another model).
 

@@ -36,7 +36,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Protocol, TypeVar
+from typing import Any, ClassVar, Protocol, TypeVar
 
 import numpy as np
 import torch
@@ -45,6 +45,15 @@ import torch.nn.functional as F
 from fastvocab.artifacts_schema.errors import ArtifactError
 from fastvocab.artifacts_schema.method_index import ANY_DIRECTION, MethodIndex, method_index_for, new_index
 from fastvocab.kernels.base import Projection, ProjectionOutput, register
+from fastvocab.kernels.options import (
+    INDEX_FLAG,
+    ArtifactPath,
+    Flag,
+    MethodOptions,
+    candidates_flag,
+    check_count,
+    option,
+)
 
 log = logging.getLogger(__name__)
 P = TypeVar("P")
@@ -338,7 +347,30 @@ def build_lsh_index(
 # ---------------------------------------------------------------------------------------------- the method
 
 
-@register("lsh")
+@dataclass(frozen=True)
+class LshOptions(MethodOptions):
+    """What a user chooses of the lsh method: its codes (``index``; None: hashed from W at load) and the
+    candidates a row gets (``k``; None: the projection's 128), ``bits`` without an index (None: 256)."""
+
+    method: ClassVar[str] = "lsh"
+
+    index: ArtifactPath | None = option(None, INDEX_FLAG)
+    k: int | None = option(
+        None, candidates_flag("vocabulary entries per decoder row by Hamming distance", "128")
+    )
+    bits: int | None = option(
+        None,
+        Flag(
+            "--bits", "without --index: hash bits, an index fixes them", type=int, metavar="C", default="256"
+        ),
+    )
+
+    def __post_init__(self) -> None:
+        check_count("k", self.k, 1)
+        check_count("bits", self.bits, 1)
+
+
+@register("lsh", LshOptions)
 class LshProjection(Projection):
     """SimHash vocabulary selection over this model's W (refuses an index built for another model).
 

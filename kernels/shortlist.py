@@ -31,8 +31,9 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -42,6 +43,16 @@ from fastvocab.artifacts_schema.errors import ArtifactError
 from fastvocab.artifacts_schema.method_index import MethodIndex, method_index_for
 from fastvocab.kernels.base import Projection, ProjectionOutput, register
 from fastvocab.kernels.id_sets import unique_ids
+from fastvocab.kernels.options import (
+    INDEX_FLAG,
+    ArtifactPath,
+    Flag,
+    MethodOptions,
+    candidates_flag,
+    check_count,
+    option,
+    required,
+)
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +67,49 @@ def _tensors_digest(table: MethodIndex) -> str:
     return digest(save({name: np.ascontiguousarray(a) for name, a in table.tensors.items()}))
 
 
-@register("shortlist")
+@dataclass(frozen=True)
+class ShortlistOptions(MethodOptions):
+    """What a user chooses of the shortlist method: its table (``index``, of this model and ``direction``,
+    which the caller sets: a table of another direction is refused at load), the candidates per source
+    subword (``k``) and the frequent subwords (``frequent``; None: all the table holds), and whether a row
+    reads its own sentence's candidates or the batch's (``scope``)."""
+
+    method: ClassVar[str] = "shortlist"
+
+    index: ArtifactPath = required(INDEX_FLAG)
+    direction: str | None = option(None)
+    k: int | None = option(
+        None, candidates_flag("target subwords per source subword, at most what the table holds", "all")
+    )
+    frequent: int | None = option(
+        None,
+        Flag(
+            "--frequent",
+            "most frequent target subwords always candidates, at most the table's",
+            type=int,
+            metavar="N",
+            default="all",
+        ),
+    )
+    scope: str | None = option(
+        None,
+        Flag(
+            "--scope",
+            "each row picks only from its own sentence's candidates (sentence), or from the batch's union "
+            "(batch: Marian's and CTranslate2's behaviour)",
+            choices=SCOPES,
+            default="sentence",
+        ),
+    )
+
+    def __post_init__(self) -> None:
+        check_count("k", self.k, 1)
+        check_count("frequent", self.frequent, 0)
+        if self.scope is not None and self.scope not in SCOPES:
+            raise ValueError(f"scope must be one of {', '.join(SCOPES)}; got {self.scope!r}")
+
+
+@register("shortlist", ShortlistOptions)
 class ShortlistProjection(Projection):
     """Lexical shortlist over a table built for this model and direction.
 

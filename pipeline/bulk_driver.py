@@ -1,17 +1,17 @@
 """Translation in resumable row-range parts, in this process or on N Ray actors: the driver of every
 ``fastvocab translate`` (a text file, Parquet, a dataset output) and of the pipeline's ``bulk`` stage.
 
-The driver describes the input from its files, plans row-range parts (``tasks.bulk.plan_input``: digests
-only, never the texts), skips every part already written with the same plan, and hands the rest to a pool of
-:class:`~fastvocab.tasks.bulk.BulkWorker` actors that pull ranges from one queue (``RaySession.pull_actors``):
-each actor loads the model and the method once, reads its own ranges and writes their parts. A dead actor is
-replaced and its range retried; a part is written atomically, so a retried range is written once. At the end
-a text (or single Parquet file) output is assembled from the parts in input order, atomically; a dataset
-output (``-o DIR/``) keeps its parts and gets ``_manifest.json``. With one worker and no Ray address the
-driver translates the parts itself, with the model it loaded to describe the job; so it does with several
-workers and no Ray address for an input below ``min_ray_lines`` lines (``ray_session.MIN_RAY_LINES``), which
-it decodes faster than a local Ray and its actors start. The parts are the same either way, so either run
-resumes the other's.
+The driver describes the input from its files, plans row-range parts (``tasks.bulk.plan_input``: digests only,
+never the texts), skips every part already written with the same plan, and hands the rest to a pool of
+:class:`~fastvocab.tasks.translate_job.TranslateWorker` actors that pull ranges from one queue
+(``RaySession.pull_actors``): each actor loads the model and the method once, reads its own ranges and writes
+their parts. A dead actor is replaced and its range retried; a part is written atomically, so a retried range
+is written once. At the end a text (or single Parquet file) output is assembled from the parts in input order,
+atomically; a dataset output (``-o DIR/``) keeps its parts and gets ``_manifest.json``. With one worker and no
+Ray address the driver translates the parts itself, with the model it loaded to describe the job; so it does
+with several workers and no Ray address for an input below ``min_ray_lines`` lines
+(``ray_session.MIN_RAY_LINES``), which it decodes faster than a local Ray and its actors start. The parts are
+the same either way, so either run resumes the other's.
 
 Why parts on an actor pool and not Ray Data: a rerun after a kill must re-translate nothing that finished.
 ``ray.data.read_parquet -> map_batches -> write_parquet``, even with Ray Data's row-id checkpoints, started
@@ -48,6 +48,8 @@ from fastvocab.artifacts_schema.lock import WorkDirBusy, WorkDirLock
 from fastvocab.decoding.hf_adapter import Seq2SeqAdapter
 from fastvocab.decoding.settings import SearchSettings
 from fastvocab.kernels.base import Projection
+from fastvocab.kernels.full import FullOptions
+from fastvocab.kernels.options import MethodOptions
 from fastvocab.pipeline.errors import UserError
 from fastvocab.pipeline.extras import needed, require
 from fastvocab.pipeline.ray_session import MIN_RAY_LINES
@@ -56,20 +58,18 @@ from fastvocab.pipeline.wording import plural
 from fastvocab.tasks.bulk import (
     CUT_LINES_SHOWN,
     BulkInput,
-    BulkJob,
     BulkRange,
-    BulkWorker,
     InputError,
     describe_input,
     input_digest,
-    part_statuses,
     plan_input,
     rows_up_to,
 )
+from fastvocab.tasks.translate_job import TranslateJob, TranslateWorker, part_statuses
 
 log = logging.getLogger(__name__)
 
-# a model and its method's projection, loaded in this process (tasks.bulk.load_decoder_model)
+# a model and its method's projection, loaded in this process (tasks.translate_job.load_decoder_model)
 Loaded = tuple[Seq2SeqAdapter, Projection]
 
 
@@ -82,8 +82,8 @@ class BulkRequest:
     model: Path
     src_lang: str
     tgt_lang: str
-    method: str = "full"
-    options: dict[str, object] = field(default_factory=dict)  # make_projection's, artifacts located
+    # the method and its options, its map or index found and checked (kernels/options.py)
+    options: MethodOptions = field(default_factory=FullOptions)
     search: SearchSettings = field(default_factory=SearchSettings)
     dtype: str = "float32"
     engine: str = "auto"  # the decoder-step engine (Seq2SeqAdapter's ``engine``)
@@ -286,7 +286,8 @@ def _describe(request: BulkRequest, here: bool, loaded: Loaded | None = None):
     """
     from fastvocab.artifacts_schema.errors import ArtifactError
     from fastvocab.artifacts_schema.fingerprint import ModelRef
-    from fastvocab.tasks.bulk import load_decoder_model, method_projection
+    from fastvocab.tasks.projections import method_projection
+    from fastvocab.tasks.translate_job import load_decoder_model
 
     languages = (request.src_lang, request.tgt_lang)
     try:
@@ -314,7 +315,9 @@ def _describe(request: BulkRequest, here: bool, loaded: Loaded | None = None):
             n_vocab=int(adapter.n_vocab),
         )
         if loaded is None:
-            projection = method_projection(adapter, request.method, request.options, request.dtype)
+            projection = method_projection(
+                adapter, request.options, beam=request.search.beam, dtype=request.dtype
+            )
     except ArtifactError:
         raise
     except ValueError as exc:
@@ -327,20 +330,20 @@ def run_bulk(
     *,
     ray=None,
     progress: bool = True,
-    worker_cls: type = BulkWorker,
+    worker_cls: type = TranslateWorker,
     loaded: Loaded | None = None,
 ) -> BulkResult:
     """Translate ``request.input`` into ``request.output`` in parts; see the module docstring.
 
     ``ray``: a :class:`~fastvocab.pipeline.ray_session.RaySession` (the pipeline's); None makes one when the
     job needs Ray (``workers`` > 1 or an address), else the parts are translated in this process.
-    ``worker_cls`` is the worker class hosted (tests substitute one that dies). ``loaded``: the model
-    (loaded by ``tasks.bulk.load_decoder_model`` as the request asks) and the method's projection, already
-    in this process (a ``Translator``'s): they describe the job instead of a load, and decode its parts when
-    they are translated here. Bad input is a ``UserError``
-    before anything is written: a missing file or invalid UTF-8 before the model loads, a language the model
-    lacks before any part is translated. A line longer than ``search.max_input_tokens`` stops the job with
-    its file and line number; the parts finished before it are kept for a rerun.
+    ``worker_cls`` is the worker class hosted (tests substitute one that dies). ``loaded``: the model (loaded
+    by ``tasks.translate_job.load_decoder_model`` as the request asks) and the method's projection, already in
+    this process (a ``Translator``'s): they describe the job instead of a load, and decode its parts when they
+    are translated here. Bad input is a ``UserError`` before anything is written: a missing file or invalid
+    UTF-8 before the model loads, a language the model lacks before any part is translated. A line longer than
+    ``search.max_input_tokens`` stops the job with its file and line number; the parts finished before it are
+    kept for a rerun.
     """
 
     t0, started_at = time.perf_counter(), time.time()
@@ -443,15 +446,14 @@ def _run(request, inp, layout, parts, output, t0, ray, progress, worker_cls, own
             plural(inp.nulls, "null text"),
             inp.text_column,
         )
-    job = BulkJob(
+    job = TranslateJob(
         model,
         request.src_lang,
         request.tgt_lang,
-        request.method,
-        signature,
+        request.options,
         str(parts.resolve()),
+        signature=signature,
         search=request.search,
-        options=request.options,
         dtype=request.dtype,
         engine=request.engine,
         device=_device(request),
@@ -465,9 +467,9 @@ def _run(request, inp, layout, parts, output, t0, ray, progress, worker_cls, own
         "model": str(request.model),
         "model_fingerprint": model.fingerprint,
         "direction": job.direction,
-        "method": request.method,
+        "method": job.method,
         "signature": signature,
-        "map": str(request.options.get("cluster_map", request.options.get("index", ""))),
+        "map": request.options.artifact(),
         "dtype": request.dtype,
         # the engine the model runs in this process ("auto" resolved); on Ray, as asked until the workers
         # report the engine they decoded with (_translate_parts)
@@ -510,7 +512,7 @@ class _Planned:
     and the seconds of each phase so far."""
 
     inp: BulkInput
-    job: BulkJob
+    job: TranslateJob
     ranges: list[BulkRange]
     loaded: tuple | None
     result: BulkResult
@@ -537,24 +539,7 @@ def _translate_parts(
     t_check = time.perf_counter()
     # the input's and the model's description (and Ray's start, overlapped), the planning apart
     phases["setup"] = t_check - t0 - phases["plan"]
-    if parts.exists():
-        for stale in stale_parts(parts, len(ranges)):
-            log.warning("removing %s: beyond the current plan of %d parts", stale, len(ranges))
-            stale.unlink()
-        _remove_temporaries(parts)
-    todo = []
-    for r, status in zip(ranges, part_statuses(job, ranges), strict=True):
-        if status == "current":
-            result.parts_reused += 1
-            reused, empty = part_counts(part_file(parts, r.index))
-            result.reused_sentences += reused
-            result.empty_outputs += empty
-            continue
-        if status.startswith("corrupt"):
-            name = part_file(parts, r.index).name
-            log.warning("%s: part %s is corrupt (%s): redoing it", output, name, status[9:])
-            result.corrupt_redone.append(name)
-        todo.append(r)
+    todo = _parts_to_do(job, ranges, parts, output, result)
     parts.mkdir(parents=True, exist_ok=True)
     if todo:  # the dataset is unfinished until every part is written again
         (parts / MANIFEST).unlink(missing_ok=True)
@@ -613,13 +598,53 @@ def _translate_parts(
     result.workers = dict(workers)
     if engines:  # nodes without ONNX Runtime may pick another engine for "auto": each one named
         result.params["engine"] = ",".join(sorted(engines))
+    _warn_of_outputs(result, inp, request.search.max_len)
+    paths = [part_file(parts, r.index) for r in ranges]
+    result.sample = read_sample(paths)
+    _write_output(layout, parts, output, paths, bool(todo), request, planned)
+    result.seconds = time.perf_counter() - t0
+    late = phases.pop("ray_start_late", 0.0)
+    phases["assemble"] = result.seconds - late - sum(v for k, v in phases.items() if k != "ray_start")
+    result.phases = phases
+    log.debug("bulk phases (s): %s", ", ".join(f"{k} {v:.2f}" for k, v in phases.items()))
+    return result
+
+
+def _parts_to_do(
+    job: TranslateJob, ranges: list[BulkRange], parts: Path, output: Path, result: BulkResult
+) -> list[BulkRange]:
+    """The ranges whose part is not current (missing, of another plan, or corrupt: said), the current
+    ones counted into ``result``; parts beyond the plan and killed writers' temporaries removed."""
+    if parts.exists():
+        for stale in stale_parts(parts, len(ranges)):
+            log.warning("removing %s: beyond the current plan of %d parts", stale, len(ranges))
+            stale.unlink()
+        _remove_temporaries(parts)
+    todo = []
+    for r, status in zip(ranges, part_statuses(job, ranges), strict=True):
+        if status == "current":
+            result.parts_reused += 1
+            reused, empty = part_counts(part_file(parts, r.index))
+            result.reused_sentences += reused
+            result.empty_outputs += empty
+            continue
+        if status.startswith("corrupt"):
+            name = part_file(parts, r.index).name
+            log.warning("%s: part %s is corrupt (%s): redoing it", output, name, status[9:])
+            result.corrupt_redone.append(name)
+        todo.append(r)
+    return todo
+
+
+def _warn_of_outputs(result: BulkResult, inp: BulkInput, max_len: int) -> None:
+    """Outputs that reached ``max_len`` (maybe cut) and ids repeated within parts, one line each."""
     if result.cut_outputs:
         lines = ", ".join(map(str, result.cut_lines))
         more = ", ..." if result.cut_outputs > len(result.cut_lines) else ""
         log.warning(
             "%s reached --max-len %d and may be cut (input lines %s%s); raise --max-len",
             plural(result.cut_outputs, "output"),
-            request.search.max_len,
+            max_len,
             lines,
             more,
         )
@@ -629,10 +654,22 @@ def _translate_parts(
             inp.name,
             result.duplicate_ids,
         )
-    paths = [part_file(parts, r.index) for r in ranges]
-    result.sample = read_sample(paths)
+
+
+def _write_output(
+    layout: str,
+    parts: Path,
+    output: Path,
+    paths: list[Path],
+    translated: bool,
+    request: BulkRequest,
+    planned: _Planned,
+) -> None:
+    """A dataset's manifest (once its parts changed, or when it has none), or the file assembled from the
+    parts in order, the parts folder then removed."""
+    inp, job, result = planned.inp, planned.job, planned.result
     if layout == "dataset":
-        if todo or not (parts / MANIFEST).is_file():  # a finished dataset checked again stays untouched
+        if translated or not (parts / MANIFEST).is_file():  # a finished dataset checked again stays untouched
             write_manifest(
                 parts,
                 {
@@ -649,16 +686,10 @@ def _translate_parts(
             paths,
             lines=inp.rows,
             direction=job.direction,
-            method=request.method,
+            method=job.method,
             id_type=inp.id_type,
         )
         remove_parts_folder(parts)
-    result.seconds = time.perf_counter() - t0
-    late = phases.pop("ray_start_late", 0.0)
-    phases["assemble"] = result.seconds - late - sum(v for k, v in phases.items() if k != "ray_start")
-    result.phases = phases
-    log.debug("bulk phases (s): %s", ", ".join(f"{k} {v:.2f}" for k, v in phases.items()))
-    return result
 
 
 def read_sample(paths: list[Path], rows: int = SAMPLE_ROWS) -> dict[str, list[object]]:
@@ -682,7 +713,7 @@ def _remove_temporaries(parts: Path) -> None:
 
 def _on_ray(
     request: BulkRequest,
-    job: BulkJob,
+    job: TranslateJob,
     todo: list,
     on_result,
     ray,

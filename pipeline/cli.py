@@ -6,28 +6,39 @@ is the one place that turns them into a one-line message and an exit code.
 from __future__ import annotations
 
 import argparse
-import importlib
 import logging
 import sys
 
 from fastvocab import __version__
 from fastvocab.artifacts_schema.errors import ArtifactError
-from fastvocab.pipeline.commands import check_model
+from fastvocab.pipeline.commands import (
+    bench,
+    check_model,
+    corpus,
+    evaluate,
+    experiment,
+    report,
+    run,
+    train_demo,
+    translate,
+    tune,
+)
 from fastvocab.pipeline.errors import Interrupted, UserError
 from fastvocab.pipeline.extras import MODULES, installed, missing
 from fastvocab.pipeline.signals import stop_on_signals
 
-# Subcommand name -> module under fastvocab.pipeline.commands (imported only when used: keeps --help fast).
+# Subcommand name -> its module. The modules import nothing heavy (torch, Ray, MLflow load inside their
+# functions): only the chosen subcommand's arguments are added (build_parser's ``load``), which may.
 COMMANDS = {
-    "corpus": "corpus",
-    "train-demo": "train_demo",
-    "translate": "translate",
-    "eval": "evaluate",
-    "run": "run",
-    "report": "report",
-    "bench": "bench",
-    "experiment": "experiment",
-    "tune": "tune",
+    "corpus": corpus,
+    "train-demo": train_demo,
+    "translate": translate,
+    "eval": evaluate,
+    "run": run,
+    "report": report,
+    "bench": bench,
+    "experiment": experiment,
+    "tune": tune,
 }
 
 _HELP = {
@@ -46,7 +57,7 @@ _HELP = {
 
 
 def build_parser(load: str | None = "*") -> argparse.ArgumentParser:
-    """The argument parser; ``load`` names the one subcommand whose arguments to import ("*": all)."""
+    """The argument parser; ``load`` names the one subcommand whose arguments to add ("*": all)."""
     parser = argparse.ArgumentParser(
         prog="fastvocab",
         description="Clustered vocabulary projection for fast multilingual MT decoding (Amer et al. 2022).",
@@ -58,9 +69,8 @@ def build_parser(load: str | None = "*") -> argparse.ArgumentParser:
     for name, module in COMMANDS.items():
         p = sub.add_parser(name, help=_HELP[name], description=_HELP[name], allow_abbrev=False)
         if load in ("*", name):
-            mod = importlib.import_module(f"fastvocab.pipeline.commands.{module}")
-            mod.add_arguments(p)
-            p.set_defaults(_module=mod)
+            module.add_arguments(p)
+            p.set_defaults(_module=module)
     return parser
 
 
@@ -83,7 +93,7 @@ def configure_logging(verbose: bool) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    # Import only the chosen subcommand's module: torch, ray and mlflow are slow to import.
+    # Only the chosen subcommand's arguments: adding them may import torch (the methods' options).
     chosen = next((a for a in argv if not a.startswith("-")), None)
     args = build_parser(load=chosen).parse_args(argv)
     configure_logging(args.verbose)

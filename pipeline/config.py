@@ -16,12 +16,13 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from fastvocab.artifacts_schema.bulk_parts import PART_LINES
 from fastvocab.decoding.settings import ENGINES, SearchSettings
+from fastvocab.kernels.clustered_parts import ClusteredOptions, InactiveMassChoice, SelectionName
 from fastvocab.pipeline.errors import UserError
-from fastvocab.tasks.method_settings import MethodSettings
 
 if TYPE_CHECKING:
     from fastvocab.kernels.graph import GraphParams
     from fastvocab.kernels.lsh import LshParams
+    from fastvocab.kernels.options import ArtifactPath
     from fastvocab.tasks.dump import DumpSettings
     from fastvocab.tasks.kmeans import KMeansParams
     from fastvocab.tasks.maps import MapParams
@@ -95,19 +96,18 @@ class CorpusConfig(_Strict):
 
 
 class TranslateConfig(_Strict):
-    # the method's options (tasks.method_settings.MethodSettings, whose fields hold the defaults)
-    # clustered: rows share the union of their sets, or not
-    selection: Literal["union", "per-row"] = Field(MethodSettings.selection)
-    # clustered: estimate of the mass of the columns not computed (auto: none for greedy, the measured best
-    # for beam search: tasks/projections.py BEAM_INACTIVE_MASS, SHORTLIST_BEAM_INACTIVE_MASS with a shortlist)
-    inactive_mass: Literal["auto", "none", "centroid", "moments", "normaliser"] = Field(
-        MethodSettings.inactive_mass
-    )
-    # clustered: rows without an exactness certificate get the full projection
-    exact: bool = MethodSettings.exact
-    # clustered, union selection: each row adds the sets of its `probes` nearest clusters (1: the nearest);
-    # null: the map's own (maps.probes, recorded in it)
-    probes: int | None = Field(MethodSettings.probes, ge=1)
+    # the clustered method's options: kernels.clustered_parts.ClusteredOptions, whose fields hold the defaults
+    # and check their values (tests/test_method_options.py keeps these keys its fields)
+    # rows share the union of their sets, or not
+    selection: SelectionName = ClusteredOptions.selection
+    # estimate of the mass of the columns not computed (auto: none for greedy, the measured best for beam
+    # search: kernels/clustered_parts.py BEAM_INACTIVE_MASS, SHORTLIST_BEAM_INACTIVE_MASS with a shortlist)
+    inactive_mass: InactiveMassChoice = ClusteredOptions.inactive_mass
+    # rows without an exactness certificate get the full projection
+    exact: bool = ClusteredOptions.exact
+    # union selection: each row adds the sets of its `probes` nearest clusters (1: the nearest); null: the
+    # map's own (maps.probes, recorded in it)
+    probes: int | None = ClusteredOptions.probes
     # clustered, union selection: a folder of lexical shortlist tables (<DIR>/shortlist/<src>-<tgt>, as the
     # methods stage and maps shipped beside a model lay them out); the candidates of each batch's sentences
     # join every clustered method's sets (null: none)
@@ -148,20 +148,24 @@ class TranslateConfig(_Strict):
         return value
 
     @model_validator(mode="after")
-    def _check_probes(self) -> TranslateConfig:
-        if (self.probes or 1) > 1 and self.selection != "union":
-            raise ValueError("probes above 1 needs selection: union (per-row reads each row's one cluster)")
+    def _check_clustered(self) -> TranslateConfig:
+        self.clustered("<map>", self.shortlist)  # the options' own rules (ValueError naming the option)
         return self
 
     def search(self) -> SearchSettings:
         """The search fields as the settings translation takes (the fields are named alike)."""
         return SearchSettings(**{f.name: getattr(self, f.name) for f in fields(SearchSettings)})
 
-    def method(self) -> MethodSettings:
-        """The clustered method's options as ``tasks.projections.method_options`` takes them (the other
+    def clustered(self, cluster_map: ArtifactPath, shortlist: ArtifactPath | None = None) -> ClusteredOptions:
+        """The clustered method's options with this map and shortlist table, found for a direction (the other
         methods' options are not in the config: they decode with their defaults)."""
-        return MethodSettings(
-            selection=self.selection, inactive_mass=self.inactive_mass, exact=self.exact, probes=self.probes
+        return ClusteredOptions(
+            cluster_map,
+            selection=self.selection,
+            probes=self.probes,
+            inactive_mass=self.inactive_mass,
+            exact=self.exact,
+            shortlist=shortlist,
         )
 
 
@@ -434,7 +438,9 @@ class BulkConfig(_Strict):
     direction: str | None = None  # default: the first of ``directions``
     method: str = "full"  # full, clustered (the run's map, or ``clusters``), lsh, graph, shortlist
     clusters: Path | None = None  # clustered: map folder, or a folder of them (default: <work_dir>/maps)
-    index: Path | None = None  # lsh, graph, shortlist: the artifact (default: <work_dir>/methods)
+    # lsh, graph, shortlist: the artifact, its folder or a methods root (default: shortlist <work_dir>'s
+    # methods; lsh and graph build theirs from W at load)
+    index: Path | None = None
     dtype: Literal["float32", "float16", "bfloat16", "int8"] = "float32"
     workers: int = Field(1, ge=1)  # Ray actors; 1 without ray_address: in the driver's process
     num_cpus_per_worker: int = Field(1, ge=1)  # CPUs (torch threads) each actor reserves

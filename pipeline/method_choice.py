@@ -48,16 +48,15 @@ def clustered_artifacts(
     ``src_lang``-``tgt_lang`` at ``beam`` reads, from ``clusters`` (a map folder or a folder of maps).
 
     The map must be of this direction (``ArtifactError``); one not built for ``beam`` still decodes, with a
-    warning that says how to rebuild it. ``with_shortlist`` names the tables; None takes those beside the
-    maps, which ``no_shortlist`` (or a selection other than union, which they cannot join) leaves out, with a
-    warning, since outputs then change on many more lines. ``warn`` receives each warning's text.
+    warning that says how to rebuild it. ``with_shortlist`` names the tables (which need union selection:
+    ``ClusteredOptions`` refuses them with another); None takes those beside the maps, which ``no_shortlist``
+    (or a selection other than union, which they cannot join) leaves out, with a warning, since outputs then
+    change on many more lines. ``warn`` receives each warning's text.
     """
     from fastvocab.artifacts_schema.cluster_map import coverage_problem, resolve_map_dir
 
     if no_shortlist and with_shortlist is not None:
         raise UserError("--no-shortlist and --with-shortlist: give one of them")
-    if with_shortlist is not None and selection != "union":
-        raise UserError("--with-shortlist needs --selection union (its candidates join the batch's union)")
     direction = f"{src_lang}-{tgt_lang}"
     map_dir = resolve_map_dir(clusters, src_lang, tgt_lang)
     manifest = check_map_direction(map_dir, src_lang, tgt_lang)

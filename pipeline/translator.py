@@ -1,14 +1,14 @@
 """``fastvocab.Translator``: fastvocab from Python, as CTranslate2's ``Translator`` is used.
 
-A program that translates again and again should pay for the model, the output layer and the decoding
-workers once, not at every call, and should not have to know the order they must be made in (an int8 model
-is quantised before a decode pool forks copies of it). A ``Translator`` loads the model once, as the bulk
-driver and its workers load it (``tasks.bulk.load_decoder_model``); builds each direction's output layer
-and its :class:`~fastvocab.tasks.decode_pool.DecodePool` at the first call that needs them and keeps them;
-and decides the method and the maps' shortlist tables by the rule ``fastvocab translate`` follows
+A program that translates again and again should pay for the model, the output layer and the decoding workers
+once, not at every call, and should not have to know the order they must be made in (an int8 model is
+quantised before a decode pool forks copies of it). A ``Translator`` loads the model once, as the bulk driver
+and its workers load it (``tasks.translate_job.load_decoder_model``); builds each direction's output layer and
+its :class:`~fastvocab.tasks.decode_pool.DecodePool` at the first call that needs them and keeps them; and
+decides the method and the maps' shortlist tables by the rule ``fastvocab translate`` follows
 (``pipeline.method_choice``), so that both give the same outputs for the same lines. ``translate_file`` is
-``fastvocab translate -i -o``'s resumable path (``pipeline.bulk_driver.run_bulk``), over the model and
-method already loaded.
+``fastvocab translate -i -o``'s resumable path (``pipeline.bulk_driver.run_bulk``), over the model and method
+already loaded.
 """
 
 from __future__ import annotations
@@ -24,15 +24,17 @@ from fastvocab.artifacts_schema.errors import ArtifactError
 from fastvocab.decoding.hf_adapter import Seq2SeqAdapter
 from fastvocab.decoding.settings import DEFAULT_SEARCH, ENGINES, SearchSettings
 from fastvocab.kernels.base import Projection
+from fastvocab.kernels.clustered_parts import ClusteredOptions
+from fastvocab.kernels.full import FullOptions
+from fastvocab.kernels.options import MethodOptions
 from fastvocab.pipeline.bulk_driver import BulkRequest, BulkResult, run_bulk
 from fastvocab.pipeline.checks import check_device, check_int8_device, untrained_direction
 from fastvocab.pipeline.errors import UserError
 from fastvocab.pipeline.method_choice import clustered_artifacts, implied_method
-from fastvocab.tasks.bulk import DTYPES, load_decoder_model, method_projection
 from fastvocab.tasks.decode_pool import DecodePool
-from fastvocab.tasks.method_settings import DEFAULT_METHOD
-from fastvocab.tasks.projections import method_options
+from fastvocab.tasks.projections import method_projection
 from fastvocab.tasks.translate import translate
+from fastvocab.tasks.translate_job import DTYPES, load_decoder_model
 
 
 @dataclass
@@ -40,7 +42,7 @@ class _Method:
     """One output layer built over the Translator's model, the options it was built with (the bulk
     request's), and the pool that decodes with it."""
 
-    options: dict[str, object]
+    options: MethodOptions
     projection: Projection
     pool: DecodePool
 
@@ -190,7 +192,6 @@ class Translator:
             self.model_dir,
             src_lang,
             tgt_lang,
-            method=self.method,
             options=method.options,
             search=search,
             dtype=self.compute_type,
@@ -234,10 +235,11 @@ class Translator:
         key = self._chosen.get(call)
         if key is None:
             options = self._options(src_lang, tgt_lang, beam)
-            key = tuple(sorted((k, str(v)) for k, v in options.items()))
+            kwargs = options.projection_kwargs(beam, self.compute_type == "int8")
+            key = tuple(sorted((k, str(v)) for k, v in kwargs.items()))
             if key not in self._methods:
                 try:
-                    projection = method_projection(self._adapter, self.method, options, self.compute_type)
+                    projection = method_projection(self._adapter, options, beam=beam, dtype=self.compute_type)
                 except ArtifactError:
                     raise
                 except ValueError as exc:
@@ -246,7 +248,7 @@ class Translator:
             self._chosen[call] = key
         return self._methods[key]
 
-    def _options(self, src_lang: str, tgt_lang: str, beam: int) -> dict[str, object]:
+    def _options(self, src_lang: str, tgt_lang: str, beam: int) -> MethodOptions:
         """The output layer's options for a direction, as the CLI's flags would give them (the languages
         first: an unknown code is said as such, not as a missing map)."""
         if src_lang == tgt_lang:
@@ -259,10 +261,7 @@ class Translator:
         untrained = untrained_direction(self.model_dir, src_lang, tgt_lang)
         if untrained is not None:
             _warn(untrained)
-        map_dir = shortlist = None
-        if self.maps is not None:
-            map_dir, shortlist = clustered_artifacts(self.maps, src_lang, tgt_lang, beam=beam, warn=_warn)
-        direction = f"{src_lang}-{tgt_lang}"
-        return method_options(
-            self.method, direction, DEFAULT_METHOD, beam=beam, artifact=map_dir, shortlist=shortlist
-        )
+        if self.maps is None:
+            return FullOptions()
+        map_dir, shortlist = clustered_artifacts(self.maps, src_lang, tgt_lang, beam=beam, warn=_warn)
+        return ClusteredOptions(map_dir, shortlist=shortlist)

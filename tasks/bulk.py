@@ -1,39 +1,31 @@
-"""Translation in row-range parts: the input described from its files, cut into ranges, each range
-translated by a worker that reads it itself and writes one part (``artifacts_schema.bulk_parts``). The one
-resumable path of ``fastvocab translate`` (any input, in this process or on Ray) and of the pipeline's
-``bulk`` stage.
+"""A bulk job's input in row-range parts: described from its files and cut into ranges, each range translated
+by a worker that reads it itself and writes one part (``artifacts_schema.bulk_parts``). The one resumable
+path of ``fastvocab translate`` (any input, in this process or on Ray) and of the pipeline's ``bulk``
+stage.
 
 The driver never holds the texts. A Parquet input (a file, a folder of files, hive-partitioned or not, or a
 glob) is described from its footers and cut into ranges by the row-range planner
 (:func:`fastvocab.tasks.row_shards.plan_ranges`), which streams each file once to digest every range's
 ``id<TAB>text`` lines. A text input is streamed once for the same digests and each range's byte offset.
-A :class:`BulkRange` is a few hundred bytes whatever its text; the :class:`BulkWorker` that gets it reads its
-rows, checks them against the digest, translates them with :func:`fastvocab.tasks.translate.translate` and
-writes the part. A part records its plan (:meth:`BulkJob.plan`), so a rerun after any kill redoes only the
-parts that are missing, of another plan, or damaged. Plain functions and classes: the pipeline hosts the
-worker in Ray actors (``pipeline/bulk_driver.py``), or runs it in-process.
+A :class:`BulkRange` is a few hundred bytes whatever its text; the
+:class:`~fastvocab.tasks.translate_job.TranslateWorker` that gets it reads its rows, checks them against the
+digest, translates them with :func:`fastvocab.tasks.translate.translate` and writes the part. A part records
+its plan (:meth:`~fastvocab.tasks.translate_job.TranslateJob.range_plan`), so a rerun after any kill redoes
+only the parts that are missing, of another plan, or damaged. Plain functions and classes: the pipeline hosts
+the worker in Ray actors (``pipeline/bulk_driver.py``), or runs it in-process.
 """
 
 from __future__ import annotations
 
 import glob
 import logging
-import os
-import socket
-import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
-from fastvocab.artifacts_schema.bulk_parts import PART_LINES, part_file, part_status, write_bulk_part
+from fastvocab.artifacts_schema.bulk_parts import PART_LINES
 from fastvocab.artifacts_schema.digest import Digest
 from fastvocab.artifacts_schema.errors import ArtifactError
-from fastvocab.artifacts_schema.fingerprint import ModelRef
-from fastvocab.decoding.hf_adapter import Seq2SeqAdapter
-from fastvocab.decoding.settings import engine_for
-from fastvocab.kernels.base import Projection
 from fastvocab.tasks.inputs import iter_text_records
-from fastvocab.tasks.translate import LineTooLongError, SearchSettings, translate
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +33,6 @@ log = logging.getLogger(__name__)
 # monolingual schema; ``source``: fastvocab translate's own default before the bulk path existed).
 DEFAULT_TEXT_COLUMNS = ("text", "source")
 DEFAULT_ID_COLUMN = "id"
-DTYPES = ("float32", "float16", "bfloat16", "int8")
 CUT_LINES_SHOWN = 5  # line numbers of outputs cut at max_len that a warning names
 
 
@@ -299,217 +290,3 @@ def input_digest(ranges: list[BulkRange]) -> str:
     for r in ranges:
         d.update(f"{r.start}:{r.stop}:{r.digest};")
     return d.value
-
-
-@dataclass(frozen=True)
-class BulkJob:
-    """Everything a worker needs besides its ranges: model, method, search and where the parts go."""
-
-    model: ModelRef
-    src_lang: str
-    tgt_lang: str
-    method: str
-    signature: str  # the projection's, as the driver built it: the workers' must match
-    parts: str  # the parts folder
-    search: SearchSettings = field(default_factory=SearchSettings)
-    options: dict[str, object] = field(default_factory=dict)  # make_projection's (map and index paths)
-    dtype: str = "float32"
-    engine: str = "auto"  # the decoder-step engine (Seq2SeqAdapter's ``engine``)
-    device: str = "cpu"
-    torch_threads: int | None = None
-    id_type: str = "int"
-    input_root: str = ""  # the input as the user named it: a part's file is recorded relative to it
-
-    @property
-    def direction(self) -> str:
-        return f"{self.src_lang}-{self.tgt_lang}"
-
-    def plan(self, r: BulkRange) -> dict[str, object]:
-        """What a part records and a rerun compares: the rows and their digest, the model, the method's
-        signature and dtype, the search settings, the direction, and the engine where one was named (an
-        engine's int8 arithmetic is its own: a part another engine wrote is translated again)."""
-        plan: dict[str, object] = {
-            "input": {
-                "file": _relative(r.path, self.input_root),
-                "rows": [r.start, r.stop],
-                "digest": r.digest,
-            },
-            "model": self.model.fingerprint,
-            "signature": self.signature,
-            "dtype": self.dtype,
-            "direction": self.direction,
-            "search": self.search.plan(),
-        }
-        if self.engine != "auto":  # parts written before engines were named stay reusable under "auto"
-            plan["engine"] = self.engine
-        return plan
-
-
-def _relative(path: str, root: str) -> str:
-    try:
-        base = Path(root).resolve()
-        return str(Path(path).relative_to(base if base.is_dir() else base.parent))
-    except ValueError:
-        return Path(path).name
-
-
-def part_statuses(job: BulkJob, ranges: list[BulkRange]) -> list[str]:
-    """Each range's part: ``current``, ``missing``, ``stale`` or ``corrupt: ...`` (one part in memory)."""
-    return [part_status(part_file(job.parts, r.index), job.plan(r)) for r in ranges]
-
-
-def method_projection(
-    adapter: Seq2SeqAdapter, method: str, options: dict[str, object], dtype: str
-) -> Projection:
-    """Output-layer method ``method`` over a model loaded by :func:`load_decoder_model` in ``dtype``: with
-    int8, the full and clustered projections' own int8 option, so the output layer runs in int8 as the
-    decoder's linears do."""
-    from fastvocab.tasks.projections import INT8_METHODS, make_projection
-
-    options = dict(options)
-    if dtype == "int8" and method in INT8_METHODS:
-        options["int8"] = True
-    return make_projection(adapter, method, **options)
-
-
-def build_projection(adapter: Seq2SeqAdapter, job: BulkJob) -> Projection:
-    """The job's output layer over a loaded model (:func:`method_projection` of its method and dtype)."""
-    return method_projection(adapter, job.method, job.options, job.dtype)
-
-
-def load_decoder_model(
-    path: str | Path,
-    dtype: str = "float32",
-    device: str = "cpu",
-    engine: str = "auto",
-    graphs: str = "auto",
-    threads: int | None = None,
-    fingerprint: str | None = None,
-    languages: tuple[str, ...] = (),
-) -> Seq2SeqAdapter:
-    """A model as translation decodes it: the load of the bulk driver, of its workers and of
-    ``fastvocab.Translator``, so that every one of them decodes the same model alike.
-
-    Read without transformers' modeling code where the folder allows (``lite``: the model only decodes here,
-    and that import costs seconds). ``dtype`` int8 loads float32 and quantises the linear layers at once: a
-    decode pool forked later must inherit the quantised model, and a projection built later its int8
-    option (:func:`method_projection`). ``languages`` are checked before that quantisation, which a wrong
-    code would waste (``ValueError`` naming the valid codes). ``threads`` sets torch's threads first (None:
-    torch's own); ``fingerprint``: the model's, when the caller knows it, so it is not hashed again.
-    """
-    import torch
-
-    if dtype not in DTYPES:
-        raise ValueError(f"dtype must be one of {', '.join(DTYPES)}; got {dtype!r}")
-    if threads is not None:
-        torch.set_num_threads(threads)
-    adapter = Seq2SeqAdapter.load(
-        path,
-        device=device,
-        dtype=torch.float32 if dtype == "int8" else getattr(torch, dtype),
-        fingerprint=fingerprint,
-        engine=engine_for(engine, graphs),
-        lite=True,
-    )
-    for lang in languages:
-        adapter.check_language(lang)
-    if dtype == "int8":
-        adapter.quantize_int8()
-    return adapter
-
-
-def load_model(job: BulkJob) -> Seq2SeqAdapter:
-    """The job's model on its device and dtype, trusting the driver's fingerprint (no re-hash)."""
-    adapter = load_decoder_model(
-        job.model.path,
-        job.dtype,
-        job.device,
-        job.engine,
-        job.search.graphs,
-        job.torch_threads,
-        fingerprint=job.model.fingerprint,
-    )
-    if (adapter.n_vocab, adapter.d_model) != (job.model.n_vocab, job.model.d):
-        raise ArtifactError(
-            f"model {job.model.path} changed since the job was planned: N={adapter.n_vocab}, "
-            f"d={adapter.d_model}, planned N={job.model.n_vocab}, d={job.model.d}"
-        )
-    return adapter
-
-
-class BulkWorker:
-    """Translates ranges and writes their parts; the model and the method load once, on the first range
-    (so a load error reaches the driver as the error it is, not as a dead worker).
-
-    ``adapter`` and ``projection``: the job's model and method already loaded in this process (the driver's,
-    when it translates the parts itself), so they are not loaded a second time.
-    """
-
-    def __init__(
-        self, job: BulkJob, adapter: Seq2SeqAdapter | None = None, projection: Projection | None = None
-    ) -> None:
-        self.job = job
-        self.adapter = adapter
-        self.projection = projection
-        self.name = f"{socket.gethostname()}:{os.getpid()}"
-
-    def _load(self) -> tuple[Seq2SeqAdapter, Projection]:
-        if self.adapter is None or self.projection is None:
-            self.adapter = load_model(self.job)
-            self.projection = build_projection(self.adapter, self.job)
-            if self.projection.signature() != self.job.signature:
-                raise ArtifactError(
-                    f"the {self.job.method} method on worker {self.name} is {self.projection.signature()}, "
-                    f"the job was planned with {self.job.signature} (did its map or index change?)"
-                )
-        return self.adapter, self.projection
-
-    def translate_range(
-        self, r: BulkRange, on_lines: Callable[[int], None] | None = None
-    ) -> dict[str, object]:
-        """Translate one range and write its part; returns its counts for the driver. ``on_lines(n)``: called
-        as each batch of ``n`` lines is done (a progress bar in the same process)."""
-        adapter, projection = self._load()
-        job = self.job
-        t0 = time.perf_counter()
-        ids, texts = r.load()
-        try:
-            res = translate(
-                adapter,
-                projection,
-                texts,
-                job.src_lang,
-                job.tgt_lang,
-                job.search,
-                progress=False,
-                on_lines=on_lines,
-            )
-        except LineTooLongError as exc:
-            raise InputError(exc.at(r.path, r.start, "--max-input-tokens")) from None
-        write_bulk_part(
-            part_file(job.parts, r.index),
-            ids,
-            texts,
-            res.hypotheses,
-            plan=job.plan(r),
-            id_type=job.id_type,
-            method=job.method,
-            signature=job.signature,
-            direction=job.direction,
-        )
-        empty = sum(1 for s, h in zip(texts, res.hypotheses, strict=True) if s.strip() and not h.strip())
-        return {
-            "index": r.index,
-            "lines": r.lines,
-            "sentences": res.sentences,
-            "tokens": res.target_tokens,
-            "seconds": time.perf_counter() - t0,
-            "decode_seconds": res.seconds,
-            "empty_outputs": empty,
-            "cut_outputs": len(res.cut),
-            "cut_lines": [r.first_row + i + 1 for i in res.cut[:CUT_LINES_SHOWN]],  # 1-based input lines
-            "duplicate_ids": len(ids) - len(set(ids)),
-            "worker": self.name,
-            "engine": adapter.engine,  # the engine "auto" resolved to where the range was decoded
-            "finished": time.time(),
-        }

@@ -6,8 +6,8 @@ method's builder and saves the ``MethodIndex`` (``artifacts_schema/method_index.
 the run context, so the driver never holds the weights).
 
 Every builder has one signature, ``builder(inputs: BuildInputs, params) -> MethodIndex``, with ``params``
-the method's frozen parameter dataclass. Builders are named in ``BUILDERS`` as ``"module:function"`` and
-imported on first use (the graph builder needs Faiss; the shortlist's own code is in tasks/shortlist.py).
+the method's frozen parameter dataclass; ``BUILDERS`` holds them by method (the graph builder imports Faiss
+when it runs; the shortlist's own code is in tasks/shortlist.py).
 
 Work-dir layout: ``methods/<method>/<unit>/{index.safetensors,manifest.json}``, ``<unit>`` = ``all`` for an
 artifact built from the output layer alone (direction ``"*"``: lsh, graph), else the direction (shortlist).
@@ -15,7 +15,6 @@ artifact built from the output layer alone (direction ``"*"``: lsh, graph), else
 
 from __future__ import annotations
 
-import importlib
 import json
 import logging
 import time
@@ -34,17 +33,10 @@ from fastvocab.artifacts_schema.method_index import (
 )
 from fastvocab.kernels.graph import GraphParams, build_graph_index
 from fastvocab.kernels.lsh import LshParams, build_lsh_index
+from fastvocab.tasks import shortlist
 
 log = logging.getLogger(__name__)
 
-# method -> "module:function" of its builder, imported on first use.
-BUILDERS: dict[str, str] = {
-    "lsh": "fastvocab.tasks.methods:build_lsh",
-    "graph": "fastvocab.tasks.methods:build_graph",
-    "shortlist": "fastvocab.tasks.methods:build_shortlist",  # one per direction, from the corpus
-}
-# The methods that decode with an offline artifact of their own (``--index``, the pipeline's methods stage).
-INDEXED_METHODS = tuple(BUILDERS)
 # Methods whose artifact depends on the output layer only: one for every direction ("*").
 MODEL_WIDE = frozenset({"lsh", "graph"})
 ANY_UNIT = "all"  # folder name of a model-wide artifact
@@ -87,14 +79,13 @@ def build_graph(inputs: BuildInputs, params: GraphParams) -> MethodIndex:
     )
 
 
-def build_shortlist(inputs: BuildInputs, params: Any) -> MethodIndex:
+def build_shortlist(inputs: BuildInputs, params: shortlist.ShortlistParams) -> MethodIndex:
     """The lexical shortlist of ``inputs.direction`` from the corpus's train split (tasks/shortlist.py;
     ``params``: its ``ShortlistParams``)."""
     from fastvocab.artifacts_schema.corpus import read_direction
 
     if inputs.adapter is None or inputs.corpus_dir is None:
         raise ValueError("a shortlist is learned from text: it needs the adapter and the corpus folder")
-    shortlist = importlib.import_module("fastvocab.tasks.shortlist")  # by name: it may import this module
     src, _, tgt = inputs.direction.partition("-")
     _, sources, targets = read_direction(
         inputs.corpus_dir, src, tgt, "train", limit=getattr(params, "max_sentences", None)
@@ -104,18 +95,21 @@ def build_shortlist(inputs: BuildInputs, params: Any) -> MethodIndex:
     )
 
 
+# method -> the builder of its artifact
+BUILDERS: dict[str, Callable[[BuildInputs, Any], MethodIndex]] = {
+    "lsh": build_lsh,
+    "graph": build_graph,
+    "shortlist": build_shortlist,  # one per direction, from the corpus
+}
+# The methods that decode with an offline artifact of their own (``--index``, the pipeline's methods stage).
+INDEXED_METHODS = tuple(BUILDERS)
+
+
 def builder(method: str) -> Callable[[BuildInputs, Any], MethodIndex]:
     """The builder of ``method``'s artifact; ValueError naming the valid methods for an unknown one."""
     if method not in BUILDERS:
         raise ValueError(f"no offline artifact for method {method!r}; valid: {', '.join(sorted(BUILDERS))}")
-    module, _, name = BUILDERS[method].partition(":")
-    try:
-        mod = importlib.import_module(module)  # by name: the shortlist module imports this one
-    except ModuleNotFoundError as exc:
-        if exc.name != module:
-            raise
-        raise ValueError(f"the {method} builder ({module}) is not installed in this fastvocab") from exc
-    return getattr(mod, name)
+    return BUILDERS[method]
 
 
 def unit_name(method: str, direction: str) -> str:

@@ -1,36 +1,24 @@
-"""The output-layer method a translation decodes with, built over a loaded model's exact W and b, and the
-options each method gets from what a user chose (the ``fastvocab translate`` flags, the pipeline's translate
-section): one place, so the CLI and the pipeline decode a method alike."""
+"""The output-layer method a translation decodes with, built over a loaded model's exact W and b.
+
+:func:`method_projection` builds it from the options a user chose (a method's options dataclass,
+``kernels/options.py``), as the CLI, the bulk job, the pipeline and the Translator all do;
+:func:`make_projection` from the projection's own keyword options, as the measurement harnesses and the
+tests build the variants they compare (the clustered ones from :func:`clustered_options`).
+"""
 
 from __future__ import annotations
-
-from pathlib import Path
 
 from fastvocab.decoding.hf_adapter import Seq2SeqAdapter
 from fastvocab.kernels import create_projection
 from fastvocab.kernels.base import Projection
-from fastvocab.tasks.method_settings import DEFAULT_METHOD, MethodSettings
-from fastvocab.tasks.methods import INDEXED_METHODS
-
-# What ``inactive_mass="auto"`` stands for in beam search: the estimator with the fewest search errors
-# measured. With the maps shipped beside the demo model, beam 4, batch 8, the whole test split: 3.8% / 2.9%
-# search errors (en-it / it-en) against 4.3% / 4.1% without an estimate, at 0.82-0.85x of that one's speed
-# (benchmarks/results/fidelity-cpu-2026-11-27-shipped-beam4-*.json). Greedy search reads logits only.
-BEAM_INACTIVE_MASS = "normaliser"
-# The same with a shortlist: the batch's candidates are columns outside the row's own set, whose exact mass
-# the normaliser (an expansion of the mass outside that set) must take off its estimate, and where they hold
-# most of it what is left is lost in the estimate's error. ``moments`` reads the mean and variance of the
-# columns actually left out. With the shipped maps and tables, beam 4, batch 8, the whole test split: 5.3% /
-# 6.4% (en-it / it-en) of outputs changed, against 8.8% / 10.9% with the normaliser and 0.9% (en-it) with
-# the exact mass (benchmarks/results/methods-cpu-2026-11-27-hybrid-mass-b4.json).
-SHORTLIST_BEAM_INACTIVE_MASS = "moments"
-# The methods with an ``int8`` option (int8 output layer, CPU): a model loaded in int8 hands it to them; the
-# others (lsh, graph, shortlist) compute their few columns in float32 beside the int8 decoder.
-INT8_METHODS = ("full", "clustered")
+from fastvocab.kernels.clustered_parts import clustered_kwargs
+from fastvocab.kernels.options import MethodOptions
+from fastvocab.kernels.registry import build_projection
 
 
 def make_projection(adapter: Seq2SeqAdapter, method: str = "full", **options: object) -> Projection:
-    """Output-layer method ``method`` over the adapter's exact W and b; EOS and language tags always on."""
+    """Output-layer method ``method`` over the adapter's exact W and b, from the projection's keyword
+    options; EOS and language tags always on."""
     return create_projection(
         method,
         adapter.output_weight,
@@ -41,84 +29,25 @@ def make_projection(adapter: Seq2SeqAdapter, method: str = "full", **options: ob
     )
 
 
-def auto_inactive_mass(beam: int, shortlist: bool = False) -> str:
-    """The inactive-mass estimator ``auto`` stands for at this beam size, with or without a shortlist."""
-    if beam == 1:
-        return "none"
-    return SHORTLIST_BEAM_INACTIVE_MASS if shortlist else BEAM_INACTIVE_MASS
+def method_projection(
+    adapter: Seq2SeqAdapter, options: MethodOptions, *, beam: int = 1, dtype: str = "float32"
+) -> Projection:
+    """The method a user chose (``options``) over the adapter's exact W and b for a search at ``beam``, on a
+    model loaded in ``dtype`` (``tasks.translate_job.load_decoder_model``): with int8, the full and
+    clustered projections' own int8 option, so the output layer runs in int8 as the decoder's linears do;
+    EOS and language tags always on."""
+    return build_projection(
+        options,
+        adapter.output_weight,
+        adapter.output_bias,
+        beam=beam,
+        int8=dtype == "int8",
+        always_active=adapter.always_active_ids(),
+        fingerprint=adapter.fingerprint,
+    )
 
 
-def exact_k_for(beam: int) -> int:
-    """``exact_k`` that makes a search exact: greedy needs the top-1 certified, beam search the 2 x beam
-    candidates it keeps per row."""
-    return 1 if beam == 1 else 2 * beam
-
-
-def clustered_options(
-    selection: str,
-    inactive_mass: str,
-    exact: bool,
-    beam: int,
-    probes: int | None = None,
-    shortlist: bool = False,
-) -> dict[str, object]:
-    """The clustered projection's options, its map and shortlist aside (``inactive_mass`` may be ``auto``;
-    ``probes`` None: the map's own; ``shortlist``: whether one joins the sets)."""
-    mass = auto_inactive_mass(beam, shortlist) if inactive_mass == "auto" else inactive_mass
-    options: dict[str, object] = {"selection": selection, "inactive_mass": mass}
-    if exact:
-        options["exact_k"] = exact_k_for(beam)
-    if probes is not None:
-        options["probes"] = probes
-    return options
-
-
-def method_options(
-    method: str,
-    direction: str,
-    settings: MethodSettings = DEFAULT_METHOD,
-    *,
-    beam: int,
-    artifact: str | Path | None = None,
-    shortlist: str | Path | None = None,
-) -> dict[str, object]:
-    """``make_projection``'s options for ``method`` decoding ``direction`` at ``beam``, from the options a
-    user chose (``settings``).
-
-    ``artifact``: the clustered map's folder (required for clustered), or the folder of an indexed method's
-    artifact (:data:`~fastvocab.tasks.methods.INDEXED_METHODS`; lsh and graph build theirs in memory without
-    it), found and checked by the caller; it is passed on as given. ``settings.selection``,
-    ``inactive_mass``, ``exact`` and ``probes`` are clustered's; ``candidates`` is the indexed methods' k,
-    ``bits`` lsh's, ``ef_search`` graph's, ``frequent`` and ``scope`` the shortlist's; ``shortlist``
-    (clustered) a shortlist table folder whose candidates join the clusters' sets. None leaves the
-    projection's own default (or the artifact's). Any other method gets no options.
-    """
-    s = settings
-    if method == "clustered":
-        if artifact is None:
-            raise ValueError("the clustered method needs a cluster map")
-        clustered: dict[str, object] = {"cluster_map": artifact}
-        clustered.update(
-            clustered_options(s.selection, s.inactive_mass, s.exact, beam, s.probes, shortlist is not None)
-        )
-        if shortlist is not None:
-            clustered["shortlist"] = shortlist
-        return clustered
-    if method not in INDEXED_METHODS:
-        return {}
-    options: dict[str, object] = {}
-    if artifact is not None:
-        options["index"] = artifact
-    if s.candidates is not None:
-        options["k"] = s.candidates
-    if method == "lsh" and s.bits is not None:
-        options["bits"] = s.bits
-    if method == "graph" and s.ef_search is not None:
-        options["ef_search"] = s.ef_search
-    if method == "shortlist":
-        options["direction"] = direction  # the table is per direction: a foreign one is refused at load
-        if s.frequent is not None:
-            options["frequent"] = s.frequent
-        if s.scope is not None:
-            options["scope"] = s.scope
-    return options
+# The clustered projection's keyword options as fastvocab translate picks them at a beam, its map and
+# shortlist aside (ClusteredOptions.projection_kwargs reads the same function): what a harness passes to
+# make_projection.
+clustered_options = clustered_kwargs

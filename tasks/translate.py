@@ -75,7 +75,6 @@ def translate(
     progress: bool = True,
     workers: int | None = None,
     on_lines: Callable[[int], None] | None = None,
-    parallel: str = "auto",
     pool: DecodePool | None = None,
 ) -> TranslationResult:
     """Translate ``lines`` (one sentence each): one output per line, in input order, with counts and timing.
@@ -88,11 +87,11 @@ def translate(
     stepper (the whole step in CUDA graphs on CUDA, the same fixed-shape step eagerly on CPU; the same
     outputs; the static engine and a projection with a capturable step required), "off" with the eager one,
     "auto" with the captured one on CUDA where the step can be captured, else eagerly
-    (:func:`fastvocab.decoding.steppers.use_graphs`). ``workers`` and ``parallel``: how many batches are
-    decoded at once and how (:class:`~fastvocab.tasks.decode_pool.DecodePool`: forked processes on Linux);
-    the outputs do not depend on them. ``pool``: a pool the caller keeps between calls (made over the same
-    ``adapter`` and ``projection``; its ``workers`` and ``parallel`` then apply), instead of one made for this
-    call: its workers are started once, not at every call. ``on_lines(n)`` is called as each batch of ``n``
+    (:func:`fastvocab.decoding.steppers.use_graphs`). ``workers``: how many batches are decoded at once
+    (:class:`~fastvocab.tasks.decode_pool.DecodePool`: forked processes on Linux); the outputs do not depend
+    on it. ``pool``: a pool the caller keeps between calls (made over the same ``adapter`` and
+    ``projection``; its ``workers`` and ``parallel`` then apply), instead of one made for this call: its
+    workers are started once, not at every call. ``on_lines(n)`` is called as each batch of ``n``
     lines is done (a caller's own progress bar).
     """
     if search.early_stopping is not None:
@@ -112,13 +111,13 @@ def translate(
         # before the pool forks: its processes inherit the compiled step rather than each compiling it
         prepare_compiled_step()
     if pool is None:
-        own = pool = DecodePool(adapter, projection, workers, parallel)
+        own = pool = DecodePool(adapter, projection, workers)
     else:
         own = None
         if pool.adapter is not adapter or pool.projection is not projection:
             raise ValueError("pool was made for another adapter or projection")
-        if workers is not None or parallel != "auto":
-            raise ValueError("pass workers and parallel to the pool, not with it")
+        if workers is not None:
+            raise ValueError("pass workers to the pool, not with it")
     t0 = time.perf_counter()
     todo = [i for i, line in enumerate(lines) if line.strip()]
     seqs = adapter.tokenize([lines[i] for i in todo], src_lang, tgt_lang)

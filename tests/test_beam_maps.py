@@ -183,16 +183,16 @@ def test_maps_probes_is_recorded_in_the_map_and_translate_decodes_with_it(beam_r
     # fastvocab translate reads the map's probes unless --probes says otherwise
     from fastvocab.decoding.hf_adapter import Seq2SeqAdapter
     from fastvocab.pipeline.cli import build_parser
-    from fastvocab.pipeline.commands.translate import _check_args, _projection_options
-    from fastvocab.tasks.projections import make_projection
+    from fastvocab.pipeline.commands.translate import _check_args
+    from fastvocab.tasks.projections import method_projection
 
     argv = ["translate", "--src-lang", "en", "--tgt-lang", "it", "-i", "x", "-o", "y"]
     argv += ["--method", "clustered", "--clusters", str(work / "maps")]
     adapter = Seq2SeqAdapter.load(load_config(path).model)
     for flags, want in (((), 3), (("--probes", "2"), 2)):
         args = build_parser("translate").parse_args([*argv, *flags])
-        _check_args(args)  # resolves the map folder, as translate does before the job
-        assert make_projection(adapter, "clustered", **_projection_options(args)).probes == want
+        options = _check_args(args)  # the map folder resolved, as translate does before the job
+        assert method_projection(adapter, options).probes == want
 
     rec, cmap = maps_stage(1)
     assert rec.status == "ran" and cmap.manifest.probes == 1

@@ -20,11 +20,13 @@ from conftest import synthetic_sentences
 
 from fastvocab.artifacts_schema.bulk_parts import MANIFEST, METHOD_KEY, PLAN_KEY, part_file
 from fastvocab.decoding import Seq2SeqAdapter
+from fastvocab.kernels.clustered_parts import ClusteredOptions
+from fastvocab.kernels.full import FullOptions
 from fastvocab.pipeline.bulk_driver import BulkRequest, run_bulk
 from fastvocab.pipeline.errors import UserError
-from fastvocab.tasks.bulk import BulkWorker
-from fastvocab.tasks.projections import make_projection
+from fastvocab.tasks.projections import make_projection, method_projection
 from fastvocab.tasks.translate import SearchSettings, translate
+from fastvocab.tasks.translate_job import TranslateWorker
 
 MAX_LEN = 6
 SEARCH = SearchSettings(batch_size=4, max_len=MAX_LEN)
@@ -178,11 +180,11 @@ def _cluster_map(adapter, root: Path) -> Path:
     return save_cluster_map(cmap, root / "en-it")
 
 
-def _by_range(adapter, inp, method="full", options=None, beam=1):
+def _by_range(adapter, inp, options=None, beam=1):
     """The text the parts must make of ``inp``: ``translate`` on each range of 5 lines, the parts' size, by
     itself (a clustered union's columns depend on which lines share a batch, so the ranges must be alike)."""
     lines = inp.read_text(encoding="utf-8").splitlines()
-    projection = make_projection(adapter, method, **(options or {}))
+    projection = method_projection(adapter, options or FullOptions(), beam=beam)
     hypotheses = []
     for start in range(0, len(lines), 5):
         hypotheses += translate(
@@ -200,26 +202,22 @@ def _by_range(adapter, inp, method="full", options=None, beam=1):
 def test_parts_in_process_equal_translate_by_range_full_and_clustered_greedy_and_beam(
     model_dir, adapter, tmp_path
 ):
-    from fastvocab.tasks.projections import method_options
-
     inp = _write_text(tmp_path / "in.txt", _lines())
     map_dir = _cluster_map(adapter, tmp_path / "maps")
     outputs = {}
     for method in ("full", "clustered"):
         for beam in (1, 2):
-            options = method_options(
-                method, "en-it", beam=beam, artifact=map_dir if method != "full" else None
-            )
+            options = ClusteredOptions(map_dir) if method == "clustered" else FullOptions()
             search = SearchSettings(beam=beam, batch_size=4, max_len=MAX_LEN)
             out = tmp_path / f"{method}-{beam}.txt"
-            req = _request(model_dir, inp, out, method=method, options=options, search=search)
+            req = _request(model_dir, inp, out, options=options, search=search)
             assert run_bulk(req, progress=False).parts_translated == 5
             outputs[method, beam] = out.read_text(encoding="utf-8")
-            assert outputs[method, beam] == _by_range(adapter, inp, method, options, beam)
+            assert outputs[method, beam] == _by_range(adapter, inp, options, beam)
     assert outputs["clustered", 2] != outputs["full", 2]  # the map is used: the comparison can fail
 
 
-class DiesOnce(BulkWorker):
+class DiesOnce(TranslateWorker):
     """A worker whose process dies (SIGKILL) the first time it takes range 2."""
 
     marker = ""
@@ -237,21 +235,19 @@ def test_two_ray_workers_one_killed_equal_translate_by_range(model_dir, adapter,
     parts is what the in-process run makes (``translate`` by range), line for line."""
     import ray.cloudpickle
 
-    from fastvocab.tasks.projections import method_options
-
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the actors run this module's class
     DiesOnce.marker = str(tmp_path / "died")
     inp = _write_text(tmp_path / "in.txt", _lines())
-    options = method_options("clustered", "en-it", beam=2, artifact=_cluster_map(adapter, tmp_path / "maps"))
+    options = ClusteredOptions(_cluster_map(adapter, tmp_path / "maps"))
     search = SearchSettings(beam=2, batch_size=4, max_len=MAX_LEN)
     out = tmp_path / "out.txt"
-    req = _request(model_dir, inp, out, method="clustered", options=options, search=search, workers=2)
+    req = _request(model_dir, inp, out, options=options, search=search, workers=2)
     result = run_bulk(req, ray=ray_session, progress=False, worker_cls=DiesOnce)
     assert Path(DiesOnce.marker).exists() and result.parts_retried == 1
     assert result.parts_translated == 5 and result.lines == 23 and result.tokens > 0  # each range once
     # the engine the actors decoded with ("auto" is static here: the suite's cache folder is not writable)
     assert result.params["engine"] == "static" and result.record().params["engine"] == "static"
-    assert out.read_text(encoding="utf-8") == _by_range(adapter, inp, "clustered", options, 2)
+    assert out.read_text(encoding="utf-8") == _by_range(adapter, inp, options, 2)
     assert not Path(str(out) + ".parts").exists()
 
 
@@ -327,10 +323,10 @@ DRIVER = """
 import os, signal, sys
 from pathlib import Path
 from fastvocab.pipeline.bulk_driver import BulkRequest, run_bulk
-from fastvocab.tasks.bulk import BulkWorker
+from fastvocab.tasks.translate_job import TranslateWorker
 from fastvocab.tasks.translate import SearchSettings
 
-class KillsTheDriver(BulkWorker):
+class KillsTheDriver(TranslateWorker):
     def translate_range(self, r, **kw):
         if r.index == 3:  # parts 0-2 are written: the driver dies, as under kill -9
             os.kill(os.getpid(), signal.SIGKILL)
@@ -358,7 +354,7 @@ def test_resume_after_sigkill_of_the_driver_retranslates_no_finished_part(model_
     assert done == ["part-00000.parquet", "part-00001.parquet", "part-00002.parquet"] and not out.exists()
     seen: list[int] = []
 
-    class Records(BulkWorker):
+    class Records(TranslateWorker):
         def translate_range(self, r, **kw):
             seen.append(r.index)
             return super().translate_range(r, **kw)

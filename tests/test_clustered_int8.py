@@ -326,22 +326,21 @@ def test_translate_cli_int8_clustered(spread_model_dir, tmp_path, capsys):
 
 def test_bulk_worker_hands_int8_to_the_clustered_projection(spread_model_dir, tmp_path):
     from fastvocab.decoding import Seq2SeqAdapter
-    from fastvocab.tasks.bulk import BulkJob, build_projection
+    from fastvocab.kernels.clustered_parts import ClusteredOptions
+    from fastvocab.tasks.translate_job import TranslateJob, job_projection
 
     adapter = Seq2SeqAdapter.load(spread_model_dir)
     path = save_full_map(adapter, tmp_path / "maps")
     for dtype in ("int8", "float32"):
-        job = BulkJob(
-            model=None,  # type: ignore[arg-type]  # build_projection reads the method, options and dtype
+        job = TranslateJob(
+            model=None,  # type: ignore[arg-type]  # job_projection reads the options, search and dtype
             src_lang="en",
             tgt_lang="it",
-            method="clustered",
-            signature="",
-            parts=str(tmp_path / "parts"),
-            options={"cluster_map": path},
+            options=ClusteredOptions(path),
+            out=str(tmp_path / "parts"),
             dtype=dtype,
         )
-        assert build_projection(adapter, job).options().get("dtype") == ("int8" if dtype == "int8" else None)
+        assert job_projection(adapter, job).options().get("dtype") == ("int8" if dtype == "int8" else None)
 
 
 @pytest.mark.parametrize("bias", [1.0, 0.0])

@@ -104,20 +104,19 @@ def test_auto_mass_with_a_shortlist_is_the_estimate_of_the_columns_left_out(adap
     """Beam search with a shortlist estimates the mass of the columns actually left out (moments): the
     normaliser expands the mass outside the row's own set, from which the batch's candidates are taken off."""
     from fastvocab.experiments.bench_methods import point_options
-    from fastvocab.tasks.method_settings import MethodSettings
-    from fastvocab.tasks.projections import BEAM_INACTIVE_MASS, SHORTLIST_BEAM_INACTIVE_MASS, method_options
+    from fastvocab.kernels.clustered_parts import (
+        BEAM_INACTIVE_MASS,
+        SHORTLIST_BEAM_INACTIVE_MASS,
+        ClusteredOptions,
+    )
 
     assert SHORTLIST_BEAM_INACTIVE_MASS == "moments" != BEAM_INACTIVE_MASS
-    hybrid = method_options("clustered", "en-it", beam=4, artifact=cmap, shortlist=index)
+    hybrid = ClusteredOptions(cmap, shortlist=index).projection_kwargs(beam=4)
     assert hybrid["inactive_mass"] == "moments"
-    assert method_options("clustered", "en-it", beam=4, artifact=cmap)["inactive_mass"] == BEAM_INACTIVE_MASS
-    assert (
-        method_options("clustered", "en-it", beam=1, artifact=cmap, shortlist=index)["inactive_mass"]
-        == "none"
-    )
-    chosen = MethodSettings(inactive_mass="centroid")
-    kept = method_options("clustered", "en-it", chosen, beam=4, artifact=cmap, shortlist=index)
-    assert kept["inactive_mass"] == "centroid"
+    assert ClusteredOptions(cmap).projection_kwargs(beam=4)["inactive_mass"] == BEAM_INACTIVE_MASS
+    assert ClusteredOptions(cmap, shortlist=index).projection_kwargs(beam=1)["inactive_mass"] == "none"
+    chosen = ClusteredOptions(cmap, inactive_mass="centroid", shortlist=index)
+    assert chosen.projection_kwargs(beam=4)["inactive_mass"] == "centroid"
     # the benchmarks' clustered points resolve auto the same way
     assert point_options("clustered", {}, 4, _Artifact(cmap), "en-it")["inactive_mass"] == BEAM_INACTIVE_MASS
 

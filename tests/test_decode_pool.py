@@ -117,7 +117,7 @@ def test_a_pool_serves_its_own_model_and_projection(adapter):
     with DecodePool(adapter, proj) as pool:
         with pytest.raises(ValueError, match="pool was made for another adapter or projection"):
             translate(adapter, other, lines, "en", "it", progress=False, pool=pool)
-        with pytest.raises(ValueError, match="pass workers and parallel to the pool"):
+        with pytest.raises(ValueError, match="pass workers to the pool"):
             translate(adapter, proj, lines, "en", "it", progress=False, pool=pool, workers=2)
     with pytest.raises(ValueError, match="parallel must be one of auto, processes, threads"):
         DecodePool(adapter, proj, parallel="fork")

@@ -11,6 +11,7 @@ import pytest
 
 from fastvocab.artifacts_schema.method_index import MANIFEST_FILE, TENSORS_FILE, load_method_index
 from fastvocab.kernels.lsh import LshParams
+from fastvocab.kernels.shortlist import ShortlistOptions
 from fastvocab.pipeline.config import load_config
 from fastvocab.pipeline.context import StageContext
 from fastvocab.pipeline.errors import UserError
@@ -86,9 +87,6 @@ def test_unknown_or_missing_builders_and_wrong_directions_are_refused(adapter, m
     inputs = tm.BuildInputs.from_adapter(adapter)
     with pytest.raises(ValueError, match="no offline artifact for method 'full'"):
         tm.build_method_index("full", inputs, None)
-    monkeypatch.setitem(tm.BUILDERS, "later", "fastvocab.tasks.not_written_yet:build")
-    with pytest.raises(ValueError, match="not installed"):
-        tm.build_method_index("later", inputs, None)
     per_direction = tm.BuildInputs.from_adapter(adapter, direction="en-it")
     with pytest.raises(ValueError, match="direction must be"):
         tm.build_method_index("lsh", per_direction, LshParams())
@@ -193,7 +191,7 @@ def test_stage_builds_one_shortlist_per_direction_from_the_config(tmp_path, tiny
 
     ctx = StageContext(cfg, InlineRay(), progress=False)
     options, prov = _method_plan(ctx, "it-en", "shortlist")
-    assert options == {"index": str(root / "it-en"), "direction": "it-en"}
+    assert options == ShortlistOptions(str(root / "it-en"), direction="it-en")
     assert prov["index_digest"].startswith("sha256:")
     reason = _method_plan(ctx, "en-it", "lsh")
     assert isinstance(reason, str) and "methods.build" in reason
@@ -226,7 +224,7 @@ def test_stage_builds_one_shortlist_per_direction_from_the_config(tmp_path, tiny
     )
     hctx = StageContext(hybrid, InlineRay(), progress=False)
     options, prov = _method_plan(hctx, "en-it", "clustered")
-    assert options["shortlist"] == str(root / "en-it") and prov["shortlist_digest"].startswith("sha256:")
+    assert options.shortlist == str(root / "en-it") and prov["shortlist_digest"].startswith("sha256:")
     assert "shortlist" not in prov["options"]  # named by its digest, not its path
     (root / "en-it").rename(root / "held")
     (root / "it-en").rename(root / "en-it")  # a table of the other direction, copied into place

@@ -17,6 +17,7 @@ from fastvocab.decoding.onnx_encoder import OnnxEncoder
 from fastvocab.decoding.onnx_step import OnnxDecoder
 from fastvocab.decoding.settings import ENGINES, SearchSettings
 from fastvocab.kernels import create_projection
+from fastvocab.tasks.decode_pool import DecodePool
 
 DEMO_MODEL = Path(__file__).resolve().parent.parent / "models" / "demo"
 DEMO_MAPS = Path(__file__).resolve().parent.parent / "models" / "demo-maps"
@@ -242,7 +243,8 @@ def test_workers_decode_after_the_parent_did(onnx, static, parallel):
     search = SearchSettings(beam=1, batch_size=2, max_len=6)
     theirs = translate(static, full, lines, "en", "it", search, workers=1, progress=False)
     for _ in range(2):
-        ours = translate(onnx, full, lines, "en", "it", search, workers=2, parallel=parallel, progress=False)
+        with DecodePool(onnx, full, 2, parallel) as pool:
+            ours = translate(onnx, full, lines, "en", "it", search, progress=False, pool=pool)
         assert ours.hypotheses == theirs.hypotheses
 
 
@@ -258,9 +260,8 @@ def test_forked_workers_inherit_sessions_the_parent_opened(tiny_model_dir, stati
     full = create_projection("full", static.output_weight, static.output_bias)
     lines = synthetic_sentences("en", 6, seed=4)
     search = SearchSettings(beam=1, batch_size=2, max_len=6)
-    ours = translate(
-        adapter, full, lines, "en", "it", search, workers=2, parallel="processes", progress=False
-    )
+    with DecodePool(adapter, full, 2, "processes") as pool:
+        ours = translate(adapter, full, lines, "en", "it", search, progress=False, pool=pool)
     assert all(s._held is not None for s in sessions)
     theirs = translate(static, full, lines, "en", "it", search, workers=1, progress=False)
     assert ours.hypotheses == theirs.hypotheses
@@ -310,11 +311,16 @@ def test_a_named_engine_is_part_of_a_parts_plan():
     """A part another engine wrote is translated again (int8 arithmetic differs between engines); parts
     written under the default engine keep their plan, so earlier runs stay resumable."""
     from fastvocab.artifacts_schema.fingerprint import ModelRef
-    from fastvocab.tasks.bulk import BulkJob, BulkRange
+    from fastvocab.kernels.full import FullOptions
+    from fastvocab.tasks.bulk import BulkRange
+    from fastvocab.tasks.translate_job import TranslateJob
 
     model = ModelRef(path="m", fingerprint="sha256:x", d=4, n_vocab=8)
     part = BulkRange(index=0, kind="text", path="in.txt", start=0, stop=3, first_row=0, digest="d")
-    plans = {e: BulkJob(model, "en", "it", "full", "sig", "parts", engine=e).plan(part) for e in ENGINES}
+    plans = {
+        e: TranslateJob(model, "en", "it", FullOptions(), "parts", signature="sig", engine=e).range_plan(part)
+        for e in ENGINES
+    }
     assert "engine" not in plans["auto"]
     assert plans["onnx"]["engine"] == "onnx" and plans["onnx"] != plans["static"] != plans["auto"]
 

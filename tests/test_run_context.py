@@ -11,10 +11,12 @@ import logging
 
 import pytest
 
+from fastvocab.artifacts_schema.digest import text_digest
+from fastvocab.kernels.full import FullOptions
 from fastvocab.tasks.context import RunContext, describe_model
 from fastvocab.tasks.dump import DumpSettings
-from fastvocab.tasks.translate import SearchSettings
-from fastvocab.tasks.workers import DecoderWorker, MethodJob, TranslateJob, TranslateWorker
+from fastvocab.tasks.translate_job import TranslateJob, TranslateWorker, sample_current
+from fastvocab.tasks.workers import DecoderWorker
 from tests.conftest import synthetic_sentences
 
 FP_LOGGER = "fastvocab.artifacts_schema.fingerprint"
@@ -46,19 +48,18 @@ def test_workers_use_the_drivers_fingerprint_and_never_hash(fake_ctx, tmp_path, 
     assert dump_worker.decoder.adapter.fingerprint == "sha256:from-the-driver"
     assert dump_worker.decoder.projection.fingerprint == "sha256:from-the-driver"
 
-    worker = TranslateWorker(fake_ctx)
     out = tmp_path / "full.parquet"
-    job = TranslateJob(
-        "en-it",
-        tuple(synthetic_sentences("en", 3)),
-        (1, 2, 3),
-        (MethodJob("full", str(out)),),
-        SearchSettings(),
-    )
-    (record,) = worker.run(job)
+    job = TranslateJob(fake_ctx.model, "en", "it", FullOptions(), str(out), torch_threads=1)
+    sources = synthetic_sentences("en", 3)
+    assert not sample_current(job, text_digest(sources))
+    (record,) = TranslateWorker(job).translate_sample((job,), (1, 2, 3), sources, text_digest(sources))
     assert record["signature"].endswith("model:sha256:from-the-driver")
     assert out.exists() and out.with_suffix(".json").exists()
     assert fingerprint_calls(caplog) == 0
+    # the one resume check: the plan recorded beside the outputs, compared whole
+    assert sample_current(job, text_digest(sources))
+    assert not sample_current(dataclasses.replace(job, dtype="bfloat16"), text_digest(sources))
+    assert not sample_current(job, text_digest(sources[:2]))
 
 
 @pytest.mark.parametrize("engine", ["static", "onnx", "auto"])

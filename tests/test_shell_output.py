@@ -147,7 +147,7 @@ def _ray_actors() -> list[int]:
     pids = []
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
-            if Path(f"/proc/{pid}/cmdline").read_bytes().startswith(b"ray::BulkWorker"):
+            if Path(f"/proc/{pid}/cmdline").read_bytes().startswith(b"ray::TranslateWorker"):
                 pids.append(int(pid))
         except OSError:
             continue

@@ -16,6 +16,7 @@ from conftest import synthetic_sentences
 from fastvocab.artifacts_schema.translations import TRANSLATIONS_SCHEMA
 from fastvocab.decoding import Seq2SeqAdapter
 from fastvocab.pipeline.cli import main
+from fastvocab.tasks.decode_pool import DecodePool
 from fastvocab.tasks.evaluate import score, search_error_rate
 from fastvocab.tasks.projections import make_projection
 from fastvocab.tasks.translate import SearchSettings, translate
@@ -122,7 +123,8 @@ def test_translate_workers_do_not_change_outputs(adapter, beam, parallel):
     search = SearchSettings(beam=beam, batch_size=2, max_len=MAX_LEN)
     threads = torch.get_num_threads()
     one = translate(adapter, proj, lines, "en", "it", search, workers=1, progress=False)
-    three = translate(adapter, proj, lines, "en", "it", search, workers=3, parallel=parallel, progress=False)
+    with DecodePool(adapter, proj, 3, parallel) as pool:
+        three = translate(adapter, proj, lines, "en", "it", search, progress=False, pool=pool)
     assert three.hypotheses == one.hypotheses and three.target_tokens == one.target_tokens
     assert len({h for h in one.hypotheses if h}) > 2
     assert torch.get_num_threads() == threads  # a worker's thread setting does not leak
@@ -147,7 +149,8 @@ def test_caller_decodes_beside_its_forked_worker(adapter, monkeypatch, tmp_path)
     search = SearchSettings(batch_size=1, max_len=MAX_LEN)
     one = translate(adapter, proj, lines, "en", "it", search, workers=1, progress=False)
     monkeypatch.setattr(dp, "decode", logged)
-    two = translate(adapter, proj, lines, "en", "it", search, workers=2, parallel="processes", progress=False)
+    with DecodePool(adapter, proj, 2, "processes") as pool:
+        two = translate(adapter, proj, lines, "en", "it", search, progress=False, pool=pool)
     assert two.hypotheses == one.hypotheses
     pids = log.read_text().split()
     assert len(pids) == len(lines) and str(os.getpid()) in pids and len(set(pids)) == 2
@@ -168,7 +171,8 @@ def test_worker_processes_add_their_counts_to_the_callers_projection(adapter, tm
         tallies.append(proj.tally())
         proj.time_steps()
         proj.reset_counters()
-        two = translate(adapter, proj, lines, "en", "it", workers=2, parallel=parallel, **kw)
+        with DecodePool(adapter, proj, 2, parallel) as pool:
+            two = translate(adapter, proj, lines, "en", "it", pool=pool, **kw)
         assert two.hypotheses == one.hypotheses
         tallies.append(proj.tally())
     for t in tallies[1:]:
@@ -177,8 +181,6 @@ def test_worker_processes_add_their_counts_to_the_callers_projection(adapter, tm
         }
         assert t["step_seconds"] > 0
     assert tallies[0]["rows"] > len(lines) and tallies[0]["columns"] > tallies[0]["rows"]
-    with pytest.raises(ValueError, match="parallel must be one of auto, processes, threads"):
-        translate(adapter, proj, lines, "en", "it", parallel="fork", **kw)
 
 
 def test_worker_kind_forks_on_linux_only(monkeypatch):
@@ -227,11 +229,14 @@ import time
 import fastvocab.tasks.decode_pool as dp
 import fastvocab.tasks.translate as tr
 from fastvocab.decoding import Seq2SeqAdapter
+from fastvocab.tasks.decode_pool import DecodePool
 from fastvocab.tasks.projections import make_projection
 adapter = Seq2SeqAdapter.load({str(model_dir)!r})
 dp.decode = lambda *a, **k: time.sleep(120)  # a batch that lasts
-tr.translate(adapter, make_projection(adapter, "full"), ["a b", "c d", "e f", "g h"], "en", "it",
-             tr.SearchSettings(batch_size=1), progress=False, workers=3, parallel="processes")
+proj = make_projection(adapter, "full")
+pool = DecodePool(adapter, proj, 3, "processes")
+tr.translate(adapter, proj, ["a b", "c d", "e f", "g h"], "en", "it", tr.SearchSettings(batch_size=1),
+             progress=False, pool=pool)
 """
     proc = subprocess.Popen([sys.executable, "-c", script])
     try:
@@ -263,10 +268,10 @@ def test_translate_worker_error_propagates(adapter, monkeypatch, parallel):
     monkeypatch.setattr(dp, "decode", failing)
     lines = [x for x in _lines() if x.strip()][:5]
     proj = make_projection(adapter, "full")
-    with pytest.raises(MemoryError, match="does not fit"):
+    with pytest.raises(MemoryError, match="does not fit"), DecodePool(adapter, proj, 2, parallel) as pool:
         translate(
             adapter, proj, lines, "en", "it", SearchSettings(batch_size=2, max_len=MAX_LEN), progress=False,
-            workers=2, parallel=parallel,
+            pool=pool,
         )  # fmt: skip
 
 
@@ -579,9 +584,12 @@ def test_cli_clustered_method(model_dir, adapter, tmp_path, capsys, mode):
 @pytest.mark.parametrize(
     ("flags", "message"),
     [
-        (("--method", "full", "--probes", "2"), "--probes applies to --method clustered, not --method full"),
-        (("--method", "clustered", "--probes", "0"), "--probes must be >= 1, got 0"),
-        (("--method", "clustered", "--probes", "2", "--selection", "per-row"), "--probes above 1 needs"),
+        (
+            ("--method", "full", "--probes", "2"),
+            "--clusters and --probes apply to --method clustered, not --method full",
+        ),
+        (("--method", "clustered", "--probes", "0"), "--probes must be an integer >= 1, got 0"),
+        (("--method", "clustered", "--probes", "2", "--selection", "per-row"), "--probes > 1 needs union"),
     ],
     ids=["not-clustered", "zero", "per-row"],
 )
@@ -595,7 +603,7 @@ def test_cli_probes_refusals(model_dir, adapter, tmp_path, capsys, flags, messag
     rc, _, err = _cli(capsys, *_translate_args(model_dir, inp, out, "--clusters", str(maps), *flags))
     assert rc != 0 and message in err and len(err.strip().splitlines()) == 1, err
     assert not out.exists()
-    with pytest.raises(ValueError, match="probes above 1 needs selection: union"):
+    with pytest.raises(ValueError, match="probes > 1 needs union selection"):
         TranslateConfig(probes=2, selection="per-row")
 
 
@@ -696,12 +704,11 @@ def test_flags_of_another_method_are_refused(tmp_path, capsys, flags, message):
     ],
 )
 def test_cli_inactive_mass_auto_and_exact_options(adapter, tmp_path, flags, want):
-    """What the translate flags hand the clustered projection; the pipeline's translate section maps to the
-    same options (tasks.projections.clustered_options)."""
+    """What the translate flags hand the clustered projection; the pipeline's translate section makes the
+    same options."""
     from fastvocab.pipeline.cli import build_parser
-    from fastvocab.pipeline.commands.translate import _check_args, _projection_options
+    from fastvocab.pipeline.commands.translate import _check_args
     from fastvocab.pipeline.config import TranslateConfig
-    from fastvocab.tasks.projections import clustered_options
 
     maps = tmp_path / "maps"
     _save_map(adapter, maps, [list(range(adapter.n_vocab))])
@@ -719,16 +726,16 @@ def test_cli_inactive_mass_auto_and_exact_options(adapter, tmp_path, flags, want
         "clustered",
     ]
     args = build_parser("translate").parse_args([*argv, "--clusters", str(maps), *flags])
-    _check_args(args)  # resolves the map folder, as translate does before the job
-    got = _projection_options(args)
+    options = _check_args(args)  # the map folder resolved, as translate does before the job
+    got = options.projection_kwargs(args.beam)
     assert got == {"cluster_map": maps / "en-it", "selection": "union", **want}
     cfg = TranslateConfig(
-        beam=args.beam, inactive_mass=args.inactive_mass, exact=args.exact, probes=args.probes
+        beam=args.beam,
+        inactive_mass=args.inactive_mass or "auto",
+        exact=bool(args.exact),
+        probes=args.probes,
     )
-    assert clustered_options(cfg.selection, cfg.inactive_mass, cfg.exact, cfg.beam, cfg.probes) == {
-        "selection": "union",
-        **want,
-    }
+    assert cfg.clustered(maps / "en-it") == options
 
 
 # -------------------------------------------------------------------------- long inputs: parts and resume
@@ -777,7 +784,7 @@ def test_parts_give_the_whole_file_translation_in_order(model_dir, long_input, t
 
 def test_a_killed_run_resumes_after_its_last_finished_part(model_dir, long_input, tmp_path, monkeypatch):
     from fastvocab.artifacts_schema.bulk_parts import part_file
-    from fastvocab.tasks import bulk as task
+    from fastvocab.tasks import translate_job as task
 
     inp, expect = long_input
     out = tmp_path / "out.txt"

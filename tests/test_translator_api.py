@@ -93,8 +93,8 @@ def test_maps_decode_with_the_shortlist_tables_beside_them(translators):
     t.translate_batch(LINES[:1], "en", "it")
     assert t.method == "clustered"
     (method,) = t._methods.values()
-    assert Path(str(method.options["cluster_map"])) == MAPS / "en-it"
-    assert Path(str(method.options["shortlist"])) == MAPS / "shortlist" / "en-it"
+    assert Path(method.options.cluster_map) == MAPS / "en-it"
+    assert Path(method.options.shortlist) == MAPS / "shortlist" / "en-it"
     assert translators["full-float32"].method == "full"
 
 
@@ -103,7 +103,7 @@ def test_a_second_call_reuses_the_projection_and_its_workers(monkeypatch):
     real = translator_module.method_projection
 
     def counted(*args, **kwargs):
-        built.append(args[1])
+        built.append(args[1].method)
         return real(*args, **kwargs)
 
     monkeypatch.setattr(translator_module, "method_projection", counted)

@@ -9,12 +9,14 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from fastvocab.artifacts_schema.corpus import MANIFEST, SPLITS, mono_path, read_manifest
 from fastvocab.pipeline.commands import add_examples, add_output
-from fastvocab.pipeline.config import CorpusConfig, load_config
 from fastvocab.pipeline.errors import UserError
 from fastvocab.pipeline.stages.corpus import build_catalogs
+
+if TYPE_CHECKING:
+    from fastvocab.pipeline.config import CorpusConfig
 
 HELP = (
     "build a parallel corpus from Debian's description translations, from the gettext message catalogs of "
@@ -31,6 +33,8 @@ examples:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    from fastvocab.pipeline.config import CorpusConfig
+
     d = CorpusConfig()
     add_examples(p, EXAMPLES)
     config = "or the --config file's"
@@ -215,6 +219,8 @@ def _overrides(args: argparse.Namespace, mode: str) -> dict[str, object]:
 
 def _print_catalogs(results: list, out_dir: Path) -> None:
     """Per pair: messages read, distinct pairs kept, the splits; then the packages and their versions."""
+    from fastvocab.artifacts_schema.corpus import MANIFEST, SPLITS, read_manifest
+
     rows = [
         [
             r.name,
@@ -234,6 +240,8 @@ def _print_catalogs(results: list, out_dir: Path) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from fastvocab.artifacts_schema.corpus import MANIFEST, SPLITS, mono_path
+    from fastvocab.pipeline.config import load_config
     from fastvocab.tasks import corpus, corpus_import
 
     mode = _check_flags(args)

@@ -21,7 +21,6 @@ from pathlib import Path
 from fastvocab.artifacts_schema.provenance import git_commit
 from fastvocab.pipeline import commands
 from fastvocab.pipeline.errors import UserError
-from fastvocab.pipeline.tracking import DEFAULT_WORK_DIR
 
 HELP = "experiments of Amer et al. on your model (tables and figures logged to MLflow)"
 EXPERIMENT = "fastvocab-experiments"
@@ -77,22 +76,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def add_paper_arguments(p: argparse.ArgumentParser) -> None:
-    from fastvocab.experiments.experiment_paper import PARTS, PRESETS
-
-    full, quick = PRESETS["full"], PRESETS["quick"]
-
-    def preset(name: str) -> str:
-        """The preset's value of a setting, as the help's default: the paper's grid's, and --quick's."""
-
-        def text(value: object) -> str:
-            if not isinstance(value, tuple):
-                return str(value)
-            if len(value) > 5 and len({b - a for a, b in itertools.pairwise(value)}) == 1:  # a range
-                return f"{value[0]},{value[1]},...,{value[-1]}"
-            return ",".join(map(str, value))
-
-        a, b = getattr(full, name), getattr(quick, name)
-        return f"(default: {text(a)})" if a == b else f"(default: {text(a)}; --quick: {text(b)})"
+    from fastvocab.experiments.experiment_paper import PARTS
+    from fastvocab.pipeline.tracking import DEFAULT_WORK_DIR
 
     commands.add_model(p)
     commands.add_corpus(p)
@@ -133,7 +118,7 @@ def add_paper_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--directions",
         metavar="SRC-TGT,...",
-        help=f"Tables 2-5, comma-separated {preset('directions')}",
+        help=f"Tables 2-5, comma-separated {_preset('directions')}",
     )
     p.add_argument(
         "--parts",
@@ -144,71 +129,91 @@ def add_paper_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--quick", action="store_true", help="sampled grids that keep the tables' and figures' shape"
     )
-    p.add_argument(
-        "--sentences",
-        type=int,
-        metavar="N",
-        help=f"first N test sentences for Tables 2, 3, 5, 0 = all {preset('sentences')}",
-    )
-    p.add_argument(
-        "--set2-sentences",
-        type=int,
-        metavar="N",
-        help=f"first N dev sentences for Table 4, 0 = all {preset('set2_sentences')}",
-    )
-    p.add_argument(
-        "--fig-direction", metavar="SRC-TGT", help=f"direction of Figures 2-4 {preset('fig_direction')}"
-    )
-    p.add_argument(
-        "--fig2-pool",
-        metavar="SRC-TGT,...",
-        help=f"directions pooled into its target for Figure 2 {preset('fig2_pool')}",
-    )
-    p.add_argument("--fig2-rs", metavar="R,R", help=f"Figure 2's numbers of clusters {preset('fig2_rs')}")
-    p.add_argument(
-        "--fig2-sentences",
-        type=int,
-        metavar="N",
-        help=f"sentences of states per direction in Figure 2 {preset('fig2_sentences')}",
-    )
-    p.add_argument("--fig3-rs", metavar="R,R", help=f"Figure 3's numbers of centroids {preset('fig3_rs')}")
-    p.add_argument(
-        "--fig3-sentences",
-        type=int,
-        metavar="N",
-        help=f"first N dev sentences decoded per r in Figure 3, 0 = all {preset('fig3_sentences')}",
-    )
-    p.add_argument(
-        "--fig-state-sentences",
-        type=int,
-        metavar="N",
-        help=f"sentences of stored states for Figures 3-4, 0 = all {preset('fig_state_sentences')}",
-    )
-    p.add_argument(
-        "--fig4-r", type=int, metavar="R", help=f"Figure 4's number of centroids {preset('fig4_r')}"
-    )
-    p.add_argument("--ks", metavar="K,K", help=f"K of Figures 3 and 4, comma-separated {preset('ks')}")
-    p.add_argument("--niter", type=int, metavar="N", help=f"k-means iterations {preset('niter')}")
-    p.add_argument(
-        "--inactive-mass",
-        choices=("none", "centroid", "moments", "normaliser", "auto"),
-        help=f"clustered method's inactive-mass estimate, none: the paper's {preset('inactive_mass')}",
-    )
-    p.add_argument("--max-len", type=int, metavar="N", help=f"max target tokens {preset('max_len')}")
-    p.add_argument(
-        "--repeats",
-        type=int,
-        metavar="N",
-        help=f"timed passes per setting, median reported {preset('repeats')}",
-    )
-    p.add_argument("--threads", type=int, metavar="N", help="CPU threads for torch (default: torch's)")
-    p.add_argument("--device", default="cpu", help="torch device (default: %(default)s)")
+    _add_grid_arguments(p)
     commands.add_output(
         p, "results folder (default: benchmarks/results/paper-<dev>-<date>[-quick])", metavar="DIR"
     )
     commands.add_mlflow_options(
         p, "the default store <work-dir>/mlflow.db", EXPERIMENT, "write the results folder only"
     )
+
+
+def _preset(name: str) -> str:
+    """The presets' value of a setting, as the help's default: the paper's grid's, and --quick's."""
+    from fastvocab.experiments.experiment_paper import PRESETS
+
+    def text(value: object) -> str:
+        if not isinstance(value, tuple):
+            return str(value)
+        if len(value) > 5 and len({b - a for a, b in itertools.pairwise(value)}) == 1:  # a range
+            return f"{value[0]},{value[1]},...,{value[-1]}"
+        return ",".join(map(str, value))
+
+    a, b = getattr(PRESETS["full"], name), getattr(PRESETS["quick"], name)
+    return f"(default: {text(a)})" if a == b else f"(default: {text(a)}; --quick: {text(b)})"
+
+
+def _add_grid_arguments(p: argparse.ArgumentParser) -> None:
+    """What the tables and figures measure: sentences, grids, the search, repeats, where it runs."""
+    p.add_argument(
+        "--sentences",
+        type=int,
+        metavar="N",
+        help=f"first N test sentences for Tables 2, 3, 5, 0 = all {_preset('sentences')}",
+    )
+    p.add_argument(
+        "--set2-sentences",
+        type=int,
+        metavar="N",
+        help=f"first N dev sentences for Table 4, 0 = all {_preset('set2_sentences')}",
+    )
+    p.add_argument(
+        "--fig-direction", metavar="SRC-TGT", help=f"direction of Figures 2-4 {_preset('fig_direction')}"
+    )
+    p.add_argument(
+        "--fig2-pool",
+        metavar="SRC-TGT,...",
+        help=f"directions pooled into its target for Figure 2 {_preset('fig2_pool')}",
+    )
+    p.add_argument("--fig2-rs", metavar="R,R", help=f"Figure 2's numbers of clusters {_preset('fig2_rs')}")
+    p.add_argument(
+        "--fig2-sentences",
+        type=int,
+        metavar="N",
+        help=f"sentences of states per direction in Figure 2 {_preset('fig2_sentences')}",
+    )
+    p.add_argument("--fig3-rs", metavar="R,R", help=f"Figure 3's numbers of centroids {_preset('fig3_rs')}")
+    p.add_argument(
+        "--fig3-sentences",
+        type=int,
+        metavar="N",
+        help=f"first N dev sentences decoded per r in Figure 3, 0 = all {_preset('fig3_sentences')}",
+    )
+    p.add_argument(
+        "--fig-state-sentences",
+        type=int,
+        metavar="N",
+        help=f"sentences of stored states for Figures 3-4, 0 = all {_preset('fig_state_sentences')}",
+    )
+    p.add_argument(
+        "--fig4-r", type=int, metavar="R", help=f"Figure 4's number of centroids {_preset('fig4_r')}"
+    )
+    p.add_argument("--ks", metavar="K,K", help=f"K of Figures 3 and 4, comma-separated {_preset('ks')}")
+    p.add_argument("--niter", type=int, metavar="N", help=f"k-means iterations {_preset('niter')}")
+    p.add_argument(
+        "--inactive-mass",
+        choices=("none", "centroid", "moments", "normaliser", "auto"),
+        help=f"clustered method's inactive-mass estimate, none: the paper's {_preset('inactive_mass')}",
+    )
+    p.add_argument("--max-len", type=int, metavar="N", help=f"max target tokens {_preset('max_len')}")
+    p.add_argument(
+        "--repeats",
+        type=int,
+        metavar="N",
+        help=f"timed passes per setting, median reported {_preset('repeats')}",
+    )
+    p.add_argument("--threads", type=int, metavar="N", help="CPU threads for torch (default: torch's)")
+    p.add_argument("--device", default="cpu", help="torch device (default: %(default)s)")
 
 
 def _names(text: str | None) -> tuple[str, ...] | None:
@@ -263,7 +268,7 @@ def run_paper_command(args: argparse.Namespace) -> int:
     from fastvocab.experiments import experiment_paper as ep
     from fastvocab.experiments.fidelity import run_meta
     from fastvocab.pipeline.extras import require
-    from fastvocab.pipeline.tracking import Tracker
+    from fastvocab.pipeline.tracking import DEFAULT_WORK_DIR, Tracker
 
     settings = paper_settings(args)
     parts = _names(args.parts) or ep.PARTS

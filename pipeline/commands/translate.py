@@ -24,7 +24,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from fastvocab.artifacts_schema.atomic import STDIO, copy_to_stream, is_stream
-from fastvocab.artifacts_schema.bulk_parts import PART_LINES
 from fastvocab.artifacts_schema.errors import ArtifactError
 from fastvocab.decoding.settings import ENGINES, SearchSettings
 from fastvocab.pipeline.checks import check_device, check_int8_device, untrained_direction
@@ -32,23 +31,22 @@ from fastvocab.pipeline.commands import (
     add_batch_size,
     add_beam,
     add_examples,
-    add_inactive_mass,
     add_length_penalty,
     add_max_len,
     add_mlflow_options,
     add_model,
     mlflow_store,
 )
-from fastvocab.pipeline.config import TranslateConfig
+from fastvocab.pipeline.commands.method_flags import add_method_flags, applies_to, chosen_options, given_flags
 from fastvocab.pipeline.errors import UserError
 from fastvocab.pipeline.method_choice import clustered_artifacts, implied_method, resolve_index
 from fastvocab.pipeline.ray_session import MIN_RAY_LINES
 from fastvocab.pipeline.wording import plural
-from fastvocab.tasks.method_settings import MethodSettings
-from fastvocab.tasks.methods import INDEXED_METHODS
 
 if TYPE_CHECKING:
+    from fastvocab.kernels.options import MethodOptions
     from fastvocab.pipeline.bulk_driver import BulkResult
+    from fastvocab.pipeline.config import TranslateConfig
 
 HELP = "translate a text file or Parquet dataset for one direction (full, clustered, lsh, graph, shortlist)"
 
@@ -64,19 +62,6 @@ examples:
 log = logging.getLogger(__name__)
 
 _DTYPES = ("float32", "float16", "bfloat16", "int8")
-# option -> the methods it applies to
-_METHOD_FLAGS = {
-    "index": INDEXED_METHODS,
-    "candidates": INDEXED_METHODS,
-    "bits": ("lsh",),
-    "ef_search": ("graph",),
-    "frequent": ("shortlist",),
-    "scope": ("shortlist",),
-    "probes": ("clustered",),
-    "with_shortlist": ("clustered",),
-    "no_shortlist": ("clustered",),
-    "clusters": ("clustered",),
-}
 
 
 def _stopping_rule(value: str) -> bool | str | None:
@@ -89,9 +74,8 @@ def _stopping_rule(value: str) -> bool | str | None:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from fastvocab.decoding.steppers import GRAPHS
-    from fastvocab.kernels import available_projections
-    from fastvocab.tasks.projections import BEAM_INACTIVE_MASS, SHORTLIST_BEAM_INACTIVE_MASS
+    from fastvocab.artifacts_schema.bulk_parts import PART_LINES
+    from fastvocab.pipeline.config import TranslateConfig
 
     d = TranslateConfig()
     add_examples(p, EXAMPLES)
@@ -118,6 +102,43 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "any descriptor the shell opened: /dev/fd/N), a pipe or a device is written through, where it "
         "stands, once every line is translated (default: -, standard output)",
     )
+    _add_search_arguments(p, d)
+    _add_method_arguments(p)
+    _add_load_arguments(p, d)
+    p.add_argument(
+        "--input-column",
+        default=None,
+        metavar="NAME",
+        help="Parquet input: text column (default: text, else source)",
+    )
+    p.add_argument(
+        "--id-column",
+        default="id",
+        metavar="NAME",
+        help="Parquet input: id column, used when present (default: %(default)s)",
+    )
+    p.add_argument(
+        "--chunk-lines",
+        type=int,
+        default=PART_LINES,
+        metavar="N",
+        help="lines a part: memory holds one part a worker, each finished part is kept (in OUTPUT.parts/, "
+        "or in the dataset folder), and a rerun after a kill resumes there (default: %(default)s)",
+    )
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    _add_ray_arguments(p)
+    add_mlflow_options(
+        p,
+        "nothing: translate logs only to a store named one of these two ways (the default store, "
+        "runs/demo/mlflow.db, would make a one-line translate seconds slower)",
+        "fastvocab-bulk",
+    )
+
+
+def _add_search_arguments(p: argparse.ArgumentParser, d: TranslateConfig) -> None:
+    """The search: beam, batches, lengths, stopping rule, CUDA graphs."""
+    from fastvocab.decoding.steppers import GRAPHS
+
     add_beam(p, d.beam)
     add_batch_size(p, d.batch_size)
     add_max_len(p, d.max_len)
@@ -148,102 +169,30 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "union selection); off = the eager step; auto = captured on CUDA where the step can be (the "
         "static engine, full or union-mode clustered), eager otherwise (default: %(default)s)",
     )
-    p.add_argument(
+
+
+def _add_method_arguments(p: argparse.ArgumentParser) -> None:
+    """``--method`` and the methods' options, made from their dataclasses (method_flags.py)."""
+    from fastvocab.kernels.registry import available_projections, options_types
+
+    g = p.add_argument_group("the output-layer method and its options")
+    g.add_argument(
         "--method",
         default=None,
         choices=available_projections(),
         help="output-layer method (default: clustered with --clusters, else full)",
     )
-    p.add_argument(
-        "--clusters",
-        type=Path,
-        metavar="DIR",
-        help="cluster map folder, or a folder of them; implies --method clustered",
-    )
-    p.add_argument(
-        "--index",
-        type=Path,
-        metavar="DIR",
-        help="lsh, graph, shortlist: the method's offline artifact: its folder (manifest.json), or a methods "
-        "root (<DIR>/<method>/all for lsh and graph, <DIR>/shortlist/<src>-<tgt>), or a pipeline work dir "
-        "(its methods/ root; built with methods.build). Required for shortlist; without it lsh hashes W "
-        "and graph builds its HNSW index in memory at start (graph: tens of seconds)",
-    )
-    p.add_argument(
-        "--candidates",
-        type=int,
-        metavar="K",
-        help="lsh: vocabulary entries per decoder row by Hamming distance; graph: top-K of the graph search; "
-        "shortlist: target subwords per source subword, at most what the table holds "
-        "(default: lsh 128, graph 10, shortlist all)",
-    )
-    p.add_argument(
-        "--bits",
-        type=int,
-        metavar="C",
-        help="lsh without --index: hash bits, an index fixes them (default: 256)",
-    )
-    p.add_argument(
-        "--ef-search", type=int, metavar="N", help="graph: HNSW search queue, >= K is used (default: 256)"
-    )
-    p.add_argument(
-        "--frequent",
-        type=int,
-        metavar="N",
-        help="shortlist: most frequent target subwords always candidates, at most the table's (default: all)",
-    )
-    p.add_argument(
-        "--scope",
-        choices=("sentence", "batch"),
-        help="shortlist: each row picks only from its own sentence's candidates (sentence), or from the "
-        "batch's union (batch: Marian's and CTranslate2's behaviour) (default: sentence)",
-    )
-    p.add_argument(
-        "--selection",
-        default=d.selection,
-        choices=["union", "per-row"],
-        help="clustered: every row of a batch gets the union of the batch's clusters' columns (union), or "
-        "only its own cluster's (per-row) (default: %(default)s)",
-    )
-    p.add_argument(
-        "--probes",
-        type=int,
-        metavar="N",
-        help="clustered, union selection: each row adds the sets of its N nearest clusters to the union, not "
-        "only its nearest's (fewer misses for states between clusters, more columns) (default: the map's "
-        "own, which its builder chose, maps.probes; 1 for maps that do not record one)",
-    )
-    p.add_argument(
-        "--with-shortlist",
-        type=Path,
-        metavar="DIR",
-        help="clustered, union selection: a lexical shortlist of this model and direction (as --index "
-        "finds it) whose candidates for the batch's sentences join every step's columns: the clusters' "
-        "sets then need fewer ids for the same fidelity (maps with maps.k: 1) (default: the tables beside "
-        "the maps, DIR/shortlist/ of --clusters DIR or of the map's parent folder, where they exist)",
-    )
-    p.add_argument(
+    add_method_flags(g, options_types())
+    g.add_argument(
         "--no-shortlist",
         action="store_true",
         help="clustered: decode with the clusters' sets alone, not with the shortlist tables found beside "
         "the maps (outputs may then differ from full softmax on many more lines)",
     )
-    add_inactive_mass(
-        p,
-        d.inactive_mass,
-        "clustered: estimate of the probability mass of the columns not computed, so beam scores stay "
-        f"comparable (auto: {BEAM_INACTIVE_MASS} for --beam > 1, the fewest search errors measured, from "
-        f"the normaliser stored in the map, {SHORTLIST_BEAM_INACTIVE_MASS} with --with-shortlist; none for "
-        "greedy, which reads logits only) (default: %(default)s)",
-    )
-    p.add_argument(
-        "--exact",
-        action="store_true",
-        help="clustered: certify each decoder row (a bound on every column not computed) and give rows "
-        "without a certificate the full projection: output identical to --method full; while the "
-        "certificate vouches for fewer rows than it would need to pay, whole steps take the full projection "
-        "(measured as it decodes); prints the certified share of rows",
-    )
+
+
+def _add_load_arguments(p: argparse.ArgumentParser, d: TranslateConfig) -> None:
+    """Where and how the model runs: device, dtype, engine, threads."""
     p.add_argument(
         "--device", default=d.device, help="torch device, e.g. cpu or cuda:0 (default: %(default)s)"
     )
@@ -274,27 +223,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "processes (faster than N threads on one batch; each batch in flight holds its own decoder cache; "
         "threads with --engine onnx from 32 rows a batch) (default: torch's)",
     )
-    p.add_argument(
-        "--input-column",
-        default=None,
-        metavar="NAME",
-        help="Parquet input: text column (default: text, else source)",
-    )
-    p.add_argument(
-        "--id-column",
-        default="id",
-        metavar="NAME",
-        help="Parquet input: id column, used when present (default: %(default)s)",
-    )
-    p.add_argument(
-        "--chunk-lines",
-        type=int,
-        default=PART_LINES,
-        metavar="N",
-        help="lines a part: memory holds one part a worker, each finished part is kept (in OUTPUT.parts/, "
-        "or in the dataset folder), and a rerun after a kill resumes there (default: %(default)s)",
-    )
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def _add_ray_arguments(p: argparse.ArgumentParser) -> None:
+    """The Ray actors that translate the parts instead of this process."""
     g = p.add_argument_group("on Ray: the same parts, translated by Ray actors")
     g.add_argument(
         "--workers",
@@ -337,17 +269,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="G",
         help="GPUs each actor reserves; > 0 decodes on the actor's GPU (default: 0)",
     )
-    add_mlflow_options(
-        p,
-        "nothing: translate logs only to a store named one of these two ways (the default store, "
-        "runs/demo/mlflow.db, would make a one-line translate seconds slower)",
-        "fastvocab-bulk",
-    )
 
 
-def _check_args(args: argparse.Namespace) -> None:
+def _check_args(args: argparse.Namespace) -> MethodOptions:
     """What the method and search flags can be refused for before the model loads (the input, the output
-    and the job's counts are checked by pipeline/bulk_driver.py)."""
+    and the job's counts are checked by pipeline/bulk_driver.py); returns the options of the method chosen,
+    with its map, table or index found and checked here, once for the job (only manifests are read: the
+    model and the artifacts' tensors load after every check passed)."""
+    from fastvocab.kernels.clustered_parts import ClusteredOptions
+    from fastvocab.kernels.registry import options_types
+
     for flag in ("beam", "batch_size", "max_len", "max_input_tokens"):
         if getattr(args, flag) < 1:
             raise UserError(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")
@@ -356,64 +287,32 @@ def _check_args(args: argparse.Namespace) -> None:
     check_int8_device(args.dtype, args.device)
     if args.src_lang == args.tgt_lang:
         raise UserError(f"--src-lang and --tgt-lang are both {args.src_lang}: nothing to translate")
+    types = options_types()
     args.method = implied_method(args.method, args.clusters)
-    if args.method == "clustered" and args.clusters is None:
-        raise UserError("--method clustered needs --clusters (a cluster map folder, or a folder of them)")
-    if args.exact and args.method != "clustered":
-        raise UserError(f"--exact applies to --method clustered, not --method {args.method}")
-    for flag, methods in _METHOD_FLAGS.items():
-        if getattr(args, flag) not in (None, False) and args.method not in methods:
-            name = "--" + flag.replace("_", "-")
-            raise UserError(f"{name} applies to --method {' or '.join(methods)}, not --method {args.method}")
-    for flag in ("candidates", "bits", "ef_search", "frequent", "probes"):
-        value = getattr(args, flag)
-        if value is not None and value < (0 if flag == "frequent" else 1):
-            raise UserError(
-                f"--{flag.replace('_', '-')} must be >= {0 if flag == 'frequent' else 1}, got {value}"
-            )
-    if (args.probes or 1) > 1 and args.selection != "union":
-        raise UserError("--probes above 1 needs --selection union (per-row groups rows by their one cluster)")
-    if args.method == "shortlist" and args.index is None:
-        raise UserError(
-            "--method shortlist needs --index (a shortlist table of this model and direction: build it with "
-            "fastvocab run, methods.build: [shortlist])"
-        )
+    given_flags(args, types, args.method)  # a flag of another method: refused before anything is read
+    if args.no_shortlist and args.method != "clustered":
+        raise applies_to(["--no-shortlist"], ["clustered"], args.method)
     check_device(args.device, "--device")
     untrained = untrained_direction(args.model, args.src_lang, args.tgt_lang)
     if untrained is not None:
         print(f"warning: {untrained}", file=sys.stderr)
-    if args.method == "clustered":
-        # only manifests are read here; the model and the map's tensors load after every check passed, and
-        # the job loads the folders resolved here
-        args.clusters, args.with_shortlist = clustered_artifacts(
+    direction = f"{args.src_lang}-{args.tgt_lang}"
+    found: dict[str, object] = {}
+    if args.method == "clustered" and args.clusters is not None:
+        found["cluster_map"], found["shortlist"] = clustered_artifacts(
             args.clusters,
             args.src_lang,
             args.tgt_lang,
             beam=args.beam,
-            selection=args.selection,
+            selection=args.selection or ClusteredOptions.selection,
             with_shortlist=args.with_shortlist,
             no_shortlist=args.no_shortlist,
         )
-    if args.method in INDEXED_METHODS and args.index is not None:
-        args.index = resolve_index(args.index, args.method, f"{args.src_lang}-{args.tgt_lang}")
-
-
-def _projection_options(args: argparse.Namespace) -> dict[str, object]:
-    """The flags as projection options (``tasks.projections.method_options``); :func:`_check_args` has
-    resolved the artifact folders."""
-    from fastvocab.tasks.projections import method_options
-
-    direction = f"{args.src_lang}-{args.tgt_lang}"
-    artifact: Path | None = None
-    if args.method == "clustered":
-        artifact = args.clusters
-    elif args.method in INDEXED_METHODS:
-        artifact = args.index
-    # the flags are named as MethodSettings' fields (--selection, --inactive-mass, ...)
-    settings = MethodSettings(**{f.name: getattr(args, f.name) for f in fields(MethodSettings)})
-    return method_options(
-        args.method, direction, settings, beam=args.beam, artifact=artifact, shortlist=args.with_shortlist
-    )
+    if args.method == "shortlist":
+        found["direction"] = direction  # the table is per direction: a foreign one is refused at load
+    if args.index is not None:
+        found["index"] = resolve_index(args.index, args.method, direction)
+    return chosen_options(args, types, args.method, **found)
 
 
 def log_to_mlflow(
@@ -448,7 +347,7 @@ def run(args: argparse.Namespace) -> int:
     from fastvocab.pipeline.tracking import check_tracking_uri
 
     started = time.time()
-    _check_args(args)
+    options = _check_args(args)
     if args.method == "graph":
         require("--method graph", "faiss")
     store = mlflow_store(args, by_default=False)
@@ -457,7 +356,7 @@ def run(args: argparse.Namespace) -> int:
         check_tracking_uri(store.uri, store.source)
     with through_files(args.input, args.output) as (input_path, output_path, shown):
         try:
-            result = _translate(args, input_path, output_path)
+            result = _translate(args, options, input_path, output_path)
         except (UserError, ArtifactError, FileNotFoundError) as exc:
             raise type(exc)(shown(str(exc))) from exc
         result.output = Path(shown(str(result.output)))
@@ -515,7 +414,9 @@ def through_files(input: str, output: str) -> Iterator[tuple[str, str, Callable[
             copy_to_stream(Path(output), target)
 
 
-def _translate(args: argparse.Namespace, input_path: str, output_path: str) -> BulkResult:
+def _translate(
+    args: argparse.Namespace, options: MethodOptions, input_path: str, output_path: str
+) -> BulkResult:
     from fastvocab.pipeline.bulk_driver import BulkRequest, run_bulk
 
     request = BulkRequest(
@@ -524,8 +425,7 @@ def _translate(args: argparse.Namespace, input_path: str, output_path: str) -> B
         args.model,
         args.src_lang,
         args.tgt_lang,
-        method=args.method,
-        options=_projection_options(args),
+        options=options,
         # the flags are named as SearchSettings' fields (--beam, --batch-size, ...)
         search=SearchSettings(**{f.name: getattr(args, f.name) for f in fields(SearchSettings)}),
         dtype=args.dtype,

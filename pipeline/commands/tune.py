@@ -108,7 +108,7 @@ COVERAGE_PROBES = (1, 2, 4, 8)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from fastvocab.experiments.tune import GRIDS, RANK_BY, TuneSettings
+    from fastvocab.experiments.tune import TuneSettings
     from fastvocab.tasks.kmeans import KMeansParams
 
     p.description = DESCRIPTION
@@ -144,50 +144,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     add_beam(p, d.beam)
     add_batch_size(p, d.batch_size)
-    p.add_argument(
-        "--grid", choices=sorted(GRIDS), default=d.grid, help="candidate grid, above (default: %(default)s)"
-    )
-    add_grid_alias(p)
-    p.add_argument(
-        "--r", dest="rs", metavar="R,R", help="centroid counts, comma-separated (default: the grid's)"
-    )
-    p.add_argument(
-        "--k", dest="ks", metavar="K,K", help="top-K ids per state in the sets (default: the grid's)"
-    )
-    p.add_argument(
-        "--min-count",
-        dest="min_counts",
-        metavar="M,M",
-        help="pruning: min (cluster, id) count (default: the grid's)",
-    )
-    p.add_argument(
-        "--selection", dest="selections", metavar="S,S", help="union and/or per-row (default: the grid's)"
-    )
-    p.add_argument(
-        "--rungs",
-        metavar="N,N",
-        help="dev sentences per rung, growing, the last decides (default: the grid's)",
-    )
-    p.add_argument(
-        "--eta",
-        type=int,
-        default=d.eta,
-        metavar="N",
-        help="keep the fastest 1/eta per rung (default: %(default)s)",
-    )
-    p.add_argument(
-        "--rank-by",
-        choices=sorted(RANK_BY),
-        default=d.rank_by,
-        help="speed ratio to maximise: wall time, or process CPU time (steadier on a shared machine) "
-        "(default: %(default)s)",
-    )
-    p.add_argument(
-        "--test-sentences",
-        type=int,
-        metavar="N",
-        help="test sentences for the check (default: the last rung's count)",
-    )
+    _add_grid_arguments(p)
     add_max_len(p, d.max_len)
     add_length_penalty(p, d.length_penalty)
     add_inactive_mass(p, d.inactive_mass, "as fastvocab translate (default: %(default)s)")
@@ -240,6 +197,57 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_output(p, "output root (default: <work-dir>/tune)", metavar="DIR")
     p.add_argument("--json", type=Path, metavar="FILE", help="also write the JSON record here")
     add_mlflow_options(p, "the default store <work-dir>/mlflow.db", "fastvocab-tune")
+
+
+def _add_grid_arguments(p: argparse.ArgumentParser) -> None:
+    """The candidates' grid and how successive halving runs it."""
+    from fastvocab.experiments.tune import GRIDS, RANK_BY, TuneSettings
+
+    d = TuneSettings()
+    p.add_argument(
+        "--grid", choices=sorted(GRIDS), default=d.grid, help="candidate grid, above (default: %(default)s)"
+    )
+    add_grid_alias(p)
+    p.add_argument(
+        "--r", dest="rs", metavar="R,R", help="centroid counts, comma-separated (default: the grid's)"
+    )
+    p.add_argument(
+        "--k", dest="ks", metavar="K,K", help="top-K ids per state in the sets (default: the grid's)"
+    )
+    p.add_argument(
+        "--min-count",
+        dest="min_counts",
+        metavar="M,M",
+        help="pruning: min (cluster, id) count (default: the grid's)",
+    )
+    p.add_argument(
+        "--selection", dest="selections", metavar="S,S", help="union and/or per-row (default: the grid's)"
+    )
+    p.add_argument(
+        "--rungs",
+        metavar="N,N",
+        help="dev sentences per rung, growing, the last decides (default: the grid's)",
+    )
+    p.add_argument(
+        "--eta",
+        type=int,
+        default=d.eta,
+        metavar="N",
+        help="keep the fastest 1/eta per rung (default: %(default)s)",
+    )
+    p.add_argument(
+        "--rank-by",
+        choices=sorted(RANK_BY),
+        default=d.rank_by,
+        help="speed ratio to maximise: wall time, or process CPU time (steadier on a shared machine) "
+        "(default: %(default)s)",
+    )
+    p.add_argument(
+        "--test-sentences",
+        type=int,
+        metavar="N",
+        help="test sentences for the check (default: the last rung's count)",
+    )
 
 
 def parse_budget(text: str) -> float:
@@ -421,8 +429,6 @@ def _coverage_markdown(record: dict) -> str:
 
 def run_decode(args: argparse.Namespace) -> int:
     from fastvocab.artifacts_schema.cluster_map import save_cluster_map
-    from fastvocab.artifacts_schema.errors import ArtifactError
-    from fastvocab.artifacts_schema.hidden_states import validate_beams
     from fastvocab.artifacts_schema.jsonfile import write_json
     from fastvocab.artifacts_schema.provenance import git_commit
     from fastvocab.experiments import tune as tt
@@ -442,37 +448,9 @@ def run_decode(args: argparse.Namespace) -> int:
 
         tracker = Tracker.open(store, args.experiment_name)
     adapter, load_before, t0 = load_model(args)
-    try:
-        beams = int_list(args.state_beams, "--state-beams")
-        by_beam = validate_beams(states, direction, fingerprint=adapter.fingerprint, beams=beams)
-    except ArtifactError as exc:
-        raise UserError(f"{exc} (run `fastvocab run` with a dump stage first, or pass --states)") from exc
-    files = [f for fs in by_beam.values() for f in fs]  # the greedy path's first, as the pipeline's maps
-    state_beams = list(by_beam)
-    if settings.beam > 1 and settings.beam not in by_beam:
-        log.warning(
-            "tuning for beam %d from states dumped along beams %s only: dump along beam %d too "
-            "(maps.beams in the pipeline config) for maps that serve it",
-            settings.beam,
-            state_beams,
-            settings.beam,
-        )
+    files, state_beams = _state_files(args, states, adapter.fingerprint, settings.beam)
     command = command_line(args, "tune")
-    print(
-        f"{'rung':>4} {'configuration':<34} {'sent':>5} {'s.err':>6} {'ident':>6} {'wall x':>6} "
-        f"{'cpu x':>6} decided",
-        file=sys.stderr,
-        flush=True,
-    )
-
-    def show(row: dict[str, Any]) -> None:
-        print(
-            f"{row['rung'] + 1:>4} {row['label']:<34} {row['sentences']:>5} {row['search_errors']:>6.3f} "
-            f"{row['identical']:>6.3f} {row['speed_ratio']:>6.2f} {row['cpu_ratio']:>6.2f} {row['decided']}",
-            file=sys.stderr,
-            flush=True,
-        )
-
+    _show_row(None)
     meta = {
         **run_meta(adapter, args.device, load_before, finished=False),  # written before the run
         "commit": git_commit(digits=12, mark_dirty=False),
@@ -491,7 +469,7 @@ def run_decode(args: argparse.Namespace) -> int:
             files,
             direction,
             settings,
-            on_row=show,
+            on_row=_show_row,
             on_note=lambda msg: log.info("%s", msg),
         )
     except tt.BudgetNotMet as exc:
@@ -554,6 +532,45 @@ def run_decode(args: argparse.Namespace) -> int:
         )
     _print_choice(record, settings, args, map_dir)
     return 0 if record["within_budget_on_test"] else MISSED_ON_TEST
+
+
+def _state_files(
+    args: argparse.Namespace, states: Path, fingerprint: str, beam: int
+) -> tuple[list, list[int]]:
+    """The stored states' shards the candidate maps are built from (the greedy path's first, as the
+    pipeline's maps), and the beams they were dumped along."""
+    from fastvocab.artifacts_schema.errors import ArtifactError
+    from fastvocab.artifacts_schema.hidden_states import validate_beams
+
+    try:
+        beams = int_list(args.state_beams, "--state-beams")
+        by_beam = validate_beams(states, args.direction, fingerprint=fingerprint, beams=beams)
+    except ArtifactError as exc:
+        raise UserError(f"{exc} (run `fastvocab run` with a dump stage first, or pass --states)") from exc
+    if beam > 1 and beam not in by_beam:
+        log.warning(
+            "tuning for beam %d from states dumped along beams %s only: dump along beam %d too "
+            "(maps.beams in the pipeline config) for maps that serve it",
+            beam,
+            list(by_beam),
+            beam,
+        )
+    return [f for fs in by_beam.values() for f in fs], list(by_beam)
+
+
+def _show_row(row: dict[str, Any] | None) -> None:
+    """One line on standard error per candidate a rung decoded (None: the header)."""
+    if row is None:
+        text = (
+            f"{'rung':>4} {'configuration':<34} {'sent':>5} {'s.err':>6} {'ident':>6} {'wall x':>6} "
+            f"{'cpu x':>6} decided"
+        )
+    else:
+        text = (
+            f"{row['rung'] + 1:>4} {row['label']:<34} {row['sentences']:>5} {row['search_errors']:>6.3f} "
+            f"{row['identical']:>6.3f} {row['speed_ratio']:>6.2f} {row['cpu_ratio']:>6.2f} {row['decided']}"
+        )
+    print(text, file=sys.stderr, flush=True)
 
 
 def _closing_meta(t0: float) -> dict[str, Any]:

@@ -7,14 +7,17 @@ driver logs to MLflow.
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
 
 STAGES = ("corpus", "dump", "kmeans", "maps", "methods", "translate", "evaluate", "bulk")
 
 
 def stage_function(name: str) -> Callable:
-    """The ``run`` function of stage ``name`` (its module is imported on first use)."""
+    """The ``run`` function of stage ``name`` (the stages' modules are imported on first use: they import
+    torch)."""
+    from fastvocab.pipeline.stages import bulk, corpus, dump, evaluate, kmeans, maps, methods, translate
+
+    modules = (corpus, dump, kmeans, maps, methods, translate, evaluate, bulk)  # in STAGES' order
     if name not in STAGES:
         raise ValueError(f"unknown stage {name!r}; valid: {', '.join(STAGES)}")
-    return importlib.import_module(f"fastvocab.pipeline.stages.{name}").run
+    return dict(zip(STAGES, modules, strict=True))[name].run

@@ -9,46 +9,57 @@ only checks its parts (its record then says ``skipped``).
 
 from __future__ import annotations
 
-from pathlib import Path
-
+from fastvocab.kernels.options import MethodOptions
 from fastvocab.pipeline.context import StageContext
 from fastvocab.pipeline.errors import UserError
 from fastvocab.pipeline.tracking import StageRecord
 
 
-def _artifact(ctx: StageContext, method: str, direction: str) -> Path | None:
-    """The map (clustered; checked for the direction) or index (lsh, graph, shortlist) the method reads."""
-    cfg = ctx.cfg.bulk
+def _options(ctx: StageContext, method: str, direction: str) -> MethodOptions:
+    """The method's options with the folders it reads, each found and checked here, once for the job: the
+    map (clustered; of the direction) and the shortlist table joining it (``translate.shortlist``), or the
+    index (``bulk.index``; a shortlist's default: the work dir's methods; lsh and graph without one build
+    theirs from W at load)."""
+    from fastvocab.kernels.registry import options_types
+    from fastvocab.tasks.methods import INDEXED_METHODS
+
+    cfg, t = ctx.cfg.bulk, ctx.cfg.translate
     src, _, tgt = direction.partition("-")
     if method == "clustered":
         from fastvocab.artifacts_schema.cluster_map import resolve_map_dir
         from fastvocab.pipeline.checks import check_map_direction
+        from fastvocab.pipeline.method_choice import resolve_index
 
         found = resolve_map_dir(cfg.clusters or ctx.maps_root, src, tgt)
         check_map_direction(found, src, tgt)
-        return found
-    return cfg.index  # lsh, graph, shortlist: checked against the method and direction when loaded
+        table = None
+        if t.shortlist is not None:
+            table = resolve_index(t.shortlist, "shortlist", direction, "translate.shortlist")
+        return t.clustered(found, table)
+    types = options_types()
+    if method not in types:
+        raise ValueError(f"unknown output-layer method {method!r}; valid: {', '.join(types)}")
+    if method not in INDEXED_METHODS:
+        return types[method]()
+    from fastvocab.pipeline.method_choice import resolve_index
+
+    if cfg.index is None and method != "shortlist":
+        return types[method]()
+    given = {"direction": direction} if method == "shortlist" else {}
+    index = resolve_index(cfg.index or ctx.work_dir, method, direction, "bulk.index")
+    return types[method](index=index, **given)  # type: ignore[call-arg]
 
 
 def run(ctx: StageContext) -> list[StageRecord]:
     from fastvocab.pipeline.bulk_driver import BulkRequest, run_bulk
-    from fastvocab.tasks.projections import method_options
 
     cfg = ctx.cfg.bulk
     if cfg.input is None:
         return []
     direction = cfg.direction or ctx.cfg.directions[0]
     t = ctx.cfg.translate
-    shortlist = None
-    if cfg.method == "clustered" and t.shortlist is not None:
-        from fastvocab.tasks.methods import index_dir
-
-        shortlist = index_dir(t.shortlist, "shortlist", direction)  # checked when the projection loads it
     try:
-        artifact = _artifact(ctx, cfg.method, direction)
-        options = method_options(
-            cfg.method, direction, t.method(), beam=t.beam, artifact=artifact, shortlist=shortlist
-        )
+        options = _options(ctx, cfg.method, direction)
     except ValueError as exc:
         raise UserError(f"bulk.method {cfg.method}: {exc}") from exc
     output = cfg.output or f"{ctx.work_dir / 'bulk' / direction}/"
@@ -59,7 +70,6 @@ def run(ctx: StageContext) -> list[StageRecord]:
         ctx.cfg.model,
         src,
         tgt,
-        method=cfg.method,
         options=options,
         search=t.search(),
         dtype=cfg.dtype,

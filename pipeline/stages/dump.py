@@ -145,12 +145,15 @@ def decode_on_workers(
         )
 
 
-def run(ctx: StageContext) -> list[StageRecord]:
+def _plan_shards(
+    ctx: StageContext, sources: dict[str, SourcesResult], beams: list[int]
+) -> tuple[dict[str, list[RowRangeSpec]], list[tuple[RowRangeSpec, int]], dict[str, list[str]]]:
+    """Each direction's shards, the (shard, beam) pairs whose states are not current (the widest beam
+    first), and the shard files found corrupt (removed, to be redone) by direction; shards beyond the plan
+    are removed."""
     cfg = ctx.cfg.dump
-    beams = ctx.dump_beams()
     m = ctx.model()
     plans: dict[str, list[RowRangeSpec]] = {}
-    sources = {d: build_source_file(ctx, d) for d in ctx.cfg.directions}
     todo: list[tuple[RowRangeSpec, int]] = []  # (shard, beam)
     corrupt: dict[str, list[str]] = {}  # direction -> shard files found corrupt and redone
     for direction in ctx.cfg.directions:
@@ -179,6 +182,15 @@ def run(ctx: StageContext) -> list[StageRecord]:
                 if status != "current":
                     todo.append((spec, beam))
     todo.sort(key=lambda item: -item[1])  # the slowest (widest beam) first: the pool ends together
+    return plans, todo, corrupt
+
+
+def run(ctx: StageContext) -> list[StageRecord]:
+    cfg = ctx.cfg.dump
+    beams = ctx.dump_beams()
+    m = ctx.model()
+    sources = {d: build_source_file(ctx, d) for d in ctx.cfg.directions}
+    plans, todo, corrupt = _plan_shards(ctx, sources, beams)
 
     t0 = time.perf_counter()
     items = [(spec, str(ctx.beam_states_root(beam)), cfg.shard_rows, beam) for spec, beam in todo]

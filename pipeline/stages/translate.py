@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -24,16 +25,17 @@ from fastvocab.artifacts_schema.cluster_map import (
 from fastvocab.artifacts_schema.corpus import read_direction
 from fastvocab.artifacts_schema.digest import text_digest
 from fastvocab.artifacts_schema.errors import ArtifactError
-from fastvocab.artifacts_schema.jsonfile import read_json
-from fastvocab.artifacts_schema.translations import read_hypotheses, sidecar_path
+from fastvocab.artifacts_schema.translations import read_hypotheses
 from fastvocab.decoding.settings import engine_for
 from fastvocab.kernels.clustered import decoding_probes
+from fastvocab.kernels.full import FullOptions
+from fastvocab.kernels.options import MethodOptions
+from fastvocab.kernels.registry import options_types
 from fastvocab.pipeline.checks import check_map_direction
 from fastvocab.pipeline.context import StageContext
 from fastvocab.pipeline.tracking import SAMPLE_ROWS, SAMPLE_TABLE, StageRecord
 from fastvocab.tasks.methods import INDEXED_METHODS
-from fastvocab.tasks.projections import method_options
-from fastvocab.tasks.workers import MethodJob, TranslateJob, TranslateWorker
+from fastvocab.tasks.translate_job import TranslateJob, TranslateWorker, sample_current
 
 log = logging.getLogger(__name__)
 
@@ -58,17 +60,18 @@ def eval_methods(ctx: StageContext) -> list[tuple[str, str, Path | None]]:
 
 def _method_plan(
     ctx: StageContext, direction: str, method: str, label: str | None = None, maps_root: Path | None = None
-) -> tuple[dict[str, Any], dict[str, Any]] | str:
-    """(projection options, provenance) of a method for a direction, or the reason it cannot run;
-    clustered reads its map from ``maps_root`` (default: the run's)."""
+) -> tuple[MethodOptions, dict[str, Any]] | str:
+    """(the method's options, what its artifacts were made from) for a direction, or the reason it cannot
+    run; clustered reads its map from ``maps_root`` (default: the run's). Every folder is found and
+    checked here, once."""
     from fastvocab.kernels import available_projections
 
     if method not in available_projections():
         return f"method {method!r} is not registered (available: {', '.join(available_projections())})"
     t = ctx.cfg.translate
     prov: dict[str, Any] = {"method": label or method}
-    artifact: str | None = None
     shortlist: str | None = None
+    options: MethodOptions = FullOptions()
     if method == "clustered":
         src, _, tgt = direction.partition("-")
         # the map of the configured scope (a folder of the other scope may be left from an earlier run)
@@ -91,7 +94,6 @@ def _method_plan(
         warning = coverage_problem(manifest, t.beam, map_dir)
         if warning is not None:
             log.warning("translate %s: %s", direction, warning)
-        artifact = str(map_dir)
         # the manifest names the map's tensors by their digest: no need to read and hash them here
         prov.update(map=map_dir.name, map_digest=manifest.tensors_digest, selection=t.selection)
         # the probes decoding reads (the map's unless the config says): not in the tensors' digest
@@ -101,21 +103,23 @@ def _method_plan(
             if isinstance(found, str):
                 return found
             shortlist, prov["shortlist_digest"] = found
+        options = t.clustered(str(map_dir), shortlist)
+        # the options as recorded: the map and the table are named by their digests
+        kwargs = options.projection_kwargs(t.beam)
+        prov["options"] = {k: v for k, v in kwargs.items() if k not in ("cluster_map", "shortlist")}
     elif method in INDEXED_METHODS:
         found = _index_artifact(ctx, direction, method)
         if isinstance(found, str):
             return found
-        artifact, index_digest = found
+        index, index_digest = found
         # the projection's own defaults for k (lsh, graph) or the table's (shortlist)
         prov.update(options="defaults", index_digest=index_digest)
+        given = {"direction": direction} if method == "shortlist" else {}
+        options = options_types()[method](index=index, **given)  # type: ignore[call-arg]
     elif method != "full":
         # Other methods take options the pipeline does not know yet: they run with their defaults.
         prov["options"] = "defaults"
-    options = method_options(
-        method, direction, t.method(), beam=t.beam, artifact=artifact, shortlist=shortlist
-    )
-    if method == "clustered":  # the options as recorded: the map and the table are named by their digests
-        prov["options"] = {k: v for k, v in options.items() if k not in ("cluster_map", "shortlist")}
+        options = options_types()[method]()
     return options, prov
 
 
@@ -161,16 +165,18 @@ def _index_artifact(ctx: StageContext, direction: str, method: str) -> tuple[str
     return str(folder), manifest.tensors_digest
 
 
+# one direction's sample and the jobs that translate it (in one actor, so that their speeds compare alike)
+Sample = tuple[tuple[TranslateJob, ...], list[int], list[str], str]
+
+
 def run(ctx: StageContext) -> list[StageRecord]:
     t = ctx.cfg.translate
-    search = t.search()
     m = ctx.model()
     records: dict[str, StageRecord] = {}
-    work: list[TranslateJob] = []
+    work: list[Sample] = []
     samples: dict[str, tuple[list[int], list[str], list[str], list[Path]]] = {}
     for direction in ctx.cfg.directions:
         ids, sources, refs = eval_sample(ctx, direction)
-        out_dir = ctx.translations_root / direction
         params: dict[str, Any] = {
             "model_fingerprint": m.fingerprint,
             "split": ctx.cfg.eval.split,
@@ -184,34 +190,10 @@ def run(ctx: StageContext) -> list[StageRecord]:
             "exact": t.exact,
             "device": t.device,
         }
-        unavailable: list[str] = []
-        current: list[MethodJob] = []
-        jobs: list[MethodJob] = []
-        for label, method, maps_root in eval_methods(ctx):
-            plan = _method_plan(ctx, direction, method, label, maps_root)
-            if isinstance(plan, str):
-                log.warning("translate %s: skipping %s: %s", direction, label, plan)
-                unavailable.append(f"{label}: {plan}")
-                continue
-            options, prov = plan
-            prov.update(
-                model_fingerprint=m.fingerprint,
-                sources_digest=text_digest(sources),
-                beam=t.beam,
-                batch_size=t.batch_size,
-                max_len=t.max_len,
-                length_penalty=t.length_penalty,
-                early_stopping=t.early_stopping,
-            )
-            if t.engine != "auto":  # its timings, and its int8 outputs, are the engine's own
-                prov["engine"] = t.engine
-            out = out_dir / f"{label}.parquet"
-            mjob = MethodJob(method, str(out), options, prov, None if label == method else label)
-            found = read_json(sidecar_path(out))
-            if out.exists() and found is not None and all(found.get(k) == v for k, v in prov.items()):
-                current.append(mjob)
-            else:
-                jobs.append(mjob)
+        digest = text_digest(sources)
+        jobs, unavailable = _direction_jobs(ctx, direction)
+        current = [j for j in jobs if sample_current(j, digest)]
+        jobs = [j for j in jobs if j not in current]
         if jobs and any(j.method == "full" for j in current):
             # speed ratios compare methods timed in the same process: time full again with the others
             jobs += [j for j in current if j.method == "full"]
@@ -229,7 +211,7 @@ def run(ctx: StageContext) -> list[StageRecord]:
             continue
         # full first: the other methods' search errors and speed ratios are measured against it
         jobs.sort(key=lambda j: j.method != "full")
-        work.append(TranslateJob(direction, tuple(sources), tuple(ids), tuple(jobs), search))
+        work.append((tuple(jobs), ids, sources, digest))
         records[direction] = StageRecord("translate", direction, "ran", note, params)
     if work:
         _translate(ctx, work, records)
@@ -238,6 +220,37 @@ def run(ctx: StageContext) -> list[StageRecord]:
         if table is not None:
             rec.tables[SAMPLE_TABLE] = table
     return list(records.values())
+
+
+def _direction_jobs(ctx: StageContext, direction: str) -> tuple[list[TranslateJob], list[str]]:
+    """The jobs of every method the evaluation runs for ``direction``, and why the others cannot run."""
+    t = ctx.cfg.translate
+    src, _, tgt = direction.partition("-")
+    jobs, unavailable = [], []
+    for label, method, maps_root in eval_methods(ctx):
+        plan = _method_plan(ctx, direction, method, label, maps_root)
+        if isinstance(plan, str):
+            log.warning("translate %s: skipping %s: %s", direction, label, plan)
+            unavailable.append(f"{label}: {plan}")
+            continue
+        options, made_from = plan
+        out = ctx.translations_root / direction / f"{label}.parquet"
+        jobs.append(
+            TranslateJob(
+                ctx.model(),
+                src,
+                tgt,
+                options,
+                str(out),
+                search=t.search(),
+                device=t.device,
+                # its timings, and its int8 outputs, are the engine's own
+                engine=engine_for(t.engine, t.graphs),
+                made_from=made_from,
+                label=None if label == method else label,
+            )
+        )
+    return jobs, unavailable
 
 
 def sample_table(
@@ -257,19 +270,22 @@ def sample_table(
     return columns
 
 
-def _translate(ctx: StageContext, work: list[TranslateJob], records: dict[str, StageRecord]) -> None:
-    """The directions' jobs on a pool of translation actors; their speeds and signatures into the records."""
+def _translate(ctx: StageContext, work: list[Sample], records: dict[str, StageRecord]) -> None:
+    """The directions' samples on a pool of translation actors; their speeds and signatures into the
+    records."""
     t = ctx.cfg.translate
     _, threads, _ = ctx.decoder_workers()
     gpus = 1.0 if t.device.startswith("cuda") else 0.0
     ctx.ray.require_gpus(gpus, f"translate.device={t.device}")
-    run_ctx = ctx.run_context(t.device, int(threads), engine_for(t.engine, t.graphs))
-    items = [(job,) for job in work]
+    items: list[Sample] = [
+        (tuple(replace(j, torch_threads=int(threads)) for j in jobs), ids, sources, digest)
+        for jobs, ids, sources, digest in work
+    ]
     with ctx.bar(len(work), "translate", unit="direction") as bar:
         results = ctx.ray.map_actors(
             TranslateWorker,
-            (run_ctx,),
-            "run",
+            (items[0][0][0],),  # every job decodes the run's model alike: the actors load it from one
+            "translate_sample",
             items,
             bar,
             size=ctx.cfg.dump.num_workers,
@@ -277,8 +293,8 @@ def _translate(ctx: StageContext, work: list[TranslateJob], records: dict[str, S
             num_gpus=gpus,
             ordered=True,
         )
-    for job, res in zip(work, results, strict=True):
-        rec = records[job.direction]
+    for (jobs, *_), res in zip(work, results, strict=True):
+        rec = records[jobs[0].direction]
         for r in res:
             meth = r["method"]
             rec.metrics.update(
