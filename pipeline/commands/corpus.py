@@ -16,7 +16,7 @@ from fastvocab.pipeline.errors import UserError
 from fastvocab.pipeline.stages.corpus import build_catalogs
 
 if TYPE_CHECKING:
-    from fastvocab.pipeline.config import CorpusConfig
+    pass
 
 HELP = (
     "build a parallel corpus from Debian's description translations, from the gettext message catalogs of "
