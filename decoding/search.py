@@ -20,14 +20,14 @@ Semantics follow Hugging Face ``generate`` so the full projection reproduces it 
 
 Each search is written once against a ``Stepper`` (``fastvocab.decoding.steppers``), which advances the
 decoder. With the eager one, finished rows (greedy) leave the batch every step on CPU and in buckets on an
-accelerator (``COMPACT_FRACTION``; every step whenever a ``step_hook`` is given), finished sentences (beam)
-at the next host read, so the cost of a step shrinks as sentences end. The search reads its stop decision
-back to the host every step on CPU and every ``SYNC_EVERY`` steps on an accelerator (``_sync_every``); in
-between, the per-step work (top-k, finished pool, beam reorder) stays on the device and waits for nothing.
-With the captured one (fixed shapes) nothing leaves the batch, one whole step (the choice, the reorder,
-the decoder step) runs without a host read, in CUDA graphs on CUDA, and the projection is its capturable
-step (``Projection.capturable``); a static union that outgrows its capacity sends the batch to the eager
-search, where such a step gets the full logits (a column is never dropped silently).
+accelerator (``switches.COMPACT_FRACTION``; every step whenever a ``step_hook`` is given), finished sentences
+(beam) at the next host read, so the cost of a step shrinks as sentences end. The search reads its stop
+decision back to the host every step on CPU and every ``switches.SYNC_EVERY`` steps on an accelerator
+(``_sync_every``); in between, the per-step work (top-k, finished pool, beam reorder) stays on the device and
+waits for nothing. With the captured one (fixed shapes) nothing leaves the batch, one whole step (the choice,
+the reorder, the decoder step) runs without a host read, in CUDA graphs on CUDA, and the projection is its
+capturable step (``Projection.capturable``); a static union that outgrows its capacity sends the batch to the
+eager search, where such a step gets the full logits (a column is never dropped silently).
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from fastvocab import switches
 from fastvocab.decoding.settings import DEFAULT_SEARCH, SearchSettings
 from fastvocab.decoding.steppers import CapturedStepper, EagerStepper, Stepper, capturable_step
 from fastvocab.kernels.base import CapturableStep, Projection, ProjectionOutput
@@ -51,21 +52,6 @@ log = logging.getLogger(__name__)
 # Score given to impossible beams, as in transformers (finite, so sums stay ordered).
 _NEG = -1.0e9
 
-# Greedy: finished rows leave the batch once they are at least this share of it (0 = every step); None = by
-# device. On CPU every step: a compaction (index_select of the filled cache) costs less than carrying a
-# finished row for one step (measured: benchmarks/history/engine-notes.md). On an accelerator in buckets
-# (0.25): fewer shape changes and host syncs.
-COMPACT_FRACTION: float | None = None
-# How often (in steps) the search reads its stop decision back to the host: on an accelerator every SYNC_EVERY
-# steps (a read waits for the device; rows and sentences that finish in between stay in the batch, their
-# results frozen), on CPU every CPU_SYNC_EVERY steps (1: a read is free there; tests raise it to run the
-# accelerator's schedule on CPU), and every step whenever a step_hook is given (records hold live rows only).
-SYNC_EVERY = 4
-CPU_SYNC_EVERY = 1
-# Beam search on CPU: each row's candidates are one compiled call (host_beam_step.row_candidates) at every
-# width, from a beam-4 step of the shipped clustered maps (~2,500 scores) to the full layer at batch 32 (4M).
-# False: torch's log-softmax and the blocked top-k, as on an accelerator (tests and benchmarks compare them).
-COMPILED_CANDIDATES = True
 _NO_IDS = np.empty(0, dtype=np.int64)
 _NO_MASS = np.empty(0, dtype=np.float32)
 
@@ -117,7 +103,7 @@ def stopping_rule(adapter, early_stopping: bool | str | None = None) -> bool | s
 def _sync_every(device: torch.device, step_hook: StepHook | None) -> int:
     if step_hook is not None:
         return 1
-    return CPU_SYNC_EVERY if device.type == "cpu" else SYNC_EVERY
+    return (switches.CPU_SYNC_EVERY if device.type == "cpu" else switches.SYNC_EVERY).get()
 
 
 def _banned_ids(adapter, device: torch.device) -> torch.Tensor | None:
@@ -246,7 +232,7 @@ def greedy_search(
     # Fixed shapes: torch's argmax (the CPU's numpy one makes a new tensor, not one a graph holds).
     argmax = argmax_rows if not fixed else (lambda scores: scores.argmax(dim=1, keepdim=True))
     # With a hook every step compacts, so records hold exactly the live rows (the dump relies on it).
-    fraction = COMPACT_FRACTION
+    fraction = switches.COMPACT_FRACTION.get()
     if fraction is None:
         fraction = 0.0 if device.type == "cpu" else 0.25
     if step_hook is not None:
@@ -557,7 +543,7 @@ def prepare_compiled_step() -> None:
 def _host_can(out: ProjectionOutput) -> bool:
     logits = out.logits
     return (
-        COMPILED_CANDIDATES and logits.device.type == "cpu" and logits.dtype == torch.float32
+        switches.COMPILED_CANDIDATES.get() and logits.device.type == "cpu" and logits.dtype == torch.float32
         and (out.ids is None or out.ids.dim() == 1) and not logits.requires_grad
     )  # fmt: skip
 

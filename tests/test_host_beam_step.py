@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 
+from fastvocab import switches
 from fastvocab.decoding import search
 from fastvocab.decoding.hf_adapter import Seq2SeqAdapter
 from fastvocab.decoding.search import beam_search, row_candidates
@@ -120,13 +121,13 @@ def test_the_exp_is_within_float32_rounding():
     assert np.abs(got / want - 1)[t[::97] > -1].max() < 2e-7
 
 
-def test_other_outputs_take_torchs_path(monkeypatch):
+def test_other_outputs_take_torchs_path(switch):
     """Per-row ids (a per-row selection) take torch's log-softmax and top-k; so does every output where the
     compiled candidates are switched off."""
     out = ProjectionOutput(torch.randn(4, 50), None, 50)
     assert search._host_can(out)
     assert not search._host_can(ProjectionOutput(torch.randn(2, 5), torch.randint(0, 50, (2, 5)), 50))
-    monkeypatch.setattr(search, "COMPILED_CANDIDATES", False)
+    switch(COMPILED_CANDIDATES=False)
     assert not search._host_can(out)
 
 
@@ -150,8 +151,7 @@ def test_beam_search_with_the_compiled_step_equals_the_tensor_step(adapter, monk
     )
     for proj in (full, clustered):
         got = beam_search(adapter, proj, batch, "en", "it", settings)
-        with monkeypatch.context() as patch:
-            patch.setattr(search, "COMPILED_CANDIDATES", False)
+        with monkeypatch.context() as patch, switches.override(COMPILED_CANDIDATES=False):
             patch.setattr(search.BeamState, "_advance_host", _tensor_advance)
             want = beam_search(adapter, proj, batch, "en", "it", settings)
         assert got == want and any(got), (proj, rule)
