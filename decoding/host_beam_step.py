@@ -28,10 +28,10 @@ import numpy as np
 
 from fastvocab.kernels.jit import njit
 
-# Score given to impossible beams (finite, so sums stay ordered): search.py's _NEG as float32.
+# Score given to impossible beams (finite, so sums stay ordered): beam_state.py's _NEG as float32.
 NEG = np.float32(-1.0e9)
 
-# How the compiled advance reads its stopping rule (search.py's ``early_stopping``): done once the pool is
+# How the compiled advance reads its stopping rule (beam search's ``early_stopping``): done once the pool is
 # full (True); or also once the best live beam, normalised at its length (False) or at the length limit
 # ("never" with a length penalty), cannot beat the pool's worst.
 RULE_TRUE, RULE_FALSE, RULE_NEVER = 0, 1, 2
@@ -262,7 +262,7 @@ def advance(  # pragma: no cover - compiled
     row_vals, row_toks, run_scores, run_seqs, fin_scores, fin_seqs, fin_any, done, step_at, denoms,
     eos, final, pooled, rule, never_len, out_toks, out_rows,
 ) -> bool:  # fmt: skip
-    """One beam step for ``n`` sentences x ``k`` beams, in place on the state's arrays (search.py's
+    """One beam step for ``n`` sentences x ``k`` beams, in place on the state's arrays (beam_state.py's
     ``BeamState``: ``run_scores`` (n, k), ``run_seqs`` (n, k, T), ``fin_*``, ``done`` (n,), ``step_at`` (1,),
     ``denoms`` (T,)), from each row's candidates ``row_vals`` / ``row_toks`` (n*k, kk). Writes the tokens the
     live beams continue with into ``out_toks`` (n, k) and the row each continues into ``out_rows`` (n, k).
