@@ -269,7 +269,12 @@ def advance(  # pragma: no cover - compiled
 
     ``final``: the length limit, where every candidate finishes and every sentence is done. ``pooled``: the
     pool may hold a finished hypothesis (the stopping rule is read only then). Returns ``pooled`` after this
-    step: whether a candidate was merged into the pool now or before."""
+    step: whether a candidate was merged into the pool now or before.
+
+    Seventeen parameters because this is a numba kernel that works in place: numba compiles it for flat
+    typed arrays and scalars, so each of the state's arrays it updates, the step's scalars and the two
+    output arrays come one by one; ``BeamState`` itself, or a dict of its arrays, would reach it as an
+    untyped Python object. Its one caller, ``BeamState._advance_host``, passes the state's numpy views."""
     n, k = run_scores.shape
     kk = row_vals.shape[1]
     width = k * kk
