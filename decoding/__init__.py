@@ -11,13 +11,14 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from fastvocab.decoding.hf_adapter import DecoderState, EncoderState, Seq2SeqAdapter
+    from fastvocab.decoding.decoder_states import DecoderState, EncoderState
+    from fastvocab.decoding.hf_adapter import Seq2SeqAdapter
     from fastvocab.decoding.search import StepRecord, beam_search, greedy_search
 
 # each name -> the module that defines it
 _EXPORTS = {
-    "DecoderState": "hf_adapter",
-    "EncoderState": "hf_adapter",
+    "DecoderState": "decoder_states",
+    "EncoderState": "decoder_states",
     "Seq2SeqAdapter": "hf_adapter",
     "StepRecord": "search",
     "beam_search": "search",

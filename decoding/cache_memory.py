@@ -8,21 +8,21 @@ user can act on, instead of an out-of-memory error in the middle of a run.
 
 from __future__ import annotations
 
-import os
-
 import torch
 
-# Environment variable: cap on one static-cache allocation, in MiB (``StaticDecoder(max_cache_bytes=)``).
-CACHE_LIMIT_ENV = "FASTVOCAB_CACHE_LIMIT_MB"
+from fastvocab import switches
+
 # Allocations at least this big are also checked against the device's free memory (a cheap read, but not one
 # to make every step for the small reorders).
 _CHECK_FREE_BYTES = 256 << 20
 
 
 def cache_limit(max_cache_bytes: int | None) -> int | None:
-    """``max_cache_bytes``, else the ``FASTVOCAB_CACHE_LIMIT_MB`` environment variable's limit, else None."""
-    if max_cache_bytes is None and os.environ.get(CACHE_LIMIT_ENV):
-        return int(float(os.environ[CACHE_LIMIT_ENV]) * 2**20)
+    """``max_cache_bytes``, else the ``FASTVOCAB_CACHE_LIMIT_MB`` environment variable's limit
+    (``switches.CACHE_LIMIT_MB``), else None."""
+    limit_mb = switches.CACHE_LIMIT_MB.get() if max_cache_bytes is None else None
+    if limit_mb is not None:
+        return int(limit_mb * 2**20)
     return max_cache_bytes
 
 
@@ -32,7 +32,7 @@ def allocate_cache(
     """An uninitialised cache tensor, or a ``MemoryError`` naming ``what`` (self- or cross-attention
     cache), its shape and bytes when it exceeds ``limit`` or the device's free memory."""
     size = torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size()
-    source = "max_cache_bytes / " + CACHE_LIMIT_ENV
+    source = f"max_cache_bytes / {switches.CACHE_LIMIT_MB.env}"
     if size >= _CHECK_FREE_BYTES:
         free = _free_bytes(device)
         if free is not None and (limit is None or free < limit):

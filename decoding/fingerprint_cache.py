@@ -11,15 +11,18 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+from fastvocab import switches
+
 log = logging.getLogger(__name__)
 
 
 def cache_root() -> Path:
     """fastvocab's cache folder (fingerprints here, exported engines in ``engines/``):
-    ``$FASTVOCAB_CACHE_DIR``, else ``$XDG_CACHE_HOME/fastvocab``, else ``~/.cache/fastvocab``."""
+    ``$FASTVOCAB_CACHE_DIR`` (``switches.CACHE_DIR``), else ``$XDG_CACHE_HOME/fastvocab``, else
+    ``~/.cache/fastvocab``."""
     import os
 
-    root = os.environ.get("FASTVOCAB_CACHE_DIR")
+    root = switches.CACHE_DIR.get()
     if root:
         return Path(root)
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "fastvocab"

@@ -8,7 +8,10 @@ into the pieces the search loop needs:
   with a KV cache carried in the returned state; ``reorder`` selects rows of that state,
 - ``output_weight`` / ``output_bias``: the exact ``W`` (N, d) and ``b`` (N,) so that ``h W^T + b`` equals the
   model's logits (tied or untied head, Marian/MBart ``final_logits_bias`` included),
-- tokenization with the language tags of each model family.
+- tokenization with the language tags of each model family (``decoding.language_tags``).
+
+What it hands the search between steps, the encoder's output and the decoder's state, is
+``decoding.decoder_states``.
 
 The output projection itself is *not* applied here: the search hands ``h`` to a ``kernels`` projection.
 
@@ -27,16 +30,16 @@ docs/decisions/0021-auto-is-onnx-on-cpu.md.
 from __future__ import annotations
 
 import logging
-import re
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, cast
 
 import torch
 
 from fastvocab.artifacts_schema.fingerprint import projection_fingerprint
+from fastvocab.decoding.decoder_states import DecoderState, EncoderState
 from fastvocab.decoding.fingerprint_cache import cached_fingerprint, remember_fingerprint
 from fastvocab.decoding.inference import step_inference
+from fastvocab.decoding.language_tags import M2M, MARIAN, MBART, NLLB, fixed_pair, language_ids, model_family
 from fastvocab.decoding.piece_table import PieceTable
 from fastvocab.decoding.settings import ENGINES
 
@@ -45,47 +48,6 @@ if TYPE_CHECKING:
     from fastvocab.decoding.static_decoder import StaticDecoder
 
 log = logging.getLogger(__name__)
-
-# Model families by how they tag languages (source side and forced target prefix).
-_M2M = "m2m"  # M2M100 and the demo model: "__xx__" tags, src tag prepended, tgt tag forced after </s>
-_NLLB = "nllb"  # NLLB: "eng_Latn" tags, same scheme as M2M100
-_MBART = "mbart"  # MBart-50: "en_XX" tags, same target scheme
-_MARIAN = "marian"  # Marian: fixed pair, or ">>xx<<" target token in the source text (multi-target models)
-
-_NLLB_CODE = re.compile(r"^[a-z]{3}_[A-Z][a-z]{3}$")
-_MBART_CODE = re.compile(r"^[a-z]{2}_[A-Z]{2}$")
-_MARIAN_TAG = re.compile(r"^>>([A-Za-z_]+)<<$")
-
-
-@dataclass
-class EncoderState:
-    """Encoder output for a batch of source sentences."""
-
-    hidden: torch.Tensor  # (rows, S, d)
-    mask: torch.Tensor  # (rows, S) 1 = real token
-    # Target positions the decoder will be fed at most (forced prefix + max_len - 1), when the search knows:
-    # the static engine sizes its self-attention cache from it (else from cache_len, doubling as needed).
-    positions: int | None = None
-
-
-@dataclass
-class DecoderState:
-    """Everything a decoder step needs besides the new token: encoder output and the KV cache.
-
-    Engine "hf": ``encoder`` and a transformers ``EncoderDecoderCache``. Engine "static": ``encoder`` is None
-    (the cross-attention keys/values were computed from it at the first step) and ``cache`` a
-    ``fastvocab.decoding.static_decoder.StaticState``.
-    """
-
-    encoder: EncoderState | None
-    cache: Any
-    length: int  # target tokens consumed so far
-
-    @property
-    def rows(self) -> int:
-        if self.encoder is None:
-            return self.cache.rows
-        return self.encoder.hidden.shape[0]
 
 
 class Seq2SeqAdapter:
@@ -138,7 +100,7 @@ class Seq2SeqAdapter:
         # A fingerprint handed in (a pipeline worker gets the driver's) is trusted: hashing W is a full read.
         self._fingerprint: str | None = fingerprint
 
-        self.family = _family(model, tokenizer)
+        self.family = model_family(model, tokenizer)
         self.eos_id: int = int(self.config.eos_token_id)
         self.pad_id: int = int(self.config.pad_token_id)
         self.decoder_start_id: int = int(
@@ -151,9 +113,9 @@ class Seq2SeqAdapter:
             forced_eos = forced_eos[0] if len(forced_eos) == 1 else None
         # generate() forces EOS as the last token when the length limit is hit (Marian, BART-style configs).
         self.forced_eos_id: int | None = None if forced_eos is None else int(forced_eos)
-        self._lang_ids = self._language_ids()
+        self._lang_ids = language_ids(self.tokenizer, self.family, self.n_vocab)
         # Multi-target Marian: target tags, plus the source language its tokenizer records (if any).
-        pair = self._fixed_pair() if self.family == _MARIAN else []
+        pair = fixed_pair(self.tokenizer) if self.family == MARIAN else []
         self.languages: list[str] = sorted(set(self._lang_ids) | set(pair))
         trained = getattr(self.config, "fastvocab_languages", None)
         if trained:  # the demo model records the languages it was trained on (its tokenizer knows 100)
@@ -371,32 +333,9 @@ class Seq2SeqAdapter:
 
     # ------------------------------------------------------------------ languages
 
-    def _language_ids(self) -> dict[str, int]:
-        tok = self.tokenizer
-        ids: dict[str, int] = {}
-        if self.family == _M2M and hasattr(tok, "lang_code_to_id"):
-            ids = {code: int(i) for code, i in tok.lang_code_to_id.items()}
-        elif self.family in (_NLLB, _MBART):
-            pattern = _NLLB_CODE if self.family == _NLLB else _MBART_CODE
-            for t in _special_tokens(tok):
-                if pattern.match(t):
-                    ids[t] = int(tok.convert_tokens_to_ids(t))
-        elif self.family == _MARIAN:
-            for t, i in tok.get_vocab().items():
-                m = _MARIAN_TAG.match(t)
-                if m:
-                    ids[m.group(1)] = int(i)
-        # Only tags the model can actually emit/read.
-        return {code: i for code, i in ids.items() if 0 <= i < self.n_vocab}
-
-    def _fixed_pair(self) -> list[str]:
-        # Marian pair models: the tokenizer may record its languages; otherwise nothing to check against.
-        langs = [getattr(self.tokenizer, a, None) for a in ("source_lang", "target_lang")]
-        return [lang for lang in langs if isinstance(lang, str) and lang]
-
     @property
     def multi_target_marian(self) -> bool:
-        return self.family == _MARIAN and bool(self._lang_ids)
+        return self.family == MARIAN and bool(self._lang_ids)
 
     def check_language(self, lang: str) -> None:
         """Raise ``ValueError`` naming the model and the valid codes when ``lang`` is not one of them."""
@@ -460,7 +399,7 @@ class Seq2SeqAdapter:
         """Source ids per text, with the family's language tags and EOS, unpadded."""
         self.check_language(src_lang)
         tok = self.tokenizer
-        if self.family in (_M2M, _NLLB, _MBART):
+        if self.family in (M2M, NLLB, MBART):
             tok.src_lang = src_lang  # sets the prefix/suffix language tag
         elif self.multi_target_marian:
             if tgt_lang is None:
@@ -506,7 +445,7 @@ class Seq2SeqAdapter:
         if not texts:
             return []
         tok = self.tokenizer
-        if self.family in (_M2M, _NLLB, _MBART):
+        if self.family in (M2M, NLLB, MBART):
             tok.tgt_lang = tgt_lang
         if self._pieces is not None:
             return self._pieces.encode(list(texts), lambda odd: self._hf_ids(odd, False, target=True))
@@ -527,7 +466,7 @@ class Seq2SeqAdapter:
         scores equal those of decoding after this prefix.
         """
         self.check_language(tgt_lang)
-        if self.family in (_M2M, _NLLB, _MBART):
+        if self.family in (M2M, NLLB, MBART):
             return [self.decoder_start_id, self.lang_id(tgt_lang)]
         return [self.decoder_start_id]
 
@@ -643,28 +582,3 @@ class Seq2SeqAdapter:
         enc = EncoderState(src.hidden.index_select(0, index), src.mask.index_select(0, index))
         state.cache.reorder_cache(index)
         return DecoderState(enc, state.cache, state.length)
-
-
-def _special_tokens(tok) -> list[str]:
-    toks = list(getattr(tok, "additional_special_tokens", None) or [])
-    toks += [
-        t.content for t in getattr(tok, "added_tokens_decoder", {}).values() if getattr(t, "special", False)
-    ]
-    return list(dict.fromkeys(toks))
-
-
-def _family(model, tokenizer) -> str:
-    model_type = getattr(model.config, "model_type", "")
-    tok_name = type(tokenizer).__name__.lower()
-    if model_type == "marian":
-        return _MARIAN
-    if "nllb" in tok_name:
-        return _NLLB
-    if model_type == "m2m_100":
-        return _M2M
-    if model_type == "mbart" or "mbart" in tok_name:
-        return _MBART
-    raise ValueError(
-        f"unsupported model type {model_type!r} (tokenizer {type(tokenizer).__name__}); "
-        "supported: M2M100 (and the demo model), NLLB, MBart-50, Marian"
-    )

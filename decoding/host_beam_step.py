@@ -28,10 +28,10 @@ import numpy as np
 
 from fastvocab.kernels.jit import njit
 
-# Score given to impossible beams (finite, so sums stay ordered): search.py's _NEG as float32.
+# Score given to impossible beams (finite, so sums stay ordered): beam_state.py's _NEG as float32.
 NEG = np.float32(-1.0e9)
 
-# How the compiled advance reads its stopping rule (search.py's ``early_stopping``): done once the pool is
+# How the compiled advance reads its stopping rule (beam search's ``early_stopping``): done once the pool is
 # full (True); or also once the best live beam, normalised at its length (False) or at the length limit
 # ("never" with a length penalty), cannot beat the pool's worst.
 RULE_TRUE, RULE_FALSE, RULE_NEVER = 0, 1, 2
@@ -262,14 +262,19 @@ def advance(  # pragma: no cover - compiled
     row_vals, row_toks, run_scores, run_seqs, fin_scores, fin_seqs, fin_any, done, step_at, denoms,
     eos, final, pooled, rule, never_len, out_toks, out_rows,
 ) -> bool:  # fmt: skip
-    """One beam step for ``n`` sentences x ``k`` beams, in place on the state's arrays (search.py's
+    """One beam step for ``n`` sentences x ``k`` beams, in place on the state's arrays (beam_state.py's
     ``BeamState``: ``run_scores`` (n, k), ``run_seqs`` (n, k, T), ``fin_*``, ``done`` (n,), ``step_at`` (1,),
     ``denoms`` (T,)), from each row's candidates ``row_vals`` / ``row_toks`` (n*k, kk). Writes the tokens the
     live beams continue with into ``out_toks`` (n, k) and the row each continues into ``out_rows`` (n, k).
 
     ``final``: the length limit, where every candidate finishes and every sentence is done. ``pooled``: the
     pool may hold a finished hypothesis (the stopping rule is read only then). Returns ``pooled`` after this
-    step: whether a candidate was merged into the pool now or before."""
+    step: whether a candidate was merged into the pool now or before.
+
+    Seventeen parameters because this is a numba kernel that works in place: numba compiles it for flat
+    typed arrays and scalars, so each of the state's arrays it updates, the step's scalars and the two
+    output arrays come one by one; ``BeamState`` itself, or a dict of its arrays, would reach it as an
+    untyped Python object. Its one caller, ``BeamState._advance_host``, passes the state's numpy views."""
     n, k = run_scores.shape
     kk = row_vals.shape[1]
     width = k * kk

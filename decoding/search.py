@@ -20,54 +20,52 @@ Semantics follow Hugging Face ``generate`` so the full projection reproduces it 
 
 Each search is written once against a ``Stepper`` (``fastvocab.decoding.steppers``), which advances the
 decoder. With the eager one, finished rows (greedy) leave the batch every step on CPU and in buckets on an
-accelerator (``COMPACT_FRACTION``; every step whenever a ``step_hook`` is given), finished sentences (beam)
-at the next host read, so the cost of a step shrinks as sentences end. The search reads its stop decision
-back to the host every step on CPU and every ``SYNC_EVERY`` steps on an accelerator (``_sync_every``); in
-between, the per-step work (top-k, finished pool, beam reorder) stays on the device and waits for nothing.
-With the captured one (fixed shapes) nothing leaves the batch, one whole step (the choice, the reorder,
-the decoder step) runs without a host read, in CUDA graphs on CUDA, and the projection is its capturable
-step (``Projection.capturable``); a static union that outgrows its capacity sends the batch to the eager
-search, where such a step gets the full logits (a column is never dropped silently).
+accelerator (``switches.COMPACT_FRACTION``; every step whenever a ``step_hook`` is given), finished sentences
+(beam) at the next host read, so the cost of a step shrinks as sentences end. The search reads its stop
+decision back to the host every step on CPU and every ``switches.SYNC_EVERY`` steps on an accelerator
+(``_sync_every``); in between, the per-step work (top-k, finished pool, beam reorder) stays on the device and
+waits for nothing. With the captured one (fixed shapes) nothing leaves the batch, one whole step (the choice,
+the reorder, the decoder step) runs without a host read, in CUDA graphs on CUDA, and the projection is its
+capturable step (``Projection.capturable``); a static union that outgrows its capacity sends the batch to the
+eager search, where such a step gets the full logits (a column is never dropped silently).
 """
 
 from __future__ import annotations
 
 import logging
-import sys
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 
+from fastvocab import switches
+from fastvocab.decoding.beam_candidates import forced_candidates, row_candidates
+from fastvocab.decoding.beam_kernels import prepare_compiled_step
+from fastvocab.decoding.beam_state import BeamState
 from fastvocab.decoding.settings import DEFAULT_SEARCH, SearchSettings
 from fastvocab.decoding.steppers import CapturedStepper, EagerStepper, Stepper, capturable_step
+from fastvocab.decoding.stopping import check_stopping_rule, parse_early_stopping, stopping_rule
 from fastvocab.kernels.base import CapturableStep, Projection, ProjectionOutput
-from fastvocab.kernels.rowwise import argmax_rows, topk_rows
+from fastvocab.kernels.rowwise import argmax_rows
+
+# The searches, and what the rooms above import from here though it lives in the modules it imports.
+__all__ = [
+    "BeamState",
+    "ProjectionLike",
+    "StepHook",
+    "StepRecord",
+    "beam_search",
+    "check_stopping_rule",
+    "decode",
+    "forced_candidates",
+    "greedy_search",
+    "parse_early_stopping",
+    "prepare_compiled_step",
+    "row_candidates",
+    "stopping_rule",
+]
 
 log = logging.getLogger(__name__)
-
-# Score given to impossible beams, as in transformers (finite, so sums stay ordered).
-_NEG = -1.0e9
-
-# Greedy: finished rows leave the batch once they are at least this share of it (0 = every step); None = by
-# device. On CPU every step: a compaction (index_select of the filled cache) costs less than carrying a
-# finished row for one step (measured: benchmarks/history/engine-notes.md). On an accelerator in buckets
-# (0.25): fewer shape changes and host syncs.
-COMPACT_FRACTION: float | None = None
-# How often (in steps) the search reads its stop decision back to the host: on an accelerator every SYNC_EVERY
-# steps (a read waits for the device; rows and sentences that finish in between stay in the batch, their
-# results frozen), on CPU every CPU_SYNC_EVERY steps (1: a read is free there; tests raise it to run the
-# accelerator's schedule on CPU), and every step whenever a step_hook is given (records hold live rows only).
-SYNC_EVERY = 4
-CPU_SYNC_EVERY = 1
-# Beam search on CPU: each row's candidates are one compiled call (host_beam_step.row_candidates) at every
-# width, from a beam-4 step of the shipped clustered maps (~2,500 scores) to the full layer at batch 32 (4M).
-# False: torch's log-softmax and the blocked top-k, as on an accelerator (tests and benchmarks compare them).
-COMPILED_CANDIDATES = True
-_NO_IDS = np.empty(0, dtype=np.int64)
-_NO_MASS = np.empty(0, dtype=np.float32)
 
 
 @dataclass
@@ -83,41 +81,10 @@ class StepRecord:
 StepHook = Callable[[StepRecord], None]
 
 
-# Command-line names of beam search's stopping rules (``early_stopping``); "model": the generation config's.
-EARLY_STOPPING_RULES: dict[str, bool | str | None] = {
-    "model": None,
-    "true": True,
-    "false": False,
-    "never": "never",
-}
-
-
-def parse_early_stopping(text: str) -> bool | str | None:
-    """``"true"`` -> True, ``"never"`` -> "never", ``"model"`` -> None, ...; ValueError naming the choices."""
-    try:
-        return EARLY_STOPPING_RULES[text.lower()]
-    except KeyError:
-        raise ValueError(f"{text!r}: choose from {', '.join(EARLY_STOPPING_RULES)}") from None
-
-
-def check_stopping_rule(rule: object) -> None:
-    """ValueError unless ``rule`` is one of beam search's stopping rules: True, False or "never"."""
-    if rule not in (True, False, "never"):
-        raise ValueError(f"early_stopping must be True, False or 'never', got {rule!r}")
-
-
-def stopping_rule(adapter, early_stopping: bool | str | None = None) -> bool | str:
-    """``early_stopping`` checked, or when None the model's generation config's rule, as ``generate``
-    reads it (``adapter.early_stopping``)."""
-    rule = getattr(adapter, "early_stopping", False) if early_stopping is None else early_stopping
-    check_stopping_rule(rule)
-    return rule
-
-
 def _sync_every(device: torch.device, step_hook: StepHook | None) -> int:
     if step_hook is not None:
         return 1
-    return CPU_SYNC_EVERY if device.type == "cpu" else SYNC_EVERY
+    return (switches.CPU_SYNC_EVERY if device.type == "cpu" else switches.SYNC_EVERY).get()
 
 
 def _banned_ids(adapter, device: torch.device) -> torch.Tensor | None:
@@ -246,7 +213,7 @@ def greedy_search(
     # Fixed shapes: torch's argmax (the CPU's numpy one makes a new tensor, not one a graph holds).
     argmax = argmax_rows if not fixed else (lambda scores: scores.argmax(dim=1, keepdim=True))
     # With a hook every step compacts, so records hold exactly the live rows (the dump relies on it).
-    fraction = COMPACT_FRACTION
+    fraction = switches.COMPACT_FRACTION.get()
     if fraction is None:
         fraction = 0.0 if device.type == "cpu" else 0.25
     if step_hook is not None:
@@ -338,250 +305,6 @@ def _greedy_one_row(
         if step < max_len - 1:
             h = stepper.step(torch.tensor([token]))
     return tokens
-
-
-class BeamState:
-    """Beam search's state for ``n`` sentences x ``k`` beams and its step (:meth:`advance`): the candidates,
-    the pool of finished hypotheses and the stopping rule, as ``generate`` runs them. Used by
-    :func:`beam_search`: with the eager stepper it drops done sentences at its host reads (:meth:`keep`);
-    with fixed shapes nothing is read back to the host, so sentences stay and a done sentence's finished
-    hypotheses stay frozen.
-
-    ``host``: the eager search on CPU, where a host read is free: the step runs in numpy on the tensors'
-    memory (:meth:`_advance_host`), merges finished candidates into the pool only at steps that have some,
-    and checks the stopping rule only once the pool took one (``pooled``). Otherwise the step is tensor ops
-    that read nothing back (an accelerator, CUDA graphs), merging and checking every step to the same result.
-    """
-
-    def __init__(
-        self,
-        n: int,
-        k: int,
-        max_len: int,
-        prefix_len: int,
-        length_penalty: float,
-        rule: bool | str,
-        eos: int,
-        device: torch.device,
-        host: bool = False,
-    ) -> None:
-        check_stopping_rule(rule)
-        if host and device.type != "cpu":
-            raise ValueError(f"a beam state on the host needs CPU tensors, got {device}")
-        self.k, self.max_len, self.rule, self.eos, self.lp = k, max_len, rule, eos, length_penalty
-        self.host = host
-        # Whether the pool may hold a finished hypothesis, as the host knows it: lazily, from the first merge.
-        self.pooled = not host
-        self.run_scores = torch.full((n, k), _NEG, device=device)  # cumulative log-prob of the live beams
-        self.run_scores[:, 0] = 0.0  # identical beams at the start: only the first one may expand
-        self.run_seqs = torch.full((n, k, max_len), eos, dtype=torch.long, device=device)  # (n, k, T)
-        self.fin_scores = torch.full((n, k), _NEG, device=device)  # normalised scores of finished hyps
-        self.fin_seqs = torch.full((n, k, max_len), eos, dtype=torch.long, device=device)
-        self.fin_any = torch.zeros((n, k), dtype=torch.bool, device=device)  # the slot holds a real one
-        # Sentences done (found since the last host read, in beam_search): finished hypotheses frozen, as
-        # generate adds none to a done sentence either.
-        self.done = torch.zeros(n, dtype=torch.bool, device=device)
-        self.step = torch.zeros(1, dtype=torch.long, device=device)  # the column of the sequences
-        self.top_k_mask = torch.arange(2 * k, device=device) < k  # only the best k candidates may finish
-        self.first_row = torch.arange(n, device=device)[:, None] * k  # (n, 1) each sentence's first row
-        # (generated tokens incl. the forced tag) ** length_penalty by step: generate's length normalisation
-        self.denoms = torch.tensor(
-            [float(prefix_len + s) ** length_penalty for s in range(max_len)], device=device
-        )
-        self.never_len = float(prefix_len + max_len - 1) ** length_penalty  # "never": judged at the limit
-        self._views: dict[str, np.ndarray] = {}
-        if host:
-            never = rule == "never" and length_penalty > 0  # "never" judges the best live beam at the limit
-            self._rule_code = compiled_step().rule_code(rule is True, never)
-            self._view_all()
-
-    @property
-    def n(self) -> int:
-        return self.run_scores.shape[0]
-
-    def tensors(self) -> tuple[torch.Tensor, ...]:
-        """What :meth:`advance` changes in place (to save and restore around a CUDA graph's warm-up)."""
-        return (self.run_scores, self.run_seqs, self.fin_scores, self.fin_seqs, self.fin_any, self.done,
-                self.step)  # fmt: skip
-
-    def advance(
-        self, row_vals: torch.Tensor, row_toks: torch.Tensor, final: bool = False
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """One step from each row's best continuations ``row_vals`` / ``row_toks`` (n*k, kk): log-probs
-        and vocabulary ids. Returns the tokens (n, k) the live beams continue with and the row (n, k) of
-        the previous step each continues. ``final``: the length limit, where every candidate finishes and
-        every sentence is done. Updates the state in place (same tensors: a CUDA graph can capture it)."""
-        if self.host:
-            return self._advance_host(row_vals, row_toks, final)
-        n, k, k2, t = self.n, self.k, 2 * self.k, self.max_len
-        kk = row_vals.shape[1]
-        total = (row_vals.view(n, k, kk) + self.run_scores[:, :, None]).view(n, k * kk)
-        cand_scores, flat = torch.topk(total, min(k2, k * kk), dim=-1)  # (n, k2)
-        cand_beam = flat // kk  # which live beam each candidate extends
-        cand_toks = row_toks.view(n, k * kk).gather(1, flat)  # (n, k2)
-        cand_seqs = self.run_seqs.gather(1, cand_beam[:, :, None].expand(-1, -1, t))  # (n, k2, T), a copy
-        cand_seqs.index_copy_(2, self.step, cand_toks[:, :, None])
-        done_cand = torch.ones_like(cand_toks, dtype=torch.bool) if final else cand_toks == self.eos
-
-        # Finished candidates among the best k enter the pool of finished hypotheses.
-        top_k = self.top_k_mask if cand_toks.shape[1] == k2 else self.top_k_mask[: cand_toks.shape[1]]
-        new_fin = done_cand & top_k & ~self.done[:, None]
-        denom = self.denoms.index_select(0, self.step)  # (1,)
-        norm = torch.add(cand_scores / denom, ~new_fin, alpha=_NEG)
-        m_scores, sel = torch.topk(torch.cat([self.fin_scores, norm], dim=1), k, dim=1)
-        m_seqs = torch.cat([self.fin_seqs, cand_seqs], dim=1)
-        self.fin_seqs.copy_(m_seqs.gather(1, sel[:, :, None].expand(-1, -1, t)))
-        self.fin_any.copy_(torch.cat([self.fin_any, new_fin], dim=1).gather(1, sel))
-        self.fin_scores.copy_(m_scores)
-
-        # The best k unfinished candidates live on (finished ones pushed to the bottom, as in generate).
-        live, pick = torch.topk(torch.add(cand_scores, done_cand, alpha=_NEG), k, dim=1)
-        self.run_scores.copy_(live)
-        torch.gather(cand_seqs, 1, pick[:, :, None].expand(-1, -1, t), out=self.run_seqs)
-        if final:
-            self.done.fill_(True)
-        else:
-            # Done when all k slots hold finished hypotheses and (unless the rule is True) the best live
-            # beam, normalised at its current length (or at the limit: "never"), is no better than the worst.
-            now = self.fin_any.all(dim=1)
-            if self.rule is not True:
-                best = self.run_scores[:, 0] / (
-                    self.never_len if self.rule == "never" and self.lp > 0 else denom
-                )
-                now &= best <= self.fin_scores.min(dim=1).values
-            self.done.logical_or_(now)
-        self.step.add_(1)
-        rows = self.first_row + cand_beam.gather(1, pick)  # (n, k)
-        return cand_toks.gather(1, pick), rows
-
-    def _advance_host(
-        self, row_vals: torch.Tensor, row_toks: torch.Tensor, final: bool
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """:meth:`advance` compiled, on the state's CPU memory (``host_beam_step.advance``): the same float32
-        sums, divisions and comparisons as the tensor step, in one call where numpy took ~15 operations and
-        torch ~30. Among equal scores the lower index comes first (``torch.topk`` promises no order)."""
-        v = self._views
-        toks = np.empty((self.n, self.k), dtype=np.int64)
-        rows = np.empty((self.n, self.k), dtype=np.int64)
-        self.pooled = compiled_step().advance(
-            row_vals.numpy(), row_toks.numpy(), v["run_scores"], v["run_seqs"], v["fin_scores"],
-            v["fin_seqs"], v["fin_any"], v["done"], v["step"], v["denoms"], self.eos, final, self.pooled,
-            self._rule_code, np.float32(self.never_len), toks, rows,
-        )  # fmt: skip
-        return torch.from_numpy(toks), torch.from_numpy(rows)
-
-    def _view_all(self) -> None:
-        """numpy views of the state's tensors (the same memory), for :meth:`_advance_host`."""
-        names = ("run_scores", "run_seqs", "fin_scores", "fin_seqs", "fin_any", "done", "step", "denoms")
-        self._views = {name: getattr(self, name).numpy() for name in names}
-
-    def keep(self, index: torch.Tensor) -> None:
-        """Keep the sentences ``index`` (n',) only, in that order (beam_search drops the done ones)."""
-        for name in ("run_scores", "run_seqs", "fin_scores", "fin_seqs", "fin_any", "done"):
-            setattr(self, name, getattr(self, name)[index])
-        self.first_row = self.first_row[: index.shape[0]]
-        if self.host:
-            self._view_all()
-
-
-def row_candidates(
-    out: ProjectionOutput,
-    banned: torch.Tensor | None,
-    k: int,
-    first: bool = False,
-    topk: Callable[[torch.Tensor, int], tuple[torch.Tensor, torch.Tensor]] = topk_rows,
-    spend: bool = False,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Each row's best ``2k`` continuations (log-probs, vocabulary ids) from a projection's output, the
-    ``banned`` ids at -inf after the log-softmax (as generate's processors): a sentence's best ``2k`` over
-    its ``k`` rows lie within them. ``first``: the rows are one per sentence (the first step), copied to its
-    ``k`` beams. ``topk``: the per-row top-k (the CPU's blocked one; ``torch.topk`` gives the same values).
-    ``spend``: nothing reads ``out`` after (:meth:`ProjectionOutput.search_scores`).
-
-    On CPU (float32, one id per column), the normaliser, the banned ids and the top-k are one compiled call
-    (``host_beam_step.row_candidates``) that reads the logits and writes nothing over them."""
-    if topk is topk_rows and _host_can(out):
-        return _host_candidates(out, banned, k, first)
-    logp = out.search_scores(banned, log_probs=True, spend=spend)  # (rows, C)
-    vals, cols = topk(logp, min(2 * k, logp.shape[1]))
-    toks = out.to_vocab_ids(cols)
-    if first:
-        return vals.repeat_interleave(k, 0), toks.repeat_interleave(k, 0)
-    return vals, toks
-
-
-def compiled_step():
-    """``fastvocab.decoding.host_beam_step``, imported on first use: numba takes ~0.4 s to import, and only
-    beam search on CPU needs it."""
-    from fastvocab.decoding import host_beam_step
-
-    return host_beam_step
-
-
-_PREPARED = False
-_PREPARING = threading.Lock()
-
-
-def prepare_compiled_step() -> None:
-    """Load beam search's compiled CPU functions (``host_beam_step.warm``) once per process, before the
-    first beam search on CPU, so that the processes a decode pool forks after it inherit them. Where numba's
-    cache holds no machine code for them (the first run on a machine, or after their source changed), one
-    line on standard error says that the next ~10 s are spent compiling them, and where they are then kept;
-    where numba can cache nothing, that every process compiles them. A warm cache loads them in under a
-    second, silently."""
-    global _PREPARED
-    if _PREPARED:
-        return
-    with _PREPARING:
-        if _PREPARED:
-            return
-        step = compiled_step()
-        state, folder = step.cache_state()
-        if state == step.COLD:
-            print(
-                f"compiling the beam search's CPU kernels (once per machine, ~10 s; cached in {folder})",
-                file=sys.stderr,
-                flush=True,
-            )
-        elif state == step.UNCACHED:
-            print(
-                "compiling the beam search's CPU kernels (~10 s; numba has no writable cache folder here, so "
-                "every process compiles them: set NUMBA_CACHE_DIR to keep them)",
-                file=sys.stderr,
-                flush=True,
-            )
-        step.warm()
-        _PREPARED = True
-
-
-def _host_can(out: ProjectionOutput) -> bool:
-    logits = out.logits
-    return (
-        COMPILED_CANDIDATES and logits.device.type == "cpu" and logits.dtype == torch.float32
-        and (out.ids is None or out.ids.dim() == 1) and not logits.requires_grad
-    )  # fmt: skip
-
-
-def _host_candidates(
-    out: ProjectionOutput, banned: torch.Tensor | None, k: int, first: bool
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """:func:`row_candidates` as one compiled call on the output's CPU memory."""
-    rows, cols = out.logits.shape
-    m, copies = min(2 * k, cols), k if first else 1
-    vals = np.empty((rows * copies, m), dtype=np.float32)
-    toks = np.empty((rows * copies, m), dtype=np.int64)
-    ids = _NO_IDS if out.ids is None else out.ids.numpy()
-    mass = _NO_MASS if out.log_inactive_mass is None else out.log_inactive_mass.float().numpy()
-    banned_ids = _NO_IDS if banned is None else np.sort(banned.numpy())
-    compiled_step().row_candidates(out.logits.numpy(), ids, mass, banned_ids, m, copies, vals, toks)
-    return torch.from_numpy(vals), torch.from_numpy(toks)
-
-
-def forced_candidates(rows: int, token: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """generate's ``forced_eos_token_id`` at the length limit: ``token`` gets log-prob 0, all else -inf."""
-    return torch.zeros((rows, 1), device=device), torch.full(
-        (rows, 1), token, dtype=torch.long, device=device
-    )
 
 
 @torch.inference_mode()

@@ -13,9 +13,10 @@ encodes a batch and feeds the forced prefix, ``step`` feeds one token per row an
   hundred small kernels per step from Python, and at small batch that, not the arithmetic, is the step's
   cost. Nothing leaves the batch (a new row count would need a new graph): a finished row keeps emitting
   EOS, a done sentence keeps its finished hypotheses frozen, and the host reads the stop decision only every
-  ``SYNC_EVERY`` steps. Beam search's reorder gathers the whole self-attention capacity from one buffer into
-  the other, so its step is captured twice (A -> B and B -> A) and the graphs replayed in turn. Without
-  CUDA, or with ``capture=False``, the same step runs eagerly: that is how the CPU tests check its outputs.
+  ``switches.SYNC_EVERY`` steps. Beam search's reorder gathers the whole self-attention capacity from one
+  buffer into the other, so its step is captured twice (A -> B and B -> A) and the graphs replayed in turn.
+  Without CUDA, or with ``capture=False``, the same step runs eagerly: that is how the CPU tests check its
+  outputs.
 
 ``--graphs`` (:data:`GRAPHS`, :func:`use_graphs`) chooses between them.
 """
@@ -71,7 +72,7 @@ def capturable_step(projection, rows: int) -> CapturableStep | None:
 class Stepper(Protocol):
     """The decoder as the searches drive it (module docstring)."""
 
-    fixed: bool  # shapes fixed for the batch: no row leaves, host reads every SYNC_EVERY steps only
+    fixed: bool  # shapes fixed for the batch: no row leaves, host reads every switches.SYNC_EVERY steps only
 
     def start(
         self, batch: dict, tgt_lang: str, max_len: int, group: int | None = None

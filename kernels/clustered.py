@@ -36,7 +36,8 @@ sentences (``kernels/shortlist.py``). The clusters' sets miss mostly the source-
 a shortlist holds, so far smaller sets (K = 1) reach the same fidelity with the two together (measured:
 benchmarks/README.md, "Clustered sets plus the sentence's shortlist").
 
-Backends, chosen once in ``__init__`` from the weight's device (never re-detected in the hot loop):
+Backends, chosen once in ``__init__`` from the weight's device (``clustered_load.pick_backend``; never
+re-detected in the hot loop):
 
 - ``torch`` (CPU and CUDA): ``cluster_assign``, ``gather``, ``inactive_mass`` and ``certificate``, also the
   oracle of the CuPy kernels (and ``int8_union``, CPU only). On CPU the contiguous sub-matrix ``W[set_c]`` of
@@ -69,13 +70,12 @@ import threading
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 import torch
 
-from fastvocab.artifacts_schema.cluster_map import ClusterMap, load_cluster_map
-from fastvocab.artifacts_schema.errors import ArtifactError
+from fastvocab.artifacts_schema.cluster_map import ClusterMap
 from fastvocab.kernels.base import CapturableStep, Projection, ProjectionOutput, register
 from fastvocab.kernels.certificate import BoundTables, bound_tables, certify, inactive_bounds
 from fastvocab.kernels.cluster_assign import (
@@ -86,6 +86,13 @@ from fastvocab.kernels.cluster_assign import (
     prepare_map,
     union_columns,
     union_mask,
+)
+from fastvocab.kernels.clustered_load import (
+    check_int8,
+    checked_map,
+    joined_shortlist,
+    map_normaliser,
+    pick_backend,
 )
 from fastvocab.kernels.clustered_parts import ORACLE, ClusteredOptions, ClusteredParts
 from fastvocab.kernels.clustered_static import StaticUnion
@@ -106,7 +113,7 @@ from fastvocab.kernels.inactive_mass import (
     inactive_log_mass,
     mass_tables,
     normaliser_log_mass,
-    normaliser_tables,
+    oracle_log_mass,
 )
 from fastvocab.kernels.int8 import PackedRows, linear_packed
 from fastvocab.kernels.int8_union import (
@@ -120,15 +127,10 @@ from fastvocab.kernels.int8_union import (
 )
 from fastvocab.kernels.popular import hit_probability
 from fastvocab.kernels.rowwise import argmax_rows
-from fastvocab.kernels.shortlist import ShortlistProjection
 
 log = logging.getLogger(__name__)
 _COUNTERS_LOCK = threading.Lock()  # guards every projection's counters (rare, tiny updates)
 
-# The curvature basis of a map's normaliser: the maps' default (tasks.maps.MapParams, the pipeline's
-# maps.normaliser_rank), and the rank used when a map has no normaliser for the sets in use and it is computed
-# here.
-DEFAULT_NORMALISER_RANK = 32
 # Cached sub-matrices on CPU by default (MB): a cached cluster turns the per-step gather (a copy of the active
 # rows) into a plain GEMV (measured: benchmarks/history/undertrained-model-2026-11.md, "Output layer alone").
 DEFAULT_CPU_CACHE_MB = 512.0
@@ -173,7 +175,7 @@ class ClusteredProjection(Projection):
         parts = ClusteredParts.pop(options)
         super().__init__(weight, bias, **options)  # Projection's options; it refuses any other name
         if parts.compute.int8:
-            _check_int8(self.device)
+            check_int8(self.device)
         self.parts = parts
         # the options the static union, the benchmarks and the signature read
         self.selection, self.min_count = parts.selection.selection, parts.selection.min_count
@@ -183,15 +185,20 @@ class ClusteredProjection(Projection):
         self.counters = {"rows": 0, "columns": 0, "certified": 0, "far": 0, "full": 0}
         self._full: FullProjection | None = None  # every column, for the rows that need them (_full_logits)
 
-        cmap = self._load_map(cluster_map)
+        cmap = checked_map(cluster_map, self.fingerprint, self.n_vocab, self.d)
         self.map_manifest = cmap.manifest
         # a pooled map (target scope, ``to-it``) serves every source into its target: any direction's table
         pooled = cmap.manifest.scope != "direction"
-        self._shortlist = self._load_shortlist(parts.selection, None if pooled else cmap.manifest.direction)
+        aa = self.always_active.tolist()
+        direction = None if pooled else cmap.manifest.direction
+        self._shortlist = joined_shortlist(
+            parts.selection, self.weight, self.bias, direction, aa, self.fingerprint
+        )
         self.probes = decoding_probes(parts.selection.probes, cmap.manifest.probes, self.selection)
         if self.min_count > 1:
             cmap = cmap.pruned(self.min_count)  # drops the normaliser when it removes anything
-        self.backend = self._pick_backend(parts.compute.backend)
+        joined = self._shortlist is not None
+        self.backend = pick_backend(parts.compute.backend, self.weight, joined, self.probes)
         cache_mb = parts.compute.cache_mb
         if cache_mb is None:
             cache_mb = DEFAULT_CPU_CACHE_MB if self.device.type == "cpu" else 0.0
@@ -199,7 +206,6 @@ class ClusteredProjection(Projection):
         if self.backend == "cupy":
             cache_mb = 0.0  # the fused kernel reads W in place; cached blocks would only cost memory
         cache_bytes = int(cache_mb * 2**20)
-        aa = self.always_active.tolist()
         self._map = prepare_map(cmap, self.weight, self.bias, aa, cache_bytes=0 if self.int8 else cache_bytes)
         # int8 union mode: each id's chance to be in a row's set, for the union expected at a row count
         self.full_when_cheaper = parts.compute.full_when_cheaper  # may be switched off later (benchmarks do)
@@ -215,7 +221,7 @@ class ClusteredProjection(Projection):
         self._mass: MassTables | NormaliserTables | None = None
         self.normaliser_source: str | None = None  # "map" or "computed at load"
         if self.inactive_mass == "normaliser":
-            self._mass = self._normaliser(cmap)
+            self._mass, self.normaliser_source = map_normaliser(cmap, self._map, self.weight, self.bias, aa)
         elif self.inactive_mass not in ("none", ORACLE):
             self._mass = mass_tables(self._map, self.weight, self.bias)
         self._bounds = None
@@ -237,97 +243,6 @@ class ClusteredProjection(Projection):
             " int8" if self.int8 else "",
             (self._map.cached_bytes if self._w8 is None else self._w8.cached_bytes) / 2**20,
         )
-
-    # ------------------------------------------------------------------ construction
-
-    def _load_map(self, cluster_map: ClusterMap | str | Path) -> ClusterMap:
-        if isinstance(cluster_map, (str, Path)):
-            cmap = load_cluster_map(cluster_map, expect_fingerprint=self.fingerprint)
-            where = str(cluster_map)
-        elif isinstance(cluster_map, ClusterMap):
-            cmap, where = cluster_map, f"cluster map {cluster_map.manifest.direction!r}"
-            if cmap.manifest.model_fingerprint != self.fingerprint:
-                raise ArtifactError(
-                    f"{where} was built for model {cmap.manifest.model_fingerprint}, "
-                    f"but the loaded model is {self.fingerprint}"
-                )
-        else:
-            raise ValueError(f"cluster_map must be a ClusterMap or a map folder, got {type(cluster_map)}")
-        m = cmap.manifest
-        if (m.n_vocab, m.d) != (self.n_vocab, self.d) or cmap.centroids.shape[1] != self.d:
-            raise ArtifactError(
-                f"{where} has N={m.n_vocab}, d={m.d}; "
-                f"the model's output layer has N={self.n_vocab}, d={self.d}"
-            )
-        return cmap
-
-    def _normaliser(self, cmap: ClusterMap) -> NormaliserTables:
-        """The map's stored normaliser when it describes the sets in use, else one computed now."""
-        stored = cmap.normaliser
-        aa = sorted(self.always_active.tolist())
-        if stored is not None and cmap.manifest.normaliser.get("always_active") == aa:
-            self.normaliser_source = "map"
-            dev = self.device
-
-            def t(a: np.ndarray) -> torch.Tensor:
-                return torch.from_numpy(np.ascontiguousarray(a, dtype=np.float32)).to(dev)
-
-            return NormaliserTables(
-                lse=t(stored.lse),
-                grad=t(stored.grad),
-                basis=t(stored.basis),
-                curv=t(stored.curv),
-                resid=t(stored.resid),
-                centroids=t(cmap.centroids),
-            )
-        why = (
-            "pruned by min_count"
-            if stored is None and cmap.manifest.normaliser
-            else "not stored for these sets"
-        )
-        log.info("clustered projection: computing the normaliser at load time (%s)", why)
-        self.normaliser_source = "computed at load"
-        rank = int(cast(int, cmap.manifest.normaliser.get("rank", DEFAULT_NORMALISER_RANK)))
-        pm = self._map
-        return normaliser_tables(
-            torch.from_numpy(cmap.centroids), self.weight, self.bias, pm.indptr, pm.indices, min(rank, self.d)
-        )
-
-    def _load_shortlist(self, selection: Any, direction: str | None) -> ShortlistProjection | None:
-        """The shortlist whose candidates join the union (``Selection.shortlist``), over the same W; one of
-        another model, or of another direction than a per-direction map's, is refused."""
-        if selection.shortlist is None:
-            return None
-        return ShortlistProjection(
-            self.weight,
-            self.bias,
-            index=selection.shortlist,
-            k=selection.shortlist_k,
-            frequent=selection.shortlist_frequent,
-            copy=selection.shortlist_copy,
-            scope="batch",
-            direction=direction,
-            always_active=self.always_active.tolist(),
-            fingerprint=self.fingerprint,
-        )
-
-    def _pick_backend(self, backend: str) -> str:
-        if self.device.type != "cuda":
-            if backend == "cupy":
-                raise ValueError(f"backend 'cupy' needs a CUDA device; the weight is on {self.device}")
-            return "torch"
-        if backend == "torch":
-            return "torch"
-        if self._shortlist is not None:
-            reason: str | None = "a shortlist joins the sets"
-        else:
-            reason = "probes > 1" if self.probes > 1 else _cupy_unsupported(self.weight)
-        if reason is None:
-            return "cupy"
-        if backend == "cupy":
-            raise ValueError(f"backend 'cupy' is not usable here: {reason}")
-        log.info("clustered projection: torch CUDA backend (%s)", reason)
-        return "torch"
 
     # ------------------------------------------------------------------ public helpers
 
@@ -468,7 +383,7 @@ class ClusteredProjection(Projection):
         if isinstance(self._mass, NormaliserTables):
             mass = normaliser_log_mass(h, logits, ids, clusters, self._map, self._mass)
         elif self.inactive_mass == ORACLE:
-            mass = _oracle_log_mass(logits, ids, self._full_logits(h).float())
+            mass = oracle_log_mass(logits, ids, self._full_logits(h).float())
         elif self._mass is not None:
             mass = inactive_log_mass(
                 self.inactive_mass, h, logits, clusters, self.n_vocab, self._mass, padded=ids.dim() > 1
@@ -519,7 +434,7 @@ class ClusteredProjection(Projection):
         assert out.ids is not None and out.log_inactive_mass is not None
         idx = far.nonzero()[:, 0]
         ids = out.ids if out.ids.dim() == 1 else out.ids[idx]
-        exact = _oracle_log_mass(out.logits[idx], ids, self._full_logits(h[idx]).float())
+        exact = oracle_log_mass(out.logits[idx], ids, self._full_logits(h[idx]).float())
         mass = out.log_inactive_mass.index_copy(0, idx, exact.to(out.log_inactive_mass.dtype))
         return replace(out, log_inactive_mass=mass)
 
@@ -639,35 +554,3 @@ class ClusteredProjection(Projection):
             h, self.weight, self.bias, clusters, pm.indptr, self._indices32, width=pm.max_size
         )  # (rows, W) each, W = largest set of the map: static, so no host sync
         return logits, ids, clusters
-
-
-def _oracle_log_mass(logits: torch.Tensor, ids: torch.Tensor, full: torch.Tensor) -> torch.Tensor:
-    """Exact ``logsumexp`` of the logits a row did not compute, (rows,) float32 (the ``oracle`` estimate),
-    from the row's ``full`` logits (rows, N) float32."""
-    # per-row padding repeats an id with -inf; dense() keeps the real logit: only computed columns are finite
-    computed = torch.isfinite(ProjectionOutput(logits, ids, full.shape[1]).dense())
-    return torch.logsumexp(full.masked_fill(computed, -math.inf), dim=1)
-
-
-def _check_int8(device: torch.device) -> None:
-    """``int8`` is a CPU path (its backend is checked with the options, :class:`Compute`)."""
-    if device.type != "cpu":
-        raise ValueError(
-            f"int8 clustered projection runs on CPU only (its int8 GEMMs are CPU kernels), W is on {device}"
-        )
-
-
-def _cupy_unsupported(weight: torch.Tensor) -> str | None:
-    """Why the CuPy kernels cannot serve this weight (None when they can)."""
-    if weight.dtype not in (torch.float16, torch.bfloat16):
-        return f"the kernels take fp16/bf16 weights, got {weight.dtype}"
-    if weight.shape[1] % 32:
-        return f"the kernels need d % 32 == 0, got d={weight.shape[1]}"
-    major, _ = torch.cuda.get_device_capability(weight.device)
-    if major < 8:
-        return "the tensor-core kernel needs compute capability 8.0+ (mma.sync m16n8k16)"
-    try:
-        import cupy  # noqa: F401
-    except ImportError as exc:
-        return f"cupy is not installed ({exc})"
-    return None

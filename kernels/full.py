@@ -4,7 +4,7 @@ On CPU in float32 the GEMM does not run on ``W`` as stored (N, d): MKL's ``h @ W
 slower than necessary for decoding shapes (the measurements, and the end-to-end gain:
 benchmarks/history/engine-notes.md, "The full projection's weight layouts"). So the projection keeps, besides
 ``self.weight`` (which other users read: the fingerprint, the clustered fallbacks), two copies in
-GEMM-friendly layouts, built once at construction when ``W`` is at least ``prepack.PREPACK_MIN_BYTES`` (4
+GEMM-friendly layouts, built once at construction when ``W`` is at least ``switches.PREPACK_MIN_BYTES`` (4
 MiB; below that ``W`` sits in cache and oneDNN's per-call overhead wins):
 
 - ``W`` pre-packed for oneDNN (``kernels.prepack``, the decoder's linears use it too), from
@@ -30,6 +30,7 @@ from typing import Any, ClassVar
 
 import torch
 
+from fastvocab import switches
 from fastvocab.kernels import prepack
 from fastvocab.kernels.base import CapturableStep, Projection, ProjectionOutput, register
 from fastvocab.kernels.int8 import PackedRows, int8_linear, linear_packed, packed_of
@@ -80,7 +81,7 @@ class FullProjection(Projection):
             return
         reason = prepack.prepack_unavailable(self.weight)
         nbytes = self.weight.numel() * self.weight.element_size()
-        floor = prepack.PREPACK_MIN_BYTES
+        floor = switches.PREPACK_MIN_BYTES.get()
         if reason is None and nbytes < floor:
             reason = f"W is {nbytes / 2**20:.1f} MiB < {floor >> 20} MiB, where packing does not pay"
         if reason is not None:

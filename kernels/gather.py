@@ -19,15 +19,11 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from fastvocab import switches
 from fastvocab.kernels import int8
 from fastvocab.kernels.cluster_assign import PreparedMap
 from fastvocab.kernels.int8_union import Int8Weights, int8_cluster_logits, int8_union_logits
 from fastvocab.kernels.rowwise import numpy_can
-
-# CPU gathers go through a reused 4 MB block: one big index_select would allocate a fresh C x d buffer per
-# call (beyond glibc's mmap threshold, so every page faults in again: 3-5x slower at C = 12.5K, d = 1024,
-# benchmarks/README.md) and stream it out of cache before the GEMM reads it back.
-GATHER_CHUNK_BYTES = 4 << 20
 
 
 def gathered_logits(
@@ -35,15 +31,17 @@ def gathered_logits(
 ) -> torch.Tensor:
     """Logits of columns ``cols`` only, (rows, C): copy the active rows of W, then GEMM.
 
-    On CPU, sets above ``GATHER_CHUNK_BYTES`` are gathered and multiplied a cache-sized block at a time.
+    On CPU, sets above ``switches.GATHER_CHUNK_BYTES`` are gathered and multiplied a cache-sized block at a
+    time.
     """
     c, d = cols.numel(), weight.shape[1]
     row_bytes = d * weight.element_size()
-    if weight.device.type != "cpu" or c * row_bytes <= GATHER_CHUNK_BYTES:
+    chunk = switches.GATHER_CHUNK_BYTES.get()
+    if weight.device.type != "cpu" or c * row_bytes <= chunk:
         w = weight.index_select(0, cols)  # (C, d)
         b = None if bias is None else bias.index_select(0, cols)
         return F.linear(h, w, b)
-    step = max(1, GATHER_CHUNK_BYTES // row_bytes)
+    step = max(1, chunk // row_bytes)
     out_t = h.new_empty((c, h.shape[0]))  # (C, rows): each block fills contiguous rows
     buf = weight.new_empty((step, d))
     h_t = h.t()  # (d, rows)

@@ -30,7 +30,12 @@ def moments_union(
     ``h`` (rows, d) float32 states; ``z`` (rows, C) their logits over the union's C columns; ``clusters``
     (rows,) each row's cluster; ``count`` = N - C > 0 the columns left out; ``w_sum``, ``gram``, ``w_b``,
     ``b_sum``, ``b_sq``, ``has_bias``: the model-wide sums (``MassTables``), which give the sum and the sum
-    of squares of a row's N logits; ``per_cluster`` (r, 2): each cluster's excess and inactive variance."""
+    of squares of a row's N logits; ``per_cluster`` (r, 2): each cluster's excess and inactive variance.
+
+    Twelve parameters because this is a numba kernel: numba compiles it for the type of each array and
+    scalar it is handed, and a container of them (a ``MassTables``, a NamedTuple) would reach it as a tuple
+    type or an untyped Python object, with another compiled signature and its cached machine code, for
+    nothing its one caller gains: ``inactive_mass._moments_union_cpu`` unpacks ``MassTables`` into them."""
     rows, cols = z.shape
     d = h.shape[1]
     n = np.float64(count)

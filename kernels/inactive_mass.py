@@ -15,6 +15,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from fastvocab.kernels.base import ProjectionOutput
 from fastvocab.kernels.cluster_assign import PreparedMap
 
 
@@ -317,3 +318,11 @@ def minus_other_sets(est: torch.Tensor, logits: torch.Tensor, own: torch.Tensor)
     gap = (extra - est).clamp(max=0.0)
     left = est + torch.log(-torch.expm1(gap))  # log(exp(est) - exp(extra)); -inf when extra >= est
     return torch.where(torch.isneginf(extra), est, left)
+
+
+def oracle_log_mass(logits: torch.Tensor, ids: torch.Tensor, full: torch.Tensor) -> torch.Tensor:
+    """Exact ``logsumexp`` of the logits a row did not compute, (rows,) float32 (the ``oracle`` estimate),
+    from the row's ``full`` logits (rows, N) float32."""
+    # per-row padding repeats an id with -inf; dense() keeps the real logit: only computed columns are finite
+    computed = torch.isfinite(ProjectionOutput(logits, ids, full.shape[1]).dense())
+    return torch.logsumexp(full.masked_fill(computed, -math.inf), dim=1)

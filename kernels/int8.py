@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import copy
 import functools
-import os
 import warnings
 from collections.abc import Callable, Sequence
 from typing import TypeVar, cast
@@ -35,6 +34,7 @@ import torch
 from torch import nn
 from torch.ao.nn.quantized.dynamic import Linear as DynamicLinear
 
+from fastvocab import switches
 from fastvocab.kernels.ort_session import one_thread_session, onnx_unavailable
 
 M = TypeVar("M", bound=nn.Module)
@@ -77,27 +77,24 @@ def int8_rows(layer: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 # Rows packed for many-row steps run a step of ORT_MIN_ROWS rows or more on ONNX Runtime's int8 GEMM (MLAS)
-# where :func:`ort_int8`, if they are ORT_MIN_DIM wide or more. On one thread of a 2-core Xeon with AMX,
-# over 4,096-column blocks back to back, fbgemm took 1.28-1.49x MLAS's time at d 1024 from 8 to 64 rows, and
-# 0.84-1.08x at d 256; 16 rows leave a margin for MLAS's cost per call, which grows in share as rows shrink
-# (docs/decisions/0019-int8-gemms-on-onnx-runtime.md).
+# where :func:`ort_int8`, if they are ``switches.ORT_MIN_DIM`` wide or more. On one thread of a 2-core Xeon
+# with AMX, over 4,096-column blocks back to back, fbgemm took 1.28-1.49x MLAS's time at d 1024 from 8 to 64
+# rows, and 0.84-1.08x at d 256; 16 rows leave a margin for MLAS's cost per call, which grows in share as rows
+# shrink (docs/decisions/0019-int8-gemms-on-onnx-runtime.md).
 ORT_MIN_ROWS = 16
-ORT_MIN_DIM = 512
-INT8_GEMM_ENV = "FASTVOCAB_INT8_GEMM"  # auto, fbgemm or onnxruntime
 
 
 @functools.lru_cache(maxsize=1)
 def ort_int8() -> bool:
     """Whether rows packed for many-row steps run those steps on ONNX Runtime: as ``FASTVOCAB_INT8_GEMM``
-    says (``fbgemm``, ``onnxruntime``), or with ``auto`` (the default) where AMX tiles are usable
-    (:func:`amx_usable`), where MLAS's int8 GEMM measured 1.3-2.2x as fast as fbgemm's from 8 rows at d 1024;
-    elsewhere it was not measured, and fbgemm stays."""
-    choice = os.environ.get(INT8_GEMM_ENV, "auto").strip().lower()
-    if choice not in ("auto", "fbgemm", "onnxruntime"):
-        raise ValueError(f"{INT8_GEMM_ENV}={choice!r}: expected auto, fbgemm or onnxruntime")
+    (``switches.INT8_GEMM``) says (``fbgemm``, ``onnxruntime``), or with ``auto`` (the default) where AMX
+    tiles are usable (:func:`amx_usable`), where MLAS's int8 GEMM measured 1.3-2.2x as fast as fbgemm's from
+    8 rows at d 1024; elsewhere it was not measured, and fbgemm stays. The answer is kept for the process
+    (``ort_int8.cache_clear()`` asks again)."""
+    choice = switches.INT8_GEMM.get()
     if choice == "fbgemm":
         return False
-    missing = onnx_unavailable(f"{INT8_GEMM_ENV}=onnxruntime")
+    missing = onnx_unavailable(f"{switches.INT8_GEMM.env}=onnxruntime")
     if choice == "onnxruntime":
         if missing:
             raise ValueError(missing)
@@ -121,19 +118,21 @@ def amx_usable() -> bool:
 
 def many_rows_gemm() -> str:
     """The int8 GEMM of one-thread steps of many rows (:func:`ort_int8`), as benchmark records name it."""
-    return f"onnxruntime from {ORT_MIN_ROWS} rows at d >= {ORT_MIN_DIM}" if ort_int8() else "fbgemm"
+    min_dim = switches.ORT_MIN_DIM.get()
+    return f"onnxruntime from {ORT_MIN_ROWS} rows at d >= {min_dim}" if ort_int8() else "fbgemm"
 
 
 class PackedRows:
     """int8 rows (n, ``d``) with their scales and bias, packed once for fbgemm (``quantized.linear_dynamic``).
-    With ``many_rows`` (where :func:`ort_int8`, and ``d`` is ``ORT_MIN_DIM`` or more) one-thread steps of
-    ``ORT_MIN_ROWS`` rows or more run them on ONNX Runtime: ``session``, over the rows packed for MLAS (n d
-    bytes more), opened here (:func:`~fastvocab.kernels.ort_session.one_thread_session`: forked workers run
-    the one they inherit, without opening and packing their own)."""
+    With ``many_rows`` (where :func:`ort_int8`, and ``d`` is ``switches.ORT_MIN_DIM`` or more) one-thread
+    steps of ``ORT_MIN_ROWS`` rows or more run them on ONNX Runtime: ``session``, over the rows packed for
+    MLAS (n d bytes more), opened here (:func:`~fastvocab.kernels.ort_session.one_thread_session`: forked
+    workers run the one they inherit, without opening and packing their own)."""
 
     def __init__(self, fbgemm: torch.ScriptObject, d: int, many_rows: bool = False) -> None:
         self.fbgemm = fbgemm
-        self.session = _ort_session(fbgemm) if many_rows and d >= ORT_MIN_DIM and ort_int8() else None
+        wide = d >= switches.ORT_MIN_DIM.get()
+        self.session = _ort_session(fbgemm) if many_rows and wide and ort_int8() else None
 
 
 def _ort_session(fbgemm: torch.ScriptObject):

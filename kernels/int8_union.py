@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from fastvocab import switches
 from fastvocab.kernels import int8
 from fastvocab.kernels.cluster_assign import PreparedMap
 from fastvocab.kernels.popular import (
@@ -34,10 +35,6 @@ from fastvocab.kernels.union_costs import (
     time_kernels,
 )
 
-# An int8 union step gathers its int8 rows a block at a time into a buffer of this size, so the int8 GEMM
-# reads them from cache (256 KiB to 4 MiB tried: the same within noise; a 40% union at d 1024 gathered whole,
-# 51 MiB, took 3x as long: a probe on the 2-core Xeon).
-INT8_GATHER_CHUNK_BYTES = 4 << 20
 # Which of the two int8 union kernels is cheaper, from their per-column costs in microseconds by the rows of
 # the step, measured on a machine (``union_costs``: the packaged table, or the one FASTVOCAB_INT8_COSTS names,
 # read once, here): the gather per gathered column (random rows read and multiplied) against the packed
@@ -91,16 +88,11 @@ class Int8Weights:
         return self.full.session is not None
 
 
-# A union step's columns, ordered by how likely a row's set holds them, fall in blocks of this many: the
-# popular ids' blocks are nearly full in every union of many rows and cost less run dense than gathered.
-INT8_BLOCK_COLUMNS = 4096
-
-
 @dataclass
 class PopularBlocks:
     """The int8 rows of W in decreasing order of their ids' hit probability (:func:`hit_probability`),
-    packed for fbgemm ``INT8_BLOCK_COLUMNS`` rows at a time: a union step runs the packed GEMM on the blocks
-    its union fills densely enough and gathers the columns of the rest (:func:`int8_union_logits`).
+    packed for fbgemm ``switches.INT8_BLOCK_COLUMNS`` rows at a time: a union step runs the packed GEMM on the
+    blocks its union fills densely enough and gathers the columns of the rest (:func:`int8_union_logits`).
     Costs ``2 N d`` bytes (fbgemm keeps each block's unpacked copy besides the packed one)."""
 
     rank: torch.Tensor  # (N,) int64: each id's position in the order
@@ -187,9 +179,9 @@ def int8_weights(
 def popular_blocks(
     q: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None, hit: np.ndarray
 ) -> PopularBlocks:
-    """Pack the int8 rows ``q`` in decreasing ``hit`` order, ``INT8_BLOCK_COLUMNS`` at a time."""
+    """Pack the int8 rows ``q`` in decreasing ``hit`` order, ``switches.INT8_BLOCK_COLUMNS`` at a time."""
     order, rank = popularity_order(hit)
-    width = INT8_BLOCK_COLUMNS
+    width = switches.INT8_BLOCK_COLUMNS.get()
     packed = []
     for lo in range(0, len(order), width):
         ids = order[lo : lo + width]
@@ -309,7 +301,7 @@ def int8_gather_gemm(h: torch.Tensor, w8: Int8Weights, cols: torch.Tensor) -> to
     c, rows, d = cols.numel(), h.shape[0], w8.q.shape[1]
     ints, h_scale = int8.quantize_input(h)
     x8 = ints.to(torch.int8)  # the integers less their zero point lie in [-127, 127]
-    step = max(1, INT8_GATHER_CHUNK_BYTES // d)
+    step = max(1, switches.INT8_GATHER_CHUNK_BYTES.get() // d)
     if c <= step:  # one block: no buffers to reuse, fewer operations (they dominate at a few rows)
         acc = torch._int_mm(x8, w8.q.index_select(0, cols).t())  # (rows, C) int32
     else:

@@ -3,8 +3,8 @@
 
 numba caches beside the module, else in its user cache folder (``NUMBA_CACHE_DIR`` sets another); where
 neither can be written (a read-only install and home), it refuses ``cache=True`` outright, so the functions
-are then compiled in each process instead (~10 s at its first beam step). Before the first beam search of
-a process ``decoding.search.prepare_compiled_step`` loads them, and says so in one line on standard error
+are then compiled in each process instead (~10 s at its first beam step). Before the first beam search of a
+process ``decoding.beam_kernels.prepare_compiled_step`` loads them, and says so in one line on standard error
 when it has to compile them (``host_beam_step.cache_state``)."""
 
 from __future__ import annotations

@@ -1,13 +1,13 @@
 """Float32 GEMMs on pre-packed oneDNN weights (CPU): the full projection's and the decoder linears' fast path.
 
-``torch.nn.functional.linear`` on CPU hands ``x @ W^T`` to MKL's sgemm on ``W`` as stored, which re-lays
-``W`` out on every call: for decoding's few rows that costs more than the multiply. A copy of ``W`` packed
-once for oneDNN (``torch.ops.mkldnn._reorder_linear_weight``, what inductor's frozen linears use) and
-multiplied by ``torch.ops.mkldnn._linear_pointwise`` does not. On M2M100-418M's decoder matrices (AMD EPYC,
-AVX2; benchmarks/history/engine-notes.md, "Pre-packed decoder linears") it is 1.2-4x faster at 4-16
-rows; from some tens of rows on, depending on the thread count, MKL's own GEMM catches up. Outside
-:func:`packed_rows` and for matrices under ``PREPACK_MIN_BYTES`` (which sit in cache, where oneDNN's
-per-call overhead wins) the plain GEMM stays.
+``torch.nn.functional.linear`` on CPU hands ``x @ W^T`` to MKL's sgemm on ``W`` as stored, which re-lays ``W``
+out on every call: for decoding's few rows that costs more than the multiply. A copy of ``W`` packed once for
+oneDNN (``torch.ops.mkldnn._reorder_linear_weight``, what inductor's frozen linears use) and multiplied by
+``torch.ops.mkldnn._linear_pointwise`` does not. On M2M100-418M's decoder matrices (AMD EPYC, AVX2;
+benchmarks/history/engine-notes.md, "Pre-packed decoder linears") it is 1.2-4x faster at 4-16 rows; from some
+tens of rows on, depending on the thread count, MKL's own GEMM catches up. Outside :func:`packed_rows` and for
+matrices under ``switches.PREPACK_MIN_BYTES`` (which sit in cache, where oneDNN's per-call overhead wins) the
+plain GEMM stays.
 
 The results differ from ``F.linear``'s in the last bits (another summation order, ~1e-6 relative), as between
 any two BLAS libraries. The cost is memory: one more copy of every packed ``W``.
@@ -18,6 +18,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from fastvocab import switches
+
 # The full projection: from this many rows on the pre-packed GEMM, below it a GEMV on W^T (kernels/full.py;
 # measured: benchmarks/history/engine-notes.md).
 SMALL_ROWS = 4
@@ -27,8 +29,6 @@ SMALL_ROWS = 4
 # up to 128 and is even at 256. More threads get the two-thread range (not measured).
 PACKED_ROWS_ONE_THREAD = range(SMALL_ROWS, 48)
 PACKED_ROWS = range(1, 256)
-# Smaller W stays plain: it sits in cache and oneDNN's per-call overhead wins (measured: ibid.).
-PREPACK_MIN_BYTES = 4 << 20
 
 
 def packed_rows() -> range:
@@ -104,9 +104,9 @@ class PackedLinear(nn.Module):
 
 def prepack_linears(module: nn.Module, min_bytes: int | None = None) -> int:
     """Replace, in place, every ``nn.Linear`` inside ``module`` whose float32 CPU weight has at least
-    ``min_bytes`` (default ``PREPACK_MIN_BYTES``) by a :class:`PackedLinear` around it; returns how many.
-    Nothing is replaced where oneDNN's ops are unavailable."""
-    floor = PREPACK_MIN_BYTES if min_bytes is None else min_bytes
+    ``min_bytes`` (default ``switches.PREPACK_MIN_BYTES``) by a :class:`PackedLinear` around it; returns how
+    many. Nothing is replaced where oneDNN's ops are unavailable."""
+    floor = switches.PREPACK_MIN_BYTES.get() if min_bytes is None else min_bytes
     found = [
         (parent, name, child)
         for parent in module.modules()

@@ -8,7 +8,8 @@ caches and memory), not on the model. The costs are measured, not modelled:
 The package ships the table of the machine it was tuned on (``int8_costs.json``, which records that machine
 and the result file it comes from), and one of a machine whose dense GEMM of many rows runs on ONNX Runtime
 (``int8_costs_onnxruntime.json``, ``kernels.int8.ort_int8``), which a projection whose rows have sessions
-reads; ``FASTVOCAB_INT8_COSTS`` names another table, for a machine measured the same way, read by both.
+reads; ``FASTVOCAB_INT8_COSTS`` (``switches.INT8_COSTS``) names another table, for a machine measured the
+same way, read by both.
 Both kernels give the same logits: a table changes only the time. Both packaged tables priced the gather
 before it multiplied in int8, at 2-4x today's cost; they are kept, because a table of today's gather chose it
 for the sparse blocks of steps of many rows, and a run on two workers took 1.8x as long as with the dense
@@ -19,7 +20,6 @@ from __future__ import annotations
 
 import functools
 import json
-import os
 import statistics
 import timeit
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -30,9 +30,8 @@ from typing import Any
 
 import torch
 
-# Environment variable: a cost table (JSON, as ``CostTable.to_json`` writes it) to use instead of the
-# packaged one, read once, when the int8 union kernels are first imported.
-COSTS_ENV = "FASTVOCAB_INT8_COSTS"
+from fastvocab import switches
+
 PACKAGED = "int8_costs.json"
 # The table of a machine whose dense int8 GEMM of many rows runs on ONNX Runtime (``kernels.int8.ort_int8``):
 # a projection whose rows have a session reads this one.
@@ -81,10 +80,11 @@ class CostTable:
 
 
 def load_cost_table(path: str | Path | None = None, packaged: str = PACKAGED) -> CostTable:
-    """The table at ``path``; else the one ``FASTVOCAB_INT8_COSTS`` names; else the packaged one
-    ``packaged``."""
-    if path is None and os.environ.get(COSTS_ENV):
-        path, where = os.environ[COSTS_ENV], f"{COSTS_ENV}={os.environ[COSTS_ENV]}"
+    """The table at ``path``; else the one ``FASTVOCAB_INT8_COSTS`` names (``switches.INT8_COSTS``); else the
+    packaged one ``packaged``."""
+    named = switches.INT8_COSTS.get() if path is None else None
+    if named is not None:
+        path, where = named, f"{switches.INT8_COSTS.env}={named}"
     else:
         where = str(path or packaged)
     try:

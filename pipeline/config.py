@@ -283,7 +283,7 @@ class MapsConfig(_Strict):
     # nearest clusters' sets each row adds to a union batch's columns (1: the nearest, Amer et al.'s method)
     probes: int = Field(1, ge=1)
     # basis of the stored normaliser's curvature (inactive_mass: normaliser); 0 = isotropic only; default
-    # the maps' own (kernels.clustered.DEFAULT_NORMALISER_RANK)
+    # the maps' own (kernels.clustered_load.DEFAULT_NORMALISER_RANK)
     normaliser_rank: int | None = Field(None, ge=0)
     # states folders of dumps made elsewhere (another run's <work_dir>/states, every beam under it) that
     # k-means and the maps read with this run's own

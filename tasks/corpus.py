@@ -30,6 +30,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from fastvocab import switches
 from fastvocab.artifacts_schema.atomic import atomic_path
 from fastvocab.artifacts_schema.corpus import (
     CORPUS_SCHEMA,
@@ -285,21 +286,18 @@ def now_utc() -> str:
     return dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
 
 
-# Rows per Parquet batch when a file is streamed out: memory holds one batch of text at a time.
-BATCH_ROWS = 100_000
-
-
 def _write_rows(path: Path, rows: Iterable[Row], if_empty: Exception | None = None) -> int:
     """Stream rows into a split's Parquet file, atomically; returns how many were written.
 
     With ``if_empty``: no rows raise it, and the file is left as it was.
     """
     count = 0
+    batch_rows = switches.CORPUS_BATCH_ROWS.get()
     with atomic_path(path) as tmp, pq.ParquetWriter(tmp, CORPUS_SCHEMA) as writer:
         batch: list[Row] = []
         for row in rows:
             batch.append(row)
-            if len(batch) == BATCH_ROWS:
+            if len(batch) == batch_rows:
                 writer.write_table(pa.table(list(map(list, zip(*batch, strict=True))), schema=CORPUS_SCHEMA))
                 count += len(batch)
                 batch = []

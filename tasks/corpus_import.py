@@ -14,6 +14,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from fastvocab import switches
 from fastvocab.artifacts_schema.atomic import atomic_path
 from fastvocab.artifacts_schema.corpus import (
     MONO_SCHEMA,
@@ -22,7 +23,6 @@ from fastvocab.artifacts_schema.corpus import (
     update_manifest,
     valid_file,
 )
-from fastvocab.tasks import corpus
 from fastvocab.tasks.corpus import (
     MonoResult,
     PairResult,
@@ -214,6 +214,7 @@ def import_mono(out_dir: str | Path, path: str | Path, lang: str, *, force: bool
     count = int(keep.sum())
     if not count:
         raise CorpusError(f"{path}: no non-empty lines")
+    batch_rows = switches.CORPUS_BATCH_ROWS.get()
     with atomic_path(target) as tmp, pq.ParquetWriter(tmp, MONO_SCHEMA) as writer:
         ids: list[int] = []
         texts: list[str] = []
@@ -221,7 +222,7 @@ def import_mono(out_dir: str | Path, path: str | Path, lang: str, *, force: bool
             if keep[n - 1]:
                 ids.append(n)
                 texts.append(normalise(raw))
-                if len(ids) == corpus.BATCH_ROWS:
+                if len(ids) == batch_rows:
                     writer.write_table(pa.table([ids, texts], schema=MONO_SCHEMA))
                     ids, texts = [], []
         if ids:

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from fastvocab import switches
 from fastvocab.artifacts_schema.digest import digest
 from fastvocab.artifacts_schema.hidden_states import (
     REFERENCE_BEAM,
@@ -55,20 +56,17 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 _RECORD_COLUMNS = ("row", "step", "hidden", "topk_ids", "topk_logprobs")
-# Rows per projection call on the reference path. CPU: 256 ran the demo model's 32K x 256 GEMM fastest on 2
-# cores (121 GFLOP/s against 85 at 1,024 rows). CUDA: as many rows as keep a call's float32 logits within
-# TEACHER_LOGITS_BYTES, at most TEACHER_ROWS_CUDA (on an H200, batch 2,048, 1,024 to 8,192 rows ran the demo
-# model's reference path 4-11% faster than 256 in the same run).
-TEACHER_ROWS = 256
-TEACHER_ROWS_CUDA = 8192
+# Rows per projection call on the reference path: switches.TEACHER_ROWS on CPU; on CUDA as many rows as keep
+# a call's float32 logits within this many bytes, from switches.TEACHER_ROWS to switches.TEACHER_ROWS_CUDA.
 TEACHER_LOGITS_BYTES = 1 << 30
 
 
 def teacher_rows(device: str, n_vocab: int) -> int:
     """Rows a projection call on the reference path, for the device and the vocabulary size."""
+    least = switches.TEACHER_ROWS.get()
     if not device.startswith("cuda"):
-        return TEACHER_ROWS
-    return max(TEACHER_ROWS, min(TEACHER_ROWS_CUDA, TEACHER_LOGITS_BYTES // (4 * n_vocab)))
+        return least
+    return max(least, min(switches.TEACHER_ROWS_CUDA.get(), TEACHER_LOGITS_BYTES // (4 * n_vocab)))
 
 
 @dataclass(frozen=True)

@@ -41,7 +41,7 @@ from fastvocab.artifacts_schema.hidden_states import (
 )
 from fastvocab.artifacts_schema.kmeans_result import load_kmeans
 from fastvocab.artifacts_schema.stream_counts import read_stream_arrays, stream_beam
-from fastvocab.kernels.clustered import DEFAULT_NORMALISER_RANK
+from fastvocab.kernels.clustered_load import DEFAULT_NORMALISER_RANK
 from fastvocab.tasks.context import RunContext
 
 log = logging.getLogger(__name__)

@@ -29,12 +29,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from fastvocab import switches
 from fastvocab.artifacts_schema.corpus import direction_file, mono_file
 from fastvocab.artifacts_schema.digest import Digest
 from fastvocab.artifacts_schema.errors import ArtifactError
 from fastvocab.tasks.dump import DumpSettings, ShardSpec
-
-READ_BATCH_ROWS = 65_536  # rows the driver (and a worker) decodes from the file at a time
 
 
 @dataclass(frozen=True)
@@ -160,8 +159,9 @@ def _iter_rows(path: Path, columns: list[str], start: int, stop: int) -> Iterato
             return
         row = first
         # one row group at a time: asked for many, Arrow pre-buffers all their column chunks (the whole file)
+        batch_rows = switches.READ_BATCH_ROWS.get()  # rows decoded from the file at a time
         for g in groups:
-            for batch in pf.iter_batches(batch_size=READ_BATCH_ROWS, row_groups=[g], columns=columns):
+            for batch in pf.iter_batches(batch_size=batch_rows, row_groups=[g], columns=columns):
                 lo, hi = max(start - row, 0), min(stop - row, batch.num_rows)
                 if lo < hi:
                     yield row + lo, batch.slice(lo, hi - lo)

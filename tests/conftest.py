@@ -6,18 +6,31 @@ pipeline plumbing); translation quality is checked on the committed demo model.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+
+from fastvocab import switches
 
 # Model fingerprints are remembered across runs by design (decoding/hf_adapter.py): in the suite that would
 # make a test that counts hashes depend on what ran before it, and fill the user's cache. A folder that
 # cannot exist turns remembering off; tests/test_run_context.py tests it with a folder of its own. It also
 # makes engine "auto" the static engine (it would export into a temporary folder each time): tests of the
-# ONNX Runtime engine name it, or give the cache a folder (tests/test_onnx_engine.py).
+# ONNX Runtime engine name it, or give the cache a folder (tests/test_onnx_engine.py). Set in the environment,
+# not through switches.override, because the commands the tests run in subprocesses must see it too.
 os.environ["FASTVOCAB_CACHE_DIR"] = os.path.join(os.devnull, "fastvocab-cache")
+
+
+@pytest.fixture
+def switch() -> Iterator[Callable[..., None]]:
+    """Set switches (``fastvocab.switches``) for the rest of the test: ``switch(CPU_SYNC_EVERY=3)``."""
+    with contextlib.ExitStack() as stack:
+        yield lambda **values: stack.enter_context(switches.override(**values))
+
 
 LANGS = ["en", "it", "fr", "de"]
 WORDS = {

@@ -280,7 +280,7 @@ def test_an_old_map_without_beams_gets_the_rebuild_hint_not_a_traceback(tiny_mod
 
 
 def test_maps_normaliser_rank_defaults_to_the_kernels_rank_and_a_config_overrides_it():
-    from fastvocab.kernels.clustered import DEFAULT_NORMALISER_RANK
+    from fastvocab.kernels.clustered_load import DEFAULT_NORMALISER_RANK
     from fastvocab.pipeline.config import MapsConfig
 
     assert MapsConfig().params(dump_k=8).normaliser_rank == DEFAULT_NORMALISER_RANK

@@ -158,14 +158,14 @@ def test_cached_and_gathered_paths_agree():
 
 @pytest.mark.parametrize("bias", [True, False])
 @pytest.mark.parametrize("rows", [1, 3])
-def test_blockwise_cpu_gather_equals_one_gather(monkeypatch, bias, rows):
+def test_blockwise_cpu_gather_equals_one_gather(switch, bias, rows):
     from fastvocab.kernels import gather
 
     w, b = random_layer(bias=bias)
     cols = torch.tensor(sorted(np.random.default_rng(0).choice(300, 77, replace=False).tolist()))
     h = torch.randn(rows, 16)
     one = gather.gathered_logits(h, w, b, cols)
-    monkeypatch.setattr(gather, "GATHER_CHUNK_BYTES", 10 * 16 * 4)  # blocks of 10 rows, last one 7
+    switch(GATHER_CHUNK_BYTES=10 * 16 * 4)  # blocks of 10 rows, last one 7
     blocks = gather.gathered_logits(h, w, b, cols)
     assert blocks.shape == (rows, 77) and blocks.is_contiguous()
     torch.testing.assert_close(blocks, one, rtol=1e-5, atol=1e-5)

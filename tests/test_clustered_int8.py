@@ -227,10 +227,12 @@ def test_hit_probability_sums_the_populations_of_the_sets_holding_each_id():
 
 
 @pytest.mark.parametrize("rows", [3, 6])
-def test_union_over_popular_blocks_runs_dense_and_gathered_blocks_with_full_int8_logits(monkeypatch, rows):
+def test_union_over_popular_blocks_runs_dense_and_gathered_blocks_with_full_int8_logits(
+    monkeypatch, rows, switch
+):
     """Blocks of 32 ids in popularity order; a block runs dense when the union holds over half of it (costs
     set so): both kinds run in one step, and every column is the full int8 projection's logit."""
-    monkeypatch.setattr(int8_union, "INT8_BLOCK_COLUMNS", 32)
+    switch(INT8_BLOCK_COLUMNS=32)
     n = len(int8_union.INT8_COST_ROWS)
     monkeypatch.setattr(int8_union, "INT8_GATHER_US", (1.0,) * n)
     monkeypatch.setattr(int8_union, "INT8_DENSE_US", (0.5,) * n)
@@ -344,7 +346,7 @@ def test_bulk_worker_hands_int8_to_the_clustered_projection(spread_model_dir, tm
 
 
 @pytest.mark.parametrize("bias", [1.0, 0.0])
-def test_int8_gather_in_blocks_equals_one_block(monkeypatch, bias):
+def test_int8_gather_in_blocks_equals_one_block(switch, bias):
     """A union larger than the gather's buffer runs block by block; a small one in one go: the same logits,
     the full int8 layer's."""
     w, b, cmap = layer_and_map(bias=bias)
@@ -353,7 +355,7 @@ def test_int8_gather_in_blocks_equals_one_block(monkeypatch, bias):
     h = batch(cmap, 5)
     cols = torch.arange(0, N, 3)
     whole = int8_union.int8_gather_gemm(h, w8, cols)
-    monkeypatch.setattr(int8_union, "INT8_GATHER_CHUNK_BYTES", D * 16)  # 16 int8 rows a block
+    switch(INT8_GATHER_CHUNK_BYTES=D * 16)  # 16 int8 rows a block
     blocks = int8_union.int8_gather_gemm(h, w8, cols)
     assert torch.equal(blocks, whole)
     full8 = create_projection("full", w, b, int8=True)(h).logits[:, cols]

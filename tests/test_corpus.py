@@ -289,14 +289,14 @@ def test_streamed_split_equals_the_plain_one(seed):
     assert got == _reference_split(rows, dev, test, seed)
 
 
-def test_parallel_import_streams_in_batches_with_the_same_files(tmp_path, monkeypatch):
+def test_parallel_import_streams_in_batches_with_the_same_files(tmp_path, switch):
     lines = [f"src {i % 17}\ttgt {i % 13}" for i in range(60)]
     tsv = tmp_path / "x.tsv"
     tsv.write_text("\n".join(lines) + "\n", encoding="utf-8")
     kw = {"dev_size": 5, "test_size": 5}
     source = corpus_import.ParallelFile(tsv, "tsv")
     whole = corpus_import.import_parallel(tmp_path / "one", source, "de", "fr", **kw)
-    monkeypatch.setattr(corpus, "BATCH_ROWS", 4)
+    switch(CORPUS_BATCH_ROWS=4)
     batched = corpus_import.import_parallel(tmp_path / "two", source, "de", "fr", **kw)
     assert batched.counts == whole.counts and batched.stats == whole.stats
     for split in SPLITS:
@@ -583,14 +583,14 @@ def test_mono_import(tmp_path, capsys):
         read_mono(out, "fr")
 
 
-def test_mono_import_streams_in_batches_with_the_same_result(tmp_path, monkeypatch):
+def test_mono_import_streams_in_batches_with_the_same_result(tmp_path, switch):
     """Batches of 2 lines (duplicates across batches, an empty last batch) give what one batch gives."""
 
     lines = ["a b", "c", "", "a  b", "d", "c", "e", "f"]
     text = tmp_path / "x.txt"
     text.write_text("\n".join(lines) + "\n", encoding="utf-8")
     whole = corpus_import.import_mono(tmp_path / "one", text, "it")
-    monkeypatch.setattr(corpus, "BATCH_ROWS", 2)
+    switch(CORPUS_BATCH_ROWS=2)
     batched = corpus_import.import_mono(tmp_path / "two", text, "it")
     assert read_mono(tmp_path / "two", "it") == read_mono(tmp_path / "one", "it")
     assert read_mono(tmp_path / "two", "it") == ([1, 2, 5, 7, 8], ["a b", "c", "d", "e", "f"])

@@ -10,6 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
+from fastvocab import switches
 from fastvocab.artifacts_schema.errors import ArtifactError
 from fastvocab.artifacts_schema.hidden_states import (
     REFERENCE_BEAM,
@@ -154,13 +155,13 @@ def test_reference_path_records_each_reference_and_skips_lines_without_one(decod
         along(columns(texts, "en", "it"))
 
 
-def test_reference_path_records_do_not_depend_on_the_rows_a_projection_call(decoder, monkeypatch):
+def test_reference_path_records_do_not_depend_on_the_rows_a_projection_call(decoder, switch):
     along = decoder.along(0)
     texts = synthetic_sentences("en", 6, seed=14)
     batch = columns(texts, "en", "it")
     batch["reference"] = np.array(synthetic_sentences("it", 6, seed=15), dtype=object)
     whole = along(batch)
-    monkeypatch.setattr(dump_module, "TEACHER_ROWS", 3)  # calls of 3 rows, the last one short
+    switch(TEACHER_ROWS=3)  # calls of 3 rows, the last one short
     assert dump_module.teacher_rows("cpu", along.n_vocab) == 3 < len(whole["step"])
     parts = along(batch)
     for name in ("sent_id", "step", "topk_ids"):
@@ -169,12 +170,13 @@ def test_reference_path_records_do_not_depend_on_the_rows_a_projection_call(deco
 
 
 def test_teacher_rows_bounds_a_gpu_calls_logits_and_keeps_cpu_cache_sized():
-    assert dump_module.teacher_rows("cpu", 32_108) == dump_module.TEACHER_ROWS
-    assert dump_module.teacher_rows("cuda", 32_108) == dump_module.TEACHER_ROWS_CUDA
+    least, most = switches.TEACHER_ROWS.get(), switches.TEACHER_ROWS_CUDA.get()
+    assert dump_module.teacher_rows("cpu", 32_108) == least
+    assert dump_module.teacher_rows("cuda", 32_108) == most
     big = dump_module.teacher_rows("cuda:1", 256_000)  # a 256K vocabulary: 1 GiB of float32 logits
-    assert dump_module.TEACHER_ROWS < big < dump_module.TEACHER_ROWS_CUDA
+    assert least < big < most
     assert big * 256_000 * 4 <= dump_module.TEACHER_LOGITS_BYTES
-    assert dump_module.teacher_rows("cuda", 10**9) == dump_module.TEACHER_ROWS
+    assert dump_module.teacher_rows("cuda", 10**9) == least
 
 
 def test_shards_validate_resume_and_detect_corruption(decoder, tmp_path):
@@ -303,11 +305,10 @@ def _corpus_file(path: Path, ids, text1, text2, row_group_size: int):
 
 
 @pytest.fixture
-def row_corpus(tmp_path, monkeypatch):
+def row_corpus(tmp_path, switch):
     """An en-it train split of 23 rows in row groups of 5, read in batches of 4 (shards straddle both)."""
-    from fastvocab.tasks import row_shards
 
-    monkeypatch.setattr(row_shards, "READ_BATCH_ROWS", 4)
+    switch(READ_BATCH_ROWS=4)
     en = synthetic_sentences("en", 23, seed=5)
     en[3], en[7], en[11] = "", "caffè ünïcode\ttab", "  spaces  "  # edge cases of the "id\ttext\n" lines
     it = synthetic_sentences("it", 23, seed=5)

@@ -11,7 +11,7 @@ import pytest
 import torch
 from conftest import decoder_steps, generate_ids, reference_logits, synthetic_sentences
 
-from fastvocab.decoding import Seq2SeqAdapter, beam_search, greedy_search, search
+from fastvocab.decoding import Seq2SeqAdapter, beam_search, greedy_search
 from fastvocab.decoding.packed_encoder import PackedEncoder
 from fastvocab.decoding.settings import SearchSettings
 from fastvocab.decoding.static_decoder import StaticDecoder, StaticState
@@ -209,13 +209,13 @@ def test_demo_greedy_and_beam_equal_generate(demo, src, tgt):
 
 
 @pytest.mark.parametrize("every", [3, 5])
-def test_accelerator_sync_schedule_does_not_change_outputs(demo, monkeypatch, every):
+def test_accelerator_sync_schedule_does_not_change_outputs(demo, switch, every):
     """Reading the stop decision back every few steps (an accelerator's schedule, run here on CPU): rows and
     sentences that finish in between stay in the batch, frozen, and the outputs stay generate's."""
     full = create_projection("full", demo.output_weight, demo.output_bias)
     src, tgt = "en", "it"
     batch = demo.encode_texts(DEMO_SOURCES, src)
-    monkeypatch.setattr(search, "CPU_SYNC_EVERY", every)
+    switch(CPU_SYNC_EVERY=every)
     assert greedy_search(demo, full, batch, src, tgt, max_len=48) == generate_ids(
         demo, batch, tgt, 48, num_beams=1
     )
@@ -226,11 +226,11 @@ def test_accelerator_sync_schedule_does_not_change_outputs(demo, monkeypatch, ev
 
 
 @pytest.mark.parametrize("fraction", [0.0, 0.5, 1.0])
-def test_greedy_compaction_schedule_does_not_change_outputs(demo, monkeypatch, fraction):
+def test_greedy_compaction_schedule_does_not_change_outputs(demo, switch, fraction):
     full = create_projection("full", demo.output_weight, demo.output_bias)
     batch = demo.encode_texts(DEMO_SOURCES, "en")
     expect = greedy_search(demo, full, batch, "en", "it", max_len=48)
-    monkeypatch.setattr(search, "COMPACT_FRACTION", fraction)
+    switch(COMPACT_FRACTION=fraction)
     assert greedy_search(demo, full, batch, "en", "it", max_len=48) == expect
 
 
@@ -344,7 +344,7 @@ def captured(adapter, capture: bool = False):
 
 
 @pytest.mark.parametrize("max_len", [48, 5])
-def test_graphed_greedy_equals_greedy(demo, monkeypatch, max_len):
+def test_graphed_greedy_equals_greedy(demo, switch, max_len):
     """The step a CUDA graph captures (run eagerly here, with the accelerator's sync schedule). At the short
     limit only the sources whose translation runs past it are decoded, so every row stops at the limit."""
     full = create_projection("full", demo.output_weight, demo.output_bias)
@@ -358,7 +358,7 @@ def test_graphed_greedy_equals_greedy(demo, monkeypatch, max_len):
     assert want == generate_ids(demo, batch, "it", max_len, num_beams=1)
     lengths = {len(s) for s in want}
     assert len(lengths) > 1 if max_len == 48 else lengths == {max_len}  # rows end apart / at the limit
-    monkeypatch.setattr(search, "CPU_SYNC_EVERY", 3)
+    switch(CPU_SYNC_EVERY=3)
     got = greedy_search(demo, full, batch, "en", "it", max_len=max_len, stepper=captured(demo))
     assert got == want
 
@@ -459,7 +459,7 @@ def test_graphed_step_dispatches_no_host_read(demo, monkeypatch):
 @pytest.mark.parametrize(
     ("max_len", "rule"), [(48, False), (48, True), (48, "never"), (5, False), (1, False)]
 )
-def test_graphed_beam_equals_beam(demo, monkeypatch, max_len, rule):
+def test_graphed_beam_equals_beam(demo, switch, max_len, rule):
     """The beam step two CUDA graphs capture (run eagerly here, with the accelerator's sync schedule)."""
     full = create_projection("full", demo.output_weight, demo.output_bias)
     batch = demo.encode_texts(DEMO_SOURCES, "en")
@@ -467,12 +467,12 @@ def test_graphed_beam_equals_beam(demo, monkeypatch, max_len, rule):
     want = beam_search(demo, full, batch, "en", "it", settings)
     if max_len == 48:
         assert len({len(s) for s in want}) > 1  # sentences end at different steps
-    monkeypatch.setattr(search, "CPU_SYNC_EVERY", 3)
+    switch(CPU_SYNC_EVERY=3)
     assert beam_search(demo, full, batch, "en", "it", settings, stepper=captured(demo)) == want
 
 
 @pytest.mark.parametrize("mass", ["none", "normaliser"])
-def test_graphed_beam_static_union_equals_union_mode(demo, monkeypatch, mass):
+def test_graphed_beam_static_union_equals_union_mode(demo, switch, mass):
     """A static-capacity union in the graphed beam step gives union mode's outputs, with the projection's
     inactive-mass estimate too (beam search's default). Union mode's columns are the batch's union, so done
     sentences must stay in the eager batch too (no host read before the end)."""
@@ -485,7 +485,7 @@ def test_graphed_beam_static_union_equals_union_mode(demo, monkeypatch, mass):
         "clustered", demo.output_weight, demo.output_bias, cluster_map=cmap, selection="union",
         always_active=demo.always_active_ids(), inactive_mass=mass,
     )  # fmt: skip
-    monkeypatch.setattr(search, "CPU_SYNC_EVERY", 1000)
+    switch(CPU_SYNC_EVERY=1000)
     settings = SearchSettings(beam=2, max_len=40, early_stopping=False)
     want = beam_search(demo, union, batch, "en", "it", settings)
     su = StaticUnion(union, rows=2 * batch["input_ids"].shape[0])
@@ -540,7 +540,7 @@ def test_graphed_beam_step_dispatches_no_host_read(demo):
             assert tokens.shape == rows.shape == (n, k) and int(beams.step) == 1
 
 
-def test_graphed_searches_undo_their_capture_warm_ups(demo, monkeypatch):
+def test_graphed_searches_undo_their_capture_warm_ups(demo, monkeypatch, switch):
     """With capture on, a graph's warm-up runs real steps that the searches must undo: here a stand-in
     capture runs the warm-up and then replays the step eagerly, so what the warm-up changed shows."""
     from fastvocab.decoding import steppers
@@ -554,7 +554,7 @@ def test_graphed_searches_undo_their_capture_warm_ups(demo, monkeypatch):
         return fn
 
     monkeypatch.setattr(steppers, "capture_graph", fake_capture)
-    monkeypatch.setattr(search, "CPU_SYNC_EVERY", 3)
+    switch(CPU_SYNC_EVERY=3)
     full = create_projection("full", demo.output_weight, demo.output_bias)
     batch = demo.encode_texts(DEMO_SOURCES, "en")
     greedy = greedy_search(demo, full, batch, "en", "it", max_len=30, stepper=captured(demo, capture=True))
@@ -565,7 +565,7 @@ def test_graphed_searches_undo_their_capture_warm_ups(demo, monkeypatch):
 
 
 @pytest.mark.parametrize("beam", [1, 2])
-def test_translate_with_graphs_equals_the_eager_search(demo, monkeypatch, beam):
+def test_translate_with_graphs_equals_the_eager_search(demo, switch, beam):
     """``translate(graphs="on")`` (the captured stepper; on CPU its steps run eagerly) gives the eager
     search's lines: the full projection as it is, union-mode clustered (with beam search's default
     inactive-mass estimate) as a static-capacity union. A union is the batch's, and the graphed searches
@@ -578,7 +578,7 @@ def test_translate_with_graphs_equals_the_eager_search(demo, monkeypatch, beam):
     union = make_projection(
         demo, "clustered", cluster_map=cmap, **clustered_options("union", "auto", False, beam)
     )
-    monkeypatch.setattr(search, "CPU_SYNC_EVERY", 1000)
+    switch(CPU_SYNC_EVERY=1000)
     settings, kw = SearchSettings(beam=beam, batch_size=3, max_len=40), dict(progress=False, workers=1)
     on = replace(settings, graphs="on")
     for proj in (full, union):
@@ -620,7 +620,7 @@ def test_graphs_auto_captures_on_cuda_only_where_the_step_can_be_captured(demo, 
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_translate_with_graphs_in_half_precision(demo, monkeypatch, dtype):
+def test_translate_with_graphs_in_half_precision(demo, switch, dtype):
     """The GPU decodes in float16: the comparison above in float16 and bfloat16 on CPU (the engine's, the
     fixed-shape step's and the static union's half-precision paths), with the map built from the float32
     load, as the pipeline builds maps (so the half-precision adapter must carry the float32 fingerprint)."""
@@ -630,7 +630,7 @@ def test_translate_with_graphs_in_half_precision(demo, monkeypatch, dtype):
     cmap = map_from_decoding(demo, make_projection(demo, "full"), beam=2, max_len=40)
     half = Seq2SeqAdapter.load(DEMO_MODEL, dtype=dtype)
     assert half.engine == "static" and half.fingerprint == demo.fingerprint
-    monkeypatch.setattr(search, "CPU_SYNC_EVERY", 1000)
+    switch(CPU_SYNC_EVERY=1000)
     for beam in (1, 2):
         opts = clustered_options("union", "auto", False, beam)
         settings, kw = SearchSettings(beam=beam, batch_size=3, max_len=40), dict(progress=False, workers=1)

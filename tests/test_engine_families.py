@@ -18,7 +18,6 @@ import torch
 from conftest import decoder_steps, reference_logits
 
 from fastvocab.decoding import Seq2SeqAdapter, beam_search, greedy_search
-from fastvocab.decoding.cache_memory import CACHE_LIMIT_ENV
 from fastvocab.decoding.model_families import unsupported_reason
 from fastvocab.decoding.packed_encoder import PackedEncoder
 from fastvocab.decoding.settings import SearchSettings
@@ -195,13 +194,13 @@ def test_packed_encoder_equals_the_hf_encoder(static, family):
     assert not ours[~mask].any()
 
 
-def test_onnx_engine_encoder_equals_the_hf_encoder(static, family, tmp_path, monkeypatch):
+def test_onnx_engine_encoder_equals_the_hf_encoder(static, family, tmp_path, switch):
     """The onnx engine exports every family's encoder layers (post-norm Marian, MBart's embedding norm)."""
     pytest.importorskip("onnxruntime")
     pytest.importorskip("onnx")
     from fastvocab.decoding.onnx_encoder import OnnxEncoder
 
-    monkeypatch.setenv("FASTVOCAB_CACHE_DIR", str(tmp_path))
+    switch(CACHE_DIR=tmp_path)
     adapter = Seq2SeqAdapter(static.model, static.tokenizer, static.path, "cpu", torch.float32, engine="onnx")
     assert isinstance(adapter._encoder, OnnxEncoder)
     batch = _batch(static, 6, seed=9)
@@ -228,13 +227,12 @@ def test_greedy_and_beam_equal_generate(static, family, max_len):
 
 
 @pytest.mark.parametrize("max_len", [5, 14])
-def test_graphed_searches_equal_generate(static, family, max_len, monkeypatch):
+def test_graphed_searches_equal_generate(static, family, max_len, switch):
     """The fixed-shape searches CUDA graphs capture (run eagerly here): each family's forced prefix, banned
     decoder-start pad (Marian) and forced EOS at the length limit (MBart) go through them too."""
-    from fastvocab.decoding import search
     from fastvocab.decoding.steppers import CapturedStepper
 
-    monkeypatch.setattr(search, "CPU_SYNC_EVERY", 2)
+    switch(CPU_SYNC_EVERY=2)
     full = create_projection("full", static.output_weight, static.output_bias)
     batch = _batch(static, 7, seed=5)
     src, tgt = SRC[family], TGT[family]
@@ -258,7 +256,7 @@ def test_position_table_end_is_an_error(static, family):
         decoder_steps(static, batch, tokens)
 
 
-def test_cache_limit_names_the_sizes(static, family, monkeypatch):
+def test_cache_limit_names_the_sizes(static, family, switch):
     engine = StaticDecoder(static.model, max_cache_bytes=1000)
     enc = static.encode(_batch(static, 3, seed=7))
     what = (
@@ -267,7 +265,7 @@ def test_cache_limit_names_the_sizes(static, family, monkeypatch):
     )
     with pytest.raises(MemoryError, match=what):
         engine.start(enc.hidden, enc.mask, capacity=64)
-    monkeypatch.setenv(CACHE_LIMIT_ENV, "0.001")  # MiB
+    switch(CACHE_LIMIT_MB=0.001)  # MiB
     assert StaticDecoder(static.model).max_cache_bytes == 1048
 
 

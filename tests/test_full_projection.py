@@ -25,9 +25,9 @@ needs_prepack = pytest.mark.skipif(
 
 
 @pytest.fixture(autouse=True)
-def pack_small_w(monkeypatch):
+def pack_small_w(switch):
     """The test matrices are far below PREPACK_MIN_BYTES: pack them anyway (unless a test says otherwise)."""
-    monkeypatch.setattr(prepack_mod, "PREPACK_MIN_BYTES", 0)
+    switch(PREPACK_MIN_BYTES=0)
 
 
 def _wb(n: int = 300, d: int = 24, bias: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -75,9 +75,9 @@ def test_in_place_change_of_w_is_seen():
         torch.testing.assert_close(proj(h[:rows]).logits, F.linear(h[:rows], w, b), rtol=1e-5, atol=1e-5)
 
 
-def test_fallback_is_f_linear_and_logged(caplog, monkeypatch):
+def test_fallback_is_f_linear_and_logged(caplog, switch):
     w, b = _wb()
-    monkeypatch.setattr(prepack_mod, "PREPACK_MIN_BYTES", 4 << 20)
+    switch(PREPACK_MIN_BYTES=4 << 20)
     with caplog.at_level(logging.DEBUG, logger="fastvocab.kernels.full"):
         small = FullProjection(w, b)  # 29 KB: F.linear is as fast
     assert not small.packed and "where packing does not pay" in caplog.text

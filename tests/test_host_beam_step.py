@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 import torch
 
-from fastvocab.decoding import search
+from fastvocab import switches
+from fastvocab.decoding import beam_candidates, beam_kernels, search
 from fastvocab.decoding.hf_adapter import Seq2SeqAdapter
 from fastvocab.decoding.search import beam_search, row_candidates
 from fastvocab.decoding.settings import SearchSettings
@@ -28,7 +29,7 @@ def _torch_topk(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 def test_best_first_is_a_stable_descending_argsort():
     """Largest first, the lower index first among equal values, NaN last: ``np.argsort(-x, "stable")``."""
-    best_first = search.compiled_step()._best_first
+    best_first = beam_kernels.compiled_step()._best_first
     rng = np.random.default_rng(0)
     for trial in range(200):
         x = rng.integers(-3, 4, size=int(rng.integers(1, 24))).astype(np.float32)  # many ties
@@ -59,7 +60,7 @@ def test_compiled_candidates_equal_torchs(ids, mass, banned, first):
     # The best few columns' ids banned: the answer must skip them.
     top_ids = out.to_vocab_ids(torch.topk(logits, 2, dim=-1).indices)
     ban = torch.unique(top_ids[:, 0]) if banned else None
-    assert search._host_can(out)
+    assert beam_candidates._host_can(out)
     got_vals, got_toks = row_candidates(out, ban, k, first)
     want_vals, want_toks = row_candidates(out, ban, k, first, topk=_torch_topk)
     assert got_vals.shape == want_vals.shape == (rows * (k if first else 1), 2 * k)
@@ -112,7 +113,7 @@ def test_wide_rows_with_ties_rank_as_a_stable_sort(ids, mass):
 def test_the_exp_is_within_float32_rounding():
     """The vectorised exp the normaliser sums, against float64's: within 2e-7 near 0, where a row's sum
     gets its size, and within float32's rounding of ``t / ln 2`` further out (|t| x 6e-8)."""
-    exp = search.compiled_step()._exp
+    exp = beam_kernels.compiled_step()._exp
     t = np.linspace(-87.0, 0.0, 100_001).astype(np.float32)
     got = np.array([exp(v) for v in t[::97]], dtype=np.float64)
     want = np.exp(t[::97].astype(np.float64))
@@ -120,14 +121,15 @@ def test_the_exp_is_within_float32_rounding():
     assert np.abs(got / want - 1)[t[::97] > -1].max() < 2e-7
 
 
-def test_other_outputs_take_torchs_path(monkeypatch):
+def test_other_outputs_take_torchs_path(switch):
     """Per-row ids (a per-row selection) take torch's log-softmax and top-k; so does every output where the
     compiled candidates are switched off."""
     out = ProjectionOutput(torch.randn(4, 50), None, 50)
-    assert search._host_can(out)
-    assert not search._host_can(ProjectionOutput(torch.randn(2, 5), torch.randint(0, 50, (2, 5)), 50))
-    monkeypatch.setattr(search, "COMPILED_CANDIDATES", False)
-    assert not search._host_can(out)
+    assert beam_candidates._host_can(out)
+    per_row = ProjectionOutput(torch.randn(2, 5), torch.randint(0, 50, (2, 5)), 50)
+    assert not beam_candidates._host_can(per_row)
+    switch(COMPILED_CANDIDATES=False)
+    assert not beam_candidates._host_can(out)
 
 
 @pytest.fixture(scope="module")
@@ -150,8 +152,7 @@ def test_beam_search_with_the_compiled_step_equals_the_tensor_step(adapter, monk
     )
     for proj in (full, clustered):
         got = beam_search(adapter, proj, batch, "en", "it", settings)
-        with monkeypatch.context() as patch:
-            patch.setattr(search, "COMPILED_CANDIDATES", False)
+        with monkeypatch.context() as patch, switches.override(COMPILED_CANDIDATES=False):
             patch.setattr(search.BeamState, "_advance_host", _tensor_advance)
             want = beam_search(adapter, proj, batch, "en", "it", settings)
         assert got == want and any(got), (proj, rule)
@@ -172,7 +173,7 @@ def test_warm_compiles_what_beam_search_calls(adapter):
     them (with a clustered projection's ``moments`` estimate): a search after it compiles nothing more."""
     from fastvocab.kernels.host_moments import moments_union
 
-    kernels = search.compiled_step()
+    kernels = beam_kernels.compiled_step()
     compiled = (kernels.advance, kernels.row_candidates, moments_union)
     kernels.warm()
     before = [list(f.signatures) for f in compiled]
@@ -234,7 +235,7 @@ def test_translate_prepares_the_compiled_step_before_its_first_beam(adapter, mon
     from fastvocab.tasks.translate import translate
 
     warmed: list[bool] = []
-    monkeypatch.setattr(search, "_PREPARED", False)
+    monkeypatch.setattr(beam_kernels, "_PREPARED", False)
     monkeypatch.setattr(host_beam_step, "cache_state", lambda: (state, "/cache/decoding_x"))
     monkeypatch.setattr(host_beam_step, "warm", lambda: warmed.append(True))
     lines = synthetic_sentences("en", 2, seed=3)

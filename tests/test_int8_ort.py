@@ -1,7 +1,7 @@
 """int8 rows that serve steps of many rows run those steps on ONNX Runtime (MLAS) where the CPU has AMX (or
 ``FASTVOCAB_INT8_GEMM`` says so), fed the input quantised as fbgemm quantises it: fbgemm's logits to float
 rounding (bit for bit without a bias), in the parent process and in a forked worker alike. The tests force
-the path on, whatever the CPU, and let layers narrower than ``ORT_MIN_DIM`` take it."""
+the path on, whatever the CPU, and let layers narrower than ``switches.ORT_MIN_DIM`` take it."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from fastvocab import switches
 from fastvocab.kernels import create_projection, int8, int8_union
 from fastvocab.kernels.ort_session import onnx_unavailable
 from tests.layers import random_layer, random_map, rows_near
@@ -23,10 +24,10 @@ pytestmark = pytest.mark.skipif(onnx_unavailable() is not None, reason=str(onnx_
 
 
 @pytest.fixture
-def ort_on(monkeypatch):
+def ort_on(monkeypatch, switch):
     """The path on, and one thread (fastvocab's CPU workers' setting; on more, fbgemm runs)."""
     monkeypatch.setattr(int8, "ort_int8", lambda: True)
-    monkeypatch.setattr(int8, "ORT_MIN_DIM", 1)
+    switch(ORT_MIN_DIM=1)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     yield
@@ -84,9 +85,10 @@ def test_few_rows_and_several_threads_stay_on_fbgemm(ort_on):
 
 def test_rows_narrower_than_the_floor_open_no_session(monkeypatch):
     monkeypatch.setattr(int8, "ort_int8", lambda: True)
-    layer = int8.int8_linear(torch.randn(8, int8.ORT_MIN_DIM - 1), None)
+    floor = switches.ORT_MIN_DIM.get()
+    layer = int8.int8_linear(torch.randn(8, floor - 1), None)
     assert int8.packed_of(layer, many_rows=True).session is None
-    assert int8.packed_of(int8.int8_linear(torch.randn(8, int8.ORT_MIN_DIM), None), many_rows=True).session
+    assert int8.packed_of(int8.int8_linear(torch.randn(8, floor), None), many_rows=True).session
 
 
 def _child(packed, x, queue) -> None:
@@ -110,28 +112,27 @@ def test_a_forked_worker_runs_the_session_it_inherits(ort_on):
     torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6 * float(want.abs().max()))
 
 
-def test_the_int8_gemm_is_chosen_by_the_environment(monkeypatch):
+def test_the_int8_gemm_is_chosen_by_its_switch():
     int8.ort_int8.cache_clear()
     try:
-        monkeypatch.setenv(int8.INT8_GEMM_ENV, "fbgemm")
-        assert int8.ort_int8() is False
+        with switches.override(INT8_GEMM="fbgemm"):
+            assert int8.ort_int8() is False
         int8.ort_int8.cache_clear()
-        monkeypatch.setenv(int8.INT8_GEMM_ENV, "onnxruntime")
-        assert int8.ort_int8() is True
-        int8.ort_int8.cache_clear()
-        monkeypatch.setenv(int8.INT8_GEMM_ENV, "mkl")
-        with pytest.raises(ValueError, match="FASTVOCAB_INT8_GEMM='mkl'"):
-            int8.ort_int8()
+        with switches.override(INT8_GEMM="onnxruntime"):
+            assert int8.ort_int8() is True
+        refused = "FASTVOCAB_INT8_GEMM='mkl': expected auto, fbgemm or onnxruntime"
+        with pytest.raises(ValueError, match=refused), switches.override(INT8_GEMM="mkl"):
+            pass
     finally:
         int8.ort_int8.cache_clear()
 
 
 @pytest.mark.parametrize("kernel", ["dense blocks", "full", "gather"])
-def test_clustered_int8_on_onnx_runtime_gives_the_full_int8_logits(ort_on, monkeypatch, kernel):
+def test_clustered_int8_on_onnx_runtime_gives_the_full_int8_logits(ort_on, monkeypatch, kernel, switch):
     """A union step of 32 rows: the centroid scores, and the popular blocks or the whole layer, run on
     ONNX Runtime; every column is the full int8 projection's (fbgemm's) logit, and the rows' clusters are
     fbgemm's."""
-    monkeypatch.setattr(int8_union, "INT8_BLOCK_COLUMNS", 64)
+    switch(INT8_BLOCK_COLUMNS=64)
     n = len(int8_union.INT8_COST_ROWS)
     assert int8_union.ORT_COST_ROWS == int8_union.INT8_COST_ROWS
     gather_us, dense_us = {"dense blocks": (1.0, 0.5), "full": (1.0, 1e-9), "gather": (0.5, 1e9)}[kernel]

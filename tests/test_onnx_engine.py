@@ -12,6 +12,7 @@ from conftest import decoder_steps, synthetic_sentences
 pytest.importorskip("onnxruntime")
 pytest.importorskip("onnx")
 
+from fastvocab import switches
 from fastvocab.decoding import Seq2SeqAdapter, beam_search, greedy_search
 from fastvocab.decoding.onnx_encoder import OnnxEncoder
 from fastvocab.decoding.onnx_step import OnnxDecoder
@@ -35,8 +36,7 @@ def static(tiny_model_dir) -> Seq2SeqAdapter:
 
 @pytest.fixture(scope="module")
 def onnx(tiny_model_dir, cache_dir) -> Seq2SeqAdapter:
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("FASTVOCAB_CACHE_DIR", str(cache_dir))
+    with switches.override(CACHE_DIR=cache_dir):
         adapter = Seq2SeqAdapter.load(tiny_model_dir, cache_len=4, engine="onnx")
     assert adapter.engine == "onnx" and isinstance(adapter.static_decoder, OnnxDecoder)
     return adapter
@@ -132,8 +132,8 @@ def test_greedy_and_beam_equal_the_static_engine(static, onnx, src, tgt):
         assert ours == beam_search(static, full, batch, src, tgt, search)
 
 
-def test_export_is_cached_and_reused(tiny_model_dir, tmp_path, monkeypatch):
-    monkeypatch.setenv("FASTVOCAB_CACHE_DIR", str(tmp_path))
+def test_export_is_cached_and_reused(tiny_model_dir, tmp_path, switch):
+    switch(CACHE_DIR=tmp_path)
     first = Seq2SeqAdapter.load(tiny_model_dir, engine="onnx")
     dec = first.static_decoder
     assert dec.export_seconds > 0 and dec.path.is_file() and dec.path.is_relative_to(tmp_path)
@@ -149,8 +149,8 @@ def test_export_is_cached_and_reused(tiny_model_dir, tmp_path, monkeypatch):
     assert second._encoder.int8 and second._encoder.export_seconds == 0
 
 
-def test_int8_decoder_only_keeps_the_float32_encoder(tiny_model_dir, static, cache_dir, monkeypatch):
-    monkeypatch.setenv("FASTVOCAB_CACHE_DIR", str(cache_dir))
+def test_int8_decoder_only_keeps_the_float32_encoder(tiny_model_dir, static, cache_dir, switch):
+    switch(CACHE_DIR=cache_dir)
     adapter = Seq2SeqAdapter.load(tiny_model_dir, engine="onnx")
     adapter.quantize_int8(encoder=False)
     assert adapter.static_decoder.int8 and not adapter._encoder.int8
@@ -170,8 +170,8 @@ def test_unwritable_cache_still_decodes(tiny_model_dir, static):
     )
 
 
-def test_int8_stays_close_and_runs_the_search(tiny_model_dir, static, cache_dir, monkeypatch):
-    monkeypatch.setenv("FASTVOCAB_CACHE_DIR", str(cache_dir))
+def test_int8_stays_close_and_runs_the_search(tiny_model_dir, static, cache_dir, switch):
+    switch(CACHE_DIR=cache_dir)
     adapter = Seq2SeqAdapter.load(tiny_model_dir, engine="onnx")
     adapter.quantize_int8()
     batch = static.encode_texts(synthetic_sentences("en", 4, seed=2), "en")
@@ -202,12 +202,12 @@ def test_graphs_need_the_static_engine(onnx):
 
 @pytest.mark.skipif(not (DEMO_MAPS / "en-it").exists(), reason="models/demo-maps is not built")
 @pytest.mark.parametrize("beam", [1, 4])
-def test_demo_clustered_shortlist_and_exact_equal_the_static_engine(beam, tmp_path, monkeypatch):
+def test_demo_clustered_shortlist_and_exact_equal_the_static_engine(beam, tmp_path, switch):
     """The shipped map with its shortlist, and the exact path, give the static engine's outputs."""
     from fastvocab.experiments.bench_methods import shortlist_folder
     from fastvocab.tasks.projections import clustered_options, make_projection
 
-    monkeypatch.setenv("FASTVOCAB_CACHE_DIR", str(tmp_path))
+    switch(CACHE_DIR=tmp_path)
     sources = ["GNU C library: shared libraries", "fast, lightweight web server", "transitional package"]
     outputs = []
     for engine in ("static", "onnx"):
@@ -248,12 +248,12 @@ def test_workers_decode_after_the_parent_did(onnx, static, parallel):
         assert ours.hypotheses == theirs.hypotheses
 
 
-def test_forked_workers_inherit_sessions_the_parent_opened(tiny_model_dir, static, cache_dir, monkeypatch):
+def test_forked_workers_inherit_sessions_the_parent_opened(tiny_model_dir, static, cache_dir, switch):
     """At two lines a batch only the forked workers decode: the parent opens the sessions before it forks,
     so that they inherit them (the outputs are those of the static engine)."""
     from fastvocab.tasks.translate import translate
 
-    monkeypatch.setenv("FASTVOCAB_CACHE_DIR", str(cache_dir))
+    switch(CACHE_DIR=cache_dir)
     adapter = Seq2SeqAdapter.load(tiny_model_dir, engine="onnx")
     sessions = (adapter._encoder.session, adapter.static_decoder.session)
     assert all(s._held is None for s in sessions)
@@ -278,23 +278,23 @@ def _translated(model: Path, folder: Path, name: str, *flags: str) -> list[str]:
     return out.read_text(encoding="utf-8").splitlines()
 
 
-def test_translate_engine_flag_gives_the_static_outputs(spread_model_dir, cache_dir, tmp_path, monkeypatch):
+def test_translate_engine_flag_gives_the_static_outputs(spread_model_dir, cache_dir, tmp_path, switch):
     """``fastvocab translate --engine onnx`` end to end (the bulk job carries the engine to the loaded
     model): the static engine's lines, and the summary names the engine."""
-    monkeypatch.setenv("FASTVOCAB_CACHE_DIR", str(cache_dir))
+    switch(CACHE_DIR=cache_dir)
     outs = {e: _translated(spread_model_dir, tmp_path, e, "--engine", e) for e in ("static", "onnx")}
     assert len(outs["static"]) == 5 and any(outs["static"])
     assert outs["onnx"] == outs["static"]
 
 
 def test_auto_runs_onnx_on_cpu_in_float32_where_the_export_can_be_kept(
-    tiny_model_dir, cache_dir, tmp_path, monkeypatch
+    tiny_model_dir, cache_dir, tmp_path, monkeypatch, switch
 ):
     """``engine="auto"``: ONNX Runtime on CPU in float32 (and for int8, quantised from it); the static
     engine in another dtype, without ONNX Runtime, or where the cache folder cannot keep the export."""
     import fastvocab.kernels.ort_session as ort_session
 
-    monkeypatch.setenv("FASTVOCAB_CACHE_DIR", str(cache_dir))
+    switch(CACHE_DIR=cache_dir)
     assert Seq2SeqAdapter.load(tiny_model_dir, cache_len=4).engine == "onnx"
     lite = Seq2SeqAdapter.load(tiny_model_dir, cache_len=4, lite=True)
     assert lite.lite and lite.engine == "onnx"
@@ -303,7 +303,7 @@ def test_auto_runs_onnx_on_cpu_in_float32_where_the_export_can_be_kept(
         mp.setattr(ort_session, "onnx_unavailable", lambda what="": f"{what} needs onnxruntime")
         assert Seq2SeqAdapter.load(tiny_model_dir, cache_len=4).engine == "static"
     (tmp_path / "a-file").write_text("", encoding="utf-8")
-    monkeypatch.setenv("FASTVOCAB_CACHE_DIR", str(tmp_path / "a-file" / "cache"))
+    switch(CACHE_DIR=tmp_path / "a-file" / "cache")
     assert Seq2SeqAdapter.load(tiny_model_dir, cache_len=4).engine == "static"
 
 
@@ -326,7 +326,7 @@ def test_a_named_engine_is_part_of_a_parts_plan():
 
 
 def test_graphs_on_loads_the_static_engine_under_auto(
-    spread_model_dir, tiny_model_dir, cache_dir, tmp_path, monkeypatch, capsys
+    spread_model_dir, tiny_model_dir, cache_dir, tmp_path, monkeypatch, capsys, switch
 ):
     """``--graphs on`` runs the static engine's fixed-shape step, which ONNX Runtime's engine has not: under
     ``--engine auto`` a translate and a dump then load the static engine, with the same lines. A dump on more
@@ -334,7 +334,7 @@ def test_graphs_on_loads_the_static_engine_under_auto(
     from fastvocab.tasks.context import RunContext, describe_model
     from fastvocab.tasks.dump import DumpDecoder, DumpSettings
 
-    monkeypatch.setenv("FASTVOCAB_CACHE_DIR", str(cache_dir))
+    switch(CACHE_DIR=cache_dir)
     outs = {}
     for graphs in ("off", "on"):
         outs[graphs] = _translated(spread_model_dir, tmp_path, graphs, "--graphs", graphs)

@@ -34,8 +34,9 @@ def _source_files(room: str) -> set[Path]:
 
 
 def _expected_entries() -> dict[str, Path]:
-    """Wheel entry -> source file: every module of every room, fastvocab/__init__.py and the package data."""
-    expected = {"fastvocab/__init__.py": ROOT / "fastvocab" / "__init__.py"}
+    """Wheel entry -> source file: every module of every room, the package's own (fastvocab/__init__.py,
+    fastvocab/switches.py) and the package data."""
+    expected = {f"fastvocab/{p.name}": p for p in (ROOT / "fastvocab").glob("*.py")}
     for room in ROOMS:
         for path in _source_files(room):
             expected[f"fastvocab/{path.relative_to(ROOT).as_posix()}"] = path

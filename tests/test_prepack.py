@@ -12,6 +12,7 @@ import torch
 from conftest import decoder_steps, generate_ids, synthetic_sentences
 from torch import nn
 
+from fastvocab import switches
 from fastvocab.decoding import Seq2SeqAdapter, greedy_search
 from fastvocab.kernels import create_projection
 from fastvocab.kernels import prepack as prepack_mod
@@ -97,17 +98,17 @@ def test_prepack_linears_takes_only_large_float_linears_and_unpack_undoes_it():
 
 
 @pytest.fixture
-def packed_adapter(tiny_model_dir, monkeypatch) -> Seq2SeqAdapter:
+def packed_adapter(tiny_model_dir, switch) -> Seq2SeqAdapter:
     """The tiny model with every decoder-layer linear packed (its matrices are far below the floor)."""
-    monkeypatch.setattr(prepack_mod, "PREPACK_MIN_BYTES", 0)
+    switch(PREPACK_MIN_BYTES=0)
     adapter = Seq2SeqAdapter.load(tiny_model_dir)
     assert adapter.engine == "static"
     return adapter
 
 
-def test_static_decoder_packs_its_layers_and_keeps_h(packed_adapter, tiny_model_dir, monkeypatch):
-    with monkeypatch.context() as m:  # the default floor: nothing of the tiny model is packed
-        m.setattr(prepack_mod, "PREPACK_MIN_BYTES", 4 << 20)
+def test_static_decoder_packs_its_layers_and_keeps_h(packed_adapter, tiny_model_dir):
+    # the default floor: nothing of the tiny model is packed
+    with switches.override(PREPACK_MIN_BYTES=4 << 20):
         plain = Seq2SeqAdapter.load(tiny_model_dir)
     assert not any(isinstance(m, PackedLinear) for m in plain.static_decoder.modules())
     layers = packed_adapter.static_decoder.layers

@@ -64,7 +64,7 @@ def test_workers_use_the_drivers_fingerprint_and_never_hash(fake_ctx, tmp_path, 
 
 @pytest.mark.parametrize("engine", ["static", "onnx", "auto"])
 def test_a_folders_fingerprint_is_remembered_until_its_files_change(
-    tiny_model_dir, tmp_path, caplog, monkeypatch, engine
+    tiny_model_dir, tmp_path, caplog, monkeypatch, engine, switch
 ):
     """Whichever engine loads it: the ONNX Runtime engine names its exports by the fingerprint while the
     adapter is built, and remembers it all the same."""
@@ -75,7 +75,7 @@ def test_a_folders_fingerprint_is_remembered_until_its_files_change(
 
     if engine == "onnx":
         pytest.importorskip("onnxruntime")
-    monkeypatch.setenv("FASTVOCAB_CACHE_DIR", str(tmp_path / "cache"))
+    switch(CACHE_DIR=tmp_path / "cache")
     model = tmp_path / "model"
     shutil.copytree(tiny_model_dir, model)
     caplog.set_level(logging.DEBUG, logger=FP_LOGGER)

@@ -13,15 +13,18 @@ from pathlib import Path
 import pytest
 import torch
 
+from fastvocab import switches
 from fastvocab.kernels import int8_union
-from fastvocab.kernels.union_costs import COSTS_ENV, CostTable, costs_from_timings, load_cost_table
+from fastvocab.kernels.union_costs import CostTable, costs_from_timings, load_cost_table
+
+COSTS_ENV = switches.INT8_COSTS.env
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture
-def packaged(monkeypatch) -> CostTable:
-    monkeypatch.delenv(COSTS_ENV, raising=False)
+def packaged(switch) -> CostTable:
+    switch(INT8_COSTS=None)
     return load_cost_table()
 
 
@@ -63,10 +66,10 @@ def test_another_table_replaces_the_packaged_one_when_the_kernels_are_imported(t
         ({"rows": [1], "gather_us": [1]}, "dense_us"),
     ],
 )
-def test_a_malformed_table_is_refused_naming_the_variable(tmp_path, monkeypatch, table, why):
+def test_a_malformed_table_is_refused_naming_the_variable(tmp_path, switch, table, why):
     path = tmp_path / "costs.json"
     path.write_text(json.dumps(table))
-    monkeypatch.setenv(COSTS_ENV, str(path))
+    switch(INT8_COSTS=path)
     with pytest.raises(ValueError, match=f"{COSTS_ENV}=.*not an int8 cost table.*{why}"):
         load_cost_table()
 

@@ -15,6 +15,7 @@ there) in seconds, to check the script before GPU time is spent on it.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -36,6 +37,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from bench_meta import device_name  # noqa: E402
 from bench_projection import copy_bandwidth_gbps, synthetic_map, synthetic_rows, timed  # noqa: E402
 
+from fastvocab import switches  # noqa: E402
 from fastvocab.artifacts_schema.provenance import git_commit  # noqa: E402
 
 # --------------------------------------------------------------------------------------------- common
@@ -793,9 +795,9 @@ class DumpWork:
         default_rows = dump_mod.teacher_rows(device, dec.n_vocab)
         rows = int(name.split("rows ")[1]) if "rows " in name else default_rows
         # a path named "rows R" runs R rows a projection call (the bounds of teacher_rows set to R)
-        saved = dump_mod.TEACHER_ROWS, dump_mod.TEACHER_ROWS_CUDA
+        held = contextlib.ExitStack()
         if "rows " in name:
-            dump_mod.TEACHER_ROWS = dump_mod.TEACHER_ROWS_CUDA = rows
+            held.enter_context(switches.override(TEACHER_ROWS=rows, TEACHER_ROWS_CUDA=rows))
         if "every step" in name:  # the comparison point: every step's records read back to the host
             record = dec._record
 
@@ -829,7 +831,7 @@ class DumpWork:
                 states = stream_counts(dec, cut, cents, 8)[0].states
         sync(device)
         t = time.perf_counter() - t0
-        dump_mod.TEACHER_ROWS, dump_mod.TEACHER_ROWS_CUDA = saved
+        held.close()
         print(
             f"{name:<42} b{bs:>5}: {states:>8} states {done:>6} lines in {t:6.1f} s = "
             f"{states / t:>9,.0f} states/s"

@@ -69,15 +69,14 @@ def test_counts_streamed_on_the_gpu_equal_counts_of_the_stored_states(ctx):
     np.testing.assert_array_equal(streamed.counts, stored.counts)
 
 
-def test_the_reference_path_in_large_calls_keeps_the_rows_of_small_ones(ctx, monkeypatch):
+def test_the_reference_path_in_large_calls_keeps_the_rows_of_small_ones(ctx, switch):
     from fastvocab.tasks import dump as dump_module
 
     along = DumpDecoder(ctx, DumpSettings(k=4, max_len=48, batch_size=len(LINES), beam=0))
     cut = ShardSpec("en-it", 0, tuple(range(len(LINES))), tuple(LINES), None, tuple(LINES))
     large = along.decode_shard(cut)
     assert dump_module.teacher_rows("cuda", along.n_vocab) > len(large["step"])  # one call
-    monkeypatch.setattr(dump_module, "TEACHER_ROWS_CUDA", 7)
-    monkeypatch.setattr(dump_module, "TEACHER_ROWS", 7)
+    switch(TEACHER_ROWS_CUDA=7, TEACHER_ROWS=7)
     small = along.decode_shard(cut)
     np.testing.assert_array_equal(large["sent_id"], small["sent_id"])
     np.testing.assert_array_equal(large["step"], small["step"])
