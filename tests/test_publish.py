@@ -98,7 +98,7 @@ def test_shipped_maps_run_as_their_own_method(stage_ctx, tmp_path):
     labels = [label for label, _, _ in eval_methods(ctx)]
     assert labels == ["full", "clustered", "clustered-shipped"]
     options, prov = _method_plan(ctx, "en-it", "clustered", "clustered-shipped", tmp_path / "shipped")
-    assert prov["method"] == "clustered-shipped" and options["cluster_map"] == str(
+    assert prov["method"] == "clustered-shipped" and str(options.cluster_map) == str(
         tmp_path / "shipped" / "en-it"
     )
 
@@ -116,7 +116,7 @@ def test_shipped_maps_serve_a_direction_without_its_own_from_the_pooled_map(stag
     cmap.manifest.direction, cmap.manifest.scope = "to-it", "target"
     save_cluster_map(cmap, tmp_path / "shipped" / "to-it")
     options, prov = _method_plan(ctx, "en-it", "clustered", "clustered-shipped", tmp_path / "shipped")
-    assert options["cluster_map"] == str(tmp_path / "shipped" / "to-it") and prov["map"] == "to-it"
+    assert str(options.cluster_map) == str(tmp_path / "shipped" / "to-it") and prov["map"] == "to-it"
 
 
 def test_shipped_maps_of_another_model_are_refused_with_the_fingerprint_error(stage_ctx, tmp_path):
