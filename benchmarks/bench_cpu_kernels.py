@@ -32,7 +32,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench_meta import EMULATE, ROOT, emulate, result_header, write_result
+from bench_meta import EMULATE, EMULATE_ENV, ROOT, emulate, result_header, write_result
 
 # (family, library pattern, symbol pattern): the first match names a sample's family
 FAMILIES = [
@@ -226,10 +226,9 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.child:
         return child(args)
-    env = {**os.environ, "ONEDNN_JIT_PROFILE": "2"}
+    env = {**os.environ, "ONEDNN_JIT_PROFILE": "2"}  # the children emulate for themselves, before loading
     if args.emulate:
-        os.environ.update(EMULATE[args.emulate])  # what result_header records (the children set them too)
-        os.environ["BENCH_EMULATE"] = args.emulate
+        os.environ[EMULATE_ENV] = args.emulate  # what result_header records
     runs = [
         run_system(args, system, int(beam), env)
         for beam in args.beams.split(",")

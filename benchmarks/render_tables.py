@@ -595,18 +595,11 @@ def render_status(root: Path, doc: Path) -> str:
     }
     named = [p.replace(", ", " ") for p in STATUS_POINTS]
     # ratios within 5% are ties on these shared VMs (the README's Results say so)
-    behind = [
-        f"{point} on the {cpu.split(' (')[0]} ({r:.2f}x)"
-        for cpu, rs in ratios.items()
-        for point, r in zip(named, rs, strict=True)
-        if r < 0.95
-    ]
-    level = [
-        f"{point} on the {cpu.split(' (')[0]} ({r:.2f}x)"
-        for cpu, rs in ratios.items()
-        for point, r in zip(named, rs, strict=True)
-        if 0.95 <= r < 1.05
-    ]
+    behind, level = [], []
+    for cpu, rs in ratios.items():
+        for point, r in zip(named, rs, strict=True):
+            if r < 1.05:
+                (behind if r < 0.95 else level).append(f"{point} on the {cpu.split(' (')[0]} ({r:.2f}x)")
     ahead = [p for i, p in enumerate(named) if all(rs[i] >= 1.05 for rs in ratios.values())]
     lead = f"ahead at {' and '.join(ahead)} on every CPU" if ahead else "ahead at no point on every CPU"
     lead += f"; level at {', '.join(level)}" if level else ""

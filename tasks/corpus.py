@@ -444,7 +444,7 @@ def write_debian_mono(
     if any(not debian.find_indexes(lists_dir, v) for v in variants):
         # apt-get update drops the indexes of languages it is not asked for: ask for those held too
         debian.fetch_indexes(lists_dir, sorted({*debian.indexed_languages(lists_dir), *variants}))
-    by_locale = {loc: debian.find_indexes(lists_dir, loc) for loc in (lang, *variants)}
+    by_locale = {lang: paths, **{v: debian.find_indexes(lists_dir, v) for v in variants}}
     paths = [p for found in by_locale.values() for p in found]
     build = {"source": DEBIAN_SOURCE, "segmentation": debian.SEGMENTATION, "indexes": [p.name for p in paths]}
     target = mono_path(out_dir, lang)

@@ -474,3 +474,39 @@ def test_the_corpus_stage_builds_no_description_pair_into_a_catalog_corpus(tmp_p
     with pytest.raises(UserError, match="a catalog corpus: build it with `fastvocab corpus --catalogs"):
         corpus_stage.run(SimpleNamespace(cfg=cfg, corpus_dir=out))
     assert not (out / "en-fr").exists() and not (out / "apt-lists").exists()
+
+
+def test_a_dump_source_catalogs_makes_the_corpus_stage_build_the_catalog_corpus(tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    from fastvocab.pipeline.config import load_config
+    from fastvocab.pipeline.stages import corpus as corpus_stage
+
+    locale = tmp_path / "locale"
+    write_mo(locale / "it" / "LC_MESSAGES" / "demo.mo", ENTRIES)
+    descriptions = tmp_path / "corpus"
+    for split in SPLITS:  # the description corpus exists: only the catalogs are missing
+        path = split_path(descriptions, "en", "it", split)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        rows = {"id": [0], "doc_id": ["d"], "text1": [f"a {split} line"], "text2": [f"una riga {split}"]}
+        pq.write_table(pa.table(rows, schema=CORPUS_SCHEMA), path)
+    catalogs = tmp_path / "catalogs"
+    overrides = {
+        "corpus.out_dir": str(descriptions),
+        "corpus.dev_size": 0,
+        "corpus.test_size": 0,
+        "corpus.catalogs.out_dir": str(catalogs),
+        "corpus.catalogs.from_system": True,
+        "corpus.catalogs.system_dir": str(locale),
+        "directions": ["it-en"],
+        "dump.sources": ["train", "catalogs"],
+    }
+    cfg = load_config(None, overrides)
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))  # no apt-get: the system's catalogs only
+    (record,) = corpus_stage.run(SimpleNamespace(cfg=cfg, corpus_dir=descriptions))
+    train = read_direction(catalogs, "en", "it", "train")[1]
+    assert record.status == "ran" and f"catalogs en-it: {len(train)} train pairs written" in record.message
+    assert len(train) > 0
+    # built once: a second run finds the pair and builds nothing
+    (again,) = corpus_stage.run(SimpleNamespace(cfg=cfg, corpus_dir=descriptions))
+    assert again.status == "skipped" and "train pairs written" not in again.message

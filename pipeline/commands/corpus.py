@@ -9,14 +9,10 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from fastvocab.pipeline.commands import add_examples, add_output
 from fastvocab.pipeline.errors import UserError
 from fastvocab.pipeline.stages.corpus import build_catalogs
-
-if TYPE_CHECKING:
-    pass
 
 HELP = (
     "build a parallel corpus from Debian's description translations, from the gettext message catalogs of "

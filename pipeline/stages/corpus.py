@@ -7,6 +7,7 @@ except into a catalog corpus's folder (``fastvocab corpus --catalogs`` builds th
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 import pyarrow.parquet as pq
 
@@ -20,10 +21,10 @@ from fastvocab.pipeline.tracking import StageRecord
 log = logging.getLogger(__name__)
 
 
-def _pair_file(ctx: StageContext, direction: str, split: str):
+def _pair_file(folder: str | Path, direction: str, split: str) -> Path | None:
     src, _, tgt = direction.partition("-")
     for a, b in ((src, tgt), (tgt, src)):
-        path = split_path(ctx.corpus_dir, a, b, split)
+        path = split_path(folder, a, b, split)
         if path.exists():
             return path
     return None
@@ -35,7 +36,7 @@ def run(ctx: StageContext) -> list[StageRecord]:
     dump source ``mono``, each source language's Debian monolingual file."""
     cfg = ctx.cfg
     split = "train"
-    missing = [d for d in cfg.directions if _pair_file(ctx, d, split) is None]
+    missing = [d for d in cfg.directions if _pair_file(ctx.corpus_dir, d, split) is None]
     built: set[str] = set()
     if missing:
         pivot = cfg.corpus.pivot
@@ -77,7 +78,7 @@ def run(ctx: StageContext) -> list[StageRecord]:
     catalogs = _catalog_pairs(ctx)
     records = []
     for direction in cfg.directions:
-        path = _pair_file(ctx, direction, split)
+        path = _pair_file(ctx.corpus_dir, direction, split)
         if path is None:
             raise ArtifactError(
                 f"the corpus stage produced no {split} split for {direction} in {ctx.corpus_dir}"
@@ -125,7 +126,7 @@ def _catalog_pairs(ctx: StageContext) -> dict[str, str]:
     if "catalogs" not in cfg.dump.sources:
         return {}
     folder = cfg.corpus.catalogs.out_dir
-    missing = [d for d in cfg.directions if not _has_pair(folder, d)]
+    missing = [d for d in cfg.directions if _pair_file(folder, d, "train") is None]
     if not missing:
         return {}
     langs = sorted({x for d in missing for x in d.split("-")} | {cfg.corpus.pivot})
@@ -138,14 +139,10 @@ def _catalog_pairs(ctx: StageContext) -> dict[str, str]:
     train = {r.name: r.counts["train"] for r in results}
     written = {}
     for direction in missing:
-        pair = "-".join(sorted(direction.split("-"), key=lambda x: x != cfg.corpus.pivot))
+        path = _pair_file(folder, direction, "train")
+        pair = path.parent.name if path is not None else direction
         written[direction] = f"; catalogs {pair}: {train.get(pair, 0)} train pairs written"
     return written
-
-
-def _has_pair(folder, direction: str) -> bool:
-    src, _, tgt = direction.partition("-")
-    return any(split_path(folder, a, b, "train").exists() for a, b in ((src, tgt), (tgt, src)))
 
 
 def build_catalogs(cfg: CorpusConfig, force: bool) -> list:
