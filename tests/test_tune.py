@@ -17,8 +17,11 @@ from tests.conftest import parent_and_children, slow_down, synthetic_sentences, 
 
 pytest.importorskip("faiss")
 
-# min_count 100000 prunes every set to nothing: those candidates make search errors, the others need not
+# min_count 100000 prunes every set to nothing: those candidates make search errors, the others need not.
+# Confidence 0 compares the rates themselves: 8 dev sentences bound no rate below 25% at 90%.
 GRID = (
+    "--confidence",
+    "0",
     "--r",
     "3,6",
     "--k",
@@ -199,15 +202,53 @@ def test_probes_are_an_axis_and_a_shortlist_keeps_the_union():
         TuneSettings(probes=(0,))
 
 
+def _row(label: str, errors: int, n: int, speed: float) -> dict:
+    return {
+        "label": label,
+        "search_errors": errors / n,
+        "search_error_sentences": errors,
+        "sentences": n,
+        "speed_ratio": speed,
+    }
+
+
+def test_the_choice_keeps_a_margin_its_dev_rate_bounds():
+    from fastvocab.experiments.tune import (
+        TuneSettings,
+        allowed_errors,
+        choose,
+        error_bound,
+        sentences_for_budget,
+    )
+
+    # Clopper-Pearson's one-sided bound: 0 errors in n at 90% is 1 - 0.1^(1/n)
+    assert error_bound(0, 100, 0.9) == pytest.approx(1 - 0.1 ** (1 / 100))
+    assert error_bound(4, 100, 0.9) == pytest.approx(0.0783, abs=5e-4)  # 4 in 100 is no proof of 5%
+    assert error_bound(4, 100, 0.0) == 0.04 and error_bound(3, 3, 0.9) == 1.0
+    assert allowed_errors(0.05, 100, 0.9) == 1 and allowed_errors(0.05, 100, 0.0) == 5
+    assert allowed_errors(0.01, 100, 0.9) == -1  # not even an error-free run of 100 bounds 1%
+    assert sentences_for_budget(0.05, 0.9) == 45 and sentences_for_budget(0.01, 0.9) == 230
+    assert error_bound(0, 230, 0.9) <= 0.01 < error_bound(0, 229, 0.9)
+    # the last rung grows to what an error-free run needs; --rungs that already reach it are kept
+    assert TuneSettings(budget=0.01, grid="quick").resolved_rungs == (30, 230)
+    assert TuneSettings(budget=0.05, grid="quick").resolved_rungs == (30, 100)
+    assert TuneSettings(budget=0.01, confidence=0.0, grid="quick").resolved_rungs == (30, 100)
+    # the fastest at 4 errors in 100 passed a 5% budget on its rate; its bound leaves it out
+    rows = [_row("fast", 4, 100, 3.0), _row("safe", 1, 100, 2.0)]
+    assert choose(rows, 0.05, "speed_ratio")["label"] == "fast"
+    assert choose(rows, 0.05, "speed_ratio", confidence=0.9)["label"] == "safe"
+    with pytest.raises(ValueError, match="bounds a rate at 0"):
+        TuneSettings(budget=0.0)
+    with pytest.raises(ValueError, match="confidence"):
+        TuneSettings(confidence=1.0)
+
+
 def test_a_budget_nothing_meets_is_a_clear_error(work, tiny_model_dir, tmp_path, capsys):
     from fastvocab.experiments.tune import BudgetNotMet, choose
 
-    rows = [
-        {"label": "a", "search_errors": 0.2, "speed_ratio": 2.0, "sentences": 10},
-        {"label": "b", "search_errors": 0.1, "speed_ratio": 1.5, "sentences": 10},
-    ]
+    rows = [_row("a", 2, 10, 2.0), _row("b", 1, 10, 1.5)]
     with pytest.raises(
-        BudgetNotMet, match=r"lowest measured is 10\.0% \(b, 10 sentences\), so --budget 10% is reachable"
+        BudgetNotMet, match=r"lowest is b \(10\.0% measured on 10 sentences\), so --budget 10% is reachable"
     ):
         choose(rows, 0.05, "speed_ratio")
     assert choose(rows, 0.15, "speed_ratio")["label"] == "b"
