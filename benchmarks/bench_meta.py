@@ -11,7 +11,6 @@ import contextlib
 import datetime as dt
 import json
 import os
-import platform
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -19,35 +18,17 @@ from pathlib import Path
 from typing import TypeVar
 
 from fastvocab.artifacts_schema.provenance import git_commit as git_commit  # re-exported for the scripts
+from fastvocab.kernels.cpu_features import cpu_name as _cpu_features_name
 
 ROOT = Path(__file__).resolve().parent.parent
 T = TypeVar("T")
 
 
-# /proc/cpuinfo flags that decide which GEMM kernels run (fp32 width, int8 dot products, bf16), by name.
-_ISA_FLAGS = {
-    "avx2": "AVX2",
-    "avx512f": "AVX-512",
-    "avx512_vnni": "VNNI",
-    "avx_vnni": "AVX-VNNI",
-    "avx512_bf16": "BF16",
-    "amx_tile": "AMX",
-}
-
-
 def cpu_name() -> str:
-    """The CPU model and its vector extensions from /proc/cpuinfo, e.g. ``AMD EPYC (AVX2, AVX-512, VNNI,
-    BF16)`` (VMs often report only the vendor's family name, so the extensions tell two machines apart);
-    ``platform.processor()`` elsewhere."""
-    try:
-        info = Path("/proc/cpuinfo").read_text().splitlines()
-    except OSError:
-        return platform.processor() or platform.machine() or "cpu"
-    model = next((line.split(":", 1)[1].strip() for line in info if line.startswith("model name")), "cpu")
-    flags = next((set(line.split(":", 1)[1].split()) for line in info if line.startswith("flags")), set())
-    isa = [name for flag, name in _ISA_FLAGS.items() if flag in flags]
+    """The CPU model and its vector extensions (``kernels.cpu_features.cpu_name``), and the family this
+    process emulates if :func:`emulate` was called."""
     family = os.environ.get(EMULATE_ENV)
-    return (f"{model} ({', '.join(isa)})" if isa else model) + (f" emulating {family}" if family else "")
+    return _cpu_features_name() + (f" emulating {family}" if family else "")
 
 
 def device_name(device: str) -> str:

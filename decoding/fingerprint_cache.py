@@ -16,21 +16,9 @@ from fastvocab import switches
 log = logging.getLogger(__name__)
 
 
-def cache_root() -> Path:
-    """fastvocab's cache folder (fingerprints here, exported engines in ``engines/``):
-    ``$FASTVOCAB_CACHE_DIR`` (``switches.CACHE_DIR``), else ``$XDG_CACHE_HOME/fastvocab``, else
-    ``~/.cache/fastvocab``."""
-    import os
-
-    root = switches.CACHE_DIR.get()
-    if root:
-        return Path(root)
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "fastvocab"
-
-
 def fingerprint_cache() -> Path:
-    """Where model fingerprints are remembered: ``fingerprints.json`` in :func:`cache_root`."""
-    return cache_root() / "fingerprints.json"
+    """Where model fingerprints are remembered: ``fingerprints.json`` in ``switches.cache_root``."""
+    return switches.cache_root() / "fingerprints.json"
 
 
 def _files_key(folder: Path) -> str | None:

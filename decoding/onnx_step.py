@@ -43,11 +43,11 @@ ENGINE_VERSION = "4"  # bump when the exported graph changes: a new cache key
 
 def engine_cache() -> Path:
     """Where exported decoder bodies are kept: ``engines/`` in the cache folder
-    (``fingerprint_cache.cache_root``: ``$FASTVOCAB_CACHE_DIR``, else ``$XDG_CACHE_HOME/fastvocab``, else
+    (``switches.cache_root``: ``$FASTVOCAB_CACHE_DIR``, else ``$XDG_CACHE_HOME/fastvocab``, else
     ``~/.cache/fastvocab``)."""
-    from fastvocab.decoding.fingerprint_cache import cache_root
+    from fastvocab import switches
 
-    return cache_root() / "engines"
+    return switches.cache_root() / "engines"
 
 
 def engine_cache_unusable() -> str | None:

@@ -30,6 +30,7 @@ import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Generic, TypeVar
 
 T = TypeVar("T")
@@ -162,12 +163,23 @@ def _flag(value: object, where: str) -> bool:
 CACHE_DIR: Switch[str | None] = Switch(
     "CACHE_DIR",
     None,
-    "fastvocab's cache folder: remembered model fingerprints, and the onnx engine's exports in engines/; "
-    "unset: $XDG_CACHE_HOME/fastvocab, else ~/.cache/fastvocab (decoding.fingerprint_cache.cache_root). "
-    "Read at each call.",
+    "fastvocab's cache folder: remembered model fingerprints, the onnx engine's exports in engines/, the "
+    "int8 GEMM probe's results in probes/; unset: $XDG_CACHE_HOME/fastvocab, else ~/.cache/fastvocab "
+    "(cache_root). Read at each call.",
     _text,
     env="FASTVOCAB_CACHE_DIR",
 )
+
+
+def cache_root() -> Path:
+    """fastvocab's cache folder: ``$FASTVOCAB_CACHE_DIR`` (:data:`CACHE_DIR`), else
+    ``$XDG_CACHE_HOME/fastvocab``, else ``~/.cache/fastvocab``."""
+    root = CACHE_DIR.get()
+    if root:
+        return Path(root)
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "fastvocab"
+
+
 CACHE_LIMIT_MB: Switch[float | None] = Switch(
     "CACHE_LIMIT_MB",
     None,
@@ -180,9 +192,10 @@ CACHE_LIMIT_MB: Switch[float | None] = Switch(
 INT8_GEMM: Switch[str] = Switch(
     "INT8_GEMM",
     "auto",
-    "Which int8 GEMM runs one-thread steps of many rows (kernels.int8.ort_int8): fbgemm, onnxruntime, or "
-    "auto, ONNX Runtime on CPUs with AMX tiles where it is installed. Read once per process, at the first "
-    "int8 rows packed for many rows (ort_int8 keeps the answer).",
+    "Which int8 GEMM runs one-thread steps of many rows (kernels.int8.ort_at): fbgemm, onnxruntime (from "
+    "ORT_MIN_DIM wide), or auto, the faster of the two at each width by the machine's probe "
+    "(kernels.gemm_probe, kept in probes/ of the cache folder) where ONNX Runtime is installed. Read once "
+    "per process, at the first int8 rows packed for many rows (ort_int8 keeps the answer).",
     _choice("auto", "fbgemm", "onnxruntime"),
     env="FASTVOCAB_INT8_GEMM",
 )
@@ -254,10 +267,10 @@ TEACHER_ROWS_CUDA: Switch[int] = Switch(
 ORT_MIN_DIM: Switch[int] = Switch(
     "ORT_MIN_DIM",
     512,
-    "Rows packed for many-row steps get an ONNX Runtime session (its int8 GEMM, MLAS, for steps of "
-    "kernels.int8.ORT_MIN_ROWS rows or more, where kernels.int8.ort_int8) if they are this wide (d) or "
-    "more: MLAS won at d 1024, not at d 256 (the measurements: kernels/int8.py, ORT_MIN_ROWS). Read when "
-    "rows are packed.",
+    "With INT8_GEMM=onnxruntime, rows packed for many-row steps get an ONNX Runtime session (its int8 GEMM, "
+    "MLAS, for steps of kernels.int8.ORT_MIN_ROWS rows or more) if they are this wide (d) or more: on the "
+    "Xeon with AMX, MLAS won at d 1024, not at d 256 (kernels/int8.py, ORT_MIN_ROWS). With auto, the probe "
+    "decides each width instead. Read when rows are packed.",
     _count(1),
 )
 

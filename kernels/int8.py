@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import logging
 import warnings
 from collections.abc import Callable, Sequence
 from typing import TypeVar, cast
@@ -38,6 +39,8 @@ from fastvocab import switches
 from fastvocab.kernels.ort_session import one_thread_session, onnx_unavailable
 
 M = TypeVar("M", bound=nn.Module)
+
+log = logging.getLogger(__name__)
 
 
 def _quiet():
@@ -77,31 +80,43 @@ def int8_rows(layer: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 # Rows packed for many-row steps run a step of ORT_MIN_ROWS rows or more on ONNX Runtime's int8 GEMM (MLAS)
-# where :func:`ort_int8`, if they are ``switches.ORT_MIN_DIM`` wide or more. On one thread of a 2-core Xeon
-# with AMX, over 4,096-column blocks back to back, fbgemm took 1.28-1.49x MLAS's time at d 1024 from 8 to 64
-# rows, and 0.84-1.08x at d 256; 16 rows leave a margin for MLAS's cost per call, which grows in share as rows
-# shrink (docs/decisions/0019-int8-gemms-on-onnx-runtime.md).
+# where :func:`ort_at` says so for their width (by default the machine's probe). On one thread of a 2-core
+# Xeon with AMX, over 4,096-column blocks back to back, fbgemm took 1.28-1.49x MLAS's time at d 1024 from 8
+# to 64 rows, and 0.84-1.08x at d 256; 16 rows leave a margin for MLAS's cost per call, which grows in share
+# as rows shrink (docs/decisions/0019-int8-gemms-on-onnx-runtime.md).
 ORT_MIN_ROWS = 16
 
 
 @functools.lru_cache(maxsize=1)
 def ort_int8() -> bool:
-    """Whether rows packed for many-row steps run those steps on ONNX Runtime: as ``FASTVOCAB_INT8_GEMM``
-    (``switches.INT8_GEMM``) says (``fbgemm``, ``onnxruntime``), or with ``auto`` (the default) where AMX
-    tiles are usable (:func:`amx_usable`), where MLAS's int8 GEMM measured 1.3-2.2x as fast as fbgemm's from
-    8 rows at d 1024; elsewhere it was not measured, and fbgemm stays. The answer is kept for the process
+    """Whether rows packed for many-row steps may run those steps on ONNX Runtime: as ``FASTVOCAB_INT8_GEMM``
+    (``switches.INT8_GEMM``) says (``fbgemm``, ``onnxruntime``), or with ``auto`` (the default) where ONNX
+    Runtime is installed; which rows do is :func:`ort_at`'s answer. Kept for the process
     (``ort_int8.cache_clear()`` asks again)."""
     choice = switches.INT8_GEMM.get()
     if choice == "fbgemm":
         return False
     missing = onnx_unavailable(f"{switches.INT8_GEMM.env}=onnxruntime")
-    if choice == "onnxruntime":
-        if missing:
-            raise ValueError(missing)
-        return True
-    if missing:
+    if choice == "onnxruntime" and missing:
+        raise ValueError(missing)
+    return not missing
+
+
+@functools.cache
+def ort_at(d: int) -> bool:
+    """Whether rows of width ``d`` packed for many-row steps run them on ONNX Runtime (MLAS). With
+    ``FASTVOCAB_INT8_GEMM=onnxruntime``, from ``switches.ORT_MIN_DIM`` wide; with ``auto``, where the
+    machine's probe (``kernels.gemm_probe``: both kernels timed once per machine and width, the answer kept
+    in the cache folder) found MLAS faster. Kept for the process per width."""
+    if not ort_int8():
         return False
-    return amx_usable()
+    if switches.INT8_GEMM.get() == "onnxruntime":
+        return d >= switches.ORT_MIN_DIM.get()
+    from fastvocab.kernels.gemm_probe import probe
+
+    found = probe(d)
+    log.debug("int8 GEMM of one-thread steps of %d rows or more: %s", ORT_MIN_ROWS, found.describe())
+    return found.choice == "onnxruntime"
 
 
 @functools.lru_cache(maxsize=1)
@@ -116,32 +131,39 @@ def amx_usable() -> bool:
     return bool(grant()) if grant is not None else True
 
 
-def many_rows_gemm() -> str:
-    """The int8 GEMM of one-thread steps of many rows (:func:`ort_int8`), as benchmark records name it."""
-    min_dim = switches.ORT_MIN_DIM.get()
-    return f"onnxruntime from {ORT_MIN_ROWS} rows at d >= {min_dim}" if ort_int8() else "fbgemm"
+def many_rows_gemm(d: int | None = None) -> str:
+    """The int8 GEMM of one-thread steps of many rows, as benchmark records name it: at width ``d``, which
+    one and why (:func:`ort_at`); without ``d``, the rule."""
+    if not ort_int8():
+        return "fbgemm"
+    if switches.INT8_GEMM.get() == "onnxruntime":
+        return f"onnxruntime from {ORT_MIN_ROWS} rows at d >= {switches.ORT_MIN_DIM.get()}"
+    if d is None:
+        return f"from {ORT_MIN_ROWS} rows, the faster of onnxruntime and fbgemm by this machine's probe"
+    from fastvocab.kernels.gemm_probe import probe
+
+    return f"from {ORT_MIN_ROWS} rows, {probe(d).describe()}"
 
 
 class PackedRows:
     """int8 rows (n, ``d``) with their scales and bias, packed once for fbgemm (``quantized.linear_dynamic``).
-    With ``many_rows`` (where :func:`ort_int8`, and ``d`` is ``switches.ORT_MIN_DIM`` or more) one-thread
+    With ``many_rows`` (where :func:`ort_at` ``d``) one-thread
     steps of ``ORT_MIN_ROWS`` rows or more run them on ONNX Runtime: ``session``, over the rows packed for
     MLAS (n d bytes more), opened here (:func:`~fastvocab.kernels.ort_session.one_thread_session`: forked
     workers run the one they inherit, without opening and packing their own)."""
 
     def __init__(self, fbgemm: torch.ScriptObject, d: int, many_rows: bool = False) -> None:
         self.fbgemm = fbgemm
-        wide = d >= switches.ORT_MIN_DIM.get()
-        self.session = _ort_session(fbgemm) if many_rows and wide and ort_int8() else None
+        self.session = ort_session_of(self) if many_rows and ort_at(d) else None
 
 
-def _ort_session(fbgemm: torch.ScriptObject):
-    """An ONNX Runtime session of ``MatMulIntegerToFloat`` over fbgemm-packed rows: inputs ``a`` (rows, d)
-    uint8, ``a_scale`` and ``a_zero`` (the input quantised as fbgemm quantises it); output ``y`` (rows, n)
-    float32, the rows' scales and bias applied."""
+def ort_session_of(packed: PackedRows):
+    """An ONNX Runtime session of ``MatMulIntegerToFloat`` over the fbgemm-packed rows ``packed``: inputs
+    ``a`` (rows, d) uint8, ``a_scale`` and ``a_zero`` (the input quantised as fbgemm quantises it); output
+    ``y`` (rows, n) float32, the rows' scales and bias applied."""
     from onnx import TensorProto, helper, numpy_helper
 
-    w, bias = torch.ops.quantized.linear_unpack(fbgemm)
+    w, bias = torch.ops.quantized.linear_unpack(packed.fbgemm)
     n, d = w.shape
     inits = [
         numpy_helper.from_array(np.ascontiguousarray(w.int_repr().numpy().T), "w"),  # (d, n) int8
@@ -188,15 +210,25 @@ def linear_packed(x: torch.Tensor, packed: PackedRows) -> torch.Tensor:
     (rows, n) float32: on ONNX Runtime from ``ORT_MIN_ROWS`` rows on one thread when they serve many rows
     (:class:`PackedRows`), else fbgemm (which runs on this process's threads)."""
     if packed.session is not None and _many_rows(x):
-        # fbgemm's own input quantisation (unsigned 7 bits): both sum the same integers
-        qx = torch.quantize_per_tensor_dynamic(x.contiguous(), torch.quint8, reduce_range=True)
-        feeds = {
-            "a": qx.int_repr().numpy(),
-            "a_scale": np.array(qx.q_scale(), dtype=np.float32),
-            "a_zero": np.array(qx.q_zero_point(), dtype=np.uint8),
-        }
-        return torch.from_numpy(packed.session.run(None, feeds)[0])
+        return ort_logits(x, packed.session)
+    return fbgemm_logits(x, packed)
+
+
+def fbgemm_logits(x: torch.Tensor, packed: PackedRows) -> torch.Tensor:
+    """``x`` (rows, d) float32 through ``packed`` on fbgemm, (rows, n) float32."""
     return _fbgemm_calls()[0](x, packed.fbgemm)
+
+
+def ort_logits(x: torch.Tensor, session) -> torch.Tensor:
+    """``x`` (rows, d) float32 through a session of :func:`ort_session_of`, (rows, n) float32: the input
+    quantised as fbgemm quantises it (unsigned 7 bits), so both sum the same integers."""
+    qx = torch.quantize_per_tensor_dynamic(x.contiguous(), torch.quint8, reduce_range=True)
+    feeds = {
+        "a": qx.int_repr().numpy(),
+        "a_scale": np.array(qx.q_scale(), dtype=np.float32),
+        "a_zero": np.array(qx.q_zero_point(), dtype=np.uint8),
+    }
+    return torch.from_numpy(session.run(None, feeds)[0])
 
 
 def linear_packed_many(x: torch.Tensor, packed: Sequence[PackedRows]) -> list[torch.Tensor]:

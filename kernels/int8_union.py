@@ -356,7 +356,7 @@ def measure_costs(
         "int8-dense": lambda h, cols: _dense_columns(h, w8, cols),
     }
     timings = time_kernels(kernels, d, n_vocab, rows, unions, repeats)
-    measured_on = {**machine(d, n_vocab, unions, repeats), "int8_gemm": int8.many_rows_gemm()}
+    measured_on = {**machine(d, n_vocab, unions, repeats), "int8_gemm": int8.many_rows_gemm(d)}
     return costs_from_timings(timings, n_vocab, measured_on)
 
 

@@ -1,7 +1,7 @@
-"""int8 rows that serve steps of many rows run those steps on ONNX Runtime (MLAS) where the CPU has AMX (or
-``FASTVOCAB_INT8_GEMM`` says so), fed the input quantised as fbgemm quantises it: fbgemm's logits to float
-rounding (bit for bit without a bias), in the parent process and in a forked worker alike. The tests force
-the path on, whatever the CPU, and let layers narrower than ``switches.ORT_MIN_DIM`` take it."""
+"""int8 rows that serve steps of many rows run those steps on ONNX Runtime (MLAS) where the machine's probe
+found it faster (or ``FASTVOCAB_INT8_GEMM`` says so), fed the input quantised as fbgemm quantises it:
+fbgemm's logits to float rounding (bit for bit without a bias), in the parent process and in a forked worker
+alike. The tests force the path on at every width, whatever the CPU and its probe."""
 
 from __future__ import annotations
 
@@ -26,8 +26,7 @@ pytestmark = pytest.mark.skipif(onnx_unavailable() is not None, reason=str(onnx_
 @pytest.fixture
 def ort_on(monkeypatch, switch):
     """The path on, and one thread (fastvocab's CPU workers' setting; on more, fbgemm runs)."""
-    monkeypatch.setattr(int8, "ort_int8", lambda: True)
-    switch(ORT_MIN_DIM=1)
+    monkeypatch.setattr(int8, "ort_at", lambda d: True)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     yield
@@ -83,12 +82,18 @@ def test_few_rows_and_several_threads_stay_on_fbgemm(ort_on):
     assert many.session.runs == 0
 
 
-def test_rows_narrower_than_the_floor_open_no_session(monkeypatch):
-    monkeypatch.setattr(int8, "ort_int8", lambda: True)
-    floor = switches.ORT_MIN_DIM.get()
-    layer = int8.int8_linear(torch.randn(8, floor - 1), None)
-    assert int8.packed_of(layer, many_rows=True).session is None
-    assert int8.packed_of(int8.int8_linear(torch.randn(8, floor), None), many_rows=True).session
+def test_forced_onnx_runtime_takes_rows_from_the_floor_on(switch):
+    switch(INT8_GEMM="onnxruntime")
+    int8.ort_int8.cache_clear()
+    int8.ort_at.cache_clear()
+    try:
+        floor = switches.ORT_MIN_DIM.get()
+        layer = int8.int8_linear(torch.randn(8, floor - 1), None)
+        assert int8.packed_of(layer, many_rows=True).session is None
+        assert int8.packed_of(int8.int8_linear(torch.randn(8, floor), None), many_rows=True).session
+    finally:
+        int8.ort_int8.cache_clear()
+        int8.ort_at.cache_clear()
 
 
 def _child(packed, x, queue) -> None:
@@ -179,7 +184,7 @@ def test_a_projection_with_sessions_prices_its_kernels_by_the_onnx_runtime_table
     cmap = random_map(w, b, r=12, size=60, seed=1)
     with_sessions = create_projection("clustered", w, b, cluster_map=cmap, int8=True, cache_mb=0)
     assert with_sessions._w8.on_ort
-    monkeypatch.setattr(int8, "ort_int8", lambda: False)
+    monkeypatch.setattr(int8, "ort_at", lambda d: False)
     without = create_projection("clustered", w, b, cluster_map=cmap, int8=True, cache_mb=0)
     assert not without._w8.on_ort
 

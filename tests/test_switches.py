@@ -13,7 +13,6 @@ import pytest
 
 from fastvocab import switches
 from fastvocab.decoding.cache_memory import cache_limit
-from fastvocab.decoding.fingerprint_cache import cache_root
 from fastvocab.kernels.union_costs import CostTable, load_cost_table
 from fastvocab.tasks.dump import teacher_rows
 
@@ -79,16 +78,16 @@ def test_a_switch_set_through_the_module_reaches_its_user(tmp_path):
         assert teacher_rows("cpu", 1000) == 3
     assert teacher_rows("cpu", 1000) == switches.TEACHER_ROWS.default
     with switches.override(CACHE_DIR=tmp_path / "cache", CACHE_LIMIT_MB=2):
-        assert cache_root() == tmp_path / "cache"
+        assert switches.cache_root() == tmp_path / "cache"
         assert cache_limit(None) == 2 << 20 and cache_limit(1000) == 1000
     assert cache_limit(None) is None
 
 
 def test_a_variable_is_read_when_its_user_asks_and_an_override_comes_first(tmp_path, monkeypatch):
     monkeypatch.setenv("FASTVOCAB_CACHE_DIR", str(tmp_path / "env"))
-    assert cache_root() == tmp_path / "env"  # set after import: read at the call
+    assert switches.cache_root() == tmp_path / "env"  # set after import: read at the call
     with switches.override(CACHE_DIR=tmp_path / "ours"):
-        assert cache_root() == tmp_path / "ours"
+        assert switches.cache_root() == tmp_path / "ours"
     monkeypatch.setenv("FASTVOCAB_CACHE_LIMIT_MB", "")  # empty: not set
     assert cache_limit(None) is None
     table = CostTable(rows=(1, 8), gather_us=(1.0, 2.0), dense_us=(0.5, 1.0))

@@ -1,0 +1,33 @@
+"""What CPU this process runs on, as the choices that depend on it name it: the model and the vector
+extensions that decide which GEMM kernels run (fp32 width, int8 dot products, bf16, AMX tiles)."""
+
+from __future__ import annotations
+
+import functools
+import platform
+from pathlib import Path
+
+# /proc/cpuinfo flags that decide which GEMM kernels run, by name.
+ISA_FLAGS = {
+    "avx2": "AVX2",
+    "avx512f": "AVX-512",
+    "avx512_vnni": "VNNI",
+    "avx_vnni": "AVX-VNNI",
+    "avx512_bf16": "BF16",
+    "amx_tile": "AMX",
+}
+
+
+@functools.lru_cache(maxsize=1)
+def cpu_name() -> str:
+    """The CPU model and its vector extensions from /proc/cpuinfo, e.g. ``AMD EPYC (AVX2, AVX-512, VNNI,
+    BF16)`` (VMs often report only the vendor's family name, so the extensions tell two machines apart);
+    ``platform.processor()`` elsewhere."""
+    try:
+        info = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return platform.processor() or platform.machine() or "cpu"
+    model = next((line.split(":", 1)[1].strip() for line in info if line.startswith("model name")), "cpu")
+    flags = next((set(line.split(":", 1)[1].split()) for line in info if line.startswith("flags")), set())
+    isa = [name for flag, name in ISA_FLAGS.items() if flag in flags]
+    return f"{model} ({', '.join(isa)})" if isa else model

@@ -1,0 +1,163 @@
+"""Which int8 GEMM runs a projection's one-thread steps of many rows on this machine, chosen by measuring.
+
+fbgemm (torch's dynamic int8 linear) and MLAS (ONNX Runtime's ``MatMulIntegerToFloat``) sum the same
+integers (``kernels.int8``), so either gives the same logits; which is faster depends on the CPU. On a Xeon
+with AMX tiles MLAS took 0.67-0.78x fbgemm's time at d 1024, and 0.93-1.19x at d 256; on CPUs without AMX it
+was not known. A rule by CPU flags guesses for the CPUs it was written on; this measures, once per machine and
+width: :func:`probe` times both kernels on one thread at ``PROBE_ROWS`` rows over ``PROBE_COLUMNS`` columns
+of width d, in interleaved rounds, and keeps the answer under ``probes/`` in the cache folder
+(``switches.cache_root``), keyed by the CPU, its granted AMX state, the ISA caps in the environment and the
+two libraries' versions. A later process reads it (well under a millisecond); a machine with other CPUs or
+libraries measures again. A probe whose rounds disagree (a busy machine) is used for this process and not
+kept.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import hashlib
+import json
+import logging
+import os
+import statistics
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from fastvocab import switches
+from fastvocab.kernels.cpu_features import cpu_name
+
+log = logging.getLogger(__name__)
+
+PROBE_ROWS = 32  # a greedy batch of 32, a beam-4 batch of 8: what the many-row path serves
+PROBE_COLUMNS = 4096  # a popular block's width (switches.INT8_BLOCK_COLUMNS' default)
+ROUNDS = 7
+CALLS = 10  # calls per kernel and round, timed together
+# MLAS must be this much faster to be chosen: its cost per call grows in share where rows are few
+MARGIN = 1.05
+# rounds whose ratios spread wider than this (max / min) come from a busy machine: not kept
+STEADY_SPREAD = 1.5
+# the environment that caps which kernels the libraries dispatch: a probe under other caps is another
+ISA_ENV = ("ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS", "ATEN_CPU_CAPABILITY", "MKL_DEBUG_CPU_TYPE")
+
+
+@dataclass(frozen=True)
+class GemmProbe:
+    """One width's answer: the kernels' times per call (microseconds, median of the rounds), the choice,
+    and whether it came from the cache."""
+
+    d: int
+    fbgemm_us: float
+    onnxruntime_us: float
+    choice: str  # "onnxruntime" | "fbgemm"
+    steady: bool
+    cpu: str
+    measured: str  # when, ISO date-time
+    cached: bool = False
+
+    def describe(self) -> str:
+        where = "cached" if self.cached else "measured now"
+        ratio = self.fbgemm_us / self.onnxruntime_us if self.onnxruntime_us else float("nan")
+        return (
+            f"{self.choice} at d {self.d} ({where}, {self.measured}: {PROBE_ROWS} rows x {PROBE_COLUMNS} "
+            f"columns on one thread, fbgemm {self.fbgemm_us:.0f} us, onnxruntime "
+            f"{self.onnxruntime_us:.0f} us a call: fbgemm takes {ratio:.2f}x; onnxruntime needs {MARGIN:g}x)"
+        )
+
+
+def machine_key(d: int) -> str:
+    """What the answer depends on: the CPU and its flags, whether AMX tiles are granted, the ISA caps set in
+    the environment, the libraries' versions, the width."""
+    import onnxruntime
+
+    from fastvocab.kernels.int8 import amx_usable
+
+    caps = {name: os.environ.get(name, "") for name in ISA_ENV}
+    parts = [cpu_name(), f"amx={amx_usable()}", json.dumps(caps, sort_keys=True)]
+    parts += [f"torch={torch.__version__}", f"onnxruntime={onnxruntime.__version__}", f"d={d}"]
+    return hashlib.sha256("|".join(parts).encode()).hexdigest()[:20]
+
+
+def probe_file() -> Path:
+    return switches.cache_root() / "probes" / "int8-gemm.json"
+
+
+def probe(d: int) -> GemmProbe:
+    """The int8 GEMM for steps of many rows at width ``d``: from the cache, else measured (and kept if its
+    rounds agree)."""
+    key = machine_key(d)
+    path = probe_file()
+    known = _read(path)
+    if key in known:
+        with contextlib.suppress(TypeError, ValueError):
+            return GemmProbe(**{**known[key], "cached": True})
+    result = measure(d)
+    if result.steady:
+        known[key] = {k: v for k, v in asdict(result).items() if k != "cached"}
+        _write(path, known)
+    log.info("int8 GEMM of one-thread steps of many rows: %s", result.describe())
+    return result
+
+
+def measure(d: int, rounds: int = ROUNDS, calls: int = CALLS) -> GemmProbe:
+    """Time fbgemm and MLAS on random int8 rows of width ``d``, one thread, interleaved rounds."""
+    from fastvocab.kernels import int8
+
+    g = torch.Generator().manual_seed(0)
+    q = torch.randint(-127, 128, (PROBE_COLUMNS, d), dtype=torch.int8, generator=g)
+    scale = torch.rand(PROBE_COLUMNS, generator=g) * 0.01 + 1e-3
+    packed = int8.packed_rows(q, scale, torch.zeros(PROBE_COLUMNS))
+    session = int8.ort_session_of(packed)
+    x = torch.randn(PROBE_ROWS, d, generator=g)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the path serves one-thread workers
+    try:
+        kernels = {
+            "fbgemm": lambda: int8.fbgemm_logits(x, packed),
+            "onnxruntime": lambda: int8.ort_logits(x, session),
+        }
+        for run in kernels.values():  # warm-up: first calls allocate and pack
+            run()
+            run()
+        times: dict[str, list[float]] = {name: [] for name in kernels}
+        for r in range(rounds):
+            order = list(kernels) if r % 2 == 0 else list(reversed(kernels))  # neither always goes first
+            for name in order:
+                t0 = time.perf_counter()
+                for _ in range(calls):
+                    kernels[name]()
+                times[name].append((time.perf_counter() - t0) / calls * 1e6)
+    finally:
+        torch.set_num_threads(threads)
+    ratios = [f / o for f, o in zip(times["fbgemm"], times["onnxruntime"], strict=True)]
+    fb, ort = statistics.median(times["fbgemm"]), statistics.median(times["onnxruntime"])
+    return GemmProbe(
+        d=d,
+        fbgemm_us=round(fb, 1),
+        onnxruntime_us=round(ort, 1),
+        choice="onnxruntime" if fb > MARGIN * ort else "fbgemm",
+        steady=max(ratios) / min(ratios) <= STEADY_SPREAD,
+        cpu=cpu_name(),
+        measured=dt.datetime.now().isoformat(timespec="seconds"),
+    )
+
+
+def _read(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _write(path: Path, known: dict) -> None:
+    """Best effort: a cache folder that cannot be written means the next process measures again."""
+    from fastvocab.artifacts_schema.atomic import write_text_atomic
+
+    try:
+        write_text_atomic(path, json.dumps(known, indent=1, sort_keys=True) + "\n")
+    except OSError as exc:
+        log.debug("cannot keep the int8 GEMM probe in %s: %s", path, exc)
