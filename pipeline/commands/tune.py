@@ -101,7 +101,8 @@ MISSED_ON_TEST = 3
 
 EXAMPLES = """\
 examples:
-  fastvocab tune --src-lang en --tgt-lang it --with-shortlist models/demo-maps --probes 4 --budget 5% --rungs 30,200
+  fastvocab tune --src-lang en --tgt-lang it --with-shortlist models/demo-maps --probes 4 --budget 5% \\
+      --rungs 30,200
 """
 
 
