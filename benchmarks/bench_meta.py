@@ -21,6 +21,7 @@ from typing import TypeVar
 from fastvocab.artifacts_schema.provenance import git_commit as git_commit  # re-exported for the scripts
 
 ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results"
 T = TypeVar("T")
 
 
