@@ -100,14 +100,20 @@ from typing import Any
 
 import numpy as np
 import torch
-from bench_meta import cpu_name, meminfo, reset_peak_rss, round_order
-from bench_peer import Ct2System, convert_ct2, vmap_model_dir
+from bench_meta import (
+    RESULTS,
+    ROOT,
+    meminfo,
+    provenance,
+    reset_peak_rss,
+    round_order,
+    scratch_dir,
+    write_result,
+)
+from bench_peer import Ct2System, convert_ct2
 
-from fastvocab.artifacts_schema.provenance import git_commit
 from fastvocab.kernels.int8 import many_rows_gemm
 
-ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "benchmarks" / "results"
 SRC, TGT = "en", "it"
 LANGS = ["en", "it", "fr", "de"]
 # M2M100's tokenizer adds 100 language codes and 8 made-up words to its vocab.json
@@ -476,6 +482,17 @@ def real_union_growth(path: str) -> dict:
     }
 
 
+def vmap_model_dir(ct2_dir: Path) -> Path:
+    """A folder with the converted model's files linked, for a ``vmap.txt`` of its own (what
+    ``ct2-transformers-converter --vocab_mapping`` would add), so ``ct2_dir`` itself stays as it is."""
+    out = scratch_dir("ct2-vmap-") / "model"
+    out.mkdir()
+    for f in ct2_dir.iterdir():
+        if f.name != "vmap.txt":
+            (out / f.name).symlink_to(f.resolve())
+    return out
+
+
 def write_vmap(adapter, count: int, logw: np.ndarray, path: Path) -> int:
     """A vocabulary map whose always-allowed line holds the ``count`` most popular ids of the pool (and the
     always-active ids); returns the number of tokens written."""
@@ -776,10 +793,8 @@ def point_systems(m: Loaded, ns: SimpleNamespace, lines: list[str], beam: int, s
             label = system_label(f"fastvocab clustered {prec}", frac)
             u = union_without_skip(proj, functools.partial(runs[label][0], lines, beam), m.a32.n_vocab)
             warm.add(label)
-            vfile = Path(tempfile.mkdtemp(prefix="vmap-")) / "vmap.txt"
-            vmap_count[frac] = write_vmap(m.a32, max(1, round(u * m.a32.n_vocab)), m.logw, vfile)
-            vdir = vmap_model_dir(m.ct2_dir, m.a32, SimpleNamespace(vmap=vfile, vmap_no_reset=False), {})
-            shutil.rmtree(vfile.parent, ignore_errors=True)
+            vdir = vmap_model_dir(m.ct2_dir)
+            vmap_count[frac] = write_vmap(m.a32, max(1, round(u * m.a32.n_vocab)), m.logw, vdir / "vmap.txt")
             system = FixedStepsCt2(vdir, "int8", m.a32, ns, use_vmap=True)
             runs[system_label("ct2 int8 + vmap", frac)] = (system.run, "ct2-int8-vmap", frac, "int8")
     return runs, vmap_count, warm
@@ -853,7 +868,6 @@ def run_point(m: Loaded, args, result: dict, threads: int, batch: int, beam: int
         parallel=args.parallel,
         src_lang=SRC,
         tgt_lang=TGT,
-        vmap_no_reset=False,
     )
     intra = 1 if workers else threads
     # the projection's share and the clustered unions, apart from the timed rounds
@@ -1022,11 +1036,8 @@ def main(argv: list[str] | None = None) -> int:
 
     result: dict = {
         "benchmark": "bench_model_scale",
-        "date": dt.datetime.now().isoformat(timespec="seconds"),
-        "commit": git_commit("decoding", "kernels", "tasks", "benchmarks/bench_model_scale.py", cwd=ROOT),
-        "command": " ".join([".venv/bin/python", "benchmarks/bench_model_scale.py", *(argv or sys.argv[1:])]),
+        **provenance("bench_model_scale.py", argv, "decoding", "kernels", "tasks"),
         "args": vars(args),
-        "device": f"{cpu_name()} ({os.cpu_count()} cores visible)",
         "torch": torch.__version__,
         "int8_gemm": many_rows_gemm(),
         "ctranslate2": ctranslate2.__version__,
@@ -1042,10 +1053,8 @@ def main(argv: list[str] | None = None) -> int:
         run_shape(name, args, result)
     result["load_avg"]["end"] = [round(x, 2) for x in os.getloadavg()]
     out = Path(args.out) if args.out else RESULTS / f"model-scale-cpu-{dt.date.today().isoformat()}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1) + "\n")
+    write_result(out, result)
     plot(result, out.with_suffix(".png"))
-    print(f"wrote {out} and {out.with_suffix('.png').name}", file=sys.stderr)
     for r in result["rows"]:
         print(
             f"{r['shape']} b{r['batch']} k{r['beam']} t{r['threads']} {r['system']}: "

@@ -28,15 +28,11 @@ its construction; ``--fresh-workers`` starts and ends them in every timed call, 
 - ``ct2 float32`` / ``ct2 int8``: CTranslate2's ``Translator.translate_batch`` on the model converted from
   the same local folder (``ct2-transformers-converter``; int8 = ``compute_type="int8"`` at load), with
   ``max_batch_size`` = ``--batch-size``, ``intra_threads`` = ``--threads``, target prefix = the language tag;
-- ``ct2 float32 + vmap`` / ``ct2 int8 + vmap`` (``--shortlist DIR`` or ``--vmap FILE``): the same with
-  CTranslate2's vocabulary map (``use_vmap=True``): the shortlist method's table (``tasks/shortlist.py``,
-  built by the methods stage or ``build_shortlist``) exported with ``export_vmap`` (``--vmap-k``,
-  ``--vmap-frequent``), placed as ``vmap.txt`` in a folder beside the converted model (its other files
-  linked, the converted model itself untouched). CTranslate2 4.8.5 keeps stale id mappings from one batch's
-  candidate set to the next (DESIGN-NOTES; one call over several batches raises ``IndexError`` here), so the
-  vmap systems call ``translate_batch`` once per batch of ``--batch-size`` lines, each after one
-  full-vocabulary call of one step on one line that resets the decoder's mapping (timed with the rest;
-  ``--vmap-no-reset`` leaves it out, to see the bug).
+
+``Ct2System`` also runs CTranslate2 with a vocabulary map (``use_vmap``: ``bench_model_scale.py``'s
+``ct2-int8-vmap``). CTranslate2 4.8.5 keeps stale id mappings from one batch's candidate set to the next
+(DESIGN-NOTES; one call over several batches raises ``IndexError``), so it calls ``translate_batch`` once per
+batch, each after one full-vocabulary call of one step on one line that resets the decoder's mapping.
 
 Threads (``--parallel``): ``workers`` (default) runs ``--threads`` batches at once on one thread each, on
 both sides: fastvocab's ``translate`` on CPU (``tasks.decode_pool.decode_workers``: forked worker processes,
@@ -53,7 +49,6 @@ With ``--early-stopping true`` the two search the same way: fastvocab full fp32 
 gave the same output on all 200 default lines at beam 4 (17% of lines differed under the model's rule).
 
 Quality per system: lines that differ from fastvocab full fp32 and, for int8, from its own fp32 counterpart;
-for a vmap system, from the same CTranslate2 compute type without the vmap (``lines_changed_vs_own_full``);
 BLEU and chrF against the references when the lines come from a corpus split. Speed ratios are medians of
 per-round ratios (paired rounds, so load drift on a shared machine cancels). The load average is recorded.
 ``--timed`` times only the systems it names, back to back in each round; the others run once, untimed, for
@@ -69,23 +64,19 @@ Writes ``benchmarks/results/peer-<device>-<date>.json`` (``--out``) and prints a
 from __future__ import annotations
 
 import argparse
-import atexit
 import datetime as dt
 import os
-import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from bench_meta import RESULTS, ROOT, cpu_name, result_header, round_order, write_result
+from bench_meta import RESULTS, emulation, provenance, round_order, scratch_dir, write_result
 
-from fastvocab.artifacts_schema.provenance import git_commit
 from fastvocab.decoding.search import parse_early_stopping, stopping_rule
 from fastvocab.kernels.clustered_parts import BEAM_INACTIVE_MASS, INACTIVE_MASS, SHORTLIST_BEAM_INACTIVE_MASS
 from fastvocab.kernels.int8 import many_rows_gemm
@@ -160,10 +151,10 @@ class Ct2System:
         bs = self.args.batch_size
         for lo in range(0, len(order), bs):
             chunk = order[lo : lo + bs]
-            if not self.args.vmap_no_reset:  # also before the first: the previous call's batch is stale too
-                self.tr.translate_batch(
-                    src[:1], target_prefix=[[self.tag]], beam_size=1, max_decoding_length=2, use_vmap=False
-                )
+            # also before the first: the previous call's batch is stale too
+            self.tr.translate_batch(
+                src[:1], target_prefix=[[self.tag]], beam_size=1, max_decoding_length=2, use_vmap=False
+            )
             for i, r in zip(
                 chunk, self._translate([src[i] for i in chunk], beam, use_vmap=True), strict=True
             ):
@@ -331,68 +322,17 @@ def clustered_systems(a32, a8, args, info: dict, systems: dict[str, Callable]) -
 
 
 def ct2_systems(adapter, args, info: dict, systems: dict[str, Callable]) -> None:
-    """Adds CTranslate2 float32 and int8 (and, with ``--shortlist`` or ``--vmap``, both with the vocabulary
-    map) to ``systems``; converts the model first where ``--ct2-dir`` holds none."""
+    """Adds CTranslate2 float32 and int8 to ``systems``; converts the model first where ``--ct2-dir`` holds
+    none."""
     import ctranslate2
 
-    ct2_dir = Path(args.ct2_dir) if args.ct2_dir else _scratch("ct2-") / "model"
+    ct2_dir = Path(args.ct2_dir) if args.ct2_dir else scratch_dir("ct2-") / "model"
     if not (ct2_dir / "model.bin").exists():
         convert_ct2(Path(args.model), ct2_dir)
     info["ctranslate2"] = ctranslate2.__version__
     info["ct2_model"] = str(ct2_dir)
     systems["ct2 float32"] = Ct2System(ct2_dir, "float32", adapter, args)
     systems["ct2 int8"] = Ct2System(ct2_dir, "int8", adapter, args)
-    if args.shortlist or args.vmap:
-        vmap_dir = vmap_model_dir(ct2_dir, adapter, args, info)
-        systems["ct2 float32 + vmap"] = Ct2System(vmap_dir, "float32", adapter, args, use_vmap=True)
-        systems["ct2 int8 + vmap"] = Ct2System(vmap_dir, "int8", adapter, args, use_vmap=True)
-
-
-def _scratch(prefix: str) -> Path:
-    """A temporary folder removed when the benchmark exits."""
-    path = Path(tempfile.mkdtemp(prefix=prefix))
-    atexit.register(shutil.rmtree, path, True)
-    return path
-
-
-def vmap_model_dir(ct2_dir: Path, adapter, args, info: dict) -> Path:
-    """A folder with the converted model's files linked and the vocabulary map as ``vmap.txt`` (what
-    ``ct2-transformers-converter --vocab_mapping`` would add), so ``ct2_dir`` itself stays as it is."""
-    out = _scratch("ct2-vmap-") / "model"
-    out.mkdir()
-    for f in ct2_dir.iterdir():
-        if f.name != "vmap.txt":
-            (out / f.name).symlink_to(f.resolve())
-    if args.vmap:
-        shutil.copyfile(args.vmap, out / "vmap.txt")
-        info["vmap"] = {"source": str(args.vmap)}
-    else:
-        from fastvocab.artifacts_schema.method_index import load_method_index
-        from fastvocab.tasks.shortlist import export_vmap, vocabulary_tokens
-
-        index = load_method_index(
-            args.shortlist,
-            "shortlist",
-            expect_fingerprint=adapter.fingerprint,
-            direction=f"{args.src_lang}-{args.tgt_lang}",
-        )
-        export_vmap(
-            index, vocabulary_tokens(adapter), out / "vmap.txt", k=args.vmap_k, frequent=args.vmap_frequent
-        )
-        info["vmap"] = {
-            "source": str(args.shortlist),
-            "shortlist_params": index.manifest.params,
-            "k": args.vmap_k,
-            "frequent": args.vmap_frequent,
-        }
-    lines = (out / "vmap.txt").read_text(encoding="utf-8").splitlines()
-    info["vmap"].update(
-        rows=len(lines) - 1,
-        always_allowed=len(lines[0].split("\t", 1)[1].split()) if lines and lines[0].startswith("\t") else 0,
-        reset_between_batches=not args.vmap_no_reset,
-        model_dir=str(out),
-    )
-    return out
 
 
 def bleu_chrf(hyps: list[str], refs: list[str]) -> dict:
@@ -477,25 +417,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--no-ct2", action="store_true", help="skip CTranslate2")
     p.add_argument("--ct2-dir", help="converted CTranslate2 model (converted into a temp folder if absent)")
     p.add_argument(
-        "--shortlist",
-        help="a shortlist table folder of this direction (methods stage: <work>/methods/shortlist/<dir>): "
-        "adds the CTranslate2 + vmap rows, its vmap exported with export_vmap",
-    )
-    p.add_argument("--vmap", help="a CTranslate2 vocabulary map file instead of --shortlist")
-    p.add_argument(
         "--with-shortlist",
         metavar="DIR",
         help="the clustered systems add the candidates of this shortlist table (a table folder, or a root "
         "holding shortlist/<src>-<tgt>) to their sets, as translate --with-shortlist does",
-    )
-    p.add_argument("--vmap-k", type=int, help="--shortlist: target tokens per source token (the table's)")
-    p.add_argument(
-        "--vmap-frequent", type=int, help="--shortlist: always-allowed frequent tokens (the table's)"
-    )
-    p.add_argument(
-        "--vmap-no-reset",
-        action="store_true",
-        help="vmap: no full-vocabulary call between batches (CTranslate2 4.8.5 then keeps stale mappings)",
     )
     p.add_argument("--out", help="result JSON (default benchmarks/results/peer-cpu-<date>.json)")
     return p.parse_args(argv)
@@ -538,7 +463,7 @@ def run_rounds(systems: dict[str, Callable], timed: list[str], lines: list[str],
 
 def system_row(name: str, run: Callable, r: Rounds, rows: dict[str, dict], info: dict, args) -> dict:
     """The record's row of one system: its times, what it changed against full fp32 (and int8 against its
-    fp32 twin, a vmap system against its own full, a ``--with-engine`` system against the main engine's),
+    fp32 twin, a ``--with-engine`` system against the main engine's),
     and its speed against its twins; ``rows``: the rows of the systems before it."""
     times, outputs = r.times, r.outputs
     changed = lambda a, b: round(search_error_rate(outputs[a], outputs[b]), 4)  # noqa: E731
@@ -567,11 +492,6 @@ def system_row(name: str, run: Callable, r: Rounds, rows: dict[str, dict], info:
     if "int8" in name:
         twin = name.replace("int8", "fp32" if name.startswith("fastvocab") else "float32")
         row["lines_changed_by_int8"] = changed(name, twin)
-    if name.endswith(" + vmap"):
-        own = name.removesuffix(" + vmap")
-        row["lines_changed_vs_own_full"] = changed(name, own)
-        row["identical_vs_own_full"] = round(1 - row["lines_changed_vs_own_full"], 4)
-        row["speed_vs_own_full"] = paired_ratio(times[own], times[name])
     if args.with_engine and name.startswith(f"fastvocab-{args.with_engine} "):
         main_twin = name.replace(f"fastvocab-{args.with_engine} ", "fastvocab ")
         row["lines_changed_vs_main_engine"] = changed(name, main_twin)
@@ -613,12 +533,12 @@ def main(argv: list[str] | None = None) -> int:
         names = ", ".join(map(repr, unknown))
         raise SystemExit(f"bench_peer: --timed: no system {names}; the systems: {', '.join(systems)}")
     result: dict = {
-        **result_header("bench_peer"),
-        "commit": git_commit("decoding", "kernels", "tasks", "benchmarks/bench_peer.py", cwd=ROOT),
-        "command": " ".join([".venv/bin/python", "benchmarks/bench_peer.py", *(argv or sys.argv[1:])]),
+        "benchmark": "bench_peer",
+        **provenance("bench_peer.py", argv, "decoding", "kernels", "tasks"),
         "args": vars(args),  # every setting, defaults included
-        "device": f"{cpu_name()} ({os.cpu_count()} cores visible)",
+        **emulation(),
         "threads": args.threads,
+        "torch": torch.__version__,
         "int8_gemm": many_rows_gemm(),
         "model": args.model,
         "direction": f"{args.src_lang}-{args.tgt_lang}",
