@@ -433,32 +433,20 @@ def synthetic_map(adapter, centroids: np.ndarray, frac: float, args, out: Path):
 
 
 def union_growth(cmap, rows=(1, 8, 32, 128), draws: int = 16, weighted: bool = False) -> dict[str, float]:
-    """Mean union fraction of ``rows`` clusters drawn at random (by prediction counts with ``weighted``)."""
+    """Mean union fraction of ``rows`` clusters drawn with replacement, uniformly or (``weighted``) in
+    proportion to their prediction counts."""
+    indptr, indices, n = cmap.indptr, cmap.indices, cmap.manifest.n_vocab
     p = None
     if weighted:
-        p = np.add.reduceat(cmap.counts.astype(np.float64), cmap.indptr[:-1]) * (np.diff(cmap.indptr) > 0)
-    return set_union_growth(cmap.indptr, cmap.indices, cmap.manifest.n_vocab, rows, draws, p)
-
-
-def set_union_growth(
-    indptr: np.ndarray,
-    indices: np.ndarray,
-    n: int,
-    rows=(1, 8, 32, 128),
-    draws: int = 16,
-    weights: np.ndarray | None = None,
-) -> dict[str, float]:
-    """Mean union fraction of ``rows`` sets of a CSR (indptr, indices) drawn with replacement, uniformly
-    or in proportion to ``weights``."""
-    r = len(indptr) - 1
-    p = None if weights is None else np.asarray(weights, np.float64) / np.sum(weights)
+        weights = np.add.reduceat(cmap.counts.astype(np.float64), indptr[:-1]) * (np.diff(indptr) > 0)
+        p = weights / np.sum(weights)
     rng = np.random.default_rng(0)
     out = {}
     for m in rows:
         fr = []
         for _ in range(draws):
             mask = np.zeros(n, dtype=bool)
-            for c in rng.choice(r, size=m, replace=True, p=p):
+            for c in rng.choice(len(indptr) - 1, size=m, replace=True, p=p):
                 mask[indices[indptr[c] : indptr[c + 1]]] = True
             fr.append(mask.mean())
         out[str(m)] = round(float(np.mean(fr)), 5)
