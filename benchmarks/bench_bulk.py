@@ -27,68 +27,18 @@ import time
 from pathlib import Path
 
 import numpy as np
-from bench_meta import cpu_name
+from bench_meta import RESULTS, ROOT, cpu_name, write_result
 
 from fastvocab.artifacts_schema.provenance import git_commit
 
-ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "benchmarks" / "results"
 FASTVOCAB = Path(sys.executable).parent / "fastvocab"
-WORDS = [
-    "the",
-    "a",
-    "library",
-    "package",
-    "tool",
-    "for",
-    "data",
-    "file",
-    "system",
-    "server",
-    "client",
-    "network",
-    "graphics",
-    "sound",
-    "module",
-    "support",
-    "development",
-    "documentation",
-    "utility",
-    "program",
-    "interface",
-    "command",
-    "line",
-    "editor",
-    "web",
-    "font",
-    "driver",
-    "kernel",
-    "image",
-    "video",
-    "audio",
-    "game",
-    "player",
-    "manager",
-    "plugin",
-    "extension",
-    "python",
-    "perl",
-    "java",
-    "database",
-    "backup",
-    "shared",
-    "files",
-    "static",
-    "headers",
-    "debug",
-    "symbols",
-    "transitional",
-    "dummy",
-    "metapackage",
-    "common",
-    "runtime",
-    "binary",
-]
+_WORD_TEXT = (
+    "the a library package tool for data file system server client network graphics sound module support "
+    "development documentation utility program interface command line editor web font driver kernel image "
+    "video audio game player manager plugin extension python perl java database backup shared files "
+    "static headers debug symbols transitional dummy metapackage common runtime binary"
+)
+WORDS = _WORD_TEXT.split()
 TARGET_WORKERS = (1, 2, 4, 8, 16, 32, 64, 128)
 TARGET_LINES = 20_000_000
 
@@ -124,29 +74,10 @@ def generate_parquet(text: Path, path: Path) -> None:
 
 
 def translate(inp: Path, out: Path, args: argparse.Namespace, extra: list[str]) -> dict[str, object]:
-    argv = [
-        str(FASTVOCAB),
-        "-v",
-        "translate",
-        "--model",
-        str(args.model),
-        "--src-lang",
-        "en",
-        "--tgt-lang",
-        "it",
-        "-i",
-        str(inp),
-        "-o",
-        str(out),
-        "--max-len",
-        str(args.max_len),
-        "--batch-size",
-        "64",
-        "--chunk-lines",
-        str(args.chunk_lines),
-        "--no-progress",
-        *extra,
-    ]
+    argv = [str(FASTVOCAB), "-v", "translate", "--model", str(args.model), "--src-lang", "en",
+            "--tgt-lang", "it", "-i", str(inp), "-o", str(out), "--max-len", str(args.max_len),
+            "--batch-size", "64", "--chunk-lines", str(args.chunk_lines), "--no-progress",
+            *extra]  # fmt: skip
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_") and k != "MLFLOW_TRACKING_URI"}
     env |= {"RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled"}
     t0 = time.perf_counter()
@@ -197,6 +128,62 @@ def plan_rss(path: Path, chunk_lines: int) -> dict[str, object]:
     return json.loads(out.stdout)
 
 
+def translate_runs(tmp: Path, args: argparse.Namespace, rows: list[dict[str, object]]) -> dict[str, object]:
+    """The same generated text in process, on 1 Ray actor and on 2: a row each into ``rows``; what they
+    read out (distribution's cost, 2 workers against 1, a worker's rate, hours for 20M lines)."""
+    inp = tmp / "in.txt"
+    generate_text(inp, args.lines)
+    outputs = {}
+    for name, extra in (
+        ("in-process", ["--threads", "1"]),
+        ("ray-1-worker", ["--workers", "1", "--ray-address", "local", "--num-cpus-per-worker", "1"]),
+        ("ray-2-workers", ["--workers", "2", "--ray-address", "local", "--num-cpus-per-worker", "1"]),
+    ):
+        out = tmp / f"out-{name}.txt"
+        row = {"kind": name, "lines": args.lines, **translate(inp, out, args, extra)}
+        outputs[name] = out.read_bytes()
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    base, one, two = rows[0], rows[1], rows[2]
+    # a worker's steady rate: its lines over its busy seconds (tokens/s busy -> lines/s)
+    worker_rate = float(one["tokens_per_s_a_worker_busy"]) * args.lines / float(one["target_tokens"])  # type: ignore[arg-type]
+    return {
+        "outputs_identical": len(set(outputs.values())) == 1,
+        "ray_1_worker_over_in_process_wall": round(
+            float(one["wall_seconds"]) / float(base["wall_seconds"]), 3
+        ),  # type: ignore[arg-type]
+        "ray_2_workers_over_1_tokens_per_wall_s": round(
+            float(two["tokens_per_wall_s"]) / float(one["tokens_per_wall_s"]),
+            3,  # type: ignore[arg-type]
+        ),
+        "ray_2_workers_over_1_translate_phase": round(
+            float(one["phases_s"]["translate"]) / float(two["phases_s"]["translate"]),
+            3,  # type: ignore[index]
+        ),
+        "lines_per_s_a_worker_busy": round(worker_rate, 1),
+        "lines_per_s_in_process_decoding": float(
+            re.search(r"([\d.]+) sentences/s", str(base["summary"])).group(1)  # type: ignore[union-attr]
+        ),
+        "hours_for_20m_lines": {
+            str(n): round(TARGET_LINES / (n * worker_rate) / 3600, 2) for n in TARGET_WORKERS
+        },
+    }
+
+
+def plan_rows(tmp: Path, n: int) -> list[dict[str, object]]:
+    """The driver's planning of ``n`` generated lines, as text and as Parquet, each in a fresh process."""
+    text, pq_path = tmp / f"rss-{n}.txt", tmp / f"rss-{n}.parquet"
+    generate_text(text, n, seed=1)
+    generate_parquet(text, pq_path)
+    rows = []
+    for kind, path in (("plan-text", text), ("plan-parquet", pq_path)):
+        rows.append({"kind": kind, "lines": n, "chunk_lines": 10_000, **plan_rss(path, 10_000)})
+        print(json.dumps(rows[-1]), flush=True)
+    text.unlink()
+    pq_path.unlink()
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--lines", type=int, default=10_000, help="lines translated (default: 10000)")
@@ -208,73 +195,25 @@ def main() -> None:
     ap.add_argument("--tag", default="")
     args = ap.parse_args()
     rows: list[dict[str, object]] = []
-    record: dict[str, object] = {
-        "meta": {
-            "commit": git_commit(cwd=ROOT),
-            "cpu": cpu_name(),
-            "cores": os.cpu_count(),
-            "date": dt.date.today().isoformat(),
-            "load_average_start": list(os.getloadavg()),
-            "command": " ".join(["benchmarks/bench_bulk.py", *sys.argv[1:]]),
-        },
-        "rows": rows,
+    meta: dict[str, object] = {
+        "commit": git_commit(cwd=ROOT),
+        "cpu": cpu_name(),
+        "cores": os.cpu_count(),
+        "date": dt.date.today().isoformat(),
+        "load_average_start": list(os.getloadavg()),
+        "command": " ".join(["benchmarks/bench_bulk.py", *sys.argv[1:]]),
     }
+    record: dict[str, object] = {"meta": meta, "rows": rows}
     with tempfile.TemporaryDirectory(prefix="bench-bulk-") as tmp_name:
         tmp = Path(tmp_name)
         if not args.skip_translate:
-            inp = tmp / "in.txt"
-            generate_text(inp, args.lines)
-            outputs = {}
-            for name, extra in (
-                ("in-process", ["--threads", "1"]),
-                ("ray-1-worker", ["--workers", "1", "--ray-address", "local", "--num-cpus-per-worker", "1"]),
-                ("ray-2-workers", ["--workers", "2", "--ray-address", "local", "--num-cpus-per-worker", "1"]),
-            ):
-                out = tmp / f"out-{name}.txt"
-                row = {"kind": name, "lines": args.lines, **translate(inp, out, args, extra)}
-                outputs[name] = out.read_bytes()
-                rows.append(row)
-                print(json.dumps(row), flush=True)
-            base = rows[0]["wall_seconds"]
-            identical = len(set(outputs.values())) == 1
-            one, two = rows[1], rows[2]
-            # a worker's steady rate: its lines over its busy seconds (tokens/s busy -> lines/s)
-            worker_rate = float(one["tokens_per_s_a_worker_busy"]) * args.lines / float(one["target_tokens"])  # type: ignore[index]
-            record["read_out"] = {
-                "outputs_identical": identical,
-                "ray_1_worker_over_in_process_wall": round(float(one["wall_seconds"]) / float(base), 3),
-                "ray_2_workers_over_1_tokens_per_wall_s": round(
-                    float(two["tokens_per_wall_s"]) / float(one["tokens_per_wall_s"]), 3
-                ),
-                "ray_2_workers_over_1_translate_phase": round(
-                    float(one["phases_s"]["translate"]) / float(two["phases_s"]["translate"]),
-                    3,  # type: ignore[index]
-                ),
-                "lines_per_s_a_worker_busy": round(worker_rate, 1),
-                "lines_per_s_in_process_decoding": float(
-                    re.search(r"([\d.]+) sentences/s", str(rows[0]["summary"])).group(1)
-                ),
-                "hours_for_20m_lines": {
-                    str(n): round(TARGET_LINES / (n * worker_rate) / 3600, 2) for n in TARGET_WORKERS
-                },
-            }
+            record["read_out"] = translate_runs(tmp, args, rows)
             print(json.dumps(record["read_out"]), flush=True)
         for n in [int(x) for x in args.rss.split(",") if x.strip()]:
-            text = tmp / f"rss-{n}.txt"
-            generate_text(text, n, seed=1)
-            pq_path = tmp / f"rss-{n}.parquet"
-            generate_parquet(text, pq_path)
-            for kind, path in (("plan-text", text), ("plan-parquet", pq_path)):
-                row = {"kind": kind, "lines": n, "chunk_lines": 10_000, **plan_rss(path, 10_000)}
-                rows.append(row)
-                print(json.dumps(row), flush=True)
-            text.unlink()
-            pq_path.unlink()
-    record["meta"]["load_average_end"] = list(os.getloadavg())  # type: ignore[index]
+            rows += plan_rows(tmp, n)
+    meta["load_average_end"] = list(os.getloadavg())
     tag = f"-{args.tag}" if args.tag else ""
-    path = RESULTS / f"bulk-cpu-{dt.date.today().isoformat()}{tag}.json"
-    path.write_text(json.dumps(record, indent=1) + "\n")
-    print(f"wrote {path}")
+    write_result(RESULTS / f"bulk-cpu-{dt.date.today().isoformat()}{tag}.json", record)
 
 
 if __name__ == "__main__":

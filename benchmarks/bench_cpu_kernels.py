@@ -123,7 +123,7 @@ def make_system(args):
     ct2_dir = Path(args.ct2_dir)
     if not (ct2_dir / "model.bin").exists():
         convert_ct2(Path(args.model), ct2_dir)
-    ns = argparse.Namespace(**vars(args), parallel="workers", vmap_no_reset=False, max_len=128)
+    ns = argparse.Namespace(**vars(args), parallel="workers", max_len=128)
     system = Ct2System(ct2_dir, dtype, Seq2SeqAdapter.load(args.model), ns)
     return lambda lines, beam: system(lines, beam)[1]
 

@@ -54,8 +54,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import datetime as dt
-import json
 import os
 import statistics
 import sys
@@ -67,13 +65,12 @@ from types import SimpleNamespace
 import numpy as np
 import torch
 import torch.nn.functional as F
-from bench_meta import ROOT, cpu_name
+from bench_meta import RESULTS, provenance, write_result
 
-from fastvocab.artifacts_schema.provenance import git_commit
 from fastvocab.kernels import create_projection, int8_union
 from fastvocab.kernels.int8 import linear_packed, packed_rows
 
-OUT = ROOT / "benchmarks" / "results" / "int8-gather-cpu-2026-11-25.json"
+OUT = RESULTS / "int8-gather-cpu-2026-11-25.json"
 
 Kernel = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (h, cols) -> (rows, C) logits
 
@@ -175,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
         kernels = {k: v for k, v in kernels.items() if k in keep}
     result: dict = {
         "benchmark": "bench_int8_gather",
-        **provenance(argv),
+        **provenance("bench_int8_gather.py", argv, "kernels"),
         "torch": torch.__version__,
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "threads": args.threads,
@@ -189,25 +186,8 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(threads)
         measure(args, result, kernels, full32, full8, w, b, q, scale, wq, threads)
     result["load_avg"]["end"] = [round(x, 2) for x in os.getloadavg()]
-    write_json(args.out, result)
+    write_result(Path(args.out), result)
     return 0
-
-
-def provenance(argv: list[str] | None) -> dict[str, str]:
-    """When, from which commit, with which command and on which device the run measured."""
-    return {
-        "date": dt.datetime.now().isoformat(timespec="seconds"),
-        "commit": git_commit("kernels", "benchmarks/bench_int8_gather.py", cwd=ROOT),
-        "command": " ".join([".venv/bin/python", "benchmarks/bench_int8_gather.py", *(argv or sys.argv[1:])]),
-        "device": f"{cpu_name()} ({os.cpu_count()} cores visible)",
-    }
-
-
-def write_json(path: str, data: dict) -> None:
-    out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(data, indent=1) + "\n")
-    print(f"wrote {out}", file=sys.stderr)
 
 
 def write_cost_table(args, argv: list[str] | None) -> int:
@@ -218,8 +198,10 @@ def write_cost_table(args, argv: list[str] | None) -> int:
     table = int8_union.measure_costs(
         args.d, args.vocab, repeats=args.repeats, **{k: v for k, v in sizes.items() if v}
     )
-    table = dataclasses.replace(table, measured_on={**provenance(argv), **table.measured_on})
-    write_json(args.cost_table, table.to_json())
+    table = dataclasses.replace(
+        table, measured_on={**provenance("bench_int8_gather.py", argv, "kernels"), **table.measured_on}
+    )
+    write_result(Path(args.cost_table), table.to_json())
     return 0
 
 

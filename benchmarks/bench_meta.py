@@ -7,12 +7,15 @@ on ``sys.path``).
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import datetime as dt
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TypeVar
@@ -21,6 +24,7 @@ from fastvocab.artifacts_schema.provenance import git_commit as git_commit  # re
 from fastvocab.kernels.cpu_features import cpu_name as _cpu_features_name
 
 ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results"
 T = TypeVar("T")
 
 
@@ -65,6 +69,18 @@ def result_header(benchmark: str) -> dict[str, object]:
     }
 
 
+def provenance(script: str, argv: list[str] | None, *code: str) -> dict[str, str]:
+    """When, from which commit (``+dirty`` when ``code``'s folders or the script hold changes), with which
+    command (``argv``, else this process's) and on which CPU a run of ``benchmarks/<script>`` measured."""
+    path = f"benchmarks/{script}"
+    return {
+        "date": dt.datetime.now().isoformat(timespec="seconds"),
+        "commit": git_commit(*code, path, cwd=ROOT),
+        "command": " ".join([".venv/bin/python", path, *(argv or sys.argv[1:])]),
+        "device": f"{cpu_name()} ({os.cpu_count()} cores visible)",
+    }
+
+
 def write_result(path: Path | None, result: dict) -> None:
     """Write ``result`` as JSON to ``path`` (folders made as needed); nothing when ``path`` is None."""
     if path is None:
@@ -72,6 +88,13 @@ def write_result(path: Path | None, result: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result, indent=1) + "\n")
     print(f"wrote {path}")
+
+
+def scratch_dir(prefix: str) -> Path:
+    """A temporary folder removed when the benchmark exits."""
+    path = Path(tempfile.mkdtemp(prefix=prefix))
+    atexit.register(shutil.rmtree, path, True)
+    return path
 
 
 # ------------------------------------------------------------------------------------------------ memory

@@ -93,20 +93,27 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import numpy as np
 import torch
-from bench_meta import cpu_name, meminfo, reset_peak_rss, round_order
-from bench_peer import Ct2System, convert_ct2, vmap_model_dir
+from bench_meta import (
+    RESULTS,
+    ROOT,
+    meminfo,
+    provenance,
+    reset_peak_rss,
+    round_order,
+    scratch_dir,
+    write_result,
+)
+from bench_peer import Ct2System, convert_ct2
 
-from fastvocab.artifacts_schema.provenance import git_commit
 from fastvocab.kernels.int8 import many_rows_gemm
 
-ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "benchmarks" / "results"
 SRC, TGT = "en", "it"
 LANGS = ["en", "it", "fr", "de"]
 # M2M100's tokenizer adds 100 language codes and 8 made-up words to its vocab.json
@@ -426,32 +433,20 @@ def synthetic_map(adapter, centroids: np.ndarray, frac: float, args, out: Path):
 
 
 def union_growth(cmap, rows=(1, 8, 32, 128), draws: int = 16, weighted: bool = False) -> dict[str, float]:
-    """Mean union fraction of ``rows`` clusters drawn at random (by prediction counts with ``weighted``)."""
+    """Mean union fraction of ``rows`` clusters drawn with replacement, uniformly or (``weighted``) in
+    proportion to their prediction counts."""
+    indptr, indices, n = cmap.indptr, cmap.indices, cmap.manifest.n_vocab
     p = None
     if weighted:
-        p = np.add.reduceat(cmap.counts.astype(np.float64), cmap.indptr[:-1]) * (np.diff(cmap.indptr) > 0)
-    return set_union_growth(cmap.indptr, cmap.indices, cmap.manifest.n_vocab, rows, draws, p)
-
-
-def set_union_growth(
-    indptr: np.ndarray,
-    indices: np.ndarray,
-    n: int,
-    rows=(1, 8, 32, 128),
-    draws: int = 16,
-    weights: np.ndarray | None = None,
-) -> dict[str, float]:
-    """Mean union fraction of ``rows`` sets of a CSR (indptr, indices) drawn with replacement, uniformly
-    or in proportion to ``weights``."""
-    r = len(indptr) - 1
-    p = None if weights is None else np.asarray(weights, np.float64) / np.sum(weights)
+        weights = np.add.reduceat(cmap.counts.astype(np.float64), indptr[:-1]) * (np.diff(indptr) > 0)
+        p = weights / np.sum(weights)
     rng = np.random.default_rng(0)
     out = {}
     for m in rows:
         fr = []
         for _ in range(draws):
             mask = np.zeros(n, dtype=bool)
-            for c in rng.choice(r, size=m, replace=True, p=p):
+            for c in rng.choice(len(indptr) - 1, size=m, replace=True, p=p):
                 mask[indices[indptr[c] : indptr[c + 1]]] = True
             fr.append(mask.mean())
         out[str(m)] = round(float(np.mean(fr)), 5)
@@ -473,6 +468,17 @@ def real_union_growth(path: str) -> dict:
         "active_fraction_mean": cmap.manifest.active_fraction.get("mean"),
         "union_fraction": union_growth(cmap, weighted=True),
     }
+
+
+def vmap_model_dir(ct2_dir: Path) -> Path:
+    """A folder with the converted model's files linked, for a ``vmap.txt`` of its own (what
+    ``ct2-transformers-converter --vocab_mapping`` would add), so ``ct2_dir`` itself stays as it is."""
+    out = scratch_dir("ct2-vmap-") / "model"
+    out.mkdir()
+    for f in ct2_dir.iterdir():
+        if f.name != "vmap.txt":
+            (out / f.name).symlink_to(f.resolve())
+    return out
 
 
 def write_vmap(adapter, count: int, logw: np.ndarray, path: Path) -> int:
@@ -646,6 +652,23 @@ def system_label(key: str, frac: float | None) -> str:
     return key if frac is None else f"{key} {100 * frac:g}%"
 
 
+@dataclass
+class Loaded:
+    """A shape's models and projections, loaded once and shared by its points: the fp32 adapter and full
+    projection, their int8 twins (when an int8 system runs), the clustered projections by dtype and active
+    fraction, the converted CTranslate2 model, and the synthetic pool's log-weights (for the vmap)."""
+
+    name: str
+    shape: Shape
+    a32: Any
+    full32: Any
+    a8: Any = None
+    full8: Any = None
+    clustered: dict[str, dict[float, Any]] = field(default_factory=lambda: {"fp32": {}, "int8": {}})
+    ct2_dir: Path | None = None
+    logw: np.ndarray = field(default_factory=lambda: np.zeros(0))
+
+
 def run_shape(name: str, args, result: dict) -> None:
     from fastvocab.tasks.projections import make_projection
 
@@ -662,45 +685,17 @@ def run_shape(name: str, args, result: dict) -> None:
         marker.write_text(
             json.dumps({**json.loads(marker.read_text()), "fingerprint": a32.fingerprint}, indent=1)
         )
-    full32 = make_projection(a32, "full")
+    m = Loaded(name, shape, a32, make_projection(a32, "full"), ct2_dir=ct2_dir)
+    m.logw = zipf_pool(a32.n_vocab, args.zipf, seed=0)
     load_mib = {"fastvocab fp32": (meminfo("VmRSS") - rss0) / 2**20}
-    need8 = any(s in systems for s in ("full-int8", "clustered-int8"))
-    a8 = full8 = None
-    if need8:
+    if any(s in systems for s in ("full-int8", "clustered-int8")):
         rss0 = meminfo("VmRSS")
-        a8 = load_adapter(model_dir, a32.fingerprint, int8=True, engine=args.engine)
-        full8 = make_projection(a32, "full", int8=True)  # the int8 option of full
+        m.a8 = load_adapter(model_dir, a32.fingerprint, int8=True, engine=args.engine)
+        m.full8 = make_projection(a32, "full", int8=True)  # the int8 option of full
         load_mib["fastvocab int8"] = (meminfo("VmRSS") - rss0) / 2**20
-    clustered: dict[str, dict[float, object]] = {"fp32": {}, "int8": {}}  # by dtype, then fraction
     maps_info = {}
-    logw = zipf_pool(a32.n_vocab, args.zipf, seed=0)
     if any(s.startswith("clustered") or s == "ct2-int8-vmap" for s in systems):
-        r = args.clusters
-        dirs = {
-            frac: Path(args.root) / name / "maps" / f"a{frac:g}-r{r}-z{args.zipf:g}" for frac in args.active
-        }
-        centroids = np.zeros((0, a32.d_model), np.float32)  # built maps are loaded, not drawn again
-        if not all((d / "manifest.json").exists() for d in dirs.values()):
-            t0 = time.perf_counter()
-            centroids = hidden_states(a32, full32, r, args)
-            info["centroid_states_s"] = round(time.perf_counter() - t0, 1)
-        for frac, out in dirs.items():
-            t0 = time.perf_counter()
-            cmap = synthetic_map(a32, centroids, frac, args, out)
-            maps_info[f"{frac:g}"] = {
-                "dir": str(out),
-                "build_or_load_s": round(time.perf_counter() - t0, 1),
-                "disk_mib": du_mib(out),
-                "union_fraction": union_growth(cmap),
-            }
-            opts = {"cluster_map": out, "selection": "union", "inactive_mass": args.inactive_mass}
-            built_s = maps_info[f"{frac:g}"]["projection_build_s"] = {}
-            for dtype, system in (("fp32", "clustered-fp32"), ("int8", "clustered-int8")):
-                if system in systems:  # the int8 option: W quantised as full int8's
-                    t0 = time.perf_counter()
-                    clustered[dtype][frac] = make_projection(a32, "clustered", int8=dtype == "int8", **opts)
-                    built_s[dtype] = round(time.perf_counter() - t0, 1)
-            del cmap
+        maps_info = clustered_projections(m, args, info)
     info["load_rss_mib"] = {k: round(v) for k, v in load_mib.items()}
     info["synthetic_maps"] = maps_info
     result["shapes"][name] = {"shape": asdict(shape), "params": shape.params(), **info}
@@ -713,28 +708,139 @@ def run_shape(name: str, args, result: dict) -> None:
             for beam in args.beam:
                 if threads == 1 and only_1t and batch not in only_1t:
                     continue
-                run_point(
-                    name,
-                    shape,
-                    args,
-                    result,
-                    a32,
-                    a8,
-                    full32,
-                    full8,
-                    clustered,
-                    ct2_dir,
-                    logw,
-                    threads,
-                    batch,
-                    beam,
-                )
+                run_point(m, args, result, threads, batch, beam)
 
 
-def run_point(
-    name, shape, args, result, a32, a8, full32, full8, clustered, ct2_dir, logw, threads, batch, beam
-) -> None:
-    systems = args.systems
+def clustered_projections(m: Loaded, args, info: dict) -> dict:
+    """A synthetic map a ``--active`` fraction (built once, loaded after), and the clustered projections the
+    systems asked for over each, into ``m.clustered``; returns what each map took and holds."""
+    from fastvocab.tasks.projections import make_projection
+
+    r, maps_info = args.clusters, {}
+    dirs = {
+        frac: Path(args.root) / m.name / "maps" / f"a{frac:g}-r{r}-z{args.zipf:g}" for frac in args.active
+    }
+    centroids = np.zeros((0, m.a32.d_model), np.float32)  # built maps are loaded, not drawn again
+    if not all((d / "manifest.json").exists() for d in dirs.values()):
+        t0 = time.perf_counter()
+        centroids = hidden_states(m.a32, m.full32, r, args)
+        info["centroid_states_s"] = round(time.perf_counter() - t0, 1)
+    for frac, out in dirs.items():
+        t0 = time.perf_counter()
+        cmap = synthetic_map(m.a32, centroids, frac, args, out)
+        maps_info[f"{frac:g}"] = {
+            "dir": str(out),
+            "build_or_load_s": round(time.perf_counter() - t0, 1),
+            "disk_mib": du_mib(out),
+            "union_fraction": union_growth(cmap),
+        }
+        opts = {"cluster_map": out, "selection": "union", "inactive_mass": args.inactive_mass}
+        built_s = maps_info[f"{frac:g}"]["projection_build_s"] = {}
+        for dtype, system in (("fp32", "clustered-fp32"), ("int8", "clustered-int8")):
+            if system in args.systems:  # the int8 option: W quantised as full int8's
+                t0 = time.perf_counter()
+                m.clustered[dtype][frac] = make_projection(m.a32, "clustered", int8=dtype == "int8", **opts)
+                built_s[dtype] = round(time.perf_counter() - t0, 1)
+        del cmap
+    return maps_info
+
+
+# label -> (run, system key, active fraction or None, dtype)
+Runs = dict[str, tuple[Callable[[list[str], int], tuple[float, int]], str, float | None, str]]
+
+
+def point_systems(m: Loaded, ns: SimpleNamespace, lines: list[str], beam: int, systems: list[str]):
+    """The point's systems (:data:`Runs`), the vmap systems' candidate counts by fraction, and the labels
+    already run once (a clustered system whose union sized a vmap)."""
+    runs: Runs = {}
+    if "full-fp32" in systems:
+        runs["fastvocab full fp32"] = (fastvocab_run(m.a32, m.full32, ns), "full-fp32", None, "fp32")
+    if "full-int8" in systems:
+        runs["fastvocab full int8"] = (fastvocab_run(m.a8, m.full8, ns), "full-int8", None, "int8")
+    for dtype, adapter in (("fp32", m.a32), ("int8", m.a8)):
+        for frac, proj in m.clustered[dtype].items():
+            label = system_label(f"fastvocab clustered {dtype}", frac)
+            runs[label] = (fastvocab_run(adapter, proj, ns), f"clustered-{dtype}", frac, dtype)
+    vmap_count: dict[float, int] = {}
+    warm: set[str] = set()
+    if m.ct2_dir is None:
+        return runs, vmap_count, warm
+    for dtype in ("float32", "int8"):
+        if f"ct2-{dtype}" in systems:
+            runs[f"ct2 {dtype}"] = (
+                FixedStepsCt2(m.ct2_dir, dtype, m.a32, ns).run,
+                f"ct2-{dtype}",
+                None,
+                dtype,
+            )
+    if "ct2-int8-vmap" in systems:
+        prec = "int8" if m.clustered["int8"] else "fp32"
+        for frac, proj in m.clustered[prec].items():
+            # the clustered union over this point's lines (an untimed run, which is also the clustered
+            # system's warm-up): the vmap gets that many candidates
+            label = system_label(f"fastvocab clustered {prec}", frac)
+            u = union_without_skip(proj, functools.partial(runs[label][0], lines, beam), m.a32.n_vocab)
+            warm.add(label)
+            vdir = vmap_model_dir(m.ct2_dir)
+            vmap_count[frac] = write_vmap(m.a32, max(1, round(u * m.a32.n_vocab)), m.logw, vdir / "vmap.txt")
+            system = FixedStepsCt2(vdir, "int8", m.a32, ns, use_vmap=True)
+            runs[system_label("ct2 int8 + vmap", frac)] = (system.run, "ct2-int8-vmap", frac, "int8")
+    return runs, vmap_count, warm
+
+
+@dataclass
+class Rounds:
+    """What a point's timed rounds measured, by system label: seconds, peak RSS and the peak above the run's
+    start (MiB), the clustered projections' union fractions and rows that skipped the map, tokens generated,
+    the map's own union where steps skipped it, and the load average before and after."""
+
+    times: dict[str, list[float]]
+    rss: dict[str, list[float]]
+    rss_run: dict[str, list[float]]
+    union: dict[str, list[float]]
+    full_rows: dict[str, list[float]]
+    tokens: dict[str, int] = field(default_factory=dict)
+    map_union: dict[str, float] = field(default_factory=dict)
+    load: tuple[float, ...] = ()
+    load_after: tuple[float, ...] = ()
+
+
+def timed_rounds(
+    m: Loaded, runs: Runs, lines: list[str], beam: int, expected: int, args, where: str
+) -> Rounds:
+    """``--repeats`` rounds of every system in :func:`round_order`; each must generate ``expected`` tokens."""
+    r = Rounds(*({k: [] for k in runs} for _ in range(5)), load=os.getloadavg())  # type: ignore[arg-type]
+    for i in range(args.repeats):
+        for label, (run, _key, frac, dtype) in round_order(list(runs.items()), i):
+            proj = m.clustered[dtype].get(frac) if label.startswith("fastvocab clustered") else None
+            if proj is not None:
+                proj.reset_counters()
+            base = meminfo("VmRSS")
+            reset_peak_rss()
+            seconds, tok = run(lines, beam)
+            hwm = meminfo("VmHWM")
+            r.times[label].append(seconds)
+            r.rss[label].append(hwm / 2**20)
+            r.rss_run[label].append((hwm - base) / 2**20)
+            if proj is not None:
+                stats = proj.stats()
+                r.union[label].append(stats["active_columns_per_row"] / m.a32.n_vocab)
+                if stats["full_fraction"] is not None:
+                    r.full_rows[label].append(stats["full_fraction"])
+            if r.tokens.setdefault(label, tok) != tok or tok != expected:
+                raise RuntimeError(f"{label}: {tok} tokens generated, expected {expected}")
+            print(f"{where} round {i + 1}: {label} {seconds:.2f} s", file=sys.stderr, flush=True)
+    r.load_after = os.getloadavg()
+    for label, (run, _key, frac, dtype) in runs.items():
+        if any(r.full_rows[label]):
+            # steps that skipped the map computed all N: the map's own union comes from one untimed run
+            # with the skip off (what `u` and the bound are defined on)
+            again = functools.partial(run, lines, beam)
+            r.map_union[label] = union_without_skip(m.clustered[dtype][frac], again, m.a32.n_vocab)
+    return r
+
+
+def run_point(m: Loaded, args, result: dict, threads: int, batch: int, beam: int) -> None:
     workers = args.parallel == "workers"
     n = args.sentences or max(batch, 4) * (threads if workers else 1)  # a batch per worker
     # the GEMM peak at this point's threads, measured again per point (the best seen is kept in the meta)
@@ -742,7 +848,7 @@ def run_point(
     seen = result["gemm_peak_gflops"]
     seen[str(threads)] = max(seen.get(str(threads), 0.0), peak)
     lines = random_lines(n, args.src_words)
-    src_len = max(len(x) for x in a32.tokenize(lines, SRC, TGT))
+    src_len = max(len(x) for x in m.a32.tokenize(lines, SRC, TGT))
     ns = SimpleNamespace(
         threads=threads,
         batch_size=batch,
@@ -750,124 +856,45 @@ def run_point(
         parallel=args.parallel,
         src_lang=SRC,
         tgt_lang=TGT,
-        vmap_no_reset=False,
     )
     intra = 1 if workers else threads
     # the projection's share and the clustered unions, apart from the timed rounds
     prof: dict[str, tuple[float, dict]] = {}
-    if any(s.endswith(("fp32",)) for s in systems):
-        prof["fp32"] = step_profile(a32, full32, clustered["fp32"], lines, batch, beam, args.steps, intra)
-    if a8 is not None:
-        prof["int8"] = step_profile(a8, full8, clustered["int8"], lines, batch, beam, args.steps, intra)
-    runs: dict[str, tuple] = {}  # label -> (run, key, frac, dtype)
-    if "full-fp32" in systems:
-        runs["fastvocab full fp32"] = (fastvocab_run(a32, full32, ns), "full-fp32", None, "fp32")
-    if "full-int8" in systems:
-        runs["fastvocab full int8"] = (fastvocab_run(a8, full8, ns), "full-int8", None, "int8")
-    for frac, proj in clustered["fp32"].items():
-        runs[system_label("fastvocab clustered fp32", frac)] = (
-            fastvocab_run(a32, proj, ns),
-            "clustered-fp32",
-            frac,
-            "fp32",
+    if any(s.endswith(("fp32",)) for s in args.systems):
+        prof["fp32"] = step_profile(
+            m.a32, m.full32, m.clustered["fp32"], lines, batch, beam, args.steps, intra
         )
-    for frac, proj in clustered["int8"].items():
-        runs[system_label("fastvocab clustered int8", frac)] = (
-            fastvocab_run(a8, proj, ns),
-            "clustered-int8",
-            frac,
-            "int8",
-        )
-    vmap_count: dict[float, int] = {}
-    warm: set[str] = set()  # systems already run once
-    if ct2_dir is not None:
-        if "ct2-float32" in systems:
-            runs["ct2 float32"] = (
-                FixedStepsCt2(ct2_dir, "float32", a32, ns).run,
-                "ct2-float32",
-                None,
-                "float32",
-            )
-        if "ct2-int8" in systems:
-            runs["ct2 int8"] = (FixedStepsCt2(ct2_dir, "int8", a32, ns).run, "ct2-int8", None, "int8")
-        if "ct2-int8-vmap" in systems:
-            prec = "int8" if clustered["int8"] else "fp32"
-            for frac, proj in clustered[prec].items():
-                # the clustered union over this point's lines (an untimed run, which is also the clustered
-                # system's warm-up): the vmap gets that many candidates
-                label = system_label(f"fastvocab clustered {prec}", frac)
-                u = union_without_skip(proj, functools.partial(runs[label][0], lines, beam), a32.n_vocab)
-                warm.add(label)
-                vfile = Path(tempfile.mkdtemp(prefix="vmap-")) / "vmap.txt"
-                vmap_count[frac] = write_vmap(a32, max(1, round(u * a32.n_vocab)), logw, vfile)
-                vdir = vmap_model_dir(ct2_dir, a32, SimpleNamespace(vmap=vfile, vmap_no_reset=False), {})
-                shutil.rmtree(vfile.parent, ignore_errors=True)
-                sys_ = FixedStepsCt2(vdir, "int8", a32, ns, use_vmap=True)
-                runs[system_label("ct2 int8 + vmap", frac)] = (sys_.run, "ct2-int8-vmap", frac, "int8")
+    if m.a8 is not None:
+        prof["int8"] = step_profile(m.a8, m.full8, m.clustered["int8"], lines, batch, beam, args.steps, intra)
+    runs, vmap_count, warm = point_systems(m, ns, lines, beam, args.systems)
     for label, (run, *_) in runs.items():  # warm-up on one batch
         if label not in warm:
             run(lines[:batch], beam)
-    times: dict[str, list[float]] = {k: [] for k in runs}
-    rss: dict[str, list[float]] = {k: [] for k in runs}
-    union: dict[str, list[float]] = {k: [] for k in runs}  # columns computed per row / N
-    full_rows: dict[str, list[float]] = {k: [] for k in runs}  # rows whose step skipped the map
-    tokens: dict[str, int] = {}
-    load = os.getloadavg()
-    for i in range(args.repeats):
-        for label, (run, _key, frac, dtype) in round_order(list(runs.items()), i):
-            proj = clustered[dtype].get(frac) if label.startswith("fastvocab clustered") else None
-            if proj is not None:
-                proj.reset_counters()
-            base = meminfo("VmRSS")
-            reset_peak_rss()
-            seconds, tok = run(lines, beam)
-            hwm = meminfo("VmHWM")
-            times[label].append(seconds)
-            rss[label].append(hwm / 2**20)
-            rss.setdefault(label + " run", []).append((hwm - base) / 2**20)
-            if proj is not None:
-                stats = proj.stats()
-                union[label].append(stats["active_columns_per_row"] / a32.n_vocab)
-                if stats["full_fraction"] is not None:
-                    full_rows[label].append(stats["full_fraction"])
-            if tokens.setdefault(label, tok) != tok or tok != n * args.steps:
-                raise RuntimeError(
-                    f"{label}: {tok} tokens generated, expected {n} x {args.steps} = {n * args.steps}"
-                )
-            print(
-                f"{name} b{batch} k{beam} t{threads} round {i + 1}: {label} {seconds:.2f} s",
-                file=sys.stderr,
-                flush=True,
-            )
-    load_after = os.getloadavg()
-    map_union: dict[str, float] = {}
-    for label, (run, _key, frac, dtype) in runs.items():
-        if any(full_rows[label]):
-            # steps that skipped the map computed all N: the map's own union comes from one untimed run
-            # with the skip off (what `u` and the bound are defined on)
-            again = functools.partial(run, lines, beam)
-            map_union[label] = union_without_skip(clustered[dtype][frac], again, a32.n_vocab)
+    where = f"{m.name} b{batch} k{beam} t{threads}"
+    r = timed_rounds(m, runs, lines, beam, n * args.steps, args, where)
+    shape = m.shape
     for label, (_run, key, frac, dtype) in runs.items():
-        sec = statistics.median(times[label])
+        sec = statistics.median(r.times[label])
         prec = "int8" if dtype == "int8" else "fp32"
         s_full = prof[prec][0] if prec in prof else None
         s_own, u = None, 1.0
         if key.startswith("clustered"):
             s_own, u_prof = prof[prec][1][frac]
-            u = map_union.get(label, statistics.mean(union[label]) if union[label] else u_prof)
+            u = r.map_union.get(label, statistics.mean(r.union[label]) if r.union[label] else u_prof)
         elif key == "full-fp32" or key == "full-int8":
             s_own = s_full
         elif key == "ct2-int8-vmap":
             u = vmap_count[frac] / shape.vocab
-        r = args.clusters if key.startswith("clustered") else 0
-        flops = decode_flops(shape, src_len, n, args.steps, beam, u, r)
-        gflops = flops / sec / 1e9
+        gflops = decode_flops(
+            shape, src_len, n, args.steps, beam, u, args.clusters if key.startswith("clustered") else 0
+        )
+        gflops /= sec * 1e9
         bound = None
         if s_full is not None and key.startswith("clustered"):
             bound = 1.0 / ((1.0 - s_full) + s_full * u)
         result["rows"].append(
             {
-                "shape": name,
+                "shape": m.name,
                 "d_model": shape.d_model,
                 "layers": [shape.enc_layers, shape.dec_layers],
                 "ffn": shape.ffn,
@@ -883,24 +910,24 @@ def run_point(
                 "sentences": n,
                 "steps": args.steps,
                 "src_tokens": src_len,
-                "tokens": tokens[label],
+                "tokens": r.tokens[label],
                 "seconds_median": round(sec, 4),
-                "seconds": [round(t, 4) for t in times[label]],
-                "tokens_per_s": round(tokens[label] / sec, 2),
+                "seconds": [round(t, 4) for t in r.times[label]],
+                "tokens_per_s": round(r.tokens[label] / sec, 2),
                 "projection_share": None if s_own is None else round(s_own, 4),
                 "full_projection_share": None if s_full is None else round(s_full, 4),
                 "union_fraction": round(u, 5),
                 "full_rows_fraction": (
-                    round(statistics.mean(full_rows[label]), 4) if full_rows[label] else None
+                    round(statistics.mean(r.full_rows[label]), 4) if r.full_rows[label] else None
                 ),
                 "bound": None if bound is None else round(bound, 3),
                 "gflops": round(gflops, 2),
                 "gemm_peak_gflops": peak,
                 "gemm_peak_share": round(gflops / peak, 4),
-                "rss_mib": round(max(rss[label])),
-                "rss_run_mib": round(max(rss[label + " run"])),
-                "loadavg": round(load[0], 2),
-                "loadavg_after": round(load_after[0], 2),
+                "rss_mib": round(max(r.rss[label])),
+                "rss_run_mib": round(max(r.rss_run[label])),
+                "loadavg": round(r.load[0], 2),
+                "loadavg_after": round(r.load_after[0], 2),
             }
         )
 
@@ -997,11 +1024,8 @@ def main(argv: list[str] | None = None) -> int:
 
     result: dict = {
         "benchmark": "bench_model_scale",
-        "date": dt.datetime.now().isoformat(timespec="seconds"),
-        "commit": git_commit("decoding", "kernels", "tasks", "benchmarks/bench_model_scale.py", cwd=ROOT),
-        "command": " ".join([".venv/bin/python", "benchmarks/bench_model_scale.py", *(argv or sys.argv[1:])]),
+        **provenance("bench_model_scale.py", argv, "decoding", "kernels", "tasks"),
         "args": vars(args),
-        "device": f"{cpu_name()} ({os.cpu_count()} cores visible)",
         "torch": torch.__version__,
         "int8_gemm": many_rows_gemm(),
         "ctranslate2": ctranslate2.__version__,
@@ -1017,10 +1041,8 @@ def main(argv: list[str] | None = None) -> int:
         run_shape(name, args, result)
     result["load_avg"]["end"] = [round(x, 2) for x in os.getloadavg()]
     out = Path(args.out) if args.out else RESULTS / f"model-scale-cpu-{dt.date.today().isoformat()}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1) + "\n")
+    write_result(out, result)
     plot(result, out.with_suffix(".png"))
-    print(f"wrote {out} and {out.with_suffix('.png').name}", file=sys.stderr)
     for r in result["rows"]:
         print(
             f"{r['shape']} b{r['batch']} k{r['beam']} t{r['threads']} {r['system']}: "

@@ -19,28 +19,20 @@ its construction; ``--fresh-workers`` starts and ends them in every timed call, 
   ``fastvocab translate`` takes them (default ``auto``: no estimate for greedy, the map's normaliser for beam
   search); with ``--with-shortlist DIR`` the candidates of the batch's sentences join the sets, as
   ``fastvocab translate --with-shortlist`` runs it;
-- ``fastvocab full fp32, F.linear on W`` (``--with-unpacked``): full without the pre-packed weights
-  (``prepack=False``), to measure what packing gives in the same rounds;
 - ``fastvocab full int8`` / ``clustered int8``: the same after ``Seq2SeqAdapter.quantize_int8()`` (encoder
   and decoder linears) and the int8 output projection (the full and clustered projections' ``int8`` option,
   as ``fastvocab translate --dtype int8`` runs them);
 - ``fastvocab-ENGINE ...`` (``--with-engine static|onnx``): the four fastvocab systems again on that decoder
   engine, in the same rounds; each row records ``lines_changed_vs_main_engine`` and
   ``main_engine_speed_vs_this`` (its time over ``--engine``'s twin);
-- ``fastvocab-hf full fp32`` / ``clustered fp32`` (``--with-hf``): the previous engine (Hugging Face
-  decoder, dynamic cache);
 - ``ct2 float32`` / ``ct2 int8``: CTranslate2's ``Translator.translate_batch`` on the model converted from
   the same local folder (``ct2-transformers-converter``; int8 = ``compute_type="int8"`` at load), with
   ``max_batch_size`` = ``--batch-size``, ``intra_threads`` = ``--threads``, target prefix = the language tag;
-- ``ct2 float32 + vmap`` / ``ct2 int8 + vmap`` (``--shortlist DIR`` or ``--vmap FILE``): the same with
-  CTranslate2's vocabulary map (``use_vmap=True``): the shortlist method's table (``tasks/shortlist.py``,
-  built by the methods stage or ``build_shortlist``) exported with ``export_vmap`` (``--vmap-k``,
-  ``--vmap-frequent``), placed as ``vmap.txt`` in a folder beside the converted model (its other files
-  linked, the converted model itself untouched). CTranslate2 4.8.5 keeps stale id mappings from one batch's
-  candidate set to the next (DESIGN-NOTES; one call over several batches raises ``IndexError`` here), so the
-  vmap systems call ``translate_batch`` once per batch of ``--batch-size`` lines, each after one
-  full-vocabulary call of one step on one line that resets the decoder's mapping (timed with the rest;
-  ``--vmap-no-reset`` leaves it out, to see the bug).
+
+``Ct2System`` also runs CTranslate2 with a vocabulary map (``use_vmap``: ``bench_model_scale.py``'s
+``ct2-int8-vmap``). CTranslate2 4.8.5 keeps stale id mappings from one batch's candidate set to the next
+(DESIGN-NOTES; one call over several batches raises ``IndexError``), so it calls ``translate_batch`` once per
+batch, each after one full-vocabulary call of one step on one line that resets the decoder's mapping.
 
 Threads (``--parallel``): ``workers`` (default) runs ``--threads`` batches at once on one thread each, on
 both sides: fastvocab's ``translate`` on CPU (``tasks.decode_pool.decode_workers``: forked worker processes,
@@ -57,7 +49,6 @@ With ``--early-stopping true`` the two search the same way: fastvocab full fp32 
 gave the same output on all 200 default lines at beam 4 (17% of lines differed under the model's rule).
 
 Quality per system: lines that differ from fastvocab full fp32 and, for int8, from its own fp32 counterpart;
-for a vmap system, from the same CTranslate2 compute type without the vmap (``lines_changed_vs_own_full``);
 BLEU and chrF against the references when the lines come from a corpus split. Speed ratios are medians of
 per-round ratios (paired rounds, so load drift on a shared machine cancels). The load average is recorded.
 ``--timed`` times only the systems it names, back to back in each round; the others run once, untimed, for
@@ -73,31 +64,24 @@ Writes ``benchmarks/results/peer-<device>-<date>.json`` (``--out``) and prints a
 from __future__ import annotations
 
 import argparse
-import atexit
 import datetime as dt
-import json
 import os
-import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from bench_meta import cpu_name, emulation, round_order
+from bench_meta import RESULTS, emulation, provenance, round_order, scratch_dir, write_result
 
-from fastvocab.artifacts_schema.provenance import git_commit
 from fastvocab.decoding.search import parse_early_stopping, stopping_rule
 from fastvocab.kernels.clustered_parts import BEAM_INACTIVE_MASS, INACTIVE_MASS, SHORTLIST_BEAM_INACTIVE_MASS
 from fastvocab.kernels.int8 import many_rows_gemm
 from fastvocab.tasks.evaluate import score, search_error_rate
 from fastvocab.tasks.projections import clustered_options
-
-RESULTS = Path(__file__).resolve().parent / "results"
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def load_lines(args) -> tuple[list[str], list[str] | None, str]:
@@ -167,10 +151,10 @@ class Ct2System:
         bs = self.args.batch_size
         for lo in range(0, len(order), bs):
             chunk = order[lo : lo + bs]
-            if not self.args.vmap_no_reset:  # also before the first: the previous call's batch is stale too
-                self.tr.translate_batch(
-                    src[:1], target_prefix=[[self.tag]], beam_size=1, max_decoding_length=2, use_vmap=False
-                )
+            # also before the first: the previous call's batch is stale too
+            self.tr.translate_batch(
+                src[:1], target_prefix=[[self.tag]], beam_size=1, max_decoding_length=2, use_vmap=False
+            )
             for i, r in zip(
                 chunk, self._translate([src[i] for i in chunk], beam, use_vmap=True), strict=True
             ):
@@ -240,112 +224,36 @@ def fastvocab_system(adapter, projection, args) -> Callable[[list[str], int], tu
 
 
 def build_systems(args) -> tuple[dict[str, Callable], dict]:
-    from fastvocab.decoding.hf_adapter import Seq2SeqAdapter
     from fastvocab.tasks.projections import make_projection
 
-    info: dict = {}
-    a32 = Seq2SeqAdapter.load(args.model, engine=args.engine)
-    a8 = Seq2SeqAdapter.load(args.model, engine=args.engine)
-    a8.quantize_int8(encoder=not args.int8_decoder_only)
-    info["engine"] = a32.engine
-    info["n_vocab"] = a32.n_vocab
-    info["fastvocab_early_stopping"] = stopping_rule(a32, args.early_stopping)
-    info["ct2_early_stopping"] = "patience 1: a sentence ends once beam hypotheses are finished"
+    a32, a8 = adapters(args.model, args.engine)
+    info: dict = {
+        "engine": a32.engine,
+        "n_vocab": a32.n_vocab,
+        "fastvocab_early_stopping": stopping_rule(a32, args.early_stopping),
+        "ct2_early_stopping": "patience 1: a sentence ends once beam hypotheses are finished",
+    }
     full = make_projection(a32, "full")
     info["full_prepacked"] = full.packed
     systems: dict[str, Callable] = {"fastvocab full fp32": fastvocab_system(a32, full, args)}
     if not args.no_int8:
         systems["fastvocab full int8"] = fastvocab_system(a8, make_projection(a32, "full", int8=True), args)
-    if args.with_unpacked:
-        plain = make_projection(a32, "full", prepack=False)
-        systems["fastvocab full fp32, F.linear on W"] = fastvocab_system(a32, plain, args)
-    if not args.no_clustered:
-        from fastvocab.artifacts_schema.cluster_map import resolve_map_dir
-
-        if not Path(args.maps).exists():
-            raise SystemExit(
-                f"bench_peer: no cluster maps at {args.maps} (make demo builds runs/demo/maps); "
-                "pass --maps DIR or --no-clustered"
-            )
-
-        map_dir = resolve_map_dir(args.maps, args.src_lang, args.tgt_lang)
-        beams = sorted({int(b) for b in args.beams.split(",")})
-        # union selection with --inactive-mass as fastvocab translate reads it (auto: none for greedy, the
-        # normaliser for beam search), one projection per beam, built before any timing
-        probes_list: list[int | None] = [None]  # the map's own
-        if args.probes:
-            probes_list = [int(x) for x in args.probes.split(",") if x]
-        info["map"] = str(map_dir)
-        info["map_signature"] = {}
-        hybrid: dict[str, object] = {}  # --with-shortlist: the table whose candidates join the sets
-        if args.with_shortlist:
-            from fastvocab.experiments.bench_methods import shortlist_folder
-
-            hybrid["shortlist"] = shortlist_folder(args.with_shortlist, f"{args.src_lang}-{args.tgt_lang}")
-            info["with_shortlist"] = str(hybrid["shortlist"])
-        first: dict = {}  # --with-hf's clustered system: the first probes
-
-        def clustered_by_beam(probes: int | None, **extra: object) -> dict:
-            """One clustered projection a beam size, as ``fastvocab translate`` builds it."""
-            return {
-                beam: make_projection(
-                    a32,
-                    "clustered",
-                    cluster_map=map_dir,
-                    **clustered_options("union", args.inactive_mass, False, beam, probes, bool(hybrid)),
-                    **hybrid,
-                    **extra,
-                )
-                for beam in beams
-            }
-
-        for probes in probes_list:
-            by_beam = clustered_by_beam(probes)
-            first = first or by_beam
-            tag = f", probes {probes}" if len(probes_list) > 1 else ""
-            systems[f"fastvocab clustered fp32{tag}"] = fastvocab_system(a32, by_beam, args)
-            if not args.no_int8:  # the int8 clustered projection, as `translate --dtype int8` runs it
-                systems[f"fastvocab clustered int8{tag}"] = fastvocab_system(
-                    a8, clustered_by_beam(probes, int8=True), args
-                )
-            info["map_signature"].update({f"beam{b}{tag}": p.signature() for b, p in by_beam.items()})
+    clustered = None if args.no_clustered else clustered_systems(a32, a8, args, info, systems)
     if args.with_engine:  # the same fastvocab systems on a second engine, in the same rounds
         e = args.with_engine
-        b32 = Seq2SeqAdapter.load(args.model, engine=e)
-        b8 = Seq2SeqAdapter.load(args.model, engine=e)
-        b8.quantize_int8(encoder=not args.int8_decoder_only)
+        b32, b8 = adapters(args.model, e)
         info["with_engine"] = b32.engine
         systems[f"fastvocab-{e} full fp32"] = fastvocab_system(b32, full, args)
         if not args.no_int8:
             systems[f"fastvocab-{e} full int8"] = fastvocab_system(
                 b8, make_projection(b32, "full", int8=True), args
             )
-        if not args.no_clustered:
-            systems[f"fastvocab-{e} clustered fp32"] = fastvocab_system(
-                b32, clustered_by_beam(probes_list[0]), args
-            )
+        if clustered is not None:
+            systems[f"fastvocab-{e} clustered fp32"] = fastvocab_system(b32, clustered(), args)
             if not args.no_int8:
-                by_beam8 = clustered_by_beam(probes_list[0], int8=True)
-                systems[f"fastvocab-{e} clustered int8"] = fastvocab_system(b8, by_beam8, args)
-    if args.with_hf:
-        hf = Seq2SeqAdapter.load(args.model, engine="hf")
-        systems["fastvocab-hf full fp32"] = fastvocab_system(hf, full, args)
-        if not args.no_clustered:
-            systems["fastvocab-hf clustered fp32"] = fastvocab_system(hf, first, args)
+                systems[f"fastvocab-{e} clustered int8"] = fastvocab_system(b8, clustered(int8=True), args)
     if not args.no_ct2:
-        ct2_dir = Path(args.ct2_dir) if args.ct2_dir else _scratch("ct2-") / "model"
-        if not (ct2_dir / "model.bin").exists():
-            convert_ct2(Path(args.model), ct2_dir)
-        import ctranslate2
-
-        info["ctranslate2"] = ctranslate2.__version__
-        info["ct2_model"] = str(ct2_dir)
-        systems["ct2 float32"] = Ct2System(ct2_dir, "float32", a32, args)
-        systems["ct2 int8"] = Ct2System(ct2_dir, "int8", a32, args)
-        if args.shortlist or args.vmap:
-            vmap_dir = vmap_model_dir(ct2_dir, a32, args, info)
-            systems["ct2 float32 + vmap"] = Ct2System(vmap_dir, "float32", a32, args, use_vmap=True)
-            systems["ct2 int8 + vmap"] = Ct2System(vmap_dir, "int8", a32, args, use_vmap=True)
+        ct2_systems(a32, args, info, systems)
     if a32.static_decoder is not None:
         # fp32 self-attention K/V for prefix + max_len - 1 positions (what the search allocates), per decoder
         # row (batch x beam rows); the cross-attention K/V come on top, per source sentence.
@@ -355,51 +263,76 @@ def build_systems(args) -> tuple[dict[str, Callable], dict]:
     return systems, info
 
 
-def _scratch(prefix: str) -> Path:
-    """A temporary folder removed when the benchmark exits."""
-    path = Path(tempfile.mkdtemp(prefix=prefix))
-    atexit.register(shutil.rmtree, path, True)
-    return path
+def adapters(model: str, engine: str) -> tuple:
+    """The model on ``engine`` twice: as loaded, and with its encoder and decoder linears in int8."""
+    from fastvocab.decoding.hf_adapter import Seq2SeqAdapter
+
+    a32, a8 = Seq2SeqAdapter.load(model, engine=engine), Seq2SeqAdapter.load(model, engine=engine)
+    a8.quantize_int8()
+    return a32, a8
 
 
-def vmap_model_dir(ct2_dir: Path, adapter, args, info: dict) -> Path:
-    """A folder with the converted model's files linked and the vocabulary map as ``vmap.txt`` (what
-    ``ct2-transformers-converter --vocab_mapping`` would add), so ``ct2_dir`` itself stays as it is."""
-    out = _scratch("ct2-vmap-") / "model"
-    out.mkdir()
-    for f in ct2_dir.iterdir():
-        if f.name != "vmap.txt":
-            (out / f.name).symlink_to(f.resolve())
-    if args.vmap:
-        shutil.copyfile(args.vmap, out / "vmap.txt")
-        info["vmap"] = {"source": str(args.vmap)}
-    else:
-        from fastvocab.artifacts_schema.method_index import load_method_index
-        from fastvocab.tasks.shortlist import export_vmap, vocabulary_tokens
+def clustered_systems(a32, a8, args, info: dict, systems: dict[str, Callable]) -> Callable[..., dict]:
+    """Adds the clustered systems (one a ``--probes`` value, fp32 and int8) to ``systems``; returns a function
+    building the first probes' projections again (by beam), for ``--with-engine``'s twins."""
+    from fastvocab.artifacts_schema.cluster_map import resolve_map_dir
+    from fastvocab.tasks.projections import make_projection
 
-        index = load_method_index(
-            args.shortlist,
-            "shortlist",
-            expect_fingerprint=adapter.fingerprint,
-            direction=f"{args.src_lang}-{args.tgt_lang}",
+    if not Path(args.maps).exists():
+        raise SystemExit(
+            f"bench_peer: no cluster maps at {args.maps} (make demo builds runs/demo/maps); "
+            "pass --maps DIR or --no-clustered"
         )
-        export_vmap(
-            index, vocabulary_tokens(adapter), out / "vmap.txt", k=args.vmap_k, frequent=args.vmap_frequent
-        )
-        info["vmap"] = {
-            "source": str(args.shortlist),
-            "shortlist_params": index.manifest.params,
-            "k": args.vmap_k,
-            "frequent": args.vmap_frequent,
+    map_dir = resolve_map_dir(args.maps, args.src_lang, args.tgt_lang)
+    beams = sorted({int(b) for b in args.beams.split(",")})
+    probes_list: list[int | None] = [int(x) for x in args.probes.split(",") if x] if args.probes else [None]
+    info["map"] = str(map_dir)
+    info["map_signature"] = {}
+    hybrid: dict[str, object] = {}  # --with-shortlist: the table whose candidates join the sets
+    if args.with_shortlist:
+        from fastvocab.experiments.bench_methods import shortlist_folder
+
+        hybrid["shortlist"] = shortlist_folder(args.with_shortlist, f"{args.src_lang}-{args.tgt_lang}")
+        info["with_shortlist"] = str(hybrid["shortlist"])
+
+    def by_beam(probes: int | None = probes_list[0], **extra: object) -> dict:
+        """One clustered projection a beam size, built before any timing, as ``fastvocab translate`` builds
+        it: union selection, ``--inactive-mass`` as translate reads it (auto: none for greedy, the
+        normaliser for beam search)."""
+        return {
+            beam: make_projection(
+                a32,
+                "clustered",
+                cluster_map=map_dir,
+                **clustered_options("union", args.inactive_mass, False, beam, probes, bool(hybrid)),
+                **hybrid,
+                **extra,
+            )
+            for beam in beams
         }
-    lines = (out / "vmap.txt").read_text(encoding="utf-8").splitlines()
-    info["vmap"].update(
-        rows=len(lines) - 1,
-        always_allowed=len(lines[0].split("\t", 1)[1].split()) if lines and lines[0].startswith("\t") else 0,
-        reset_between_batches=not args.vmap_no_reset,
-        model_dir=str(out),
-    )
-    return out
+
+    for probes in probes_list:
+        projections = by_beam(probes)
+        tag = f", probes {probes}" if len(probes_list) > 1 else ""
+        systems[f"fastvocab clustered fp32{tag}"] = fastvocab_system(a32, projections, args)
+        if not args.no_int8:  # the int8 clustered projection, as `translate --dtype int8` runs it
+            systems[f"fastvocab clustered int8{tag}"] = fastvocab_system(a8, by_beam(probes, int8=True), args)
+        info["map_signature"].update({f"beam{b}{tag}": p.signature() for b, p in projections.items()})
+    return by_beam
+
+
+def ct2_systems(adapter, args, info: dict, systems: dict[str, Callable]) -> None:
+    """Adds CTranslate2 float32 and int8 to ``systems``; converts the model first where ``--ct2-dir`` holds
+    none."""
+    import ctranslate2
+
+    ct2_dir = Path(args.ct2_dir) if args.ct2_dir else scratch_dir("ct2-") / "model"
+    if not (ct2_dir / "model.bin").exists():
+        convert_ct2(Path(args.model), ct2_dir)
+    info["ctranslate2"] = ctranslate2.__version__
+    info["ct2_model"] = str(ct2_dir)
+    systems["ct2 float32"] = Ct2System(ct2_dir, "float32", adapter, args)
+    systems["ct2 int8"] = Ct2System(ct2_dir, "int8", adapter, args)
 
 
 def bleu_chrf(hyps: list[str], refs: list[str]) -> dict:
@@ -413,7 +346,7 @@ def bleu_chrf(hyps: list[str], refs: list[str]) -> dict:
     }
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="models/demo")
     p.add_argument("--corpus", default="data/corpus", help="corpus folder (fastvocab corpus --output)")
@@ -422,11 +355,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--src-lang", default="en")
     p.add_argument("--tgt-lang", default="it")
     p.add_argument("--n", type=int, default=200, help="source lines (default 200)")
-    p.add_argument(
-        "--maps",
-        default="runs/demo/maps",
-        help="cluster map folder (or a folder of them; default %(default)s)",
-    )
+    p.add_argument("--maps", default="runs/demo/maps", help="cluster map folder (or a folder of them)")
     p.add_argument("--no-clustered", action="store_true", help="skip the clustered systems")
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--threads", type=int, default=2)
@@ -485,54 +414,128 @@ def main(argv: list[str] | None = None) -> int:
         help="also time the fastvocab systems on this engine (rows 'fastvocab-ENGINE ...'), same rounds",
     )
     p.add_argument("--no-int8", action="store_true", help="skip the fastvocab int8 systems")
-    p.add_argument("--int8-decoder-only", action="store_true", help="int8: keep the encoder in fp32")
-    p.add_argument("--with-hf", action="store_true", help="also time the previous (Hugging Face) engine")
-    p.add_argument(
-        "--with-unpacked",
-        action="store_true",
-        help="also time full with F.linear on W (prepack=False): what the pre-packed weights give",
-    )
     p.add_argument("--no-ct2", action="store_true", help="skip CTranslate2")
     p.add_argument("--ct2-dir", help="converted CTranslate2 model (converted into a temp folder if absent)")
-    p.add_argument(
-        "--shortlist",
-        help="a shortlist table folder of this direction (methods stage: <work>/methods/shortlist/<dir>): "
-        "adds the CTranslate2 + vmap rows, its vmap exported with export_vmap",
-    )
-    p.add_argument("--vmap", help="a CTranslate2 vocabulary map file instead of --shortlist")
     p.add_argument(
         "--with-shortlist",
         metavar="DIR",
         help="the clustered systems add the candidates of this shortlist table (a table folder, or a root "
         "holding shortlist/<src>-<tgt>) to their sets, as translate --with-shortlist does",
     )
-    p.add_argument("--vmap-k", type=int, help="--shortlist: target tokens per source token (the table's)")
-    p.add_argument(
-        "--vmap-frequent", type=int, help="--shortlist: always-allowed frequent tokens (the table's)"
-    )
-    p.add_argument(
-        "--vmap-no-reset",
-        action="store_true",
-        help="vmap: no full-vocabulary call between batches (CTranslate2 4.8.5 then keeps stale mappings)",
-    )
     p.add_argument("--out", help="result JSON (default benchmarks/results/peer-cpu-<date>.json)")
-    args = p.parse_args(argv)
+    return p.parse_args(argv)
 
+
+@dataclass
+class Rounds:
+    """One beam's rounds: each system's seconds (timed systems only), the seconds its projection steps took
+    (summed over the workers), and its outputs (the same in every round), with the load around them."""
+
+    times: dict[str, list[float]]
+    in_projection: dict[str, list[float]]
+    outputs: dict[str, list[str]]
+    load_before: tuple[float, float, float]
+    load_after: tuple[float, float, float] = (0.0, 0.0, 0.0)
+
+
+def run_rounds(systems: dict[str, Callable], timed: list[str], lines: list[str], beam: int, args) -> Rounds:
+    """A warm-up on one batch a worker, an untimed run of each system not timed, then ``--repeats`` rounds
+    of the timed systems in :func:`round_order`."""
+    rounds = Rounds({name: [] for name in systems}, {name: [] for name in systems}, {}, os.getloadavg())
+    # warm-up on one batch a worker (allocations, lazy inits, first-call caches, the kept workers' start)
+    for run in systems.values():
+        run(lines[: args.batch_size * args.threads], beam)
+    for name in systems:
+        if name not in timed:  # outputs only, for the quality columns
+            rounds.outputs[name] = systems[name](lines, beam)[1]
+    for i in range(args.repeats):
+        for name, run in round_order([(name, systems[name]) for name in timed], i):
+            seconds, out = run(lines, beam)
+            rounds.times[name].append(seconds)
+            if hasattr(run, "projection_seconds"):
+                rounds.in_projection[name].append(run.projection_seconds[0])
+            print(f"beam {beam} round {i + 1}: {name} {seconds:.2f} s", file=sys.stderr, flush=True)
+            if rounds.outputs.setdefault(name, out) != out:
+                raise RuntimeError(f"{name}: outputs changed between rounds")
+    rounds.load_after = os.getloadavg()
+    return rounds
+
+
+def system_row(name: str, run: Callable, r: Rounds, rows: dict[str, dict], info: dict, args) -> dict:
+    """The record's row of one system: its times, what it changed against full fp32 (and int8 against its
+    fp32 twin, a ``--with-engine`` system against the main engine's),
+    and its speed against its twins; ``rows``: the rows of the systems before it."""
+    times, outputs = r.times, r.outputs
+    changed = lambda a, b: round(search_error_rate(outputs[a], outputs[b]), 4)  # noqa: E731
+    row: dict = {
+        "seconds_median": round(statistics.median(times[name]), 4) if times[name] else None,
+        "seconds": [round(t, 4) for t in times[name]],
+        "lines_changed_vs_fastvocab_full_fp32": changed(name, "fastvocab full fp32"),
+    }
+    if r.in_projection[name]:
+        # thread-seconds in projection steps over the thread-seconds of the run (workers x wall)
+        workers = args.threads if args.parallel == "workers" else 1
+        shares = [p / (t * workers) for p, t in zip(r.in_projection[name], times[name], strict=True)]
+        row["projection_share"] = round(statistics.median(shares), 4)
+    pstats = getattr(run, "projection_stats", [{}])[0]
+    if pstats.get("active_columns_per_row") is not None:
+        # the Amdahl bound: full's step with its projection's share s cut to the columns computed
+        u = pstats["active_columns_per_row"] / info["n_vocab"]
+        twin = name.split(" ")[0] + (" full int8" if "int8" in name else " full fp32")
+        s_full = rows[twin].get("projection_share") if twin in rows else None
+        row["active_fraction"] = round(u, 4)
+        row["full_fraction"] = pstats.get("full_fraction")
+        row["speed_vs_full"] = paired_ratio(times[twin], times[name])
+        if s_full is not None and row["speed_vs_full"] is not None:
+            row["bound_vs_full"] = round(1 / ((1 - s_full) + s_full * u), 3)
+            row["of_bound"] = round(row["speed_vs_full"] / row["bound_vs_full"], 3)
+    if "int8" in name:
+        twin = name.replace("int8", "fp32" if name.startswith("fastvocab") else "float32")
+        row["lines_changed_by_int8"] = changed(name, twin)
+    if args.with_engine and name.startswith(f"fastvocab-{args.with_engine} "):
+        main_twin = name.replace(f"fastvocab-{args.with_engine} ", "fastvocab ")
+        row["lines_changed_vs_main_engine"] = changed(name, main_twin)
+        row["main_engine_speed_vs_this"] = paired_ratio(times[name], times[main_twin])
+    for peer in ("ct2 float32", "ct2 int8"):
+        ratio = paired_ratio(times[peer], times[name]) if peer in times else None
+        if ratio is not None:
+            row[f"speed_vs_{peer.replace(' ', '_')}"] = ratio
+    return row
+
+
+def print_table(beam: int, rows: dict[str, dict], load: float, args) -> None:
+    print(
+        f"\nbeam {beam}, batch {args.batch_size}, {args.threads} threads ({args.parallel}), load {load:.1f}"
+    )
+    print(
+        "| system | median s | vs ct2 float32 | vs ct2 int8 | changed vs full | int8 changed | BLEU "
+        "| columns | vs full | bound |"
+    )
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for name, r in rows.items():
+        int8_changed = r.get("lines_changed_by_int8")
+        int8_changed = "-" if int8_changed is None else f"{100 * int8_changed:.1f}%"
+        median = "-" if r["seconds_median"] is None else f"{r['seconds_median']:.2f}"
+        cells = [name, median, r.get("speed_vs_ct2_float32", "-"), r.get("speed_vs_ct2_int8", "-")]
+        cells += [f"{100 * r['lines_changed_vs_fastvocab_full_fp32']:.1f}%", int8_changed, r.get("bleu", "-")]
+        cells += [r.get("active_fraction", "-"), r.get("speed_vs_full") or "-", r.get("bound_vs_full", "-")]
+        print("| " + " | ".join(map(str, cells)) + " |")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     torch.set_num_threads(args.threads)
     lines, refs, where = load_lines(args)
     systems, info = build_systems(args)
-    beams = [int(b) for b in args.beams.split(",")]
     timed = list(systems) if not args.timed else [name.strip() for name in args.timed.split(",")]
     unknown = [name for name in timed if name not in systems]
     if unknown:
-        p.error(f"--timed: no system {', '.join(map(repr, unknown))}; the systems: {', '.join(systems)}")
+        names = ", ".join(map(repr, unknown))
+        raise SystemExit(f"bench_peer: --timed: no system {names}; the systems: {', '.join(systems)}")
     result: dict = {
         "benchmark": "bench_peer",
-        "date": dt.datetime.now().isoformat(timespec="seconds"),
-        "commit": git_commit("decoding", "kernels", "tasks", "benchmarks/bench_peer.py", cwd=ROOT),
-        "command": " ".join([".venv/bin/python", "benchmarks/bench_peer.py", *(argv or sys.argv[1:])]),
+        **provenance("bench_peer.py", argv, "decoding", "kernels", "tasks"),
         "args": vars(args),  # every setting, defaults included
-        "device": f"{cpu_name()} ({os.cpu_count()} cores visible)",
         **emulation(),
         "threads": args.threads,
         "torch": torch.__version__,
@@ -548,110 +551,26 @@ def main(argv: list[str] | None = None) -> int:
         **info,
         "runs": {},
     }
-    for beam in beams:
-        load_before = os.getloadavg()
-        times: dict[str, list[float]] = {name: [] for name in systems}
-        in_projection: dict[str, list[float]] = {name: [] for name in systems}
-        outputs: dict[str, list[str]] = {}
-        # warm-up on one batch a worker (allocations, lazy inits, first-call caches, the kept workers' start)
-        for run in systems.values():
-            run(lines[: args.batch_size * args.threads], beam)
-        for name in systems:
-            if name not in timed:  # outputs only, for the quality columns
-                outputs[name] = systems[name](lines, beam)[1]
-        for i in range(args.repeats):
-            for name, run in round_order([(name, systems[name]) for name in timed], i):
-                seconds, out = run(lines, beam)
-                times[name].append(seconds)
-                if hasattr(run, "projection_seconds"):
-                    in_projection[name].append(run.projection_seconds[0])
-                print(f"beam {beam} round {i + 1}: {name} {seconds:.2f} s", file=sys.stderr, flush=True)
-                if outputs.setdefault(name, out) != out:
-                    raise RuntimeError(f"{name}: outputs changed between rounds")
-        load_after = os.getloadavg()
-        base = outputs["fastvocab full fp32"]
-        rows = {}
-        for name in systems:
-            row: dict = {
-                "seconds_median": round(statistics.median(times[name]), 4) if times[name] else None,
-                "seconds": [round(t, 4) for t in times[name]],
-                "lines_changed_vs_fastvocab_full_fp32": round(search_error_rate(outputs[name], base), 4),
-            }
-            if in_projection[name]:
-                # thread-seconds in projection steps over the thread-seconds of the run (workers x wall)
-                workers = args.threads if args.parallel == "workers" else 1
-                row["projection_share"] = round(
-                    statistics.median(
-                        [p / (t * workers) for p, t in zip(in_projection[name], times[name], strict=True)]
-                    ),
-                    4,
-                )
-            pstats = getattr(systems[name], "projection_stats", [{}])[0]
-            if pstats.get("active_columns_per_row") is not None:
-                # the Amdahl bound: full's step with its projection's share s cut to the columns computed
-                u = pstats["active_columns_per_row"] / info["n_vocab"]
-                twin = name.split(" ")[0] + (" full int8" if "int8" in name else " full fp32")
-                s_full = rows[twin].get("projection_share") if twin in rows else None
-                row["active_fraction"] = round(u, 4)
-                row["full_fraction"] = pstats.get("full_fraction")
-                row["speed_vs_full"] = paired_ratio(times[twin], times[name])
-                if s_full is not None and row["speed_vs_full"] is not None:
-                    row["bound_vs_full"] = round(1 / ((1 - s_full) + s_full * u), 3)
-                    row["of_bound"] = round(row["speed_vs_full"] / row["bound_vs_full"], 3)
-            if "int8" in name:
-                twin = name.replace("int8", "fp32" if name.startswith("fastvocab") else "float32")
-                row["lines_changed_by_int8"] = round(search_error_rate(outputs[name], outputs[twin]), 4)
-            if name.endswith(" + vmap"):
-                own = outputs[name.removesuffix(" + vmap")]
-                row["lines_changed_vs_own_full"] = round(search_error_rate(outputs[name], own), 4)
-                row["identical_vs_own_full"] = round(1 - row["lines_changed_vs_own_full"], 4)
-                row["speed_vs_own_full"] = paired_ratio(times[name.removesuffix(" + vmap")], times[name])
-            if args.with_engine and name.startswith(f"fastvocab-{args.with_engine} "):
-                main_twin = name.replace(f"fastvocab-{args.with_engine} ", "fastvocab ")
-                row["lines_changed_vs_main_engine"] = round(
-                    search_error_rate(outputs[name], outputs[main_twin]), 4
-                )
-                row["main_engine_speed_vs_this"] = paired_ratio(times[name], times[main_twin])
-            for peer in ("ct2 float32", "ct2 int8"):
-                ratio = paired_ratio(times[peer], times[name]) if peer in times else None
-                if ratio is not None:
-                    row[f"speed_vs_{peer.replace(' ', '_')}"] = ratio
+    for beam in [int(b) for b in args.beams.split(",")]:
+        r = run_rounds(systems, timed, lines, beam, args)
+        rows: dict[str, dict] = {}
+        for name, run in systems.items():
+            rows[name] = system_row(name, run, r, rows, info, args)
             if refs is not None:
-                row.update(bleu_chrf(outputs[name], refs))
-            rows[name] = row
+                rows[name].update(bleu_chrf(r.outputs[name], refs))
         result["runs"][f"beam{beam}"] = {
             "beam": beam,
             "static_cache_bytes_batch_x_beam": info.get("static_cache_bytes_per_row", 0)
             * args.batch_size
             * beam,
-            "loadavg_before": [round(x, 2) for x in load_before],
-            "loadavg_after": [round(x, 2) for x in load_after],
+            "loadavg_before": [round(x, 2) for x in r.load_before],
+            "loadavg_after": [round(x, 2) for x in r.load_after],
             "systems": rows,
         }
-        print(
-            f"\nbeam {beam}, batch {args.batch_size}, {args.threads} threads ({args.parallel}), "
-            f"load {load_before[0]:.1f}"
-        )
-        print(
-            "| system | median s | vs ct2 float32 | vs ct2 int8 | changed vs full | int8 changed | BLEU "
-            "| columns | vs full | bound |"
-        )
-        print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
-        for name, r in rows.items():
-            int8_changed = r.get("lines_changed_by_int8")
-            int8_changed = "-" if int8_changed is None else f"{100 * int8_changed:.1f}%"
-            median = "-" if r["seconds_median"] is None else f"{r['seconds_median']:.2f}"
-            print(
-                f"| {name} | {median} | {r.get('speed_vs_ct2_float32', '-')} | "
-                f"{r.get('speed_vs_ct2_int8', '-')} | {100 * r['lines_changed_vs_fastvocab_full_fp32']:.1f}% "
-                "| "
-                f"{int8_changed} | {r.get('bleu', '-')} | {r.get('active_fraction', '-')} "
-                f"| {r.get('speed_vs_full') or '-'} | {r.get('bound_vs_full', '-')} |"
-            )
-    out = Path(args.out) if args.out else RESULTS / f"peer-cpu-{dt.date.today().isoformat()}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1) + "\n")
-    print(f"\nwrote {out}")
+        print_table(beam, rows, r.load_before[0], args)
+    write_result(
+        Path(args.out) if args.out else RESULTS / f"peer-cpu-{dt.date.today().isoformat()}.json", result
+    )
     return 0
 
 

@@ -364,13 +364,8 @@ def crossover(records: list[dict]) -> list[dict]:
 
 
 def _is(rec, n, d, frac, ratio, method) -> bool:
-    return (rec["N"], rec["d"], rec["active_fraction"], rec["set_ratio"], rec["method"]) == (
-        n,
-        d,
-        frac,
-        ratio,
-        method,
-    )
+    key = (rec["N"], rec["d"], rec["active_fraction"], rec["set_ratio"], rec["method"])
+    return key == (n, d, frac, ratio, method)
 
 
 # ------------------------------------------------------------------------------------------- main

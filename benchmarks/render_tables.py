@@ -148,6 +148,10 @@ def _bleu_delta(r: dict) -> str:
     return "0.00" if delta == 0 else f"{delta:+.2f}"
 
 
+def _speed_changed(rows: dict[str, dict]) -> list[str]:
+    return [_pair(rows, lambda r: f"{r['speed_ratio']:.2f}x"), _changed_errors(rows)]
+
+
 def render_methods(root: Path, doc: Path) -> str:
     head = ["method, setting", "greedy: speed vs full", "greedy: changed / search errors",
             "beam 4: speed vs full", "beam 4: changed / search errors", "BLEU vs full (greedy)"]  # fmt: skip
@@ -155,20 +159,12 @@ def render_methods(root: Path, doc: Path) -> str:
     names: list[str] = []
     for label, greedy, beam in METHODS:
         g = _results(root, *greedy)
-        cells = [
-            label,
-            _pair(g, lambda r: f"{r['speed_ratio']:.2f}x"),
-            _changed_errors(g),
-        ]
+        cells = [label, *_speed_changed(g)]
         names.append(greedy[0])
         if beam is None:
             cells += ["", ""]
         else:
-            b = _results(root, *beam)
-            cells += [
-                _pair(b, lambda r: f"{r['speed_ratio']:.2f}x"),
-                _changed_errors(b),
-            ]
+            cells += _speed_changed(_results(root, *beam))
             names.append(beam[0])
         cells.append(_pair(g, _bleu_delta))
         out += _row(cells)
@@ -551,10 +547,7 @@ CLU8, VS_CT2_INT8 = "fastvocab clustered int8", "speed_vs_ct2_int8"
 STATUS_POINTS = ("greedy, batch 1", "beam 4, batch 1", "greedy, batch 32", "beam 4, batch 32")
 # Per CPU, the newest record of each point: the ONNX Runtime engine, kept workers (bench_peer --engine onnx).
 STATUS_CPUS: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
-    (
-        "Xeon (AVX-512 VNNI, AMX)",
-        tuple((name, run) for _, name, run in PEER),
-    ),
+    ("Xeon (AVX-512 VNNI, AMX)", tuple((name, run) for _, name, run in PEER)),
     (
         # the same VM with AMX refused and the ISA caps of an AMD EPYC Zen 4 (bench_meta.emulate)
         "Xeon emulating an AVX-512 CPU without AMX",

@@ -352,7 +352,7 @@ def run_bulk(
         inp = describe_input(request.input, request.text_column, request.id_column)
     except InputError as exc:
         raise UserError(str(exc)) from exc
-    layout, parts = output_layout(request.output)
+    layout, _ = output_layout(request.output)
     output = Path(request.output)
     if layout == "text" and inp.id_column is not None:
         # a text output is one line a translation, in input order: it has nowhere to keep an id
@@ -378,7 +378,7 @@ def run_bulk(
 
         ray = RaySession(request.ray_address, request.workers * request.num_cpus_per_worker)
     try:
-        result = _run(request, inp, layout, parts, output, t0, ray, progress, worker_cls, own, loaded)
+        result = _run(request, inp, t0, ray, progress, worker_cls, own, loaded)
         result.started_at = started_at
         return result
     finally:
@@ -413,8 +413,12 @@ def _in_process_instead(request: BulkRequest, inp: BulkInput) -> BulkRequest | N
     return replace(request, threads=threads)
 
 
-def _run(request, inp, layout, parts, output, t0, ray, progress, worker_cls, own, held) -> BulkResult:
-
+def _run(request, inp, t0, ray, progress, worker_cls, own, held) -> BulkResult:
+    """:func:`run_bulk` once the request is checked and its Ray (if any) chosen: plan, describe the model,
+    take the parts folder's lock and translate the parts. ``own``: the Ray session is this job's, not yet
+    started; ``held``: the caller's loaded model and projection (``run_bulk``'s ``loaded``)."""
+    layout, parts = output_layout(request.output)
+    output = Path(request.output)
     phases: dict[str, float] = {}
 
     def prepare():

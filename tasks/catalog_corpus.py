@@ -33,13 +33,22 @@ from fastvocab.tasks.corpus import PairResult, Row, RowSource, split_build, up_t
 from fastvocab.tasks.debian_translations import CorpusError, check_lang
 from fastvocab.tasks.gettext_catalogs import Catalog
 
-__all__ = ["CATALOG_SOURCE", "SYSTEM_LOCALE_DIR", "SYSTEM_SOURCE", "build_catalog_corpus", "catalog_rows"]
+__all__ = [
+    "CATALOG_SOURCE",
+    "PIVOT",
+    "SYSTEM_LOCALE_DIR",
+    "SYSTEM_SOURCE",
+    "build_catalog_corpus",
+    "catalog_rows",
+    "check_pivot",
+]
 
 log = logging.getLogger(__name__)
 
 # catalogs of Debian packages fetched with apt, the machine's own catalogs
 CATALOG_SOURCE, SYSTEM_SOURCE = CATALOG_SOURCES
 SYSTEM_LOCALE_DIR = Path("/usr/share/locale")
+PIVOT = "en"  # the language of every catalog's messages (msgid)
 # What catalog_rows counts, the cleaning's counts (gettext_catalogs.COUNTS) first: all in the manifest, 0 too.
 ROW_COUNTS = (
     *gettext.COUNTS,
@@ -130,32 +139,37 @@ def _catalogs_by_package(
     return found
 
 
+def check_pivot(pivot: str) -> str:
+    """``pivot`` if it is English, the language of every catalog's messages; else a one-line error."""
+    pivot = check_lang(pivot)
+    if pivot != PIVOT:
+        raise CorpusError(f"the catalogs' messages are in English: the pivot must be 'en', not {pivot!r}")
+    return pivot
+
+
 def build_catalog_corpus(
     out_dir: str | Path,
     languages: Sequence[str],
     packages: Sequence[str] = (),
     *,
-    pivot: str = "en",
     dev_size: int = 1000,
     test_size: int = 1000,
     seed: int = 0,
     lists_dir: str | Path | None = None,
-    from_system: bool = False,
-    system_dir: str | Path = SYSTEM_LOCALE_DIR,
+    system_dir: str | Path | None = None,
     hold_out: Sequence[str | Path] = (),
     force: bool = False,
 ) -> list[PairResult]:
-    """Build ``<pivot>-<xx>`` pairs from the catalogs of ``packages`` (or, ``from_system``, of
-    ``system_dir``), holding out the dev and test sentences of the corpus folders ``hold_out``.
+    """Build ``en-<xx>`` pairs from the catalogs of ``packages`` (or, with a ``system_dir`` such as
+    :data:`SYSTEM_LOCALE_DIR`, of that folder instead), holding out the dev and test sentences of the corpus
+    folders ``hold_out``. The pivot is English, the language of the catalogs' messages (:func:`check_pivot`).
 
     ``lists_dir`` (default ``<out_dir>/apt-lists``) is the private apt lists folder: ``apt-get update``
     fills it when it holds no Packages index; the ``.deb`` files go to ``<out_dir>/debs/`` and are unpacked
     into ``<out_dir>/unpacked/``.
     """
     out_dir = Path(out_dir)
-    pivot = check_lang(pivot)
-    if pivot != "en":
-        raise CorpusError(f"the catalogs' messages are in English: the pivot must be 'en', not {pivot!r}")
+    pivot, from_system = PIVOT, system_dir is not None
     others = [lang for lang in dict.fromkeys(check_lang(x) for x in languages) if lang != pivot]
     if not others:
         raise CorpusError(f"no languages besides the pivot {pivot!r} in {list(languages)}")
@@ -175,7 +189,7 @@ def build_catalog_corpus(
     lists = Path(lists_dir) if lists_dir is not None else out_dir / "apt-lists"
     resolved: list[gettext.DebPackage] = []
     system_catalogs: dict[str, list[Catalog]] = {}
-    if from_system:
+    if system_dir is not None:
         system_dir = Path(system_dir)
         for lang in others:
             system_catalogs[lang] = gettext.find_catalogs(system_dir, "system", [lang])

@@ -175,9 +175,7 @@ def test_locale_language(folder, lang):
 
 def build_system(tmp_path: Path, locale_dir: Path, languages=("en", "it"), **kw):
     kw = {"dev_size": 0, "test_size": 0, "hold_out": [], **kw}
-    return catalog_corpus.build_catalog_corpus(
-        tmp_path / "catalogs", languages, from_system=True, system_dir=locale_dir, **kw
-    )
+    return catalog_corpus.build_catalog_corpus(tmp_path / "catalogs", languages, system_dir=locale_dir, **kw)
 
 
 def test_manifest_counts_every_cleaning_step(tmp_path):
@@ -510,3 +508,16 @@ def test_a_dump_source_catalogs_makes_the_corpus_stage_build_the_catalog_corpus(
     # built once: a second run finds the pair and builds nothing
     (again,) = corpus_stage.run(SimpleNamespace(cfg=cfg, corpus_dir=descriptions))
     assert again.status == "skipped" and "train pairs written" not in again.message
+
+
+def test_the_catalog_corpus_refuses_a_pivot_other_than_english_before_any_work(tmp_path):
+    from fastvocab.pipeline.config import load_config
+    from fastvocab.pipeline.stages.corpus import build_catalogs
+    from fastvocab.tasks.debian_translations import CorpusError
+
+    out = tmp_path / "catalogs"
+    overrides = {"corpus.pivot": "de", "corpus.languages": ["de", "it"], "corpus.catalogs.out_dir": str(out)}
+    cfg = load_config(None, overrides)
+    with pytest.raises(CorpusError, match="the pivot must be 'en', not 'de'"):
+        build_catalogs(cfg.corpus, force=False)
+    assert not out.exists()

@@ -26,7 +26,9 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -381,167 +383,27 @@ def fixed_decode(adapter, project, src: torch.Tensor, beam: int, steps: int) -> 
 
 
 def step_e2e(args: argparse.Namespace) -> dict:
-    from fastvocab.decoding.hf_adapter import Seq2SeqAdapter
-    from fastvocab.kernels import create_projection
-
     device = pick_device(args.smoke)
-    cuda = device == "cuda"
-    dtype = DTYPE
     arch = SMOKE_ARCH if args.smoke else M2M100_418M
     steps = 4 if args.smoke else args.steps
     src_len = 8 if args.smoke else 32
     settings = [(1, 1), (2, 4)] if args.smoke else [(1, 1), (2, 20), (4, 64)]  # (beam, batch)
     if args.quick:
         settings = settings[:2]
-    fractions = [0.1] if args.smoke or args.quick else [0.05, 0.1, 0.2]
     repeats = 2 if args.smoke else min(args.repeats, 3) if args.quick else args.repeats
     t0 = time.perf_counter()
-    model = random_model(arch, device, dtype)
-    tok = demo_tokenizer()
-    adapters = {
-        eng: Seq2SeqAdapter(model, tok, "random-m2m100", device, dtype, "synthetic", engine=eng, cache_len=64)
-        for eng in ("hf", "static")
-    }
+    e = E2e.build(arch, device, src_len, steps, repeats)
     load_s = time.perf_counter() - t0
-    ad = adapters["static"]
-    w, b = ad.output_weight, ad.output_bias
-    n_vocab, d = w.shape
-    full = create_projection("full", w, b, fingerprint="synthetic")
-    # Centroids: hidden states of a short full-softmax decode (random weights: no trained clusters exist).
-    g = torch.Generator().manual_seed(1)
-    src = torch.randint(4, n_vocab, (64, src_len), generator=g).to(device)
-    seen: list[torch.Tensor] = []
-
-    def record(h):
-        seen.append(h.float().cpu())
-        return full(h)
-
-    with torch.inference_mode():
-        fixed_decode(ad, record, src, 1, 8)
-    states = torch.cat(seen).numpy()
-    r = min(args.r, len(states))
-    cent = states[np.random.default_rng(0).choice(len(states), r, replace=False)]
-    variants: dict[str, tuple[str, Callable]] = {
-        "full/hf": ("hf", full),
-        "full/static": ("static", full),
-    }
-    maps = {}
-    for frac in fractions:
-        cmap = synthetic_map(
-            n_vocab, cent.shape[1], r, frac, 0.5, "synthetic", seed=int(frac * 100), centroids=cent
-        )
-        maps[frac] = cmap
-        kw = dict(cluster_map=cmap, fingerprint="synthetic")
-        # per-row/torch groups rows in Python (6.6 ms a call at 128 rows on an H100): CuPy only on CUDA
-        modes = (
-            {"cupy": ("union", "per-row"), "torch": ("union",)} if cuda else {"torch": ("union", "per-row")}
-        )
-        for be, be_modes in modes.items():
-            for mode in be_modes:
-                try:
-                    p = create_projection("clustered", w, b, selection=mode, backend=be, **kw)
-                except ValueError as exc:
-                    print(f"  skip {mode}/{be}: {exc}")
-                    continue
-                variants[f"{mode}/{be}/{frac}"] = ("static", p)
-        ref = create_projection("clustered", w, b, selection="union", backend="torch", cache_mb=0, **kw)
-        variants[f"union-static/{frac}"] = ("static", _StaticProject(ref))
-    results = []
-    for beam, batch in settings:
-        src = torch.randint(4, n_vocab, (batch, src_len), generator=g).to(device)
-        for p in variants.values():
-            if isinstance(p[1], _StaticProject):
-                p[1].size_for(batch * beam)
-        times: dict[str, list[float]] = {k: [] for k in variants}
-        proj_only: dict[str, list[float]] = {}
-
-        def run(eng, p, src=src, beam=beam):
-            return lambda: fixed_decode(adapters[eng], p, src, beam, steps)
-
-        with torch.inference_mode():
-            for eng, p in variants.values():  # warm-up (CuPy compilation, cuBLAS handles)
-                fixed_decode(adapters[eng], p, src, beam, 2)
-            # Greedy and beam 2 through the searches themselves (max_len = steps; random weights: no row
-            # ends early), eager and with the whole step in CUDA graphs (decoding.steppers.CapturedStepper)
-            graphed: dict[str, Callable[[], object]] = {}
-            if beam <= 2:
-                graphed["full/search"] = searched(ad, full, src, steps, False, beam)
-                graphed["full/search-graph"] = searched(ad, full, src, steps, True, beam)
-                for k, (_, p) in variants.items():
-                    if isinstance(p, _StaticProject):
-                        graphed[f"{k}/search"] = searched(ad, p, src, steps, False, beam)
-                        graphed[f"{k}/search-graph"] = searched(ad, p.su, src, steps, True, beam)
-                times.update({k: [] for k in graphed})
-            hs = torch.randn(batch * beam, d, device=device).to(dtype)
-            for _ in range(repeats):
-                for k, (eng, p) in variants.items():
-                    times[k].append(timed(run(eng, p), device))
-                for k, fn in graphed.items():
-                    times[k].append(timed(fn, device))
-                for k, (_, p) in variants.items():  # the output layer alone, on the same rows
-                    if k != "full/hf":
-                        proj_only.setdefault(k, []).append(timed(lambda p=p, hs=hs: p(hs), device, 10))
-                if beam == 1:  # the decoder alone (a stand-in projection): the rest of a greedy step
-                    t_dec = timed(run("static", _Noop(n_vocab)), device)
-                    times.setdefault("decoder-only/static", []).append(t_dec)
-        t_full = statistics.median(times["full/static"])
-        tokens = batch * beam * steps
-        for k, ts in times.items():
-            t = statistics.median(ts)
-            results.append(
-                {
-                    "beam": beam,
-                    "batch": batch,
-                    "steps": steps,
-                    "variant": k,
-                    "time_s": t,
-                    "tokens_per_s": tokens / t,
-                    "speedup_vs_full_static": t_full / t,
-                    "times_s": ts,
-                }
-            )
-        t_dec = statistics.median(times["decoder-only/static"]) if beam == 1 else None
-        # share = 1 - decoder-only / full: what removing the output layer entirely would save
-        share = None if t_dec is None else max(0.0, 1 - t_dec / t_full)
-        results.append(
-            {
-                "beam": beam,
-                "batch": batch,
-                "variant": "projection-alone",
-                "per_call_us": {k: statistics.median(v) * 1e6 for k, v in proj_only.items()},
-                "projection_share_of_full_static_step": share,
-            }
-        )
-    # the full projection's share of a greedy static-engine step at several batch sizes
+    r = min(args.r, len(e.states))
+    maps = e.add_clustered([0.1] if args.smoke or args.quick else [0.05, 0.1, 0.2], r)
+    results = [rec for beam, batch in settings for rec in e.point(beam, batch)]
     for batch in [2] if args.smoke else [1, 40] if args.quick else [1, 5, 40, 128]:
-        src = torch.randint(4, n_vocab, (batch, src_len), generator=g).to(device)
-        t = {"full": [], "decoder-only": []}
-        with torch.inference_mode():
-            fixed_decode(ad, full, src, 1, 2)
-            for _ in range(repeats):
-                t["full"].append(timed(lambda src=src: fixed_decode(ad, full, src, 1, steps), device))
-                t["decoder-only"].append(
-                    timed(lambda src=src: fixed_decode(ad, _Noop(n_vocab), src, 1, steps), device)
-                )
-        tf, td = statistics.median(t["full"]), statistics.median(t["decoder-only"])
-        results.append(
-            {
-                "beam": 1,
-                "batch": batch,
-                "variant": "projection-share",
-                "full_step_ms": tf / steps * 1e3,
-                "decoder_only_step_ms": td / steps * 1e3,
-                "projection_share_of_full_static_step": max(0.0, 1 - td / tf),
-                "times_s": t,
-            }
-        )
-        share = max(0.0, 1 - td / tf)
-        print(f"   batch {batch:>3} greedy: full step {tf / steps * 1e3:.2f} ms, share {share:.2f}")
+        results.append(e.projection_share(batch))
     payload = {
         "meta": meta(
             device,
             args,
-            dtype=str(dtype),
+            dtype=str(DTYPE),
             arch=arch,
             steps=steps,
             src_len=src_len,
@@ -563,6 +425,173 @@ def step_e2e(args: argparse.Namespace) -> dict:
             print(f"   projection share of a full static step: {share:.2f}")
     write(args.out, "e2e", payload)
     return payload
+
+
+@dataclass
+class E2e:
+    """The e2e step's random model on both engines, its full projection, the decoder states that give the
+    synthetic maps their centroids, and the variants timed: name -> (engine, projection)."""
+
+    adapters: dict[str, Any]
+    full: Any
+    n_vocab: int
+    d: int
+    states: np.ndarray
+    device: str
+    src_len: int
+    steps: int
+    repeats: int
+    variants: dict[str, tuple[str, Any]] = field(default_factory=dict)
+    gen: torch.Generator = field(default_factory=lambda: torch.Generator().manual_seed(1))
+
+    @classmethod
+    def build(cls, arch: dict, device: str, src_len: int, steps: int, repeats: int) -> E2e:
+        from fastvocab.decoding.hf_adapter import Seq2SeqAdapter
+        from fastvocab.kernels import create_projection
+
+        model, tok = random_model(arch, device, DTYPE), demo_tokenizer()
+        adapters = {
+            eng: Seq2SeqAdapter(
+                model, tok, "random-m2m100", device, DTYPE, "synthetic", engine=eng, cache_len=64
+            )
+            for eng in ("hf", "static")
+        }
+        ad = adapters["static"]
+        full = create_projection("full", ad.output_weight, ad.output_bias, fingerprint="synthetic")
+        n_vocab, d = ad.output_weight.shape
+        e = cls(adapters, full, n_vocab, d, np.zeros(0), device, src_len, steps, repeats)
+        # Centroids: hidden states of a short full-softmax decode (random weights: no trained clusters exist).
+        seen: list[torch.Tensor] = []
+
+        def record(h):
+            seen.append(h.float().cpu())
+            return full(h)
+
+        with torch.inference_mode():
+            fixed_decode(ad, record, e.source(64), 1, 8)
+        e.states = torch.cat(seen).numpy()
+        e.variants = {"full/hf": ("hf", full), "full/static": ("static", full)}
+        return e
+
+    def source(self, rows: int) -> torch.Tensor:
+        return torch.randint(4, self.n_vocab, (rows, self.src_len), generator=self.gen).to(self.device)
+
+    def add_clustered(self, fractions: list[float], r: int) -> dict:
+        """A synthetic map a fraction, and its clustered variants (CuPy only on CUDA: per-row/torch groups
+        rows in Python, 6.6 ms a call at 128 rows on an H100); returns the maps by fraction."""
+        from fastvocab.kernels import create_projection
+
+        ad = self.adapters["static"]
+        w, b, n_vocab, d = ad.output_weight, ad.output_bias, self.n_vocab, self.d
+        cent = self.states[np.random.default_rng(0).choice(len(self.states), r, replace=False)]
+        cuda = self.device == "cuda"
+        modes = (
+            {"cupy": ("union", "per-row"), "torch": ("union",)} if cuda else {"torch": ("union", "per-row")}
+        )
+        maps = {}
+        for frac in fractions:
+            cmap = synthetic_map(n_vocab, d, r, frac, 0.5, "synthetic", seed=int(frac * 100), centroids=cent)
+            maps[frac] = cmap
+            kw = dict(cluster_map=cmap, fingerprint="synthetic")
+            for be, be_modes in modes.items():
+                for mode in be_modes:
+                    try:
+                        p = create_projection("clustered", w, b, selection=mode, backend=be, **kw)
+                    except ValueError as exc:
+                        print(f"  skip {mode}/{be}: {exc}")
+                        continue
+                    self.variants[f"{mode}/{be}/{frac}"] = ("static", p)
+            ref = create_projection("clustered", w, b, selection="union", backend="torch", cache_mb=0, **kw)
+            self.variants[f"union-static/{frac}"] = ("static", _StaticProject(ref))
+        return maps
+
+    def point(self, beam: int, batch: int) -> list[dict]:
+        """Every variant decoding ``steps`` tokens of a batch, eager; at beam 1 and 2 the searches too, eager
+        and captured; the output layer alone on the same rows; at beam 1 the decoder alone. A record each,
+        and the projection's share of a full static step."""
+        device, steps, ad, full = self.device, self.steps, self.adapters["static"], self.full
+        src = self.source(batch)
+        for _eng, p in self.variants.values():
+            if isinstance(p, _StaticProject):
+                p.size_for(batch * beam)
+        times: dict[str, list[float]] = {k: [] for k in self.variants}
+        proj_only: dict[str, list[float]] = {}
+
+        def run(eng, p):
+            return lambda: fixed_decode(self.adapters[eng], p, src, beam, steps)
+
+        with torch.inference_mode():
+            for eng, p in self.variants.values():  # warm-up (CuPy compilation, cuBLAS handles)
+                fixed_decode(self.adapters[eng], p, src, beam, 2)
+            # Greedy and beam 2 through the searches themselves (max_len = steps; random weights: no row
+            # ends early), eager and with the whole step in CUDA graphs (decoding.steppers.CapturedStepper)
+            graphed: dict[str, Callable[[], object]] = {}
+            if beam <= 2:
+                graphed["full/search"] = searched(ad, full, src, steps, False, beam)
+                graphed["full/search-graph"] = searched(ad, full, src, steps, True, beam)
+                for k, (_, p) in self.variants.items():
+                    if isinstance(p, _StaticProject):
+                        graphed[f"{k}/search"] = searched(ad, p, src, steps, False, beam)
+                        graphed[f"{k}/search-graph"] = searched(ad, p.su, src, steps, True, beam)
+                times.update({k: [] for k in graphed})
+            hs = torch.randn(batch * beam, self.d, device=device).to(DTYPE)
+            for _ in range(self.repeats):
+                for k, (eng, p) in self.variants.items():
+                    times[k].append(timed(run(eng, p), device))
+                for k, fn in graphed.items():
+                    times[k].append(timed(fn, device))
+                for k, (_, p) in self.variants.items():  # the output layer alone, on the same rows
+                    if k != "full/hf":
+                        proj_only.setdefault(k, []).append(timed(lambda p=p: p(hs), device, 10))
+                if beam == 1:  # the decoder alone (a stand-in projection): the rest of a greedy step
+                    t_dec = timed(run("static", _Noop(self.n_vocab)), device)
+                    times.setdefault("decoder-only/static", []).append(t_dec)
+        t_full = statistics.median(times["full/static"])
+        tokens = batch * beam * steps
+        results = []
+        for k, ts in times.items():
+            t = statistics.median(ts)
+            results.append({"beam": beam, "batch": batch, "steps": steps, "variant": k, "time_s": t,
+                            "tokens_per_s": tokens / t, "speedup_vs_full_static": t_full / t,
+                            "times_s": ts})  # fmt: skip
+        t_dec = statistics.median(times["decoder-only/static"]) if beam == 1 else None
+        results.append(
+            {
+                "beam": beam,
+                "batch": batch,
+                "variant": "projection-alone",
+                "per_call_us": {k: statistics.median(v) * 1e6 for k, v in proj_only.items()},
+                # what removing the output layer entirely would save
+                "projection_share_of_full_static_step": None
+                if t_dec is None
+                else max(0.0, 1 - t_dec / t_full),
+            }
+        )
+        return results
+
+    def projection_share(self, batch: int) -> dict:
+        """The full projection's share of a greedy static-engine step at ``batch`` rows."""
+        ad, device, steps = self.adapters["static"], self.device, self.steps
+        src = self.source(batch)
+        noop = _Noop(self.n_vocab)
+        t: dict[str, list[float]] = {"full": [], "decoder-only": []}
+        with torch.inference_mode():
+            fixed_decode(ad, self.full, src, 1, 2)
+            for _ in range(self.repeats):
+                t["full"].append(timed(lambda: fixed_decode(ad, self.full, src, 1, steps), device))
+                t["decoder-only"].append(timed(lambda: fixed_decode(ad, noop, src, 1, steps), device))
+        tf, td = statistics.median(t["full"]), statistics.median(t["decoder-only"])
+        share = max(0.0, 1 - td / tf)
+        print(f"   batch {batch:>3} greedy: full step {tf / steps * 1e3:.2f} ms, share {share:.2f}")
+        return {
+            "beam": 1,
+            "batch": batch,
+            "variant": "projection-share",
+            "full_step_ms": tf / steps * 1e3,
+            "decoder_only_step_ms": td / steps * 1e3,
+            "projection_share_of_full_static_step": share,
+            "times_s": t,
+        }
 
 
 def searched(

@@ -152,17 +152,16 @@ def build_catalogs(cfg: CorpusConfig, force: bool) -> list:
     except ImportError as exc:  # polib: a dependency, but a hand-made environment may lack it
         raise UserError(f"--catalogs needs polib ({exc}): pip install polib") from exc
     cat = cfg.catalogs
+    catalog_corpus.check_pivot(cfg.pivot)
     return catalog_corpus.build_catalog_corpus(
         cat.out_dir,
         cfg.languages,
         cat.packages,
-        pivot=cfg.pivot,
         dev_size=cfg.dev_size,
         test_size=cfg.test_size,
         seed=cfg.seed,
         lists_dir=cat.lists_dir,
-        from_system=cat.from_system,
-        system_dir=cat.system_dir,
+        system_dir=cat.system_dir if cat.from_system else None,
         hold_out=cat.hold_out_dirs(cfg.out_dir),
         force=force,
     )
