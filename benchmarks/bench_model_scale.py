@@ -1027,7 +1027,7 @@ def main(argv: list[str] | None = None) -> int:
         **provenance("bench_model_scale.py", argv, "decoding", "kernels", "tasks"),
         "args": vars(args),
         "torch": torch.__version__,
-        "int8_gemm": many_rows_gemm(),
+        "int8_gemm": {name: many_rows_gemm(SHAPES[name].d_model) for name in args.shapes},
         "ctranslate2": ctranslate2.__version__,
         "timing": "one process, systems interleaved round by round; tokens/s from the median round",
         "gemm_peak_gflops": {},

@@ -230,6 +230,7 @@ def build_systems(args) -> tuple[dict[str, Callable], dict]:
     info: dict = {
         "engine": a32.engine,
         "n_vocab": a32.n_vocab,
+        "int8_gemm": many_rows_gemm(a32.d_model),  # the many-row steps int8 GEMM, and why
         "fastvocab_early_stopping": stopping_rule(a32, args.early_stopping),
         "ct2_early_stopping": "patience 1: a sentence ends once beam hypotheses are finished",
     }
@@ -539,7 +540,6 @@ def main(argv: list[str] | None = None) -> int:
         **emulation(),
         "threads": args.threads,
         "torch": torch.__version__,
-        "int8_gemm": many_rows_gemm(),
         "model": args.model,
         "direction": f"{args.src_lang}-{args.tgt_lang}",
         "lines": where,
