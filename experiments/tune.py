@@ -18,8 +18,8 @@ rungs' sentence lists are prefixes of each other):
    (``allowed_errors``: the most whose upper confidence bound stays within the budget) is dropped (errors
    on a prefix of the final sentences rarely vanish when more sentences are added; batches are formed
    anew, so this is a rule of thumb, not a proof); of the others the fastest ``ceil(n / eta)`` go on,
-   plus the fastest one without any error and the fastest of each K (fallbacks: a short rung cannot tell
-   a small set's rate from a larger one's);
+   plus the fastest one without any error and the fastest of each (K, min_count) (fallbacks: a short rung
+   cannot tell a small set's rate from a larger one's);
 3. the last rung decides: the fastest candidate (``rank_by``: wall-time or CPU-time ratio to full softmax
    measured in the same pass) whose search error rate is within the budget at ``confidence``: the
    one-sided Clopper-Pearson upper bound of its rate, not the rate itself. The fastest of many candidates
@@ -447,16 +447,16 @@ def survivors(
 ) -> tuple[list[str], list[str]]:
     """Successive halving's cut after a rung: (labels kept, labels dropped for errors). Kept: the fastest
     ``ceil(n / eta)`` of those with at most ``allowed`` erroneous sentences, plus the fastest error-free, plus
-    the fastest of each K. An early rung is too short to tell a 2% rate from a 5% one (none of 30
-    sentences errs at either), so the fastest third can be all of the smallest sets, all over the budget
-    at the last rung; the fastest of each K keeps a safer set in the race."""
+    the fastest of each (K, min_count). An early rung is too short to tell a 2% rate from a 5% one (none of
+    30 sentences errs at either), so the fastest third can be all of the smallest sets, all over the budget
+    at the last rung; the fastest of each set size keeps a larger set in the race."""
     reach = [r for r in rows if int(r["search_error_sentences"]) <= allowed]
     over = [str(r["label"]) for r in rows if int(r["search_error_sentences"]) > allowed]
     by_speed = sorted(reach, key=lambda r: -float(r[rank_key]))
     keep = [str(r["label"]) for r in by_speed[: math.ceil(len(rows) / eta)]]
     clean = [r for r in by_speed if int(r["search_error_sentences"]) == 0]
-    per_k = {r["k"]: r for r in reversed(by_speed)}  # each K's fastest: the last written wins
-    hedges = clean[:1] + [per_k[k] for k in sorted(per_k)]
+    per_size = {(r["k"], r["min_count"]): r for r in reversed(by_speed)}  # each one's fastest: the last wins
+    hedges = clean[:1] + [per_size[key] for key in sorted(per_size)]
     for r in hedges:
         if str(r["label"]) not in keep:
             keep.append(str(r["label"]))

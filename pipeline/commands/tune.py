@@ -59,8 +59,9 @@ Search: successive halving. Rung 1 decodes the first n1 dev sentences with every
 36 candidates, 30 sentences). A candidate whose erroneous sentences already exceed what the last rung
 allows (the most whose bound meets the budget: at 5% and 90%, 1 in 100) is dropped; of the rest the fastest
 1/--eta go on to the next rung (more sentences), plus the fastest error-free one and the fastest of each K
-(30 sentences cannot tell a 2% rate from 5%). The last rung (quick grid: 100 sentences, more where an
-error-free run needs more to meet the bound: 230 at 1%) decides: the fastest candidate within the budget.
+and min_count (30 sentences cannot tell a 2% rate from 5%). The last rung (quick grid: 100 sentences, more
+where an error-free run needs more to meet the bound: 230 at 1%) decides: the fastest candidate within the
+budget.
 The choice is then decoded on the test split (--test-sentences, default the last rung's count) and its
 search error rate there reported: whether the budget held on sentences the choice never saw.
 
