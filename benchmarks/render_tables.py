@@ -59,8 +59,8 @@ PEER_DIRECTION = "en-it"
 PEER = (
     ("greedy, batch 1", "peer-cpu-2026-12-02-xeon-b1-n200-first-use-blocks.json", "beam1"),
     ("beam 4, batch 1", "peer-cpu-2026-11-29-xeon-b1-beam4-n200-wide-candidates.json", "beam4"),
-    ("greedy, batch 32", "peer-cpu-2026-12-02-xeon-b32.json", "beam1"),
-    ("beam 4, batch 32", "peer-cpu-2026-12-02-xeon-b32.json", "beam4"),
+    ("greedy, batch 32", "peer-cpu-2026-12-02-xeon-b32-gemm-probe-margin.json", "beam1"),
+    ("beam 4, batch 32", "peer-cpu-2026-12-02-xeon-b32-gemm-probe-margin.json", "beam4"),
 )
 
 
@@ -554,8 +554,8 @@ STATUS_CPUS: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
         (
             ("peer-cpu-2026-12-02-xeon-emulating-no-amx-b1.json", "beam1"),
             ("peer-cpu-2026-12-02-xeon-emulating-no-amx-b1.json", "beam4"),
-            ("peer-cpu-2026-12-02-xeon-emulating-no-amx-b32.json", "beam1"),
-            ("peer-cpu-2026-12-02-xeon-emulating-no-amx-b32.json", "beam4"),
+            ("peer-cpu-2026-12-02-xeon-emulating-no-amx-b32-gemm-probe.json", "beam1"),
+            ("peer-cpu-2026-12-02-xeon-emulating-no-amx-b32-gemm-probe.json", "beam4"),
         ),
     ),
     (
