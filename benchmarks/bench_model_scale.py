@@ -150,8 +150,8 @@ SHAPES: dict[str, Shape | None] = {
     "nllb-600m": Shape(1024, 12, 12, 4096, 16, 256_206),
     # M2M100 1.2B: FFN 8192 (1.24B parameters with this vocabulary)
     "1.2b": Shape(1024, 24, 24, 8192, 16, 128_112),
-    # an OPUS-MT (Marian base) model's dimensions, CTranslate2's own headline benchmark: the same GEMMs a step,
-    # in M2M100's layout (Marian's post-norm and sinusoidal positions cost nothing the step does not)
+    # an OPUS-MT (Marian base) model's dimensions, CTranslate2's own headline benchmark: the same GEMMs a
+    # step, in M2M100's layout (Marian's post-norm and sinusoidal positions cost nothing the step does not)
     "marian-base": Shape(512, 6, 6, 2048, 8, 58_101),
 }
 SYSTEMS = [
