@@ -7,6 +7,8 @@ import functools
 import platform
 from pathlib import Path
 
+import torch
+
 # /proc/cpuinfo flags that decide which GEMM kernels run, by name.
 ISA_FLAGS = {
     "avx2": "AVX2",
@@ -31,3 +33,15 @@ def cpu_name() -> str:
     flags = next((set(line.split(":", 1)[1].split()) for line in info if line.startswith("flags")), set())
     isa = [name for flag, name in ISA_FLAGS.items() if flag in flags]
     return f"{model} ({', '.join(isa)})" if isa else model
+
+
+@functools.lru_cache(maxsize=1)
+def amx_usable() -> bool:
+    """Whether this process can run AMX tile kernels: the CPU has them (CPUID) and the kernel grants the
+    tile state (Linux asks each process to request it; a kernel before 5.16, or a sandbox, refuses, and
+    then MLAS, oneDNN and MKL run their AVX-512 kernels: the CPU counts as one without AMX)."""
+    supported = getattr(torch.cpu, "_is_amx_tile_supported", None)  # private, hence looked up
+    grant = getattr(torch._C._cpu, "_init_amx", None)
+    if supported is None or not supported():
+        return False
+    return bool(grant()) if grant is not None else True

@@ -22,13 +22,14 @@ import logging
 import os
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 
 from fastvocab import switches
-from fastvocab.kernels.cpu_features import cpu_name
+from fastvocab.kernels.cpu_features import amx_usable, cpu_name
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +49,9 @@ MARGIN = 1.25
 STEADY_SPREAD = 1.5
 # the environment that caps which kernels the libraries dispatch: a probe under other caps is another
 ISA_ENV = ("ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS", "ATEN_CPU_CAPABILITY", "MKL_DEBUG_CPU_TYPE")
+
+
+MakeKernels = Callable[[int, int, int, int], dict[str, Callable[[], object]]]
 
 
 @dataclass(frozen=True)
@@ -79,8 +83,6 @@ def machine_key(d: int) -> str:
     the environment, the libraries' versions, the width."""
     import onnxruntime
 
-    from fastvocab.kernels.int8 import amx_usable
-
     caps = {name: os.environ.get(name, "") for name in ISA_ENV}
     parts = [cpu_name(), f"amx={amx_usable()}", json.dumps(caps, sort_keys=True)]
     parts += [f"torch={torch.__version__}", f"onnxruntime={onnxruntime.__version__}", f"d={d}"]
@@ -91,16 +93,18 @@ def probe_file() -> Path:
     return switches.cache_root() / "probes" / "int8-gemm.json"
 
 
-def probe(d: int) -> GemmProbe:
+def probe(d: int, make_kernels: MakeKernels) -> GemmProbe:
     """The int8 GEMM for steps of many rows at width ``d``: from the cache, else measured (and kept if its
-    rounds agree)."""
+    rounds agree). ``make_kernels(d, rows, columns, blocks)``: the two kernels to time, each a call that runs
+    ``rows`` random rows through ``blocks`` random blocks of ``columns`` int8 rows (``kernels.int8``'s, which
+    imports this module)."""
     key = machine_key(d)
     path = probe_file()
     known = _read(path)
     if key in known:
         with contextlib.suppress(TypeError, ValueError):
             return GemmProbe(**{**known[key], "cached": True})
-    result = measure(d)
+    result = measure(d, make_kernels)
     if result.steady:
         known[key] = {k: v for k, v in asdict(result).items() if k != "cached"}
         _write(path, known)
@@ -108,25 +112,13 @@ def probe(d: int) -> GemmProbe:
     return result
 
 
-def measure(d: int, rounds: int = ROUNDS, calls: int = CALLS) -> GemmProbe:
-    """Time fbgemm and MLAS on random int8 rows of width ``d``, one thread, interleaved rounds."""
-    from fastvocab.kernels import int8
-
-    g = torch.Generator().manual_seed(0)
-    packed, sessions = [], []
-    for _ in range(BLOCKS):
-        q = torch.randint(-127, 128, (PROBE_COLUMNS, d), dtype=torch.int8, generator=g)
-        scale = torch.rand(PROBE_COLUMNS, generator=g) * 0.01 + 1e-3
-        packed.append(int8.packed_rows(q, scale, torch.zeros(PROBE_COLUMNS)))
-        sessions.append(int8.ort_session_of(packed[-1]))
-    x = torch.randn(PROBE_ROWS, d, generator=g)
+def measure(d: int, make_kernels: MakeKernels, rounds: int = ROUNDS, calls: int = CALLS) -> GemmProbe:
+    """Time the ``fbgemm`` and ``onnxruntime`` kernels ``make_kernels`` makes at width ``d``, one thread,
+    interleaved rounds."""
+    kernels = make_kernels(d, PROBE_ROWS, PROBE_COLUMNS, BLOCKS)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # the path serves one-thread workers
     try:
-        kernels = {
-            "fbgemm": lambda: [int8.fbgemm_logits(x, p) for p in packed],
-            "onnxruntime": lambda: [int8.ort_logits(x, s) for s in sessions],
-        }
         for run in kernels.values():  # warm-up: first calls allocate and pack
             run()
             run()

@@ -114,21 +114,26 @@ def ort_at(d: int) -> bool:
         return d >= switches.ORT_MIN_DIM.get()
     from fastvocab.kernels.gemm_probe import probe
 
-    found = probe(d)
+    found = probe(d, probe_kernels)
     log.debug("int8 GEMM of one-thread steps of %d rows or more: %s", ORT_MIN_ROWS, found.describe())
     return found.choice == "onnxruntime"
 
 
-@functools.lru_cache(maxsize=1)
-def amx_usable() -> bool:
-    """Whether this process can run AMX tile kernels: the CPU has them (CPUID) and the kernel grants the
-    tile state (Linux asks each process to request it; a kernel before 5.16, or a sandbox, refuses, and
-    then MLAS, oneDNN and MKL run their AVX-512 kernels: the CPU counts as one without AMX)."""
-    supported = getattr(torch.cpu, "_is_amx_tile_supported", None)  # private, hence looked up
-    grant = getattr(torch._C._cpu, "_init_amx", None)
-    if supported is None or not supported():
-        return False
-    return bool(grant()) if grant is not None else True
+def probe_kernels(d: int, rows: int, columns: int, blocks: int) -> dict[str, Callable[[], object]]:
+    """The two int8 GEMMs ``kernels.gemm_probe`` times: ``rows`` random rows of width ``d`` through
+    ``blocks`` random blocks of ``columns`` int8 rows each, on fbgemm and on ONNX Runtime."""
+    g = torch.Generator().manual_seed(0)
+    packed = []
+    for _ in range(blocks):
+        q = torch.randint(-127, 128, (columns, d), dtype=torch.int8, generator=g)
+        scale = torch.rand(columns, generator=g) * 0.01 + 1e-3
+        packed.append(packed_rows(q, scale, torch.zeros(columns)))
+    sessions = [ort_session_of(p) for p in packed]
+    x = torch.randn(rows, d, generator=g)
+    return {
+        "fbgemm": lambda: [fbgemm_logits(x, p) for p in packed],
+        "onnxruntime": lambda: [ort_logits(x, s) for s in sessions],
+    }
 
 
 def many_rows_gemm(d: int | None = None) -> str:
@@ -142,7 +147,7 @@ def many_rows_gemm(d: int | None = None) -> str:
         return f"from {ORT_MIN_ROWS} rows, the faster of onnxruntime and fbgemm by this machine's probe"
     from fastvocab.kernels.gemm_probe import probe
 
-    return f"from {ORT_MIN_ROWS} rows, {probe(d).describe()}"
+    return f"from {ORT_MIN_ROWS} rows, {probe(d, probe_kernels).describe()}"
 
 
 class PackedRows:

@@ -15,6 +15,10 @@ from fastvocab.kernels.ort_session import onnx_unavailable
 pytestmark = pytest.mark.skipif(onnx_unavailable() is not None, reason=str(onnx_unavailable()))
 
 
+def probe(d: int) -> gemm_probe.GemmProbe:
+    return gemm_probe.probe(d, int8.probe_kernels)
+
+
 @pytest.fixture
 def cache(switch, tmp_path):
     switch(CACHE_DIR=str(tmp_path / "cache"))
@@ -24,7 +28,7 @@ def cache(switch, tmp_path):
 def fake_measure(monkeypatch, fbgemm_us: float, ort_us: float, steady: bool = True) -> list[int]:
     calls: list[int] = []
 
-    def measure(d: int, **_) -> gemm_probe.GemmProbe:
+    def measure(d: int, *_, **__) -> gemm_probe.GemmProbe:
         calls.append(d)
         choice = "onnxruntime" if fbgemm_us > gemm_probe.MARGIN * ort_us else "fbgemm"
         return gemm_probe.GemmProbe(d, fbgemm_us, ort_us, choice, steady, "cpu", "2026-12-02T00:00:00")
@@ -36,31 +40,31 @@ def fake_measure(monkeypatch, fbgemm_us: float, ort_us: float, steady: bool = Tr
 def test_a_probe_is_measured_once_and_read_back(cache, monkeypatch, caplog):
     calls = fake_measure(monkeypatch, fbgemm_us=300.0, ort_us=200.0)
     with caplog.at_level(logging.INFO, logger="fastvocab.kernels.gemm_probe"):
-        first = gemm_probe.probe(1024)
+        first = probe(1024)
     assert calls == [1024] and first.choice == "onnxruntime" and not first.cached
     assert "onnxruntime at d 1024 (measured now" in caplog.text and "fbgemm takes 1.50x" in caplog.text
     kept = json.loads(cache.read_text())
     assert len(kept) == 1 and next(iter(kept.values()))["choice"] == "onnxruntime"
-    again = gemm_probe.probe(1024)
+    again = probe(1024)
     assert calls == [1024] and again.cached and again.choice == "onnxruntime"  # read, not measured
     assert "cached" in again.describe()
-    gemm_probe.probe(256)  # another width is another probe
+    probe(256)  # another width is another probe
     assert calls == [1024, 256] and len(json.loads(cache.read_text())) == 2
 
 
 def test_other_isa_caps_measure_again(cache, monkeypatch):
     calls = fake_measure(monkeypatch, fbgemm_us=100.0, ort_us=99.0)
-    assert gemm_probe.probe(512).choice == "fbgemm"  # within the margin: fbgemm stays
+    assert probe(512).choice == "fbgemm"  # within the margin: fbgemm stays
     monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
-    gemm_probe.probe(512)
+    probe(512)
     assert calls == [512, 512]
 
 
 def test_an_unsteady_probe_is_used_and_not_kept(cache, monkeypatch):
     calls = fake_measure(monkeypatch, fbgemm_us=300.0, ort_us=100.0, steady=False)
-    assert gemm_probe.probe(1024).choice == "onnxruntime"
+    assert probe(1024).choice == "onnxruntime"
     assert not cache.exists()
-    gemm_probe.probe(1024)
+    probe(1024)
     assert calls == [1024, 1024]
 
 
@@ -68,12 +72,12 @@ def test_an_unreadable_cache_is_measured_over(cache, monkeypatch):
     cache.parent.mkdir(parents=True)
     cache.write_text("{not json")
     calls = fake_measure(monkeypatch, fbgemm_us=300.0, ort_us=100.0)
-    assert gemm_probe.probe(64).choice == "onnxruntime" and calls == [64]
+    assert probe(64).choice == "onnxruntime" and calls == [64]
     assert json.loads(cache.read_text())  # rewritten whole
 
 
 def test_the_measurement_times_both_kernels():
-    got = gemm_probe.measure(64, rounds=2, calls=2)
+    got = gemm_probe.measure(64, int8.probe_kernels, rounds=2, calls=2)
     assert got.d == 64 and got.fbgemm_us > 0 and got.onnxruntime_us > 0
     assert got.choice == (
         "onnxruntime" if got.fbgemm_us > gemm_probe.MARGIN * got.onnxruntime_us else "fbgemm"
@@ -86,7 +90,7 @@ def test_auto_takes_the_probes_choice_per_width(switch, monkeypatch):
     monkeypatch.setattr(
         gemm_probe,
         "probe",
-        lambda d: gemm_probe.GemmProbe(d, 1.0, 1.0, answers[d], True, "cpu", "now"),
+        lambda d, _: gemm_probe.GemmProbe(d, 1.0, 1.0, answers[d], True, "cpu", "now"),
     )
     for fn in (int8.ort_int8, int8.ort_at):
         fn.cache_clear()

@@ -210,7 +210,7 @@ def test_amx_refused_by_the_kernel_counts_as_no_amx():
     code = (
         "import sys; sys.path.insert(0, 'benchmarks'); from bench_meta import refuse_amx; "
         "refuse_amx() if sys.argv[1] == 'refuse' else None; "
-        "from fastvocab.kernels import int8; print(int8.amx_usable())"
+        "from fastvocab.kernels.cpu_features import amx_usable; print(amx_usable())"
     )
     root = Path(__file__).resolve().parent.parent
     seen = [
