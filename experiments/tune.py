@@ -202,7 +202,7 @@ class TuneSettings:
         """The grid's (or --rungs') rungs, the last grown to ``sentences_for_budget`` where it is short."""
         rungs = self._pick("rungs")
         need = sentences_for_budget(self.budget, self.confidence)
-        return rungs if rungs[-1] >= need else (*rungs[:-1], max(need, rungs[-1]))
+        return rungs if rungs[-1] >= need else (*rungs[:-1], need)
 
     def candidates(self, recorded_k: int) -> list[Candidate]:
         """Every combination of the grid (K above what the dump recorded left out)."""
@@ -426,6 +426,11 @@ def error_bound(errors: int, n: int, confidence: float) -> float:
     return float(beta.ppf(confidence, errors + 1, n - errors))
 
 
+def row_bound(row: dict[str, Any], confidence: float) -> float:
+    """:func:`error_bound` of a measured row's search errors."""
+    return error_bound(int(row["search_error_sentences"]), int(row["sentences"]), confidence)
+
+
 def allowed_errors(budget: float, n: int, confidence: float) -> int:
     """The most erroneous sentences in ``n`` whose rate's bound stays within ``budget`` (-1: not even 0)."""
     k = -1
@@ -468,9 +473,7 @@ def choose(
 ) -> dict[str, Any]:
     """The fastest row (``rank_key``) whose search error rate's bound at ``confidence`` is within ``budget``;
     BudgetNotMet if none."""
-    bound = {
-        id(r): error_bound(int(r["search_error_sentences"]), int(r["sentences"]), confidence) for r in rows
-    }
+    bound = {id(r): row_bound(r, confidence) for r in rows}
     within = [r for r in rows if bound[id(r)] <= budget + 1e-12]
     if not within:
         best = min(rows, key=lambda r: (bound[id(r)], -float(r[rank_key])))
@@ -536,9 +539,7 @@ def run_tune(
             keep, over = survivors(last, allowed, settings.eta, rank_key)
         for row in last:
             row["rung"] = i
-            row["error_bound"] = round(
-                error_bound(int(row["search_error_sentences"]), int(row["sentences"]), settings.confidence), 4
-            )
+            row["error_bound"] = round(row_bound(row, settings.confidence), 4)
             row["decided"] = (
                 "final"
                 if final

@@ -112,11 +112,19 @@ def ort_at(d: int) -> bool:
         return False
     if switches.INT8_GEMM.get() == "onnxruntime":
         return d >= switches.ORT_MIN_DIM.get()
+    return _probed(d).choice == "onnxruntime"
+
+
+@functools.cache
+def _probed(d: int):
+    """The machine's probe at width ``d``, once per process: what :func:`ort_at` decides by and
+    :func:`many_rows_gemm` names (a probe not kept on disk would otherwise be measured again, and could
+    answer otherwise)."""
     from fastvocab.kernels.gemm_probe import probe
 
     found = probe(d, probe_kernels)
     log.debug("int8 GEMM of one-thread steps of %d rows or more: %s", ORT_MIN_ROWS, found.describe())
-    return found.choice == "onnxruntime"
+    return found
 
 
 def probe_kernels(d: int, rows: int, columns: int, blocks: int) -> dict[str, Callable[[], object]]:
@@ -145,9 +153,7 @@ def many_rows_gemm(d: int | None = None) -> str:
         return f"onnxruntime from {ORT_MIN_ROWS} rows at d >= {switches.ORT_MIN_DIM.get()}"
     if d is None:
         return f"from {ORT_MIN_ROWS} rows, the faster of onnxruntime and fbgemm by this machine's probe"
-    from fastvocab.kernels.gemm_probe import probe
-
-    return f"from {ORT_MIN_ROWS} rows, {probe(d, probe_kernels).describe()}"
+    return f"from {ORT_MIN_ROWS} rows, {_probed(d).describe()}"
 
 
 class PackedRows:

@@ -87,20 +87,23 @@ def test_the_measurement_times_both_kernels():
 def test_auto_takes_the_probes_choice_per_width(switch, monkeypatch):
     switch(INT8_GEMM="auto")
     answers = {256: "fbgemm", 1024: "onnxruntime"}
-    monkeypatch.setattr(
-        gemm_probe,
-        "probe",
-        lambda d, _: gemm_probe.GemmProbe(d, 1.0, 1.0, answers[d], True, "cpu", "now"),
-    )
-    for fn in (int8.ort_int8, int8.ort_at):
+    probed: list[int] = []
+
+    def probe(d, _):
+        probed.append(d)
+        return gemm_probe.GemmProbe(d, 1.0, 1.0, answers[d], False, "cpu", "now")  # unsteady: not kept
+
+    monkeypatch.setattr(gemm_probe, "probe", probe)
+    for fn in (int8.ort_int8, int8.ort_at, int8._probed):
         fn.cache_clear()
     try:
         assert int8.ort_at(1024) and not int8.ort_at(256)
         assert "onnxruntime at d 1024" in int8.many_rows_gemm(1024)
+        assert probed == [1024, 256]  # the record names the probe the choice was made by, not a second one
         switch(INT8_GEMM="fbgemm")
-        int8.ort_int8.cache_clear()
-        int8.ort_at.cache_clear()
+        for fn in (int8.ort_int8, int8.ort_at, int8._probed):
+            fn.cache_clear()
         assert not int8.ort_at(1024) and int8.many_rows_gemm(1024) == "fbgemm"
     finally:
-        for fn in (int8.ort_int8, int8.ort_at):
+        for fn in (int8.ort_int8, int8.ort_at, int8._probed):
             fn.cache_clear()
