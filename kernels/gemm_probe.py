@@ -43,7 +43,7 @@ CALLS = 2  # passes over the blocks per kernel and round, timed together
 # MLAS must be this much faster on the probe to be chosen. Its block GEMM is not the whole of a step: on the
 # 2-core Xeon with AMX at d 256, where the probe found MLAS 1.09-1.28x as fast, the demo model's clustered
 # int8 greedy step at batch 32 ran 9% slower on it end to end (its union's choices and its calls' input
-# quantisation around the GEMMs), though full int8 ran 22% faster; at d 1024 the probe finds 1.34-1.44x.
+# quantisation around the GEMMs), though full int8 ran 22% faster; at d 1024 the probe finds 1.34-1.59x.
 MARGIN = 1.25
 # rounds whose ratios spread wider than this (max / min) come from a busy machine: not kept
 STEADY_SPREAD = 1.5
