@@ -559,12 +559,12 @@ STATUS_CPUS: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
         ),
     ),
     (
-        "AMD EPYC (AVX-512 VNNI), an engine before the compiled beam step",
+        "AMD EPYC (AVX-512 VNNI, no AMX)",
         (
-            ("peer-cpu-2026-11-28-kept-workers-b1-n200.json", "beam1"),
-            ("peer-cpu-2026-11-28-follow-b1-beam4-n200.json", "beam4"),
-            ("peer-cpu-2026-11-28-kept-workers-b32.json", "beam1"),
-            ("peer-cpu-2026-11-28-follow-b32-beam4-2.json", "beam4"),
+            ("peer-cpu-2026-12-02-epyc-avx512-b1-n200.json", "beam1"),
+            ("peer-cpu-2026-12-02-epyc-avx512-b1-beam4-n200.json", "beam4"),
+            ("peer-cpu-2026-12-02-epyc-avx512-b32.json", "beam1"),
+            ("peer-cpu-2026-12-02-epyc-avx512-b32.json", "beam4"),
         ),
     ),
 )
