@@ -22,15 +22,19 @@ ISA_FLAGS = {
 
 @functools.lru_cache(maxsize=1)
 def cpu_name() -> str:
-    """The CPU model and its vector extensions from /proc/cpuinfo, e.g. ``AMD EPYC (AVX2, AVX-512, VNNI,
-    BF16)`` (VMs often report only the vendor's family name, so the extensions tell two machines apart);
-    ``platform.processor()`` elsewhere."""
+    """The CPU model, its family and model numbers and its vector extensions from /proc/cpuinfo, e.g. ``AMD
+    EPYC family 26 model 2 (AVX2, AVX-512, VNNI, AVX-VNNI, BF16)``: VMs often report only the vendor's name,
+    so the numbers (26 is AMD's Zen 5, 25 Zen 3 and 4; 6 every Xeon since 2006) and the extensions tell two
+    machines apart. ``platform.processor()`` elsewhere."""
     try:
         info = Path("/proc/cpuinfo").read_text().splitlines()
     except OSError:
         return platform.processor() or platform.machine() or "cpu"
     model = next((line.split(":", 1)[1].strip() for line in info if line.startswith("model name")), "cpu")
     flags = next((set(line.split(":", 1)[1].split()) for line in info if line.startswith("flags")), set())
+    field = {k.strip(): v.strip() for k, _, v in (line.partition(":") for line in info[:30])}
+    if "cpu family" in field and "model" in field:
+        model += f" family {field['cpu family']} model {field['model']}"
     isa = [name for flag, name in ISA_FLAGS.items() if flag in flags]
     return f"{model} ({', '.join(isa)})" if isa else model
 
