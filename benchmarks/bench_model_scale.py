@@ -7,74 +7,9 @@ CTranslate2 (float32, int8, int8 with a vocabulary map), on models built from co
 What the runs found: ``docs/model-scale.md``; the dated runs with their command lines:
 ``benchmarks/history/model-scale.md``.
 
-**Shapes** (``SHAPES``): M2M100 architectures (``M2M100Config``, tied LM head, no output bias), random weights
-(``torch.manual_seed(0)``), saved with ``save_pretrained`` under ``--root`` (default ``work/model-scale``,
-git-ignored) as ``<shape>/model``, converted once to CTranslate2 as ``<shape>/ct2`` (float32 weights; int8 is
-chosen at load with ``compute_type``). ``demo`` is the committed ``models/demo``. The tokenizer of a built
-shape is a small SentencePiece model trained on a few hundred synthetic sentences, its piece list padded with
-``▁tok<i>`` pieces (through sentencepiece's model protobuf) until the M2M100 tokenizer's vocabulary, plus the
-100 language codes and 8 made-up words, is the shape's ``N`` (``training.demo_model.build_tokenizer``'s
-layout). Before a shape is built or loaded, the memory it needs (weights of every system asked for, the
-decoder caches, the maps) is compared with the machine's available memory (``MemAvailable``, what the static
-engine checks its cache against), and the run stops with the sizes if it does not fit.
-
-**Fixed work per sentence**: every system generates exactly ``--steps`` tokens per sentence, EOS never chosen,
-so random weights do the work of a real model. fastvocab: the model's ``generation_config.suppress_tokens``
-set to ``[eos]`` after load (read by the searches through ``Seq2SeqAdapter.suppressed_ids``, as for any model
-that bans a token) and ``max_len = steps``; CTranslate2: ``min_decoding_length = max_decoding_length = steps +
-1`` (both count the forced target-language tag of the target prefix). Each run checks that both engines
-generated ``sentences x steps`` tokens and stops otherwise. Source lines: ``--sentences`` random lines of
-``--src-words`` words from a fixed word list (seed 0), the same for every system.
-
-**Systems** (``--systems``, short keys): ``full-fp32`` / ``full-int8`` (``tasks.translate.translate`` with the
-full projection; int8 = ``Seq2SeqAdapter.quantize_int8()`` + the full projection's ``int8`` option),
-``clustered-fp32`` / ``clustered-int8`` (union selection, one per ``--active`` fraction, ``--inactive-mass``
-none by default: a synthetic map has no meaningful normaliser; int8 = the int8 decoder + the clustered
-projection's own ``int8`` option, two projections over the same map when both run), ``ct2-float32`` /
-``ct2-int8`` (``bench_peer.Ct2System``, the peer benchmark's CTranslate2 runner) and ``ct2-int8-vmap`` (one
-per ``--active`` fraction: a vocabulary map whose always-allowed line holds as many tokens as the clustered
-int8 union at that point, measured in an untimed clustered run over the point's lines, the most popular tokens
-of the synthetic pool first; so each batch gets the same candidate count as clustered's union). fastvocab's
-systems run on ``--engine`` (default ``static``; ``onnx``: the encoder's and decoder's layers in ONNX Runtime,
-exported once per model and cached, int8 as ONNX Runtime's dynamic quantisation).
-
-**Synthetic cluster maps**: ``--clusters`` clusters (r), each set ``round(frac * N)`` ids drawn without
-replacement with weights ``1 / rank^zipf`` over a random ranking of the vocabulary (Gumbel top-k), so popular
-ids are in most sets and the union of a batch's sets grows with its rows as a real map's does (sets overlap).
-The default ``--zipf 1`` is the closest to what real maps of the same set fraction measured, and still on
-the small side: real maps of the demo model at 2-20% of N per set (a retired script,
-benchmarks/history/retired-scripts.md) grew the union of real batches' clusters 1.1-1.4x as fast as zipf 1
-(zipf 2: 1.4-2.9x slower than real). The earlier demo model's unions had matched zipf 2, the default for a
-while.
-Centroids: r hidden states of the model's own greedy decoding of random lines (so decoding states spread
-over clusters). The map is written with ``artifacts_schema.cluster_map.save_cluster_map`` with the model's
-fingerprint (``<root>/<shape>/maps/``) and loaded by the clustered projection as any map. Union growth (the
-mean union fraction of 1/8/32/128 clusters drawn at random) of each synthetic map is recorded, beside the
-same for the real demo map (``--real-map``, made by ``make demo``) when it exists (drawn by its clusters'
-prediction counts).
-
-**Timing**: one process, every system of a point interleaved round by round (after a warm-up on one batch;
-each round starts one system later than the one before), tokens/s = generated tokens / median seconds
-(tokenization included, model load excluded). ``--parallel workers`` (default, as ``bench_peer.py``):
-``threads`` batches at once on one thread each (fastvocab's CPU default; CTranslate2 ``inter_threads``);
-``intra``: one batch on all threads.
-
-**Per point**, besides tokens/s: the projection's share ``s`` of a decoding step, measured apart from the
-timed rounds on one batch at the worker's thread count: ``--steps`` decoder steps (``adapter.decoder_step``)
-with the full projection (same dtype), each timed with ``perf_counter``, ``s = t_proj / (t_proj +
-t_decoder)``; the clustered projections are timed on the same hidden states (their own share), which also
-gives their union fraction ``u`` (``ClusteredProjection.stats``: columns per row / N; the timed rounds' own
-``u`` is recorded too); the bound ``1 / ((1 - s) + s * u)`` (Amdahl: the speed-up over full a projection
-computing a ``u`` share of the columns at the same cost per column can give); peak RSS while the system ran
-(``VmHWM`` reset through ``/proc/self/clear_refs`` before each run: the process holds every system's weights,
-so ``rss_run_mib``, the peak above the resident set at the run's start, is the run's own working memory);
-achieved GFLOP/s of the whole decode (``decode_flops``: encoder, decoder step and projection, as float32
-multiply-adds x 2, int8 systems counted alike) against the machine's fp32 GEMM peak measured in the same run
-(``torch.mm`` of (256 x 1024) x (1024 x 4096) at the point's threads, the fastest of 30 calls, before each
-point's rounds).
-
-Writes ``benchmarks/results/model-scale-cpu-<date>.json`` (``--out``) and a PNG beside it (tokens/s against
-N, a line per system and model depth, a panel per batch / beam / threads).
+How it builds the shapes, fixes each sentence's work, makes the synthetic maps, times the systems and
+measures each point (``s``, ``u``, the bound, memory, GFLOP/s): ``docs/model-scale.md``, "How the benchmark
+runs". Writes ``benchmarks/results/model-scale-cpu-<date>.json`` (``--out``) and a PNG beside it.
 """
 
 from __future__ import annotations
