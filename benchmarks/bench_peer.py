@@ -7,58 +7,9 @@
 The defaults are the peer table's: the first 200 rows of ``data/corpus``'s en-it test split, the en-it map
 of ``runs/demo/maps``, batch 32, 2 threads, ``--max-len 128``, beams 1 and 4, 5 rounds.
 
-Systems, each timed end to end on the same ``--n`` source lines (tokenizing and detokenizing included, model
-load excluded), interleaved round by round after a warm-up on one batch a worker (each round starts one
-system later than the one before), median of ``--repeats`` rounds. fastvocab's workers are kept from the
-warm-up on (a ``DecodePool`` a system and beam), as each CTranslate2 ``Translator`` keeps its workers from
-its construction; ``--fresh-workers`` starts and ends them in every timed call, as before 2026-11-28 evening:
-
-- ``fastvocab full fp32`` / ``clustered fp32``: ``tasks.translate.translate`` (what ``fastvocab translate``
-  runs) with the static decoder engine; full = ``kernels.full`` (on CPU fp32 with W pre-packed for oneDNN);
-  clustered = union mode with the pipeline's map (``--maps``), ``--probes`` and ``--inactive-mass`` as
-  ``fastvocab translate`` takes them (default ``auto``: no estimate for greedy, the map's normaliser for beam
-  search); with ``--with-shortlist DIR`` the candidates of the batch's sentences join the sets, as
-  ``fastvocab translate --with-shortlist`` runs it;
-- ``fastvocab full int8`` / ``clustered int8``: the same after ``Seq2SeqAdapter.quantize_int8()`` (encoder
-  and decoder linears) and the int8 output projection (the full and clustered projections' ``int8`` option,
-  as ``fastvocab translate --dtype int8`` runs them);
-- ``fastvocab-ENGINE ...`` (``--with-engine static|onnx``): the four fastvocab systems again on that decoder
-  engine, in the same rounds; each row records ``lines_changed_vs_main_engine`` and
-  ``main_engine_speed_vs_this`` (its time over ``--engine``'s twin);
-- ``ct2 float32`` / ``ct2 int8``: CTranslate2's ``Translator.translate_batch`` on the model converted from
-  the same local folder (``ct2-transformers-converter``; int8 = ``compute_type="int8"`` at load), with
-  ``max_batch_size`` = ``--batch-size``, ``intra_threads`` = ``--threads``, target prefix = the language tag;
-
-``Ct2System`` also runs CTranslate2 with a vocabulary map (``use_vmap``: ``bench_model_scale.py``'s
-``ct2-int8-vmap``). CTranslate2 4.8.5 keeps stale id mappings from one batch's candidate set to the next
-(DESIGN-NOTES; one call over several batches raises ``IndexError``), so it calls ``translate_batch`` once per
-batch, each after one full-vocabulary call of one step on one line that resets the decoder's mapping.
-
-Threads (``--parallel``): ``workers`` (default) runs ``--threads`` batches at once on one thread each, on
-both sides: fastvocab's ``translate`` on CPU (``tasks.decode_pool.decode_workers``: forked worker processes,
-or threads of this process before 2026-11-27 evening) and CTranslate2 with
-``inter_threads`` = threads, ``intra_threads`` = 1; ``intra`` runs one batch at a time on all threads
-(``translate(workers=1)``; CTranslate2 ``intra_threads`` = threads, the tables before 2026-11-23 evening).
-Building a ``ctranslate2.Translator`` sets the calling thread's OpenMP thread count to its ``intra_threads``,
-so each fastvocab run sets torch's thread count again first.
-
-Beam stopping (``--early-stopping``): CTranslate2 ends a sentence once ``beam`` hypotheses are finished
-(``patience`` 1), which is ``generate``'s ``early_stopping=True``; fastvocab follows the model's generation
-config, as ``generate`` does (the demo model: False, which decodes on while a live beam could still win).
-With ``--early-stopping true`` the two search the same way: fastvocab full fp32 and CTranslate2 float32 then
-gave the same output on all 200 default lines at beam 4 (17% of lines differed under the model's rule).
-
-Quality per system: lines that differ from fastvocab full fp32 and, for int8, from its own fp32 counterpart;
-BLEU and chrF against the references when the lines come from a corpus split. Speed ratios are medians of
-per-round ratios (paired rounds, so load drift on a shared machine cancels). The load average is recorded.
-``--timed`` times only the systems it names, back to back in each round; the others run once, untimed, for
-the quality columns. On a noisy machine two systems alternating give a tighter ratio than six in a row.
-Clustered systems also record ``active_fraction`` (columns computed per row / N over their rounds; a row of a
-step that skipped the map counts N), ``speed_vs_full`` (against fastvocab full of the same dtype) and the
-Amdahl bound ``bound_vs_full = 1 / ((1 - s) + s * u)`` with ``s`` full's measured ``projection_share`` and
-``u`` the active fraction: the speed-up a projection computing that share of the columns at full's cost
-per column could give (``of_bound``: the share of it reached).
-Writes ``benchmarks/results/peer-<device>-<date>.json`` (``--out``) and prints a Markdown table.
+How it times, which systems it runs and how (threads, workers, beam stopping, CTranslate2's vocabulary
+map), what it records per system: ``benchmarks/README.md``, "How bench_peer runs". Writes
+``benchmarks/results/peer-<device>-<date>.json`` (``--out``) and prints a Markdown table.
 """
 
 from __future__ import annotations
