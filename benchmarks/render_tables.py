@@ -599,13 +599,13 @@ def render_status(root: Path, doc: Path) -> str:
     lead = f"ahead at {' and '.join(ahead)} on every CPU" if ahead else "ahead at no point on every CPU"
     lead += f"; level at {', '.join(level)}" if level else ""
     lead += f"; behind at {', '.join(behind)}" if behind else ""
+    fp32 = _span([r for rs in full.values() for r in rs], ".2f")
     text = (
         "**Status.** On CPU, clustered decoding with the maps and shortlist shipped with the demo model ran "
         f"{speed}x as fast as full softmax with the same model, engine and threads, and changed {changed}% "
-        "of the outputs (en-it, float32, the [results table](#results)). Against CTranslate2 int8 (below: "
-        f"its time over fastvocab's), clustered int8's lead depends on the CPU and the batch: {lead}. Full "
-        f"float32 ran {_span([r for rs in full.values() for r in rs], '.2f')}x as fast as CTranslate2 "
-        "float32 at batch 32. On a "
+        "of the outputs (en-it, float32, the [results table](#results)). Against CTranslate2 (below: its "
+        f"time over fastvocab's), full float32 ran {fp32}x as fast as its float32 at batch 32, and clustered "
+        f"int8's lead over its int8 depends on the CPU and the batch: {lead}. On a "
         "GPU the clustered projection does not yet beat cuBLAS's full projection: use full softmax there "
         "([docs/gpu.md](docs/gpu.md))."
     )
