@@ -206,6 +206,8 @@ class DumpConfig(_Strict):
     shard_sentences: int = Field(500, ge=1)  # sentences per shard (the unit of work, resume and parallelism)
     max_len: int = Field(SearchSettings.max_len, ge=1)  # max target tokens decoded per sentence
     torch_threads: int | None = Field(None, ge=1)  # per worker; default: Ray CPUs / workers (>= 1)
+    # source lines of more tokens are left out of the dump (translate refuses them: no map needs them)
+    max_input_tokens: int = Field(SearchSettings.max_input_tokens, ge=1)
 
     @field_validator("batch_size")
     @classmethod
@@ -246,7 +248,14 @@ class DumpConfig(_Strict):
         from fastvocab.tasks.dump import DumpSettings
 
         graphs = self.graphs if beam == 1 else "off"  # the captured recording is the greedy path's
-        return DumpSettings(k=self.k, max_len=self.max_len, batch_size=self.batch(), beam=beam, graphs=graphs)
+        return DumpSettings(
+            k=self.k,
+            max_len=self.max_len,
+            batch_size=self.batch(),
+            beam=beam,
+            graphs=graphs,
+            max_input_tokens=self.max_input_tokens,
+        )
 
 
 class KMeansConfig(_Strict):

@@ -83,9 +83,15 @@ class DumpSettings:
     # on CUDA where it can be captured). Fixed shapes keep finished rows in the batch, which changes fp16
     # rounding, so a dump that ran captured says so in its plan.
     graphs: str = "auto"
+    # Longer source lines are left out: translate refuses them, so no map needs their states, and a batch
+    # padded to a few thousand source tokens takes gigabytes in the encoder's attention.
+    max_input_tokens: int = SearchSettings.max_input_tokens
 
     def __post_init__(self) -> None:
-        if min(self.k, self.max_len, self.batch_size) < 1 or self.beam < REFERENCE_BEAM:
+        if (
+            min(self.k, self.max_len, self.batch_size, self.max_input_tokens) < 1
+            or self.beam < REFERENCE_BEAM
+        ):
             raise ValueError(f"dump settings must be >= 1 (beam >= {REFERENCE_BEAM}), got {self}")
         if self.graphs not in ("auto", "on", "off"):  # decoding.steppers.GRAPHS (no torch import here)
             raise ValueError(f"dump graphs must be auto, on or off; got {self.graphs!r}")
@@ -138,6 +144,10 @@ class ShardSpec:
             plan["beam"] = settings.beam
         if settings.graphs == "on":  # (the decoder's settings say "on" only where it runs captured)
             plan["graphs"] = "on"
+        # as the beam: only a limit other than translate's default is named, so shards written before the
+        # limit existed stay current (a shard holding a longer line was one few machines could decode)
+        if settings.max_input_tokens != SearchSettings.max_input_tokens:
+            plan["max_input_tokens"] = settings.max_input_tokens
         if settings.beam == REFERENCE_BEAM:
             refs = self.references or ("",) * len(self.sent_ids)
             lines = "".join(f"{i}\t{t}\n" for i, t in zip(self.sent_ids, refs, strict=True))
@@ -367,6 +377,22 @@ class DumpDecoder:
         lengths = spec.texts if refs is None or self.beam != REFERENCE_BEAM else refs
         return sorted(range(len(spec.texts)), key=lambda i: (len(lengths[i]), i))
 
+    def within_limit(self, spec: ShardSpec, order: list[int]) -> list[int]:
+        """``order`` less the lines of more than ``max_input_tokens`` source tokens. A token covers at least
+        one character, so only lines that long in characters are tokenized."""
+        limit = self.settings.max_input_tokens
+        long = [i for i in order if len(spec.texts[i]) + 2 > limit]  # + the language tag and EOS
+        if not long:
+            return order
+        ids = self.adapter.tokenize([spec.texts[i] for i in long], spec.src_lang, spec.tgt_lang)
+        out = {i for i, t in zip(long, ids, strict=True) if len(t) > limit}
+        if out:
+            log.info(
+                "%s shard %d: %d line(s) of more than %d source tokens left out (translate refuses them)",
+                spec.direction, spec.index, len(out), limit,
+            )  # fmt: skip
+        return [i for i in order if i not in out]
+
     def decode_shard(self, spec: ShardSpec) -> dict[str, np.ndarray]:
         """All state rows of a shard, capped at ``spec.max_states``.
 
@@ -375,7 +401,7 @@ class DumpDecoder:
         a beam a sentence has several rows per step, so the same cap covers fewer sentences.
         """
         refs = spec.references
-        order = self.length_order(spec)
+        order = self.within_limit(spec, self.length_order(spec))
         n = len(order)
         batch = {
             "sent_id": np.arange(n, dtype=np.int64),  # positions, mapped back below

@@ -220,6 +220,32 @@ def test_state_cap_keeps_first_rows(decoder, tmp_path):
 
 
 @pytest.mark.parametrize("beam", [1, REFERENCE_BEAM])
+def test_lines_over_the_token_limit_are_left_out_and_the_rest_unchanged(tiny_model_dir, beam):
+    """A line translate would refuse is not decoded (a batch padded to it cost 19 GB on a 2-core machine);
+    the other lines' states are those of a dump without it."""
+    ctx = RunContext(describe_model(tiny_model_dir), torch_threads=1)
+    limited = DumpDecoder(ctx, DumpSettings(k=K, max_len=MAX_LEN, batch_size=4, max_input_tokens=40)).along(
+        beam
+    )
+    texts = synthetic_sentences("en", 4, seed=3)
+    long_line = " ".join(synthetic_sentences("en", 30, seed=4))
+    assert len(limited.adapter.tokenize([long_line], "en", "it")[0]) > 40
+    assert all(len(t) <= 40 for t in limited.adapter.tokenize(texts, "en", "it"))
+    refs = tuple(synthetic_sentences("it", 5, seed=5))
+    (with_long,) = plan_shards("en-it", [0, 1, 2, 3, 4], [*texts[:2], long_line, *texts[2:]], 5)
+    (without,) = plan_shards("en-it", [0, 1, 3, 4], texts, 4)
+    with_long = replace(with_long, references=refs)
+    without = replace(without, references=refs[:2] + refs[3:])
+    a, b = limited.decode_shard(with_long), limited.decode_shard(without)
+    assert 2 not in set(a["sent_id"].tolist()) and set(a["sent_id"].tolist()) == {0, 1, 3, 4}
+    np.testing.assert_array_equal(a["sent_id"], b["sent_id"])
+    np.testing.assert_array_equal(a["hidden"], b["hidden"])
+    # the default limit is translate's, and leaves the plans of shards written before it as they were
+    assert "max_input_tokens" not in with_long.plan(DumpSettings(K, MAX_LEN, 4))
+    assert with_long.plan(limited.settings)["max_input_tokens"] == 40
+
+
+@pytest.mark.parametrize("beam", [1, REFERENCE_BEAM])
 def test_streamed_counts_equal_counts_of_stored_states(decoder, tmp_path, beam):
     decoder = decoder.along(beam)
     texts = synthetic_sentences("en", 6, seed=9)
