@@ -1,9 +1,10 @@
-"""Sizes that must not grow back: the benchmark scripts' lines, long functions, long parameter lists. Read
-from the source with ``ast``; nothing is imported."""
+"""Sizes that must not grow back: the benchmark scripts' lines, long functions, long parameter lists (read
+from the source with ``ast``; nothing is imported), and the tracked tree (from ``git ls-files``)."""
 
 from __future__ import annotations
 
 import ast
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -31,6 +32,9 @@ MANY_PARAMETERS = {"pipeline/translator.py:Translator.translate_file"}
 # A numba kernel takes flat arrays and scalars (a container reaches it as an untyped object); its docstring
 # says so in these words.
 NUMBA_REASON = "parameters because this is a numba kernel"
+# Every clone carries the tracked tree, and a GPU machine receives the working tree under 64 MiB: the shipped
+# maps, the demo model and the records share this.
+TREE_MIB = 60
 
 
 def benchmark_scripts() -> list[Path]:
@@ -124,3 +128,16 @@ def test_the_checks_see_what_they_count(tmp_path, source, long, many):
     ((_, fn),) = functions(path)
     assert (fn.end_lineno - fn.lineno + 1 > FUNCTION_LINES) == long
     assert (parameter_count(fn) > PARAMETERS and not is_numba_kernel(fn)) == many
+
+
+def test_the_tracked_tree_stays_under_its_size():
+    try:
+        listed = subprocess.run(
+            ["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True
+        ).stdout.split(b"\0")
+    except (OSError, subprocess.CalledProcessError):
+        pytest.skip("not a git checkout: the tracked tree is not known")
+    files = [ROOT / name.decode() for name in listed if name]
+    assert len(files) > 100, "git listed no files: the check checks nothing"
+    mib = sum(p.stat().st_size for p in files if p.is_file()) / 2**20
+    assert mib < TREE_MIB, f"the tracked tree holds {mib:.1f} MiB, more than {TREE_MIB}"
