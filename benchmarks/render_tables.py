@@ -202,6 +202,8 @@ SHIPPED_RECORDS = (
     "fidelity-cpu-2026-11-28-shipped-fr-de-20k-greedy.json",  # en-fr, en-de rebuilt from 20,000 lines
     "fidelity-cpu-2026-11-28-shipped-fr-de-20k-beam4.json",
     "fidelity-cpu-2026-11-28-shipped-de-20k-beam4-rerun.json",  # en-de's beam 4 timed again, unloaded
+    "fidelity-cpu-2026-12-02-zen5-shipped-en-pt-all-text-k8-greedy.json",  # en-pt from all its text
+    "fidelity-cpu-2026-12-02-zen5-shipped-en-pt-all-text-k8-beam4.json",
 )
 ALL_DIRECTIONS = tuple(d for lang in LANGS for d in (f"en-{lang}", f"{lang}-en"))
 
