@@ -194,6 +194,7 @@ def render_demo_bleu(root: Path, doc: Path) -> str:
 SHIPPED = "models/demo-maps/maps.json"  # the build record published beside the maps
 # Each: beam 1 x batches 1, 32 and beam 4 x batch 8; a later record's rows replace an earlier one's (a
 # direction measured again after its maps were rebuilt).
+SEARCHES, ALL_TEXT = ("greedy", "beam4"), "fidelity-cpu-2026-12-02-zen5-shipped"
 SHIPPED_RECORDS = (
     "fidelity-cpu-2026-11-28-shipped-greedy.json",
     "fidelity-cpu-2026-11-28-shipped-beam4.json",
@@ -202,8 +203,7 @@ SHIPPED_RECORDS = (
     "fidelity-cpu-2026-11-28-shipped-fr-de-20k-greedy.json",  # en-fr, en-de rebuilt from 20,000 lines
     "fidelity-cpu-2026-11-28-shipped-fr-de-20k-beam4.json",
     "fidelity-cpu-2026-11-28-shipped-de-20k-beam4-rerun.json",  # en-de's beam 4 timed again, unloaded
-    "fidelity-cpu-2026-12-02-zen5-shipped-en-pt-all-text-k8-greedy.json",  # en-pt from all its text
-    "fidelity-cpu-2026-12-02-zen5-shipped-en-pt-all-text-k8-beam4.json",
+    *(f"{ALL_TEXT}-en-{x}-all-text-k8-{s}.json" for x in ("pt", "es") for s in SEARCHES),  # all their text
 )
 ALL_DIRECTIONS = tuple(d for lang in LANGS for d in (f"en-{lang}", f"{lang}-en"))
 
