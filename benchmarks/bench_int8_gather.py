@@ -15,39 +15,8 @@ greedy batch-32 step on two workers to the map instead of the dense GEMM, and th
 (``docs/cpu-engine.md``, 0023): check a new table with ``bench_model_scale.py`` at the
 batches you run before you use it.
 
-The clustered projection's union step computes ``h @ W[cols]^T + b[cols]`` for a batch's union ``cols`` of
-active ids (a share ``u`` of the N columns). In float32 it copies the rows of W block by block
-(``gather.gathered_logits``) and multiplies them. With an int8 decoder that float32 gather is what
-costs: each step reads ``u N d`` float32 bytes. The candidates here read ``u N d`` int8 bytes instead, W
-quantised once per output row (symmetric, one scale per vocabulary entry, as the full projection's int8
-option does):
-
-- ``fp32-gather``: the float32 path as it is (the reference);
-- ``int8-gather``: ``int8_union.int8_gather_gemm``, what the clustered projection's int8 option runs:
-  int8 rows gathered per block into a cache-sized buffer, then the int8 GEMM (``torch._int_mm``, int32
-  sums) on the activations quantised as the full int8 layer quantises them (per tensor, 7 bits), so it
-  computes the layer's integer sums and its logits are the full int8 projection's on those columns (until
-  2026-11-29 the rows were widened to float32 for a float32 GEMM: the same sums, 2-4x the time);
-- ``int8-dense``: the full int8 layer (fbgemm, W packed once) over all N columns, then the C columns kept:
-  int8 arithmetic, but N rows read;
-- ``int8-clustered``: what ``ClusteredProjection(int8=True)`` runs for a union of several clusters
-  (``int8_union.int8_gathered_logits``): ``int8-gather`` or ``int8-dense``, whichever its cost model
-  (``int8_union.INT8_GATHER_US``, ``INT8_DENSE_US``) says is cheaper at this C and row count;
-
-and, for comparison at the same rows, the full projections over all N columns: ``full-fp32``
-(``create_projection("full")``, pre-packed) and ``full-int8`` (``create_projection("full", int8=True)``).
-
-A batch-1 step whose cluster's sub-matrix is cached (``cache_mb``) has no gather: ``cached-fp32`` (F.linear
-on the contiguous float32 block), ``cached-int8-wpack`` (``_weight_int8pack_mm`` on the contiguous int8
-block) and ``cached-int8-packed`` (the block packed for fbgemm once, ``linear_dynamic`` per call:
-``int8_union.int8_cluster_logits`` on a cached cluster) time that case for one row.
-
-Columns: ``u N`` ids drawn at random, sorted. Each candidate is checked against float64 logits of the weights
-it reads (the dequantised int8 weights for int8 candidates): the largest error relative to the largest
-logit, and whether the row's argmax agrees; int8 candidates also against the full int8 projection's logits
-on the same columns (``max_rel_diff_full_int8``: 0 to float rounding for those that quantise the
-activations as it does). Times: median of ``--repeats`` calls after two warm-up calls.
-Writes JSON (``--out``) with the device, its CPU flags, torch's version, the commit and the load average.
+The candidates it times, how each is checked and what it writes: ``benchmarks/README.md``, "How
+bench_int8_gather runs".
 """
 
 from __future__ import annotations
