@@ -3,30 +3,8 @@
 
     python benchmarks/gpu/train.py N --out DIR [--minutes 6.5] [--resume-from FOLDER] [--smoke]
 
-Step N trains until ``N * --minutes`` minutes of training in total (``train_demo`` counts the budget over
-sessions), then writes to ``DIR`` (at most 5 files, each under 16 MiB, so they come back from a GPU machine
-whole):
-
-- ``train-N-model.tar.partNN``: a tar, split in 15 MiB parts, of the saved fp16 model folder (what
-  ``fastvocab train-demo`` writes, model card included);
-- ``train-N-resume.tar``: the resume state (the SentencePiece model and ``state.pt``, the checkpoint without
-  the weights and the optimizer), ~1 MiB;
-- ``gpu-train-N.json``: steps, minutes, tokens, dev BLEU/chrF, the checkpoint history;
-- ``train-N.log``: the training log.
-
-Resume: step N > 1 continues from ``--work``'s checkpoint when the device machine still has it (a call
-right after the last one, the machine still warm), else from the parts of step N-1 carried back in
-``--resume-from`` (default ``work/gpu-carry``): its resume tar, and the weights from its model parts or from
-``--weights DIR`` (e.g. ``models/demo`` after it was replaced by step N-1's model: the tree plus the corpus
-plus a second 27 MB copy of the weights would exceed the 64 MiB a call carries). The weights are the fp16
-ones (the fp32 master weights lose their low bits) and AdamW's moments start again from zero (the
-checkpoint's optimizer state is ~2x the weights in fp32 and does not fit what comes back). The schedule,
-data position and RNG states are restored exactly.
-
-Architecture: ``--preset cpu`` (default), the committed model's (32K vocabulary, d_model 256, 4+2 layers,
-13.5M parameters, 27 MB in fp16: the tree's 40 MB budget for models/ holds it; ``base`` is 80 MB in fp16);
-GPU hyperparameters by default (16K-token batches, dropout 0.1). Only the core and ``training`` are
-imported: no pydantic (``pipeline``), Ray or MLflow.
+What each step writes, how a step resumes and what it trains: ``benchmarks/gpu.md``, "How gpu/train.py
+runs". Only the core and ``training`` are imported: no pydantic (``pipeline``), Ray or MLflow.
 """
 
 from __future__ import annotations
