@@ -30,11 +30,12 @@ def cpu_name() -> str:
         info = Path("/proc/cpuinfo").read_text().splitlines()
     except OSError:
         return platform.processor() or platform.machine() or "cpu"
-    model = next((line.split(":", 1)[1].strip() for line in info if line.startswith("model name")), "cpu")
-    flags = next((set(line.split(":", 1)[1].split()) for line in info if line.startswith("flags")), set())
-    field = {k.strip(): v.strip() for k, _, v in (line.partition(":") for line in info[:30])}
+    first = info[: info.index("")] if "" in info else info  # the first processor's block
+    field = {k.strip(): v.strip() for k, _, v in (line.partition(":") for line in first)}
+    model = field.get("model name", "cpu")
     if "cpu family" in field and "model" in field:
         model += f" family {field['cpu family']} model {field['model']}"
+    flags = set(field.get("flags", "").split())
     isa = [name for flag, name in ISA_FLAGS.items() if flag in flags]
     return f"{model} ({', '.join(isa)})" if isa else model
 
