@@ -15,8 +15,7 @@ greedy batch-32 step on two workers to the map instead of the dense GEMM, and th
 (``docs/cpu-engine.md``, 0023): check a new table with ``bench_model_scale.py`` at the
 batches you run before you use it.
 
-The candidates it times, how each is checked and what it writes: ``benchmarks/README.md``, "How
-bench_int8_gather runs".
+The candidates it times, how each is checked and what it writes: ``benchmarks/harnesses.md``.
 """
 
 from __future__ import annotations

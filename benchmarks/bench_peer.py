@@ -8,7 +8,7 @@ The defaults are the peer table's: the first 200 rows of ``data/corpus``'s en-it
 of ``runs/demo/maps``, batch 32, 2 threads, ``--max-len 128``, beams 1 and 4, 5 rounds.
 
 How it times, which systems it runs and how (threads, workers, beam stopping, CTranslate2's vocabulary
-map), what it records per system: ``benchmarks/README.md``, "How bench_peer runs". Writes
+map), what it records per system: ``benchmarks/harnesses.md``. Writes
 ``benchmarks/results/peer-<device>-<date>.json`` (``--out``) and prints a Markdown table.
 """
 
