@@ -13,7 +13,6 @@ import datetime as dt
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 from collections.abc import Sequence
@@ -132,12 +131,6 @@ def reset_peak_rss() -> None:
     """VmHWM := VmRSS (writing 5 to ``/proc/self/clear_refs`` resets the process's peak resident set)."""
     with contextlib.suppress(OSError):
         Path("/proc/self/clear_refs").write_text("5")
-
-
-def wait_child(proc: subprocess.Popen) -> tuple[int, float]:
-    """Wait for a child process: its exit code and its own peak RSS in MB (``wait4``)."""
-    _, status, usage = os.wait4(proc.pid, 0)
-    return os.waitstatus_to_exitcode(status), round(usage.ru_maxrss / 1024, 1)
 
 
 # ------------------------------------------------------------------------------------------ no AMX here

@@ -31,6 +31,7 @@ from bench_meta import RESULTS, emulation, provenance, round_order, scratch_dir,
 from fastvocab.decoding.search import parse_early_stopping, stopping_rule
 from fastvocab.kernels.clustered_parts import BEAM_INACTIVE_MASS, INACTIVE_MASS, SHORTLIST_BEAM_INACTIVE_MASS
 from fastvocab.kernels.int8 import many_rows_gemm
+from fastvocab.kernels.int8_union import gather_multiply
 from fastvocab.tasks.evaluate import score, search_error_rate
 from fastvocab.tasks.projections import clustered_options
 
@@ -182,6 +183,7 @@ def build_systems(args) -> tuple[dict[str, Callable], dict]:
         "engine": a32.engine,
         "n_vocab": a32.n_vocab,
         "int8_gemm": many_rows_gemm(a32.d_model),  # the many-row steps int8 GEMM, and why
+        "int8_gather": gather_multiply(a32.d_model),  # how the int8 union's gather multiplies here
         "fastvocab_early_stopping": stopping_rule(a32, args.early_stopping),
         "ct2_early_stopping": "patience 1: a sentence ends once beam hypotheses are finished",
     }

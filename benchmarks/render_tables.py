@@ -566,6 +566,11 @@ STATUS_CPUS: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
         "AMD EPYC Zen 5 (AVX-512 VNNI, AVX-VNNI, no AMX)",
         tuple((f"peer-cpu-2026-12-02-epyc-zen5-{n}.json", run) for n, run in AMD_POINTS),
     ),
+    (
+        # no AVX-512: an AMD EPYC of family 25 model 1 is a Zen 3 (Milan)
+        "AMD EPYC Zen 3 (AVX2, no VNNI, no AMX)",
+        tuple((f"peer-cpu-2026-12-02-epyc-zen3-{n}.json", run) for n, run in AMD_POINTS),
+    ),
 )
 
 
@@ -651,6 +656,8 @@ SCALE_NO_AMX = (
      "model-scale-cpu-2026-12-02-epyc-zen5-418m-greedy-b32-onnx.json"),
     ("Xeon emulating an AVX-512 CPU without AMX, batch 32, 2% / 10% sets",
      "model-scale-cpu-2026-12-02-xeon-emulating-no-amx-418m-greedy-b32-onnx.json"),
+    ("AMD EPYC Zen 3 (AVX2, no VNNI), batch 32, 2% / 10% sets",
+     "model-scale-cpu-2026-12-02-epyc-zen3-418m-greedy-b32-onnx.json"),
 )  # fmt: skip
 
 

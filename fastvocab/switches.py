@@ -199,6 +199,16 @@ INT8_GEMM: Switch[str] = Switch(
     _choice("auto", "fbgemm", "onnxruntime"),
     env="FASTVOCAB_INT8_GEMM",
 )
+INT8_GATHER: Switch[str] = Switch(
+    "INT8_GATHER",
+    "auto",
+    "How the int8 union's gather multiplies its rows (kernels.int8_union.gather_multiply): int_mm "
+    "(torch._int_mm), float32 (the same integers summed in float32; exact up to d 1040), or auto, the faster "
+    "of the two at each width, timed once per process (torch._int_mm is a plain loop on CPUs without VNNI). "
+    "Read once per process and width.",
+    _choice("auto", "int_mm", "float32"),
+    env="FASTVOCAB_INT8_GATHER",
+)
 INT8_COSTS: Switch[str | None] = Switch(
     "INT8_COSTS",
     None,

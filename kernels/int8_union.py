@@ -10,7 +10,10 @@ scales them (``kernels.int8.quantize_input``), so the choice between them change
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+import logging
+import statistics
+import timeit
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -34,6 +37,8 @@ from fastvocab.kernels.union_costs import (
     machine,
     time_kernels,
 )
+
+log = logging.getLogger(__name__)
 
 # Which of the two int8 union kernels is cheaper, from their per-column costs in microseconds by the rows of
 # the step, measured on a machine (``union_costs``: the packaged table, or the one FASTVOCAB_INT8_COSTS names,
@@ -296,26 +301,111 @@ def int8_map_skipped(
 
 def int8_gather_gemm(h: torch.Tensor, w8: Int8Weights, cols: torch.Tensor) -> torch.Tensor:
     """The input quantised as the layer does, the int8 rows ``cols`` gathered a block at a time into a
-    cache-sized buffer and multiplied in int8 (``torch._int_mm``, int32 sums: the layer's own), scaled back as
-    the layer scales them. (rows, C) float32."""
-    c, rows, d = cols.numel(), h.shape[0], w8.q.shape[1]
+    cache-sized buffer and multiplied (int32 sums: the layer's own), scaled back as the layer scales them.
+    (rows, C) float32. The multiply is this machine's faster of two (:func:`gather_multiply`):
+    ``torch._int_mm``, or the same integers summed in float32, exact at the widths that allow it."""
+    d = w8.q.shape[1]
     ints, h_scale = int8.quantize_input(h)
-    x8 = ints.to(torch.int8)  # the integers less their zero point lie in [-127, 127]
-    step = max(1, switches.INT8_GATHER_CHUNK_BYTES.get() // d)
-    if c <= step:  # one block: no buffers to reuse, fewer operations (they dominate at a few rows)
-        acc = torch._int_mm(x8, w8.q.index_select(0, cols).t())  # (rows, C) int32
+    if gather_multiply(d) == "float32":
+        acc = _float32_sums(ints, w8.q, cols)
     else:
-        buf = torch.empty((step, d), dtype=torch.int8)
-        acc_t = torch.empty((c, rows), dtype=torch.int32)  # (C, rows): each block fills contiguous rows
-        x8_t = x8.t()
-        for lo in range(0, c, step):
-            sel = cols[lo : lo + step]
-            n = sel.numel()
-            torch.index_select(w8.q, 0, sel, out=buf[:n])
-            torch._int_mm(buf[:n], x8_t, out=acc_t[lo : lo + n])
-        acc = acc_t.t()
+        acc = _int_mm_sums(ints.to(torch.int8), w8.q, cols)  # the integers lie in [-127, 127]
     logits = acc.float().mul_(h_scale * w8.scale.index_select(0, cols))
     return logits if w8.bias is None else logits.add_(w8.bias.index_select(0, cols))
+
+
+def _int_mm_sums(x8: torch.Tensor, q: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
+    """``x8 @ q[cols].T`` in int32 by ``torch._int_mm``, (rows, C)."""
+    c, rows, d = cols.numel(), x8.shape[0], q.shape[1]
+    step = max(1, switches.INT8_GATHER_CHUNK_BYTES.get() // d)
+    if c <= step:  # one block: no buffers to reuse, fewer operations (they dominate at a few rows)
+        return torch._int_mm(x8, q.index_select(0, cols).t())
+    buf = torch.empty((step, d), dtype=torch.int8)
+    acc_t = torch.empty((c, rows), dtype=torch.int32)  # (C, rows): each block fills contiguous rows
+    x8_t = x8.t()
+    for lo in range(0, c, step):
+        sel = cols[lo : lo + step]
+        n = sel.numel()
+        torch.index_select(q, 0, sel, out=buf[:n])
+        torch._int_mm(buf[:n], x8_t, out=acc_t[lo : lo + n])
+    return acc_t.t()
+
+
+def _float32_sums(ints: torch.Tensor, q: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
+    """``ints @ q[cols].T`` with the int8 rows widened to float32 a block at a time, (rows, C) float32: the
+    int32 sums themselves while ``d * 127**2 < 2**24`` (:data:`EXACT_FLOAT32_DIM`), float rounding beyond."""
+    c, rows, d = cols.numel(), ints.shape[0], q.shape[1]
+    step = max(1, _FLOAT32_CHUNK_BYTES // (4 * d))
+    buf8 = torch.empty((min(step, c), d), dtype=torch.int8)
+    buf = torch.empty((min(step, c), d), dtype=torch.float32)
+    acc_t = torch.empty((c, rows), dtype=torch.float32)
+    x_t = ints.t()
+    for lo in range(0, c, step):
+        sel = cols[lo : lo + step]
+        n = sel.numel()
+        torch.index_select(q, 0, sel, out=buf8[:n])
+        buf[:n].copy_(buf8[:n])
+        torch.mm(buf[:n], x_t, out=acc_t[lo : lo + n])
+    return acc_t.t()
+
+
+# A float32 sum of int8 x int8 products is exact while it stays below 2**24: at widths up to this one.
+EXACT_FLOAT32_DIM = 2**24 // 127**2
+# The float32 multiply's buffer: 1 MiB of widened rows (256 KiB to 4 MiB: within noise at d 512, AVX2).
+_FLOAT32_CHUNK_BYTES = 1 << 20
+# torch._int_mm must be this much slower than the float32 sums to give way: the float32 path reads its rows
+# four times wider, so a near tie goes to the int8 one.
+GATHER_MARGIN = 1.5
+
+
+@functools.cache
+def gather_multiply(d: int) -> str:
+    """How the int8 gather multiplies at width ``d`` on this machine: ``"int_mm"`` (``torch._int_mm``) or
+    ``"float32"`` (:func:`_float32_sums`), measured once per process and width (a few milliseconds).
+
+    ``torch._int_mm`` on CPU runs oneDNN's int8 GEMM where the CPU has the instructions oneDNN wants for it
+    (VNNI) and a plain loop elsewhere: on a 2-core AMD EPYC with AVX2 only (Zen 3) it took 60-80 ms at 32
+    rows x 4,500 columns x d 512, where the float32 sums took 4 ms. A rule by CPU flags guesses; this times
+    both on one thread at 32 rows over 256 random int8 rows (the median of 3 calls each, after one), and
+    takes the float32 sums only where they are exact (``d <= EXACT_FLOAT32_DIM``) and ``GATHER_MARGIN``
+    times faster. ``FASTVOCAB_INT8_GATHER`` (``switches.INT8_GATHER``) names one instead."""
+    named = switches.INT8_GATHER.get()
+    if named != "auto":
+        return named
+    if d > EXACT_FLOAT32_DIM:
+        return "int_mm"
+    g = torch.Generator().manual_seed(0)
+    q = torch.randint(-127, 128, (256, d), dtype=torch.int8, generator=g)
+    ints = torch.randint(-127, 128, (32, d), generator=g).float()
+    cols = torch.arange(0, 256, dtype=torch.int64)
+    x8 = ints.to(torch.int8)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the gather serves one-thread workers
+    try:
+        times = {
+            name: _median_call(fn)
+            for name, fn in (
+                ("int_mm", lambda: _int_mm_sums(x8, q, cols)),
+                ("float32", lambda: _float32_sums(ints, q, cols)),
+            )
+        }
+    finally:
+        torch.set_num_threads(threads)
+    choice = "float32" if times["int_mm"] > GATHER_MARGIN * times["float32"] else "int_mm"
+    log.info(
+        "int8 gather at d %d: %s (32 rows x 256 columns on one thread: torch._int_mm %.0f us, float32 "
+        "sums %.0f us)",
+        d,
+        choice,
+        1e6 * times["int_mm"],
+        1e6 * times["float32"],
+    )
+    return choice
+
+
+def _median_call(fn: Callable[[], object], calls: int = 3) -> float:
+    fn()
+    return statistics.median(timeit.repeat(fn, number=1, repeat=calls))
 
 
 def int8_cluster_logits(h: torch.Tensor, w8: Int8Weights, pm: PreparedMap, c: int) -> torch.Tensor:

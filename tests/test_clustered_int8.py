@@ -11,6 +11,7 @@ import torch
 
 from fastvocab.kernels import create_projection, int8, int8_union, popular
 from fastvocab.kernels.clustered import ClusteredProjection
+from fastvocab.switches import override as switches_override
 from tests.layers import random_layer, random_map, rows_near
 
 N, D = 400, 64
@@ -233,9 +234,10 @@ def test_union_over_popular_blocks_runs_dense_and_gathered_blocks_with_full_int8
     """Blocks of 32 ids in popularity order; a block runs dense when the union holds over half of it (costs
     set so): both kinds run in one step, and every column is the full int8 projection's logit."""
     switch(INT8_BLOCK_COLUMNS=32)
-    n = len(int8_union.INT8_COST_ROWS)
-    monkeypatch.setattr(int8_union, "INT8_GATHER_US", (1.0,) * n)
-    monkeypatch.setattr(int8_union, "INT8_DENSE_US", (0.5,) * n)
+    for prefix, table_rows in (("INT8", int8_union.INT8_COST_ROWS), ("ORT", int8_union.ORT_COST_ROWS)):
+        # both tables: which one a step reads depends on this machine's int8 GEMM probe
+        monkeypatch.setattr(int8_union, f"{prefix}_GATHER_US", (1.0,) * len(table_rows))
+        monkeypatch.setattr(int8_union, f"{prefix}_DENSE_US", (0.5,) * len(table_rows))
     w, b, cmap = layer_and_map()
     proj = clustered(w, b, cmap, int8=True, cache_mb=0)
     pb = proj._w8.popular
@@ -400,3 +402,46 @@ def test_int8_assignment_picks_the_nearest_centroid_up_to_rounding():
     probed = clustered(w, b, cmap, int8=True, probes=3)
     out = probed(near)  # runs the probes' int8 path end to end
     assert out.logits.shape[0] == near.shape[0]
+
+
+@pytest.mark.parametrize("rows", [1, 5, 32])
+def test_the_gather_s_two_multiplies_sum_the_same_integers(rows, switch):
+    """The float32 sums equal torch._int_mm's int32 sums exactly at widths up to EXACT_FLOAT32_DIM, whole
+    and across buffer blocks (a small chunk forces several), so the choice between them changes only the
+    time; forced by the switch, each runs."""
+    g = torch.Generator().manual_seed(rows)
+    d = int8_union.EXACT_FLOAT32_DIM
+    q = torch.full((300, d), 127, dtype=torch.int8)  # the largest products: the sums' worst case
+    q[::2] = torch.randint(-127, 128, (150, d), dtype=torch.int8, generator=g)
+    ints = torch.randint(-127, 128, (rows, d), generator=g).float()
+    ints[0] = 127.0
+    cols = torch.randperm(300, generator=g)[:257]
+    want = ints.double() @ q.index_select(0, cols).double().t()
+    got_int = int8_union._int_mm_sums(ints.to(torch.int8), q, cols)
+    got_f32 = int8_union._float32_sums(ints, q, cols)
+    assert torch.equal(got_int.double(), want) and torch.equal(got_f32.double(), want)
+    assert float(want.abs().max()) == d * 127 * 127  # the bound the exactness needs is reached
+    switch(INT8_GATHER_CHUNK_BYTES=64 * d)  # blocks of 64 rows for torch._int_mm
+    assert torch.equal(int8_union._int_mm_sums(ints.to(torch.int8), q, cols).double(), want)
+
+
+def test_the_gather_s_multiply_is_measured_and_can_be_named():
+    """``auto`` times both and names one of them; past the exact width it keeps torch._int_mm; the switch
+    forces either; and the logits of a gather are the same whichever multiplies."""
+    int8_union.gather_multiply.cache_clear()
+    try:
+        assert int8_union.gather_multiply(64) in ("int_mm", "float32")
+        assert int8_union.gather_multiply(int8_union.EXACT_FLOAT32_DIM + 1) == "int_mm"
+        w, b, cmap = layer_and_map()
+        proj = clustered(w, b, cmap, int8=True, cache_mb=0)
+        h = batch(cmap, 9, seed=4)
+        cols = torch.arange(0, N, 3)
+        outs = {}
+        for name in ("int_mm", "float32"):
+            int8_union.gather_multiply.cache_clear()
+            with switches_override(INT8_GATHER=name):
+                assert int8_union.gather_multiply(D) == name
+                outs[name] = int8_union.int8_gather_gemm(h, proj._w8, cols)
+        assert torch.equal(outs["int_mm"], outs["float32"])
+    finally:
+        int8_union.gather_multiply.cache_clear()
