@@ -149,8 +149,8 @@ EMULATE = {
         "ATEN_CPU_CAPABILITY": "avx512",
         "NUMBA_CPU_NAME": "znver4",
     },
-    "avx2": {  # AVX2 only (AMD EPYC Zen 2/3); MLAS has no cap: it still runs its AVX-512 kernels
-        "ONEDNN_MAX_CPU_ISA": "AVX2_VNNI",
+    "avx2": {  # AVX2 only (AMD EPYC Zen 2/3, no AVX-VNNI); MLAS has no cap: its AVX-512 kernels still run
+        "ONEDNN_MAX_CPU_ISA": "AVX2",
         "MKL_ENABLE_INSTRUCTIONS": "AVX2",
         "ATEN_CPU_CAPABILITY": "avx2",
         "NUMBA_CPU_NAME": "znver3",

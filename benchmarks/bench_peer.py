@@ -183,7 +183,7 @@ def build_systems(args) -> tuple[dict[str, Callable], dict]:
         "engine": a32.engine,
         "n_vocab": a32.n_vocab,
         "int8_gemm": many_rows_gemm(a32.d_model),  # the many-row steps int8 GEMM, and why
-        "int8_gather": gather_multiply(a32.d_model),  # how the int8 union's gather multiplies here
+        "int8_gather": {n: gather_multiply(a32.d_model, n == "few rows") for n in ("few rows", "more")},
         "fastvocab_early_stopping": stopping_rule(a32, args.early_stopping),
         "ct2_early_stopping": "patience 1: a sentence ends once beam hypotheses are finished",
     }

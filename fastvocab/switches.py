@@ -203,10 +203,10 @@ INT8_GATHER: Switch[str] = Switch(
     "INT8_GATHER",
     "auto",
     "How the int8 union's gather multiplies its rows (kernels.int8_union.gather_multiply): int_mm "
-    "(torch._int_mm), float32 (the same integers summed in float32; exact up to d 1040), or auto, the faster "
-    "of the two at each width, timed once per process (torch._int_mm is a plain loop on CPUs without VNNI). "
-    "Read once per process and width.",
-    _choice("auto", "int_mm", "float32"),
+    "(torch._int_mm), compiled (a numba loop over the rows in place), float32 (the same integers summed in "
+    "float32; exact up to d 1040), or auto, the fastest at each width and row regime, timed once per process "
+    "(torch._int_mm is a plain loop on CPUs without VNNI). Read once per process, width and regime.",
+    _choice("auto", "int_mm", "compiled", "float32"),
     env="FASTVOCAB_INT8_GATHER",
 )
 INT8_COSTS: Switch[str | None] = Switch(

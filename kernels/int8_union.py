@@ -22,6 +22,7 @@ import torch
 from fastvocab import switches
 from fastvocab.kernels import int8
 from fastvocab.kernels.cluster_assign import PreparedMap
+from fastvocab.kernels.jit import njit
 from fastvocab.kernels.popular import (
     map_skipped,
     popularity_order,
@@ -300,14 +301,17 @@ def int8_map_skipped(
 
 
 def int8_gather_gemm(h: torch.Tensor, w8: Int8Weights, cols: torch.Tensor) -> torch.Tensor:
-    """The input quantised as the layer does, the int8 rows ``cols`` gathered a block at a time into a
-    cache-sized buffer and multiplied (int32 sums: the layer's own), scaled back as the layer scales them.
-    (rows, C) float32. The multiply is this machine's faster of two (:func:`gather_multiply`):
-    ``torch._int_mm``, or the same integers summed in float32, exact at the widths that allow it."""
-    d = w8.q.shape[1]
+    """The input quantised as the layer does, the int8 rows ``cols`` gathered and multiplied (int32 sums: the
+    layer's own), scaled back as the layer scales them. (rows, C) float32. The multiply is this machine's
+    fastest at the step's rows (:func:`gather_multiply`): ``torch._int_mm``, a compiled loop that reads the
+    rows in place, or the same integers summed in float32, exact at the widths that allow it."""
+    rows, d = h.shape[0], w8.q.shape[1]
     ints, h_scale = int8.quantize_input(h)
-    if gather_multiply(d) == "float32":
+    how = gather_multiply(d, rows <= FEW_ROWS)
+    if how == "float32":
         acc = _float32_sums(ints, w8.q, cols)
+    elif how == "compiled":
+        acc = _compiled_sums(ints.to(torch.int8), w8.q, cols)
     else:
         acc = _int_mm_sums(ints.to(torch.int8), w8.q, cols)  # the integers lie in [-127, 127]
     logits = acc.float().mul_(h_scale * w8.scale.index_select(0, cols))
@@ -315,7 +319,8 @@ def int8_gather_gemm(h: torch.Tensor, w8: Int8Weights, cols: torch.Tensor) -> to
 
 
 def _int_mm_sums(x8: torch.Tensor, q: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
-    """``x8 @ q[cols].T`` in int32 by ``torch._int_mm``, (rows, C)."""
+    """``x8 @ q[cols].T`` in int32 by ``torch._int_mm``, the rows gathered a cache-sized block at a time,
+    (rows, C)."""
     c, rows, d = cols.numel(), x8.shape[0], q.shape[1]
     step = max(1, switches.INT8_GATHER_CHUNK_BYTES.get() // d)
     if c <= step:  # one block: no buffers to reuse, fewer operations (they dominate at a few rows)
@@ -349,56 +354,81 @@ def _float32_sums(ints: torch.Tensor, q: torch.Tensor, cols: torch.Tensor) -> to
     return acc_t.t()
 
 
+def _compiled_sums(x8: torch.Tensor, q: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
+    """``x8 @ q[cols].T`` in int32 by :func:`_dot_gathered`, which reads each row of ``q`` in place (no
+    gathered copy), (rows, C)."""
+    out = np.empty((x8.shape[0], cols.numel()), dtype=np.int32)
+    _dot_gathered(x8.numpy(), q.numpy(), cols.numpy(), out)
+    return torch.from_numpy(out)
+
+
+@njit(boundscheck=False)
+def _dot_gathered(x: np.ndarray, q: np.ndarray, cols: np.ndarray, out: np.ndarray) -> None:
+    rows, d = x.shape
+    for j in range(cols.shape[0]):
+        c = cols[j]
+        for r in range(rows):
+            acc = np.int32(0)
+            for k in range(d):
+                acc += np.int32(x[r, k]) * np.int32(q[c, k])
+            out[r, j] = acc
+
+
 # A float32 sum of int8 x int8 products is exact while it stays below 2**24: at widths up to this one.
 EXACT_FLOAT32_DIM = 2**24 // 127**2
 # The float32 multiply's buffer: 1 MiB of widened rows (256 KiB to 4 MiB: within noise at d 512, AVX2).
 _FLOAT32_CHUNK_BYTES = 1 << 20
-# torch._int_mm must be this much slower than the float32 sums to give way: the float32 path reads its rows
-# four times wider, so a near tie goes to the int8 one.
+# Steps of this many rows or fewer are "few" (the compiled loop's regime: a batch-1 beam, a per-row group).
+FEW_ROWS = 4
+# The others must be this much faster than torch._int_mm to be chosen: a near tie keeps the library's op.
 GATHER_MARGIN = 1.5
+MULTIPLIES = ("int_mm", "compiled", "float32")
 
 
 @functools.cache
-def gather_multiply(d: int) -> str:
-    """How the int8 gather multiplies at width ``d`` on this machine: ``"int_mm"`` (``torch._int_mm``) or
-    ``"float32"`` (:func:`_float32_sums`), measured once per process and width (a few milliseconds).
+def gather_multiply(d: int, few_rows: bool = False) -> str:
+    """How the int8 gather multiplies at width ``d`` on this machine, for steps of ``FEW_ROWS`` rows or
+    fewer (``few_rows``) or more: ``"int_mm"`` (``torch._int_mm``), ``"compiled"`` (:func:`_compiled_sums`)
+    or ``"float32"`` (:func:`_float32_sums`), measured once per process, width and regime (milliseconds).
 
     ``torch._int_mm`` on CPU runs oneDNN's int8 GEMM where the CPU has the instructions oneDNN wants for it
     (VNNI) and a plain loop elsewhere: on a 2-core AMD EPYC with AVX2 only (Zen 3) it took 60-80 ms at 32
-    rows x 4,500 columns x d 512, where the float32 sums took 4 ms. A rule by CPU flags guesses; this times
-    both on one thread at 32 rows over 256 random int8 rows (the median of 3 calls each, after one), and
-    takes the float32 sums only where they are exact (``d <= EXACT_FLOAT32_DIM``) and ``GATHER_MARGIN``
-    times faster. ``FASTVOCAB_INT8_GATHER`` (``switches.INT8_GATHER``) names one instead."""
+    rows x 4,500 columns x d 512, where the float32 sums took 4 ms; at one row the compiled loop, which reads
+    the rows in place, took 0.3 ms against the float32 sums' 1.3. A rule by CPU flags guesses; this times
+    each on one thread at 1 or 32 rows over 256 random int8 rows (the median of 3 calls, after one), and
+    takes the fastest if it beats ``torch._int_mm`` ``GATHER_MARGIN`` times; the compiled loop only for few
+    rows, the float32 sums only where they are exact (``d <= EXACT_FLOAT32_DIM``). The compiled loop's first
+    call in a process loads it from numba's cache (0.46 s on that EPYC). ``FASTVOCAB_INT8_GATHER``
+    (``switches.INT8_GATHER``) names one instead."""
     named = switches.INT8_GATHER.get()
     if named != "auto":
         return named
-    if d > EXACT_FLOAT32_DIM:
-        return "int_mm"
+    rows = 1 if few_rows else 32
     g = torch.Generator().manual_seed(0)
     q = torch.randint(-127, 128, (256, d), dtype=torch.int8, generator=g)
-    ints = torch.randint(-127, 128, (32, d), generator=g).float()
+    ints = torch.randint(-127, 128, (rows, d), generator=g).float()
     cols = torch.arange(0, 256, dtype=torch.int64)
     x8 = ints.to(torch.int8)
+    runs: dict[str, Callable[[], object]] = {"int_mm": lambda: _int_mm_sums(x8, q, cols)}
+    if few_rows:  # at many rows it lost to the float32 sums at real sizes (4,500 columns: 6.3 ms against 4.2)
+        runs["compiled"] = lambda: _compiled_sums(x8, q, cols)
+    if d <= EXACT_FLOAT32_DIM:
+        runs["float32"] = lambda: _float32_sums(ints, q, cols)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # the gather serves one-thread workers
     try:
-        times = {
-            name: _median_call(fn)
-            for name, fn in (
-                ("int_mm", lambda: _int_mm_sums(x8, q, cols)),
-                ("float32", lambda: _float32_sums(ints, q, cols)),
-            )
-        }
+        times = {name: _median_call(fn) for name, fn in runs.items()}
     finally:
         torch.set_num_threads(threads)
-    choice = "float32" if times["int_mm"] > GATHER_MARGIN * times["float32"] else "int_mm"
+    best = min(times, key=times.__getitem__)
+    choice = best if times["int_mm"] > GATHER_MARGIN * times[best] else "int_mm"
     log.info(
-        "int8 gather at d %d: %s (32 rows x 256 columns on one thread: torch._int_mm %.0f us, float32 "
-        "sums %.0f us)",
+        "int8 gather at d %d, %s rows: %s (%d rows x 256 columns on one thread: %s)",
         d,
+        f"{FEW_ROWS} or fewer" if few_rows else f"over {FEW_ROWS}",
         choice,
-        1e6 * times["int_mm"],
-        1e6 * times["float32"],
+        rows,
+        ", ".join(f"{name} {1e6 * t:.0f} us" for name, t in times.items()),
     )
     return choice
 

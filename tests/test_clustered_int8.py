@@ -405,10 +405,10 @@ def test_int8_assignment_picks_the_nearest_centroid_up_to_rounding():
 
 
 @pytest.mark.parametrize("rows", [1, 5, 32])
-def test_the_gather_s_two_multiplies_sum_the_same_integers(rows, switch):
-    """The float32 sums equal torch._int_mm's int32 sums exactly at widths up to EXACT_FLOAT32_DIM, whole
-    and across buffer blocks (a small chunk forces several), so the choice between them changes only the
-    time; forced by the switch, each runs."""
+def test_the_gather_s_multiplies_sum_the_same_integers(rows, switch):
+    """The float32 sums and the compiled loop equal torch._int_mm's int32 sums exactly (the float32 ones at
+    widths up to EXACT_FLOAT32_DIM), whole and across buffer blocks (a small chunk forces several), so the
+    choice between them changes only the time."""
     g = torch.Generator().manual_seed(rows)
     d = int8_union.EXACT_FLOAT32_DIM
     q = torch.full((300, d), 127, dtype=torch.int8)  # the largest products: the sums' worst case
@@ -417,31 +417,38 @@ def test_the_gather_s_two_multiplies_sum_the_same_integers(rows, switch):
     ints[0] = 127.0
     cols = torch.randperm(300, generator=g)[:257]
     want = ints.double() @ q.index_select(0, cols).double().t()
-    got_int = int8_union._int_mm_sums(ints.to(torch.int8), q, cols)
-    got_f32 = int8_union._float32_sums(ints, q, cols)
-    assert torch.equal(got_int.double(), want) and torch.equal(got_f32.double(), want)
+    x8 = ints.to(torch.int8)
+    for got in (
+        int8_union._int_mm_sums(x8, q, cols),
+        int8_union._float32_sums(ints, q, cols),
+        int8_union._compiled_sums(x8, q, cols),
+    ):
+        assert torch.equal(got.double(), want)
     assert float(want.abs().max()) == d * 127 * 127  # the bound the exactness needs is reached
     switch(INT8_GATHER_CHUNK_BYTES=64 * d)  # blocks of 64 rows for torch._int_mm
-    assert torch.equal(int8_union._int_mm_sums(ints.to(torch.int8), q, cols).double(), want)
+    assert torch.equal(int8_union._int_mm_sums(x8, q, cols).double(), want)
 
 
 def test_the_gather_s_multiply_is_measured_and_can_be_named():
-    """``auto`` times both and names one of them; past the exact width it keeps torch._int_mm; the switch
-    forces either; and the logits of a gather are the same whichever multiplies."""
+    """``auto`` times them and names one, per regime (the compiled loop only for few rows); past the exact
+    width the float32 sums are not among them; the switch forces each; and a gather's logits are the same
+    whichever multiplies."""
     int8_union.gather_multiply.cache_clear()
     try:
-        assert int8_union.gather_multiply(64) in ("int_mm", "float32")
-        assert int8_union.gather_multiply(int8_union.EXACT_FLOAT32_DIM + 1) == "int_mm"
+        assert int8_union.gather_multiply(64, True) in int8_union.MULTIPLIES
+        assert int8_union.gather_multiply(64, False) in ("int_mm", "float32")
+        assert int8_union.gather_multiply(int8_union.EXACT_FLOAT32_DIM + 1, False) == "int_mm"
         w, b, cmap = layer_and_map()
         proj = clustered(w, b, cmap, int8=True, cache_mb=0)
-        h = batch(cmap, 9, seed=4)
         cols = torch.arange(0, N, 3)
-        outs = {}
-        for name in ("int_mm", "float32"):
-            int8_union.gather_multiply.cache_clear()
-            with switches_override(INT8_GATHER=name):
-                assert int8_union.gather_multiply(D) == name
-                outs[name] = int8_union.int8_gather_gemm(h, proj._w8, cols)
-        assert torch.equal(outs["int_mm"], outs["float32"])
+        for rows in (2, 9):
+            h = batch(cmap, rows, seed=4)
+            outs = {}
+            for name in int8_union.MULTIPLIES:
+                int8_union.gather_multiply.cache_clear()
+                with switches_override(INT8_GATHER=name):
+                    assert int8_union.gather_multiply(D, rows <= int8_union.FEW_ROWS) == name
+                    outs[name] = int8_union.int8_gather_gemm(h, proj._w8, cols)
+            assert all(torch.equal(outs["int_mm"], out) for out in outs.values())
     finally:
         int8_union.gather_multiply.cache_clear()
