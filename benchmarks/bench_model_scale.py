@@ -673,7 +673,7 @@ def clustered_projections(m: Loaded, args, info: dict) -> dict:
             "disk_mib": du_mib(out),
             "union_fraction": union_growth(cmap),
         }
-        opts = {"cluster_map": out, "selection": "union", "inactive_mass": args.inactive_mass}
+        opts = {"cluster_map": out, "selection": args.selection, "inactive_mass": args.inactive_mass}
         built_s = maps_info[f"{frac:g}"]["projection_build_s"] = {}
         for dtype, system in (("fp32", "clustered-fp32"), ("int8", "clustered-int8")):
             if system in args.systems:  # the int8 option: W quantised as full int8's
@@ -927,6 +927,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--inactive-mass", default="none", help="the clustered projection's estimate (default none)"
     )
+    p.add_argument("--selection", choices=["union", "per-row"], default="union", help="clustered's")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--steps", type=int, default=48, help="tokens generated per sentence")
     p.add_argument(
