@@ -22,7 +22,6 @@ import torch
 from fastvocab import switches
 from fastvocab.kernels import int8
 from fastvocab.kernels.cluster_assign import PreparedMap
-from fastvocab.kernels.jit import njit
 from fastvocab.kernels.popular import (
     map_skipped,
     popularity_order,
@@ -358,12 +357,20 @@ def _compiled_sums(x8: torch.Tensor, q: torch.Tensor, cols: torch.Tensor) -> tor
     """``x8 @ q[cols].T`` in int32 by :func:`_dot_gathered`, which reads each row of ``q`` in place (no
     gathered copy), (rows, C)."""
     out = np.empty((x8.shape[0], cols.numel()), dtype=np.int32)
-    _dot_gathered(x8.numpy(), q.numpy(), cols.numpy(), out)
+    _dot_gathered()(x8.numpy(), q.numpy(), cols.numpy(), out)
     return torch.from_numpy(out)
 
 
-@njit(boundscheck=False)
-def _dot_gathered(x: np.ndarray, q: np.ndarray, cols: np.ndarray, out: np.ndarray) -> None:
+@functools.cache
+def _dot_gathered() -> Callable[..., None]:
+    """:func:`_dot_gathered_loop` compiled, at its first use: importing numba costs a greedy translate
+    0.2-0.3 s that it otherwise does not pay."""
+    from fastvocab.kernels.jit import njit
+
+    return njit(boundscheck=False)(_dot_gathered_loop)
+
+
+def _dot_gathered_loop(x: np.ndarray, q: np.ndarray, cols: np.ndarray, out: np.ndarray) -> None:
     rows, d = x.shape
     for j in range(cols.shape[0]):
         c = cols[j]
@@ -397,9 +404,10 @@ def gather_multiply(d: int, few_rows: bool = False) -> str:
     the rows in place, took 0.3 ms against the float32 sums' 1.3. A rule by CPU flags guesses; this times
     each on one thread at 1 or 32 rows over 256 random int8 rows (the median of 3 calls, after one), and
     takes the fastest if it beats ``torch._int_mm`` ``GATHER_MARGIN`` times; the compiled loop only for few
-    rows, the float32 sums only where they are exact (``d <= EXACT_FLOAT32_DIM``). The compiled loop's first
-    call in a process loads it from numba's cache (0.46 s on that EPYC). ``FASTVOCAB_INT8_GATHER``
-    (``switches.INT8_GATHER``) names one instead."""
+    rows, the float32 sums only where they are exact (``d <= EXACT_FLOAT32_DIM``). Timing the compiled loop
+    imports numba and loads the loop from its cache, once a process: 0.8 s on that EPYC, paid at the first
+    gather of a few rows (none in the demo model's steps: its clusters' blocks are cached).
+    ``FASTVOCAB_INT8_GATHER`` (``switches.INT8_GATHER``) names one instead."""
     named = switches.INT8_GATHER.get()
     if named != "auto":
         return named
