@@ -36,8 +36,9 @@ map reads as 1, the nearest cluster only (Amer et al.'s method).
 
 Encoding (version 6): ``encoding``, empty for the layout above; a shipped map (:func:`save_cluster_map` with
 ``compact``) stores its tensors compact (``artifacts_schema/compact.py``): centroids and the normaliser's
-``grad`` and ``curv`` (the upper triangles of symmetric matrices) in float16, the squared norms in float32
-computed from those float16 centroids (so the assignment ranks clusters by the centroids it reads), set
+``grad`` and ``curv`` (the upper triangles of symmetric matrices) as int8 rows with a float32 scale each
+(version 7; float16 in version 6), the squared norms in float32 computed from the centroids as decoded (so
+the assignment ranks clusters by the centroids it reads), set
 sizes for ``indptr``, each set's ids as its first id and the gaps (uint16 for a vocabulary of at most 65,536
 ids), and ``population`` [r], each cluster's member predictions, instead of ``counts``: decoding reads only
 those sums (which clusters to cache first), and they cost r numbers where counts cost nnz. Loaded, a compact
@@ -57,7 +58,7 @@ from pathlib import Path
 import numpy as np
 
 from fastvocab import __version__
-from fastvocab.artifacts_schema.compact import decode_tensors, encode_tensors
+from fastvocab.artifacts_schema.compact import decode_tensors, encode_tensors, int8_decoded
 from fastvocab.artifacts_schema.digest import digest
 from fastvocab.artifacts_schema.errors import ArtifactError
 from fastvocab.artifacts_schema.tensor_folder import MANIFEST_FILE as MANIFEST_FILE
@@ -69,9 +70,11 @@ from fastvocab.artifacts_schema.tensor_folder import read_manifest, read_tensors
 # Version 4: the manifest records what the map covers (``beams``, ``beam_states``); tensors as version 3.
 # Version 5: the manifest's ``probes``, the decoding default (a version-4 reader would ignore it).
 # Version 6: the manifest's ``encoding``; a compact map stores other tensors (module docstring).
-MAP_SCHEMA_VERSION = 6
+# Version 7: a compact map's centroids and normaliser are int8 rows with their scales (float16 in version 6),
+# which a version-6 reader would misread.
+MAP_SCHEMA_VERSION = 7
 # oldest first: a version-3 map serves, its beams unknown; a version-3 or -4 map probes 1 cluster
-READABLE_MAP_VERSIONS = (3, 4, 5, MAP_SCHEMA_VERSION)
+READABLE_MAP_VERSIONS = (3, 4, 5, 6, MAP_SCHEMA_VERSION)
 MAP_SCOPES = ("direction", "target")  # source+target known / target-only (Amer et al. Sec. 2.2)
 TARGET_PREFIX = "to-"  # a target-scope map's folder and manifest direction: "to-it"
 LEGACY_TARGET_PREFIX = "*-"  # how earlier maps' manifests spelled it ("*-it"), still read
@@ -272,9 +275,8 @@ def _compact_tensors(cmap: ClusterMap) -> tuple[dict[str, np.ndarray], dict[str,
         plain_digest = digest(save(_plain_tensors(cmap)))
     else:  # re-encoding a compact map: it came from the plain map its encoding names
         plain_digest = str(cmap.manifest.encoding.get("plain_digest", ""))
-    centroids = np.asarray(cmap.centroids, dtype=np.float32).astype(np.float16)
-    if not np.isfinite(centroids).all():
-        centroids = np.asarray(cmap.centroids, dtype=np.float32)
+    # the centroids as a reader decodes them, so that the squared norms are theirs
+    centroids = int8_decoded(cmap.centroids)
     tensors: dict[str, np.ndarray] = {
         "centroids": centroids,
         "centroid_sq_norms": _sq_norms(centroids),
@@ -283,7 +285,7 @@ def _compact_tensors(cmap: ClusterMap) -> tuple[dict[str, np.ndarray], dict[str,
         "population": cmap.population(),
     }
     options: dict[str, dict[str, object]] = {
-        "centroids": {"float16": True},  # float16 already: stored as it is, decoded to float32
+        "centroids": {"int8": True},
         "centroid_sq_norms": {},
         "indptr": {"int_bound": n + 1, "delta": "all"},
         "indices": {"int_bound": n, "delta": "indptr"},
@@ -293,11 +295,9 @@ def _compact_tensors(cmap: ClusterMap) -> tuple[dict[str, np.ndarray], dict[str,
         for name in NORMALISER_FIELDS:
             tensors[f"normaliser_{name}"] = np.asarray(getattr(cmap.normaliser, name), dtype=np.float32)
         # lse, resid and the basis are small and shift every row's estimate: kept float32
-        options["normaliser_grad"] = {"float16": True}
-        options["normaliser_curv"] = {"float16": True, "symmetric": True}
+        options["normaliser_grad"] = {"int8": True}
+        options["normaliser_curv"] = {"int8": True, "symmetric": True}
     stored, entries = encode_tensors(tensors, options)
-    # stored as float16 but read as float32 (the squared norms were computed from them)
-    entries["centroids"]["dtype"] = "float32"
     encoding: dict[str, object] = {
         "format": COMPACT_FORMAT,
         "tensors": entries,
@@ -312,7 +312,7 @@ def save_cluster_map(cmap: ClusterMap, map_dir: str | Path, *, compact: bool = F
 
     The manifest records the digest of the tensors file, so readers can check it without rehashing anything
     else and provenance records can name the map by it. ``compact``: the shipped form (module docstring),
-    zstd-compressed; loaded, it gives a plain map's arrays, floats within float16 rounding.
+    zstd-compressed; loaded, it gives a plain map's arrays, floats within their int8 rows' rounding.
     """
     validate(cmap)
     if not compact:

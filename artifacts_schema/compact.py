@@ -7,7 +7,10 @@ an entry holding:
 
 - ``dtype``, ``shape``: what the tensor decodes to;
 - ``stored``: the dtype kept on disk: ``uint16`` for ids and offsets of a vocabulary of at most 65,536 ids
-  (int32 beyond), ``float16`` for floats that tolerate its rounding (the caller's choice);
+  (int32 beyond), ``float16`` for floats that tolerate its rounding, ``int8`` for floats that tolerate a
+  step of 1/127 of their row's largest magnitude (the caller's choice of each);
+- ``row_scales`` (with ``stored`` ``int8``): the stored bytes begin with one float32 scale per row (the first
+  axis), then the int8 values; a value decodes to its int8 times its row's scale (Faiss's SQ8 idea, per row);
 - ``delta`` (optional): ``"all"``, the tensor is kept as its first value then the gaps between consecutive
   values (an ``indptr`` becomes set sizes); or the name of a CSR row pointer, each row kept as its first id
   then the gaps (sorted ids become small numbers that zstd packs);
@@ -46,6 +49,21 @@ def _row_starts(indptr: np.ndarray) -> np.ndarray:
     return starts[np.diff(indptr) > 0]
 
 
+def int8_rows(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``values`` (rows along the first axis) as int8 and one float32 scale per row: each row's largest
+    magnitude becomes 127. Decoded (int8 times scale) and encoded again, a row gives the same int8."""
+    v = np.asarray(values, dtype=np.float32).reshape(len(values), -1)
+    scales = np.abs(v).max(axis=1) / 127 if v.size else np.zeros(len(v), dtype=np.float32)
+    scales = np.where(scales > 0, scales, 1).astype(np.float32)
+    return np.rint(v / scales[:, None]).astype(np.int8), scales
+
+
+def int8_decoded(values: np.ndarray) -> np.ndarray:
+    """``values`` as they read back from int8 rows (float32, their shape): what a reader of them sees."""
+    q, scales = int8_rows(values)
+    return (q * scales[:, None]).reshape(np.shape(values))
+
+
 def _gaps(values: np.ndarray, indptr: np.ndarray | None) -> np.ndarray:
     v = values.astype(np.int64)
     out = v.copy()
@@ -75,6 +93,7 @@ def encode_tensor(
     delta: str | None = None,
     rows: np.ndarray | None = None,
     float16: bool = False,
+    int8: bool = False,
     symmetric: bool = False,
 ) -> tuple[np.ndarray, dict[str, Any]]:
     """The stored form of ``a`` and its manifest entry.
@@ -82,8 +101,9 @@ def encode_tensor(
     ``int_bound``: an integer tensor's values (or gaps, with ``delta``) lie in ``[0, int_bound)``, which
     picks the stored width (:func:`int_dtype`); a value outside it is a ValueError, never a wrapped id.
     ``delta``: ``"all"`` or the name of the row pointer ``rows`` (module docstring). ``float16``: store a
-    float tensor as float16 when every value stays finite (else as it is). ``symmetric``: ``a`` is
-    (..., k, k) and only its upper triangles are kept.
+    float tensor as float16 when every value stays finite (else as it is); ``int8``: as int8 rows with their
+    scales (:func:`int8_rows`) when every value is finite. ``symmetric``: ``a`` is (..., k, k) and only its
+    upper triangles are kept.
     """
     a = np.asarray(a)
     entry: dict[str, Any] = {"dtype": a.dtype.name, "shape": list(a.shape)}
@@ -111,6 +131,11 @@ def encode_tensor(
         half = values.astype(np.float16)
         if np.isfinite(half).all() or not np.isfinite(values).all():
             values = half
+    elif int8 and a.dtype.kind == "f" and a.ndim and np.isfinite(values).all():
+        q, scales = int8_rows(values)
+        entry["stored"], entry["row_scales"] = "int8", True
+        planes = scales.view(np.uint8).reshape(-1, 4).T.reshape(-1)
+        return np.concatenate([planes, q.reshape(-1).view(np.uint8)]), entry
     entry["stored"] = values.dtype.name
     values = np.ascontiguousarray(values).reshape(-1)
     if values.dtype.itemsize > 1 and values.size:
@@ -123,9 +148,15 @@ def decode_tensor(stored: np.ndarray, entry: Mapping[str, Any], rows: np.ndarray
     """The tensor ``stored`` was encoded from (``rows``: the decoded row pointer its ``delta`` names)."""
     kept = np.dtype(str(entry["stored"]))
     values = np.asarray(stored)
-    if entry.get("planes"):
-        values = np.ascontiguousarray(values.T).reshape(-1).view(kept)
-    values = values.reshape(-1).astype(kept, copy=False)
+    if entry.get("row_scales"):
+        n_rows = int(entry["shape"][0])
+        raw = values.reshape(-1).view(np.uint8)
+        scales = np.ascontiguousarray(raw[: 4 * n_rows].reshape(4, n_rows).T).reshape(-1).view(np.float32)
+        values = (raw[4 * n_rows :].view(np.int8).reshape(n_rows, -1) * scales[:, None]).reshape(-1)
+    else:
+        if entry.get("planes"):
+            values = np.ascontiguousarray(values.T).reshape(-1).view(kept)
+        values = values.reshape(-1).astype(kept, copy=False)
     delta = entry.get("delta")
     if delta is not None:
         values = _undo_gaps(values, None if delta == "all" else rows)

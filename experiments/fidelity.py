@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import datetime as dt
 import os
-import platform
 import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -53,6 +52,7 @@ from fastvocab.decoding.search import ProjectionLike, decode
 from fastvocab.decoding.settings import SearchSettings
 from fastvocab.kernels.base import Projection
 from fastvocab.kernels.clustered_parts import exact_k_for
+from fastvocab.kernels.cpu_features import cpu_name
 from fastvocab.tasks.evaluate import score
 from fastvocab.tasks.projections import clustered_options, make_projection
 
@@ -502,7 +502,7 @@ def run_meta(
 
 
 def device_description(device: str) -> str:
-    """The GPU's name for a CUDA device, else the CPU's architecture and torch's thread count."""
+    """The GPU's name for a CUDA device, else the CPU's model and extensions and torch's thread count."""
     if device.startswith("cuda"):
         return torch.cuda.get_device_name(torch.device(device))
-    return f"{platform.processor() or platform.machine()} ({torch.get_num_threads()} threads)"
+    return f"{cpu_name()} ({torch.get_num_threads()} threads)"

@@ -22,6 +22,7 @@ from typing import Any
 
 from fastvocab import __version__
 from fastvocab.artifacts_schema.cluster_map import (
+    MAP_SCHEMA_VERSION,
     MapManifest,
     load_cluster_map,
     load_manifest,
@@ -191,18 +192,20 @@ def publish_index(src: Path, target: Path) -> bool:
 
 
 def compact_published(folder: Path) -> list[Path]:
-    """Rewrite every map and method index under ``folder`` (a maps folder beside a model) that is not
-    compact yet in the compact form, each atomically and in place: the manifests keep every field but
-    ``encoding``, ``schema_version`` and ``tensors_digest``, and ``maps.json`` (when there) names the new
-    digests. Returns the folders rewritten."""
+    """Rewrite in the compact form, each atomically and in place, every map and method index under
+    ``folder`` (a maps folder beside a model) that is not compact yet, and every map compact in an older
+    version (its sets unchanged, its floats rounded as this version stores them): the manifests keep every
+    field but ``encoding``, ``schema_version`` and ``tensors_digest``, and ``maps.json`` (when there) names
+    the new digests. Returns the folders rewritten."""
     folder = Path(folder)
     done: list[Path] = []
     for manifest in sorted(folder.rglob(MANIFEST_FILE)):
         where = manifest.parent
         data = read_json(manifest) or {}
-        if data.get("encoding"):
+        is_map = "method" not in data
+        if data.get("encoding") and not (is_map and data.get("schema_version") != MAP_SCHEMA_VERSION):
             continue
-        if "method" in data:
+        if not is_map:
             save_method_index(load_method_index(where, str(data["method"])), where, compact=True)
         else:
             save_cluster_map(load_cluster_map(where), where, compact=True)

@@ -79,7 +79,8 @@ def test_a_map_of_an_older_format_is_refused_naming_the_rebuild_command(tmp_path
     if version == 1:
         old["mode"] = old.pop("scope")
     path.write_text(json.dumps(old))
-    match = rf"schema version {version}, this fastvocab reads versions 3, 4, 5 and 6: .*--stages kmeans,maps"
+    reads = "reads versions 3, 4, 5, 6 and 7"
+    match = rf"schema version {version}, this fastvocab {reads}: .*--stages kmeans,maps"
     with pytest.raises(ArtifactError, match=match):
         load_cluster_map(tmp_path / "m")
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from fastvocab.artifacts_schema.cluster_map import load_cluster_map, save_cluster_map
+from fastvocab.artifacts_schema.cluster_map import MAP_SCHEMA_VERSION, load_cluster_map, save_cluster_map
 from fastvocab.artifacts_schema.compact import decode_tensor, encode_tensor, int_dtype
 from fastvocab.artifacts_schema.errors import ArtifactError
 from fastvocab.artifacts_schema.method_index import load_method_index, save_method_index
@@ -90,6 +90,14 @@ def _close(a: np.ndarray, b: np.ndarray) -> None:
     np.testing.assert_allclose(a, b, rtol=HALF, atol=6e-8)
 
 
+def _close_int8(a: np.ndarray, b: np.ndarray) -> None:
+    """Equal within half an int8 step of each row's largest magnitude (rows along the first axis)."""
+    assert a.dtype == b.dtype == np.float32 and a.shape == b.shape
+    step = np.abs(b).reshape(len(b), -1).max(axis=1) / 127
+    err = np.abs(a - b).reshape(len(b), -1).max(axis=1)
+    assert (err <= step / 2 * (1 + 1e-5) + 1e-12).all()
+
+
 def test_a_compact_map_loads_to_the_plain_maps_arrays(tmp_path, cmap):
     save_cluster_map(cmap, tmp_path / "plain")
     save_cluster_map(cmap, tmp_path / "compact", compact=True)
@@ -100,17 +108,20 @@ def test_a_compact_map_loads_to_the_plain_maps_arrays(tmp_path, cmap):
         a, b = getattr(plain, name), getattr(compact, name)
         assert a.dtype == b.dtype and np.array_equal(a, b), name
     assert np.array_equal(compact.population(), plain.population())
-    assert not np.array_equal(compact.centroids, plain.centroids)  # float16 is what it stores
-    _close(compact.centroids, plain.centroids)
+    assert not np.array_equal(compact.centroids, plain.centroids)  # int8 rows are what it stores
+    _close_int8(compact.centroids, plain.centroids)
     # the norms the assignment reads are those of the centroids it reads
     assert np.array_equal(
         compact.centroid_sq_norms, np.einsum("rd,rd->r", compact.centroids, compact.centroids)
     )
     assert plain.normaliser is not None and compact.normaliser is not None
-    for name in ("lse", "grad", "basis", "curv", "resid"):
-        _close(getattr(compact.normaliser, name), getattr(plain.normaliser, name))
+    for name in ("lse", "basis", "resid"):  # kept float32
+        assert np.array_equal(getattr(compact.normaliser, name), getattr(plain.normaliser, name)), name
+    for name in ("grad", "curv"):
+        _close_int8(getattr(compact.normaliser, name), getattr(plain.normaliser, name))
+    assert np.array_equal(compact.normaliser.curv, compact.normaliser.curv.transpose(0, 2, 1))
     m = json.loads((tmp_path / "compact" / MANIFEST_FILE).read_text())
-    assert m["schema_version"] == 6 and m["encoding"]["plain_digest"] == plain.manifest.tensors_digest
+    assert m["schema_version"] == 7 and m["encoding"]["plain_digest"] == plain.manifest.tensors_digest
     assert m["encoding"]["tensors"]["indices"]["stored"] == "uint16"
 
 
@@ -209,6 +220,28 @@ def test_a_compact_map_refuses_min_count_pruning(tmp_path, cmap):
     again = load_cluster_map(tmp_path / "again")
     assert again.manifest.encoding["plain_digest"] == compact.manifest.encoding["plain_digest"]
     assert np.array_equal(again.centroids, compact.centroids) and np.array_equal(again.counts, compact.counts)
+    assert compact.normaliser is not None and again.normaliser is not None
+    for name in ("grad", "curv"):  # int8 rows decoded and encoded again are the same int8 rows
+        assert np.array_equal(getattr(again.normaliser, name), getattr(compact.normaliser, name)), name
+
+
+def test_int8_rows_keep_each_rows_scale_and_leave_what_int8_cannot_hold():
+    rng = np.random.default_rng(0)
+    a = (rng.standard_normal((5, 7)) * np.array([1e-3, 1, 10, 0, 5])[:, None]).astype(np.float32)
+    stored, entry = encode_tensor(a, int8=True)
+    assert entry["stored"] == "int8" and stored.nbytes == 5 * 4 + a.size  # a scale a row, a byte a value
+    got = decode_tensor(stored, entry)
+    assert got.dtype == np.float32 and got.shape == a.shape
+    step = np.abs(a).max(axis=1) / 127
+    assert (np.abs(got - a).max(axis=1) <= step / 2 * (1 + 1e-5)).all()  # each row at its own scale
+    assert not got[3].any()  # a row of zeros stays zeros
+    again, _ = encode_tensor(got, int8=True)
+    assert np.array_equal(decode_tensor(again, entry), got)
+    # a tensor with a non-finite value is kept as it is
+    bad = a.copy()
+    bad[1, 2] = np.inf
+    stored, entry = encode_tensor(bad, int8=True)
+    assert entry["stored"] == "float32" and np.array_equal(decode_tensor(stored, entry), bad)
 
 
 def test_uint16_only_when_the_ids_fit(tmp_path):
@@ -242,7 +275,10 @@ def test_compact_published_rewrites_a_plain_folder_in_place(tmp_path, cmap, inde
     ]
     after = json.loads((root / "en-it" / MANIFEST_FILE).read_text())
     changed = {k for k in after if after[k] != before.get(k)}
-    assert changed - {"schema_version"} == {"encoding", "tensors_digest"} and after["schema_version"] == 6
+    assert (
+        changed - {"schema_version"} == {"encoding", "tensors_digest"}
+        and after["schema_version"] == MAP_SCHEMA_VERSION
+    )
     assert (
         json.loads((root / BUILD_FILE).read_text())["maps"]["en-it"]["tensors_digest"]
         == after["tensors_digest"]

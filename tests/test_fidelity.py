@@ -12,6 +12,7 @@ import torch
 
 from fastvocab.kernels import certificate, create_projection
 from fastvocab.kernels.clustered_parts import SELECTIONS
+from fastvocab.kernels.cpu_features import cpu_name
 from tests.conftest import reference_logits, synthetic_sentences, write_en_it_split
 from tests.layers import (
     decode,
@@ -300,7 +301,8 @@ def test_bench_fidelity_runs_the_default_methods_and_names_its_run(tmp_path, tin
     data = json.loads(out.read_text())
     got = {(r["beam"], r["method"]) for r in data["results"]}
     assert got == {(1, "clustered"), (1, "exact"), (2, "clustered"), (2, "normaliser"), (2, "exact")}
-    assert data["meta"]["commit"] and data["meta"]["loadavg_before"] and data["meta"]["device"]
+    assert data["meta"]["commit"] and data["meta"]["loadavg_before"]
+    assert data["meta"]["device"] == f"{cpu_name()} (1 threads)"  # a record names the CPU it ran on
     assert data["command"].startswith("fastvocab bench fidelity")
     for r in data["results"]:
         assert r["sentences"] == 5 and 0.0 <= r["search_errors"] <= 1.0 - r["identical"] + 1e-9

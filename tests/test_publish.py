@@ -38,7 +38,8 @@ def test_published_maps_are_copied_once_with_their_record(tmp_path):
     assert a.manifest.encoding["plain_digest"] == b.manifest.tensors_digest
     assert built["maps"]["en-it"]["tensors_digest"] == a.manifest.tensors_digest
     assert np.array_equal(a.indices, b.indices) and np.array_equal(a.population(), b.population())
-    np.testing.assert_allclose(a.centroids, b.centroids, rtol=2**-11)
+    step = np.abs(b.centroids).max(axis=1, keepdims=True) / 127  # int8 rows: half a step of each row
+    assert (np.abs(a.centroids - b.centroids) <= step / 2 * (1 + 1e-5)).all()
     (out / "it-en" / "map.safetensors.zst").write_bytes(b"\0" * 8 + b"garbage")
     with pytest.raises(ArtifactError, match="corrupt cluster map tensors"):
         load_cluster_map(out / "it-en")
