@@ -7,6 +7,7 @@ on ``sys.path``).
 
 from __future__ import annotations
 
+import argparse
 import atexit
 import contextlib
 import datetime as dt
@@ -15,7 +16,7 @@ import os
 import shutil
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
 from typing import TypeVar
 
@@ -43,12 +44,34 @@ def device_name(device: str) -> str:
     return f"{cpu_name()} ({torch.get_num_threads()} threads)"
 
 
+def cupy_version() -> str | None:
+    """CuPy's version, None where it is not installed."""
+    try:
+        import cupy
+    except ImportError:
+        return None
+    return cupy.__version__
+
+
 def round_order(systems: Sequence[T], round_index: int) -> list[T]:
     """``systems`` as round ``round_index`` runs them: each round starts one system later than the one before,
     so no system keeps the first place (in fixed order, fastvocab full int8, always first, ran 4-25% slower
     than the int8 clustered projection doing the same computation, at every point of two model-scale runs)."""
     shift = round_index % len(systems) if systems else 0
     return [*systems[shift:], *systems[:shift]]
+
+
+def comma_list(kind: Callable[[str], T], known: Collection[T] | None = None) -> Callable[[str], list[T]]:
+    """An argparse ``type``: ``a,b,c`` as a list of ``kind``, each one of ``known`` when given."""
+
+    def parse(text: str) -> list[T]:
+        items = [kind(x) for x in text.split(",") if x]
+        unknown = [x for x in items if known is not None and x not in known]
+        if unknown:
+            raise argparse.ArgumentTypeError(f"unknown {unknown[0]!r}; known: {', '.join(map(str, known))}")
+        return items
+
+    return parse
 
 
 def result_header(benchmark: str) -> dict[str, object]:
