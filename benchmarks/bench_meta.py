@@ -103,6 +103,19 @@ def provenance(script: str, argv: list[str] | None, *code: str) -> dict[str, str
     }
 
 
+def bleu_chrf(scores: dict) -> dict[str, object]:
+    """BLEU and chrF of ``tasks.evaluate.score`` (or ``fastvocab eval --json``), rounded for the tables, with
+    their sacrebleu signatures."""
+    signatures = scores["signatures"]
+    return {"bleu": round(scores["bleu"], 2), "chrf": round(scores["chrf"], 2),
+            "bleu_signature": signatures["bleu"], "chrf_signature": signatures["chrf"]}  # fmt: skip
+
+
+def load_avg() -> list[float]:
+    """The 1-, 5- and 15-minute load averages, rounded: a record's note of how busy the machine was."""
+    return [round(x, 2) for x in os.getloadavg()]
+
+
 def write_result(path: Path | None, result: dict) -> None:
     """Write ``result`` as JSON to ``path`` (folders made as needed); nothing when ``path`` is None."""
     if path is None:

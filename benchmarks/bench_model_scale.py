@@ -39,6 +39,7 @@ from bench_meta import (
     RESULTS,
     ROOT,
     comma_list,
+    load_avg,
     meminfo,
     provenance,
     reset_peak_rss,
@@ -905,7 +906,7 @@ def main(argv: list[str] | None = None) -> int:
         "ctranslate2": ctranslate2.__version__,
         "timing": "one process, systems interleaved round by round; tokens/s from the median round",
         "gemm_peak_gflops": {},
-        "load_avg": {"start": [round(x, 2) for x in os.getloadavg()]},
+        "load_avg": {"start": load_avg()},
         "real_map_union_growth": real_union_growth(args.real_map),
         "shapes": {},
         "rows": [],
@@ -913,7 +914,7 @@ def main(argv: list[str] | None = None) -> int:
     for name in args.shapes:
         gc.collect()  # the previous shape's models go before this one's memory check
         run_shape(name, args, result)
-    result["load_avg"]["end"] = [round(x, 2) for x in os.getloadavg()]
+    result["load_avg"]["end"] = load_avg()
     out = Path(args.out) if args.out else RESULTS / f"model-scale-cpu-{dt.date.today().isoformat()}.json"
     write_result(out, result)
     plot(result, out.with_suffix(".png"))
