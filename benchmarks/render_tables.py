@@ -21,7 +21,7 @@ import os
 import re
 import sys
 import textwrap
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -53,6 +53,13 @@ def _row(cells: list[str]) -> str:
     return "| " + " | ".join(cells) + " |\n"
 
 
+def _table(head: list[str], rows: Iterable[list[str]], align: list[str] | None = None) -> str:
+    """A table and the blank line after it; ``align``: each column's ``---`` or ``---:`` (default: the first
+    column left-aligned, the others right)."""
+    align = align or ["---"] + ["---:"] * (len(head) - 1)
+    return _row(head) + _row(align) + "".join(_row(cells) for cells in rows) + "\n"
+
+
 # --- README: full against clustered + shortlist, with CTranslate2 beside (bench_peer, --engine onnx) ---
 
 PEER_DIRECTION = "en-it"
@@ -68,21 +75,21 @@ def render_peer(root: Path, doc: Path) -> str:
     head = ["search, batch", "en-it lines", "full fp32 s", "clustered s", "clustered vs full",
             "CTranslate2 float32 s", "full vs CT2 float32", "clustered int8 s", "CTranslate2 int8 s",
             "clustered int8 vs CT2 int8", "outputs changed (fp32 / int8)"]  # fmt: skip
-    out = _row(head) + _row(["---"] + ["---:"] * (len(head) - 1))
+    rows = []
     for label, name, run in PEER:
         rec = _load(root, name)
         systems = rec["runs"][run]["systems"]
         full, clu = systems["fastvocab full fp32"], systems["fastvocab clustered fp32"]
         clu8 = systems["fastvocab clustered int8"]
         changed = [_pct(x["lines_changed_vs_fastvocab_full_fp32"]) for x in (clu, clu8)]
-        out += _row([
+        rows.append([
             label, str(rec["n_lines"]), f"{full['seconds_median']:.2f}", f"{clu['seconds_median']:.2f}",
             f"**{clu['speed_vs_full']:.2f}x**", f"{systems['ct2 float32']['seconds_median']:.2f}",
             f"{full['speed_vs_ct2_float32']:.2f}x", f"{clu8['seconds_median']:.2f}",
             f"{systems['ct2 int8']['seconds_median']:.2f}", f"**{clu8['speed_vs_ct2_int8']:.2f}x**",
             " / ".join(changed),
         ])  # fmt: skip
-    return out + "\n" + _sources(doc, root, list(dict.fromkeys(name for _, name, _ in PEER)))
+    return _table(head, rows) + _sources(doc, root, list(dict.fromkeys(name for _, name, _ in PEER)))
 
 
 # --- docs/methods.md: every output-layer method on the whole test split (bench methods) ---
@@ -155,8 +162,7 @@ def _speed_changed(rows: dict[str, dict]) -> list[str]:
 def render_methods(root: Path, doc: Path) -> str:
     head = ["method, setting", "greedy: speed vs full", "greedy: changed / search errors",
             "beam 4: speed vs full", "beam 4: changed / search errors", "BLEU vs full (greedy)"]  # fmt: skip
-    out = _row(head) + _row(["---"] + ["---:"] * (len(head) - 1))
-    names: list[str] = []
+    rows, names = [], []
     for label, greedy, beam in METHODS:
         g = _results(root, *greedy)
         cells = [label, *_speed_changed(g)]
@@ -166,9 +172,8 @@ def render_methods(root: Path, doc: Path) -> str:
         else:
             cells += _speed_changed(_results(root, *beam))
             names.append(beam[0])
-        cells.append(_pair(g, _bleu_delta))
-        out += _row(cells)
-    return out + "\n" + _sources(doc, root, sorted(set(names)))
+        rows.append([*cells, _pair(g, _bleu_delta)])
+    return _table(head, rows) + _sources(doc, root, sorted(set(names)))
 
 
 # --- docs/demo-model.md: the demo model's test BLEU per direction ---
@@ -179,14 +184,10 @@ LANGS = ("it", "fr", "de", "es", "pt")
 
 def render_demo_bleu(root: Path, doc: Path) -> str:
     directions = _load(root, QUALITY)["directions"]
-    out = _row(["test BLEU / chrF", *LANGS]) + _row(["---"] + ["---:"] * len(LANGS))
-    for label, key in (("en -> xx", "en-{}"), ("xx -> en", "{}-en")):
-        cells = [label]
-        for lang in LANGS:
-            d = directions[key.format(lang)]
-            cells.append(f"{d['bleu']:.1f} / {d['chrf']:.1f}")
-        out += _row(cells)
-    return out + "\n" + _sources(doc, root, [QUALITY])
+    scores = [[f"{d['bleu']:.1f} / {d['chrf']:.1f}" for d in (directions[key.format(x)] for x in LANGS)]
+              for key in ("en-{}", "{}-en")]  # fmt: skip
+    rows = [["en -> xx", *scores[0]], ["xx -> en", *scores[1]]]
+    return _table(["test BLEU / chrF", *LANGS], rows) + _sources(doc, root, [QUALITY])
 
 
 # --- README: the maps shipped beside the demo model, one row a direction (bench fidelity, test split) ---
@@ -273,14 +274,14 @@ def render_data_scale(root: Path, doc: Path) -> str:
 
     head = ["dumped sentences a direction", "en-it outputs differing", "it-en",
             "a row's columns (en-it, share of N)"]  # fmt: skip
-    out = _row(head) + _row(["---:"] * len(head))
+    lines = []
     for size in (1500, 6000, 24000, 96000, None):
         sizes = {d: size or found[d]["sizes"][-1] for d in DIRECTIONS}
         label = f"{size:,}" if size else "all (" + " / ".join(f"{n:,}" for n in sizes.values()) + ")"
         rows = {d: point(d, sizes[d]) for d in DIRECTIONS}
         differ = [_pct(rows[d]["sentence_differ"]) for d in DIRECTIONS]
-        out += _row([label, *differ, _pct(rows["en-it"]["row_cols"])])
-    return out + "\n" + _sources(doc, root, [DATA_SCALE])
+        lines.append([label, *differ, _pct(rows["en-it"]["row_cols"])])
+    return _table(head, lines, ["---:"] * len(head)) + _sources(doc, root, [DATA_SCALE])
 
 
 # --- benchmarks/README.md: what the sets and the shortlist cover, without decoding (exact at batch 1) ---
@@ -307,7 +308,7 @@ def render_coverage(root: Path, doc: Path) -> str:
     found = _load(root, COVERAGE)["directions"]
     head = ["what a step computes", "changed, dev (en-it / it-en)", "changed, test", "a row, test",
             "union 32, test"]  # fmt: skip
-    out = _row(head) + _row(["---"] + ["---:"] * (len(head) - 1))
+    lines = []
     for label, want in COVERAGE_ROWS:
 
         def cell(split: str, key: str, fmt: Callable[[float], str] = _pct, want: dict = want) -> str:
@@ -321,8 +322,8 @@ def render_coverage(root: Path, doc: Path) -> str:
         cells = [cell("dev", "sentence_differ"), cell("test", "sentence_differ")]
         cells += [cell("test", "row_cols", _share), cell("test", "union_batch")]
         bold = label.startswith("**")
-        out += _row([label, *(f"**{c}**" if bold else c for c in cells)])
-    return out + "\n" + _sources(doc, root, [COVERAGE])
+        lines.append([label, *(f"**{c}**" if bold else c for c in cells)])
+    return _table(head, lines) + _sources(doc, root, [COVERAGE])
 
 
 # --- benchmarks/README.md: the shipped en-it / it-en maps and tables on the whole test split ---
@@ -337,21 +338,17 @@ SHIPPED_TEST = (
 def render_shipped_test(root: Path, doc: Path) -> str:
     # No speed column: one harness a figure, and the speed of this setting is the README's results table's.
     head = ["search, batch", "changed (en-it / it-en)", "search errors", "BLEU full -> clustered + shortlist"]
-    out = _row(head) + _row(["---", "---:", "---:", "---"])
+    lines = []
     for label, name, method in SHIPPED_TEST:
         if method is None:  # a bench fidelity record: one row a direction
             rows = {r["direction"]: r for r in _load(root, name)["results"]}
         else:
             rows = _results(root, name, method)
-        out += _row(
-            [
-                label,
-                _pair(rows, lambda r: _pct(1 - r["identical"])),
-                _pair(rows, lambda r: _pct(r["search_errors"])),
-                _pair(rows, lambda r: f"{r['bleu_full']:.2f} -> {r['bleu']:.2f}"),
-            ]
-        )
-    return out + "\n" + _sources(doc, root, [name for _, name, _ in SHIPPED_TEST])
+        lines.append([label, _pair(rows, lambda r: _pct(1 - r["identical"])),
+                      _pair(rows, lambda r: _pct(r["search_errors"])),
+                      _pair(rows, lambda r: f"{r['bleu_full']:.2f} -> {r['bleu']:.2f}")])  # fmt: skip
+    align = ["---", "---:", "---:", "---"]
+    return _table(head, lines, align) + _sources(doc, root, [name for _, name, _ in SHIPPED_TEST])
 
 
 # --- benchmarks/README.md: scale (generated inputs of millions of lines; bench_scale.py, retired) ---
@@ -450,13 +447,13 @@ CORPUS = "corpus-debian-bookworm-2026-11-28.json"
 
 def render_corpus(root: Path, doc: Path) -> str:
     head = ["pair", "segment pairs", "distinct", "train", "dev", "test"]
-    out = _row(head) + _row(["---"] + ["---:"] * (len(head) - 1))
+    rows = []
     for pair, built in _load(root, CORPUS)["pairs"].items():
         stats, counts = built["stats"], built["counts"]
         distinct = stats["segment_pairs"] - stats["duplicates_removed"]
         cells = [stats["segment_pairs"], distinct, counts["train"], counts["dev"], counts["test"]]
-        out += _row([pair, *(f"{n:,}" for n in cells)])
-    return out + "\n" + _sources(doc, root, [CORPUS])
+        rows.append([pair, *(f"{n:,}" for n in cells)])
+    return _table(head, rows) + _sources(doc, root, [CORPUS])
 
 
 # --- docs/corpus.md: the catalog corpus by pair, with what each cleaning step left out ---
@@ -467,15 +464,15 @@ CATALOGS = "corpus-catalogs-bookworm-2026-12-02.json"
 def render_catalogs(root: Path, doc: Path) -> str:
     head = ["pair", "catalogs", "messages", "option tables", "inner placeholders", "edge placeholders",
             "plural", "duplicates", "pairs", "train", "dev", "test"]  # fmt: skip
-    out = _row(head) + _row(["---"] + ["---:"] * (len(head) - 1))
+    rows = []
     for pair, built in _load(root, CATALOGS)["pairs"].items():
         st, counts = built["stats"], built["counts"]
         duplicates = st["duplicates_in_catalog"] + st["duplicates_across_catalogs"]
         cells = [st["catalogs"], st["messages"], st["verbatim"], st["placeholders"],
                  st["placeholders_stripped"], st["plural"], duplicates, st["pairs"],
                  counts["train"], counts["dev"], counts["test"]]  # fmt: skip
-        out += _row([pair, *(f"{n:,}" for n in cells)])
-    return out + "\n" + _sources(doc, root, [CATALOGS])
+        rows.append([pair, *(f"{n:,}" for n in cells)])
+    return _table(head, rows) + _sources(doc, root, [CATALOGS])
 
 
 # --- docs/scale-plan.md: maps, text and GPU hours for 100 languages, from the measured dump rates ---
@@ -903,14 +900,12 @@ def render_cpu_hot(root: Path, doc: Path) -> str:
     """A step's main calls as a run pays them and repeated at once (bench_step_profile --hot), us a call."""
     rows = {r["beam"]: r["calls"] for r in _load(root, HOT)["rows"]}
     head = ["call", "beam 4: in the run", "repeated", "greedy: in the run", "repeated"]
-    out = _row(head) + _row(["---"] + ["---:"] * 4)
-    for label, key in HOT_CALLS:
-        cells = [label]
-        for beam in (4, 1):
-            call = rows[beam].get(key)
-            cells += [f"{call['in_run_us']:.0f}", f"{call['repeat_us']:.0f}"] if call else ["-", "-"]
-        out += _row(cells)
-    return out + "\n" + _sources(doc, root, [HOT])
+
+    def us(call: dict | None) -> list[str]:
+        return [f"{call['in_run_us']:.0f}", f"{call['repeat_us']:.0f}"] if call else ["-", "-"]
+
+    lines = [[label, *us(rows[4].get(key)), *us(rows[1].get(key))] for label, key in HOT_CALLS]
+    return _table(head, lines) + _sources(doc, root, [HOT])
 
 
 TABLES: dict[str, Callable[[Path, Path], str]] = {
