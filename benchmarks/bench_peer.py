@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from bench_meta import RESULTS, emulation, provenance, round_order, scratch_dir, write_result
+from bench_meta import RESULTS, bleu_chrf, emulation, provenance, round_order, scratch_dir, write_result
 
 from fastvocab.decoding.search import parse_early_stopping, stopping_rule
 from fastvocab.kernels.clustered_parts import BEAM_INACTIVE_MASS, INACTIVE_MASS, SHORTLIST_BEAM_INACTIVE_MASS
@@ -85,15 +85,11 @@ class Ct2System:
 
     def _translate(self, src: list[list[str]], beam: int, **kw) -> list:
         return self.tr.translate_batch(
-            src,
-            target_prefix=[[self.tag]] * len(src),
-            beam_size=beam,
-            max_batch_size=self.args.batch_size,
-            batch_type="examples",
+            src, target_prefix=[[self.tag]] * len(src), beam_size=beam, max_batch_size=self.args.batch_size,
+            batch_type="examples", length_penalty=1.0,
             max_decoding_length=self.args.max_len + 1,  # + the forced language tag
-            length_penalty=1.0,
             **kw,
-        )
+        )  # fmt: skip
 
     def _translate_vmap(self, src: list[list[str]], beam: int) -> list:
         """One call per batch (CTranslate2 sorts a call's lines by length within it: the batches are
@@ -148,21 +144,10 @@ def fastvocab_system(adapter, projection, args) -> Callable[[list[str], int], tu
             if id(proj) not in pools:
                 pools[id(proj)] = DecodePool(adapter, proj, workers, args.worker_kind)
             how = {"pool": pools[id(proj)]}
-        r = translate(
-            adapter,
-            proj,
-            lines,
-            args.src_lang,
-            args.tgt_lang,
-            SearchSettings(
-                beam=beam,
-                batch_size=args.batch_size,
-                max_len=args.max_len,
-                early_stopping=args.early_stopping,
-            ),
-            progress=False,
-            **how,
+        search = SearchSettings(
+            beam=beam, batch_size=args.batch_size, max_len=args.max_len, early_stopping=args.early_stopping
         )
+        r = translate(adapter, proj, lines, args.src_lang, args.tgt_lang, search, progress=False, **how)
         spent[0] = proj.step_seconds
         if hasattr(proj, "reset_counters"):  # clustered: the columns and skipped rows of this call
             stats[0] = proj.stats()
@@ -287,17 +272,6 @@ def ct2_systems(adapter, args, info: dict, systems: dict[str, Callable]) -> None
     info["ct2_model"] = str(ct2_dir)
     systems["ct2 float32"] = Ct2System(ct2_dir, "float32", adapter, args)
     systems["ct2 int8"] = Ct2System(ct2_dir, "int8", adapter, args)
-
-
-def bleu_chrf(hyps: list[str], refs: list[str]) -> dict:
-    """BLEU and chrF (``tasks.evaluate.score``), rounded for the table, with their sacrebleu signatures."""
-    s = score(hyps, refs)
-    return {
-        "bleu": round(s["bleu"], 2),
-        "chrf": round(s["chrf"], 2),
-        "bleu_signature": s["signatures"]["bleu"],
-        "chrf_signature": s["signatures"]["chrf"],
-    }
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -487,39 +461,26 @@ def main(argv: list[str] | None = None) -> int:
         names = ", ".join(map(repr, unknown))
         raise SystemExit(f"bench_peer: --timed: no system {names}; the systems: {', '.join(systems)}")
     result: dict = {
-        "benchmark": "bench_peer",
-        **provenance("bench_peer.py", argv, "decoding", "kernels", "tasks"),
+        "benchmark": "bench_peer", **provenance("bench_peer.py", argv, "decoding", "kernels", "tasks"),
         "args": vars(args),  # every setting, defaults included
-        **emulation(),
-        "threads": args.threads,
-        "torch": torch.__version__,
-        "model": args.model,
-        "direction": f"{args.src_lang}-{args.tgt_lang}",
-        "lines": where,
-        "n_lines": len(lines),
-        "batch_size": args.batch_size,
-        "max_len": args.max_len,
-        "repeats": args.repeats,
-        "dtypes": {name: ("int8" if "int8" in name else "float32") for name in systems},
-        **info,
-        "runs": {},
-    }
+        **emulation(), "threads": args.threads, "torch": torch.__version__, "model": args.model,
+        "direction": f"{args.src_lang}-{args.tgt_lang}", "lines": where, "n_lines": len(lines),
+        "batch_size": args.batch_size, "max_len": args.max_len, "repeats": args.repeats,
+        "dtypes": {name: ("int8" if "int8" in name else "float32") for name in systems}, **info, "runs": {},
+    }  # fmt: skip
     for beam in [int(b) for b in args.beams.split(",")]:
         r = run_rounds(systems, timed, lines, beam, args)
         rows: dict[str, dict] = {}
         for name, run in systems.items():
             rows[name] = system_row(name, run, r, rows, info, args)
             if refs is not None:
-                rows[name].update(bleu_chrf(r.outputs[name], refs))
+                rows[name].update(bleu_chrf(score(r.outputs[name], refs)))
+        cache_bytes = info.get("static_cache_bytes_per_row", 0) * args.batch_size * beam
         result["runs"][f"beam{beam}"] = {
-            "beam": beam,
-            "static_cache_bytes_batch_x_beam": info.get("static_cache_bytes_per_row", 0)
-            * args.batch_size
-            * beam,
+            "beam": beam, "static_cache_bytes_batch_x_beam": cache_bytes,
             "loadavg_before": [round(x, 2) for x in r.load_before],
-            "loadavg_after": [round(x, 2) for x in r.load_after],
-            "systems": rows,
-        }
+            "loadavg_after": [round(x, 2) for x in r.load_after], "systems": rows,
+        }  # fmt: skip
         print_table(beam, rows, r.load_before[0], args)
     write_result(
         Path(args.out) if args.out else RESULTS / f"peer-cpu-{dt.date.today().isoformat()}.json", result
