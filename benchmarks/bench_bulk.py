@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from bench_meta import RESULTS, ROOT, cpu_name, write_result
+from bench_meta import RESULTS, ROOT, bulk_phases, cpu_name, write_result
 
 from fastvocab.artifacts_schema.provenance import git_commit
 
@@ -92,9 +92,8 @@ def translate(inp: Path, out: Path, args: argparse.Namespace, extra: list[str]) 
     busy = re.search(r"\(([\d.]+) a worker while busy", summary)
     if busy:
         row["tokens_per_s_a_worker_busy"] = float(busy.group(1))
-    phases = re.search(r"bulk phases \(s\): (.*)", proc.stderr)
-    if phases:
-        row["phases_s"] = {k: float(v) for k, v in (p.rsplit(" ", 1) for p in phases.group(1).split(", "))}
+    if phases := bulk_phases(proc.stderr):
+        row["phases_s"] = phases
     row["tokens_per_wall_s"] = round(row["target_tokens"] / wall, 1)
     row["lines_per_wall_s"] = round(args.lines / wall, 1)
     return row

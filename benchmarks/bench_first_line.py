@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import functools
 import os
 import re
 import statistics
@@ -33,9 +34,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench_meta import ROOT, result_header, write_result
+from bench_meta import ROOT, bulk_phases, result_header, write_result
 
-PHASES = re.compile(r"bulk phases \(s\): (.*)$", re.M)
 JOB = re.compile(r"parts translated in ([0-9.]+) s")
 RAN_ON = re.compile(r", engine (\w+), ")  # the summary line names the engine "auto" picked
 EXPORT = re.compile(r"engine onnx: exported the \w+ graph to \S+/(\S+) in ([0-9.]+) s")
@@ -63,12 +63,7 @@ def one_run(
     wall = time.perf_counter() - t0
     if done.returncode != 0:
         raise SystemExit(f"fastvocab translate failed ({done.returncode}): {done.stderr.strip()[-500:]}")
-    phases = {}
-    found = PHASES.search(done.stderr)
-    if found:
-        for part in found.group(1).split(", "):
-            name, seconds = part.rsplit(" ", 1)
-            phases[name] = float(seconds)
+    phases = bulk_phases(done.stderr)
     job = JOB.search(done.stderr)
     job_seconds = float(job.group(1)) if job else sum(phases.values())
     return {
@@ -120,11 +115,8 @@ def main() -> None:
     out = args.out or ROOT / "benchmarks" / "results" / f"first-line-cpu-{dt.date.today().isoformat()}.json"
     with tempfile.TemporaryDirectory(prefix="fastvocab-cache-") as cache:
         env = {"FASTVOCAB_CACHE_DIR": cache} if args.cold_cache else None
-        warmup = one_run(args.line, args.model, args.engine, args.dtype, env, args.clusters)
-        runs = [
-            one_run(args.line, args.model, args.engine, args.dtype, env, args.clusters)
-            for _ in range(args.runs)
-        ]
+        run = functools.partial(one_run, args.line, args.model, args.engine, args.dtype, env, args.clusters)
+        warmup, runs = run(), [run() for _ in range(args.runs)]
     imports = [round(import_seconds(), 3) for _ in range(args.runs)]
 
     def median(key: str) -> float:

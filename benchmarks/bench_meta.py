@@ -13,6 +13,7 @@ import contextlib
 import datetime as dt
 import json
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -101,6 +102,13 @@ def provenance(script: str, argv: list[str] | None, *code: str) -> dict[str, str
         "command": " ".join([".venv/bin/python", path, *(argv or sys.argv[1:])]),
         "device": f"{cpu_name()} ({os.cpu_count()} cores visible)",
     }
+
+
+def bulk_phases(log: str) -> dict[str, float]:
+    """The seconds of each phase on a ``fastvocab -v translate`` log's ``bulk phases (s): setup 0.41, ...``
+    line; empty where the log has none."""
+    found = re.search(r"bulk phases \(s\): (.*)", log)
+    return {k: float(v) for k, v in (p.rsplit(" ", 1) for p in found[1].split(", "))} if found else {}
 
 
 def bleu_chrf(scores: dict) -> dict[str, object]:
