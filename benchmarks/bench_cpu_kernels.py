@@ -109,12 +109,8 @@ def make_system(args):
     if kind == "fastvocab":
         from fastvocab import Translator
 
-        tr = Translator(
-            args.model,
-            maps=args.maps if method == "clustered" else None,
-            compute_type=dtype,
-            threads=args.threads,
-        )
+        maps = args.maps if method == "clustered" else None
+        tr = Translator(args.model, maps=maps, compute_type=dtype, threads=args.threads)
         return lambda lines, beam: tr.translate_batch(lines, args.src_lang, args.tgt_lang, beam_size=beam)
     from bench_peer import Ct2System, convert_ct2
 
@@ -187,14 +183,10 @@ def run_system(args, system: str, beam: int, env: dict[str, str]) -> dict:
         by_family.setdefault(fam, {})[kind] = by_family.get(fam, {}).get(kind, 0.0) + pct
     top = sorted(rows, reverse=True)[: args.top]
     return {
-        "system": system,
-        "beam": beam,
-        **timing,
-        "families_pct": _rounded(shares),
-        "isa_pct": _rounded(isas),
+        "system": system, "beam": beam, **timing, "families_pct": _rounded(shares), "isa_pct": _rounded(isas),
         "isa_pct_by_family": {f: _rounded(v) for f, v in by_family.items()},
         "top_symbols": [{"pct": p, "dso": d, "symbol": s[:160]} for p, d, s in top],
-    }
+    }  # fmt: skip
 
 
 def _rounded(shares: dict[str, float]) -> dict[str, float]:

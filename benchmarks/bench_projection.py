@@ -44,13 +44,8 @@ from fastvocab.kernels import create_projection
 RESULTS = Path(__file__).resolve().parent / "results"
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 # Peak HBM bandwidth by device-name fragment (GB/s): the floor of a memory-bound kernel.
-PEAK_GBPS = {
-    "H200": 4800.0,
-    "H100 SXM": 3350.0,
-    "H100 80GB HBM3": 3350.0,
-    "H100 PCIe": 2000.0,
-    "A100": 2039.0,
-}
+PEAK_GBPS = {"H200": 4800.0, "H100 SXM": 3350.0, "H100 80GB HBM3": 3350.0, "H100 PCIe": 2000.0,
+             "A100": 2039.0}  # fmt: skip
 
 
 # ------------------------------------------------------------------------------------------- synthetic data

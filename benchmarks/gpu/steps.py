@@ -60,18 +60,12 @@ def pick_device(smoke: bool) -> str:
 def meta(device: str, args: argparse.Namespace, **extra: object) -> dict:
     """What every result records: device, driver, CUDA, torch, CuPy, commit, load, the command."""
     out: dict[str, object] = {
-        "device": device,
-        "device_name": device_name(device),
-        "torch": torch.__version__,
-        "cuda": torch.version.cuda,
-        "commit": os.environ.get("FV_COMMIT") or git_commit(cwd=ROOT),
-        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "host": platform.node(),
-        "loadavg": list(os.getloadavg()),
-        "command": " ".join([Path(sys.executable).name, *sys.argv]),
-        "smoke": bool(args.smoke),
-        "quick": bool(getattr(args, "quick", False)),
-    }
+        "device": device, "device_name": device_name(device), "torch": torch.__version__,
+        "cuda": torch.version.cuda, "commit": os.environ.get("FV_COMMIT") or git_commit(cwd=ROOT),
+        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "host": platform.node(),
+        "loadavg": list(os.getloadavg()), "command": " ".join([Path(sys.executable).name, *sys.argv]),
+        "smoke": bool(args.smoke), "quick": bool(getattr(args, "quick", False)),
+    }  # fmt: skip
     try:
         import cupy
 
@@ -86,14 +80,9 @@ def meta(device: str, args: argparse.Namespace, **extra: object) -> dict:
 
 
 def _smi(field: str) -> str | None:
+    query = ["nvidia-smi", f"--query-gpu={field}", "--format=csv,noheader"]
     try:
-        res = subprocess.run(
-            ["nvidia-smi", f"--query-gpu={field}", "--format=csv,noheader"],
-            capture_output=True,
-            text=True,
-            timeout=30,
-        )
-        return res.stdout.strip() or None
+        return subprocess.run(query, capture_output=True, text=True, timeout=30).stdout.strip() or None
     except (OSError, subprocess.SubprocessError):
         return None
 
@@ -136,12 +125,9 @@ def step_env(args: argparse.Namespace) -> dict:
             res[mod] = "absent"
     if device == "cuda":
         p = torch.cuda.get_device_properties(0)
-        res.update(
-            sm=f"{p.major}.{p.minor}",
-            multiprocessors=p.multi_processor_count,
-            memory_GiB=round(p.total_memory / 2**30, 1),
-            l2_MB=round(getattr(p, "L2_cache_size", 0) / 1e6, 1),
-        )
+        res.update(sm=f"{p.major}.{p.minor}", multiprocessors=p.multi_processor_count,
+                   memory_GiB=round(p.total_memory / 2**30, 1),
+                   l2_MB=round(getattr(p, "L2_cache_size", 0) / 1e6, 1))  # fmt: skip
         res["nvidia_smi"] = subprocess.run(["nvidia-smi"], capture_output=True, text=True).stdout[-3000:]
     mb = 8 if args.smoke else 1024
     res["copy_GBps"] = copy_bandwidth_gbps(device, mb, rounds=5)
@@ -816,12 +802,9 @@ def _captured_agreement(ctx, texts: list[str]) -> dict:
     with the batch's shape): rows, same rows, same top-1 id, largest |h| difference."""
     from fastvocab.tasks.dump import DumpDecoder, DumpSettings
 
-    cols = {
-        "sent_id": np.arange(len(texts)),
-        "text": np.array(texts, dtype=object),
-        "src_lang": np.array(["en"] * len(texts), dtype=object),
-        "tgt_lang": np.array(["it"] * len(texts), dtype=object),
-    }
+    cols = {"sent_id": np.arange(len(texts)), "text": np.array(texts, dtype=object),
+            "src_lang": np.array(["en"] * len(texts), dtype=object),
+            "tgt_lang": np.array(["it"] * len(texts), dtype=object)}  # fmt: skip
     out = {}
     for graphs in ("off", "on"):
         out[graphs] = DumpDecoder(ctx, DumpSettings(k=8, max_len=128, batch_size=len(texts), graphs=graphs))(
@@ -896,13 +879,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = p.parse_args(argv)
     torch.set_num_threads(2 if args.smoke else min(16, os.cpu_count() or 1))
-    steps = {
-        "env": step_env,
-        "static": step_static,
-        "e2e": step_e2e,
-        "e2e-demo": step_e2e_demo,
-        "dump": step_dump,
-    }
+    steps = {"env": step_env, "static": step_static, "e2e": step_e2e, "e2e-demo": step_e2e_demo,
+             "dump": step_dump}  # fmt: skip
     steps[args.step](args)
     return 0
 

@@ -174,40 +174,23 @@ def main(argv: list[str] | None = None) -> int:
     if not corpus.is_dir():
         raise SystemExit(f"no corpus at {corpus}: carry data/corpus/<pair>/ (see docs/corpus.md)")
     model_dir = args.work / "model"
+    command = " ".join(["benchmarks/gpu/train.py", *(argv if argv is not None else sys.argv[1:])])
     cfg = TrainConfig(
-        corpus=corpus,
-        out=model_dir,
-        work_dir=work,
-        preset=args.preset,
-        max_minutes=args.n * args.minutes,
-        batch_tokens=args.batch_tokens,
-        lr=args.lr,
-        warmup=args.warmup,
-        dropout=args.dropout,
-        device=device,
-        threads=min(16, os.cpu_count() or 1) if cuda else 2,
-        dev_sentences=args.dev_sentences,
-        checkpoint_minutes=2.0,
-        resume=args.n > 1,
-        command=" ".join(["benchmarks/gpu/train.py", *(argv if argv is not None else sys.argv[1:])]),
-        **extra,  # type: ignore[arg-type]
-    )
+        corpus=corpus, out=model_dir, work_dir=work, preset=args.preset, max_minutes=args.n * args.minutes,
+        batch_tokens=args.batch_tokens, lr=args.lr, warmup=args.warmup, dropout=args.dropout, device=device,
+        threads=min(16, os.cpu_count() or 1) if cuda else 2, dev_sentences=args.dev_sentences,
+        checkpoint_minutes=2.0, resume=args.n > 1, command=command, **extra,  # type: ignore[arg-type]
+    )  # fmt: skip
     t0 = time.perf_counter()
     result = train_demo(cfg)
     wall = time.perf_counter() - t0
     parts = write_parts(args.out, args.n, model_dir, work)
     payload = {
-        "meta": meta(device, args, command=cfg.command, preset=args.preset, tf32=cuda),
-        "step": args.n,
-        "wall_s": wall,
-        "steps": result.steps,
-        "train_tokens": result.train_tokens,
-        "train_minutes_total": result.minutes,
-        "params": result.params,
-        "dev": result.dev,
-        "history": result.history,
-        "parts": parts,
-    }
+        "meta": meta(device, args, command=cfg.command, preset=args.preset, tf32=cuda), "step": args.n,
+        "wall_s": wall, "steps": result.steps, "train_tokens": result.train_tokens,
+        "train_minutes_total": result.minutes, "params": result.params, "dev": result.dev,
+        "history": result.history, "parts": parts,
+    }  # fmt: skip
     (args.out / f"gpu-train-{args.n}.json").write_text(json.dumps(payload, indent=1, default=str) + "\n")
     print(f"train-{args.n}: {result.steps} steps, {result.minutes:.1f} min trained, {wall:.0f} s wall")
     for d, s in result.dev.items():
