@@ -96,40 +96,21 @@ def render_peer(root: Path, doc: Path) -> str:
 
 GREEDY = "methods-cpu-2026-11-27-shipped-b1.json"
 BEAM4 = "methods-cpu-2026-11-27-shipped-b4.json"
-METHODS: tuple[tuple[str, tuple[str, str], tuple[str, str] | None], ...] = (
-    (
-        "clustered + shortlist, shipped maps and tables (K 1, 1 probe; k 20)",
-        (GREEDY, "clustered shortlist=models/demo-maps"),
-        ("methods-cpu-2026-11-27-hybrid-mass-b4.json", "clustered shortlist=models/demo-maps"),
-    ),
-    (
-        "clustered, maps K 3, 8 probes (no shortlist)",
-        (GREEDY, "clustered maps=runs/demo-maps-k3"),
-        (BEAM4, "clustered maps=runs/demo-maps-k3"),
-    ),
-    (
-        "shortlist k 50, frequent 2,000, batch scope",
-        (GREEDY, "shortlist k=50 frequent=2000 scope=batch"),
-        None,
-    ),
-    (
-        "shortlist k 10, frequent 4,000, batch scope",
-        (GREEDY, "shortlist k=10 frequent=4000 scope=batch"),
-        (BEAM4, "shortlist k=10 frequent=4000 scope=batch"),
-    ),
-    ("shortlist k 10, frequent 4,000, sentence scope", (GREEDY, "shortlist k=10 frequent=4000"), None),
-    (
-        "graph (FGD), K 10, `--ef-search 256`",
-        (GREEDY, "graph k=10 ef_search=256"),
-        (BEAM4, "graph k=10 ef_search=256"),
-    ),
-    ("lsh, k 4,000", ("methods-cpu-2026-11-27-test-b1.json", "lsh k=4000"), None),
-    (
-        "clustered + shortlist, `--exact`",
-        ("methods-cpu-2026-11-27-exact-b1.json", "clustered shortlist=models/demo-maps exact=True"),
-        ("methods-cpu-2026-11-27-exact-b4.json", "clustered shortlist=models/demo-maps exact=True"),
-    ),
-)
+CLUSTERED_SHORTLIST = "clustered shortlist=models/demo-maps"
+# a row: what it shows, the records' method label, its greedy record and its beam-4 record (or None)
+METHODS: tuple[tuple[str, str, str, str | None], ...] = (
+    ("clustered + shortlist, shipped maps and tables (K 1, 1 probe; k 20)", CLUSTERED_SHORTLIST, GREEDY,
+     "methods-cpu-2026-11-27-hybrid-mass-b4.json"),
+    ("clustered, maps K 3, 8 probes (no shortlist)", "clustered maps=runs/demo-maps-k3", GREEDY, BEAM4),
+    ("shortlist k 50, frequent 2,000, batch scope", "shortlist k=50 frequent=2000 scope=batch", GREEDY, None),
+    ("shortlist k 10, frequent 4,000, batch scope", "shortlist k=10 frequent=4000 scope=batch", GREEDY,
+     BEAM4),
+    ("shortlist k 10, frequent 4,000, sentence scope", "shortlist k=10 frequent=4000", GREEDY, None),
+    ("graph (FGD), K 10, `--ef-search 256`", "graph k=10 ef_search=256", GREEDY, BEAM4),
+    ("lsh, k 4,000", "lsh k=4000", "methods-cpu-2026-11-27-test-b1.json", None),
+    ("clustered + shortlist, `--exact`", f"{CLUSTERED_SHORTLIST} exact=True",
+     "methods-cpu-2026-11-27-exact-b1.json", "methods-cpu-2026-11-27-exact-b4.json"),
+)  # fmt: skip
 
 
 def _results(root: Path, name: str, label: str) -> dict[str, dict]:
@@ -162,18 +143,13 @@ def _speed_changed(rows: dict[str, dict]) -> list[str]:
 def render_methods(root: Path, doc: Path) -> str:
     head = ["method, setting", "greedy: speed vs full", "greedy: changed / search errors",
             "beam 4: speed vs full", "beam 4: changed / search errors", "BLEU vs full (greedy)"]  # fmt: skip
-    rows, names = [], []
-    for label, greedy, beam in METHODS:
-        g = _results(root, *greedy)
-        cells = [label, *_speed_changed(g)]
-        names.append(greedy[0])
-        if beam is None:
-            cells += ["", ""]
-        else:
-            cells += _speed_changed(_results(root, *beam))
-            names.append(beam[0])
-        rows.append([*cells, _pair(g, _bleu_delta)])
-    return _table(head, rows) + _sources(doc, root, sorted(set(names)))
+    rows = []
+    for label, method, greedy, beam in METHODS:
+        g = _results(root, greedy, method)
+        beam_cells = ["", ""] if beam is None else _speed_changed(_results(root, beam, method))
+        rows.append([label, *_speed_changed(g), *beam_cells, _pair(g, _bleu_delta)])
+    names = {name for _, _, *records in METHODS for name in records if name}
+    return _table(head, rows) + _sources(doc, root, sorted(names))
 
 
 # --- docs/demo-model.md: the demo model's test BLEU per direction ---
@@ -228,35 +204,24 @@ def render_shipped(root: Path, doc: Path) -> str:
     head = ["direction", "map: source lines, states, r, K", "columns a row, b1",
             "outputs changed: b1 / b32 / beam 4", "BLEU full / clustered, b1",
             "speed vs full: b1 / b32 / beam 4"]  # fmt: skip
-    out = _row(head) + _row(["---", "---", "---:", "---:", "---:", "---:"])
     # One harness a figure: the direction bench_peer measures takes its speed from the results table.
     results = f"[results table]({Path(os.path.relpath(root / 'README.md', doc.parent)).as_posix()}#results)"
-    results = (
-        results.replace("(README.md#", "(#") if doc.resolve() == (root / "README.md").resolve() else results
-    )
+    if doc.resolve() == (root / "README.md").resolve():
+        results = results.replace("(README.md#", "(#")
+    lines = []
     for d in ALL_DIRECTIONS:
         b1, b32, b4 = rows[(d, 1, 1)], rows[(d, 1, 32)], rows[(d, 4, 8)]
         name = (built.get("serves") or {}).get(d, {}).get("map", d)
-        cols = b1["active_columns_per_row"]
-        out += _row(
-            [
-                d,
-                f"{name}: {_text_of(built, name):,}, {b1['map']['states'] / 1e6:.2f}M, {b1['map']['r']:,}, "
-                f"{b1['map']['k']}",
-                f"{cols:,.0f} ({_pct(cols / n_vocab)})",
-                " / ".join(_pct(1 - r["identical"]) for r in (b1, b32, b4)),
-                f"{b1['bleu_full']:.1f} / {b1['bleu']:.1f}",
-                results
-                if d == PEER_DIRECTION
-                else " / ".join(f"{r['speed_ratio']:.2f}x" for r in (b1, b32, b4)),
-            ]
-        )
+        cols, m = b1["active_columns_per_row"], b1["map"]
+        speed = " / ".join(f"{r['speed_ratio']:.2f}x" for r in (b1, b32, b4))
+        lines.append([d, f"{name}: {_text_of(built, name):,}, {m['states'] / 1e6:.2f}M, {m['r']:,}, {m['k']}",
+                      f"{cols:,.0f} ({_pct(cols / n_vocab)})",
+                      " / ".join(_pct(1 - r["identical"]) for r in (b1, b32, b4)),
+                      f"{b1['bleu_full']:.1f} / {b1['bleu']:.1f}",
+                      results if d == PEER_DIRECTION else speed])  # fmt: skip
     links = _sources(doc, root, list(SHIPPED_RECORDS))
-    return (
-        out
-        + "\n"
-        + links.replace(".\n", f", and [maps.json]({os.path.relpath(root / SHIPPED, doc.parent)}).\n")
-    )
+    maps = f", and [maps.json]({os.path.relpath(root / SHIPPED, doc.parent)}).\n"
+    return _table(head, lines, ["---", "---", "---:", "---:", "---:", "---:"]) + links.replace(".\n", maps)
 
 
 # --- docs/your-model.md: how much text the maps need (bench_data_scale, nested prefixes of the dump) ---
@@ -363,37 +328,28 @@ def _lines(n: int) -> str:
 
 def render_scale(root: Path, doc: Path) -> str:
     rows = {(r["kind"], r["lines"]): r for name in (*SCALE, STREAM) for r in _load(root, name)["rows"]}
-    out = _row(["command", "lines", "seconds", "peak RSS"]) + _row(["---", "---:", "---:", "---:"])
+    lines = []
     for kind, label in (("mono", "`fastvocab corpus --mono`"), ("tsv", "`fastvocab corpus --from-tsv`")):
         r = rows[(kind, 20_000_000)]
         gb = f"{r['file_mb'] / 1024:.1f} GB"
-        out += _row(
+        lines.append(
             [f"{label} ({gb})", _lines(r["lines"]), f"{r['seconds']:.0f}", f"{r['peak_rss_mb']:,.0f} MB"]
         )
     r = rows[("dump-plan", 20_000_000)]
     shards = f"{r['sentences'] // r['shards']}-sentence shards"
-    out += _row([f"dump planner ({shards})", "20M", f"{r['seconds']:.0f}", f"{r['peak_rss_mb']:,.0f} MB"])
-    r = rows[("translate-kill-resume", 1_000_000)]
-    first, resumed = r["first_run"], r["resume_run"]
-    out += _row(
-        [
-            "`fastvocab translate`, tiny model, SIGKILLed at half, then resumed",
-            "1M",
-            f"{first['seconds']:,.0f} + {resumed['seconds']:,.0f}",
-            f"{first['peak_rss_mb']:.0f} / {resumed['peak_rss_mb']:.0f} MB",
-        ]
-    )
+    lines.append([f"dump planner ({shards})", "20M", f"{r['seconds']:.0f}", f"{r['peak_rss_mb']:,.0f} MB"])
+    first, resumed = (rows[("translate-kill-resume", 1_000_000)][k] for k in ("first_run", "resume_run"))
+    lines.append(["`fastvocab translate`, tiny model, SIGKILLed at half, then resumed", "1M",
+                  f"{first['seconds']:,.0f} + {resumed['seconds']:,.0f}",
+                  f"{first['peak_rss_mb']:.0f} / {resumed['peak_rss_mb']:.0f} MB"])  # fmt: skip
     streamed = [rows[("dump-stream", n)] for n in (100_000, 1_000_000)]
     stored = f"{streamed[0]['stored_sentences']:,} sentences stored"
-    out += _row(
-        [
-            f"streamed dump (tiny model, {stored}, the rest counted)",
-            " / ".join(_lines(r["lines"]) for r in streamed),
-            " / ".join(f"{r['seconds']:.0f}" for r in streamed),
-            " / ".join(f"{r['driver_peak_rss_mb']:.0f}" for r in streamed) + " MB",
-        ]
-    )
-    return out + "\n" + _sources(doc, root, [*SCALE, STREAM])
+    lines.append([f"streamed dump (tiny model, {stored}, the rest counted)",
+                  " / ".join(_lines(r["lines"]) for r in streamed),
+                  " / ".join(f"{r['seconds']:.0f}" for r in streamed),
+                  " / ".join(f"{r['driver_peak_rss_mb']:.0f}" for r in streamed) + " MB"])  # fmt: skip
+    head, align = ["command", "lines", "seconds", "peak RSS"], ["---", "---:", "---:", "---:"]
+    return _table(head, lines, align) + _sources(doc, root, [*SCALE, STREAM])
 
 
 # --- models/demo-maps/README.md: what the two all-text maps hold (maps.json, the manifests, the files) ---
