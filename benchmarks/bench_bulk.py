@@ -84,11 +84,10 @@ def translate(inp: Path, out: Path, args: argparse.Namespace, extra: list[str]) 
     summary = next(line for line in proc.stderr.splitlines() if line.startswith("translated "))
     row: dict = {
         "command": " ".join(["fastvocab", *argv[2:]]).replace(str(inp.parent), "$TMP"),
-        "wall_seconds": round(wall, 2),
-        "summary": summary.replace(str(inp.parent), "$TMP"),
+        "wall_seconds": round(wall, 2), "summary": summary.replace(str(inp.parent), "$TMP"),
         "target_tokens": int(re.search(r"(\d+) target tokens", summary).group(1)),
         "tokens_per_s_reported": float(re.search(r"([\d.]+) tokens/s", summary).group(1)),
-    }
+    }  # fmt: skip
     busy = re.search(r"\(([\d.]+) a worker while busy", summary)
     if busy:
         row["tokens_per_s_a_worker_busy"] = float(busy.group(1))
@@ -181,13 +180,10 @@ def main() -> None:
     args = ap.parse_args()
     rows: list[dict[str, object]] = []
     meta: dict[str, object] = {
-        "commit": git_commit(cwd=ROOT),
-        "cpu": cpu_name(),
-        "cores": os.cpu_count(),
-        "date": dt.date.today().isoformat(),
-        "load_average_start": list(os.getloadavg()),
+        "commit": git_commit(cwd=ROOT), "cpu": cpu_name(), "cores": os.cpu_count(),
+        "date": dt.date.today().isoformat(), "load_average_start": list(os.getloadavg()),
         "command": " ".join(["benchmarks/bench_bulk.py", *sys.argv[1:]]),
-    }
+    }  # fmt: skip
     record: dict[str, object] = {"meta": meta, "rows": rows}
     with tempfile.TemporaryDirectory(prefix="bench-bulk-") as tmp_name:
         tmp = Path(tmp_name)

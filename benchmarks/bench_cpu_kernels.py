@@ -233,10 +233,8 @@ def main(argv: list[str] | None = None) -> int:
     result = {
         **result_header("cpu_kernels"),
         "lines": f"{args.corpus} {args.src_lang}-{args.tgt_lang} test, first {args.n}",
-        "threads": args.threads,
-        "batch_size": args.batch_size,
-        "runs": runs,
-    }
+        "threads": args.threads, "batch_size": args.batch_size, "runs": runs,
+    }  # fmt: skip
     write_result(args.out, result)
     return 0
 

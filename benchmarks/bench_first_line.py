@@ -71,13 +71,11 @@ def one_run(
         "startup_and_exit_s": round(wall - job_seconds, 3),  # interpreter, imports, parsing, exit
         "load_s": round(phases.get("setup", 0.0) + phases.get("plan", 0.0), 3),
         "translate_s": round(phases.get("translate", 0.0), 3),
-        "assemble_s": round(phases.get("assemble", 0.0), 3),
-        "job_s": round(job_seconds, 3),
+        "assemble_s": round(phases.get("assemble", 0.0), 3), "job_s": round(job_seconds, 3),
         "engine": found.group(1) if (found := RAN_ON.search(done.stderr)) else None,
         "exports_s": {name: float(sec) for name, sec in EXPORT.findall(done.stderr)},  # by file; a cold cache
-        "load_avg_before": [round(x, 2) for x in load],
-        "output": done.stdout.strip(),
-    }
+        "load_avg_before": [round(x, 2) for x in load], "output": done.stdout.strip(),
+    }  # fmt: skip
 
 
 def import_seconds() -> float:
@@ -123,21 +121,16 @@ def main() -> None:
         return round(statistics.median(float(r[key]) for r in runs), 3)  # type: ignore[arg-type]
 
     result = {
-        **result_header("first-line"),
-        "cores": os.cpu_count(),
+        **result_header("first-line"), "cores": os.cpu_count(),
         "model": str(args.model.relative_to(ROOT) if args.model.is_relative_to(ROOT) else args.model),
-        "line": args.line,
-        "engine": args.engine,
+        "line": args.line, "engine": args.engine,
         "engine_run": runs[0]["engine"],  # what --engine auto picked
-        "dtype": args.dtype,
-        "clusters": None if args.clusters is None else str(args.clusters),
-        "cold_cache": args.cold_cache,
-        "runs": args.runs,
+        "dtype": args.dtype, "clusters": None if args.clusters is None else str(args.clusters),
+        "cold_cache": args.cold_cache, "runs": args.runs,
         "median": {k: median(k) for k in ("wall_s", "startup_and_exit_s", "load_s", "translate_s", "job_s")},
-        "import_only_s": {"median": round(statistics.median(imports), 3), "runs": imports},
-        "warmup": warmup,
+        "import_only_s": {"median": round(statistics.median(imports), 3), "runs": imports}, "warmup": warmup,
         "each": runs,
-    }
+    }  # fmt: skip
     if args.cold_cache:  # what the first run paid beyond a later one
         result["first_run_extra_s"] = round(float(warmup["wall_s"]) - result["median"]["wall_s"], 3)
     m = result["median"]

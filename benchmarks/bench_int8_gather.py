@@ -130,11 +130,9 @@ def main(argv: list[str] | None = None) -> int:
     q, scale = w8.q, w8.scale
     wq = q.double() * scale.double()[:, None]  # what the int8 candidates compute with
     kernels: dict[str, Kernel] = {
-        "fp32-gather": fp32_gather(w, b),
-        "int8-gather": int8_gather(w8),
-        "int8-dense": int8_dense(w8),
+        "fp32-gather": fp32_gather(w, b), "int8-gather": int8_gather(w8), "int8-dense": int8_dense(w8),
         "int8-clustered": int8_clustered(w8),
-    }
+    }  # fmt: skip
     if args.only:
         keep = set(args.only.split(","))
         kernels = {k: v for k, v in kernels.items() if k in keep}

@@ -81,15 +81,10 @@ def result_header(benchmark: str) -> dict[str, object]:
     import torch
 
     return {
-        "benchmark": benchmark,
-        "date": dt.datetime.now().isoformat(timespec="seconds"),
-        "commit": git_commit(),
-        "command": " ".join([Path(sys.executable).name, *sys.argv]),
-        "device": cpu_name(),
-        **emulation(),
-        "torch": torch.__version__,
-        "load_avg": os.getloadavg(),
-    }
+        "benchmark": benchmark, "date": dt.datetime.now().isoformat(timespec="seconds"),
+        "commit": git_commit(), "command": " ".join([Path(sys.executable).name, *sys.argv]),
+        "device": cpu_name(), **emulation(), "torch": torch.__version__, "load_avg": os.getloadavg(),
+    }  # fmt: skip
 
 
 def provenance(script: str, argv: list[str] | None, *code: str) -> dict[str, str]:
@@ -97,11 +92,10 @@ def provenance(script: str, argv: list[str] | None, *code: str) -> dict[str, str
     command (``argv``, else this process's) and on which CPU a run of ``benchmarks/<script>`` measured."""
     path = f"benchmarks/{script}"
     return {
-        "date": dt.datetime.now().isoformat(timespec="seconds"),
-        "commit": git_commit(*code, path, cwd=ROOT),
+        "date": dt.datetime.now().isoformat(timespec="seconds"), "commit": git_commit(*code, path, cwd=ROOT),
         "command": " ".join([".venv/bin/python", path, *(argv or sys.argv[1:])]),
         "device": f"{cpu_name()} ({os.cpu_count()} cores visible)",
-    }
+    }  # fmt: skip
 
 
 def bulk_phases(log: str) -> dict[str, float]:

@@ -374,12 +374,10 @@ def real_union_growth(path: str) -> dict:
         return {"map": path, "skipped": msg}
     cmap = load_cluster_map(path)
     return {
-        "map": path,
-        "r": cmap.manifest.r,
-        "n_vocab": cmap.manifest.n_vocab,
+        "map": path, "r": cmap.manifest.r, "n_vocab": cmap.manifest.n_vocab,
         "active_fraction_mean": cmap.manifest.active_fraction.get("mean"),
         "union_fraction": union_growth(cmap, weighted=True),
-    }
+    }  # fmt: skip
 
 
 def vmap_model_dir(ct2_dir: Path) -> Path:
@@ -437,15 +435,10 @@ def fastvocab_run(adapter, projection, ns):
     def run(lines: list[str], beam: int) -> tuple[float, int]:
         torch.set_num_threads(ns.threads)  # a ctranslate2.Translator resets the calling thread's count
         r = translate(
-            adapter,
-            projection,
-            lines,
-            SRC,
-            TGT,
-            SearchSettings(beam=beam, batch_size=ns.batch_size, max_len=ns.max_len),
-            progress=False,
+            adapter, projection, lines, SRC, TGT,
+            SearchSettings(beam=beam, batch_size=ns.batch_size, max_len=ns.max_len), progress=False,
             workers=None if ns.parallel == "workers" else 1,
-        )
+        )  # fmt: skip
         return r.seconds, r.target_tokens
 
     return run
@@ -638,11 +631,9 @@ def clustered_projections(m: Loaded, args, info: dict) -> dict:
         t0 = time.perf_counter()
         cmap = synthetic_map(m.a32, centroids, frac, args, out)
         maps_info[f"{frac:g}"] = {
-            "dir": str(out),
-            "build_or_load_s": round(time.perf_counter() - t0, 1),
-            "disk_mib": du_mib(out),
+            "dir": str(out), "build_or_load_s": round(time.perf_counter() - t0, 1), "disk_mib": du_mib(out),
             "union_fraction": union_growth(cmap),
-        }
+        }  # fmt: skip
         opts = {"cluster_map": out, "selection": args.selection, "inactive_mass": args.inactive_mass}
         built_s = maps_info[f"{frac:g}"]["projection_build_s"] = {}
         for dtype, system in (("fp32", "clustered-fp32"), ("int8", "clustered-int8")):
@@ -899,18 +890,14 @@ def main(argv: list[str] | None = None) -> int:
 
     result: dict = {
         "benchmark": "bench_model_scale",
-        **provenance("bench_model_scale.py", argv, "decoding", "kernels", "tasks"),
-        "args": vars(args),
+        **provenance("bench_model_scale.py", argv, "decoding", "kernels", "tasks"), "args": vars(args),
         "torch": torch.__version__,
         "int8_gemm": {name: many_rows_gemm(SHAPES[name].d_model) for name in args.shapes},
         "ctranslate2": ctranslate2.__version__,
         "timing": "one process, systems interleaved round by round; tokens/s from the median round",
-        "gemm_peak_gflops": {},
-        "load_avg": {"start": load_avg()},
-        "real_map_union_growth": real_union_growth(args.real_map),
-        "shapes": {},
-        "rows": [],
-    }
+        "gemm_peak_gflops": {}, "load_avg": {"start": load_avg()},
+        "real_map_union_growth": real_union_growth(args.real_map), "shapes": {}, "rows": [],
+    }  # fmt: skip
     for name in args.shapes:
         gc.collect()  # the previous shape's models go before this one's memory check
         run_shape(name, args, result)

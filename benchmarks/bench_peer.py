@@ -65,12 +65,9 @@ class Ct2System:
         # systems call translate_batch once per batch (below), which leaves inter_threads nothing to share.
         workers = args.parallel == "workers" and not use_vmap
         self.tr = ctranslate2.Translator(
-            str(ct2_dir),
-            device="cpu",
-            compute_type=compute_type,
-            intra_threads=1 if workers else args.threads,
-            inter_threads=args.threads if workers else 1,
-        )
+            str(ct2_dir), device="cpu", compute_type=compute_type,
+            intra_threads=1 if workers else args.threads, inter_threads=args.threads if workers else 1,
+        )  # fmt: skip
         self.adapter, self.args, self.use_vmap = adapter, args, use_vmap
         self.tag = adapter.tokenizer.convert_ids_to_tokens(adapter.lang_id(args.tgt_lang))
 
@@ -165,13 +162,12 @@ def build_systems(args) -> tuple[dict[str, Callable], dict]:
 
     a32, a8 = adapters(args.model, args.engine)
     info: dict = {
-        "engine": a32.engine,
-        "n_vocab": a32.n_vocab,
+        "engine": a32.engine, "n_vocab": a32.n_vocab,
         "int8_gemm": many_rows_gemm(a32.d_model),  # the many-row steps int8 GEMM, and why
         "int8_gather": {n: gather_multiply(a32.d_model, n == "few rows") for n in ("few rows", "more")},
         "fastvocab_early_stopping": stopping_rule(a32, args.early_stopping),
         "ct2_early_stopping": "patience 1: a sentence ends once beam hypotheses are finished",
-    }
+    }  # fmt: skip
     full = make_projection(a32, "full")
     info["full_prepacked"] = full.packed
     systems: dict[str, Callable] = {"fastvocab full fp32": fastvocab_system(a32, full, args)}

@@ -254,12 +254,9 @@ def _active_stats(proj, out, h) -> dict:
     rows_w = union if proj.selection == "union" else sum(pm.sizes[c] for c in uniq)
     hits = sum(pm.blocks[c] is not None for c in clusters) / len(clusters)
     return {
-        "union_fraction": union / n,
-        "per_row_fraction": float(np.mean(sizes)) / n,
-        "computed_columns": int(out.active_columns().sum()),
-        "bytes_w": rows_w,
-        "cache_hit_rate": hits,
-    }
+        "union_fraction": union / n, "per_row_fraction": float(np.mean(sizes)) / n,
+        "computed_columns": int(out.active_columns().sum()), "bytes_w": rows_w, "cache_hit_rate": hits,
+    }  # fmt: skip
 
 
 def _record(meta, n_vocab, d, r, rows, frac, ratio, method, backend, ts, t_full, bytes_read, stats) -> dict:

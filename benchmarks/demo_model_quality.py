@@ -61,11 +61,10 @@ def run_direction(args, src: str, tgt: str, tmp: Path) -> dict:
     )  # fmt: skip
     scores = json.loads(ev.stdout)
     return {
-        "sentences": scores["sentences"],
-        **bleu_chrf(scores),
+        "sentences": scores["sentences"], **bleu_chrf(scores),
         "translate_seconds_incl_model_load": round(seconds, 1),
         "hypotheses": hyp_file.read_text(encoding="utf-8").splitlines(),
-    }
+    }  # fmt: skip
 
 
 def greedy_check(args, direction: str, hyps: list[str]) -> dict:
@@ -77,15 +76,16 @@ def greedy_check(args, direction: str, hyps: list[str]) -> dict:
         model, tok, sources, src, tgt, batch_size=args.batch_size, max_len=args.max_len, adaptive_len=False
     )
     same = sum(a == b for a, b in zip(hyps[: len(sources)], ref, strict=True))
+    differences = [
+        {"source": s, "fastvocab": a, "generate": b}
+        for s, a, b in zip(sources, hyps, ref, strict=False)
+        if a != b
+    ]
     return {
         "direction": direction,
         "sentences": len(sources),
         "identical": same,
-        "differences": [
-            {"source": s, "fastvocab": a, "generate": b}
-            for s, a, b in zip(sources, hyps, ref, strict=False)
-            if a != b
-        ][:5],
+        "differences": differences[:5],
     }
 
 

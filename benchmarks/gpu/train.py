@@ -143,11 +143,9 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     log_path = args.out / f"train-{args.n}.log"
     logging.basicConfig(
-        level=logging.INFO,
-        format="%(asctime)s %(name)s %(message)s",
-        handlers=[logging.FileHandler(log_path), logging.StreamHandler()],
-        force=True,
-    )
+        level=logging.INFO, format="%(asctime)s %(name)s %(message)s",
+        handlers=[logging.FileHandler(log_path), logging.StreamHandler()], force=True,
+    )  # fmt: skip
     cuda = torch.cuda.is_available()
     if not cuda and not args.smoke:
         raise SystemExit("no CUDA device: run with --smoke on a CPU machine")
@@ -161,11 +159,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.smoke:
         corpus = smoke_corpus(args.corpus, args.work / "corpus")
         extra = dict(
-            arch=dict(vocab=400, d_model=32, ffn=64, heads=2, enc_layers=1, dec_layers=1),
-            spm_sentences=2000,
-            dev_loss_sentences=10,
-            max_len=48,
-        )
+            arch=dict(vocab=400, d_model=32, ffn=64, heads=2, enc_layers=1, dec_layers=1), spm_sentences=2000,
+            dev_loss_sentences=10, max_len=48,
+        )  # fmt: skip
         args.minutes, args.batch_tokens, args.warmup, args.dev_sentences = 0.1, 1024, 10, 10
     if args.n == 1:  # a fresh run: no checkpoint of an earlier one (SentencePiece is reused if it fits)
         (work / CHECKPOINT).unlink(missing_ok=True)
