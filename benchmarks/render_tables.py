@@ -502,28 +502,23 @@ CLU8, VS_CT2_INT8 = "fastvocab clustered int8", "speed_vs_ct2_int8"
 STATUS_POINTS = ("greedy, batch 1", "beam 4, batch 1", "greedy, batch 32", "beam 4, batch 32")
 AMD_POINTS = (("b1-n200", "beam1"), ("b1-beam4-n200", "beam4"), ("b32", "beam1"), ("b32", "beam4"))
 NO_AMX_POINTS = (("b1", "beam1"), ("b1", "beam4"), ("b32-gemm-probe", "beam1"), ("b32-gemm-probe", "beam4"))
+
+
+def _points(stem: str, points: tuple[tuple[str, str], ...]) -> tuple[tuple[str, str], ...]:
+    """(record, run) of each point, the records named ``peer-cpu-2026-12-02-<stem>-<point>.json``."""
+    return tuple((f"peer-cpu-2026-12-02-{stem}-{n}.json", run) for n, run in points)
+
+
 # Per CPU, the newest record of each point: the ONNX Runtime engine, kept workers (bench_peer --engine onnx).
 STATUS_CPUS: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
     ("Xeon (AVX-512 VNNI, AMX)", tuple((name, run) for _, name, run in PEER)),
-    (
-        # the same VM with AMX refused and the ISA caps of an AMD EPYC Zen 4 (bench_meta.emulate)
-        "Xeon emulating an AVX-512 CPU without AMX",
-        tuple((f"peer-cpu-2026-12-02-xeon-emulating-no-amx-{n}.json", run) for n, run in NO_AMX_POINTS),
-    ),
-    (
-        # no AVX-VNNI: an AMD EPYC with AVX-512 and without it is a Zen 4
-        "AMD EPYC Zen 4 (AVX-512 VNNI, no AMX)",
-        tuple((f"peer-cpu-2026-12-02-epyc-avx512-{n}.json", run) for n, run in AMD_POINTS),
-    ),
-    (
-        "AMD EPYC Zen 5 (AVX-512 VNNI, AVX-VNNI, no AMX)",
-        tuple((f"peer-cpu-2026-12-02-epyc-zen5-{n}.json", run) for n, run in AMD_POINTS),
-    ),
-    (
-        # no AVX-512: an AMD EPYC of family 25 model 1 is a Zen 3 (Milan)
-        "AMD EPYC Zen 3 (AVX2, no VNNI, no AMX)",
-        tuple((f"peer-cpu-2026-12-02-epyc-zen3-{n}.json", run) for n, run in AMD_POINTS),
-    ),
+    # the same VM with AMX refused and the ISA caps of an AMD EPYC Zen 4 (bench_meta.emulate)
+    ("Xeon emulating an AVX-512 CPU without AMX", _points("xeon-emulating-no-amx", NO_AMX_POINTS)),
+    # no AVX-VNNI: an AMD EPYC with AVX-512 and without it is a Zen 4
+    ("AMD EPYC Zen 4 (AVX-512 VNNI, no AMX)", _points("epyc-avx512", AMD_POINTS)),
+    ("AMD EPYC Zen 5 (AVX-512 VNNI, AVX-VNNI, no AMX)", _points("epyc-zen5", AMD_POINTS)),
+    # no AVX-512: an AMD EPYC of family 25 model 1 is a Zen 3 (Milan)
+    ("AMD EPYC Zen 3 (AVX2, no VNNI, no AMX)", _points("epyc-zen3", AMD_POINTS)),
 )
 
 
