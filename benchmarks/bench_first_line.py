@@ -96,16 +96,14 @@ def main() -> None:
     p.add_argument("--engine", default="auto", help="translate's --engine (default: %(default)s)")
     p.add_argument("--dtype", default="float32", help="translate's --dtype (default: %(default)s)")
     p.add_argument(
-        "--clusters",
-        type=Path,
+        "--clusters", type=Path,
         help="translate's --clusters: time the clustered set-up (model, map and the tables beside it)",
-    )
+    )  # fmt: skip
     p.add_argument(
-        "--cold-cache",
-        action="store_true",
+        "--cold-cache", action="store_true",
         help="the first (uncounted) run starts from an empty cache folder: the engine's exports, the "
         "model's fingerprint",
-    )
+    )  # fmt: skip
     p.add_argument(
         "--out", type=Path, help="result JSON (default: benchmarks/results/first-line-cpu-DATE.json)"
     )

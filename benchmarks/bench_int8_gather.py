@@ -73,10 +73,9 @@ def cached_kernels(w, b, q, scale, cols: torch.Tensor) -> dict[str, Kernel]:
         return out if block_b is None else out + block_b
 
     return {
-        "cached-fp32": lambda h, _cols: F.linear(h, block, block_b),
-        "cached-int8-wpack": wpack,
+        "cached-fp32": lambda h, _cols: F.linear(h, block, block_b), "cached-int8-wpack": wpack,
         "cached-int8-packed": lambda h, _cols: linear_packed(h, packed),
-    }
+    }  # fmt: skip
 
 
 def timed(fn: Callable[[], torch.Tensor], repeats: int) -> dict[str, float]:

@@ -123,7 +123,7 @@ def write_result(path: Path | None, result: dict) -> None:
     if path is None:
         return
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(result, indent=1) + "\n")
+    path.write_text(json.dumps(result, indent=1, default=str) + "\n")  # a Path or a dtype as its text
     print(f"wrote {path}")
 
 

@@ -668,11 +668,8 @@ def point_systems(m: Loaded, ns: SimpleNamespace, lines: list[str], beam: int, s
     for dtype in ("float32", "int8"):
         if f"ct2-{dtype}" in systems:
             runs[f"ct2 {dtype}"] = (
-                FixedStepsCt2(m.ct2_dir, dtype, m.a32, ns).run,
-                f"ct2-{dtype}",
-                None,
-                dtype,
-            )
+                FixedStepsCt2(m.ct2_dir, dtype, m.a32, ns).run, f"ct2-{dtype}", None, dtype,
+            )  # fmt: skip
     if "ct2-int8-vmap" in systems:
         prec = "int8" if m.clustered["int8"] else "fp32"
         for frac, proj in m.clustered[prec].items():
@@ -848,18 +845,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--beam", type=comma_list(int), default=[1, 4])
     p.add_argument("--threads", type=comma_list(int), default=[2, 1])
     p.add_argument(
-        "--one-thread-batch",
-        type=comma_list(int),
+        "--one-thread-batch", type=comma_list(int),
         help="at 1 thread, only these batches (default: 32 when --threads has several values, else all)",
-    )
+    )  # fmt: skip
     p.add_argument("--active", type=comma_list(float), default=FRACTIONS, help="active fraction per cluster")
     p.add_argument("--clusters", type=int, default=2000, help="clusters of a synthetic map (r)")
     p.add_argument(
-        "--zipf",
-        type=float,
-        default=1.0,
+        "--zipf", type=float, default=1.0,
         help="exponent of the synthetic maps' id popularity (default 1; real unions grow a little faster)",
-    )
+    )  # fmt: skip
     p.add_argument(
         "--inactive-mass", default="none", help="the clustered projection's estimate (default none)"
     )
@@ -867,18 +861,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--steps", type=int, default=48, help="tokens generated per sentence")
     p.add_argument(
-        "--sentences",
-        type=int,
+        "--sentences", type=int,
         help="lines per run (default: one batch per worker, at least 4 lines a worker)",
-    )
+    )  # fmt: skip
     p.add_argument("--src-words", type=int, default=16, help="words per source line")
     p.add_argument("--parallel", choices=["workers", "intra"], default="workers")
     p.add_argument(
-        "--engine",
-        choices=["static", "onnx"],
-        default="static",
+        "--engine", choices=["static", "onnx"], default="static",
         help="fastvocab's decoder engine (translate --engine; onnx exports the model's layers once, cached)",
-    )
+    )  # fmt: skip
     p.add_argument("--root", default=str(ROOT / "work" / "model-scale"), help="model, CT2 and map cache")
     p.add_argument("--real-map", default=str(ROOT / "runs" / "demo" / "maps" / "en-it"))
     p.add_argument("--out", help="result JSON (default benchmarks/results/model-scale-cpu-<date>.json)")

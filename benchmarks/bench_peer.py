@@ -287,65 +287,53 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--max-len", type=int, default=128)
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument(
-        "--timed",
-        metavar="NAME[,NAME]",
+        "--timed", metavar="NAME[,NAME]",
         help="time only these systems (as the table names them) in the rounds, back to back; the others run "
         "once, untimed, for the quality columns. Two systems alternating give a tighter ratio on a noisy "
         "machine than six in a row",
-    )
+    )  # fmt: skip
     kinds = ["auto", "processes", "threads"]  # what fastvocab's workers are: translate's ``parallel``
     p.add_argument("--worker-kind", choices=kinds, default="auto", help="translate's parallel")
     p.add_argument(
-        "--fresh-workers",
-        action="store_true",
+        "--fresh-workers", action="store_true",
         help="start and end fastvocab's workers in every call (translate without a kept DecodePool)",
-    )
+    )  # fmt: skip
     p.add_argument(
-        "--parallel",
-        choices=["workers", "intra"],
-        default="workers",
+        "--parallel", choices=["workers", "intra"], default="workers",
         help="how every system uses --threads: 'workers' = that many batches at once on 1 thread each "
         "(fastvocab translate's CPU default; CTranslate2 inter_threads), 'intra' = one batch at a time on "
         "all threads (CTranslate2 intra_threads)",
-    )
+    )  # fmt: skip
     p.add_argument(
-        "--early-stopping",
-        type=parse_early_stopping,
-        default=None,
-        metavar="{model,true,false,never}",
+        "--early-stopping", type=parse_early_stopping, default=None, metavar="{model,true,false,never}",
         help="fastvocab's beam stopping rule (translate --early-stopping; default: the model's). CTranslate2 "
         "stops a sentence once beam hypotheses are finished (patience 1), generate's early_stopping=True: "
         "'true' compares the two at the same rule",
-    )
+    )  # fmt: skip
     p.add_argument(
-        "--inactive-mass",
-        default="auto",
-        choices=["auto", *INACTIVE_MASS],
+        "--inactive-mass", default="auto", choices=["auto", *INACTIVE_MASS],
         help="the clustered systems' estimate of the mass not computed, as fastvocab translate takes it "
         f"(default auto: none for greedy, {BEAM_INACTIVE_MASS} for beam search, "
         f"{SHORTLIST_BEAM_INACTIVE_MASS} with --with-shortlist)",
-    )
+    )  # fmt: skip
     p.add_argument(
-        "--probes",
-        metavar="N[,N]",
+        "--probes", metavar="N[,N]",
         help="the clustered systems' probes (translate --probes: each row adds the sets of its N nearest "
         "clusters to the union); several: one clustered system each (default: the map's own)",
-    )
+    )  # fmt: skip
     p.add_argument("--engine", default="auto", choices=["auto", "static", "hf", "onnx"])
     p.add_argument(
-        "--with-engine",
-        choices=["static", "onnx"],
+        "--with-engine", choices=["static", "onnx"],
         help="also time the fastvocab systems on this engine (rows 'fastvocab-ENGINE ...'), same rounds",
-    )
+    )  # fmt: skip
     p.add_argument("--no-int8", action="store_true", help="skip the fastvocab int8 systems")
     p.add_argument("--no-ct2", action="store_true", help="skip CTranslate2")
     p.add_argument("--ct2-dir", help="converted CTranslate2 model (converted into a temp folder if absent)")
     p.add_argument(
-        "--with-shortlist",
-        metavar="DIR",
+        "--with-shortlist", metavar="DIR",
         help="the clustered systems add the candidates of this shortlist table (a table folder, or a root "
         "holding shortlist/<src>-<tgt>) to their sets, as translate --with-shortlist does",
-    )
+    )  # fmt: skip
     p.add_argument("--out", help="result JSON (default benchmarks/results/peer-cpu-<date>.json)")
     return p.parse_args(argv)
 

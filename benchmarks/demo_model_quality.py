@@ -82,11 +82,8 @@ def greedy_check(args, direction: str, hyps: list[str]) -> dict:
         if a != b
     ]
     return {
-        "direction": direction,
-        "sentences": len(sources),
-        "identical": same,
-        "differences": differences[:5],
-    }
+        "direction": direction, "sentences": len(sources), "identical": same, "differences": differences[:5],
+    }  # fmt: skip
 
 
 def card_section(result: dict) -> str:

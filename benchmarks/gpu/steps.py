@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import math
 import os
 import platform
@@ -36,7 +35,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from bench_meta import device_name  # noqa: E402
+from bench_meta import device_name, write_result  # noqa: E402
 from bench_projection import copy_bandwidth_gbps, synthetic_map, synthetic_rows, timed  # noqa: E402
 
 from fastvocab import switches  # noqa: E402
@@ -85,14 +84,6 @@ def _smi(field: str) -> str | None:
         return subprocess.run(query, capture_output=True, text=True, timeout=30).stdout.strip() or None
     except (OSError, subprocess.SubprocessError):
         return None
-
-
-def write(out_dir: Path, step: str, payload: dict) -> Path:
-    out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / f"gpu-{step}.json"
-    path.write_text(json.dumps(payload, indent=1, default=str) + "\n")
-    print(f"wrote {path}")
-    return path
 
 
 def sync(device: str) -> None:
@@ -149,7 +140,7 @@ def step_env(args: argparse.Namespace) -> dict:
     print(f"copy {res['copy_GBps']:.0f} GB/s   matmul {res['matmul_TFLOPs']['value']:.1f} TFLOP/s")
     if "cupy_kernels" in res:
         print(f"cupy kernels: {res['cupy_kernels']}")
-    write(args.out, "env", payload)
+    write_result(args.out / "gpu-env.json", payload)
     return payload
 
 
@@ -221,10 +212,9 @@ def step_static(args: argparse.Namespace) -> dict:
     # Where the time goes at the last row count: each variant's kernels and their device time per call.
     profiles = {k: kernel_table(fn, device) for k, fn in fns.items() if not k.endswith("/graph")}
     payload = {
-        "meta": meta(device, args, dtype=str(dtype)),
-        "results": records,
+        "meta": meta(device, args, dtype=str(dtype)), "results": records,
         "kernels_per_call": {"rows": rows, "active_fraction": frac, "variants": profiles},
-    }
+    }  # fmt: skip
     for k, table in profiles.items():
         total = sum(row["us_per_call"] for row in table)
         print(f"# {k} at {rows} rows: {len(table)} kernels, {total:.1f} us of device time per call")
@@ -236,7 +226,7 @@ def step_static(args: argparse.Namespace) -> dict:
             f"{rec['rows']:>4} {rec['active_fraction']:>4} {rec['union_columns']:>6} {rec['variant']:<22} "
             f"{rec['time_us']:>9.1f} {rec['ratio_vs_full']:>7.2f}"
         )
-    write(args.out, "static", payload)
+    write_result(args.out / "gpu-static.json", payload)
     return payload
 
 
@@ -371,7 +361,7 @@ def step_e2e(args: argparse.Namespace) -> dict:
         elif rec["projection_share_of_full_static_step"] is not None:
             share = rec["projection_share_of_full_static_step"]
             print(f"   projection share of a full static step: {share:.2f}")
-    write(args.out, "e2e", payload)
+    write_result(args.out / "gpu-e2e.json", payload)
     return payload
 
 
@@ -661,7 +651,7 @@ def step_e2e_demo(args: argparse.Namespace) -> dict:
             f"{r['beam']:>4} {r['batch']:>5} {r['variant']:<17} {r['tokens_per_s']:>9.0f} "
             f"{r['speedup_vs_full_eager']:>12.2f} {r['same_lines_as_eager']:>7}/{r['lines']}"
         )
-    write(args.out, "e2e-demo", payload)
+    write_result(args.out / "gpu-e2e-demo.json", payload)
     return payload
 
 
@@ -698,10 +688,9 @@ def step_dump(args: argparse.Namespace) -> dict:
         keep = {int(b) for b in args.batches.split(",")}
         plan = [(*v[:3], [b for b in v[3] if b in keep], v[4]) for v in plan]
     work = DumpWork(
-        ctx,
-        ShardSpec("en-it", 0, tuple(range(len(texts))), tuple(texts), None, tuple(refs)),
+        ctx, ShardSpec("en-it", 0, tuple(range(len(texts))), tuple(texts), None, tuple(refs)),
         budget=3.0 if args.smoke else args.variant_seconds,
-    )
+    )  # fmt: skip
     results: list[dict] = []
     payload = {
         "meta": meta(device, args, dtype=dtype, model="models/demo", k=8, max_len=128),
@@ -718,7 +707,7 @@ def step_dump(args: argparse.Namespace) -> dict:
             if device == "cuda":
                 torch.cuda.empty_cache()
                 torch.cuda.reset_peak_memory_stats()
-            write(args.out, "dump", payload)
+            write_result(args.out / "gpu-dump.json", payload)
     try:
         payload["agreement"] = _captured_agreement(
             ctx, [texts[i] for i in work.order[: (16 if args.smoke else 512)]]
@@ -726,7 +715,7 @@ def step_dump(args: argparse.Namespace) -> dict:
     except Exception as exc:
         payload["agreement"] = {"error": f"{type(exc).__name__}: {exc}"[:500]}
     print("captured vs eager on the same lines:", payload["agreement"])
-    write(args.out, "dump", payload)
+    write_result(args.out / "gpu-dump.json", payload)
     return payload
 
 
@@ -863,10 +852,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, required=True, help="folder for gpu-<step>.json")
     p.add_argument("--smoke", action="store_true", help="tiny sizes, CPU allowed: checks the script")
     p.add_argument(
-        "--quick",
-        action="store_true",
+        "--quick", action="store_true",
         help="the goal points only (10%% active; rows 1 and 40; beam 1 batch 1, beam 2 batch 20)",
-    )
+    )  # fmt: skip
     p.add_argument("--steps", type=int, default=32, help="e2e: decoder steps per run")
     p.add_argument("--repeats", type=int, default=5, help="e2e: timed rounds (median)")
     p.add_argument("--r", type=int, default=2000, help="e2e: clusters of the synthetic maps")

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import io
-import json
 import logging
 import os
 import shutil
@@ -34,11 +33,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--minutes", type=float, default=5.5, help="training minutes per step (budget N x this)")
     p.add_argument("--work", type=Path, default=Path("/tmp/fv-train"), help="checkpoint and SentencePiece")
     p.add_argument(
-        "--resume-from",
-        type=Path,
-        default=ROOT / "work" / "gpu-carry",
+        "--resume-from", type=Path, default=ROOT / "work" / "gpu-carry",
         help="folder with train-<N-1>.tar.part* files (default: work/gpu-carry, carried)",
-    )
+    )  # fmt: skip
     p.add_argument("--weights", type=Path, default=None, help="model folder holding step N-1's weights")
     p.add_argument("--corpus", type=Path, default=ROOT / "data" / "corpus")
     p.add_argument("--preset", default="cpu")
@@ -135,7 +132,7 @@ def write_parts(out_dir: Path, n: int, model_dir: Path, work: Path) -> list[str]
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     sys.path.insert(0, str(ROOT / "benchmarks" / "gpu"))
-    from steps import meta  # device, driver, CUDA, torch, CuPy, commit: what every campaign result records
+    from steps import meta, write_result  # meta: what every campaign result records (device, CUDA, commit)
 
     from fastvocab.training import TrainConfig, train_demo
     from fastvocab.training.checkpoint import CHECKPOINT
@@ -187,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
         "train_minutes_total": result.minutes, "params": result.params, "dev": result.dev,
         "history": result.history, "parts": parts,
     }  # fmt: skip
-    (args.out / f"gpu-train-{args.n}.json").write_text(json.dumps(payload, indent=1, default=str) + "\n")
+    write_result(args.out / f"gpu-train-{args.n}.json", payload)
     print(f"train-{args.n}: {result.steps} steps, {result.minutes:.1f} min trained, {wall:.0f} s wall")
     for d, s in result.dev.items():
         print(f"dev {d}: BLEU {s['bleu']:.1f} chrF {s['chrf']:.1f}")
