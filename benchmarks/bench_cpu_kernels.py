@@ -30,6 +30,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter, defaultdict
 from pathlib import Path
 
 from bench_meta import EMULATE, EMULATE_ENV, ROOT, emulate, result_header, write_result
@@ -167,20 +168,18 @@ def run_system(args, system: str, beam: int, env: dict[str, str]) -> dict:
         timing = json.loads(done.stdout.strip().splitlines()[-1])
         rows = perf_profile(data)
     objects, cache = timing.pop("objects"), {}
-    shares: dict[str, float] = {}
-    isas: dict[str, float] = {}
-    by_family: dict[str, dict[str, float]] = {}
+    shares, isas, by_family = Counter(), Counter(), defaultdict(Counter)  # percent by family, ISA, both
     for pct, dso, sym in rows:
         fam = family(dso, sym)
-        shares[fam] = shares.get(fam, 0.0) + pct
+        shares[fam] += pct
         hexed = re.fullmatch(r"0x([0-9a-f]+)", sym)
         if hexed and dso in objects:
             kind = code_isa(objects[dso], int(hexed[1], 16), cache) if pct >= 0.05 else None
         else:
             kind = isa(sym)
         kind = kind or "scalar, SSE or not known"
-        isas[kind] = isas.get(kind, 0.0) + pct
-        by_family.setdefault(fam, {})[kind] = by_family.get(fam, {}).get(kind, 0.0) + pct
+        isas[kind] += pct
+        by_family[fam][kind] += pct
     top = sorted(rows, reverse=True)[: args.top]
     return {
         "system": system, "beam": beam, **timing, "families_pct": _rounded(shares), "isa_pct": _rounded(isas),

@@ -42,13 +42,9 @@ EXPORT = re.compile(r"engine onnx: exported the \w+ graph to \S+/(\S+) in ([0-9.
 
 
 def one_run(
-    line: str,
-    model: Path,
-    engine: str = "auto",
-    dtype: str = "float32",
-    env: dict[str, str] | None = None,
+    line: str, model: Path, engine: str = "auto", dtype: str = "float32", env: dict[str, str] | None = None,
     clusters: Path | None = None,
-) -> dict[str, object]:
+) -> dict[str, object]:  # fmt: skip
     """One fresh process translating ``line``: its wall time, the job's phases and the rest."""
     argv = [sys.executable, "-m", "fastvocab.pipeline.cli", "-v", "translate"]
     argv += ["--model", str(model), "--src-lang", "en", "--tgt-lang", "it", "--no-progress"]

@@ -60,15 +60,9 @@ def synthetic_weights(n_vocab: int, d: int, dtype: torch.dtype, device: str, see
 
 
 def synthetic_map(
-    n_vocab: int,
-    d: int,
-    r: int,
-    fraction: float,
-    set_ratio: float,
-    fingerprint: str,
-    seed: int = 0,
+    n_vocab: int, d: int, r: int, fraction: float, set_ratio: float, fingerprint: str, seed: int = 0,
     centroids: np.ndarray | None = None,
-) -> ClusterMap:
+) -> ClusterMap:  # fmt: skip
     """Each cluster a random ``set_ratio`` share of one pool of ``fraction * N`` ids, Zipf populations;
     ``centroids`` (r, d) random unless given (the GPU e2e step passes k-means-free ones over real states)."""
     rng = np.random.default_rng(seed)

@@ -860,26 +860,17 @@ def render_cpu_hot(root: Path, doc: Path) -> str:
 
 
 TABLES: dict[str, Callable[[Path, Path], str]] = {
-    "peer-cpu": render_peer,
-    "methods-cpu": render_methods,
-    "demo-model-bleu": render_demo_bleu,
-    "shipped-maps": render_shipped,
-    "data-scale": render_data_scale,
-    "coverage": render_coverage,
-    "shipped-test": render_shipped_test,
-    "scale": render_scale,
-    "maps-card": render_card,
-    "corpus": render_corpus,
-    "catalogs": render_catalogs,
+    "peer-cpu": render_peer, "methods-cpu": render_methods, "demo-model-bleu": render_demo_bleu,
+    "shipped-maps": render_shipped, "data-scale": render_data_scale, "coverage": render_coverage,
+    "shipped-test": render_shipped_test, "scale": render_scale, "maps-card": render_card,
+    "corpus": render_corpus, "catalogs": render_catalogs,
     "scale-plan-measured": lambda root, doc: _plan_tables(root, doc)[0],
     "scale-plan-maps": lambda root, doc: _plan_tables(root, doc)[1],
     "scale-plan-hours": lambda root, doc: _plan_tables(root, doc)[2],
-    "status": render_status,
-    "model-scale-xeon": _render_scale(SCALE_XEON),
-    "model-scale-no-amx": _render_scale(SCALE_NO_AMX),
-    "cpu-steps": render_cpu_steps,
+    "status": render_status, "model-scale-xeon": _render_scale(SCALE_XEON),
+    "model-scale-no-amx": _render_scale(SCALE_NO_AMX), "cpu-steps": render_cpu_steps,
     "cpu-hot": render_cpu_hot,
-}
+}  # fmt: skip
 
 
 def docs(root: Path) -> list[Path]:
