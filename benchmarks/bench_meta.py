@@ -1,5 +1,6 @@
 """Where a benchmark ran (the CPU and its vector extensions, or the GPU), the order in which the interleaved
-benchmarks run their systems each round, how a result is written, and how memory is read (peak RSS).
+benchmarks run their systems each round, how a result is written, how memory is read (peak RSS), and what
+several scripts parse alike (comma lists, a translate log's phases, BLEU and chrF with their signatures).
 
 Imported by the benchmark scripts, which run as ``python benchmarks/<script>.py`` (this folder is then first
 on ``sys.path``).
