@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import itertools
 import json
 import os
 import re
@@ -27,7 +28,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from bench_meta import RESULTS, ROOT, cpu_name, write_result
+from bench_meta import RESULTS, ROOT, bulk_phases, cpu_name, write_result
 
 from fastvocab.artifacts_schema.provenance import git_commit
 
@@ -62,18 +63,13 @@ def generate_parquet(text: Path, path: Path) -> None:
 
     schema = pa.schema([("id", pa.string()), ("text", pa.string())])
     with pq.ParquetWriter(path, schema) as writer, text.open(encoding="utf-8") as f:
-        block: list[str] = []
-        n = 0
-        for line in f:
-            block.append(line.rstrip("\n"))
-            if len(block) == 100_000:
-                writer.write_table(pa.table({"id": [f"s{n + i}" for i in range(len(block))], "text": block}))
-                n, block = n + len(block), []
-        if block:
+        n = 0  # blocks of 100,000 lines: the text is read as it is written, never held whole
+        while block := [line.rstrip("\n") for line in itertools.islice(f, 100_000)]:
             writer.write_table(pa.table({"id": [f"s{n + i}" for i in range(len(block))], "text": block}))
+            n += len(block)
 
 
-def translate(inp: Path, out: Path, args: argparse.Namespace, extra: list[str]) -> dict[str, object]:
+def translate(inp: Path, out: Path, args: argparse.Namespace, extra: list[str]) -> dict:
     argv = [str(FASTVOCAB), "-v", "translate", "--model", str(args.model), "--src-lang", "en",
             "--tgt-lang", "it", "-i", str(inp), "-o", str(out), "--max-len", str(args.max_len),
             "--batch-size", "64", "--chunk-lines", str(args.chunk_lines), "--no-progress",
@@ -86,20 +82,18 @@ def translate(inp: Path, out: Path, args: argparse.Namespace, extra: list[str]) 
     if proc.returncode != 0:
         raise SystemExit(f"{' '.join(argv)} failed:\n{proc.stderr[-3000:]}")
     summary = next(line for line in proc.stderr.splitlines() if line.startswith("translated "))
-    row: dict[str, object] = {
+    row: dict = {
         "command": " ".join(["fastvocab", *argv[2:]]).replace(str(inp.parent), "$TMP"),
-        "wall_seconds": round(wall, 2),
-        "summary": summary.replace(str(inp.parent), "$TMP"),
+        "wall_seconds": round(wall, 2), "summary": summary.replace(str(inp.parent), "$TMP"),
         "target_tokens": int(re.search(r"(\d+) target tokens", summary).group(1)),
         "tokens_per_s_reported": float(re.search(r"([\d.]+) tokens/s", summary).group(1)),
-    }
+    }  # fmt: skip
     busy = re.search(r"\(([\d.]+) a worker while busy", summary)
     if busy:
         row["tokens_per_s_a_worker_busy"] = float(busy.group(1))
-    phases = re.search(r"bulk phases \(s\): (.*)", proc.stderr)
-    if phases:
-        row["phases_s"] = {k: float(v) for k, v in (p.rsplit(" ", 1) for p in phases.group(1).split(", "))}
-    row["tokens_per_wall_s"] = round(row["target_tokens"] / wall, 1)  # type: ignore[operator]
+    if phases := bulk_phases(proc.stderr):
+        row["phases_s"] = phases
+    row["tokens_per_wall_s"] = round(row["target_tokens"] / wall, 1)
     row["lines_per_wall_s"] = round(args.lines / wall, 1)
     return row
 
@@ -119,16 +113,12 @@ print(json.dumps({"rows": inp.rows, "parts": len(ranges), "seconds": round(time.
 
 
 def plan_rss(path: Path, chunk_lines: int) -> dict[str, object]:
-    out = subprocess.run(
-        [sys.executable, "-c", PLAN_CHILD, str(path), str(chunk_lines), str(Path(__file__).resolve().parent)],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    return json.loads(out.stdout)
+    here = str(Path(__file__).resolve().parent)
+    argv = [sys.executable, "-c", PLAN_CHILD, str(path), str(chunk_lines), here]
+    return json.loads(subprocess.run(argv, capture_output=True, text=True, check=True).stdout)
 
 
-def translate_runs(tmp: Path, args: argparse.Namespace, rows: list[dict[str, object]]) -> dict[str, object]:
+def translate_runs(tmp: Path, args: argparse.Namespace, rows: list[dict]) -> dict[str, object]:
     """The same generated text in process, on 1 Ray actor and on 2: a row each into ``rows``; what they
     read out (distribution's cost, 2 workers against 1, a worker's rate, hours for 20M lines)."""
     inp = tmp / "in.txt"
@@ -146,27 +136,19 @@ def translate_runs(tmp: Path, args: argparse.Namespace, rows: list[dict[str, obj
         print(json.dumps(row), flush=True)
     base, one, two = rows[0], rows[1], rows[2]
     # a worker's steady rate: its lines over its busy seconds (tokens/s busy -> lines/s)
-    worker_rate = float(one["tokens_per_s_a_worker_busy"]) * args.lines / float(one["target_tokens"])  # type: ignore[arg-type]
+    worker_rate = one["tokens_per_s_a_worker_busy"] * args.lines / one["target_tokens"]
+    translate_phase = one["phases_s"]["translate"] / two["phases_s"]["translate"]
+    hours = {str(n): round(TARGET_LINES / (n * worker_rate) / 3600, 2) for n in TARGET_WORKERS}
     return {
         "outputs_identical": len(set(outputs.values())) == 1,
-        "ray_1_worker_over_in_process_wall": round(
-            float(one["wall_seconds"]) / float(base["wall_seconds"]), 3
-        ),  # type: ignore[arg-type]
+        "ray_1_worker_over_in_process_wall": round(one["wall_seconds"] / base["wall_seconds"], 3),
         "ray_2_workers_over_1_tokens_per_wall_s": round(
-            float(two["tokens_per_wall_s"]) / float(one["tokens_per_wall_s"]),
-            3,  # type: ignore[arg-type]
+            two["tokens_per_wall_s"] / one["tokens_per_wall_s"], 3
         ),
-        "ray_2_workers_over_1_translate_phase": round(
-            float(one["phases_s"]["translate"]) / float(two["phases_s"]["translate"]),
-            3,  # type: ignore[index]
-        ),
+        "ray_2_workers_over_1_translate_phase": round(translate_phase, 3),
         "lines_per_s_a_worker_busy": round(worker_rate, 1),
-        "lines_per_s_in_process_decoding": float(
-            re.search(r"([\d.]+) sentences/s", str(base["summary"])).group(1)  # type: ignore[union-attr]
-        ),
-        "hours_for_20m_lines": {
-            str(n): round(TARGET_LINES / (n * worker_rate) / 3600, 2) for n in TARGET_WORKERS
-        },
+        "lines_per_s_in_process_decoding": float(re.search(r"([\d.]+) sentences/s", base["summary"])[1]),
+        "hours_for_20m_lines": hours,
     }
 
 
@@ -196,13 +178,10 @@ def main() -> None:
     args = ap.parse_args()
     rows: list[dict[str, object]] = []
     meta: dict[str, object] = {
-        "commit": git_commit(cwd=ROOT),
-        "cpu": cpu_name(),
-        "cores": os.cpu_count(),
-        "date": dt.date.today().isoformat(),
-        "load_average_start": list(os.getloadavg()),
+        "commit": git_commit(cwd=ROOT), "cpu": cpu_name(), "cores": os.cpu_count(),
+        "date": dt.date.today().isoformat(), "load_average_start": list(os.getloadavg()),
         "command": " ".join(["benchmarks/bench_bulk.py", *sys.argv[1:]]),
-    }
+    }  # fmt: skip
     record: dict[str, object] = {"meta": meta, "rows": rows}
     with tempfile.TemporaryDirectory(prefix="bench-bulk-") as tmp_name:
         tmp = Path(tmp_name)

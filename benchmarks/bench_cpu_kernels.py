@@ -30,6 +30,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter, defaultdict
 from pathlib import Path
 
 from bench_meta import EMULATE, EMULATE_ENV, ROOT, emulate, result_header, write_result
@@ -109,12 +110,8 @@ def make_system(args):
     if kind == "fastvocab":
         from fastvocab import Translator
 
-        tr = Translator(
-            args.model,
-            maps=args.maps if method == "clustered" else None,
-            compute_type=dtype,
-            threads=args.threads,
-        )
+        maps = args.maps if method == "clustered" else None
+        tr = Translator(args.model, maps=maps, compute_type=dtype, threads=args.threads)
         return lambda lines, beam: tr.translate_batch(lines, args.src_lang, args.tgt_lang, beam_size=beam)
     from bench_peer import Ct2System, convert_ct2
 
@@ -171,30 +168,24 @@ def run_system(args, system: str, beam: int, env: dict[str, str]) -> dict:
         timing = json.loads(done.stdout.strip().splitlines()[-1])
         rows = perf_profile(data)
     objects, cache = timing.pop("objects"), {}
-    shares: dict[str, float] = {}
-    isas: dict[str, float] = {}
-    by_family: dict[str, dict[str, float]] = {}
+    shares, isas, by_family = Counter(), Counter(), defaultdict(Counter)  # percent by family, ISA, both
     for pct, dso, sym in rows:
         fam = family(dso, sym)
-        shares[fam] = shares.get(fam, 0.0) + pct
+        shares[fam] += pct
         hexed = re.fullmatch(r"0x([0-9a-f]+)", sym)
         if hexed and dso in objects:
             kind = code_isa(objects[dso], int(hexed[1], 16), cache) if pct >= 0.05 else None
         else:
             kind = isa(sym)
         kind = kind or "scalar, SSE or not known"
-        isas[kind] = isas.get(kind, 0.0) + pct
-        by_family.setdefault(fam, {})[kind] = by_family.get(fam, {}).get(kind, 0.0) + pct
+        isas[kind] += pct
+        by_family[fam][kind] += pct
     top = sorted(rows, reverse=True)[: args.top]
     return {
-        "system": system,
-        "beam": beam,
-        **timing,
-        "families_pct": _rounded(shares),
-        "isa_pct": _rounded(isas),
+        "system": system, "beam": beam, **timing, "families_pct": _rounded(shares), "isa_pct": _rounded(isas),
         "isa_pct_by_family": {f: _rounded(v) for f, v in by_family.items()},
         "top_symbols": [{"pct": p, "dso": d, "symbol": s[:160]} for p, d, s in top],
-    }
+    }  # fmt: skip
 
 
 def _rounded(shares: dict[str, float]) -> dict[str, float]:
@@ -241,10 +232,8 @@ def main(argv: list[str] | None = None) -> int:
     result = {
         **result_header("cpu_kernels"),
         "lines": f"{args.corpus} {args.src_lang}-{args.tgt_lang} test, first {args.n}",
-        "threads": args.threads,
-        "batch_size": args.batch_size,
-        "runs": runs,
-    }
+        "threads": args.threads, "batch_size": args.batch_size, "runs": runs,
+    }  # fmt: skip
     write_result(args.out, result)
     return 0
 

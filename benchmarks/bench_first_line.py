@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import functools
 import os
 import re
 import statistics
@@ -33,22 +34,17 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench_meta import ROOT, result_header, write_result
+from bench_meta import ROOT, bulk_phases, result_header, write_result
 
-PHASES = re.compile(r"bulk phases \(s\): (.*)$", re.M)
 JOB = re.compile(r"parts translated in ([0-9.]+) s")
 RAN_ON = re.compile(r", engine (\w+), ")  # the summary line names the engine "auto" picked
 EXPORT = re.compile(r"engine onnx: exported the \w+ graph to \S+/(\S+) in ([0-9.]+) s")
 
 
 def one_run(
-    line: str,
-    model: Path,
-    engine: str = "auto",
-    dtype: str = "float32",
-    env: dict[str, str] | None = None,
+    line: str, model: Path, engine: str = "auto", dtype: str = "float32", env: dict[str, str] | None = None,
     clusters: Path | None = None,
-) -> dict[str, object]:
+) -> dict[str, object]:  # fmt: skip
     """One fresh process translating ``line``: its wall time, the job's phases and the rest."""
     argv = [sys.executable, "-m", "fastvocab.pipeline.cli", "-v", "translate"]
     argv += ["--model", str(model), "--src-lang", "en", "--tgt-lang", "it", "--no-progress"]
@@ -63,12 +59,7 @@ def one_run(
     wall = time.perf_counter() - t0
     if done.returncode != 0:
         raise SystemExit(f"fastvocab translate failed ({done.returncode}): {done.stderr.strip()[-500:]}")
-    phases = {}
-    found = PHASES.search(done.stderr)
-    if found:
-        for part in found.group(1).split(", "):
-            name, seconds = part.rsplit(" ", 1)
-            phases[name] = float(seconds)
+    phases = bulk_phases(done.stderr)
     job = JOB.search(done.stderr)
     job_seconds = float(job.group(1)) if job else sum(phases.values())
     return {
@@ -76,13 +67,11 @@ def one_run(
         "startup_and_exit_s": round(wall - job_seconds, 3),  # interpreter, imports, parsing, exit
         "load_s": round(phases.get("setup", 0.0) + phases.get("plan", 0.0), 3),
         "translate_s": round(phases.get("translate", 0.0), 3),
-        "assemble_s": round(phases.get("assemble", 0.0), 3),
-        "job_s": round(job_seconds, 3),
+        "assemble_s": round(phases.get("assemble", 0.0), 3), "job_s": round(job_seconds, 3),
         "engine": found.group(1) if (found := RAN_ON.search(done.stderr)) else None,
         "exports_s": {name: float(sec) for name, sec in EXPORT.findall(done.stderr)},  # by file; a cold cache
-        "load_avg_before": [round(x, 2) for x in load],
-        "output": done.stdout.strip(),
-    }
+        "load_avg_before": [round(x, 2) for x in load], "output": done.stdout.strip(),
+    }  # fmt: skip
 
 
 def import_seconds() -> float:
@@ -103,16 +92,14 @@ def main() -> None:
     p.add_argument("--engine", default="auto", help="translate's --engine (default: %(default)s)")
     p.add_argument("--dtype", default="float32", help="translate's --dtype (default: %(default)s)")
     p.add_argument(
-        "--clusters",
-        type=Path,
+        "--clusters", type=Path,
         help="translate's --clusters: time the clustered set-up (model, map and the tables beside it)",
-    )
+    )  # fmt: skip
     p.add_argument(
-        "--cold-cache",
-        action="store_true",
+        "--cold-cache", action="store_true",
         help="the first (uncounted) run starts from an empty cache folder: the engine's exports, the "
         "model's fingerprint",
-    )
+    )  # fmt: skip
     p.add_argument(
         "--out", type=Path, help="result JSON (default: benchmarks/results/first-line-cpu-DATE.json)"
     )
@@ -120,32 +107,24 @@ def main() -> None:
     out = args.out or ROOT / "benchmarks" / "results" / f"first-line-cpu-{dt.date.today().isoformat()}.json"
     with tempfile.TemporaryDirectory(prefix="fastvocab-cache-") as cache:
         env = {"FASTVOCAB_CACHE_DIR": cache} if args.cold_cache else None
-        warmup = one_run(args.line, args.model, args.engine, args.dtype, env, args.clusters)
-        runs = [
-            one_run(args.line, args.model, args.engine, args.dtype, env, args.clusters)
-            for _ in range(args.runs)
-        ]
+        run = functools.partial(one_run, args.line, args.model, args.engine, args.dtype, env, args.clusters)
+        warmup, runs = run(), [run() for _ in range(args.runs)]
     imports = [round(import_seconds(), 3) for _ in range(args.runs)]
 
     def median(key: str) -> float:
         return round(statistics.median(float(r[key]) for r in runs), 3)  # type: ignore[arg-type]
 
     result = {
-        **result_header("first-line"),
-        "cores": os.cpu_count(),
+        **result_header("first-line"), "cores": os.cpu_count(),
         "model": str(args.model.relative_to(ROOT) if args.model.is_relative_to(ROOT) else args.model),
-        "line": args.line,
-        "engine": args.engine,
+        "line": args.line, "engine": args.engine,
         "engine_run": runs[0]["engine"],  # what --engine auto picked
-        "dtype": args.dtype,
-        "clusters": None if args.clusters is None else str(args.clusters),
-        "cold_cache": args.cold_cache,
-        "runs": args.runs,
+        "dtype": args.dtype, "clusters": None if args.clusters is None else str(args.clusters),
+        "cold_cache": args.cold_cache, "runs": args.runs,
         "median": {k: median(k) for k in ("wall_s", "startup_and_exit_s", "load_s", "translate_s", "job_s")},
-        "import_only_s": {"median": round(statistics.median(imports), 3), "runs": imports},
-        "warmup": warmup,
+        "import_only_s": {"median": round(statistics.median(imports), 3), "runs": imports}, "warmup": warmup,
         "each": runs,
-    }
+    }  # fmt: skip
     if args.cold_cache:  # what the first run paid beyond a later one
         result["first_run_extra_s"] = round(float(warmup["wall_s"]) - result["median"]["wall_s"], 3)
     m = result["median"]

@@ -33,7 +33,7 @@ from types import SimpleNamespace
 import numpy as np
 import torch
 import torch.nn.functional as F
-from bench_meta import RESULTS, provenance, write_result
+from bench_meta import RESULTS, comma_list, load_avg, provenance, write_result
 
 from fastvocab.kernels import create_projection, int8_union
 from fastvocab.kernels.int8 import linear_packed, packed_rows
@@ -73,10 +73,9 @@ def cached_kernels(w, b, q, scale, cols: torch.Tensor) -> dict[str, Kernel]:
         return out if block_b is None else out + block_b
 
     return {
-        "cached-fp32": lambda h, _cols: F.linear(h, block, block_b),
-        "cached-int8-wpack": wpack,
+        "cached-fp32": lambda h, _cols: F.linear(h, block, block_b), "cached-int8-wpack": wpack,
         "cached-int8-packed": lambda h, _cols: linear_packed(h, packed),
-    }
+    }  # fmt: skip
 
 
 def timed(fn: Callable[[], torch.Tensor], repeats: int) -> dict[str, float]:
@@ -103,9 +102,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--d", type=int, default=1024)
     p.add_argument("--vocab", type=int, default=128_112, help="N")
     # None: [1, 8, 32] and [0.1, 0.3, 0.6]; with --cost-table, the packaged table's
-    p.add_argument("--rows", type=lambda s: [int(x) for x in s.split(",")])
-    p.add_argument("--union", type=lambda s: [float(x) for x in s.split(",")])
-    p.add_argument("--threads", type=lambda s: [int(x) for x in s.split(",")], default=[2], help="e.g. 2,1")
+    p.add_argument("--rows", type=comma_list(int))
+    p.add_argument("--union", type=comma_list(float))
+    p.add_argument("--threads", type=comma_list(int), default=[2], help="e.g. 2,1")
     p.add_argument("--repeats", type=int, default=7)
     p.add_argument("--bias", action="store_true", help="give W a bias (M2M100's tied head has none)")
     p.add_argument("--only", help="comma-separated candidate names (default: all)")
@@ -130,30 +129,22 @@ def main(argv: list[str] | None = None) -> int:
     q, scale = w8.q, w8.scale
     wq = q.double() * scale.double()[:, None]  # what the int8 candidates compute with
     kernels: dict[str, Kernel] = {
-        "fp32-gather": fp32_gather(w, b),
-        "int8-gather": int8_gather(w8),
-        "int8-dense": int8_dense(w8),
+        "fp32-gather": fp32_gather(w, b), "int8-gather": int8_gather(w8), "int8-dense": int8_dense(w8),
         "int8-clustered": int8_clustered(w8),
-    }
+    }  # fmt: skip
     if args.only:
         keep = set(args.only.split(","))
         kernels = {k: v for k, v in kernels.items() if k in keep}
     result: dict = {
-        "benchmark": "bench_int8_gather",
-        **provenance("bench_int8_gather.py", argv, "kernels"),
-        "torch": torch.__version__,
-        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
-        "threads": args.threads,
-        "sizes": {"d": d, "N": n, "rows": args.rows, "union": args.union},
-        "bias": args.bias,
-        "repeats": args.repeats,
-        "load_avg": {"start": [round(x, 2) for x in os.getloadavg()]},
-        "rows": [],
-    }
+        "benchmark": "bench_int8_gather", **provenance("bench_int8_gather.py", argv, "kernels"),
+        "torch": torch.__version__, "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "threads": args.threads, "sizes": {"d": d, "N": n, "rows": args.rows, "union": args.union},
+        "bias": args.bias, "repeats": args.repeats, "load_avg": {"start": load_avg()}, "rows": [],
+    }  # fmt: skip
     for threads in args.threads:
         torch.set_num_threads(threads)
         measure(args, result, kernels, full32, full8, w, b, q, scale, wq, threads)
-    result["load_avg"]["end"] = [round(x, 2) for x in os.getloadavg()]
+    result["load_avg"]["end"] = load_avg()
     write_result(Path(args.out), result)
     return 0
 

@@ -1,5 +1,6 @@
 """Where a benchmark ran (the CPU and its vector extensions, or the GPU), the order in which the interleaved
-benchmarks run their systems each round, how a result is written, and how memory is read (peak RSS).
+benchmarks run their systems each round, how a result is written, how memory is read (peak RSS), and what
+several scripts parse alike (comma lists, a translate log's phases, BLEU and chrF with their signatures).
 
 Imported by the benchmark scripts, which run as ``python benchmarks/<script>.py`` (this folder is then first
 on ``sys.path``).
@@ -7,15 +8,17 @@ on ``sys.path``).
 
 from __future__ import annotations
 
+import argparse
 import atexit
 import contextlib
 import datetime as dt
 import json
 import os
+import re
 import shutil
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
 from typing import TypeVar
 
@@ -43,6 +46,15 @@ def device_name(device: str) -> str:
     return f"{cpu_name()} ({torch.get_num_threads()} threads)"
 
 
+def cupy_version() -> str | None:
+    """CuPy's version, None where it is not installed."""
+    try:
+        import cupy
+    except ImportError:
+        return None
+    return cupy.__version__
+
+
 def round_order(systems: Sequence[T], round_index: int) -> list[T]:
     """``systems`` as round ``round_index`` runs them: each round starts one system later than the one before,
     so no system keeps the first place (in fixed order, fastvocab full int8, always first, ran 4-25% slower
@@ -51,21 +63,29 @@ def round_order(systems: Sequence[T], round_index: int) -> list[T]:
     return [*systems[shift:], *systems[:shift]]
 
 
+def comma_list(kind: Callable[[str], T], known: Collection[T] | None = None) -> Callable[[str], list[T]]:
+    """An argparse ``type``: ``a,b,c`` as a list of ``kind``, each one of ``known`` when given."""
+
+    def parse(text: str) -> list[T]:
+        items = [kind(x) for x in text.split(",") if x]
+        unknown = [x for x in items if known is not None and x not in known]
+        if unknown:
+            raise argparse.ArgumentTypeError(f"unknown {unknown[0]!r}; known: {', '.join(map(str, known))}")
+        return items
+
+    return parse
+
+
 def result_header(benchmark: str) -> dict[str, object]:
     """What a result file starts with: the benchmark, when, the commit, the command, the CPU, torch's version
     and the load average at the end of the run."""
     import torch
 
     return {
-        "benchmark": benchmark,
-        "date": dt.datetime.now().isoformat(timespec="seconds"),
-        "commit": git_commit(),
-        "command": " ".join([Path(sys.executable).name, *sys.argv]),
-        "device": cpu_name(),
-        **emulation(),
-        "torch": torch.__version__,
-        "load_avg": os.getloadavg(),
-    }
+        "benchmark": benchmark, "date": dt.datetime.now().isoformat(timespec="seconds"),
+        "commit": git_commit(), "command": " ".join([Path(sys.executable).name, *sys.argv]),
+        "device": cpu_name(), **emulation(), "torch": torch.__version__, "load_avg": os.getloadavg(),
+    }  # fmt: skip
 
 
 def provenance(script: str, argv: list[str] | None, *code: str) -> dict[str, str]:
@@ -73,11 +93,30 @@ def provenance(script: str, argv: list[str] | None, *code: str) -> dict[str, str
     command (``argv``, else this process's) and on which CPU a run of ``benchmarks/<script>`` measured."""
     path = f"benchmarks/{script}"
     return {
-        "date": dt.datetime.now().isoformat(timespec="seconds"),
-        "commit": git_commit(*code, path, cwd=ROOT),
+        "date": dt.datetime.now().isoformat(timespec="seconds"), "commit": git_commit(*code, path, cwd=ROOT),
         "command": " ".join([".venv/bin/python", path, *(argv or sys.argv[1:])]),
         "device": f"{cpu_name()} ({os.cpu_count()} cores visible)",
-    }
+    }  # fmt: skip
+
+
+def bulk_phases(log: str) -> dict[str, float]:
+    """The seconds of each phase on a ``fastvocab -v translate`` log's ``bulk phases (s): setup 0.41, ...``
+    line; empty where the log has none."""
+    found = re.search(r"bulk phases \(s\): (.*)", log)
+    return {k: float(v) for k, v in (p.rsplit(" ", 1) for p in found[1].split(", "))} if found else {}
+
+
+def bleu_chrf(scores: dict) -> dict[str, object]:
+    """BLEU and chrF of ``tasks.evaluate.score`` (or ``fastvocab eval --json``), rounded for the tables, with
+    their sacrebleu signatures."""
+    signatures = scores["signatures"]
+    return {"bleu": round(scores["bleu"], 2), "chrf": round(scores["chrf"], 2),
+            "bleu_signature": signatures["bleu"], "chrf_signature": signatures["chrf"]}  # fmt: skip
+
+
+def load_avg() -> list[float]:
+    """The 1-, 5- and 15-minute load averages, rounded: a record's note of how busy the machine was."""
+    return [round(x, 2) for x in os.getloadavg()]
 
 
 def write_result(path: Path | None, result: dict) -> None:
@@ -85,7 +124,7 @@ def write_result(path: Path | None, result: dict) -> None:
     if path is None:
         return
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(result, indent=1) + "\n")
+    path.write_text(json.dumps(result, indent=1, default=str) + "\n")  # a Path or a dtype as its text
     print(f"wrote {path}")
 
 

@@ -38,6 +38,8 @@ import torch
 from bench_meta import (
     RESULTS,
     ROOT,
+    comma_list,
+    load_avg,
     meminfo,
     provenance,
     reset_peak_rss,
@@ -89,15 +91,8 @@ SHAPES: dict[str, Shape | None] = {
     # step, in M2M100's layout (Marian's post-norm and sinusoidal positions cost nothing the step does not)
     "marian-base": Shape(512, 6, 6, 2048, 8, 58_101),
 }
-SYSTEMS = [
-    "full-fp32",
-    "full-int8",
-    "clustered-fp32",
-    "clustered-int8",
-    "ct2-float32",
-    "ct2-int8",
-    "ct2-int8-vmap",
-]
+SYSTEMS = ["full-fp32", "full-int8", "clustered-fp32", "clustered-int8",
+           "ct2-float32", "ct2-int8", "ct2-int8-vmap"]  # fmt: skip
 FRACTIONS = [0.02, 0.05, 0.1, 0.2]
 
 
@@ -217,16 +212,9 @@ def build_shape(name: str, shape: Shape, folder: Path) -> dict:
     else:
         raise RuntimeError(f"{name}: tokenizer vocabulary {n} != {shape.vocab}")
     shutil.rmtree(scratch, ignore_errors=True)
-    arch = dict(
-        vocab=shape.vocab,
-        d_model=shape.d_model,
-        ffn=shape.ffn,
-        heads=shape.heads,
-        enc_layers=shape.enc_layers,
-        dec_layers=shape.dec_layers,
-    )
     torch.manual_seed(0)
-    model = M2M100ForConditionalGeneration(model_config(arch, tok, max_positions=1024, dropout=0.0)).eval()
+    config = model_config(asdict(shape), tok, max_positions=1024, dropout=0.0)  # its keys are Shape's fields
+    model = M2M100ForConditionalGeneration(config).eval()
     assert model.config.vocab_size == shape.vocab and model.get_output_embeddings().bias is None
     model.save_pretrained(out)
     tok.save_pretrained(out)
@@ -236,14 +224,8 @@ def build_shape(name: str, shape: Shape, folder: Path) -> dict:
 
 def shape_of(model_dir: Path) -> Shape:
     c = json.loads((model_dir / "config.json").read_text())
-    return Shape(
-        c["d_model"],
-        c["encoder_layers"],
-        c["decoder_layers"],
-        c["decoder_ffn_dim"],
-        c["decoder_attention_heads"],
-        c["vocab_size"],
-    )
+    keys = ("d_model", "encoder_layers", "decoder_layers", "decoder_ffn_dim", "decoder_attention_heads")
+    return Shape(*(c[k] for k in keys), c["vocab_size"])
 
 
 def du_mib(path: Path) -> float:
@@ -352,19 +334,11 @@ def synthetic_map(adapter, centroids: np.ndarray, frac: float, args, out: Path):
     indptr, indices = synthetic_sets(n, r, frac, args.zipf)
     c = centroids.astype(np.float32)
     manifest = MapManifest(
-        model_fingerprint=adapter.fingerprint,
-        direction=f"{SRC}-{TGT}",
-        scope="direction",
-        r=r,
-        k=0,
-        d=adapter.d_model,
-        n_vocab=n,
-        niter=0,
-        seed=0,
-        states_used=r,
+        model_fingerprint=adapter.fingerprint, direction=f"{SRC}-{TGT}", scope="direction", r=r, k=0,
+        d=adapter.d_model, n_vocab=n, niter=0, seed=0, states_used=r,
         active_fraction=active_fraction_stats(indptr, n),
         extra={"synthetic": {"fraction": frac, "zipf": args.zipf, "centroids": "decoder states"}},
-    )
+    )  # fmt: skip
     cmap = ClusterMap(manifest, c, (c * c).sum(1), indptr, indices, np.ones(indptr[-1], np.int32))
     save_cluster_map(cmap, out)
     return cmap
@@ -400,12 +374,10 @@ def real_union_growth(path: str) -> dict:
         return {"map": path, "skipped": msg}
     cmap = load_cluster_map(path)
     return {
-        "map": path,
-        "r": cmap.manifest.r,
-        "n_vocab": cmap.manifest.n_vocab,
+        "map": path, "r": cmap.manifest.r, "n_vocab": cmap.manifest.n_vocab,
         "active_fraction_mean": cmap.manifest.active_fraction.get("mean"),
         "union_fraction": union_growth(cmap, weighted=True),
-    }
+    }  # fmt: skip
 
 
 def vmap_model_dir(ct2_dir: Path) -> Path:
@@ -463,15 +435,10 @@ def fastvocab_run(adapter, projection, ns):
     def run(lines: list[str], beam: int) -> tuple[float, int]:
         torch.set_num_threads(ns.threads)  # a ctranslate2.Translator resets the calling thread's count
         r = translate(
-            adapter,
-            projection,
-            lines,
-            SRC,
-            TGT,
-            SearchSettings(beam=beam, batch_size=ns.batch_size, max_len=ns.max_len),
-            progress=False,
+            adapter, projection, lines, SRC, TGT,
+            SearchSettings(beam=beam, batch_size=ns.batch_size, max_len=ns.max_len), progress=False,
             workers=None if ns.parallel == "workers" else 1,
-        )
+        )  # fmt: skip
         return r.seconds, r.target_tokens
 
     return run
@@ -583,10 +550,6 @@ def step_profile(
 # ---------------------------------------------------------------------------------------------- the run
 
 
-def parse_list(kind):
-    return lambda text: [kind(x) for x in text.split(",") if x]
-
-
 def system_label(key: str, frac: float | None) -> str:
     return key if frac is None else f"{key} {100 * frac:g}%"
 
@@ -668,11 +631,9 @@ def clustered_projections(m: Loaded, args, info: dict) -> dict:
         t0 = time.perf_counter()
         cmap = synthetic_map(m.a32, centroids, frac, args, out)
         maps_info[f"{frac:g}"] = {
-            "dir": str(out),
-            "build_or_load_s": round(time.perf_counter() - t0, 1),
-            "disk_mib": du_mib(out),
+            "dir": str(out), "build_or_load_s": round(time.perf_counter() - t0, 1), "disk_mib": du_mib(out),
             "union_fraction": union_growth(cmap),
-        }
+        }  # fmt: skip
         opts = {"cluster_map": out, "selection": args.selection, "inactive_mass": args.inactive_mass}
         built_s = maps_info[f"{frac:g}"]["projection_build_s"] = {}
         for dtype, system in (("fp32", "clustered-fp32"), ("int8", "clustered-int8")):
@@ -707,11 +668,8 @@ def point_systems(m: Loaded, ns: SimpleNamespace, lines: list[str], beam: int, s
     for dtype in ("float32", "int8"):
         if f"ct2-{dtype}" in systems:
             runs[f"ct2 {dtype}"] = (
-                FixedStepsCt2(m.ct2_dir, dtype, m.a32, ns).run,
-                f"ct2-{dtype}",
-                None,
-                dtype,
-            )
+                FixedStepsCt2(m.ct2_dir, dtype, m.a32, ns).run, f"ct2-{dtype}", None, dtype,
+            )  # fmt: skip
     if "ct2-int8-vmap" in systems:
         prec = "int8" if m.clustered["int8"] else "fp32"
         for frac, proj in m.clustered[prec].items():
@@ -788,14 +746,8 @@ def run_point(m: Loaded, args, result: dict, threads: int, batch: int, beam: int
     seen[str(threads)] = max(seen.get(str(threads), 0.0), peak)
     lines = random_lines(n, args.src_words)
     src_len = max(len(x) for x in m.a32.tokenize(lines, SRC, TGT))
-    ns = SimpleNamespace(
-        threads=threads,
-        batch_size=batch,
-        max_len=args.steps,
-        parallel=args.parallel,
-        src_lang=SRC,
-        tgt_lang=TGT,
-    )
+    ns = SimpleNamespace(threads=threads, batch_size=batch, max_len=args.steps, parallel=args.parallel)
+    ns.src_lang, ns.tgt_lang = SRC, TGT
     intra = 1 if workers else threads
     # the projection's share and the clustered unions, apart from the timed rounds
     prof: dict[str, tuple[float, dict]] = {}
@@ -831,44 +783,25 @@ def run_point(m: Loaded, args, result: dict, threads: int, batch: int, beam: int
         bound = None
         if s_full is not None and key.startswith("clustered"):
             bound = 1.0 / ((1.0 - s_full) + s_full * u)
-        result["rows"].append(
-            {
-                "shape": m.name,
-                "d_model": shape.d_model,
-                "layers": [shape.enc_layers, shape.dec_layers],
-                "ffn": shape.ffn,
-                "vocabulary": shape.vocab,
-                "system": label,
-                "engine": "ctranslate2" if key.startswith("ct2") else "fastvocab",
-                "dtype": dtype,
-                "active_fraction": frac,
-                "batch": batch,
-                "beam": beam,
-                "threads": threads,
-                "parallel": args.parallel,
-                "sentences": n,
-                "steps": args.steps,
-                "src_tokens": src_len,
-                "tokens": r.tokens[label],
-                "seconds_median": round(sec, 4),
-                "seconds": [round(t, 4) for t in r.times[label]],
-                "tokens_per_s": round(r.tokens[label] / sec, 2),
-                "projection_share": None if s_own is None else round(s_own, 4),
-                "full_projection_share": None if s_full is None else round(s_full, 4),
-                "union_fraction": round(u, 5),
-                "full_rows_fraction": (
-                    round(statistics.mean(r.full_rows[label]), 4) if r.full_rows[label] else None
-                ),
-                "bound": None if bound is None else round(bound, 3),
-                "gflops": round(gflops, 2),
-                "gemm_peak_gflops": peak,
-                "gemm_peak_share": round(gflops / peak, 4),
-                "rss_mib": round(max(r.rss[label])),
-                "rss_run_mib": round(max(r.rss_run[label])),
-                "loadavg": round(r.load[0], 2),
-                "loadavg_after": round(r.load_after[0], 2),
-            }
-        )
+        full_rows = round(statistics.mean(r.full_rows[label]), 4) if r.full_rows[label] else None
+        result["rows"].append({
+            "shape": m.name, "d_model": shape.d_model, "layers": [shape.enc_layers, shape.dec_layers],
+            "ffn": shape.ffn, "vocabulary": shape.vocab, "system": label,
+            "engine": "ctranslate2" if key.startswith("ct2") else "fastvocab", "dtype": dtype,
+            "active_fraction": frac, "batch": batch, "beam": beam, "threads": threads,
+            "parallel": args.parallel, "sentences": n, "steps": args.steps, "src_tokens": src_len,
+            "tokens": r.tokens[label], "seconds_median": round(sec, 4),
+            "seconds": [round(t, 4) for t in r.times[label]], "tokens_per_s": round(r.tokens[label] / sec, 2),
+            "projection_share": _round(s_own, 4), "full_projection_share": _round(s_full, 4),
+            "union_fraction": round(u, 5), "full_rows_fraction": full_rows, "bound": _round(bound, 3),
+            "gflops": round(gflops, 2), "gemm_peak_gflops": peak, "gemm_peak_share": round(gflops / peak, 4),
+            "rss_mib": round(max(r.rss[label])), "rss_run_mib": round(max(r.rss_run[label])),
+            "loadavg": round(r.load[0], 2), "loadavg_after": round(r.load_after[0], 2),
+        })  # fmt: skip
+
+
+def _round(x: float | None, digits: int) -> float | None:
+    return None if x is None else round(x, digits)
 
 
 def plot(result: dict, path: Path) -> None:
@@ -906,24 +839,21 @@ def plot(result: dict, path: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--shapes", type=parse_list(str), default=["m2m100-418m"], help=f"of {', '.join(SHAPES)}")
-    p.add_argument("--systems", type=parse_list(str), default=SYSTEMS, help=f"of {', '.join(SYSTEMS)}")
-    p.add_argument("--batch", type=parse_list(int), default=[1, 8, 32])
-    p.add_argument("--beam", type=parse_list(int), default=[1, 4])
-    p.add_argument("--threads", type=parse_list(int), default=[2, 1])
+    p.add_argument("--shapes", type=comma_list(str, SHAPES), default=["m2m100-418m"], help=", ".join(SHAPES))
+    p.add_argument("--systems", type=comma_list(str, SYSTEMS), default=SYSTEMS, help=", ".join(SYSTEMS))
+    p.add_argument("--batch", type=comma_list(int), default=[1, 8, 32])
+    p.add_argument("--beam", type=comma_list(int), default=[1, 4])
+    p.add_argument("--threads", type=comma_list(int), default=[2, 1])
     p.add_argument(
-        "--one-thread-batch",
-        type=parse_list(int),
+        "--one-thread-batch", type=comma_list(int),
         help="at 1 thread, only these batches (default: 32 when --threads has several values, else all)",
-    )
-    p.add_argument("--active", type=parse_list(float), default=FRACTIONS, help="active fraction per cluster")
+    )  # fmt: skip
+    p.add_argument("--active", type=comma_list(float), default=FRACTIONS, help="active fraction per cluster")
     p.add_argument("--clusters", type=int, default=2000, help="clusters of a synthetic map (r)")
     p.add_argument(
-        "--zipf",
-        type=float,
-        default=1.0,
+        "--zipf", type=float, default=1.0,
         help="exponent of the synthetic maps' id popularity (default 1; real unions grow a little faster)",
-    )
+    )  # fmt: skip
     p.add_argument(
         "--inactive-mass", default="none", help="the clustered projection's estimate (default none)"
     )
@@ -931,55 +861,38 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--steps", type=int, default=48, help="tokens generated per sentence")
     p.add_argument(
-        "--sentences",
-        type=int,
+        "--sentences", type=int,
         help="lines per run (default: one batch per worker, at least 4 lines a worker)",
-    )
+    )  # fmt: skip
     p.add_argument("--src-words", type=int, default=16, help="words per source line")
     p.add_argument("--parallel", choices=["workers", "intra"], default="workers")
     p.add_argument(
-        "--engine",
-        choices=["static", "onnx"],
-        default="static",
+        "--engine", choices=["static", "onnx"], default="static",
         help="fastvocab's decoder engine (translate --engine; onnx exports the model's layers once, cached)",
-    )
+    )  # fmt: skip
     p.add_argument("--root", default=str(ROOT / "work" / "model-scale"), help="model, CT2 and map cache")
     p.add_argument("--real-map", default=str(ROOT / "runs" / "demo" / "maps" / "en-it"))
     p.add_argument("--out", help="result JSON (default benchmarks/results/model-scale-cpu-<date>.json)")
     args = p.parse_args(argv)
-    for s in args.shapes:
-        if s not in SHAPES:
-            p.error(f"unknown shape {s!r}; known: {', '.join(SHAPES)}")
-    for s in args.systems:
-        if s not in SYSTEMS:
-            p.error(f"unknown system {s!r}; known: {', '.join(SYSTEMS)}")
-    if (
-        "ct2-int8-vmap" in args.systems
-        and "clustered-int8" not in args.systems
-        and "clustered-fp32" not in args.systems
-    ):
+    if "ct2-int8-vmap" in args.systems and not {"clustered-int8", "clustered-fp32"} & set(args.systems):
         args.systems.append("clustered-int8")  # the vmap's candidate count is clustered's union
 
     import ctranslate2
 
     result: dict = {
         "benchmark": "bench_model_scale",
-        **provenance("bench_model_scale.py", argv, "decoding", "kernels", "tasks"),
-        "args": vars(args),
+        **provenance("bench_model_scale.py", argv, "decoding", "kernels", "tasks"), "args": vars(args),
         "torch": torch.__version__,
         "int8_gemm": {name: many_rows_gemm(SHAPES[name].d_model) for name in args.shapes},
         "ctranslate2": ctranslate2.__version__,
         "timing": "one process, systems interleaved round by round; tokens/s from the median round",
-        "gemm_peak_gflops": {},
-        "load_avg": {"start": [round(x, 2) for x in os.getloadavg()]},
-        "real_map_union_growth": real_union_growth(args.real_map),
-        "shapes": {},
-        "rows": [],
-    }
+        "gemm_peak_gflops": {}, "load_avg": {"start": load_avg()},
+        "real_map_union_growth": real_union_growth(args.real_map), "shapes": {}, "rows": [],
+    }  # fmt: skip
     for name in args.shapes:
         gc.collect()  # the previous shape's models go before this one's memory check
         run_shape(name, args, result)
-    result["load_avg"]["end"] = [round(x, 2) for x in os.getloadavg()]
+    result["load_avg"]["end"] = load_avg()
     out = Path(args.out) if args.out else RESULTS / f"model-scale-cpu-{dt.date.today().isoformat()}.json"
     write_result(out, result)
     plot(result, out.with_suffix(".png"))

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from bench_meta import RESULTS, emulation, provenance, round_order, scratch_dir, write_result
+from bench_meta import RESULTS, bleu_chrf, emulation, provenance, round_order, scratch_dir, write_result
 
 from fastvocab.decoding.search import parse_early_stopping, stopping_rule
 from fastvocab.kernels.clustered_parts import BEAM_INACTIVE_MASS, INACTIVE_MASS, SHORTLIST_BEAM_INACTIVE_MASS
@@ -65,12 +65,9 @@ class Ct2System:
         # systems call translate_batch once per batch (below), which leaves inter_threads nothing to share.
         workers = args.parallel == "workers" and not use_vmap
         self.tr = ctranslate2.Translator(
-            str(ct2_dir),
-            device="cpu",
-            compute_type=compute_type,
-            intra_threads=1 if workers else args.threads,
-            inter_threads=args.threads if workers else 1,
-        )
+            str(ct2_dir), device="cpu", compute_type=compute_type,
+            intra_threads=1 if workers else args.threads, inter_threads=args.threads if workers else 1,
+        )  # fmt: skip
         self.adapter, self.args, self.use_vmap = adapter, args, use_vmap
         self.tag = adapter.tokenizer.convert_ids_to_tokens(adapter.lang_id(args.tgt_lang))
 
@@ -85,15 +82,11 @@ class Ct2System:
 
     def _translate(self, src: list[list[str]], beam: int, **kw) -> list:
         return self.tr.translate_batch(
-            src,
-            target_prefix=[[self.tag]] * len(src),
-            beam_size=beam,
-            max_batch_size=self.args.batch_size,
-            batch_type="examples",
+            src, target_prefix=[[self.tag]] * len(src), beam_size=beam, max_batch_size=self.args.batch_size,
+            batch_type="examples", length_penalty=1.0,
             max_decoding_length=self.args.max_len + 1,  # + the forced language tag
-            length_penalty=1.0,
             **kw,
-        )
+        )  # fmt: skip
 
     def _translate_vmap(self, src: list[list[str]], beam: int) -> list:
         """One call per batch (CTranslate2 sorts a call's lines by length within it: the batches are
@@ -148,21 +141,10 @@ def fastvocab_system(adapter, projection, args) -> Callable[[list[str], int], tu
             if id(proj) not in pools:
                 pools[id(proj)] = DecodePool(adapter, proj, workers, args.worker_kind)
             how = {"pool": pools[id(proj)]}
-        r = translate(
-            adapter,
-            proj,
-            lines,
-            args.src_lang,
-            args.tgt_lang,
-            SearchSettings(
-                beam=beam,
-                batch_size=args.batch_size,
-                max_len=args.max_len,
-                early_stopping=args.early_stopping,
-            ),
-            progress=False,
-            **how,
+        search = SearchSettings(
+            beam=beam, batch_size=args.batch_size, max_len=args.max_len, early_stopping=args.early_stopping
         )
+        r = translate(adapter, proj, lines, args.src_lang, args.tgt_lang, search, progress=False, **how)
         spent[0] = proj.step_seconds
         if hasattr(proj, "reset_counters"):  # clustered: the columns and skipped rows of this call
             stats[0] = proj.stats()
@@ -180,13 +162,12 @@ def build_systems(args) -> tuple[dict[str, Callable], dict]:
 
     a32, a8 = adapters(args.model, args.engine)
     info: dict = {
-        "engine": a32.engine,
-        "n_vocab": a32.n_vocab,
+        "engine": a32.engine, "n_vocab": a32.n_vocab,
         "int8_gemm": many_rows_gemm(a32.d_model),  # the many-row steps int8 GEMM, and why
         "int8_gather": {n: gather_multiply(a32.d_model, n == "few rows") for n in ("few rows", "more")},
         "fastvocab_early_stopping": stopping_rule(a32, args.early_stopping),
         "ct2_early_stopping": "patience 1: a sentence ends once beam hypotheses are finished",
-    }
+    }  # fmt: skip
     full = make_projection(a32, "full")
     info["full_prepacked"] = full.packed
     systems: dict[str, Callable] = {"fastvocab full fp32": fastvocab_system(a32, full, args)}
@@ -289,17 +270,6 @@ def ct2_systems(adapter, args, info: dict, systems: dict[str, Callable]) -> None
     systems["ct2 int8"] = Ct2System(ct2_dir, "int8", adapter, args)
 
 
-def bleu_chrf(hyps: list[str], refs: list[str]) -> dict:
-    """BLEU and chrF (``tasks.evaluate.score``), rounded for the table, with their sacrebleu signatures."""
-    s = score(hyps, refs)
-    return {
-        "bleu": round(s["bleu"], 2),
-        "chrf": round(s["chrf"], 2),
-        "bleu_signature": s["signatures"]["bleu"],
-        "chrf_signature": s["signatures"]["chrf"],
-    }
-
-
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="models/demo")
@@ -317,65 +287,53 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--max-len", type=int, default=128)
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument(
-        "--timed",
-        metavar="NAME[,NAME]",
+        "--timed", metavar="NAME[,NAME]",
         help="time only these systems (as the table names them) in the rounds, back to back; the others run "
         "once, untimed, for the quality columns. Two systems alternating give a tighter ratio on a noisy "
         "machine than six in a row",
-    )
+    )  # fmt: skip
     kinds = ["auto", "processes", "threads"]  # what fastvocab's workers are: translate's ``parallel``
     p.add_argument("--worker-kind", choices=kinds, default="auto", help="translate's parallel")
     p.add_argument(
-        "--fresh-workers",
-        action="store_true",
+        "--fresh-workers", action="store_true",
         help="start and end fastvocab's workers in every call (translate without a kept DecodePool)",
-    )
+    )  # fmt: skip
     p.add_argument(
-        "--parallel",
-        choices=["workers", "intra"],
-        default="workers",
+        "--parallel", choices=["workers", "intra"], default="workers",
         help="how every system uses --threads: 'workers' = that many batches at once on 1 thread each "
         "(fastvocab translate's CPU default; CTranslate2 inter_threads), 'intra' = one batch at a time on "
         "all threads (CTranslate2 intra_threads)",
-    )
+    )  # fmt: skip
     p.add_argument(
-        "--early-stopping",
-        type=parse_early_stopping,
-        default=None,
-        metavar="{model,true,false,never}",
+        "--early-stopping", type=parse_early_stopping, default=None, metavar="{model,true,false,never}",
         help="fastvocab's beam stopping rule (translate --early-stopping; default: the model's). CTranslate2 "
         "stops a sentence once beam hypotheses are finished (patience 1), generate's early_stopping=True: "
         "'true' compares the two at the same rule",
-    )
+    )  # fmt: skip
     p.add_argument(
-        "--inactive-mass",
-        default="auto",
-        choices=["auto", *INACTIVE_MASS],
+        "--inactive-mass", default="auto", choices=["auto", *INACTIVE_MASS],
         help="the clustered systems' estimate of the mass not computed, as fastvocab translate takes it "
         f"(default auto: none for greedy, {BEAM_INACTIVE_MASS} for beam search, "
         f"{SHORTLIST_BEAM_INACTIVE_MASS} with --with-shortlist)",
-    )
+    )  # fmt: skip
     p.add_argument(
-        "--probes",
-        metavar="N[,N]",
+        "--probes", metavar="N[,N]",
         help="the clustered systems' probes (translate --probes: each row adds the sets of its N nearest "
         "clusters to the union); several: one clustered system each (default: the map's own)",
-    )
+    )  # fmt: skip
     p.add_argument("--engine", default="auto", choices=["auto", "static", "hf", "onnx"])
     p.add_argument(
-        "--with-engine",
-        choices=["static", "onnx"],
+        "--with-engine", choices=["static", "onnx"],
         help="also time the fastvocab systems on this engine (rows 'fastvocab-ENGINE ...'), same rounds",
-    )
+    )  # fmt: skip
     p.add_argument("--no-int8", action="store_true", help="skip the fastvocab int8 systems")
     p.add_argument("--no-ct2", action="store_true", help="skip CTranslate2")
     p.add_argument("--ct2-dir", help="converted CTranslate2 model (converted into a temp folder if absent)")
     p.add_argument(
-        "--with-shortlist",
-        metavar="DIR",
+        "--with-shortlist", metavar="DIR",
         help="the clustered systems add the candidates of this shortlist table (a table folder, or a root "
         "holding shortlist/<src>-<tgt>) to their sets, as translate --with-shortlist does",
-    )
+    )  # fmt: skip
     p.add_argument("--out", help="result JSON (default benchmarks/results/peer-cpu-<date>.json)")
     return p.parse_args(argv)
 
@@ -487,39 +445,26 @@ def main(argv: list[str] | None = None) -> int:
         names = ", ".join(map(repr, unknown))
         raise SystemExit(f"bench_peer: --timed: no system {names}; the systems: {', '.join(systems)}")
     result: dict = {
-        "benchmark": "bench_peer",
-        **provenance("bench_peer.py", argv, "decoding", "kernels", "tasks"),
+        "benchmark": "bench_peer", **provenance("bench_peer.py", argv, "decoding", "kernels", "tasks"),
         "args": vars(args),  # every setting, defaults included
-        **emulation(),
-        "threads": args.threads,
-        "torch": torch.__version__,
-        "model": args.model,
-        "direction": f"{args.src_lang}-{args.tgt_lang}",
-        "lines": where,
-        "n_lines": len(lines),
-        "batch_size": args.batch_size,
-        "max_len": args.max_len,
-        "repeats": args.repeats,
-        "dtypes": {name: ("int8" if "int8" in name else "float32") for name in systems},
-        **info,
-        "runs": {},
-    }
+        **emulation(), "threads": args.threads, "torch": torch.__version__, "model": args.model,
+        "direction": f"{args.src_lang}-{args.tgt_lang}", "lines": where, "n_lines": len(lines),
+        "batch_size": args.batch_size, "max_len": args.max_len, "repeats": args.repeats,
+        "dtypes": {name: ("int8" if "int8" in name else "float32") for name in systems}, **info, "runs": {},
+    }  # fmt: skip
     for beam in [int(b) for b in args.beams.split(",")]:
         r = run_rounds(systems, timed, lines, beam, args)
         rows: dict[str, dict] = {}
         for name, run in systems.items():
             rows[name] = system_row(name, run, r, rows, info, args)
             if refs is not None:
-                rows[name].update(bleu_chrf(r.outputs[name], refs))
+                rows[name].update(bleu_chrf(score(r.outputs[name], refs)))
+        cache_bytes = info.get("static_cache_bytes_per_row", 0) * args.batch_size * beam
         result["runs"][f"beam{beam}"] = {
-            "beam": beam,
-            "static_cache_bytes_batch_x_beam": info.get("static_cache_bytes_per_row", 0)
-            * args.batch_size
-            * beam,
+            "beam": beam, "static_cache_bytes_batch_x_beam": cache_bytes,
             "loadavg_before": [round(x, 2) for x in r.load_before],
-            "loadavg_after": [round(x, 2) for x in r.load_after],
-            "systems": rows,
-        }
+            "loadavg_after": [round(x, 2) for x in r.load_after], "systems": rows,
+        }  # fmt: skip
         print_table(beam, rows, r.load_before[0], args)
     write_result(
         Path(args.out) if args.out else RESULTS / f"peer-cpu-{dt.date.today().isoformat()}.json", result

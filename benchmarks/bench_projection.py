@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import json
 import math
 import platform
 import statistics
@@ -35,7 +34,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from bench_meta import ROOT, device_name
+from bench_meta import ROOT, cupy_version, device_name, write_result
 
 from fastvocab.artifacts_schema.cluster_map import ClusterMap, MapManifest, active_fraction_stats
 from fastvocab.artifacts_schema.fingerprint import projection_fingerprint
@@ -45,13 +44,8 @@ from fastvocab.kernels import create_projection
 RESULTS = Path(__file__).resolve().parent / "results"
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 # Peak HBM bandwidth by device-name fragment (GB/s): the floor of a memory-bound kernel.
-PEAK_GBPS = {
-    "H200": 4800.0,
-    "H100 SXM": 3350.0,
-    "H100 80GB HBM3": 3350.0,
-    "H100 PCIe": 2000.0,
-    "A100": 2039.0,
-}
+PEAK_GBPS = {"H200": 4800.0, "H100 SXM": 3350.0, "H100 80GB HBM3": 3350.0, "H100 PCIe": 2000.0,
+             "A100": 2039.0}  # fmt: skip
 
 
 # ------------------------------------------------------------------------------------------- synthetic data
@@ -66,15 +60,9 @@ def synthetic_weights(n_vocab: int, d: int, dtype: torch.dtype, device: str, see
 
 
 def synthetic_map(
-    n_vocab: int,
-    d: int,
-    r: int,
-    fraction: float,
-    set_ratio: float,
-    fingerprint: str,
-    seed: int = 0,
+    n_vocab: int, d: int, r: int, fraction: float, set_ratio: float, fingerprint: str, seed: int = 0,
     centroids: np.ndarray | None = None,
-) -> ClusterMap:
+) -> ClusterMap:  # fmt: skip
     """Each cluster a random ``set_ratio`` share of one pool of ``fraction * N`` ids, Zipf populations;
     ``centroids`` (r, d) random unless given (the GPU e2e step passes k-means-free ones over real states)."""
     rng = np.random.default_rng(seed)
@@ -90,19 +78,11 @@ def synthetic_map(
     np.cumsum([len(s) for s in sets], out=indptr[1:])
     counts = np.concatenate([np.full(len(s), pop[c], dtype=np.int32) for c, s in enumerate(sets)])
     manifest = MapManifest(
-        model_fingerprint=fingerprint,
-        direction="synthetic",
-        scope="direction",
-        r=r,
-        k=0,
-        d=d,
-        n_vocab=n_vocab,
-        niter=0,
-        seed=seed,
-        states_used=int(pop.sum()),
+        model_fingerprint=fingerprint, direction="synthetic", scope="direction", r=r, k=0, d=d,
+        n_vocab=n_vocab, niter=0, seed=seed, states_used=int(pop.sum()),
         active_fraction=active_fraction_stats(indptr, n_vocab),
         extra={"pool_fraction": fraction, "set_ratio": set_ratio},
-    )
+    )  # fmt: skip
     sq = np.einsum("rd,rd->r", centroids, centroids).astype(np.float32)
     return ClusterMap(manifest, centroids, sq, indptr, np.concatenate(sets).astype(np.int32), counts)
 
@@ -268,36 +248,20 @@ def _active_stats(proj, out, h) -> dict:
     rows_w = union if proj.selection == "union" else sum(pm.sizes[c] for c in uniq)
     hits = sum(pm.blocks[c] is not None for c in clusters) / len(clusters)
     return {
-        "union_fraction": union / n,
-        "per_row_fraction": float(np.mean(sizes)) / n,
-        "computed_columns": int(out.active_columns().sum()),
-        "bytes_w": rows_w,
-        "cache_hit_rate": hits,
-    }
+        "union_fraction": union / n, "per_row_fraction": float(np.mean(sizes)) / n,
+        "computed_columns": int(out.active_columns().sum()), "bytes_w": rows_w, "cache_hit_rate": hits,
+    }  # fmt: skip
 
 
 def _record(meta, n_vocab, d, r, rows, frac, ratio, method, backend, ts, t_full, bytes_read, stats) -> dict:
     t = statistics.median(ts)
     rec = {
-        "device": meta["device"],
-        "device_name": meta["device_name"],
-        "dtype": meta["dtype"],
-        "d": d,
-        "N": n_vocab,
-        "r": r,
-        "rows": rows,
-        "active_fraction": frac,
-        "set_ratio": ratio,
-        "method": method,
-        "backend": backend,
-        "time_us": t * 1e6,
-        "time_us_min": min(ts) * 1e6,
-        "time_us_all": [round(x * 1e6, 2) for x in ts],
-        "ratio_vs_full": t_full / t,
-        "bytes_read": int(bytes_read),
-        "achieved_GBps": bytes_read / t / 1e9,
-        **stats,
-    }
+        "device": meta["device"], "device_name": meta["device_name"], "dtype": meta["dtype"], "d": d,
+        "N": n_vocab, "r": r, "rows": rows, "active_fraction": frac, "set_ratio": ratio, "method": method,
+        "backend": backend, "time_us": t * 1e6, "time_us_min": min(ts) * 1e6,
+        "time_us_all": [round(x * 1e6, 2) for x in ts], "ratio_vs_full": t_full / t,
+        "bytes_read": int(bytes_read), "achieved_GBps": bytes_read / t / 1e9, **stats,
+    }  # fmt: skip
     if meta["peak_gbps"]:
         floor = bytes_read / (meta["peak_gbps"] * 1e9)
         rec["floor_us"] = floor * 1e6
@@ -347,19 +311,11 @@ def crossover(records: list[dict]) -> list[dict]:
                 continue
             wins = [k for k in rows if p[k] < u[k]]
             first = next((k for k in rows if all(p[j] < u[j] for j in rows if j >= k)), None)
-            out.append(
-                {
-                    "N": n,
-                    "d": d,
-                    "active_fraction": frac,
-                    "set_ratio": ratio,
-                    "variant": suffix or "default",
-                    "rows": rows,
-                    "per_row_over_union": [round(p[k] / u[k], 3) for k in rows],
-                    "per_row_wins_at": wins,
-                    "per_row_wins_from": first,
-                }
-            )
+            out.append({
+                "N": n, "d": d, "active_fraction": frac, "set_ratio": ratio, "variant": suffix or "default",
+                "rows": rows, "per_row_over_union": [round(p[k] / u[k], 3) for k in rows],
+                "per_row_wins_at": wins, "per_row_wins_from": first,
+            })  # fmt: skip
     return out
 
 
@@ -417,31 +373,16 @@ def main(argv: list[str] | None = None) -> int:
         sizes = [tuple(int(v) for v in s.split(":")) for s in args.sizes.split(",")]
     else:
         sizes = ([] if cuda else [(32000, 256)]) + [(128000, 1024), (250000, 1024)]
-    meta = {
-        "device": args.device,
-        "device_name": name,
-        "dtype": args.dtype,
-        "peak_gbps": peak,
-        # measured in this run (read + write): the floor that counts, beside the nominal peak's
-        "copy_gbps": copy_bandwidth_gbps(args.device),
-    }
+    # copy_gbps: measured in this run (read + write), the floor that counts beside the nominal peak's
+    meta = {"device": args.device, "device_name": name, "dtype": args.dtype, "peak_gbps": peak,
+            "copy_gbps": copy_bandwidth_gbps(args.device)}  # fmt: skip
     header = {
-        **meta,
-        "peak_source": peak_src,
-        "copy_bandwidth_GBps": meta["copy_gbps"],
-        "torch": torch.__version__,
-        "commit": git_commit(cwd=ROOT),
-        "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        **meta, "peak_source": peak_src, "copy_bandwidth_GBps": meta["copy_gbps"], "torch": torch.__version__,
+        "commit": git_commit(cwd=ROOT), "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "threads": torch.get_num_threads(),
         "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-        "host": platform.node(),
-    }
-    try:
-        import cupy
-
-        header["cupy"] = cupy.__version__
-    except ImportError:
-        header["cupy"] = None
+        "host": platform.node(), "cupy": cupy_version(),
+    }  # fmt: skip
     print(f"# {name}, {args.dtype}, torch {torch.__version__}, commit {header['commit']}")
     print(f"# copy bandwidth {header['copy_bandwidth_GBps']:.1f} GB/s; peak {peak} GB/s ({peak_src})")
     print(
@@ -469,9 +410,7 @@ def main(argv: list[str] | None = None) -> int:
     if out is None:
         slug = "cpu" if not cuda else "cuda-" + "-".join(name.lower().replace("nvidia", "").split())[:40]
         out = RESULTS / f"projection-{slug}-{dt.date.today().isoformat()}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"meta": header, "results": records, "crossover": cross}, indent=1) + "\n")
-    print(f"\nwrote {out}")
+    write_result(out, {"meta": header, "results": records, "crossover": cross})
     return 0
 
 

@@ -75,13 +75,10 @@ def main_(argv: list[str] | None = None) -> None:
     ]
     record = {
         "benchmark": "fastvocab translate outputs at two commits, byte for byte (sha256 of each output)",
-        "base_commit": base["commit"],
-        "commit": now["commit"],
+        "base_commit": base["commit"], "commit": now["commit"],
         "cpu": {"base": base["cpu"], "now": now["cpu"]},
-        "lines": args.lines,
-        "identical": all(r["identical"] for r in runs),
-        "runs": runs,
-    }
+        "lines": args.lines, "identical": all(r["identical"] for r in runs), "runs": runs,
+    }  # fmt: skip
     write_result(args.record, record)
     differ = [r["run"] for r in runs if not r["identical"]]
     print("identical" if record["identical"] else f"different: {', '.join(differ)}")

@@ -26,12 +26,12 @@ import time
 from pathlib import Path
 
 import torch
+from bench_meta import ROOT, bleu_chrf
 
 from fastvocab.artifacts_schema.corpus import available_pairs, read_direction
 from fastvocab.artifacts_schema.provenance import git_commit
 from fastvocab.training import TEST_SCORES_MARKER, load_saved_model, translate
 
-ROOT = Path(__file__).resolve().parent.parent
 FASTVOCAB = str(Path(sys.executable).with_name("fastvocab"))
 MAIN = ["en-it", "it-en", "en-fr", "fr-en", "en-de", "de-en"]
 EXTRA = ["en-es", "es-en", "en-pt", "pt-en"]
@@ -44,11 +44,7 @@ def model_languages(model_dir: Path) -> set[str]:
 
 def run_direction(args, src: str, tgt: str, tmp: Path) -> dict:
     _, sources, refs = read_direction(args.corpus, src, tgt, "test", args.limit)
-    src_file, ref_file, hyp_file = (
-        tmp / f"{src}-{tgt}.src",
-        tmp / f"{src}-{tgt}.ref",
-        tmp / f"{src}-{tgt}.hyp",
-    )
+    src_file, ref_file, hyp_file = (tmp / f"{src}-{tgt}.{ext}" for ext in ("src", "ref", "hyp"))
     src_file.write_text("".join(s + "\n" for s in sources), encoding="utf-8")
     ref_file.write_text("".join(r + "\n" for r in refs), encoding="utf-8")
     cmd = [
@@ -65,14 +61,10 @@ def run_direction(args, src: str, tgt: str, tmp: Path) -> dict:
     )  # fmt: skip
     scores = json.loads(ev.stdout)
     return {
-        "sentences": scores["sentences"],
-        "bleu": round(scores["bleu"], 2),
-        "chrf": round(scores["chrf"], 2),
-        "bleu_signature": scores["signatures"]["bleu"],
-        "chrf_signature": scores["signatures"]["chrf"],
+        "sentences": scores["sentences"], **bleu_chrf(scores),
         "translate_seconds_incl_model_load": round(seconds, 1),
         "hypotheses": hyp_file.read_text(encoding="utf-8").splitlines(),
-    }
+    }  # fmt: skip
 
 
 def greedy_check(args, direction: str, hyps: list[str]) -> dict:
@@ -84,16 +76,14 @@ def greedy_check(args, direction: str, hyps: list[str]) -> dict:
         model, tok, sources, src, tgt, batch_size=args.batch_size, max_len=args.max_len, adaptive_len=False
     )
     same = sum(a == b for a, b in zip(hyps[: len(sources)], ref, strict=True))
+    differences = [
+        {"source": s, "fastvocab": a, "generate": b}
+        for s, a, b in zip(sources, hyps, ref, strict=False)
+        if a != b
+    ]
     return {
-        "direction": direction,
-        "sentences": len(sources),
-        "identical": same,
-        "differences": [
-            {"source": s, "fastvocab": a, "generate": b}
-            for s, a, b in zip(sources, hyps, ref, strict=False)
-            if a != b
-        ][:5],
-    }
+        "direction": direction, "sentences": len(sources), "identical": same, "differences": differences[:5],
+    }  # fmt: skip
 
 
 def card_section(result: dict) -> str:
@@ -142,9 +132,7 @@ def main() -> int:
     if args.directions:
         directions = args.directions.split(",")
     else:
-        pairs = {f"{a}-{b}" for a, b in available_pairs(args.corpus)} | {
-            f"{b}-{a}" for a, b in available_pairs(args.corpus)
-        }
+        pairs = {f"{x}-{y}" for a, b in available_pairs(args.corpus) for x, y in ((a, b), (b, a))}
         langs = model_languages(args.model)
         directions = [d for d in MAIN + EXTRA if d in pairs and set(d.split("-")) <= langs]
     result: dict = {
@@ -152,19 +140,15 @@ def main() -> int:
         "commit": git_commit("models/demo", cwd=ROOT),
         "date": dt.date.today().isoformat(),
         "device": f"CPU ({platform.machine()}), 2 torch threads, shared with other jobs",
-        "dtype": "float32",
-        "method": "full",
-        "beam": 1,
-        "batch_size": args.batch_size,
-        "max_len": args.max_len,
-        "split": "test",
+        "dtype": "float32", "method": "full", "beam": 1, "batch_size": args.batch_size,
+        "max_len": args.max_len, "split": "test",
         "model_sha256": hashlib.sha256((args.model / "model.safetensors").read_bytes()).hexdigest(),
         "model_size_bytes": {
             "model.safetensors": (args.model / "model.safetensors").stat().st_size,
             "folder": sum(f.stat().st_size for f in args.model.iterdir() if f.is_file()),
         },
         "directions": {},
-    }
+    }  # fmt: skip
     summary = json.loads((args.model / "training_summary.json").read_text())
     result["model_params"] = summary["params"]
     result["vocab_size"] = summary["vocab_size"]
@@ -177,10 +161,9 @@ def main() -> int:
             result["directions"][d] = r
             print(f"{d}: BLEU {r['bleu']:.2f} chrF {r['chrf']:.2f} ({r['sentences']} sentences)", flush=True)
     if args.check_direction in hyps_by_direction:
-        result["greedy_check"] = greedy_check(
+        chk = result["greedy_check"] = greedy_check(
             args, args.check_direction, hyps_by_direction[args.check_direction]
         )
-        chk = result["greedy_check"]
         print(f"greedy check {chk['direction']}: {chk['identical']}/{chk['sentences']} identical to generate")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")

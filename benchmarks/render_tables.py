@@ -21,7 +21,7 @@ import os
 import re
 import sys
 import textwrap
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -53,6 +53,13 @@ def _row(cells: list[str]) -> str:
     return "| " + " | ".join(cells) + " |\n"
 
 
+def _table(head: list[str], rows: Iterable[list[str]], align: list[str] | None = None) -> str:
+    """A table and the blank line after it; ``align``: each column's ``---`` or ``---:`` (default: the first
+    column left-aligned, the others right)."""
+    align = align or ["---"] + ["---:"] * (len(head) - 1)
+    return _row(head) + _row(align) + "".join(_row(cells) for cells in rows) + "\n"
+
+
 # --- README: full against clustered + shortlist, with CTranslate2 beside (bench_peer, --engine onnx) ---
 
 PEER_DIRECTION = "en-it"
@@ -68,61 +75,42 @@ def render_peer(root: Path, doc: Path) -> str:
     head = ["search, batch", "en-it lines", "full fp32 s", "clustered s", "clustered vs full",
             "CTranslate2 float32 s", "full vs CT2 float32", "clustered int8 s", "CTranslate2 int8 s",
             "clustered int8 vs CT2 int8", "outputs changed (fp32 / int8)"]  # fmt: skip
-    out = _row(head) + _row(["---"] + ["---:"] * (len(head) - 1))
+    rows = []
     for label, name, run in PEER:
         rec = _load(root, name)
         systems = rec["runs"][run]["systems"]
         full, clu = systems["fastvocab full fp32"], systems["fastvocab clustered fp32"]
         clu8 = systems["fastvocab clustered int8"]
         changed = [_pct(x["lines_changed_vs_fastvocab_full_fp32"]) for x in (clu, clu8)]
-        out += _row([
+        rows.append([
             label, str(rec["n_lines"]), f"{full['seconds_median']:.2f}", f"{clu['seconds_median']:.2f}",
             f"**{clu['speed_vs_full']:.2f}x**", f"{systems['ct2 float32']['seconds_median']:.2f}",
             f"{full['speed_vs_ct2_float32']:.2f}x", f"{clu8['seconds_median']:.2f}",
             f"{systems['ct2 int8']['seconds_median']:.2f}", f"**{clu8['speed_vs_ct2_int8']:.2f}x**",
             " / ".join(changed),
         ])  # fmt: skip
-    return out + "\n" + _sources(doc, root, list(dict.fromkeys(name for _, name, _ in PEER)))
+    return _table(head, rows) + _sources(doc, root, list(dict.fromkeys(name for _, name, _ in PEER)))
 
 
 # --- docs/methods.md: every output-layer method on the whole test split (bench methods) ---
 
 GREEDY = "methods-cpu-2026-11-27-shipped-b1.json"
 BEAM4 = "methods-cpu-2026-11-27-shipped-b4.json"
-METHODS: tuple[tuple[str, tuple[str, str], tuple[str, str] | None], ...] = (
-    (
-        "clustered + shortlist, shipped maps and tables (K 1, 1 probe; k 20)",
-        (GREEDY, "clustered shortlist=models/demo-maps"),
-        ("methods-cpu-2026-11-27-hybrid-mass-b4.json", "clustered shortlist=models/demo-maps"),
-    ),
-    (
-        "clustered, maps K 3, 8 probes (no shortlist)",
-        (GREEDY, "clustered maps=runs/demo-maps-k3"),
-        (BEAM4, "clustered maps=runs/demo-maps-k3"),
-    ),
-    (
-        "shortlist k 50, frequent 2,000, batch scope",
-        (GREEDY, "shortlist k=50 frequent=2000 scope=batch"),
-        None,
-    ),
-    (
-        "shortlist k 10, frequent 4,000, batch scope",
-        (GREEDY, "shortlist k=10 frequent=4000 scope=batch"),
-        (BEAM4, "shortlist k=10 frequent=4000 scope=batch"),
-    ),
-    ("shortlist k 10, frequent 4,000, sentence scope", (GREEDY, "shortlist k=10 frequent=4000"), None),
-    (
-        "graph (FGD), K 10, `--ef-search 256`",
-        (GREEDY, "graph k=10 ef_search=256"),
-        (BEAM4, "graph k=10 ef_search=256"),
-    ),
-    ("lsh, k 4,000", ("methods-cpu-2026-11-27-test-b1.json", "lsh k=4000"), None),
-    (
-        "clustered + shortlist, `--exact`",
-        ("methods-cpu-2026-11-27-exact-b1.json", "clustered shortlist=models/demo-maps exact=True"),
-        ("methods-cpu-2026-11-27-exact-b4.json", "clustered shortlist=models/demo-maps exact=True"),
-    ),
-)
+CLUSTERED_SHORTLIST = "clustered shortlist=models/demo-maps"
+# a row: what it shows, the records' method label, its greedy record and its beam-4 record (or None)
+METHODS: tuple[tuple[str, str, str, str | None], ...] = (
+    ("clustered + shortlist, shipped maps and tables (K 1, 1 probe; k 20)", CLUSTERED_SHORTLIST, GREEDY,
+     "methods-cpu-2026-11-27-hybrid-mass-b4.json"),
+    ("clustered, maps K 3, 8 probes (no shortlist)", "clustered maps=runs/demo-maps-k3", GREEDY, BEAM4),
+    ("shortlist k 50, frequent 2,000, batch scope", "shortlist k=50 frequent=2000 scope=batch", GREEDY, None),
+    ("shortlist k 10, frequent 4,000, batch scope", "shortlist k=10 frequent=4000 scope=batch", GREEDY,
+     BEAM4),
+    ("shortlist k 10, frequent 4,000, sentence scope", "shortlist k=10 frequent=4000", GREEDY, None),
+    ("graph (FGD), K 10, `--ef-search 256`", "graph k=10 ef_search=256", GREEDY, BEAM4),
+    ("lsh, k 4,000", "lsh k=4000", "methods-cpu-2026-11-27-test-b1.json", None),
+    ("clustered + shortlist, `--exact`", f"{CLUSTERED_SHORTLIST} exact=True",
+     "methods-cpu-2026-11-27-exact-b1.json", "methods-cpu-2026-11-27-exact-b4.json"),
+)  # fmt: skip
 
 
 def _results(root: Path, name: str, label: str) -> dict[str, dict]:
@@ -155,20 +143,13 @@ def _speed_changed(rows: dict[str, dict]) -> list[str]:
 def render_methods(root: Path, doc: Path) -> str:
     head = ["method, setting", "greedy: speed vs full", "greedy: changed / search errors",
             "beam 4: speed vs full", "beam 4: changed / search errors", "BLEU vs full (greedy)"]  # fmt: skip
-    out = _row(head) + _row(["---"] + ["---:"] * (len(head) - 1))
-    names: list[str] = []
-    for label, greedy, beam in METHODS:
-        g = _results(root, *greedy)
-        cells = [label, *_speed_changed(g)]
-        names.append(greedy[0])
-        if beam is None:
-            cells += ["", ""]
-        else:
-            cells += _speed_changed(_results(root, *beam))
-            names.append(beam[0])
-        cells.append(_pair(g, _bleu_delta))
-        out += _row(cells)
-    return out + "\n" + _sources(doc, root, sorted(set(names)))
+    rows = []
+    for label, method, greedy, beam in METHODS:
+        g = _results(root, greedy, method)
+        beam_cells = ["", ""] if beam is None else _speed_changed(_results(root, beam, method))
+        rows.append([label, *_speed_changed(g), *beam_cells, _pair(g, _bleu_delta)])
+    names = {name for _, _, *records in METHODS for name in records if name}
+    return _table(head, rows) + _sources(doc, root, sorted(names))
 
 
 # --- docs/demo-model.md: the demo model's test BLEU per direction ---
@@ -179,14 +160,10 @@ LANGS = ("it", "fr", "de", "es", "pt")
 
 def render_demo_bleu(root: Path, doc: Path) -> str:
     directions = _load(root, QUALITY)["directions"]
-    out = _row(["test BLEU / chrF", *LANGS]) + _row(["---"] + ["---:"] * len(LANGS))
-    for label, key in (("en -> xx", "en-{}"), ("xx -> en", "{}-en")):
-        cells = [label]
-        for lang in LANGS:
-            d = directions[key.format(lang)]
-            cells.append(f"{d['bleu']:.1f} / {d['chrf']:.1f}")
-        out += _row(cells)
-    return out + "\n" + _sources(doc, root, [QUALITY])
+    scores = [[f"{d['bleu']:.1f} / {d['chrf']:.1f}" for d in (directions[key.format(x)] for x in LANGS)]
+              for key in ("en-{}", "{}-en")]  # fmt: skip
+    rows = [["en -> xx", *scores[0]], ["xx -> en", *scores[1]]]
+    return _table(["test BLEU / chrF", *LANGS], rows) + _sources(doc, root, [QUALITY])
 
 
 # --- README: the maps shipped beside the demo model, one row a direction (bench fidelity, test split) ---
@@ -227,35 +204,24 @@ def render_shipped(root: Path, doc: Path) -> str:
     head = ["direction", "map: source lines, states, r, K", "columns a row, b1",
             "outputs changed: b1 / b32 / beam 4", "BLEU full / clustered, b1",
             "speed vs full: b1 / b32 / beam 4"]  # fmt: skip
-    out = _row(head) + _row(["---", "---", "---:", "---:", "---:", "---:"])
     # One harness a figure: the direction bench_peer measures takes its speed from the results table.
     results = f"[results table]({Path(os.path.relpath(root / 'README.md', doc.parent)).as_posix()}#results)"
-    results = (
-        results.replace("(README.md#", "(#") if doc.resolve() == (root / "README.md").resolve() else results
-    )
+    if doc.resolve() == (root / "README.md").resolve():
+        results = results.replace("(README.md#", "(#")
+    lines = []
     for d in ALL_DIRECTIONS:
         b1, b32, b4 = rows[(d, 1, 1)], rows[(d, 1, 32)], rows[(d, 4, 8)]
         name = (built.get("serves") or {}).get(d, {}).get("map", d)
-        cols = b1["active_columns_per_row"]
-        out += _row(
-            [
-                d,
-                f"{name}: {_text_of(built, name):,}, {b1['map']['states'] / 1e6:.2f}M, {b1['map']['r']:,}, "
-                f"{b1['map']['k']}",
-                f"{cols:,.0f} ({_pct(cols / n_vocab)})",
-                " / ".join(_pct(1 - r["identical"]) for r in (b1, b32, b4)),
-                f"{b1['bleu_full']:.1f} / {b1['bleu']:.1f}",
-                results
-                if d == PEER_DIRECTION
-                else " / ".join(f"{r['speed_ratio']:.2f}x" for r in (b1, b32, b4)),
-            ]
-        )
+        cols, m = b1["active_columns_per_row"], b1["map"]
+        speed = " / ".join(f"{r['speed_ratio']:.2f}x" for r in (b1, b32, b4))
+        lines.append([d, f"{name}: {_text_of(built, name):,}, {m['states'] / 1e6:.2f}M, {m['r']:,}, {m['k']}",
+                      f"{cols:,.0f} ({_pct(cols / n_vocab)})",
+                      " / ".join(_pct(1 - r["identical"]) for r in (b1, b32, b4)),
+                      f"{b1['bleu_full']:.1f} / {b1['bleu']:.1f}",
+                      results if d == PEER_DIRECTION else speed])  # fmt: skip
     links = _sources(doc, root, list(SHIPPED_RECORDS))
-    return (
-        out
-        + "\n"
-        + links.replace(".\n", f", and [maps.json]({os.path.relpath(root / SHIPPED, doc.parent)}).\n")
-    )
+    maps = f", and [maps.json]({os.path.relpath(root / SHIPPED, doc.parent)}).\n"
+    return _table(head, lines, ["---", "---", "---:", "---:", "---:", "---:"]) + links.replace(".\n", maps)
 
 
 # --- docs/your-model.md: how much text the maps need (bench_data_scale, nested prefixes of the dump) ---
@@ -273,14 +239,14 @@ def render_data_scale(root: Path, doc: Path) -> str:
 
     head = ["dumped sentences a direction", "en-it outputs differing", "it-en",
             "a row's columns (en-it, share of N)"]  # fmt: skip
-    out = _row(head) + _row(["---:"] * len(head))
+    lines = []
     for size in (1500, 6000, 24000, 96000, None):
         sizes = {d: size or found[d]["sizes"][-1] for d in DIRECTIONS}
         label = f"{size:,}" if size else "all (" + " / ".join(f"{n:,}" for n in sizes.values()) + ")"
         rows = {d: point(d, sizes[d]) for d in DIRECTIONS}
         differ = [_pct(rows[d]["sentence_differ"]) for d in DIRECTIONS]
-        out += _row([label, *differ, _pct(rows["en-it"]["row_cols"])])
-    return out + "\n" + _sources(doc, root, [DATA_SCALE])
+        lines.append([label, *differ, _pct(rows["en-it"]["row_cols"])])
+    return _table(head, lines, ["---:"] * len(head)) + _sources(doc, root, [DATA_SCALE])
 
 
 # --- benchmarks/README.md: what the sets and the shortlist cover, without decoding (exact at batch 1) ---
@@ -307,7 +273,7 @@ def render_coverage(root: Path, doc: Path) -> str:
     found = _load(root, COVERAGE)["directions"]
     head = ["what a step computes", "changed, dev (en-it / it-en)", "changed, test", "a row, test",
             "union 32, test"]  # fmt: skip
-    out = _row(head) + _row(["---"] + ["---:"] * (len(head) - 1))
+    lines = []
     for label, want in COVERAGE_ROWS:
 
         def cell(split: str, key: str, fmt: Callable[[float], str] = _pct, want: dict = want) -> str:
@@ -321,8 +287,8 @@ def render_coverage(root: Path, doc: Path) -> str:
         cells = [cell("dev", "sentence_differ"), cell("test", "sentence_differ")]
         cells += [cell("test", "row_cols", _share), cell("test", "union_batch")]
         bold = label.startswith("**")
-        out += _row([label, *(f"**{c}**" if bold else c for c in cells)])
-    return out + "\n" + _sources(doc, root, [COVERAGE])
+        lines.append([label, *(f"**{c}**" if bold else c for c in cells)])
+    return _table(head, lines) + _sources(doc, root, [COVERAGE])
 
 
 # --- benchmarks/README.md: the shipped en-it / it-en maps and tables on the whole test split ---
@@ -337,21 +303,17 @@ SHIPPED_TEST = (
 def render_shipped_test(root: Path, doc: Path) -> str:
     # No speed column: one harness a figure, and the speed of this setting is the README's results table's.
     head = ["search, batch", "changed (en-it / it-en)", "search errors", "BLEU full -> clustered + shortlist"]
-    out = _row(head) + _row(["---", "---:", "---:", "---"])
+    lines = []
     for label, name, method in SHIPPED_TEST:
         if method is None:  # a bench fidelity record: one row a direction
             rows = {r["direction"]: r for r in _load(root, name)["results"]}
         else:
             rows = _results(root, name, method)
-        out += _row(
-            [
-                label,
-                _pair(rows, lambda r: _pct(1 - r["identical"])),
-                _pair(rows, lambda r: _pct(r["search_errors"])),
-                _pair(rows, lambda r: f"{r['bleu_full']:.2f} -> {r['bleu']:.2f}"),
-            ]
-        )
-    return out + "\n" + _sources(doc, root, [name for _, name, _ in SHIPPED_TEST])
+        lines.append([label, _pair(rows, lambda r: _pct(1 - r["identical"])),
+                      _pair(rows, lambda r: _pct(r["search_errors"])),
+                      _pair(rows, lambda r: f"{r['bleu_full']:.2f} -> {r['bleu']:.2f}")])  # fmt: skip
+    align = ["---", "---:", "---:", "---"]
+    return _table(head, lines, align) + _sources(doc, root, [name for _, name, _ in SHIPPED_TEST])
 
 
 # --- benchmarks/README.md: scale (generated inputs of millions of lines; bench_scale.py, retired) ---
@@ -366,37 +328,28 @@ def _lines(n: int) -> str:
 
 def render_scale(root: Path, doc: Path) -> str:
     rows = {(r["kind"], r["lines"]): r for name in (*SCALE, STREAM) for r in _load(root, name)["rows"]}
-    out = _row(["command", "lines", "seconds", "peak RSS"]) + _row(["---", "---:", "---:", "---:"])
+    lines = []
     for kind, label in (("mono", "`fastvocab corpus --mono`"), ("tsv", "`fastvocab corpus --from-tsv`")):
         r = rows[(kind, 20_000_000)]
         gb = f"{r['file_mb'] / 1024:.1f} GB"
-        out += _row(
+        lines.append(
             [f"{label} ({gb})", _lines(r["lines"]), f"{r['seconds']:.0f}", f"{r['peak_rss_mb']:,.0f} MB"]
         )
     r = rows[("dump-plan", 20_000_000)]
     shards = f"{r['sentences'] // r['shards']}-sentence shards"
-    out += _row([f"dump planner ({shards})", "20M", f"{r['seconds']:.0f}", f"{r['peak_rss_mb']:,.0f} MB"])
-    r = rows[("translate-kill-resume", 1_000_000)]
-    first, resumed = r["first_run"], r["resume_run"]
-    out += _row(
-        [
-            "`fastvocab translate`, tiny model, SIGKILLed at half, then resumed",
-            "1M",
-            f"{first['seconds']:,.0f} + {resumed['seconds']:,.0f}",
-            f"{first['peak_rss_mb']:.0f} / {resumed['peak_rss_mb']:.0f} MB",
-        ]
-    )
+    lines.append([f"dump planner ({shards})", "20M", f"{r['seconds']:.0f}", f"{r['peak_rss_mb']:,.0f} MB"])
+    first, resumed = (rows[("translate-kill-resume", 1_000_000)][k] for k in ("first_run", "resume_run"))
+    lines.append(["`fastvocab translate`, tiny model, SIGKILLed at half, then resumed", "1M",
+                  f"{first['seconds']:,.0f} + {resumed['seconds']:,.0f}",
+                  f"{first['peak_rss_mb']:.0f} / {resumed['peak_rss_mb']:.0f} MB"])  # fmt: skip
     streamed = [rows[("dump-stream", n)] for n in (100_000, 1_000_000)]
     stored = f"{streamed[0]['stored_sentences']:,} sentences stored"
-    out += _row(
-        [
-            f"streamed dump (tiny model, {stored}, the rest counted)",
-            " / ".join(_lines(r["lines"]) for r in streamed),
-            " / ".join(f"{r['seconds']:.0f}" for r in streamed),
-            " / ".join(f"{r['driver_peak_rss_mb']:.0f}" for r in streamed) + " MB",
-        ]
-    )
-    return out + "\n" + _sources(doc, root, [*SCALE, STREAM])
+    lines.append([f"streamed dump (tiny model, {stored}, the rest counted)",
+                  " / ".join(_lines(r["lines"]) for r in streamed),
+                  " / ".join(f"{r['seconds']:.0f}" for r in streamed),
+                  " / ".join(f"{r['driver_peak_rss_mb']:.0f}" for r in streamed) + " MB"])  # fmt: skip
+    head, align = ["command", "lines", "seconds", "peak RSS"], ["---", "---:", "---:", "---:"]
+    return _table(head, lines, align) + _sources(doc, root, [*SCALE, STREAM])
 
 
 # --- models/demo-maps/README.md: what the two all-text maps hold (maps.json, the manifests, the files) ---
@@ -450,13 +403,13 @@ CORPUS = "corpus-debian-bookworm-2026-11-28.json"
 
 def render_corpus(root: Path, doc: Path) -> str:
     head = ["pair", "segment pairs", "distinct", "train", "dev", "test"]
-    out = _row(head) + _row(["---"] + ["---:"] * (len(head) - 1))
+    rows = []
     for pair, built in _load(root, CORPUS)["pairs"].items():
         stats, counts = built["stats"], built["counts"]
         distinct = stats["segment_pairs"] - stats["duplicates_removed"]
         cells = [stats["segment_pairs"], distinct, counts["train"], counts["dev"], counts["test"]]
-        out += _row([pair, *(f"{n:,}" for n in cells)])
-    return out + "\n" + _sources(doc, root, [CORPUS])
+        rows.append([pair, *(f"{n:,}" for n in cells)])
+    return _table(head, rows) + _sources(doc, root, [CORPUS])
 
 
 # --- docs/corpus.md: the catalog corpus by pair, with what each cleaning step left out ---
@@ -467,15 +420,15 @@ CATALOGS = "corpus-catalogs-bookworm-2026-12-02.json"
 def render_catalogs(root: Path, doc: Path) -> str:
     head = ["pair", "catalogs", "messages", "option tables", "inner placeholders", "edge placeholders",
             "plural", "duplicates", "pairs", "train", "dev", "test"]  # fmt: skip
-    out = _row(head) + _row(["---"] + ["---:"] * (len(head) - 1))
+    rows = []
     for pair, built in _load(root, CATALOGS)["pairs"].items():
         st, counts = built["stats"], built["counts"]
         duplicates = st["duplicates_in_catalog"] + st["duplicates_across_catalogs"]
         cells = [st["catalogs"], st["messages"], st["verbatim"], st["placeholders"],
                  st["placeholders_stripped"], st["plural"], duplicates, st["pairs"],
                  counts["train"], counts["dev"], counts["test"]]  # fmt: skip
-        out += _row([pair, *(f"{n:,}" for n in cells)])
-    return out + "\n" + _sources(doc, root, [CATALOGS])
+        rows.append([pair, *(f"{n:,}" for n in cells)])
+    return _table(head, rows) + _sources(doc, root, [CATALOGS])
 
 
 # --- docs/scale-plan.md: maps, text and GPU hours for 100 languages, from the measured dump rates ---
@@ -549,28 +502,23 @@ CLU8, VS_CT2_INT8 = "fastvocab clustered int8", "speed_vs_ct2_int8"
 STATUS_POINTS = ("greedy, batch 1", "beam 4, batch 1", "greedy, batch 32", "beam 4, batch 32")
 AMD_POINTS = (("b1-n200", "beam1"), ("b1-beam4-n200", "beam4"), ("b32", "beam1"), ("b32", "beam4"))
 NO_AMX_POINTS = (("b1", "beam1"), ("b1", "beam4"), ("b32-gemm-probe", "beam1"), ("b32-gemm-probe", "beam4"))
+
+
+def _points(stem: str, points: tuple[tuple[str, str], ...]) -> tuple[tuple[str, str], ...]:
+    """(record, run) of each point, the records named ``peer-cpu-2026-12-02-<stem>-<point>.json``."""
+    return tuple((f"peer-cpu-2026-12-02-{stem}-{n}.json", run) for n, run in points)
+
+
 # Per CPU, the newest record of each point: the ONNX Runtime engine, kept workers (bench_peer --engine onnx).
 STATUS_CPUS: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
     ("Xeon (AVX-512 VNNI, AMX)", tuple((name, run) for _, name, run in PEER)),
-    (
-        # the same VM with AMX refused and the ISA caps of an AMD EPYC Zen 4 (bench_meta.emulate)
-        "Xeon emulating an AVX-512 CPU without AMX",
-        tuple((f"peer-cpu-2026-12-02-xeon-emulating-no-amx-{n}.json", run) for n, run in NO_AMX_POINTS),
-    ),
-    (
-        # no AVX-VNNI: an AMD EPYC with AVX-512 and without it is a Zen 4
-        "AMD EPYC Zen 4 (AVX-512 VNNI, no AMX)",
-        tuple((f"peer-cpu-2026-12-02-epyc-avx512-{n}.json", run) for n, run in AMD_POINTS),
-    ),
-    (
-        "AMD EPYC Zen 5 (AVX-512 VNNI, AVX-VNNI, no AMX)",
-        tuple((f"peer-cpu-2026-12-02-epyc-zen5-{n}.json", run) for n, run in AMD_POINTS),
-    ),
-    (
-        # no AVX-512: an AMD EPYC of family 25 model 1 is a Zen 3 (Milan)
-        "AMD EPYC Zen 3 (AVX2, no VNNI, no AMX)",
-        tuple((f"peer-cpu-2026-12-02-epyc-zen3-{n}.json", run) for n, run in AMD_POINTS),
-    ),
+    # the same VM with AMX refused and the ISA caps of an AMD EPYC Zen 4 (bench_meta.emulate)
+    ("Xeon emulating an AVX-512 CPU without AMX", _points("xeon-emulating-no-amx", NO_AMX_POINTS)),
+    # no AVX-VNNI: an AMD EPYC with AVX-512 and without it is a Zen 4
+    ("AMD EPYC Zen 4 (AVX-512 VNNI, no AMX)", _points("epyc-avx512", AMD_POINTS)),
+    ("AMD EPYC Zen 5 (AVX-512 VNNI, AVX-VNNI, no AMX)", _points("epyc-zen5", AMD_POINTS)),
+    # no AVX-512: an AMD EPYC of family 25 model 1 is a Zen 3 (Milan)
+    ("AMD EPYC Zen 3 (AVX2, no VNNI, no AMX)", _points("epyc-zen3", AMD_POINTS)),
 )
 
 
@@ -903,37 +851,26 @@ def render_cpu_hot(root: Path, doc: Path) -> str:
     """A step's main calls as a run pays them and repeated at once (bench_step_profile --hot), us a call."""
     rows = {r["beam"]: r["calls"] for r in _load(root, HOT)["rows"]}
     head = ["call", "beam 4: in the run", "repeated", "greedy: in the run", "repeated"]
-    out = _row(head) + _row(["---"] + ["---:"] * 4)
-    for label, key in HOT_CALLS:
-        cells = [label]
-        for beam in (4, 1):
-            call = rows[beam].get(key)
-            cells += [f"{call['in_run_us']:.0f}", f"{call['repeat_us']:.0f}"] if call else ["-", "-"]
-        out += _row(cells)
-    return out + "\n" + _sources(doc, root, [HOT])
+
+    def us(call: dict | None) -> list[str]:
+        return [f"{call['in_run_us']:.0f}", f"{call['repeat_us']:.0f}"] if call else ["-", "-"]
+
+    lines = [[label, *us(rows[4].get(key)), *us(rows[1].get(key))] for label, key in HOT_CALLS]
+    return _table(head, lines) + _sources(doc, root, [HOT])
 
 
 TABLES: dict[str, Callable[[Path, Path], str]] = {
-    "peer-cpu": render_peer,
-    "methods-cpu": render_methods,
-    "demo-model-bleu": render_demo_bleu,
-    "shipped-maps": render_shipped,
-    "data-scale": render_data_scale,
-    "coverage": render_coverage,
-    "shipped-test": render_shipped_test,
-    "scale": render_scale,
-    "maps-card": render_card,
-    "corpus": render_corpus,
-    "catalogs": render_catalogs,
+    "peer-cpu": render_peer, "methods-cpu": render_methods, "demo-model-bleu": render_demo_bleu,
+    "shipped-maps": render_shipped, "data-scale": render_data_scale, "coverage": render_coverage,
+    "shipped-test": render_shipped_test, "scale": render_scale, "maps-card": render_card,
+    "corpus": render_corpus, "catalogs": render_catalogs,
     "scale-plan-measured": lambda root, doc: _plan_tables(root, doc)[0],
     "scale-plan-maps": lambda root, doc: _plan_tables(root, doc)[1],
     "scale-plan-hours": lambda root, doc: _plan_tables(root, doc)[2],
-    "status": render_status,
-    "model-scale-xeon": _render_scale(SCALE_XEON),
-    "model-scale-no-amx": _render_scale(SCALE_NO_AMX),
-    "cpu-steps": render_cpu_steps,
+    "status": render_status, "model-scale-xeon": _render_scale(SCALE_XEON),
+    "model-scale-no-amx": _render_scale(SCALE_NO_AMX), "cpu-steps": render_cpu_steps,
     "cpu-hot": render_cpu_hot,
-}
+}  # fmt: skip
 
 
 def docs(root: Path) -> list[Path]:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import math
 import os
 import platform
@@ -36,7 +35,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from bench_meta import device_name  # noqa: E402
+from bench_meta import device_name, write_result  # noqa: E402
 from bench_projection import copy_bandwidth_gbps, synthetic_map, synthetic_rows, timed  # noqa: E402
 
 from fastvocab import switches  # noqa: E402
@@ -60,18 +59,12 @@ def pick_device(smoke: bool) -> str:
 def meta(device: str, args: argparse.Namespace, **extra: object) -> dict:
     """What every result records: device, driver, CUDA, torch, CuPy, commit, load, the command."""
     out: dict[str, object] = {
-        "device": device,
-        "device_name": device_name(device),
-        "torch": torch.__version__,
-        "cuda": torch.version.cuda,
-        "commit": os.environ.get("FV_COMMIT") or git_commit(cwd=ROOT),
-        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "host": platform.node(),
-        "loadavg": list(os.getloadavg()),
-        "command": " ".join([Path(sys.executable).name, *sys.argv]),
-        "smoke": bool(args.smoke),
-        "quick": bool(getattr(args, "quick", False)),
-    }
+        "device": device, "device_name": device_name(device), "torch": torch.__version__,
+        "cuda": torch.version.cuda, "commit": os.environ.get("FV_COMMIT") or git_commit(cwd=ROOT),
+        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "host": platform.node(),
+        "loadavg": list(os.getloadavg()), "command": " ".join([Path(sys.executable).name, *sys.argv]),
+        "smoke": bool(args.smoke), "quick": bool(getattr(args, "quick", False)),
+    }  # fmt: skip
     try:
         import cupy
 
@@ -86,24 +79,11 @@ def meta(device: str, args: argparse.Namespace, **extra: object) -> dict:
 
 
 def _smi(field: str) -> str | None:
+    query = ["nvidia-smi", f"--query-gpu={field}", "--format=csv,noheader"]
     try:
-        res = subprocess.run(
-            ["nvidia-smi", f"--query-gpu={field}", "--format=csv,noheader"],
-            capture_output=True,
-            text=True,
-            timeout=30,
-        )
-        return res.stdout.strip() or None
+        return subprocess.run(query, capture_output=True, text=True, timeout=30).stdout.strip() or None
     except (OSError, subprocess.SubprocessError):
         return None
-
-
-def write(out_dir: Path, step: str, payload: dict) -> Path:
-    out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / f"gpu-{step}.json"
-    path.write_text(json.dumps(payload, indent=1, default=str) + "\n")
-    print(f"wrote {path}")
-    return path
 
 
 def sync(device: str) -> None:
@@ -136,12 +116,9 @@ def step_env(args: argparse.Namespace) -> dict:
             res[mod] = "absent"
     if device == "cuda":
         p = torch.cuda.get_device_properties(0)
-        res.update(
-            sm=f"{p.major}.{p.minor}",
-            multiprocessors=p.multi_processor_count,
-            memory_GiB=round(p.total_memory / 2**30, 1),
-            l2_MB=round(getattr(p, "L2_cache_size", 0) / 1e6, 1),
-        )
+        res.update(sm=f"{p.major}.{p.minor}", multiprocessors=p.multi_processor_count,
+                   memory_GiB=round(p.total_memory / 2**30, 1),
+                   l2_MB=round(getattr(p, "L2_cache_size", 0) / 1e6, 1))  # fmt: skip
         res["nvidia_smi"] = subprocess.run(["nvidia-smi"], capture_output=True, text=True).stdout[-3000:]
     mb = 8 if args.smoke else 1024
     res["copy_GBps"] = copy_bandwidth_gbps(device, mb, rounds=5)
@@ -163,7 +140,7 @@ def step_env(args: argparse.Namespace) -> dict:
     print(f"copy {res['copy_GBps']:.0f} GB/s   matmul {res['matmul_TFLOPs']['value']:.1f} TFLOP/s")
     if "cupy_kernels" in res:
         print(f"cupy kernels: {res['cupy_kernels']}")
-    write(args.out, "env", payload)
+    write_result(args.out / "gpu-env.json", payload)
     return payload
 
 
@@ -227,28 +204,17 @@ def step_static(args: argparse.Namespace) -> dict:
             for k, ts in times.items():
                 t = statistics.median(ts)
                 cap = statics[k.split("/")[1]].capacity if k.startswith("static/") else None
-                records.append(
-                    {
-                        "N": n_vocab,
-                        "d": d,
-                        "r": r,
-                        "rows": rows,
-                        "active_fraction": frac,
-                        "union_columns": c,
-                        "capacity": cap,
-                        "variant": k,
-                        "time_us": t * 1e6,
-                        "time_us_all": [round(x * 1e6, 2) for x in ts],
-                        "ratio_vs_full": t_full / t,
-                    }
-                )
+                records.append({
+                    "N": n_vocab, "d": d, "r": r, "rows": rows, "active_fraction": frac, "union_columns": c,
+                    "capacity": cap, "variant": k, "time_us": t * 1e6,
+                    "time_us_all": [round(x * 1e6, 2) for x in ts], "ratio_vs_full": t_full / t,
+                })  # fmt: skip
     # Where the time goes at the last row count: each variant's kernels and their device time per call.
     profiles = {k: kernel_table(fn, device) for k, fn in fns.items() if not k.endswith("/graph")}
     payload = {
-        "meta": meta(device, args, dtype=str(dtype)),
-        "results": records,
+        "meta": meta(device, args, dtype=str(dtype)), "results": records,
         "kernels_per_call": {"rows": rows, "active_fraction": frac, "variants": profiles},
-    }
+    }  # fmt: skip
     for k, table in profiles.items():
         total = sum(row["us_per_call"] for row in table)
         print(f"# {k} at {rows} rows: {len(table)} kernels, {total:.1f} us of device time per call")
@@ -260,7 +226,7 @@ def step_static(args: argparse.Namespace) -> dict:
             f"{rec['rows']:>4} {rec['active_fraction']:>4} {rec['union_columns']:>6} {rec['variant']:<22} "
             f"{rec['time_us']:>9.1f} {rec['ratio_vs_full']:>7.2f}"
         )
-    write(args.out, "static", payload)
+    write_result(args.out / "gpu-static.json", payload)
     return payload
 
 
@@ -303,47 +269,29 @@ def _graphed(su, h: torch.Tensor) -> Callable[[], object]:
 # --------------------------------------------------------------------------------------------- e2e
 
 
-M2M100_418M = dict(
-    vocab_size=128_112,
-    d_model=1024,
-    encoder_layers=12,
-    decoder_layers=12,
-    encoder_attention_heads=16,
-    decoder_attention_heads=16,
-    encoder_ffn_dim=4096,
-    decoder_ffn_dim=4096,
-)
-SMOKE_ARCH = dict(
-    vocab_size=32_768,  # above the demo tokenizer's ids: its language tags exist in the model (the searches)
-    d_model=64,
-    encoder_layers=2,
-    decoder_layers=2,
-    encoder_attention_heads=4,
-    decoder_attention_heads=4,
-    encoder_ffn_dim=128,
-    decoder_ffn_dim=128,
-)
+def m2m100_arch(vocab_size: int, d_model: int, layers: int, heads: int, ffn: int) -> dict[str, int]:
+    """An M2M100Config's sizes, the encoder's and the decoder's alike."""
+    return dict(vocab_size=vocab_size, d_model=d_model, encoder_layers=layers, decoder_layers=layers,
+                encoder_attention_heads=heads, decoder_attention_heads=heads, encoder_ffn_dim=ffn,
+                decoder_ffn_dim=ffn)  # fmt: skip
+
+
+M2M100_418M = m2m100_arch(128_112, 1024, 12, 16, 4096)
+# a vocabulary above the demo tokenizer's ids: its language tags exist in the model (the searches)
+SMOKE_ARCH = m2m100_arch(32_768, 64, 2, 4, 128)
 
 
 def random_model(arch: dict, device: str, dtype: torch.dtype):
     """An M2M100 with random weights built from a config (nothing downloaded), eval mode, on ``device``."""
     from transformers import M2M100Config, M2M100ForConditionalGeneration
 
-    cfg = M2M100Config(
-        **arch,
-        max_position_embeddings=1024,
-        dropout=0.0,
-        attention_dropout=0.0,
-        activation_dropout=0.0,
-        encoder_layerdrop=0.0,
-        decoder_layerdrop=0.0,
-        scale_embedding=True,
-        pad_token_id=1,
-        bos_token_id=0,
-        eos_token_id=2,
-        decoder_start_token_id=2,
-        tie_word_embeddings=True,
+    no_dropout = dict.fromkeys(
+        ("dropout", "attention_dropout", "activation_dropout", "encoder_layerdrop", "decoder_layerdrop"), 0.0
     )
+    cfg = M2M100Config(
+        **arch, **no_dropout, max_position_embeddings=1024, scale_embedding=True, pad_token_id=1,
+        bos_token_id=0, eos_token_id=2, decoder_start_token_id=2, tie_word_embeddings=True,
+    )  # fmt: skip
     torch.manual_seed(0)
     with torch.device(device):
         model = M2M100ForConditionalGeneration(cfg)
@@ -399,20 +347,10 @@ def step_e2e(args: argparse.Namespace) -> dict:
     results = [rec for beam, batch in settings for rec in e.point(beam, batch)]
     for batch in [2] if args.smoke else [1, 40] if args.quick else [1, 5, 40, 128]:
         results.append(e.projection_share(batch))
-    payload = {
-        "meta": meta(
-            device,
-            args,
-            dtype=str(DTYPE),
-            arch=arch,
-            steps=steps,
-            src_len=src_len,
-            r=r,
-            model_build_s=load_s,
-            maps={f: {"set_size": int(np.diff(m.indptr)[0])} for f, m in maps.items()},
-        ),
-        "results": results,
-    }
+    sets = {f: {"set_size": int(np.diff(m.indptr)[0])} for f, m in maps.items()}
+    info = meta(device, args, dtype=str(DTYPE), arch=arch, steps=steps, src_len=src_len, r=r,
+                model_build_s=load_s, maps=sets)  # fmt: skip
+    payload = {"meta": info, "results": results}
     print(f"{'beam':>4} {'batch':>5} {'variant':<26} {'tok/s':>10} {'x full/static':>13}")
     for rec in results:
         if "tokens_per_s" in rec:
@@ -423,7 +361,7 @@ def step_e2e(args: argparse.Namespace) -> dict:
         elif rec["projection_share_of_full_static_step"] is not None:
             share = rec["projection_share_of_full_static_step"]
             print(f"   projection share of a full static step: {share:.2f}")
-    write(args.out, "e2e", payload)
+    write_result(args.out / "gpu-e2e.json", payload)
     return payload
 
 
@@ -555,18 +493,13 @@ class E2e:
                             "tokens_per_s": tokens / t, "speedup_vs_full_static": t_full / t,
                             "times_s": ts})  # fmt: skip
         t_dec = statistics.median(times["decoder-only/static"]) if beam == 1 else None
-        results.append(
-            {
-                "beam": beam,
-                "batch": batch,
-                "variant": "projection-alone",
-                "per_call_us": {k: statistics.median(v) * 1e6 for k, v in proj_only.items()},
-                # what removing the output layer entirely would save
-                "projection_share_of_full_static_step": None
-                if t_dec is None
-                else max(0.0, 1 - t_dec / t_full),
-            }
-        )
+        # what removing the output layer entirely would save
+        share = None if t_dec is None else max(0.0, 1 - t_dec / t_full)
+        results.append({
+            "beam": beam, "batch": batch, "variant": "projection-alone",
+            "per_call_us": {k: statistics.median(v) * 1e6 for k, v in proj_only.items()},
+            "projection_share_of_full_static_step": share,
+        })  # fmt: skip
         return results
 
     def projection_share(self, batch: int) -> dict:
@@ -584,14 +517,10 @@ class E2e:
         share = max(0.0, 1 - td / tf)
         print(f"   batch {batch:>3} greedy: full step {tf / steps * 1e3:.2f} ms, share {share:.2f}")
         return {
-            "beam": 1,
-            "batch": batch,
-            "variant": "projection-share",
-            "full_step_ms": tf / steps * 1e3,
-            "decoder_only_step_ms": td / steps * 1e3,
-            "projection_share_of_full_static_step": share,
+            "beam": 1, "batch": batch, "variant": "projection-share", "full_step_ms": tf / steps * 1e3,
+            "decoder_only_step_ms": td / steps * 1e3, "projection_share_of_full_static_step": share,
             "times_s": t,
-        }
+        }  # fmt: skip
 
 
 def searched(
@@ -700,45 +629,29 @@ def step_e2e_demo(args: argparse.Namespace) -> dict:
                 hyp = runs[-1].hypotheses
                 base.setdefault(name, hyp)
                 t = statistics.median(r.seconds for r in runs)
-                rec = {
-                    "beam": beam,
-                    "batch": batch,
-                    "lines": len(lines),
-                    "variant": variant,
-                    "options": proj.options(),
-                    "seconds": t,
-                    "times_s": [r.seconds for r in runs],
-                    "tokens": runs[-1].target_tokens,
-                    "tokens_per_s": runs[-1].target_tokens / t,
+                results.append({
+                    "beam": beam, "batch": batch, "lines": len(lines), "variant": variant,
+                    "options": proj.options(), "seconds": t, "times_s": [r.seconds for r in runs],
+                    "tokens": runs[-1].target_tokens, "tokens_per_s": runs[-1].target_tokens / t,
                     "lines_per_s": len(lines) / t,
                     "same_lines_as_full_eager": sum(a == b for a, b in zip(hyp, base["full"], strict=True)),
                     "same_lines_as_eager": sum(a == b for a, b in zip(hyp, base[name], strict=True)),
-                }
-                results.append(rec)
+                })  # fmt: skip
         t_full = next(r["seconds"] for r in results if r["variant"] == "full/eager" and r["beam"] == beam)
         for r in results:
             if r["beam"] == beam:
                 r["speedup_vs_full_eager"] = t_full / r["seconds"]
-    payload = {
-        "meta": meta(
-            device,
-            args,
-            dtype=str(dtype),
-            model="models/demo",
-            engine=ad.engine,
-            map=None if map_dir is None else str(map_dir.relative_to(ROOT)),
-            max_len=max_len,
-            repeats=repeats,
-        ),
-        "results": results,
-    }
+    used = None if map_dir is None else str(map_dir.relative_to(ROOT))
+    info = meta(device, args, dtype=str(dtype), model="models/demo", engine=ad.engine, map=used,
+                max_len=max_len, repeats=repeats)  # fmt: skip
+    payload = {"meta": info, "results": results}
     print(f"{'beam':>4} {'batch':>5} {'variant':<17} {'tok/s':>9} {'x full eager':>12} {'same as eager':>13}")
     for r in results:
         print(
             f"{r['beam']:>4} {r['batch']:>5} {r['variant']:<17} {r['tokens_per_s']:>9.0f} "
             f"{r['speedup_vs_full_eager']:>12.2f} {r['same_lines_as_eager']:>7}/{r['lines']}"
         )
-    write(args.out, "e2e-demo", payload)
+    write_result(args.out / "gpu-e2e-demo.json", payload)
     return payload
 
 
@@ -775,10 +688,9 @@ def step_dump(args: argparse.Namespace) -> dict:
         keep = {int(b) for b in args.batches.split(",")}
         plan = [(*v[:3], [b for b in v[3] if b in keep], v[4]) for v in plan]
     work = DumpWork(
-        ctx,
-        ShardSpec("en-it", 0, tuple(range(len(texts))), tuple(texts), None, tuple(refs)),
+        ctx, ShardSpec("en-it", 0, tuple(range(len(texts))), tuple(texts), None, tuple(refs)),
         budget=3.0 if args.smoke else args.variant_seconds,
-    )
+    )  # fmt: skip
     results: list[dict] = []
     payload = {
         "meta": meta(device, args, dtype=dtype, model="models/demo", k=8, max_len=128),
@@ -795,7 +707,7 @@ def step_dump(args: argparse.Namespace) -> dict:
             if device == "cuda":
                 torch.cuda.empty_cache()
                 torch.cuda.reset_peak_memory_stats()
-            write(args.out, "dump", payload)
+            write_result(args.out / "gpu-dump.json", payload)
     try:
         payload["agreement"] = _captured_agreement(
             ctx, [texts[i] for i in work.order[: (16 if args.smoke else 512)]]
@@ -803,7 +715,7 @@ def step_dump(args: argparse.Namespace) -> dict:
     except Exception as exc:
         payload["agreement"] = {"error": f"{type(exc).__name__}: {exc}"[:500]}
     print("captured vs eager on the same lines:", payload["agreement"])
-    write(args.out, "dump", payload)
+    write_result(args.out / "gpu-dump.json", payload)
     return payload
 
 
@@ -879,12 +791,9 @@ def _captured_agreement(ctx, texts: list[str]) -> dict:
     with the batch's shape): rows, same rows, same top-1 id, largest |h| difference."""
     from fastvocab.tasks.dump import DumpDecoder, DumpSettings
 
-    cols = {
-        "sent_id": np.arange(len(texts)),
-        "text": np.array(texts, dtype=object),
-        "src_lang": np.array(["en"] * len(texts), dtype=object),
-        "tgt_lang": np.array(["it"] * len(texts), dtype=object),
-    }
+    cols = {"sent_id": np.arange(len(texts)), "text": np.array(texts, dtype=object),
+            "src_lang": np.array(["en"] * len(texts), dtype=object),
+            "tgt_lang": np.array(["it"] * len(texts), dtype=object)}  # fmt: skip
     out = {}
     for graphs in ("off", "on"):
         out[graphs] = DumpDecoder(ctx, DumpSettings(k=8, max_len=128, batch_size=len(texts), graphs=graphs))(
@@ -909,41 +818,29 @@ def _captured_agreement(ctx, texts: list[str]) -> dict:
     return res
 
 
-def _dump_pairs(n: int) -> tuple[list[str], list[str]]:
-    """English train lines and their Italian references: ``work/gpu-carry/dump-en-it.parquet`` when carried
-    (the first 40,000 en-it train pairs), else the test split (1,000 pairs)."""
+def _dump_pairs(n: int, train: bool = True) -> tuple[list[str], list[str]]:
+    """English lines and their Italian references: with ``train``, ``work/gpu-carry/dump-en-it.parquet`` when
+    carried (the first 40,000 en-it train pairs); else the test split (1,000 pairs); else the README's lines
+    as both (a fallback so the steps run without the corpus; recorded)."""
     import pyarrow.parquet as pq
 
-    for path in (
-        ROOT / "work" / "gpu-carry" / "dump-en-it.parquet",
-        ROOT / "data" / "corpus" / "en-it" / "test.parquet",
-    ):
+    test = ROOT / "data" / "corpus" / "en-it" / "test.parquet"
+    for path in (ROOT / "work" / "gpu-carry" / "dump-en-it.parquet", test) if train else (test,):
         if path.exists():
             t = pq.read_table(path, columns=["text1", "text2"])
-            pairs = [
-                (a, b)
-                for a, b in zip(t.column("text1").to_pylist(), t.column("text2").to_pylist(), strict=True)
-                if a.strip()
-            ]
-            print(f"texts: {min(n, len(pairs))} pairs from {path}")
-            return [a for a, _ in pairs[:n]], [b for _, b in pairs[:n]]
-    texts = _dump_texts(n)
+            pairs = zip(t.column("text1").to_pylist(), t.column("text2").to_pylist(), strict=True)
+            kept = [(a, b) for a, b in pairs if a.strip()][:n]
+            print(f"texts: {len(kept)} pairs from {path}")
+            return [a for a, _ in kept], [b for _, b in kept]
+    lines = [ln.strip("#-* ").strip() for ln in (ROOT / "README.md").read_text().splitlines() if len(ln) > 40]
+    print(f"texts: {test} not carried; {min(n, len(lines))} README lines instead")
+    texts = (lines * (1 + n // max(1, len(lines))))[:n]
     return texts, texts
 
 
 def _dump_texts(n: int) -> list[str]:
-    """English source sentences: the corpus's test split when carried (data/corpus/en-it/test.parquet),
-    else the demo model card's lines (a fallback so the step runs without the corpus; recorded)."""
-    path = ROOT / "data" / "corpus" / "en-it" / "test.parquet"
-    if path.exists():
-        import pyarrow.parquet as pq
-
-        texts = [t for t in pq.read_table(path, columns=["text1"]).column("text1").to_pylist() if t.strip()]
-        print(f"texts: {min(n, len(texts))} from {path}")
-        return texts[:n]
-    lines = [ln.strip("#-* ").strip() for ln in (ROOT / "README.md").read_text().splitlines() if len(ln) > 40]
-    print(f"texts: {path} not carried; {min(n, len(lines))} README lines instead")
-    return (lines * (1 + n // max(1, len(lines))))[:n]
+    """English source sentences: the corpus's test split when carried, else the README's lines."""
+    return _dump_pairs(n, train=False)[0]
 
 
 # --------------------------------------------------------------------------------------------- main
@@ -955,10 +852,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, required=True, help="folder for gpu-<step>.json")
     p.add_argument("--smoke", action="store_true", help="tiny sizes, CPU allowed: checks the script")
     p.add_argument(
-        "--quick",
-        action="store_true",
+        "--quick", action="store_true",
         help="the goal points only (10%% active; rows 1 and 40; beam 1 batch 1, beam 2 batch 20)",
-    )
+    )  # fmt: skip
     p.add_argument("--steps", type=int, default=32, help="e2e: decoder steps per run")
     p.add_argument("--repeats", type=int, default=5, help="e2e: timed rounds (median)")
     p.add_argument("--r", type=int, default=2000, help="e2e: clusters of the synthetic maps")
@@ -971,13 +867,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = p.parse_args(argv)
     torch.set_num_threads(2 if args.smoke else min(16, os.cpu_count() or 1))
-    steps = {
-        "env": step_env,
-        "static": step_static,
-        "e2e": step_e2e,
-        "e2e-demo": step_e2e_demo,
-        "dump": step_dump,
-    }
+    steps = {"env": step_env, "static": step_static, "e2e": step_e2e, "e2e-demo": step_e2e_demo,
+             "dump": step_dump}  # fmt: skip
     steps[args.step](args)
     return 0
 

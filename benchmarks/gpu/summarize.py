@@ -15,8 +15,10 @@ run's files read the same (their sizes are not the goals', so no goal row is pri
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 GOAL_N, GOAL_ROWS, GOAL_FRACTION = 128_112, 40, 0.1
@@ -209,22 +211,17 @@ def train_section(found: dict[str, dict]) -> str:
 
 
 def summarize(found: dict[str, dict]) -> str:
-    parts = []
-    if "env" in found:
-        parts.append(env_section(found["env"]))
-    if "test" in found:
-        parts.append(test_section(found["test"]))
-    for step in ("bench", "bench-bf16"):
-        if step in found:
-            parts.append(bench_section(step, found[step]))
-    if "static" in found:
-        parts.append(static_section(found["static"], found.get("bench")))
-    if "e2e" in found:
-        parts.append(e2e_section(found["e2e"]))
-    if "e2e-demo" in found:
-        parts.append(e2e_demo_section(found["e2e-demo"]))
-    if "dump" in found:
-        parts.append(dump_section(found["dump"]))
+    sections: dict[str, Callable[[dict], str]] = {  # in the order of the campaign's steps
+        "env": env_section,
+        "test": test_section,
+        "bench": functools.partial(bench_section, "bench"),
+        "bench-bf16": functools.partial(bench_section, "bench-bf16"),
+        "static": lambda res: static_section(res, found.get("bench")),
+        "e2e": e2e_section,
+        "e2e-demo": e2e_demo_section,
+        "dump": dump_section,
+    }
+    parts = [section(found[step]) for step, section in sections.items() if step in found]
     if any(k.startswith("train-") for k in found):
         parts.append(train_section(found))
     return "\n\n".join(parts) + "\n"

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import io
-import json
 import logging
 import os
 import shutil
@@ -34,11 +33,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--minutes", type=float, default=5.5, help="training minutes per step (budget N x this)")
     p.add_argument("--work", type=Path, default=Path("/tmp/fv-train"), help="checkpoint and SentencePiece")
     p.add_argument(
-        "--resume-from",
-        type=Path,
-        default=ROOT / "work" / "gpu-carry",
+        "--resume-from", type=Path, default=ROOT / "work" / "gpu-carry",
         help="folder with train-<N-1>.tar.part* files (default: work/gpu-carry, carried)",
-    )
+    )  # fmt: skip
     p.add_argument("--weights", type=Path, default=None, help="model folder holding step N-1's weights")
     p.add_argument("--corpus", type=Path, default=ROOT / "data" / "corpus")
     p.add_argument("--preset", default="cpu")
@@ -135,7 +132,7 @@ def write_parts(out_dir: Path, n: int, model_dir: Path, work: Path) -> list[str]
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     sys.path.insert(0, str(ROOT / "benchmarks" / "gpu"))
-    from steps import meta  # device, driver, CUDA, torch, CuPy, commit: what every campaign result records
+    from steps import meta, write_result  # meta: what every campaign result records (device, CUDA, commit)
 
     from fastvocab.training import TrainConfig, train_demo
     from fastvocab.training.checkpoint import CHECKPOINT
@@ -143,11 +140,9 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     log_path = args.out / f"train-{args.n}.log"
     logging.basicConfig(
-        level=logging.INFO,
-        format="%(asctime)s %(name)s %(message)s",
-        handlers=[logging.FileHandler(log_path), logging.StreamHandler()],
-        force=True,
-    )
+        level=logging.INFO, format="%(asctime)s %(name)s %(message)s",
+        handlers=[logging.FileHandler(log_path), logging.StreamHandler()], force=True,
+    )  # fmt: skip
     cuda = torch.cuda.is_available()
     if not cuda and not args.smoke:
         raise SystemExit("no CUDA device: run with --smoke on a CPU machine")
@@ -161,11 +156,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.smoke:
         corpus = smoke_corpus(args.corpus, args.work / "corpus")
         extra = dict(
-            arch=dict(vocab=400, d_model=32, ffn=64, heads=2, enc_layers=1, dec_layers=1),
-            spm_sentences=2000,
-            dev_loss_sentences=10,
-            max_len=48,
-        )
+            arch=dict(vocab=400, d_model=32, ffn=64, heads=2, enc_layers=1, dec_layers=1), spm_sentences=2000,
+            dev_loss_sentences=10, max_len=48,
+        )  # fmt: skip
         args.minutes, args.batch_tokens, args.warmup, args.dev_sentences = 0.1, 1024, 10, 10
     if args.n == 1:  # a fresh run: no checkpoint of an earlier one (SentencePiece is reused if it fits)
         (work / CHECKPOINT).unlink(missing_ok=True)
@@ -174,41 +167,24 @@ def main(argv: list[str] | None = None) -> int:
     if not corpus.is_dir():
         raise SystemExit(f"no corpus at {corpus}: carry data/corpus/<pair>/ (see docs/corpus.md)")
     model_dir = args.work / "model"
+    command = " ".join(["benchmarks/gpu/train.py", *(argv if argv is not None else sys.argv[1:])])
     cfg = TrainConfig(
-        corpus=corpus,
-        out=model_dir,
-        work_dir=work,
-        preset=args.preset,
-        max_minutes=args.n * args.minutes,
-        batch_tokens=args.batch_tokens,
-        lr=args.lr,
-        warmup=args.warmup,
-        dropout=args.dropout,
-        device=device,
-        threads=min(16, os.cpu_count() or 1) if cuda else 2,
-        dev_sentences=args.dev_sentences,
-        checkpoint_minutes=2.0,
-        resume=args.n > 1,
-        command=" ".join(["benchmarks/gpu/train.py", *(argv if argv is not None else sys.argv[1:])]),
-        **extra,  # type: ignore[arg-type]
-    )
+        corpus=corpus, out=model_dir, work_dir=work, preset=args.preset, max_minutes=args.n * args.minutes,
+        batch_tokens=args.batch_tokens, lr=args.lr, warmup=args.warmup, dropout=args.dropout, device=device,
+        threads=min(16, os.cpu_count() or 1) if cuda else 2, dev_sentences=args.dev_sentences,
+        checkpoint_minutes=2.0, resume=args.n > 1, command=command, **extra,  # type: ignore[arg-type]
+    )  # fmt: skip
     t0 = time.perf_counter()
     result = train_demo(cfg)
     wall = time.perf_counter() - t0
     parts = write_parts(args.out, args.n, model_dir, work)
     payload = {
-        "meta": meta(device, args, command=cfg.command, preset=args.preset, tf32=cuda),
-        "step": args.n,
-        "wall_s": wall,
-        "steps": result.steps,
-        "train_tokens": result.train_tokens,
-        "train_minutes_total": result.minutes,
-        "params": result.params,
-        "dev": result.dev,
-        "history": result.history,
-        "parts": parts,
-    }
-    (args.out / f"gpu-train-{args.n}.json").write_text(json.dumps(payload, indent=1, default=str) + "\n")
+        "meta": meta(device, args, command=cfg.command, preset=args.preset, tf32=cuda), "step": args.n,
+        "wall_s": wall, "steps": result.steps, "train_tokens": result.train_tokens,
+        "train_minutes_total": result.minutes, "params": result.params, "dev": result.dev,
+        "history": result.history, "parts": parts,
+    }  # fmt: skip
+    write_result(args.out / f"gpu-train-{args.n}.json", payload)
     print(f"train-{args.n}: {result.steps} steps, {result.minutes:.1f} min trained, {wall:.0f} s wall")
     for d, s in result.dev.items():
         print(f"dev {d}: BLEU {s['bleu']:.1f} chrF {s['chrf']:.1f}")
