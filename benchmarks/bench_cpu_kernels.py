@@ -35,6 +35,7 @@ from pathlib import Path
 
 from bench_meta import EMULATE, EMULATE_ENV, ROOT, emulate, result_header, write_result
 
+TOP = 12  # the hottest symbols a system's record keeps
 # (family, library pattern, symbol pattern): the first match names a sample's family
 FAMILIES = [
     ("MLAS int8 GEMM", r"onnxruntime", r"Mlas\w*(U8|S8|Quant|Qgemm|Int8)"),
@@ -180,7 +181,7 @@ def run_system(args, system: str, beam: int, env: dict[str, str]) -> dict:
         kind = kind or "scalar, SSE or not known"
         isas[kind] += pct
         by_family[fam][kind] += pct
-    top = sorted(rows, reverse=True)[: args.top]
+    top = sorted(rows, reverse=True)[:TOP]
     return {
         "system": system, "beam": beam, **timing, "families_pct": _rounded(shares), "isa_pct": _rounded(isas),
         "isa_pct_by_family": {f: _rounded(v) for f, v in by_family.items()},
@@ -209,7 +210,6 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--emulate", choices=sorted(EMULATE), help="run under another CPU family's ISA caps")
     ap.add_argument("--freq", type=int, default=999, help="samples a second a thread (default: 999)")
-    ap.add_argument("--top", type=int, default=12, help="hottest symbols kept a system (default: 12)")
     ap.add_argument("--out", type=Path)
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--beam", type=int, default=1, help=argparse.SUPPRESS)

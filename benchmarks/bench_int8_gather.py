@@ -43,39 +43,29 @@ OUT = RESULTS / "int8-gather-cpu-2026-11-25.json"
 Kernel = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (h, cols) -> (rows, C) logits
 
 
-def fp32_gather(w: torch.Tensor, b: torch.Tensor | None) -> Kernel:
+def kernels_of(w: torch.Tensor, w8: int8_union.Int8Weights) -> dict[str, Kernel]:
+    """The candidates over every union: the float32 gather, the int8 gather, the int8 layer's dense logits
+    cut to the union, and the int8 clustered projection's choice between the two."""
     from fastvocab.kernels.gather import gathered_logits
 
-    return lambda h, cols: gathered_logits(h, w, b, cols)
+    return {
+        "fp32-gather": lambda h, cols: gathered_logits(h, w, None, cols),
+        "int8-gather": lambda h, cols: int8_union.int8_gather_gemm(h, w8, cols),
+        "int8-dense": lambda h, cols: int8_union.int8_full_logits(h, w8).index_select(1, cols),
+        "int8-clustered": lambda h, cols: int8_union.int8_gathered_logits(h, w8, cols),
+    }
 
 
-def int8_gather(w8: int8_union.Int8Weights) -> Kernel:
-    return lambda h, cols: int8_union.int8_gather_gemm(h, w8, cols)
-
-
-def int8_dense(w8: int8_union.Int8Weights) -> Kernel:
-    return lambda h, cols: int8_union.int8_full_logits(h, w8).index_select(1, cols)
-
-
-def int8_clustered(w8: int8_union.Int8Weights) -> Kernel:
-    return lambda h, cols: int8_union.int8_gathered_logits(h, w8, cols)
-
-
-def cached_kernels(w, b, q, scale, cols: torch.Tensor) -> dict[str, Kernel]:
+def cached_kernels(w, q, scale, cols: torch.Tensor) -> dict[str, Kernel]:
     """Batch 1 on a cached cluster: the block is contiguous, built once (outside the timing)."""
     block = w.index_select(0, cols).contiguous()
-    block_b = None if b is None else b.index_select(0, cols)
     qb, sb = q.index_select(0, cols).contiguous(), scale.index_select(0, cols)
-    packed = packed_rows(qb, sb, block_b)
-
-    def wpack(h, _cols):
-        out = torch._weight_int8pack_mm(h, qb, sb)
-        return out if block_b is None else out + block_b
-
+    packed = packed_rows(qb, sb, None)
     return {
-        "cached-fp32": lambda h, _cols: F.linear(h, block, block_b), "cached-int8-wpack": wpack,
+        "cached-fp32": lambda h, _cols: F.linear(h, block),
+        "cached-int8-wpack": lambda h, _cols: torch._weight_int8pack_mm(h, qb, sb),
         "cached-int8-packed": lambda h, _cols: linear_packed(h, packed),
-    }  # fmt: skip
+    }
 
 
 def timed(fn: Callable[[], torch.Tensor], repeats: int) -> dict[str, float]:
@@ -106,7 +96,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--union", type=comma_list(float))
     p.add_argument("--threads", type=comma_list(int), default=[2], help="e.g. 2,1")
     p.add_argument("--repeats", type=int, default=7)
-    p.add_argument("--bias", action="store_true", help="give W a bias (M2M100's tied head has none)")
     p.add_argument("--only", help="comma-separated candidate names (default: all)")
     p.add_argument("--quick", action="store_true", help="d 256, N 8,000, 2 repeats")
     p.add_argument("--out", default=str(OUT))
@@ -119,19 +108,15 @@ def main(argv: list[str] | None = None) -> int:
     args.rows, args.union = args.rows or [1, 8, 32], args.union or [0.1, 0.3, 0.6]
     torch.manual_seed(0)
     n, d = args.vocab, args.d
-    w = torch.randn(n, d) * d**-0.5
-    b = torch.randn(n) * 0.1 if args.bias else None
-    full32 = create_projection("full", w, b)
-    full8 = create_projection("full", w, b, int8=True)
+    w = torch.randn(n, d) * d**-0.5  # no bias: M2M100's tied head has none
+    full32 = create_projection("full", w, None)
+    full8 = create_projection("full", w, None, int8=True)
     # every int8 candidate reads the full int8 projection's own rows (int8 per output row, symmetric)
     no_map = SimpleNamespace(r=0, population=np.zeros(0), sizes=[], ids=[])
-    w8 = int8_union.int8_weights(w, b, no_map)
+    w8 = int8_union.int8_weights(w, None, no_map)
     q, scale = w8.q, w8.scale
     wq = q.double() * scale.double()[:, None]  # what the int8 candidates compute with
-    kernels: dict[str, Kernel] = {
-        "fp32-gather": fp32_gather(w, b), "int8-gather": int8_gather(w8), "int8-dense": int8_dense(w8),
-        "int8-clustered": int8_clustered(w8),
-    }  # fmt: skip
+    kernels = kernels_of(w, w8)
     if args.only:
         keep = set(args.only.split(","))
         kernels = {k: v for k, v in kernels.items() if k in keep}
@@ -139,11 +124,11 @@ def main(argv: list[str] | None = None) -> int:
         "benchmark": "bench_int8_gather", **provenance("bench_int8_gather.py", argv, "kernels"),
         "torch": torch.__version__, "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "threads": args.threads, "sizes": {"d": d, "N": n, "rows": args.rows, "union": args.union},
-        "bias": args.bias, "repeats": args.repeats, "load_avg": {"start": load_avg()}, "rows": [],
+        "bias": False, "repeats": args.repeats, "load_avg": {"start": load_avg()}, "rows": [],
     }  # fmt: skip
     for threads in args.threads:
         torch.set_num_threads(threads)
-        measure(args, result, kernels, full32, full8, w, b, q, scale, wq, threads)
+        measure(args, result, kernels, full32, full8, w, q, scale, wq, threads)
     result["load_avg"]["end"] = load_avg()
     write_result(Path(args.out), result)
     return 0
@@ -164,14 +149,13 @@ def write_cost_table(args, argv: list[str] | None) -> int:
     return 0
 
 
-def measure(args, result: dict, kernels: dict[str, Kernel], full32, full8, w, b, q, scale, wq, threads: int):
+def measure(args, result: dict, kernels: dict[str, Kernel], full32, full8, w, q, scale, wq, threads: int):
     """Every candidate at every (rows, union) point on ``threads`` threads; rows appended to ``result``."""
     n, d = args.vocab, args.d
     gen = torch.Generator().manual_seed(1)
     for rows in args.rows:
         h = torch.randn(rows, d, generator=gen)
-        ref32 = h.double() @ w.double().T + (0 if b is None else b.double())
-        ref8 = h.double() @ wq.T + (0 if b is None else b.double())
+        ref32, ref8 = h.double() @ w.double().T, h.double() @ wq.T
         for name, proj, ref in (("full-fp32", full32, ref32), ("full-int8", full8, ref8)):
             row = {"kernel": name, "threads": threads, "rows": rows, "union": 1.0}
             row.update(timed(lambda proj=proj, h=h: proj(h).logits, args.repeats))
@@ -184,7 +168,7 @@ def measure(args, result: dict, kernels: dict[str, Kernel], full32, full8, w, b,
             cols = torch.randperm(n, generator=gen)[: round(u * n)].sort().values
             cands = dict(kernels)
             if rows == 1 and (not args.only or "cached" in args.only):
-                cands.update(cached_kernels(w, b, q, scale, cols))
+                cands.update(cached_kernels(w, q, scale, cols))
             for name, fn in cands.items():
                 ref = (ref32 if "fp32" in name else ref8)[:, cols]
                 row = {"kernel": name, "threads": threads, "rows": rows, "union": u}

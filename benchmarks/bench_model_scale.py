@@ -9,7 +9,7 @@ What the runs found: ``docs/model-scale.md``; the dated runs with their command 
 
 How it builds the shapes, fixes each sentence's work, makes the synthetic maps, times the systems and
 measures each point (``s``, ``u``, the bound, memory, GFLOP/s): ``docs/model-scale.md``, "How the benchmark
-runs". Writes ``benchmarks/results/model-scale-cpu-<date>.json`` (``--out``) and a PNG beside it.
+runs". Writes ``benchmarks/results/model-scale-cpu-<date>.json`` (``--out``).
 """
 
 from __future__ import annotations
@@ -535,8 +535,7 @@ def step_profile(
         proj(hs[0])  # a first call may load compiled code (the int8 gather's loop): not a step's time
         proj.reset_counters()
         t0 = time.perf_counter()
-        for x in hs:
-            proj(x)
+        project_all(proj, hs)
         tc = time.perf_counter() - t0
         stats = proj.stats()
         u = stats["active_columns_per_row"] / adapter.n_vocab
@@ -804,39 +803,6 @@ def _round(x: float | None, digits: int) -> float | None:
     return None if x is None else round(x, digits)
 
 
-def plot(result: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    rows = result["rows"]
-    panels = sorted({(r["batch"], r["beam"], r["threads"]) for r in rows})
-    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4), squeeze=False)
-    for ax, (batch, beam, threads) in zip(axes[0], panels, strict=True):
-        mine = [r for r in rows if (r["batch"], r["beam"], r["threads"]) == (batch, beam, threads)]
-        # a line per system and depth (m2m100-418m and 1.2b share N: they are two lines, not one)
-        depths = {tuple(r["layers"]) for r in mine}
-        for system, layers in dict.fromkeys((r["system"], tuple(r["layers"])) for r in mine):
-            pts = sorted(
-                (r["vocabulary"], r["tokens_per_s"])
-                for r in mine
-                if r["system"] == system and tuple(r["layers"]) == layers
-            )
-            label = system if len(depths) == 1 else f"{system} ({layers[0]}+{layers[1]} layers)"
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=label)
-        ax.set_xscale("log")
-        ax.set_xlabel("vocabulary size N")
-        ax.set_ylabel("tokens/s")
-        ax.set_title(f"batch {batch}, beam {beam}, {threads} thread(s)")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
-    fig.suptitle(f"decoding speed at model scale ({result['device']})", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--shapes", type=comma_list(str, SHAPES), default=["m2m100-418m"], help=", ".join(SHAPES))
@@ -895,7 +861,6 @@ def main(argv: list[str] | None = None) -> int:
     result["load_avg"]["end"] = load_avg()
     out = Path(args.out) if args.out else RESULTS / f"model-scale-cpu-{dt.date.today().isoformat()}.json"
     write_result(out, result)
-    plot(result, out.with_suffix(".png"))
     for r in result["rows"]:
         print(
             f"{r['shape']} b{r['batch']} k{r['beam']} t{r['threads']} {r['system']}: "

@@ -9,13 +9,13 @@ Synthetic weights and a synthetic cluster map per (size, active fraction), which
   Table 2 "active percentage", measured at beam 2 x batch 20). Every cluster's set is a random subset of one
   pool of f*N ids, of size ``--set-ratio`` * f*N, so a many-row union approaches f while one row computes
   less (what per-row mode exploits). The realised union and per-row fractions are measured and recorded;
-- clusters have Zipf populations; rows come ``--rows-per-cluster`` at a time (beams of one sentence) from
-  clusters drawn by population, each row a centroid plus small noise.
+- clusters have Zipf populations; rows come two at a time (beams of one sentence) from clusters drawn by
+  population, each row a centroid plus small noise.
 
 Times: the median over ``--repeats`` rounds of a block of calls; within a round the full projection and
 every clustered variant run back to back (interleaved), so ratios survive a noisy shared machine. CPU:
 ``perf_counter``; GPU: CUDA events. Bytes read = active rows of W (+ bias) + centroids; on GPU the floor is
-bytes / the device's peak bandwidth (H100 SXM 3.35 TB/s, H200 4.8 TB/s; ``--peak-gbps`` otherwise).
+bytes / the device's nominal peak bandwidth (``PEAK_GBPS``: H100 SXM 3.35 TB/s, H200 4.8 TB/s, ...).
 
 Writes ``benchmarks/results/projection-<device>-<date>.json`` and prints a table.
 """
@@ -87,17 +87,17 @@ def synthetic_map(
     return ClusterMap(manifest, centroids, sq, indptr, np.concatenate(sets).astype(np.int32), counts)
 
 
-def synthetic_rows(cmap: ClusterMap, rows: int, per_cluster: int, seed: int = 0) -> tuple[np.ndarray, int]:
-    """``rows`` states, ``per_cluster`` consecutive rows per cluster drawn by population.
+def synthetic_rows(cmap: ClusterMap, rows: int, seed: int = 0) -> tuple[np.ndarray, int]:
+    """``rows`` states, two consecutive rows (a sentence's beams) per cluster drawn by population.
 
     Returns (states (rows, d), number of distinct clusters).
     """
     rng = np.random.default_rng(seed + rows)
     sizes = np.diff(cmap.indptr)
     pop = np.add.reduceat(cmap.counts.astype(np.float64), cmap.indptr[:-1]) * (sizes > 0)
-    n_clusters = math.ceil(rows / per_cluster)
+    n_clusters = math.ceil(rows / 2)
     chosen = rng.choice(len(pop), n_clusters, replace=n_clusters > (pop > 0).sum(), p=pop / pop.sum())
-    which = np.repeat(chosen, per_cluster)[:rows]
+    which = np.repeat(chosen, 2)[:rows]
     noise = 0.02 * rng.standard_normal((rows, cmap.centroids.shape[1])).astype(np.float32)
     return cmap.centroids[which] + noise, len(set(chosen.tolist()))
 
@@ -131,13 +131,9 @@ def copy_bandwidth_gbps(device: str, mb: int = 256, rounds: int = 3) -> float:
     return 2 * x.numel() * 4 / t / 1e9
 
 
-def peak_gbps(device_name: str, override: float | None) -> tuple[float | None, str]:
-    if override:
-        return override, "--peak-gbps"
-    for key, value in PEAK_GBPS.items():
-        if key in device_name:
-            return value, f"nominal for {key}"
-    return None, "unknown device: pass --peak-gbps"
+def peak_gbps(device_name: str) -> tuple[float | None, str]:
+    key = next((k for k in PEAK_GBPS if k in device_name), None)
+    return (PEAK_GBPS[key], f"nominal for {key}") if key else (None, "unknown device: no nominal peak")
 
 
 # ------------------------------------------------------------------------------------------- one size
@@ -151,7 +147,7 @@ def clustered_variants(device: str, args) -> list[tuple[str, dict]]:
             out.append((f"{mode}/cupy", {"selection": mode, "backend": "cupy"}))
             out.append((f"{mode}/torch", {"selection": mode, "backend": "torch"}))
         else:
-            out.append((f"{mode}", {"selection": mode, "cache_mb": args.cache_mb}))
+            out.append((mode, {"selection": mode}))
             if args.no_cache_variant:
                 out.append((f"{mode}/nocache", {"selection": mode, "cache_mb": 0.0}))
     return out
@@ -182,7 +178,7 @@ def bench_size(n_vocab: int, d: int, rows_list: list[int], args, meta: dict) -> 
         fns: dict[tuple, Callable[[], object]] = {}
         states = {}
         for frac, ratio, cmap, projs in cases:
-            h_np, distinct = synthetic_rows(cmap, rows, args.rows_per_cluster)
+            h_np, distinct = synthetic_rows(cmap, rows)
             h = torch.from_numpy(h_np).to(device=device, dtype=dtype)
             states[(frac, ratio)] = (h, distinct)
             if not fns:
@@ -262,14 +258,11 @@ def _record(meta, n_vocab, d, r, rows, frac, ratio, method, backend, ts, t_full,
         "time_us_all": [round(x * 1e6, 2) for x in ts], "ratio_vs_full": t_full / t,
         "bytes_read": int(bytes_read), "achieved_GBps": bytes_read / t / 1e9, **stats,
     }  # fmt: skip
-    if meta["peak_gbps"]:
-        floor = bytes_read / (meta["peak_gbps"] * 1e9)
-        rec["floor_us"] = floor * 1e6
-        rec["time_over_floor"] = t / floor
-    if meta.get("copy_gbps"):  # the byte floor at the copy bandwidth measured in this run
-        floor = bytes_read / (meta["copy_gbps"] * 1e9)
-        rec["floor_measured_us"] = floor * 1e6
-        rec["time_over_measured_floor"] = t / floor
+    # the byte floor at the nominal peak, and at the copy bandwidth measured in this run
+    for which, gbps in (("", meta["peak_gbps"]), ("measured_", meta.get("copy_gbps"))):
+        if gbps:
+            rec[f"floor_{which}us"] = bytes_read / (gbps * 1e9) * 1e6
+            rec[f"time_over_{which}floor"] = t / (bytes_read / (gbps * 1e9))
     return rec
 
 
@@ -296,16 +289,15 @@ def _print_rows(recs: list[dict]) -> None:
 
 def crossover(records: list[dict]) -> list[dict]:
     """Per (N, d, fraction, backend): the smallest row count from which per-row beats union."""
+    times: dict[tuple, dict[str, dict[int, float]]] = {}  # (N, d, fraction, set ratio) -> method -> rows
+    for r in records:
+        if r["active_fraction"] is not None:
+            key = (r["N"], r["d"], r["active_fraction"], r["set_ratio"])
+            times.setdefault(key, {}).setdefault(r["method"], {})[r["rows"]] = r["time_us"]
     out = []
-    keys = {
-        (r["N"], r["d"], r["active_fraction"], r["set_ratio"])
-        for r in records
-        if r["active_fraction"] is not None
-    }
-    for n, d, frac, ratio in sorted(keys):
+    for (n, d, frac, ratio), methods in sorted(times.items()):
         for suffix in ("", "/cupy", "/torch", "/nocache"):
-            u = {r["rows"]: r["time_us"] for r in records if _is(r, n, d, frac, ratio, "union" + suffix)}
-            p = {r["rows"]: r["time_us"] for r in records if _is(r, n, d, frac, ratio, "per-row" + suffix)}
+            u, p = methods.get("union" + suffix, {}), methods.get("per-row" + suffix, {})
             rows = sorted(set(u) & set(p))
             if not rows:
                 continue
@@ -317,11 +309,6 @@ def crossover(records: list[dict]) -> list[dict]:
                 "per_row_wins_at": wins, "per_row_wins_from": first,
             })  # fmt: skip
     return out
-
-
-def _is(rec, n, d, frac, ratio, method) -> bool:
-    key = (rec["N"], rec["d"], rec["active_fraction"], rec["set_ratio"], rec["method"])
-    return key == (n, d, frac, ratio, method)
 
 
 # ------------------------------------------------------------------------------------------- main
@@ -341,16 +328,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--set-ratios", default="0.5,0.15", help="one cluster's set / the pool; later ones only at N <= 64K"
     )
-    p.add_argument("--rows-per-cluster", type=int, default=2, help="consecutive rows per cluster (beam)")
     p.add_argument("--r", type=int, default=None, help="clusters (default 200 demo size, 2000 GPU, 256 CPU)")
     p.add_argument("--repeats", type=int, default=None, help="timed rounds (default 7 CPU, 20 GPU)")
     p.add_argument("--inner", type=int, default=None, help="calls per timed block (default: by size)")
-    p.add_argument(
-        "--cache-mb", type=float, default=None, help="CPU sub-matrix cache (default: projection's)"
-    )
     p.add_argument("--no-cache-variant", action="store_true", help="CPU: also time cache_mb=0")
     p.add_argument("--threads", type=int, default=2, help="torch CPU threads")
-    p.add_argument("--peak-gbps", type=float, default=None, help="device peak bandwidth, GB/s")
     p.add_argument("--out", type=Path, default=None, help="result JSON (default benchmarks/results/...)")
     args = p.parse_args(argv)
     cuda = args.device.startswith("cuda")
@@ -368,7 +350,7 @@ def main(argv: list[str] | None = None) -> int:
     if cuda and not torch.cuda.is_available():
         raise SystemExit("bench_projection: --device cuda but torch sees no CUDA device")
     name = device_name(args.device)
-    peak, peak_src = peak_gbps(name, args.peak_gbps) if cuda else (None, "not used on CPU")
+    peak, peak_src = peak_gbps(name) if cuda else (None, "not used on CPU")
     if args.sizes:
         sizes = [tuple(int(v) for v in s.split(":")) for s in args.sizes.split(",")]
     else:

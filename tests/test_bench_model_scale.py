@@ -66,8 +66,7 @@ def _run_toy(tmp_path: Path, systems: str, batch: int = 2) -> tuple[dict, Path]:
 
 @pytest.mark.slow  # ~25 s on 2 idle cores, most of it the CTranslate2 conversion
 def test_toy_shape_end_to_end(tmp_path):
-    result, out = _run_toy(tmp_path, "full-fp32,clustered-fp32,ct2-float32")
-    assert out.with_suffix(".png").stat().st_size > 0
+    result, _ = _run_toy(tmp_path, "full-fp32,clustered-fp32,ct2-float32")
     assert result["real_map_union_growth"]["skipped"].startswith("skipped: no cluster map")
     assert result["ctranslate2"] and result["torch"] and result["device"]
     assert result["gemm_peak_gflops"]["1"] > 0

@@ -6,7 +6,8 @@
     python benchmarks/gpu/steps.py e2e-demo --out DIR [--smoke]  # the demo model through tasks.translate
     python benchmarks/gpu/steps.py dump    --out DIR [--smoke]   # dump throughput of the demo model
 
-Each writes ``DIR/gpu-<step>.json`` (``meta`` + results) and prints a short table last. Only the core is
+Each writes ``DIR/gpu-<step>.json`` (``meta`` + results) and prints it last as ``summarize.py`` reads it
+out (the dump prints a line a run as it goes). Only the core is
 imported (kernels, decoding, artifacts_schema, tasks.dump/context/translate): no Ray, Faiss, MLflow or
 pydantic, which the GPU campaign image lacks. ``--smoke`` runs tiny sizes on the CPU (or the GPU if one is
 there) in seconds, to check the script before GPU time is spent on it.
@@ -37,6 +38,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from bench_meta import device_name, write_result  # noqa: E402
 from bench_projection import copy_bandwidth_gbps, synthetic_map, synthetic_rows, timed  # noqa: E402
+from summarize import e2e_demo_section, e2e_section, env_section, static_section  # noqa: E402
 
 from fastvocab import switches  # noqa: E402
 from fastvocab.artifacts_schema.provenance import git_commit  # noqa: E402
@@ -136,10 +138,7 @@ def step_env(args: argparse.Namespace) -> dict:
         except Exception as exc:
             res["cupy_kernels"] = f"failed: {type(exc).__name__}: {exc}"[:300]
     payload = {"meta": meta(device, args), "env": res}
-    print(f"# {payload['meta']['device_name']}  torch {torch.__version__}  cupy {payload['meta']['cupy']}")
-    print(f"copy {res['copy_GBps']:.0f} GB/s   matmul {res['matmul_TFLOPs']['value']:.1f} TFLOP/s")
-    if "cupy_kernels" in res:
-        print(f"cupy kernels: {res['cupy_kernels']}")
+    print(env_section(payload) + f"\n\nCuPy kernels: {res.get('cupy_kernels', 'not run (no CUDA)')}")
     write_result(args.out / "gpu-env.json", payload)
     return payload
 
@@ -179,7 +178,7 @@ def step_static(args: argparse.Namespace) -> dict:
                 print(f"  skip union/cupy: {exc}")
         ref = union["union/torch"]
         for rows in rows_list:
-            states, _ = synthetic_rows(cmap, rows, per_cluster=2)  # 2 beams per cluster
+            states, _ = synthetic_rows(cmap, rows)  # 2 beams per cluster
             h = torch.from_numpy(states).to(device, dtype)
             c = ref(h).ids.numel()
             fns: dict[str, Callable[[], object]] = {"full": lambda h=h: full(h)}
@@ -220,12 +219,7 @@ def step_static(args: argparse.Namespace) -> dict:
         print(f"# {k} at {rows} rows: {len(table)} kernels, {total:.1f} us of device time per call")
         for row in table[:6]:
             print(f"    {row['us_per_call']:8.1f} us  x{row['calls_per_call']:<4g} {row['name'][:70]}")
-    print(f"{'rows':>4} {'act':>4} {'C':>6} {'variant':<22} {'us':>9} {'vs full':>7}")
-    for rec in records:
-        print(
-            f"{rec['rows']:>4} {rec['active_fraction']:>4} {rec['union_columns']:>6} {rec['variant']:<22} "
-            f"{rec['time_us']:>9.1f} {rec['ratio_vs_full']:>7.2f}"
-        )
+    print(static_section(payload, None))
     write_result(args.out / "gpu-static.json", payload)
     return payload
 
@@ -298,12 +292,6 @@ def random_model(arch: dict, device: str, dtype: torch.dtype):
     return model.to(dtype).eval()
 
 
-def demo_tokenizer():
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(ROOT / "models" / "demo", local_files_only=True)
-
-
 def fixed_decode(adapter, project, src: torch.Tensor, beam: int, steps: int) -> None:
     """``steps`` decoder steps for every row, no early stop (full and clustered do the same work):
     greedy (beam 1) or beam search's per-step work (top-2k per row, top-k per sentence, cache reorder)."""
@@ -351,16 +339,7 @@ def step_e2e(args: argparse.Namespace) -> dict:
     info = meta(device, args, dtype=str(DTYPE), arch=arch, steps=steps, src_len=src_len, r=r,
                 model_build_s=load_s, maps=sets)  # fmt: skip
     payload = {"meta": info, "results": results}
-    print(f"{'beam':>4} {'batch':>5} {'variant':<26} {'tok/s':>10} {'x full/static':>13}")
-    for rec in results:
-        if "tokens_per_s" in rec:
-            print(
-                f"{rec['beam']:>4} {rec['batch']:>5} {rec['variant']:<26} {rec['tokens_per_s']:>10.0f} "
-                f"{rec['speedup_vs_full_static']:>13.2f}"
-            )
-        elif rec["projection_share_of_full_static_step"] is not None:
-            share = rec["projection_share_of_full_static_step"]
-            print(f"   projection share of a full static step: {share:.2f}")
+    print(e2e_section(payload))
     write_result(args.out / "gpu-e2e.json", payload)
     return payload
 
@@ -384,10 +363,13 @@ class E2e:
 
     @classmethod
     def build(cls, arch: dict, device: str, src_len: int, steps: int, repeats: int) -> E2e:
+        from transformers import AutoTokenizer
+
         from fastvocab.decoding.hf_adapter import Seq2SeqAdapter
         from fastvocab.kernels import create_projection
 
-        model, tok = random_model(arch, device, DTYPE), demo_tokenizer()
+        model = random_model(arch, device, DTYPE)
+        tok = AutoTokenizer.from_pretrained(ROOT / "models" / "demo", local_files_only=True)  # its ids fit
         adapters = {
             eng: Seq2SeqAdapter(
                 model, tok, "random-m2m100", device, DTYPE, "synthetic", engine=eng, cache_len=64
@@ -600,7 +582,7 @@ def step_e2e_demo(args: argparse.Namespace) -> dict:
         settings = [(1, 1, 32), (2, 20, 100)]
     max_len = 24 if args.smoke else 128
     repeats = 1 if args.smoke else 2 if args.quick else 3
-    texts = _dump_texts(max(n for *_, n in settings))
+    texts = _dump_pairs(max(n for *_, n in settings), train=False)[0]  # sources only
     try:
         map_dir: Path | None = resolve_map_dir(ROOT / "runs" / "demo" / "maps", "en", "it")
     except ArtifactError as exc:
@@ -645,12 +627,7 @@ def step_e2e_demo(args: argparse.Namespace) -> dict:
     info = meta(device, args, dtype=str(dtype), model="models/demo", engine=ad.engine, map=used,
                 max_len=max_len, repeats=repeats)  # fmt: skip
     payload = {"meta": info, "results": results}
-    print(f"{'beam':>4} {'batch':>5} {'variant':<17} {'tok/s':>9} {'x full eager':>12} {'same as eager':>13}")
-    for r in results:
-        print(
-            f"{r['beam']:>4} {r['batch']:>5} {r['variant']:<17} {r['tokens_per_s']:>9.0f} "
-            f"{r['speedup_vs_full_eager']:>12.2f} {r['same_lines_as_eager']:>7}/{r['lines']}"
-        )
+    print(e2e_demo_section(payload))
     write_result(args.out / "gpu-e2e-demo.json", payload)
     return payload
 
@@ -836,11 +813,6 @@ def _dump_pairs(n: int, train: bool = True) -> tuple[list[str], list[str]]:
     print(f"texts: {test} not carried; {min(n, len(lines))} README lines instead")
     texts = (lines * (1 + n // max(1, len(lines))))[:n]
     return texts, texts
-
-
-def _dump_texts(n: int) -> list[str]:
-    """English source sentences: the corpus's test split when carried, else the README's lines."""
-    return _dump_pairs(n, train=False)[0]
 
 
 # --------------------------------------------------------------------------------------------- main
