@@ -45,6 +45,11 @@ def _sources(doc: Path, root: Path, names: list[str]) -> str:
     return f"Rendered by `benchmarks/render_tables.py` from {', '.join(links)}.\n"
 
 
+def _match(entries: Iterable[dict], /, **want: object) -> dict:
+    """The first of ``entries`` that holds every key of ``want`` at its value."""
+    return next(r for r in entries if all(r.get(k) == v for k, v in want.items()))
+
+
 def _pct(x: float) -> str:
     return f"{100 * x:.1f}%"
 
@@ -232,18 +237,13 @@ DATA_POINT = {"r": 2000, "K": 3, "probes": 8, "split": "test", "paths": "both"} 
 
 def render_data_scale(root: Path, doc: Path) -> str:
     found = _load(root, DATA_SCALE)["directions"]
-
-    def point(d: str, size: int) -> dict:
-        want = {**DATA_POINT, "sentences": size}
-        return next(r for r in found[d]["rows"] if all(r.get(k) == v for k, v in want.items()))
-
     head = ["dumped sentences a direction", "en-it outputs differing", "it-en",
             "a row's columns (en-it, share of N)"]  # fmt: skip
     lines = []
     for size in (1500, 6000, 24000, 96000, None):
         sizes = {d: size or found[d]["sizes"][-1] for d in DIRECTIONS}
         label = f"{size:,}" if size else "all (" + " / ".join(f"{n:,}" for n in sizes.values()) + ")"
-        rows = {d: point(d, sizes[d]) for d in DIRECTIONS}
+        rows = {d: _match(found[d]["rows"], **DATA_POINT, sentences=sizes[d]) for d in DIRECTIONS}
         differ = [_pct(rows[d]["sentence_differ"]) for d in DIRECTIONS]
         lines.append([label, *differ, _pct(rows["en-it"]["row_cols"])])
     return _table(head, lines, ["---:"] * len(head)) + _sources(doc, root, [DATA_SCALE])
@@ -277,12 +277,7 @@ def render_coverage(root: Path, doc: Path) -> str:
     for label, want in COVERAGE_ROWS:
 
         def cell(split: str, key: str, fmt: Callable[[float], str] = _pct, want: dict = want) -> str:
-            rows = {d: [r for r in found[d]["rows"] if r["split"] == split] for d in DIRECTIONS}
-            hit = {
-                d: next(r for r in rs if all(r.get(k) == v for k, v in want.items()))
-                for d, rs in rows.items()
-            }
-            return " / ".join(fmt(hit[d][key]) for d in DIRECTIONS)
+            return " / ".join(fmt(_match(found[d]["rows"], split=split, **want)[key]) for d in DIRECTIONS)
 
         cells = [cell("dev", "sentence_differ"), cell("test", "sentence_differ")]
         cells += [cell("test", "row_cols", _share), cell("test", "union_batch")]
@@ -648,18 +643,13 @@ def _render_scale(spec: tuple[tuple[str, str], ...]) -> Callable[[Path, Path], s
 Getter = Callable[[dict], float]
 
 
-def _breakdown(field: str, **sel: object) -> Getter:
-    """A bench_step_profile record's seconds of one part (or ``total``) of the row that matches ``sel``."""
-    return lambda rec: next(r for r in rec["rows"] if all(r[k] == v for k, v in sel.items()))[field]
-
-
 def _peer(run: str, system: str = CLU8, key: str = VS_CT2_INT8) -> Getter:
     return lambda rec: rec["runs"][run]["systems"][system][key]
 
 
 def _entry(table: str, key: str, **sel: object) -> Getter:
     """One entry of a record's list ``table`` (``translate``, ``calls``, ``rows``) picked by ``sel``."""
-    return lambda rec: next(r for r in rec[table] if all(r[k] == v for k, v in sel.items()))[key]
+    return lambda rec: _match(rec[table], **sel)[key]
 
 
 def _kmeans(direction: str) -> Getter:
@@ -679,8 +669,8 @@ WHOLE = "whole run"
 
 
 def _bd(stem: str, field: str, **sel: object) -> Ref:
-    """A run-breakdown record (``run-breakdown-cpu-<stem>.json``), one part of one row."""
-    return f"run-breakdown-cpu-{stem}.json", _breakdown(field, **sel)
+    """A run-breakdown record (``run-breakdown-cpu-<stem>.json``): one part (or ``total``) of one row."""
+    return f"run-breakdown-cpu-{stem}.json", _entry("rows", field, **sel)
 
 
 def _parts(
@@ -697,12 +687,24 @@ def _scale(stem: str, key: str, **sel: object) -> Ref:
 
 
 def _vs_ct2(what: str, before: str, after: str, run: str) -> Measure:
-    return what, "vs CT2", (before, _peer(run)), (after, _peer(run))
+    return what, "vs CT2", *_both(before, after, _peer(run))
+
+
+def _both(before: str, after: str, getter: Getter) -> tuple[Ref, Ref]:
+    """The same field of two records, before and after."""
+    return (before, getter), (after, getter)
+
+
+def _fields(name: str, table: str, before: str, after: str, **sel: object) -> tuple[Ref, Ref]:
+    """Two fields of one entry of one record: the way before and the way after, measured alike."""
+    return (name, _entry(table, before, **sel)), (name, _entry(table, after, **sel))
 
 
 B1_CLU, B4_CLU, XEON = "greedy, batch 1, clustered int8", "beam 4, batch 1, clustered int8", "2026-11-28-xeon"
 ALTERNATING = "one thread, the two ways alternating"
 CLU10 = "fastvocab clustered int8 10%"
+KMEANS = tuple(f"kmeans-cpu-2026-11-29-xeon-{k}-kernels.json" for k in ("prescott", "skylakex"))
+CALLS = "int8-calls-cpu-2026-11-29-xeon.json"
 CPU_STEPS: tuple[tuple[str, str, Measure | None, Measure], ...] = (
     ("0010", "batches and encoder attention by length; int8 cluster scores; threads from 32 rows", None,
      _vs_ct2("bench_peer, greedy, batch 32, clustered int8", "peer-cpu-2026-11-28-engine-b32-quiet.json",
@@ -749,43 +751,29 @@ CPU_STEPS: tuple[tuple[str, str, Measure | None, Measure], ...] = (
        _peer("beam1", "fastvocab-static clustered int8", "seconds_median")),
       ("engines-cpu-2026-11-29-xeon-b1.json", _peer("beam1", CLU8, "seconds_median")))),
     ("0022", "Faiss' OpenBLAS told this CPU's kernels",
-     ("`configs/demo.yaml`'s k-means, en-it", "s",
-      ("kmeans-cpu-2026-11-29-xeon-prescott-kernels.json", _kmeans("en-it")),
-      ("kmeans-cpu-2026-11-29-xeon-skylakex-kernels.json", _kmeans("en-it"))),
-     ("the stage, three directions", "s",
-      ("kmeans-cpu-2026-11-29-xeon-prescott-kernels.json", lambda rec: rec["seconds_total"]),
-      ("kmeans-cpu-2026-11-29-xeon-skylakex-kernels.json", lambda rec: rec["seconds_total"]))),
+     ("`configs/demo.yaml`'s k-means, en-it", "s", *_both(*KMEANS, _kmeans("en-it"))),
+     ("the stage, three directions", "s", *_both(*KMEANS, lambda rec: rec["seconds_total"]))),
     ("0023", "the int8 gather multiplies in int8",
      ("bench_int8_gather, d 1024, 1 row, 5% of N", "ms",
-      ("int8-gather-cpu-2026-11-29-xeon-float-widening.json",
-       _entry("rows", "ms", kernel="int8-gather", rows=1, union=0.05)),
-      ("int8-gather-cpu-2026-11-29-xeon-int-mm.json",
-       _entry("rows", "ms", kernel="int8-gather", rows=1, union=0.05))),
+      *_both(*(f"int8-gather-cpu-2026-11-29-xeon-{k}.json" for k in ("float-widening", "int-mm")),
+             _entry("rows", "ms", kernel="int8-gather", rows=1, union=0.05))),
      ("M2M100-418M shape, greedy, batch 1, clustered int8, 5% sets", "s",
       _scale("b1-onnx-float-widening-r5", "seconds_median", system="fastvocab clustered int8 5%", beam=1),
       _scale("b1-onnx-int-mm", "seconds_median", system="fastvocab clustered int8 5%", beam=1))),
     ("0024", "fbgemm's int8 GEMM called from TorchScript",
      ("a call, d 256, 300 columns, 1 row", "us",
-      ("int8-calls-cpu-2026-11-29-xeon.json", _entry("calls", "one_python_us", d=256, columns=300, rows=1)),
-      ("int8-calls-cpu-2026-11-29-xeon.json",
-       _entry("calls", "one_torchscript_us", d=256, columns=300, rows=1))),
+      *_fields(CALLS, "calls", "one_python_us", "one_torchscript_us", d=256, columns=300, rows=1)),
      (f"{ALTERNATING}, {B4_CLU}", "s",
-      ("int8-calls-cpu-2026-11-29-xeon.json",
-       _entry("translate", "python_median_s", engine="onnx", beam=4, batch=1)),
-      ("int8-calls-cpu-2026-11-29-xeon.json",
-       _entry("translate", "torchscript_median_s", engine="onnx", beam=4, batch=1)))),
+      *_fields(CALLS, "translate", "python_median_s", "torchscript_median_s", engine="onnx", beam=4,
+               batch=1))),
     ("0025", "a beam step's candidates, advance and `moments` estimate compiled (numba)", None,
      (f"{ALTERNATING}, {B4_CLU}", "s",
-      ("host-step-cpu-2026-11-29-xeon.json",
-       _entry("translate", "numpy_median_s", projection="clustered int8", batch=1)),
-      ("host-step-cpu-2026-11-29-xeon.json",
-       _entry("translate", "compiled_median_s", projection="clustered int8", batch=1)))),
+      *_fields("host-step-cpu-2026-11-29-xeon.json", "translate", "numpy_median_s", "compiled_median_s",
+               projection="clustered int8", batch=1))),
     ("0026", "a beam step's candidates compiled at every width", None,
      (f"{ALTERNATING}, beam 4, batch 32, full float32", "s",
-      ("host-step-cpu-2026-11-29-xeon-wide-candidates.json",
-       _entry("translate", "torch-candidates_median_s", projection="full float32")),
-      ("host-step-cpu-2026-11-29-xeon-wide-candidates.json",
-       _entry("translate", "compiled_median_s", projection="full float32")))),
+      *_fields("host-step-cpu-2026-11-29-xeon-wide-candidates.json", "translate", "torch-candidates_median_s",
+               "compiled_median_s", projection="full float32"))),
 )  # fmt: skip
 DECISIONS = "docs/decisions"
 
