@@ -27,6 +27,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -152,6 +153,7 @@ def step_static(args: argparse.Namespace) -> dict:
     Paper shapes (d=1024, N=128,112), fp16, r=2000, rows 1/5/40/128, 10% active; capacity = the union's
     measured size rounded up to a multiple of 256 (a tight configured capacity) and the overflow-free bound.
     """
+    from fastvocab.decoding.steppers import capture_graph
     from fastvocab.kernels import create_projection
     from fastvocab.kernels.clustered_static import StaticUnion
 
@@ -190,8 +192,8 @@ def step_static(args: argparse.Namespace) -> dict:
                 su = StaticUnion(ref, capacity=cap, rows=rows, grow=False)
                 statics[cap_name] = su
                 fns[f"static/{cap_name}/eager"] = lambda su=su, h=h: su.step(h)
-                if cuda:
-                    fns[f"static/{cap_name}/graph"] = _graphed(su, h)
+                if cuda:  # captured on a static copy of h; the callable replays the graph
+                    fns[f"static/{cap_name}/graph"] = capture_graph(partial(su.step, h.clone()), warmups=2)
             for fn in fns.values():
                 fn()
             sync(device)
@@ -250,14 +252,6 @@ def kernel_table(fn: Callable[[], object], device: str, calls: int = 10) -> list
         if us > 0:
             rows.append({"name": e.key, "us_per_call": us / calls, "calls_per_call": e.count / calls})
     return sorted(rows, key=lambda r: -r["us_per_call"])
-
-
-def _graphed(su, h: torch.Tensor) -> Callable[[], object]:
-    """Capture ``su.step`` on a static copy of ``h``; the returned callable replays the graph."""
-    from fastvocab.decoding.steppers import capture_graph
-
-    static_h = h.clone()
-    return capture_graph(lambda: su.step(static_h), warmups=2)
 
 
 # --------------------------------------------------------------------------------------------- e2e
