@@ -643,11 +643,12 @@ DEMO = Path(__file__).resolve().parents[1] / "models"
 
 
 def test_clusters_imply_the_method_and_the_tables_beside_the_maps(tmp_path, capsys):
-    """The shipped maps decode with their shortlist tables unless told not to: without them, "Free Software
-    for everyone." came out as "Il s'agit d'un logiciel libre pour tout ce qui" (en-fr). ``--clusters`` alone
-    is the fast path; a map folder named directly finds the tables in its parent's ``shortlist/``."""
+    """The shipped maps decode with their shortlist tables unless told not to: without them, "PolyglotMan -
+    Reverse compile man pages" came out as "tikziseiseise des pages de manuel en direct" (en-fr).
+    ``--clusters`` alone is the fast path; a map folder named directly finds the tables in its parent's
+    ``shortlist/``."""
     inp = tmp_path / "in.txt"
-    inp.write_text("Free Software for everyone.\nSoftware libero per tutti.\nThe package manager.\n")
+    inp.write_text("Free Software for everyone.\nPolyglotMan - Reverse compile man pages\nThe manager.\n")
 
     def run(name: str, *flags: str) -> tuple[str, str]:
         out = tmp_path / f"{name}.txt"
