@@ -64,6 +64,17 @@ def int8_decoded(values: np.ndarray) -> np.ndarray:
     return (q * scales[:, None]).reshape(np.shape(values))
 
 
+def _byte_planes(values: np.ndarray) -> np.ndarray:
+    """(itemsize, n) uint8: byte j of every value in row j (like bytes pack better under zstd)."""
+    v = np.ascontiguousarray(values).reshape(-1)
+    return np.ascontiguousarray(v.view(np.uint8).reshape(-1, v.dtype.itemsize).T)
+
+
+def _from_byte_planes(planes: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """The values :func:`_byte_planes` split, (n,) ``dtype``."""
+    return np.ascontiguousarray(planes.T).reshape(-1).view(dtype)
+
+
 def _gaps(values: np.ndarray, indptr: np.ndarray | None) -> np.ndarray:
     v = values.astype(np.int64)
     out = v.copy()
@@ -134,12 +145,11 @@ def encode_tensor(
     elif int8 and a.dtype.kind == "f" and a.ndim and np.isfinite(values).all():
         q, scales = int8_rows(values)
         entry["stored"], entry["row_scales"] = "int8", True
-        planes = scales.view(np.uint8).reshape(-1, 4).T.reshape(-1)
-        return np.concatenate([planes, q.reshape(-1).view(np.uint8)]), entry
+        return np.concatenate([_byte_planes(scales).reshape(-1), q.reshape(-1).view(np.uint8)]), entry
     entry["stored"] = values.dtype.name
     values = np.ascontiguousarray(values).reshape(-1)
     if values.dtype.itemsize > 1 and values.size:
-        values = np.ascontiguousarray(values.view(np.uint8).reshape(-1, values.dtype.itemsize).T)
+        values = _byte_planes(values)
         entry["planes"] = True
     return values, entry
 
@@ -151,11 +161,11 @@ def decode_tensor(stored: np.ndarray, entry: Mapping[str, Any], rows: np.ndarray
     if entry.get("row_scales"):
         n_rows = int(entry["shape"][0])
         raw = values.reshape(-1).view(np.uint8)
-        scales = np.ascontiguousarray(raw[: 4 * n_rows].reshape(4, n_rows).T).reshape(-1).view(np.float32)
+        scales = _from_byte_planes(raw[: 4 * n_rows].reshape(4, n_rows), np.dtype(np.float32))
         values = (raw[4 * n_rows :].view(np.int8).reshape(n_rows, -1) * scales[:, None]).reshape(-1)
     else:
         if entry.get("planes"):
-            values = np.ascontiguousarray(values.T).reshape(-1).view(kept)
+            values = _from_byte_planes(values, kept)
         values = values.reshape(-1).astype(kept, copy=False)
     delta = entry.get("delta")
     if delta is not None:

@@ -203,7 +203,8 @@ def compact_published(folder: Path) -> list[Path]:
         where = manifest.parent
         data = read_json(manifest) or {}
         is_map = "method" not in data
-        if data.get("encoding") and not (is_map and data.get("schema_version") != MAP_SCHEMA_VERSION):
+        current = not is_map or data.get("schema_version") == MAP_SCHEMA_VERSION
+        if data.get("encoding") and current:
             continue
         if not is_map:
             save_method_index(load_method_index(where, str(data["method"])), where, compact=True)
