@@ -219,6 +219,17 @@ INT8_COSTS: Switch[str | None] = Switch(
     env="FASTVOCAB_INT8_COSTS",
 )
 
+MAP_PROBE: Switch[str] = Switch(
+    "MAP_PROBE",
+    "auto",
+    "Whether a clustered int8 projection in union mode times its map step against the full int8 step at "
+    "16-128 rows when it is built (kernels.map_probe, kept in probes/ of the cache folder), so that steps "
+    "of many rows skip the map where it measured slower: auto (measure, or read the kept answer) or off "
+    "(the cost tables alone decide). Read when a projection is built.",
+    _choice("auto", "off"),
+    env="FASTVOCAB_MAP_PROBE",
+)
+
 # ----------------------------------------------------------------------------------- tuning switches
 
 # decoding.search: when the host reads, and which rows leave the batch

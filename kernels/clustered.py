@@ -59,11 +59,15 @@ union fills densely and gathers the rest (``int8_union.int8_union_logits``). At 
 union the map's sets are expected to form would fill every block densely enough
 (``int8_union.int8_map_skipped``, with a margin for a beam's shared clusters), the step skips the map
 altogether and returns the full int8 logits (``full_when_cheaper``; counted in ``counters["full"]``): the
-assignment and the union would cost time there and save none.
+assignment and the union would cost time there and save none. The tables price the two kernels alone, so the
+projection also times its own map step against the full int8 step at 16-128 rows when it is built
+(``kernels.map_probe``, kept per machine and map), and steps of as many rows skip the map where it measured
+slower (on a 2-core Xeon with AMX, where the full GEMM runs on ONNX Runtime, from 16 rows at d 256).
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import math
 import threading
@@ -75,6 +79,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from fastvocab import switches
 from fastvocab.artifacts_schema.cluster_map import ClusterMap
 from fastvocab.kernels.base import CapturableStep, Projection, ProjectionOutput, register
 from fastvocab.kernels.certificate import BoundTables, bound_tables, certify, inactive_bounds
@@ -125,6 +130,7 @@ from fastvocab.kernels.int8_union import (
     int8_union_logits,
     int8_weights,
 )
+from fastvocab.kernels.map_probe import MapStepProbe, probe
 from fastvocab.kernels.popular import hit_probability
 from fastvocab.kernels.rowwise import argmax_rows
 
@@ -234,6 +240,17 @@ class ClusteredProjection(Projection):
             self._indices32 = self._map.indices.to(torch.int32)  # (nnz,) what the kernels read
             if self.bias is not None:
                 self.bias = self.bias.contiguous()
+        # int8 union mode: the map's step of many rows timed against the full step, here, before a decode
+        # pool forks workers from this process (kernels.map_probe)
+        self._step_probe: MapStepProbe | None = None
+        if self._hit is not None and self._gate is None and switches.MAP_PROBE.get() == "auto":
+            self._step_probe = self._probe_steps()
+            skipped = [r for r in self._step_probe.rows if self._step_probe.skips(r)]
+            log.info(
+                "clustered int8: %s; the map is skipped at %s",
+                self._step_probe.describe(),
+                f"{skipped[0]} rows or more" if skipped else "no probed row count",
+            )
         log.debug(
             "clustered projection: r=%d, mean set %.1f ids (%.2f%% of N), backend %s%s, cached %.1f MB",
             self._map.r,
@@ -374,6 +391,11 @@ class ClusteredProjection(Projection):
         if self._full_cheaper(rows):
             self._count(rows=rows, columns=rows * self.n_vocab, full=rows)
             return ProjectionOutput(logits=self._full_logits(h), ids=None, n_vocab=self.n_vocab, scratch=True)
+        return self._map_step(h, extra)
+
+    def _map_step(self, h: torch.Tensor, extra: BatchColumns | None = None) -> ProjectionOutput:
+        """The step through the map: each row's cluster, the columns of the sets, the mass estimate."""
+        rows = h.shape[0]
         # The CuPy grouping kernel runs in one block: beyond 1024 rows per-row selection takes the torch path.
         if self.backend == "cupy" and (self.selection == "union" or rows <= 1024):
             logits, ids, clusters = self._project_cupy(h)
@@ -414,7 +436,30 @@ class ClusteredProjection(Projection):
                 self._full_at_rows[rows] = full
             if full:
                 return True
+            if self._step_probe is not None and self._step_probe.skips(rows):
+                return True
         return self._gate is not None and self._gate.full_step()
+
+    def _probe_steps(self) -> MapStepProbe:
+        """:func:`~fastvocab.kernels.map_probe.probe` of this projection: its map step and its full int8
+        step on rows at centroids drawn by the clusters' populations, keyed by the map's sets and the
+        options; the counters are left as they were."""
+        population = self._map.population.astype(np.float64)
+        share = population / population.sum() if population.sum() > 0 else None  # None: uniform
+        centroids = self._map.centroids_t.T.float()
+
+        def sample(rows: int) -> torch.Tensor:
+            drawn = np.random.default_rng(0).choice(self._map.r, size=rows, p=share)
+            return centroids[torch.from_numpy(drawn)].contiguous()
+
+        digest = hashlib.sha256(self._map.indptr.cpu().numpy().tobytes())
+        digest.update(repr(sorted(self.options().items())).encode())
+        digest.update(f"N={self.n_vocab}".encode())
+        counters = dict(self.counters)
+        try:
+            return probe(self.d, digest.hexdigest()[:20], self._map_step, self._full_logits, sample)
+        finally:
+            self.counters.update(counters)
 
     def _exact_mass_far_rows(
         self, h: torch.Tensor, out: ProjectionOutput, clusters: torch.Tensor

@@ -81,11 +81,15 @@ class GemmProbe:
 def machine_key(d: int) -> str:
     """What the answer depends on: the CPU and its flags, whether AMX tiles are granted, the ISA caps set in
     the environment, the libraries' versions, the width."""
-    import onnxruntime
+    try:
+        import onnxruntime
 
+        ort = onnxruntime.__version__
+    except ImportError:  # a map probe's key without it (the GEMM probe needs it)
+        ort = "none"
     caps = {name: os.environ.get(name, "") for name in ISA_ENV}
     parts = [cpu_name(), f"amx={amx_usable()}", json.dumps(caps, sort_keys=True)]
-    parts += [f"torch={torch.__version__}", f"onnxruntime={onnxruntime.__version__}", f"d={d}"]
+    parts += [f"torch={torch.__version__}", f"onnxruntime={ort}", f"d={d}"]
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:20]
 
 
@@ -100,14 +104,14 @@ def probe(d: int, make_kernels: MakeKernels) -> GemmProbe:
     imports this module)."""
     key = machine_key(d)
     path = probe_file()
-    known = _read(path)
+    known = read_kept(path)
     if key in known:
         with contextlib.suppress(TypeError, ValueError):
             return GemmProbe(**{**known[key], "cached": True})
     result = measure(d, make_kernels)
     if result.steady:
         known[key] = {k: v for k, v in asdict(result).items() if k != "cached"}
-        _write(path, known)
+        keep(path, known)
     log.info("int8 GEMM of one-thread steps of many rows: %s", result.describe())
     return result
 
@@ -145,7 +149,8 @@ def measure(d: int, make_kernels: MakeKernels, rounds: int = ROUNDS, calls: int 
     )
 
 
-def _read(path: Path) -> dict:
+def read_kept(path: Path) -> dict:
+    """The answers kept in a probe file, by key (none when it is missing or unreadable)."""
     try:
         data = json.loads(path.read_text())
     except (OSError, ValueError):
@@ -153,11 +158,11 @@ def _read(path: Path) -> dict:
     return data if isinstance(data, dict) else {}
 
 
-def _write(path: Path, known: dict) -> None:
+def keep(path: Path, known: dict) -> None:
     """Best effort: a cache folder that cannot be written means the next process measures again."""
     from fastvocab.artifacts_schema.atomic import write_text_atomic
 
     try:
         write_text_atomic(path, json.dumps(known, indent=1, sort_keys=True) + "\n")
     except OSError as exc:
-        log.debug("cannot keep the int8 GEMM probe in %s: %s", path, exc)
+        log.debug("cannot keep a probe in %s: %s", path, exc)
