@@ -69,10 +69,10 @@ def _table(head: list[str], rows: Iterable[list[str]], align: list[str] | None =
 
 PEER_DIRECTION = "en-it"
 PEER = (
-    ("greedy, batch 1", "peer-cpu-2026-12-02-xeon-b1-n200-first-use-blocks.json", "beam1"),
-    ("beam 4, batch 1", "peer-cpu-2026-11-29-xeon-b1-beam4-n200-wide-candidates.json", "beam4"),
-    ("greedy, batch 32", "peer-cpu-2026-12-02-xeon-b32-gemm-probe-margin.json", "beam1"),
-    ("beam 4, batch 32", "peer-cpu-2026-12-02-xeon-b32-gemm-probe-margin.json", "beam4"),
+    ("greedy, batch 1", "peer-cpu-2026-12-04-xeon-b1-n200.json", "beam1"),
+    ("beam 4, batch 1", "peer-cpu-2026-12-04-xeon-b1-beam4-n200.json", "beam4"),
+    ("greedy, batch 32", "peer-cpu-2026-12-04-xeon-b32-map-probe.json", "beam1"),
+    ("beam 4, batch 32", "peer-cpu-2026-12-04-xeon-b32-map-probe.json", "beam4"),
 )
 
 
@@ -495,19 +495,21 @@ def _plan_tables(root: Path, doc: Path) -> list[str]:
 CLU8, VS_CT2_INT8 = "fastvocab clustered int8", "speed_vs_ct2_int8"
 STATUS_POINTS = ("greedy, batch 1", "beam 4, batch 1", "greedy, batch 32", "beam 4, batch 32")
 AMD_POINTS = (("b1-n200", "beam1"), ("b1-beam4-n200", "beam4"), ("b32", "beam1"), ("b32", "beam4"))
-NO_AMX_POINTS = (("b1", "beam1"), ("b1", "beam4"), ("b32-gemm-probe", "beam1"), ("b32-gemm-probe", "beam4"))
+NO_AMX_POINTS = (("b1", "beam1"), ("b1", "beam4"), ("b32", "beam1"), ("b32", "beam4"))
 
 
-def _points(stem: str, points: tuple[tuple[str, str], ...]) -> tuple[tuple[str, str], ...]:
-    """(record, run) of each point, the records named ``peer-cpu-2026-12-02-<stem>-<point>.json``."""
-    return tuple((f"peer-cpu-2026-12-02-{stem}-{n}.json", run) for n, run in points)
+def _points(
+    stem: str, points: tuple[tuple[str, str], ...], date: str = "2026-12-02"
+) -> tuple[tuple[str, str], ...]:
+    """(record, run) of each point, the records named ``peer-cpu-<date>-<stem>-<point>.json``."""
+    return tuple((f"peer-cpu-{date}-{stem}-{n}.json", run) for n, run in points)
 
 
 # Per CPU, the newest record of each point: the ONNX Runtime engine, kept workers (bench_peer --engine onnx).
 STATUS_CPUS: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
     ("Xeon (AVX-512 VNNI, AMX)", tuple((name, run) for _, name, run in PEER)),
     # the same VM with AMX refused and the ISA caps of an AMD EPYC Zen 4 (bench_meta.emulate)
-    ("Xeon emulating an AVX-512 CPU without AMX", _points("xeon-emulating-no-amx", NO_AMX_POINTS)),
+    ("Xeon emulating an AVX-512 CPU without AMX", _points("xeon-emulating-no-amx", NO_AMX_POINTS, "2026-12-04")),
     # no AVX-VNNI: an AMD EPYC with AVX-512 and without it is a Zen 4
     ("AMD EPYC Zen 4 (AVX-512 VNNI, no AMX)", _points("epyc-avx512", AMD_POINTS)),
     ("AMD EPYC Zen 5 (AVX-512 VNNI, AVX-VNNI, no AMX)", _points("epyc-zen5", AMD_POINTS)),
@@ -545,7 +547,11 @@ def render_status(root: Path, doc: Path) -> str:
             if r < 1.05:
                 (behind if r < 0.95 else level).append(f"{point} on the {cpu.split(' (')[0]} ({r:.2f}x)")
     ahead = [p for i, p in enumerate(named) if all(rs[i] >= 1.05 for rs in ratios.values())]
-    lead = f"ahead at {' and '.join(ahead)} on every CPU" if ahead else "ahead at no point on every CPU"
+    every = [r for rs in ratios.values() for r in rs]
+    if len(ahead) == len(named):
+        lead = f"ahead at every point on every CPU ({_span(every, '.2f')}x)"
+    else:
+        lead = f"ahead at {' and '.join(ahead)} on every CPU" if ahead else "ahead at no point on every CPU"
     lead += f"; level at {', '.join(level)}" if level else ""
     lead += f"; behind at {', '.join(behind)}" if behind else ""
     fp32 = _span([r for rs in full.values() for r in rs], ".2f")
