@@ -598,6 +598,8 @@ SCALE_XEON = (
      "model-scale-cpu-2026-11-29-xeon-418m-b1-beam4-compiled-step.json"),
     ("batch 1, 2% / 5% sets; candidates compiled at every width (0026)",
      "model-scale-cpu-2026-11-29-xeon-418m-b1-beam4-wide-candidates.json"),
+    ("batch 32, 2% / 10% sets; steps skip the map where the map probe measured it slower (2026-12-04)",
+     "model-scale-cpu-2026-12-04-xeon-418m-greedy-b32-onnx.json"),
 )  # fmt: skip
 SCALE_NO_AMX = (
     ("AMD EPYC Zen 5 (AVX-512 VNNI, AVX-VNNI), batch 32, 2% / 10% sets",
