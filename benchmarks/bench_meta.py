@@ -140,23 +140,6 @@ def scratch_dir(prefix: str) -> Path:
 # fork and exec. A finished child's own peak is wait4's ru_maxrss.
 
 
-def proc_status(pid: int | str = "self") -> dict[str, int]:
-    """The ``Vm*`` lines of ``/proc/<pid>/status`` in kB (``VmRSS``, ``VmHWM`` = peak, ...); empty once the
-    process has exited."""
-    try:
-        text = Path(f"/proc/{pid}/status").read_text()
-    except OSError:
-        return {}
-    return {
-        k: int(v.split()[0]) for k, v in (ln.split(":", 1) for ln in text.splitlines() if ln.startswith("Vm"))
-    }
-
-
-def peak_rss_mb(pid: int | str = "self") -> float:
-    """The process's peak resident set (``VmHWM``) in MB."""
-    return round(proc_status(pid).get("VmHWM", 0) / 1024, 1)
-
-
 def meminfo(key: str) -> int:
     """A ``/proc/self/status`` or ``/proc/meminfo`` value in bytes ('VmRSS', 'VmHWM', 'MemAvailable', ...)."""
     for name in ("/proc/self/status", "/proc/meminfo"):
@@ -164,6 +147,11 @@ def meminfo(key: str) -> int:
             if line.startswith(key + ":"):
                 return int(line.split()[1]) * 1024
     raise KeyError(key)
+
+
+def peak_rss_mb() -> float:
+    """The process's peak resident set (``VmHWM``) in MB."""
+    return round(meminfo("VmHWM") / 2**20, 1)
 
 
 def reset_peak_rss() -> None:

@@ -16,6 +16,7 @@ fastvocab import.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import re
@@ -118,9 +119,10 @@ METHODS: tuple[tuple[str, str, str, str | None], ...] = (
 )  # fmt: skip
 
 
-def _results(root: Path, name: str, label: str) -> dict[str, dict]:
-    """A bench-methods record's result rows of one label, by direction."""
-    rows = {r["direction"]: r for r in _load(root, name)["results"] if r["label"] == label}
+def _results(root: Path, name: str, label: str | None) -> dict[str, dict]:
+    """A bench-methods record's result rows of one label, by direction (``None``: a bench fidelity record's
+    rows, which have no label)."""
+    rows = {r["direction"]: r for r in _load(root, name)["results"] if r.get("label") == label}
     missing = [d for d in DIRECTIONS if d not in rows]
     if missing:
         raise KeyError(f"{name}: no {label!r} row for {', '.join(missing)}")
@@ -299,10 +301,7 @@ def render_shipped_test(root: Path, doc: Path) -> str:
     head = ["search, batch", "changed (en-it / it-en)", "search errors", "BLEU full -> clustered + shortlist"]
     lines = []
     for label, name, method in SHIPPED_TEST:
-        if method is None:  # a bench fidelity record: one row a direction
-            rows = {r["direction"]: r for r in _load(root, name)["results"]}
-        else:
-            rows = _results(root, name, method)
+        rows = _results(root, name, method)
         lines.append([label, _pair(rows, lambda r: _pct(1 - r["identical"])),
                       _pair(rows, lambda r: _pct(r["search_errors"])),
                       _pair(rows, lambda r: f"{r['bleu_full']:.2f} -> {r['bleu']:.2f}")])  # fmt: skip
@@ -498,23 +497,21 @@ AMD_POINTS = (("b1-n200", "beam1"), ("b1-beam4-n200", "beam4"), ("b32", "beam1")
 NO_AMX_POINTS = (("b1", "beam1"), ("b1", "beam4"), ("b32", "beam1"), ("b32", "beam4"))
 
 
-def _points(
-    stem: str, points: tuple[tuple[str, str], ...], date: str = "2026-12-02"
-) -> tuple[tuple[str, str], ...]:
-    """(record, run) of each point, the records named ``peer-cpu-<date>-<stem>-<point>.json``."""
-    return tuple((f"peer-cpu-{date}-{stem}-{n}.json", run) for n, run in points)
+def _points(stem: str, points: tuple[tuple[str, str], ...]) -> tuple[tuple[str, str], ...]:
+    """(record, run) of each point, the records named ``peer-cpu-<stem>-<point>.json`` (stem: date-cpu)."""
+    return tuple((f"peer-cpu-{stem}-{n}.json", run) for n, run in points)
 
 
 # Per CPU, the newest record of each point: the ONNX Runtime engine, kept workers (bench_peer --engine onnx).
 STATUS_CPUS: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
     ("Xeon (AVX-512 VNNI, AMX)", tuple((name, run) for _, name, run in PEER)),
     # the same VM with AMX refused and the ISA caps of an AMD EPYC Zen 4 (bench_meta.emulate)
-    ("Xeon emulating an AVX-512 CPU without AMX", _points("xeon-emulating-no-amx", NO_AMX_POINTS, "2026-12-04")),
+    ("Xeon emulating an AVX-512 CPU without AMX", _points("2026-12-04-xeon-emulating-no-amx", NO_AMX_POINTS)),
     # no AVX-VNNI: an AMD EPYC with AVX-512 and without it is a Zen 4
-    ("AMD EPYC Zen 4 (AVX-512 VNNI, no AMX)", _points("epyc-avx512", AMD_POINTS)),
-    ("AMD EPYC Zen 5 (AVX-512 VNNI, AVX-VNNI, no AMX)", _points("epyc-zen5", AMD_POINTS)),
+    ("AMD EPYC Zen 4 (AVX-512 VNNI, no AMX)", _points("2026-12-02-epyc-avx512", AMD_POINTS)),
+    ("AMD EPYC Zen 5 (AVX-512 VNNI, AVX-VNNI, no AMX)", _points("2026-12-02-epyc-zen5", AMD_POINTS)),
     # no AVX-512: an AMD EPYC of family 25 model 1 is a Zen 3 (Milan)
-    ("AMD EPYC Zen 3 (AVX2, no VNNI, no AMX)", _points("epyc-zen3", AMD_POINTS)),
+    ("AMD EPYC Zen 3 (AVX2, no VNNI, no AMX)", _points("2026-12-02-epyc-zen3", AMD_POINTS)),
 )
 
 
@@ -530,15 +527,12 @@ def render_status(root: Path, doc: Path) -> str:
     changed = _span(
         [100 * s["fastvocab clustered fp32"]["lines_changed_vs_fastvocab_full_fp32"] for s in systems], ".1f"
     )
-    ratios = {
-        cpu: [_load(root, name)["runs"][run]["systems"][CLU8][VS_CT2_INT8] for name, run in points]
-        for cpu, points in STATUS_CPUS
-    }
+    ratios = {cpu: [_peer(run)(_load(root, name)) for name, run in points] for cpu, points in STATUS_CPUS}
+    full_fp32 = functools.partial(_peer, system="fastvocab full fp32", key="speed_vs_ct2_float32")
+    # the batch-32 points
     full = {
-        cpu: [_load(root, name)["runs"][run]["systems"]["fastvocab full fp32"]["speed_vs_ct2_float32"]
-              for name, run in points[2:]]  # the batch-32 points
-        for cpu, points in STATUS_CPUS
-    }  # fmt: skip
+        cpu: [full_fp32(run)(_load(root, name)) for name, run in points[2:]] for cpu, points in STATUS_CPUS
+    }
     named = [p.replace(", ", " ") for p in STATUS_POINTS]
     # ratios within 5% are ties on these shared VMs (the README's Results say so)
     behind, level = [], []
@@ -567,15 +561,13 @@ def render_status(root: Path, doc: Path) -> str:
     text = textwrap.fill(text, 110, break_long_words=False, break_on_hyphens=False) + "\n\n"
     head = ["clustered int8 vs CTranslate2 int8, en-it, 2 workers", *STATUS_POINTS,
             "full fp32 vs CTranslate2 float32, batch 32, greedy / beam 4"]  # fmt: skip
-    out = _row(head) + _row(["---"] + ["---:"] * (len(head) - 1))
-    names: list[str] = []
+    rows = []
     for cpu, points in STATUS_CPUS:
-        recs = [_load(root, name) for name, _ in points]
-        dates = sorted({r["date"][:10] for r in recs})
-        out += _row([f"{cpu}, {' and '.join(dates)}", *(f"{r:.2f}x" for r in ratios[cpu]),
+        dates = sorted({_load(root, name)["date"][:10] for name, _ in points})
+        rows.append([f"{cpu}, {' and '.join(dates)}", *(f"{r:.2f}x" for r in ratios[cpu]),
                      " / ".join(f"{r:.2f}x" for r in full[cpu])])  # fmt: skip
-        names += [name for name, _ in points]
-    return text + out + "\n" + _sources(doc, root, list(dict.fromkeys(names)))
+    names = [name for _, points in STATUS_CPUS for name, _ in points]
+    return text + _table(head, rows) + _sources(doc, root, list(dict.fromkeys(names)))
 
 
 # --- docs/model-scale.md: M2M100-418M's shape against CTranslate2, by CPU (bench_model_scale) ---
