@@ -258,6 +258,11 @@ class Projection:
         """Whether :meth:`time_steps` is on."""
         return self._timing
 
+    def open_sessions(self, rows: int) -> None:
+        """Open now what steps of up to ``rows`` rows would open at their first use (an int8 layer's ONNX
+        Runtime sessions; nothing here): a decode pool calls it before it forks its workers, which then run
+        what they inherit instead of each opening its own."""
+
     def tally(self) -> dict[str, float]:
         """What this projection has added up so far (``step_seconds``, and a method's counters where it keeps
         them). A worker process that decodes with a copy of the projection sends back the difference over

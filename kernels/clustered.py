@@ -120,7 +120,7 @@ from fastvocab.kernels.inactive_mass import (
     normaliser_log_mass,
     oracle_log_mass,
 )
-from fastvocab.kernels.int8 import PackedRows, linear_packed
+from fastvocab.kernels.int8 import PackedRows, linear_packed, open_sessions
 from fastvocab.kernels.int8_union import (
     Int8Weights,
     int8_cluster_logits,
@@ -262,6 +262,11 @@ class ClusteredProjection(Projection):
         )
 
     # ------------------------------------------------------------------ public helpers
+
+    def open_sessions(self, rows: int) -> None:
+        if self._w8 is not None:
+            popular = [] if self._w8.popular is None else self._w8.popular.packed
+            open_sessions([self._w8.full, self._assign8, *popular], rows)
 
     def options(self) -> dict[str, object]:
         m = self.map_manifest

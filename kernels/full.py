@@ -33,7 +33,7 @@ import torch
 from fastvocab import switches
 from fastvocab.kernels import prepack
 from fastvocab.kernels.base import CapturableStep, Projection, ProjectionOutput, register
-from fastvocab.kernels.int8 import PackedRows, int8_linear, linear_packed, packed_of
+from fastvocab.kernels.int8 import PackedRows, int8_linear, linear_packed, open_sessions, packed_of
 from fastvocab.kernels.options import MethodOptions
 
 log = logging.getLogger(__name__)
@@ -109,6 +109,9 @@ class FullProjection(Projection):
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
         self._pack()
+
+    def open_sessions(self, rows: int) -> None:
+        open_sessions([self._q], rows)
 
     def options(self) -> dict[str, object]:
         return {"dtype": "int8"} if self.int8 else {}

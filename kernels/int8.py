@@ -27,7 +27,7 @@ import copy
 import functools
 import logging
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import TypeVar, cast
 
 import numpy as np
@@ -158,14 +158,36 @@ def many_rows_gemm(d: int | None = None) -> str:
 
 class PackedRows:
     """int8 rows (n, ``d``) with their scales and bias, packed once for fbgemm (``quantized.linear_dynamic``).
-    With ``many_rows`` (where :func:`ort_at` ``d``) one-thread
-    steps of ``ORT_MIN_ROWS`` rows or more run them on ONNX Runtime: ``session``, over the rows packed for
-    MLAS (n d bytes more), opened here (:func:`~fastvocab.kernels.ort_session.one_thread_session`: forked
-    workers run the one they inherit, without opening and packing their own)."""
+    With ``many_rows`` (where :func:`ort_at` ``d``: ``on_ort``) one-thread steps of ``ORT_MIN_ROWS`` rows or
+    more run them on ONNX Runtime: ``session``, over the rows packed for MLAS (n d bytes more), opened at its
+    first use (:func:`~fastvocab.kernels.ort_session.one_thread_session`). Building the session's graph
+    imports the ``onnx`` package, 0.6 s on a 2-core Xeon, which a job whose steps never reach that many rows
+    (a one-line translate, batch 1) does not pay; a decode pool opens the sessions a job will use before it
+    forks (:func:`open_sessions`), and the workers run the ones they inherit."""
 
     def __init__(self, fbgemm: torch.ScriptObject, d: int, many_rows: bool = False) -> None:
         self.fbgemm = fbgemm
-        self.session = ort_session_of(self) if many_rows and ort_at(d) else None
+        self.on_ort = bool(many_rows and ort_at(d))
+        self._session = None
+
+    @property
+    def session(self):
+        """The ONNX Runtime session (opened now if not yet), or None where the rows are not ``on_ort``."""
+        if self.on_ort and self._session is None:
+            self._session = ort_session_of(self)  # two threads may both open one: either is kept
+        return self._session
+
+    @session.setter
+    def session(self, session) -> None:
+        self._session = session
+
+
+def open_sessions(packed: Iterable[PackedRows | None], rows: int) -> None:
+    """Open now the sessions of ``packed`` that steps of up to ``rows`` rows would open at first use."""
+    if rows >= ORT_MIN_ROWS:
+        for p in packed:
+            if p is not None:
+                p.session  # noqa: B018  # the property opens it
 
 
 def ort_session_of(packed: PackedRows):
@@ -220,7 +242,7 @@ def linear_packed(x: torch.Tensor, packed: PackedRows) -> torch.Tensor:
     """``x`` (rows, d) float32 through rows packed by :func:`packed_rows` (or :func:`packed_of` a layer),
     (rows, n) float32: on ONNX Runtime from ``ORT_MIN_ROWS`` rows on one thread when they serve many rows
     (:class:`PackedRows`), else fbgemm (which runs on this process's threads)."""
-    if packed.session is not None and _many_rows(x):
+    if packed.on_ort and _many_rows(x):
         return ort_logits(x, packed.session)
     return fbgemm_logits(x, packed)
 
@@ -245,7 +267,7 @@ def ort_logits(x: torch.Tensor, session) -> torch.Tensor:
 def linear_packed_many(x: torch.Tensor, packed: Sequence[PackedRows]) -> list[torch.Tensor]:
     """``x`` through each of several packed row sets, as :func:`linear_packed` on each, in one call from
     Python where all run on fbgemm: a step's cached cluster blocks and its batch's columns."""
-    if _many_rows(x) and any(p.session is not None for p in packed):
+    if _many_rows(x) and any(p.on_ort for p in packed):
         return [linear_packed(x, p) for p in packed]
     return _fbgemm_calls()[1](x, [p.fbgemm for p in packed])
 

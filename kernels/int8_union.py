@@ -90,7 +90,7 @@ class Int8Weights:
     def on_ort(self) -> bool:
         """Whether the dense GEMM of many rows runs on ONNX Runtime (``kernels.int8.PackedRows``), which the
         union kernels' choice prices by its own cost table."""
-        return self.full.session is not None
+        return self.full.on_ort
 
 
 @dataclass

@@ -155,16 +155,17 @@ class DecodePool:
                 pool = self._ready("threads", workers, intra)
                 yield from pool.map(lambda b: decode_ids(self.adapter, self.projection, b, *args), batches)
             elif search.batch_size <= CALLER_DECODES_UP_TO_BATCH:  # this process is one of them
-                pool = self._ready("processes", workers - 1, intra)
+                pool = self._ready("processes", workers - 1, intra, rows)
                 yield from self._shared_with_forks(pool, batches, args, intra)
             else:
-                pool = self._ready("processes", workers, intra)
+                pool = self._ready("processes", workers, intra, rows)
                 yield from self._from_forks(pool, batches, args)
         finally:
             torch.set_num_threads(threads)  # MKL's thread count is process-wide: a worker's setting leaks
 
-    def _ready(self, kind: str, workers: int, intra: int) -> Executor:
-        """The executor of ``workers`` workers of ``kind``, ``intra`` threads each: the kept one, or anew."""
+    def _ready(self, kind: str, workers: int, intra: int, rows: int = 1) -> Executor:
+        """The executor of ``workers`` workers of ``kind``, ``intra`` threads each: the kept one, or anew.
+        ``rows``: the most rows a step of the job has (a batch times its beam)."""
         forker_gone = self._forker is not None and not self._forker.is_alive()  # its forks were killed
         if self._executor is None or self._shape != (kind, workers, intra) or forker_gone:
             self.close()
@@ -174,6 +175,7 @@ class DecodePool:
             else:
                 # fork: the workers start as copies of this process (nothing pickled but batches and ids).
                 self.adapter.open_sessions()  # inherited by the workers, not opened by each
+                self.projection.open_sessions(rows)  # the same for the sessions its steps of many rows run
                 fork = multiprocessing.get_context("fork")
                 inherited = (self.adapter, self.projection, intra)
                 self._executor = ProcessPoolExecutor(workers, fork, _start_forked_worker, inherited)

@@ -121,3 +121,19 @@ def test_a_pool_serves_its_own_model_and_projection(adapter):
             translate(adapter, proj, lines, "en", "it", progress=False, pool=pool, workers=2)
     with pytest.raises(ValueError, match="parallel must be one of auto, processes, threads"):
         DecodePool(adapter, proj, parallel="fork")
+
+
+@linux_only
+@pytest.mark.parametrize(("batch_size", "beam"), [(2, 1), (4, 4)])
+def test_the_projection_opens_what_the_jobs_steps_will_run_before_the_fork(
+    adapter, monkeypatch, batch_size, beam
+):
+    """The pool tells the projection the most rows a step of the job has before it forks the workers, which
+    then inherit the sessions opened for them."""
+    proj = make_projection(adapter, "full")
+    asked: list[int] = []
+    monkeypatch.setattr(proj, "open_sessions", asked.append)
+    search = SearchSettings(batch_size=batch_size, beam=beam, max_len=MAX_LEN)
+    with DecodePool(adapter, proj, workers=2, parallel="processes") as pool:
+        translate(adapter, proj, _lines(5), "en", "it", search, progress=False, pool=pool)
+    assert asked == [batch_size * beam]

@@ -220,3 +220,38 @@ def test_amx_refused_by_the_kernel_counts_as_no_amx():
         for how in ("refuse", "allow")
     ]
     assert seen == ["False", "True"]
+
+
+def test_a_session_opens_at_its_first_use_or_before_a_fork_of_many_rows(ort_on, monkeypatch):
+    """Building the graph imports onnx (0.6 s): rows packed for many rows open their session only when a
+    step of as many rows runs them, or when a decode pool will fork workers for such steps."""
+    opened: list[int] = []
+    real = int8.ort_session_of
+    monkeypatch.setattr(int8, "ort_session_of", lambda p: opened.append(1) or real(p))
+    layer, _, _ = packed_layer(bias=True)
+    assert len(opened) == 1  # packed_layer reads .session
+    many = int8.packed_of(layer, many_rows=True)
+    assert many.on_ort and len(opened) == 1
+    int8.linear_packed(rows(int8.ORT_MIN_ROWS - 1), many)  # few rows: fbgemm, nothing opened
+    int8.open_sessions([many, None], int8.ORT_MIN_ROWS - 1)
+    assert len(opened) == 1
+    int8.open_sessions([many], int8.ORT_MIN_ROWS)
+    assert len(opened) == 2 and many.session is not None
+    int8.linear_packed(rows(int8.ORT_MIN_ROWS), many)
+    assert len(opened) == 2  # opened once
+
+
+def test_a_clustered_int8_projection_opens_its_sessions_for_many_rows_only(ort_on, monkeypatch):
+    w, b = random_layer(n_vocab=N, d=D, seed=3, bias=1.0)
+    cmap = random_map(w, b, r=12, size=60, seed=1)
+    proj = create_projection("clustered", w, b, cluster_map=cmap, int8=True, cache_mb=0)
+    packed = [proj._w8.full, proj._assign8, *proj._w8.popular.packed]
+    assert all(p.on_ort and p._session is None for p in packed)
+    proj(rows_near(cmap, [0], 0.3, 0))  # one row: fbgemm
+    proj.open_sessions(4)
+    assert all(p._session is None for p in packed)
+    proj.open_sessions(32)
+    assert all(p._session is not None for p in packed)
+    full = create_projection("full", w, b, int8=True)
+    full.open_sessions(int8.ORT_MIN_ROWS)
+    assert full._q._session is not None
