@@ -704,6 +704,9 @@ ALTERNATING = "one thread, the two ways alternating"
 CLU10 = "fastvocab clustered int8 10%"
 KMEANS = tuple(f"kmeans-cpu-2026-11-29-xeon-{k}-kernels.json" for k in ("prescott", "skylakex"))
 CALLS = "int8-calls-cpu-2026-11-29-xeon.json"
+FIRST_LINE = tuple(
+    f"first-line-cpu-2026-12-04-xeon-clustered-int8{k}.json" for k in ("-sessions-at-load", "")
+)
 CPU_STEPS: tuple[tuple[str, str, Measure | None, Measure], ...] = (
     ("0010", "batches and encoder attention by length; int8 cluster scores; threads from 32 rows", None,
      _vs_ct2("bench_peer, greedy, batch 32, clustered int8", "peer-cpu-2026-11-28-engine-b32-quiet.json",
@@ -773,6 +776,14 @@ CPU_STEPS: tuple[tuple[str, str, Measure | None, Measure], ...] = (
      (f"{ALTERNATING}, beam 4, batch 32, full float32", "s",
       *_fields("host-step-cpu-2026-11-29-xeon-wide-candidates.json", "translate", "torch-candidates_median_s",
                "compiled_median_s", projection="full float32"))),
+    ("0028", "steps of many rows skip the map where the map probe measured it slower", None,
+     _vs_ct2("bench_peer, greedy, batch 32, clustered int8",
+             "peer-cpu-2026-12-04-xeon-b32-before-map-probe.json",
+             "peer-cpu-2026-12-04-xeon-b32-map-probe.json", "beam1")),
+    ("0029", "int8 ONNX Runtime sessions opened at their first use",
+     ("bench_first_line, a one-line clustered int8 translate: set-up", "s",
+      *_both(*FIRST_LINE, lambda rec: rec["median"]["load_s"])),
+     (WHOLE, "s", *_both(*FIRST_LINE, lambda rec: rec["median"]["wall_s"]))),
 )  # fmt: skip
 DECISIONS = "docs/decisions"
 
