@@ -187,6 +187,7 @@ SHIPPED_RECORDS = (
     "fidelity-cpu-2026-11-28-shipped-es-pt-15k-greedy.json",  # en-es, en-pt rebuilt from 15,000 lines
     "fidelity-cpu-2026-11-28-shipped-es-pt-15k-beam4.json",
     *(f"fidelity-cpu-{at}-shipped-en-{x}-all-text-k8-{s}.json" for at, x in ALL_TEXT for s in SEARCHES),
+    *(f"fidelity-cpu-2026-12-04-xeon-shipped-to-en-all-text-k8-{s}.json" for s in SEARCHES),  # X->en
 )
 ALL_DIRECTIONS = tuple(d for lang in LANGS for d in (f"en-{lang}", f"{lang}-en"))
 
