@@ -148,6 +148,8 @@ def fastvocab_system(adapter, projection, args) -> Callable[[list[str], int], tu
         spent[0] = proj.step_seconds
         if hasattr(proj, "reset_counters"):  # clustered: the columns and skipped rows of this call
             stats[0] = proj.stats()
+            probe = getattr(proj, "step_probe", None)  # int8: where steps of many rows skip the map, why
+            stats[0]["map_probe"] = None if probe is None else probe.describe()
             proj.reset_counters()
         return r.seconds, r.hypotheses
 
@@ -397,6 +399,7 @@ def system_row(name: str, run: Callable, r: Rounds, rows: dict[str, dict], info:
         s_full = rows[twin].get("projection_share") if twin in rows else None
         row["active_fraction"] = round(u, 4)
         row["full_fraction"] = pstats.get("full_fraction")
+        row["map_probe"] = pstats.get("map_probe")
         row["speed_vs_full"] = paired_ratio(times[twin], times[name])
         if s_full is not None and row["speed_vs_full"] is not None:
             row["bound_vs_full"] = round(1 / ((1 - s_full) + s_full * u), 3)

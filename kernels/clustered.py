@@ -335,6 +335,11 @@ class ClusteredProjection(Projection):
         return self.counters["certified"] / examined
 
     @property
+    def step_probe(self) -> MapStepProbe | None:
+        """The map probe's times (int8 union mode, when it ran): where steps of many rows skip the map."""
+        return self._step_probe
+
+    @property
     def prepared_map(self) -> PreparedMap:
         """The map as the step reads it (centroids, CSR sets, cached blocks), on the device."""
         return self._map
