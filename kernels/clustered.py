@@ -67,7 +67,6 @@ slower (on a 2-core Xeon with AMX, where the full GEMM runs on ONNX Runtime, fro
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import math
 import threading
@@ -130,7 +129,7 @@ from fastvocab.kernels.int8_union import (
     int8_union_logits,
     int8_weights,
 )
-from fastvocab.kernels.map_probe import MapStepProbe, probe
+from fastvocab.kernels.map_probe import MapStepProbe, probe_map_steps
 from fastvocab.kernels.popular import hit_probability
 from fastvocab.kernels.rowwise import argmax_rows
 
@@ -244,13 +243,11 @@ class ClusteredProjection(Projection):
         # pool forks workers from this process (kernels.map_probe)
         self._step_probe: MapStepProbe | None = None
         if self._hit is not None and self._gate is None and switches.MAP_PROBE.get() == "auto":
-            self._step_probe = self._probe_steps()
-            skipped = [r for r in self._step_probe.rows if self._step_probe.skips(r)]
-            log.info(
-                "clustered int8: %s; the map is skipped at %s",
-                self._step_probe.describe(),
-                f"{skipped[0]} rows or more" if skipped else "no probed row count",
+            counters = dict(self.counters)  # the probe's steps are not counted
+            self._step_probe = probe_map_steps(
+                self._map, self.options(), self.n_vocab, self._map_step, self._full_logits
             )
+            self.counters.update(counters)
         log.debug(
             "clustered projection: r=%d, mean set %.1f ids (%.2f%% of N), backend %s%s, cached %.1f MB",
             self._map.r,
@@ -449,27 +446,6 @@ class ClusteredProjection(Projection):
             if self._step_probe is not None and self._step_probe.skips(rows):
                 return True
         return self._gate is not None and self._gate.full_step()
-
-    def _probe_steps(self) -> MapStepProbe:
-        """:func:`~fastvocab.kernels.map_probe.probe` of this projection: its map step and its full int8
-        step on rows at centroids drawn by the clusters' populations, keyed by the map's sets and the
-        options; the counters are left as they were."""
-        population = self._map.population.astype(np.float64)
-        share = population / population.sum() if population.sum() > 0 else None  # None: uniform
-        centroids = self._map.centroids_t.T.float()
-
-        def sample(rows: int) -> torch.Tensor:
-            drawn = np.random.default_rng(0).choice(self._map.r, size=rows, p=share)
-            return centroids[torch.from_numpy(drawn)].contiguous()
-
-        digest = hashlib.sha256(self._map.indptr.cpu().numpy().tobytes())
-        digest.update(repr(sorted(self.options().items())).encode())
-        digest.update(f"N={self.n_vocab}".encode())
-        counters = dict(self.counters)
-        try:
-            return probe(self.d, digest.hexdigest()[:20], self._map_step, self._full_logits, sample)
-        finally:
-            self.counters.update(counters)
 
     def _exact_mass_far_rows(
         self, h: torch.Tensor, out: ProjectionOutput, clusters: torch.Tensor

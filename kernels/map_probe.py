@@ -21,15 +21,21 @@ from __future__ import annotations
 
 import bisect
 import datetime as dt
+import hashlib
+import logging
 import statistics
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
+import numpy as np
 import torch
 
 from fastvocab import switches
 from fastvocab.kernels import gemm_probe
+from fastvocab.kernels.cluster_assign import PreparedMap
+
+log = logging.getLogger(__name__)
 
 PROBE_ROWS = (16, 32, 64, 128)  # from ORT_MIN_ROWS: a greedy batch of 16-128, a beam-4 batch of 4-32
 ROUNDS = 5
@@ -57,6 +63,34 @@ class MapStepProbe:
         times = zip(self.rows, self.map_us, self.full_us, strict=True)
         steps = ", ".join(f"{r} rows {m:.0f} / {f:.0f} us" for r, m, f in times)
         return f"map step / full int8 step ({where}, {self.measured}): {steps}"
+
+
+def probe_map_steps(
+    pm: PreparedMap,
+    options: dict[str, object],
+    n_vocab: int,
+    map_step: Callable[[torch.Tensor], object],
+    full_step: Callable[[torch.Tensor], object],
+) -> MapStepProbe:
+    """:func:`probe` of a projection over the prepared map ``pm``: its steps on rows at centroids drawn by the
+    clusters' populations, keyed by the map's sets, the projection's ``options`` and N; logged with where the
+    map is skipped (``fastvocab -v translate`` shows it)."""
+    population = pm.population.astype(np.float64)
+    share = population / population.sum() if population.sum() > 0 else None  # None: uniform
+    centroids = pm.centroids_t.T.float()
+
+    def sample(rows: int) -> torch.Tensor:
+        drawn = np.random.default_rng(0).choice(pm.r, size=rows, p=share)
+        return centroids[torch.from_numpy(drawn)].contiguous()
+
+    digest = hashlib.sha256(pm.indptr.cpu().numpy().tobytes())
+    digest.update(repr(sorted(options.items())).encode())
+    digest.update(f"N={n_vocab}".encode())
+    found = probe(centroids.shape[1], digest.hexdigest()[:20], map_step, full_step, sample)
+    skipped = [r for r in found.rows if found.skips(r)]
+    where = f"{skipped[0]} rows or more" if skipped else "no probed row count"
+    log.info("clustered int8: %s; the map is skipped at %s", found.describe(), where)
+    return found
 
 
 def probe(

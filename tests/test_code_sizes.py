@@ -26,6 +26,9 @@ BENCHMARKS = ROOT / "benchmarks"
 # (bench_first_line stays while the engine's set-up goal, a second at most, is measured on new CPUs.)
 BENCHMARK_LINES = 5_262
 FUNCTION_LINES = 120
+# A module of the kernels, decoding and tasks rooms is one a newcomer reads whole.
+MODULE_LINES = 600
+CORE_ROOMS = ("kernels", "decoding", "tasks")
 PARAMETERS = 10
 # The one public call allowed more: CTranslate2's Translator takes its options as keywords, and so does ours.
 MANY_PARAMETERS = {"pipeline/translator.py:Translator.translate_file"}
@@ -77,6 +80,14 @@ def test_the_benchmark_scripts_stay_within_their_lines():
     assert len(scripts) > 5, "no benchmark scripts found: the check checks nothing"
     lines = sum(len(p.read_text().splitlines()) for p in scripts)
     assert lines <= BENCHMARK_LINES, f"benchmarks/ holds {lines} lines of Python, more than {BENCHMARK_LINES}"
+
+
+def test_no_module_of_the_core_rooms_is_over_600_lines():
+    core = [p for room in CORE_ROOMS for p in sorted((ROOT / room).rglob("*.py"))]
+    assert len(core) > 30, "the core rooms were not found: the check checks nothing"
+    sizes = {p.relative_to(ROOT): len(p.read_text().splitlines()) for p in core}
+    long = [f"{p} ({n} lines)" for p, n in sizes.items() if n > MODULE_LINES]
+    assert not long, f"split these by what they hold: {long}"
 
 
 def test_no_function_outside_the_tests_is_over_120_lines():
