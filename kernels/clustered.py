@@ -244,8 +244,10 @@ class ClusteredProjection(Projection):
         self._step_probe: MapStepProbe | None = None
         if self._hit is not None and self._gate is None and switches.MAP_PROBE.get() == "auto":
             counters = dict(self.counters)  # the probe's steps are not counted
+            # which library runs the full GEMM decides its time too (FASTVOCAB_INT8_GEMM may name one)
+            keyed = {**self.options(), "full_on_onnxruntime": self._w8 is not None and self._w8.on_ort}
             self._step_probe = probe_map_steps(
-                self._map, self.options(), self.n_vocab, self._map_step, self._full_logits
+                self._map, keyed, self.n_vocab, self._map_step, self._full_logits
             )
             self.counters.update(counters)
         log.debug(

@@ -10,7 +10,7 @@ import time
 import pytest
 import torch
 
-from fastvocab.kernels import create_projection, map_probe
+from fastvocab.kernels import create_projection, int8, map_probe
 from fastvocab.kernels.map_probe import MapStepProbe
 from tests.test_clustered_int8 import batch, layer_and_map
 
@@ -75,6 +75,10 @@ def test_the_projection_skips_the_map_where_its_probe_measured_it_slower(cache, 
     assert calls == [16] and again(h).ids is None
     other = create_projection("clustered", w, b, cluster_map=layer_and_map(size=9)[2], int8=True)
     assert calls == [16, 16] and other is not None  # another map is another probe
+    on_ort = create_projection("clustered", w, b, cluster_map=cmap, int8=True)._w8.on_ort
+    monkeypatch.setattr(int8, "ort_at", lambda d: not on_ort)  # the full GEMM on the other library
+    create_projection("clustered", w, b, cluster_map=cmap, int8=True)
+    assert calls == [16, 16, 16]
 
 
 def test_no_probe_when_switched_off_or_without_union_int8(switch, monkeypatch, tmp_path):
