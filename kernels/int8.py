@@ -161,9 +161,10 @@ class PackedRows:
     With ``many_rows`` (where :func:`ort_at` ``d``: ``on_ort``) one-thread steps of ``ORT_MIN_ROWS`` rows or
     more run them on ONNX Runtime: ``session``, over the rows packed for MLAS (n d bytes more), opened at its
     first use (:func:`~fastvocab.kernels.ort_session.one_thread_session`). Building the session's graph
-    imports the ``onnx`` package, 0.6 s on a 2-core Xeon, which a job whose steps never reach that many rows
-    (a one-line translate, batch 1) does not pay; a decode pool opens the sessions a job will use before it
-    forks (:func:`open_sessions`), and the workers run the ones they inherit."""
+    imports the ``onnx`` package, most of a one-line translate's 1.48 s set-up on a 2-core Xeon (0.61 s
+    without it: docs/cpu-engine.md, 0029), which a job whose steps never reach that many rows (a one-line
+    translate, batch 1) does not pay; a decode pool opens the sessions a job will use before it forks
+    (:func:`open_sessions`), and the workers run the ones they inherit."""
 
     def __init__(self, fbgemm: torch.ScriptObject, d: int, many_rows: bool = False) -> None:
         self.fbgemm = fbgemm

@@ -4,7 +4,7 @@ The cost tables (``union_costs``) price the two union kernels alone; a step of m
 centroid assignment, the union's bookkeeping, one input quantisation and library call per dense block of the
 popularity order, and the inactive-mass estimate. Where the dense GEMM over all N is fast (ONNX Runtime's
 AMX kernels on a Xeon), those decide: on a 2-core Xeon with AMX at the demo model's shape (d 256, N 32,108)
-the map's step of 32 rows took 2.0 ms in a run and the full GEMM 1.2 ms, while the tables picked the map.
+the tables kept the map, and clustered int8 ran 0.85x full int8 at greedy batch 32 (docs/cpu-engine.md, 0028).
 
 :func:`probe` times the projection's own map step and its full int8 step at ``PROBE_ROWS`` rows, drawn as
 decoding draws them (each row a centroid, clusters in proportion to their population), in interleaved
