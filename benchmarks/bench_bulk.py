@@ -3,14 +3,7 @@ the driver's memory while planning, and the workers-and-hours table for 20M line
 
     .venv/bin/python benchmarks/bench_bulk.py --lines 10000 --rss 100000,1000000
 
-Each run is a fresh ``fastvocab translate`` process (demo model, full softmax, greedy, ``--max-len``, batch
-64, ``--chunk-lines 1000``, 1 thread a worker) on the same generated text file: in-process (``--threads 1``),
-on 1 Ray actor (``--workers 1 --ray-address local``) and on 2 (``--workers 2``); wall time of the whole
-command (Python start, model load, planning, Ray start, actor start, reads, writes, assembly), its tokens/s,
-and its phase times (``-v``). The three outputs must be identical. With ``--rss``, the driver's planning
-(``tasks.bulk.describe_input`` + ``plan_input``: ranges and digests, what the driver does before any worker
-starts) runs in a fresh process on generated text and Parquet inputs of those sizes, recording its peak RSS.
-Writes ``benchmarks/results/bulk-cpu-<date>.json``.
+The runs and what it writes: ``benchmarks/harnesses.md#bench_bulkpy``.
 """
 
 from __future__ import annotations

@@ -5,18 +5,8 @@ default CPU engine) and CTranslate2 on the same lines, threads and beam, each in
     python benchmarks/bench_cpu_kernels.py --out benchmarks/results/cpu-kernels-cpu-DATE.json
     python benchmarks/bench_cpu_kernels.py --emulate no-amx   # the caps of an AVX-512 CPU without AMX
 
-Samples are grouped by the library they fell in and its kernel family (``FAMILIES``); the record keeps
-each system's shares and its hottest symbols. A GEMM kernel's name says which ISA its library chose: ONNX
-Runtime's MLAS names it (``MlasGemmU8S8KernelAmx``, ``...Avx512Vnni``), and oneDNN's JIT kernels do too once
-``ONEDNN_JIT_PROFILE=2`` writes them to perf's symbol map (set here). Numba's compiled beam step and other JIT
-code without a map entry count as ``jit (unnamed)``.
-
-``--emulate`` runs each system as on another CPU family. Before any library loads, the child refuses
-itself the AMX tile state (``bench_meta.refuse_amx``: every library then takes its AVX-512 VNNI kernels, as
-on an AMD EPYC Zen 4) and sets the ISA caps the libraries honour: oneDNN's (``ONEDNN_MAX_CPU_ISA``, which
-torch and CTranslate2 use), MKL's (``MKL_ENABLE_INSTRUCTIONS``), ATen's (``ATEN_CPU_CAPABILITY``) and
-numba's (``NUMBA_CPU_NAME``). MLAS has no cap below AVX-512: under ``avx2`` ONNX Runtime still runs its
-AVX-512 kernels, and the record says so.
+How samples are grouped, how a kernel's ISA is read and what ``--emulate`` sets:
+``benchmarks/harnesses.md#bench_cpu_kernelspy``.
 """
 
 from __future__ import annotations

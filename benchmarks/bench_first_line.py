@@ -1,18 +1,5 @@
 """A newcomer's first line: ``echo LINE | fastvocab translate --src-lang en --tgt-lang it`` as a fresh
-process, N times, wall time and its parts.
-
-Each run is a subprocess (``python -m fastvocab.pipeline.cli -v translate``), so the wall time holds what a
-user waits for: the interpreter, the imports, the model's load, the translating, the exit. The parts come
-from the run's own log at ``-v``: the job's ``bulk phases`` line (setup: the input described and the model
-loaded; plan; translate; assemble); what the job did not time (the interpreter, the imports, the argument
-parsing and the exit) is the wall time less the job's seconds. One run first, not counted, warms the page
-cache and the bytecode cache. The load average is recorded before every run: on a shared machine the median
-means little without it.
-
-``--engine onnx`` (with ``--dtype``) times that engine; ``--cold-cache`` gives the uncounted first run an
-empty cache folder (``FASTVOCAB_CACHE_DIR``, kept for the counted runs), so that it pays what a model's first
-run pays on a fresh machine: the engine's exports (their seconds, from the run's log) and the model's
-fingerprint. The record's ``first_run_extra_s`` is that run's wall time less the counted runs' median.
+process, N times, wall time and its parts (how each is read: ``benchmarks/harnesses.md#bench_first_linepy``).
 
     python benchmarks/bench_first_line.py                       # 3 runs, the demo model
     python benchmarks/bench_first_line.py --runs 5 --out benchmarks/results/first-line-cpu-DATE.json

@@ -4,18 +4,8 @@
     .venv/bin/python benchmarks/bench_int8_gather.py --quick             # a smoke run, small sizes
     .venv/bin/python benchmarks/bench_int8_gather.py --threads 1 --cost-table costs.json   # this machine's
 
-The last writes this machine's cost table for the clustered projection's choice between the two int8 union
-kernels (``int8_union.measure_costs``; ``FASTVOCAB_INT8_COSTS=costs.json`` makes the projection read it
-instead of the packaged ``kernels/int8_costs.json``), at the packaged table's rows and unions unless
-``--rows`` / ``--union`` say otherwise. Where ``kernels.int8.ort_int8`` (a CPU with AMX), its dense kernel
-runs on ONNX Runtime from 16 rows, as the projection's does: the packaged
-``kernels/int8_costs_onnxruntime.json`` was measured so. The packaged tables were measured with the earlier
-gather (rows widened to float32); a table of today's gather, measured so, sent the 418M shape's
-greedy batch-32 step on two workers to the map instead of the dense GEMM, and the run took 1.8x as long
-(``docs/cpu-engine.md``, 0023): check a new table with ``bench_model_scale.py`` at the
-batches you run before you use it.
-
-The candidates it times, how each is checked and what it writes: ``benchmarks/harnesses.md``.
+The candidates it times, how each is checked, what it writes, and what a cost table is for and when to trust
+one: ``benchmarks/harnesses.md#bench_int8_gatherpy``.
 """
 
 from __future__ import annotations

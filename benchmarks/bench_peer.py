@@ -4,12 +4,8 @@
     make demo                                 # models/demo, data/corpus, runs/demo/maps
     .venv/bin/python benchmarks/bench_peer.py # the peer table (greedy, beam 4)
 
-The defaults are the peer table's: the first 200 rows of ``data/corpus``'s en-it test split, the en-it map
-of ``runs/demo/maps``, batch 32, 2 threads, ``--max-len 128``, beams 1 and 4, 5 rounds.
-
-How it times, which systems it runs and how (threads, workers, beam stopping, CTranslate2's vocabulary
-map), what it records per system: ``benchmarks/harnesses.md``. Writes
-``benchmarks/results/peer-<device>-<date>.json`` (``--out``) and prints a Markdown table.
+Its defaults, how it times, which systems it runs and how (threads, workers, beam stopping, CTranslate2's
+vocabulary map), what it records per system: ``benchmarks/harnesses.md#bench_peerpy``.
 """
 
 from __future__ import annotations

@@ -3,21 +3,7 @@
     .venv/bin/python benchmarks/bench_projection.py                      # CPU, fp32, the paper's sizes
     .venv/bin/python benchmarks/bench_projection.py --device cuda --dtype fp16   # GPU (cupy + torch backends)
 
-Synthetic weights and a synthetic cluster map per (size, active fraction), which is all a timing needs:
-
-- the *active fraction* f is the share of the vocabulary the batch computes in union mode (the paper's
-  Table 2 "active percentage", measured at beam 2 x batch 20). Every cluster's set is a random subset of one
-  pool of f*N ids, of size ``--set-ratio`` * f*N, so a many-row union approaches f while one row computes
-  less (what per-row mode exploits). The realised union and per-row fractions are measured and recorded;
-- clusters have Zipf populations; rows come two at a time (beams of one sentence) from clusters drawn by
-  population, each row a centroid plus small noise.
-
-Times: the median over ``--repeats`` rounds of a block of calls; within a round the full projection and
-every clustered variant run back to back (interleaved), so ratios survive a noisy shared machine. CPU:
-``perf_counter``; GPU: CUDA events. Bytes read = active rows of W (+ bias) + centroids; on GPU the floor is
-bytes / the device's nominal peak bandwidth (``PEAK_GBPS``: H100 SXM 3.35 TB/s, H200 4.8 TB/s, ...).
-
-Writes ``benchmarks/results/projection-<device>-<date>.json`` and prints a table.
+The synthetic weights and maps, how it times, what it writes: ``benchmarks/harnesses.md#bench_projectionpy``.
 """
 
 from __future__ import annotations

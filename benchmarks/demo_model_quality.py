@@ -2,14 +2,7 @@
 
     .venv/bin/python benchmarks/demo_model_quality.py --model models/demo --corpus data/corpus
 
-For every direction (default: en<->it/fr/de, plus en<->es/pt when the corpus and the model have them) it
-writes the test split's sources and references to a temporary folder, runs ``fastvocab translate`` (greedy,
-batch 32, float32 on CPU) and ``fastvocab eval --json`` as subprocesses, exactly as a user would, and records
-BLEU/chrF with their sacrebleu signatures. It also checks that greedy ``fastvocab translate`` output equals
-``model.generate`` (same max length) on the first ``--check-sentences`` test sentences of en-it.
-
-Writes ``benchmarks/results/demo-model-quality.json`` and, with ``--update-card``, the test-score section of
-the model card (``<model>/README.md``).
+What it runs and writes: ``benchmarks/harnesses.md#demo_model_qualitypy``.
 """
 
 from __future__ import annotations

@@ -1,16 +1,8 @@
 """Render the results tables of the docs from the JSON records they cite.
 
-A table lives in a markdown file between marker comments::
+    python benchmarks/render_tables.py --write   # or --check: exit 1 naming each doc whose tables differ
 
-    <!-- table:peer-cpu -->
-    ...
-    <!-- /table:peer-cpu -->
-
-``python benchmarks/render_tables.py --write`` rewrites every such table in place from its records;
-``--check`` rewrites nothing and exits 1, naming each doc whose table differs from what the records give (a
-record edited, or a number in the doc edited by hand). ``tests/test_docs_tables.py`` runs the check. Each
-rendered table ends with a line naming the records it came from. Standard library only: no torch, no
-fastvocab import.
+The markers a table lives between, and what the check catches: ``benchmarks/harnesses.md#render_tablespy``.
 """
 
 from __future__ import annotations

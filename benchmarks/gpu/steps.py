@@ -6,11 +6,7 @@
     python benchmarks/gpu/steps.py e2e-demo --out DIR [--smoke]  # the demo model through tasks.translate
     python benchmarks/gpu/steps.py dump    --out DIR [--smoke]   # dump throughput of the demo model
 
-Each writes ``DIR/gpu-<step>.json`` (``meta`` + results) and prints it last as ``summarize.py`` reads it
-out (the dump prints a line a run as it goes). Only the core is
-imported (kernels, decoding, artifacts_schema, tasks.dump/context/translate): no Ray, Faiss, MLflow or
-pydantic, which the GPU campaign image lacks. ``--smoke`` runs tiny sizes on the CPU (or the GPU if one is
-there) in seconds, to check the script before GPU time is spent on it.
+What each writes, what it may import and what ``--smoke`` checks: ``benchmarks/harnesses.md#gpustepspy``.
 """
 
 from __future__ import annotations

@@ -1,15 +1,9 @@
 """Read the GPU campaign's results (the ``gpu-<step>.json`` files a campaign brings back) and print them as
-Markdown tables, each campaign goal marked met or missed: the tables that benchmarks/gpu.md
-reads out. Runs on the CPU side, on the files as they came back:
+Markdown tables, each campaign goal marked met or missed: the tables that benchmarks/gpu.md reads out.
 
     python benchmarks/gpu/summarize.py DIR [DIR ...]     # folders holding gpu-*.json (searched recursively)
 
-Goals: projection at N=128,112, 40 rows, 10% active, fp16: clustered >= 6x faster than full
-and <= 1.3x its byte floor; the static union's graph replay within 1.5x of the fused gather-GEMM alone; the
-full projection >= 30% of a greedy batch-1 step; end to end clustered >= 1.4x full at beam 1 batch 1 and
->= 1.25x at beam 2 batch 20; the demo model trained by ``train-N``: BLEU >= 20 on en->it and it->en (the dev
-BLEU of each step's json; the test split's is ``demo_model_quality.py``'s, run on the CPU side). A smoke
-run's files read the same (their sizes are not the goals', so no goal row is printed for them).
+The goals: ``benchmarks/harnesses.md#gpusummarizepy``.
 """
 
 from __future__ import annotations
