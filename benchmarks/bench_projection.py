@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import functools
 import math
 import platform
 import statistics
@@ -20,14 +21,12 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from bench_meta import ROOT, cupy_version, device_name, write_result
+from bench_meta import RESULTS, ROOT, comma_list, cupy_version, device_name, git_commit, write_result
 
 from fastvocab.artifacts_schema.cluster_map import ClusterMap, MapManifest, active_fraction_stats
 from fastvocab.artifacts_schema.fingerprint import projection_fingerprint
-from fastvocab.artifacts_schema.provenance import git_commit
 from fastvocab.kernels import create_projection
 
-RESULTS = Path(__file__).resolve().parent / "results"
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 # Peak HBM bandwidth by device-name fragment (GB/s): the floor of a memory-bound kernel.
 PEAK_GBPS = {"H200": 4800.0, "H100 SXM": 3350.0, "H100 80GB HBM3": 3350.0, "H100 PCIe": 2000.0,
@@ -180,31 +179,22 @@ def bench_size(n_vocab: int, d: int, rows_list: list[int], args, meta: dict) -> 
             for key, fn in fns.items():  # interleaved: every variant once per round
                 times[key].append(timed(fn, device, inner))
         first = len(records)
-        t_full = statistics.median(times[("full", None, None)])
-        full_bytes = n_vocab * (d + 1) * itemsize
-        t_all = times[("full", None, None)]
-        records.append(
-            _record(meta, n_vocab, d, r, rows, None, None, "full", "torch", t_all, t_full, full_bytes, {})
-        )
+        full_times = times[("full", None, None)]
+        record = functools.partial(_record, meta, n_vocab, d, r, rows, t_full=statistics.median(full_times))
+        row_bytes = (d + 1) * itemsize  # a row of W and its bias
+        records.append(record(None, None, "full", "torch", full_times, n_vocab * row_bytes, {}))
         for frac, ratio, _, projs in cases:
             h, distinct = states[(frac, ratio)]
             for label, proj in projs.items():
                 stats = _active_stats(proj, proj(h), h)
-                rows_w = stats.pop("bytes_w")
+                w_bytes = stats.pop("bytes_w") * row_bytes
                 cent = r * d * proj.prepared_map.centroids_t.element_size()
                 stats["distinct_clusters"] = distinct
-                key = (label, frac, ratio)
-                records.append(
-                    _record(meta, n_vocab, d, r, rows, frac, ratio, label, proj.backend, times[key], t_full,
-                            rows_w * (d + 1) * itemsize + cent, stats)
-                )  # fmt: skip
+                ts = times[(label, frac, ratio)]
+                records.append(record(frac, ratio, label, proj.backend, ts, w_bytes + cent, stats))
                 gkey = ("union/cupy-gemm", frac, ratio)
-                # the fused kernel's floor: the active rows of W and b, no centroids
-                if label == "union/cupy" and gkey in times:
-                    records.append(
-                        _record(meta, n_vocab, d, r, rows, frac, ratio, gkey[0], "cupy", times[gkey], t_full,
-                                rows_w * (d + 1) * itemsize, dict(stats))
-                    )  # fmt: skip
+                if label == "union/cupy" and gkey in times:  # the fused kernel's floor: no centroids read
+                    records.append(record(frac, ratio, gkey[0], "cupy", times[gkey], w_bytes, dict(stats)))
         _print_rows(records[first:])
     return records
 
@@ -235,7 +225,7 @@ def _active_stats(proj, out, h) -> dict:
     }  # fmt: skip
 
 
-def _record(meta, n_vocab, d, r, rows, frac, ratio, method, backend, ts, t_full, bytes_read, stats) -> dict:
+def _record(meta, n_vocab, d, r, rows, frac, ratio, method, backend, ts, bytes_read, stats, t_full) -> dict:
     t = statistics.median(ts)
     rec = {
         "device": meta["device"], "device_name": meta["device_name"], "dtype": meta["dtype"], "d": d,
@@ -254,11 +244,8 @@ def _record(meta, n_vocab, d, r, rows, frac, ratio, method, backend, ts, t_full,
 
 def _print_rows(recs: list[dict]) -> None:
     for rec in recs:
-        frac = (
-            "-"
-            if rec["active_fraction"] is None
-            else f"{100 * rec['active_fraction']:.0f}%/{rec['set_ratio']}"
-        )
+        active = rec["active_fraction"]
+        frac = "-" if active is None else f"{100 * active:.0f}%/{rec['set_ratio']}"
         extra = ""
         if "union_fraction" in rec:
             extra = f"union {100 * rec['union_fraction']:5.1f}%  row {100 * rec['per_row_fraction']:5.1f}%"
@@ -303,29 +290,25 @@ def crossover(records: list[dict]) -> list[dict]:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--device", default="cpu", help="cpu or cuda[:i]")
+    p.add_argument("--dtype", choices=sorted(DTYPES), help="fp32 on CPU, fp16 on GPU by default")
+    p.add_argument("--sizes", help="N:d,... (default: 32000:256 on CPU, then 128000:1024,250000:1024)")
+    p.add_argument("--rows", help="row counts (default 1,40,128; demo size also 2..64 on CPU)")
+    fractions = comma_list(float)
+    p.add_argument("--fractions", type=fractions, default="0.05,0.1,0.2", help="union active fractions")
     p.add_argument(
-        "--dtype", choices=sorted(DTYPES), default=None, help="fp32 on CPU, fp16 on GPU by default"
-    )
-    p.add_argument(
-        "--sizes", default=None, help="N:d,... (default: 32000:256 on CPU, then 128000:1024,250000:1024)"
-    )
-    p.add_argument("--rows", default=None, help="row counts (default 1,40,128; demo size also 2..64 on CPU)")
-    p.add_argument("--fractions", default="0.05,0.1,0.2", help="union active fractions")
-    p.add_argument(
-        "--set-ratios", default="0.5,0.15", help="one cluster's set / the pool; later ones only at N <= 64K"
-    )
-    p.add_argument("--r", type=int, default=None, help="clusters (default 200 demo size, 2000 GPU, 256 CPU)")
-    p.add_argument("--repeats", type=int, default=None, help="timed rounds (default 7 CPU, 20 GPU)")
-    p.add_argument("--inner", type=int, default=None, help="calls per timed block (default: by size)")
+        "--set-ratios", type=fractions, default="0.5,0.15",
+        help="one cluster's set / the pool; later ones only at N <= 64K",
+    )  # fmt: skip
+    p.add_argument("--r", type=int, help="clusters (default 200 demo size, 2000 GPU, 256 CPU)")
+    p.add_argument("--repeats", type=int, help="timed rounds (default 7 CPU, 20 GPU)")
+    p.add_argument("--inner", type=int, help="calls per timed block (default: by size)")
     p.add_argument("--no-cache-variant", action="store_true", help="CPU: also time cache_mb=0")
     p.add_argument("--threads", type=int, default=2, help="torch CPU threads")
-    p.add_argument("--out", type=Path, default=None, help="result JSON (default benchmarks/results/...)")
+    p.add_argument("--out", type=Path, help="result JSON (default benchmarks/results/...)")
     args = p.parse_args(argv)
     cuda = args.device.startswith("cuda")
     args.dtype = args.dtype or ("fp16" if cuda else "fp32")
     args.repeats = args.repeats or (20 if cuda else 7)
-    args.fractions = [float(x) for x in args.fractions.split(",")]
-    args.set_ratios = [float(x) for x in args.set_ratios.split(",")]
     return args
 
 
@@ -371,8 +354,7 @@ def main(argv: list[str] | None = None) -> int:
         pairs = ", ".join(f"{k}:{v}" for k, v in zip(c["rows"], c["per_row_over_union"], strict=True))
         print(
             f"N={c['N']} d={c['d']} act={100 * c['active_fraction']:.0f}% set={c['set_ratio']} "
-            f"[{c['variant']}] {pairs}"
-            f"  -> per-row wins from {c['per_row_wins_from']}"
+            f"[{c['variant']}] {pairs}  -> per-row wins from {c['per_row_wins_from']}"
         )
     out = args.out
     if out is None:
