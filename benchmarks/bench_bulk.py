@@ -21,9 +21,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from bench_meta import RESULTS, ROOT, bulk_phases, cpu_name, write_result
-
-from fastvocab.artifacts_schema.provenance import git_commit
+from bench_meta import RESULTS, ROOT, bulk_phases, cpu_name, git_commit, write_result
 
 FASTVOCAB = Path(sys.executable).parent / "fastvocab"
 _WORD_TEXT = (
@@ -130,14 +128,13 @@ def translate_runs(tmp: Path, args: argparse.Namespace, rows: list[dict]) -> dic
     base, one, two = rows[0], rows[1], rows[2]
     # a worker's steady rate: its lines over its busy seconds (tokens/s busy -> lines/s)
     worker_rate = one["tokens_per_s_a_worker_busy"] * args.lines / one["target_tokens"]
+    tokens_per_wall_s = two["tokens_per_wall_s"] / one["tokens_per_wall_s"]
     translate_phase = one["phases_s"]["translate"] / two["phases_s"]["translate"]
     hours = {str(n): round(TARGET_LINES / (n * worker_rate) / 3600, 2) for n in TARGET_WORKERS}
     return {
         "outputs_identical": len(set(outputs.values())) == 1,
         "ray_1_worker_over_in_process_wall": round(one["wall_seconds"] / base["wall_seconds"], 3),
-        "ray_2_workers_over_1_tokens_per_wall_s": round(
-            two["tokens_per_wall_s"] / one["tokens_per_wall_s"], 3
-        ),
+        "ray_2_workers_over_1_tokens_per_wall_s": round(tokens_per_wall_s, 3),
         "ray_2_workers_over_1_translate_phase": round(translate_phase, 3),
         "lines_per_s_a_worker_busy": round(worker_rate, 1),
         "lines_per_s_in_process_decoding": float(re.search(r"([\d.]+) sentences/s", base["summary"])[1]),

@@ -210,11 +210,8 @@ def main(argv: list[str] | None = None) -> int:
     env = {**os.environ, "ONEDNN_JIT_PROFILE": "2"}  # the children emulate for themselves, before loading
     if args.emulate:
         os.environ[EMULATE_ENV] = args.emulate  # what result_header records
-    runs = [
-        run_system(args, system, int(beam), env)
-        for beam in args.beams.split(",")
-        for system in args.systems.split(",")
-    ]
+    beams, systems = args.beams.split(","), args.systems.split(",")
+    runs = [run_system(args, system, int(beam), env) for beam in beams for system in systems]
     for r in runs:
         fams = ", ".join(f"{k} {v:.0f}%" for k, v in list(r["families_pct"].items())[:6])
         isas = ", ".join(f"{k} {v:.0f}%" for k, v in list(r["isa_pct"].items())[:4])

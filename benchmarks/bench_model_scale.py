@@ -4,12 +4,8 @@ CTranslate2 (float32, int8, int8 with a vocabulary map), on models built from co
     .venv/bin/python benchmarks/bench_model_scale.py --shapes m2m100-418m --batch 32 --beam 1 --threads 2
     .venv/bin/python benchmarks/bench_model_scale.py --shapes toy --repeats 1 --steps 2   # a smoke run
 
-What the runs found: ``docs/model-scale.md``; the dated runs with their command lines:
-``benchmarks/history/model-scale.md``.
-
-How it builds the shapes, fixes each sentence's work, makes the synthetic maps, times the systems and
-measures each point (``s``, ``u``, the bound, memory, GFLOP/s): ``docs/model-scale.md``, "How the benchmark
-runs". Writes ``benchmarks/results/model-scale-cpu-<date>.json`` (``--out``).
+What the runs found, and how it builds the shapes and maps, times the systems and measures each point:
+``docs/model-scale.md`` ("How the benchmark runs"); the dated runs: ``benchmarks/history/model-scale.md``.
 """
 
 from __future__ import annotations
@@ -18,6 +14,7 @@ import argparse
 import datetime as dt
 import functools
 import gc
+import itertools
 import json
 import math
 import os
@@ -138,8 +135,7 @@ def memory_needed(shape: Shape, systems: list[str], fractions: list[float], args
 
 
 def check_memory(name: str, shape: Shape, systems: list[str], fractions: list[float], args) -> dict:
-    need = memory_needed(shape, systems, fractions, args)
-    have = meminfo("MemAvailable")
+    need, have = memory_needed(shape, systems, fractions, args), meminfo("MemAvailable")
     total = sum(need.values())
     report = {
         "needed_mib": {k: round(v / 2**20) for k, v in need.items()},
@@ -168,11 +164,9 @@ def padded_sentencepiece(work: Path, pieces: int) -> Path:
 
     from fastvocab.training.demo_model import train_sentencepiece
 
-    small = train_sentencepiece(
-        random_lines(400, 12, seed=1), min(200, pieces), work / "spm-small", threads=1
-    )
+    spm = train_sentencepiece(random_lines(400, 12, seed=1), min(200, pieces), work / "spm-small", threads=1)
     m = pb.ModelProto()
-    m.ParseFromString(small.read_bytes())
+    m.ParseFromString(spm.read_bytes())
     have = {p.piece for p in m.pieces}
     if len(m.pieces) > pieces:
         raise ValueError(f"{pieces} pieces asked, the trained model has {len(m.pieces)}")
@@ -258,12 +252,11 @@ def prepare_shape(name: str, args, systems: list[str]) -> tuple[Path, Path | Non
         convert_ct2(model_dir, ct2_dir)
         built["convert_s"] = round(time.perf_counter() - t0, 1)
         marker.write_text(json.dumps(built, indent=1) + "\n")
-    info.update(built)
-    info["model_dir"] = str(model_dir)
-    info["disk_mib"] = {"model": du_mib(model_dir)}
-    if (ct2_dir / "model.bin").exists():
+    info.update(built, model_dir=str(model_dir), disk_mib={"model": du_mib(model_dir)})
+    converted = (ct2_dir / "model.bin").exists()
+    if converted:
         info["disk_mib"]["ct2"] = du_mib(ct2_dir)
-    return model_dir, ct2_dir if (ct2_dir / "model.bin").exists() else None, shape, info
+    return model_dir, ct2_dir if converted else None, shape, info
 
 
 def load_adapter(model_dir: Path, fingerprint: str | None, int8: bool, engine: str = "static"):
@@ -604,12 +597,9 @@ def run_shape(name: str, args, result: dict) -> None:
     only_1t = args.one_thread_batch
     if only_1t is None:
         only_1t = [32] if len(args.threads) > 1 else []
-    for threads in args.threads:
-        for batch in args.batch:
-            for beam in args.beam:
-                if threads == 1 and only_1t and batch not in only_1t:
-                    continue
-                run_point(m, args, result, threads, batch, beam)
+    for threads, batch, beam in itertools.product(args.threads, args.batch, args.beam):
+        if not (threads == 1 and only_1t and batch not in only_1t):
+            run_point(m, args, result, threads, batch, beam)
 
 
 def clustered_projections(m: Loaded, args, info: dict) -> dict:
@@ -618,9 +608,7 @@ def clustered_projections(m: Loaded, args, info: dict) -> dict:
     from fastvocab.tasks.projections import make_projection
 
     r, maps_info = args.clusters, {}
-    dirs = {
-        frac: Path(args.root) / m.name / "maps" / f"a{frac:g}-r{r}-z{args.zipf:g}" for frac in args.active
-    }
+    dirs = {f: Path(args.root) / m.name / "maps" / f"a{f:g}-r{r}-z{args.zipf:g}" for f in args.active}
     centroids = np.zeros((0, m.a32.d_model), np.float32)  # built maps are loaded, not drawn again
     if not all((d / "manifest.json").exists() for d in dirs.values()):
         t0 = time.perf_counter()
@@ -750,12 +738,10 @@ def run_point(m: Loaded, args, result: dict, threads: int, batch: int, beam: int
     intra = 1 if workers else threads
     # the projection's share and the clustered unions, apart from the timed rounds
     prof: dict[str, tuple[float, dict]] = {}
-    if any(s.endswith(("fp32",)) for s in args.systems):
-        prof["fp32"] = step_profile(
-            m.a32, m.full32, m.clustered["fp32"], lines, batch, beam, args.steps, intra
-        )
-    if m.a8 is not None:
-        prof["int8"] = step_profile(m.a8, m.full8, m.clustered["int8"], lines, batch, beam, args.steps, intra)
+    wanted = {"fp32": any(s.endswith("fp32") for s in args.systems), "int8": m.a8 is not None}
+    for prec, adapter, full in (("fp32", m.a32, m.full32), ("int8", m.a8, m.full8)):
+        if wanted[prec]:
+            prof[prec] = step_profile(adapter, full, m.clustered[prec], lines, batch, beam, args.steps, intra)
     runs, vmap_count, warm = point_systems(m, ns, lines, beam, args.systems)
     for label, (run, *_) in runs.items():  # warm-up on one batch
         if label not in warm:
@@ -767,21 +753,17 @@ def run_point(m: Loaded, args, result: dict, threads: int, batch: int, beam: int
         sec = statistics.median(r.times[label])
         prec = "int8" if dtype == "int8" else "fp32"
         s_full = prof[prec][0] if prec in prof else None
-        s_own, u = None, 1.0
-        if key.startswith("clustered"):
+        s_own, u, clustered = None, 1.0, key.startswith("clustered")
+        if clustered:
             s_own, u_prof = prof[prec][1][frac]
             u = r.map_union.get(label, statistics.mean(r.union[label]) if r.union[label] else u_prof)
-        elif key == "full-fp32" or key == "full-int8":
+        elif key in ("full-fp32", "full-int8"):
             s_own = s_full
         elif key == "ct2-int8-vmap":
             u = vmap_count[frac] / shape.vocab
-        gflops = decode_flops(
-            shape, src_len, n, args.steps, beam, u, args.clusters if key.startswith("clustered") else 0
-        )
+        gflops = decode_flops(shape, src_len, n, args.steps, beam, u, args.clusters if clustered else 0)
         gflops /= sec * 1e9
-        bound = None
-        if s_full is not None and key.startswith("clustered"):
-            bound = 1.0 / ((1.0 - s_full) + s_full * u)
+        bound = 1.0 / ((1.0 - s_full) + s_full * u) if s_full is not None and clustered else None
         full_rows = round(statistics.mean(r.full_rows[label]), 4) if r.full_rows[label] else None
         result["rows"].append({
             "shape": m.name, "d_model": shape.d_model, "layers": [shape.enc_layers, shape.dec_layers],
@@ -863,10 +845,9 @@ def main(argv: list[str] | None = None) -> int:
     write_result(out, result)
     for r in result["rows"]:
         print(
-            f"{r['shape']} b{r['batch']} k{r['beam']} t{r['threads']} {r['system']}: "
-            f"{r['tokens_per_s']} tok/s, "
-            f"s {r['projection_share']}, u {r['union_fraction']}, bound {r['bound']}, {r['gflops']} GF/s, "
-            f"{r['rss_mib']} MiB"
+            f"{r['shape']} b{r['batch']} k{r['beam']} t{r['threads']} {r['system']}: {r['tokens_per_s']} "
+            f"tok/s, s {r['projection_share']}, u {r['union_fraction']}, bound {r['bound']}, {r['gflops']} "
+            f"GF/s, {r['rss_mib']} MiB"
         )
     return 0
 

@@ -96,9 +96,8 @@ class Ct2System:
             self.tr.translate_batch(
                 src[:1], target_prefix=[[self.tag]], beam_size=1, max_decoding_length=2, use_vmap=False
             )
-            for i, r in zip(
-                chunk, self._translate([src[i] for i in chunk], beam, use_vmap=True), strict=True
-            ):
+            got = self._translate([src[i] for i in chunk], beam, use_vmap=True)
+            for i, r in zip(chunk, got, strict=True):
                 res[i] = r
         return res
 
@@ -113,11 +112,9 @@ def paired_ratio(numerators: list[float], denominators: list[float]) -> float | 
 
 def fastvocab_system(adapter, projection, args) -> Callable[[list[str], int], tuple[float, list[str]]]:
     """``projection``: one projection for every beam, or a dict beam -> projection (clustered: the
-    inactive-mass estimate depends on the beam, as in ``fastvocab translate``). The returned function's
-    ``projection_seconds[0]`` holds the seconds its last call spent in projection steps (summed over the
-    workers). Each projection's workers are kept from call to call (a ``DecodePool``, started by the
-    warm-up), as a CTranslate2 ``Translator`` keeps its ``inter_threads`` workers; ``--fresh-workers``
-    starts and ends them in every call instead."""
+    inactive-mass estimate depends on the beam). The returned function's ``projection_seconds[0]`` holds the
+    seconds its last call spent in projection steps (summed over the workers); its workers are kept from
+    call to call (``benchmarks/harnesses.md#bench_peerpy``)."""
     from fastvocab.tasks.decode_pool import DecodePool
     from fastvocab.tasks.translate import SearchSettings, translate
 
@@ -232,17 +229,12 @@ def clustered_systems(a32, a8, args, info: dict, systems: dict[str, Callable]) -
         """One clustered projection a beam size, built before any timing, as ``fastvocab translate`` builds
         it: union selection, ``--inactive-mass`` as translate reads it (auto: none for greedy, the
         normaliser for beam search)."""
-        return {
-            beam: make_projection(
-                a32,
-                "clustered",
-                cluster_map=map_dir,
-                **clustered_options("union", args.inactive_mass, False, beam, probes, bool(hybrid)),
-                **hybrid,
-                **extra,
-            )
-            for beam in beams
-        }
+
+        def one(beam: int):
+            opts = clustered_options("union", args.inactive_mass, False, beam, probes, bool(hybrid))
+            return make_projection(a32, "clustered", cluster_map=map_dir, **opts, **hybrid, **extra)
+
+        return {beam: one(beam) for beam in beams}
 
     for probes in probes_list:
         projections = by_beam(probes)
@@ -418,14 +410,12 @@ def print_table(beam: int, rows: dict[str, dict], load: float, args) -> None:
     print(
         f"\nbeam {beam}, batch {args.batch_size}, {args.threads} threads ({args.parallel}), load {load:.1f}"
     )
-    print(
-        "| system | median s | vs ct2 float32 | vs ct2 int8 | changed vs full | int8 changed | BLEU "
-        "| columns | vs full | bound |"
-    )
-    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    head = ["system", "median s", "vs ct2 float32", "vs ct2 int8", "changed vs full", "int8 changed", "BLEU",
+            "columns", "vs full", "bound"]  # fmt: skip
+    for cells in [head, ["---"] + ["---:"] * 9]:
+        print("| " + " | ".join(cells) + " |")
     for name, r in rows.items():
-        int8_changed = r.get("lines_changed_by_int8")
-        int8_changed = "-" if int8_changed is None else f"{100 * int8_changed:.1f}%"
+        int8_changed = "-" if (x := r.get("lines_changed_by_int8")) is None else f"{100 * x:.1f}%"
         median = "-" if r["seconds_median"] is None else f"{r['seconds_median']:.2f}"
         cells = [name, median, r.get("speed_vs_ct2_float32", "-"), r.get("speed_vs_ct2_int8", "-")]
         cells += [f"{100 * r['lines_changed_vs_fastvocab_full_fp32']:.1f}%", int8_changed, r.get("bleu", "-")]
@@ -465,9 +455,7 @@ def main(argv: list[str] | None = None) -> int:
             "loadavg_after": [round(x, 2) for x in r.load_after], "systems": rows,
         }  # fmt: skip
         print_table(beam, rows, r.load_before[0], args)
-    write_result(
-        Path(args.out) if args.out else RESULTS / f"peer-cpu-{dt.date.today().isoformat()}.json", result
-    )
+    write_result(Path(args.out) if args.out else RESULTS / f"peer-cpu-{dt.date.today()}.json", result)
     return 0
 
 

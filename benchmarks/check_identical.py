@@ -1,7 +1,5 @@
-"""Whether ``fastvocab translate`` writes the same bytes at two commits: the first 40 test lines (of at most
-400 characters) of three directions through full and clustered (the shipped maps and their shortlist
-tables), float32 and int8, greedy and beam 4 (24 runs), each output's sha256 with the commit in a JSON file.
-Not a timing run: a busy machine is fine.
+"""Whether ``fastvocab translate`` writes the same bytes at two commits (what it runs and compares:
+``benchmarks/harnesses.md#check_identicalpy``).
 
     python benchmarks/check_identical.py --out /tmp/base.json                  # at the first commit
     python benchmarks/check_identical.py --out /tmp/now.json --against /tmp/base.json \\

@@ -19,10 +19,9 @@ import time
 from pathlib import Path
 
 import torch
-from bench_meta import ROOT, bleu_chrf
+from bench_meta import ROOT, bleu_chrf, git_commit
 
 from fastvocab.artifacts_schema.corpus import available_pairs, read_direction
-from fastvocab.artifacts_schema.provenance import git_commit
 from fastvocab.training import TEST_SCORES_MARKER, load_saved_model, translate
 
 FASTVOCAB = str(Path(sys.executable).with_name("fastvocab"))

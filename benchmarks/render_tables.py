@@ -31,10 +31,7 @@ def _load(root: Path, name: str) -> dict:
 
 def _sources(doc: Path, root: Path, names: list[str]) -> str:
     """The line under a table that names its records, as links relative to the doc."""
-    links = []
-    for name in names:
-        rel = os.path.relpath(root / RESULTS / name, doc.parent)
-        links.append(f"[{name}]({Path(rel).as_posix()})")
+    links = [f"[{n}]({Path(os.path.relpath(root / RESULTS / n, doc.parent)).as_posix()})" for n in names]
     return f"Rendered by `benchmarks/render_tables.py` from {', '.join(links)}.\n"
 
 
@@ -125,18 +122,15 @@ def _pair(rows: dict[str, dict], fmt: Callable[[dict], str]) -> str:
     return " / ".join(fmt(rows[d]) for d in DIRECTIONS)
 
 
-def _changed_errors(rows: dict[str, dict]) -> str:
-    changed = _pair(rows, lambda r: _pct(1 - r["identical"]))
-    return f"{changed}, {_pair(rows, lambda r: _pct(r['search_errors']))}"
-
-
 def _bleu_delta(r: dict) -> str:
     delta = round(r["bleu"] - r["bleu_full"], 2)
     return "0.00" if delta == 0 else f"{delta:+.2f}"
 
 
 def _speed_changed(rows: dict[str, dict]) -> list[str]:
-    return [_pair(rows, lambda r: f"{r['speed_ratio']:.2f}x"), _changed_errors(rows)]
+    changed = _pair(rows, lambda r: _pct(1 - r["identical"]))
+    errors = _pair(rows, lambda r: _pct(r["search_errors"]))
+    return [_pair(rows, lambda r: f"{r['speed_ratio']:.2f}x"), f"{changed}, {errors}"]
 
 
 def render_methods(root: Path, doc: Path) -> str:
@@ -184,10 +178,6 @@ SHIPPED_RECORDS = (
 ALL_DIRECTIONS = tuple(d for lang in LANGS for d in (f"en-{lang}", f"{lang}-en"))
 
 
-def _rows_by(root: Path, names: tuple[str, ...]) -> dict[tuple[str, int, int], dict]:
-    return {(r["direction"], r["beam"], r["batch"]): r for n in names for r in _load(root, n)["results"]}
-
-
 def _text_of(built: dict, name: str) -> int:
     """Source lines the map was built from: of each direction it pools, the lines the dump read."""
     build = built["maps"][name]["build"]
@@ -198,7 +188,9 @@ def _text_of(built: dict, name: str) -> int:
 
 def render_shipped(root: Path, doc: Path) -> str:
     built = json.loads((root / SHIPPED).read_text())
-    rows = _rows_by(root, SHIPPED_RECORDS)
+    rows = {
+        (r["direction"], r["beam"], r["batch"]): r for n in SHIPPED_RECORDS for r in _load(root, n)["results"]
+    }
     n_vocab = _load(root, SHIPPED_RECORDS[0])["meta"]["n_vocab"]
     head = ["direction", "map: source lines, states, r, K", "columns a row, b1",
             "outputs changed: b1 / b32 / beam 4", "BLEU full / clustered, b1",
@@ -515,11 +507,9 @@ def _span(values: list[float], fmt: str) -> str:
 
 def render_status(root: Path, doc: Path) -> str:
     """The README's status: three sentences, and clustered int8 against CTranslate2 int8 by CPU."""
-    systems = [_load(root, name)["runs"][run]["systems"] for _, name, run in PEER]
-    speed = _span([s["fastvocab clustered fp32"]["speed_vs_full"] for s in systems], ".2f")
-    changed = _span(
-        [100 * s["fastvocab clustered fp32"]["lines_changed_vs_fastvocab_full_fp32"] for s in systems], ".1f"
-    )
+    clu = [_load(root, name)["runs"][run]["systems"]["fastvocab clustered fp32"] for _, name, run in PEER]
+    speed = _span([s["speed_vs_full"] for s in clu], ".2f")
+    changed = _span([100 * s["lines_changed_vs_fastvocab_full_fp32"] for s in clu], ".1f")
     ratios = {cpu: [_peer(run)(_load(root, name)) for name, run in points] for cpu, points in STATUS_CPUS}
     full_fp32 = functools.partial(_peer, system="fastvocab full fp32", key="speed_vs_ct2_float32")
     # the batch-32 points
@@ -645,9 +635,8 @@ def _entry(table: str, key: str, **sel: object) -> Getter:
 
 
 def _kmeans(direction: str) -> Getter:
-    return lambda rec: next(s for s in rec["runs"][0]["stages"] if s["name"] == f"kmeans:{direction}")[
-        "metrics"
-    ]["kmeans_seconds"]
+    stage = f"kmeans:{direction}"
+    return lambda rec: _match(rec["runs"][0]["stages"], name=stage)["metrics"]["kmeans_seconds"]
 
 
 # A measure: what it is, its unit ("s", "ms", "us", "share" or "vs CT2": a ratio where more is faster), and
@@ -665,12 +654,12 @@ def _bd(stem: str, field: str, **sel: object) -> Ref:
     return f"run-breakdown-cpu-{stem}.json", _entry("rows", field, **sel)
 
 
-def _parts(
-    stem_before: str, stem_after: str, field: str, what: str, **sel: object
-) -> tuple[Measure, Measure]:
-    """A part of a run and the whole run, before and after, from two run-breakdown records."""
-    part = (what, "s", _bd(stem_before, field, **sel), _bd(stem_after, field, **sel))
-    return part, (WHOLE, "s", _bd(stem_before, "total", **sel), _bd(stem_after, "total", **sel))
+def _parts(before: str, after: str, field: str, point: str, **sel: object) -> tuple[Measure, Measure]:
+    """A part of a one-thread run at ``point`` and the whole run, before and after, from two run-breakdown
+    records (a breakdown's ``rest``: all but its named parts, the search among them)."""
+    what = f"one thread, {point}: {'search and rest' if field == 'rest' else field}"
+    part = (what, "s", _bd(before, field, **sel), _bd(after, field, **sel))
+    return part, (WHOLE, "s", _bd(before, "total", **sel), _bd(after, "total", **sel))
 
 
 def _scale(stem: str, key: str, **sel: object) -> Ref:
@@ -705,28 +694,24 @@ CPU_STEPS: tuple[tuple[str, str, Measure | None, Measure], ...] = (
      _vs_ct2("bench_peer, greedy, batch 32, clustered int8", "peer-cpu-2026-11-28-engine-b32-quiet.json",
              "peer-cpu-2026-11-28-lengths-b32.json", "beam1")),
     ("0011", "binding by address, cached blocks with a shortlist, forks that run the parent's session",
-     *_parts("2026-11-28-b1-before", "2026-11-28-b1-after", "projection", f"one thread, {B1_CLU}: projection",
-             beam=1, **CLU_INT8)),
+     *_parts("2026-11-28-b1-before", "2026-11-28-b1-after", "projection", B1_CLU, beam=1, **CLU_INT8)),
     ("0012", "the caller decodes beside its forks; a one-row greedy loop; a leaner one-row step",
-     *_parts("2026-11-28-b1-after", "2026-11-28-b1-one-row", "projection",
-             f"one thread, {B1_CLU}: projection",
-             beam=1, **CLU_INT8)),
+     *_parts("2026-11-28-b1-after", "2026-11-28-b1-one-row", "projection", B1_CLU, beam=1, **CLU_INT8)),
     ("0013", "the encoder's layers in ONNX Runtime",
-     *_parts("2026-11-28-b1-before-onnx-encoder", "2026-11-28-b1-onnx-encoder", "encoder and start",
-             f"one thread, {B1_CLU}: encoder and start", beam=1, **CLU_INT8)),
+     *_parts("2026-11-28-b1-before-onnx-encoder", "2026-11-28-b1-onnx-encoder", "encoder and start", B1_CLU,
+             beam=1, **CLU_INT8)),
     ("0014", "workers kept from call to call (`DecodePool`)", None,
      _vs_ct2("bench_peer, greedy, batch 1, 48 lines, clustered int8",
              "peer-cpu-2026-11-28-fresh-workers-b1.json",
              "peer-cpu-2026-11-28-kept-workers-b1.json", "beam1")),
     ("0015", "a beam's rows keep their cache rows",
      *_parts("2026-11-28-b32-beam4-before-follow", "2026-11-28-b32-beam4-follow", "reorders",
-             "one thread, beam 4, batch 32, clustered int8: reorders", beam=4, **CLU_INT8)),
+             "beam 4, batch 32, clustered int8", beam=4, **CLU_INT8)),
     ("0016", "fewer tensor ops in a one-sentence beam step",
-     *_parts(f"{XEON}-b1-beam4-before-ops", f"{XEON}-b1-beam4-after-ops", "projection",
-             f"one thread, {B4_CLU}: projection", **CLU_INT8)),
+     *_parts(f"{XEON}-b1-beam4-before-ops", f"{XEON}-b1-beam4-after-ops", "projection", B4_CLU, **CLU_INT8)),
     ("0017", "a step's small work in numpy on the host",
-     *_parts(f"{XEON}-b1-beam4-before-host-2", f"{XEON}-b1-beam4-after-host-2", "projection",
-             f"one thread, {B4_CLU}: projection", **CLU_INT8)),
+     *_parts(f"{XEON}-b1-beam4-before-host-2", f"{XEON}-b1-beam4-after-host-2", "projection", B4_CLU,
+             **CLU_INT8)),
     ("0018", "the beam step's bookkeeping and reorder in numpy", None,
      _vs_ct2(f"bench_peer, {B4_CLU}", f"peer-cpu-{XEON}-host-step-b1-beam4-n200.json",
              f"peer-cpu-{XEON}-host-beam-b1-beam4-n200-timed.json", "beam4")),
@@ -738,8 +723,7 @@ CPU_STEPS: tuple[tuple[str, str, Measure | None, Measure], ...] = (
       _scale("greedy-b32-onnx-int8-gemm-ort", "seconds_median", system=CLU10))),
     ("0020", "a search writes its scores in the logits' memory",
      *_parts("2026-11-29-xeon-b32-full-before-scores-in-place", "2026-11-29-xeon-b32-full-scores-in-place",
-             "rest",
-             "one thread, beam 4, batch 32, full float32: search and rest", beam=4, **FULL_FP32)),
+             "rest", "beam 4, batch 32, full float32", beam=4, **FULL_FP32)),
     ("0021", "`--engine auto` runs the ONNX Runtime engine on CPU", None,
      (f"bench_peer, {B1_CLU}: the static engine, then ONNX Runtime's, same rounds", "s",
       ("engines-cpu-2026-11-29-xeon-b1.json",
@@ -787,9 +771,7 @@ def _device(rec: dict) -> str:
 
 
 def _value(x: float, unit: str) -> str:
-    if unit == "vs CT2":
-        return f"{x:.2f}x"
-    return f"{x:.2f}" if unit == "share" else f"{x:.3g} {unit}"
+    return f"{x:.2f}x" if unit == "vs CT2" else f"{x:.2f}" if unit == "share" else f"{x:.3g} {unit}"
 
 
 def _step_link(root: Path, doc: Path, number: str) -> str:
@@ -818,12 +800,11 @@ def render_cpu_steps(root: Path, doc: Path) -> str:
                 values += ["", ""]
                 continue
             what, unit, before, after = measure
-            got = [getter(_load(root, name)) for name, getter in (before, after)]
+            b, a = (getter(_load(root, name)) for name, getter in (before, after))
             names += [before[0], after[0]]
             measured.append(what if unit != "vs CT2" else f"{what} vs CTranslate2 int8")
-            values += [_value(x, unit) for x in got]
-        b, a = (getter(_load(root, name)) for name, getter in (whole[2], whole[3]))
-        gain = a / b if whole[1] == "vs CT2" else b / a
+            values += [_value(b, unit), _value(a, unit)]
+        gain = a / b if whole[1] == "vs CT2" else b / a  # the whole run's: the last measure
         cells += [_device(_load(root, whole[3][0])), "; ".join(measured), *values, f"{gain:.2f}x"]
         out += _row(cells)
     return out + "\n" + _sources(doc, root, list(dict.fromkeys(names)))
@@ -895,10 +876,7 @@ def main(argv: list[str] | None = None) -> int:
     differing = []
     for doc in docs(root):
         text = doc.read_text()
-        if "<!-- table:" not in text:
-            continue
-        rendered = render_doc(root, doc)
-        if rendered == text:
+        if "<!-- table:" not in text or (rendered := render_doc(root, doc)) == text:
             continue
         if args.write:
             doc.write_text(rendered)

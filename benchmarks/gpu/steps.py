@@ -33,12 +33,11 @@ import torch
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from bench_meta import device_name, write_result  # noqa: E402
+from bench_meta import device_name, git_commit, write_result  # noqa: E402
 from bench_projection import copy_bandwidth_gbps, synthetic_map, synthetic_rows, timed  # noqa: E402
 from summarize import e2e_demo_section, e2e_section, env_section, static_section  # noqa: E402
 
 from fastvocab import switches  # noqa: E402
-from fastvocab.artifacts_schema.provenance import git_commit  # noqa: E402
 
 # --------------------------------------------------------------------------------------------- common
 
@@ -99,7 +98,7 @@ def matmul_tflops(device: str, n: int, dtype: torch.dtype) -> float:
     return 2 * n**3 / t / 1e12
 
 
-def step_env(args: argparse.Namespace) -> dict:
+def step_env(args: argparse.Namespace) -> None:
     device = pick_device(args.smoke)
     res: dict[str, object] = {"python": sys.version.split()[0], "platform": platform.platform()}
     for mod in ("transformers", "pyarrow", "numpy", "safetensors", "sentencepiece", "sacrebleu", "triton"):
@@ -137,18 +136,14 @@ def step_env(args: argparse.Namespace) -> dict:
     payload = {"meta": meta(device, args), "env": res}
     print(env_section(payload) + f"\n\nCuPy kernels: {res.get('cupy_kernels', 'not run (no CUDA)')}")
     write_result(args.out / "gpu-env.json", payload)
-    return payload
 
 
 # --------------------------------------------------------------------------------------------- static
 
 
-def step_static(args: argparse.Namespace) -> dict:
-    """The static-capacity union step against today's union mode and full: eager and CUDA-graph replay.
-
-    Paper shapes (d=1024, N=128,112), fp16, r=2000, rows 1/5/40/128, 10% active; capacity = the union's
-    measured size rounded up to a multiple of 256 (a tight configured capacity) and the overflow-free bound.
-    """
+def step_static(args: argparse.Namespace) -> None:
+    """The static-capacity union step against today's union mode and full: eager and CUDA-graph replay
+    (the shapes and capacities: ``benchmarks/harnesses.md#gpustepspy``)."""
     from fastvocab.decoding.steppers import capture_graph
     from fastvocab.kernels import create_projection
     from fastvocab.kernels.clustered_static import StaticUnion
@@ -156,13 +151,12 @@ def step_static(args: argparse.Namespace) -> dict:
     device = pick_device(args.smoke)
     cuda = device == "cuda"
     n_vocab, d, r = (4000, 64, 50) if args.smoke else (128_112, 1024, 2000)
-    dtype = DTYPE
     rows_list = [1, 5, 40] if args.smoke else [1, 40] if args.quick else [1, 5, 40, 128]
     fractions = [0.1] if args.smoke or args.quick else [0.05, 0.1, 0.2]
     repeats, inner = (3, 2) if args.smoke else (15, 20)
     g = torch.Generator().manual_seed(0)
-    w = (torch.randn(n_vocab, d, generator=g) / math.sqrt(d)).to(device, dtype)
-    b = (0.1 * torch.randn(n_vocab, generator=g)).to(device, dtype)
+    w = (torch.randn(n_vocab, d, generator=g) / math.sqrt(d)).to(device, DTYPE)
+    b = (0.1 * torch.randn(n_vocab, generator=g)).to(device, DTYPE)
     full = create_projection("full", w, b, fingerprint="synthetic")
     records = []
     for frac in fractions:
@@ -177,7 +171,7 @@ def step_static(args: argparse.Namespace) -> dict:
         ref = union["union/torch"]
         for rows in rows_list:
             states, _ = synthetic_rows(cmap, rows)  # 2 beams per cluster
-            h = torch.from_numpy(states).to(device, dtype)
+            h = torch.from_numpy(states).to(device, DTYPE)
             c = ref(h).ids.numel()
             fns: dict[str, Callable[[], object]] = {"full": lambda h=h: full(h)}
             for name, p in union.items():
@@ -185,8 +179,7 @@ def step_static(args: argparse.Namespace) -> dict:
             caps = {"tight": min(n_vocab, -(-c // 256) * 256), "bound": None}
             statics = {}
             for cap_name, cap in caps.items():
-                su = StaticUnion(ref, capacity=cap, rows=rows, grow=False)
-                statics[cap_name] = su
+                su = statics[cap_name] = StaticUnion(ref, capacity=cap, rows=rows, grow=False)
                 fns[f"static/{cap_name}/eager"] = lambda su=su, h=h: su.step(h)
                 if cuda:  # captured on a static copy of h; the callable replays the graph
                     fns[f"static/{cap_name}/graph"] = capture_graph(partial(su.step, h.clone()), warmups=2)
@@ -209,7 +202,7 @@ def step_static(args: argparse.Namespace) -> dict:
     # Where the time goes at the last row count: each variant's kernels and their device time per call.
     profiles = {k: kernel_table(fn, device) for k, fn in fns.items() if not k.endswith("/graph")}
     payload = {
-        "meta": meta(device, args, dtype=str(dtype)), "results": records,
+        "meta": meta(device, args, dtype=str(DTYPE)), "results": records,
         "kernels_per_call": {"rows": rows, "active_fraction": frac, "variants": profiles},
     }  # fmt: skip
     for k, table in profiles.items():
@@ -219,7 +212,6 @@ def step_static(args: argparse.Namespace) -> dict:
             print(f"    {row['us_per_call']:8.1f} us  x{row['calls_per_call']:<4g} {row['name'][:70]}")
     print(static_section(payload, None))
     write_result(args.out / "gpu-static.json", payload)
-    return payload
 
 
 def kernel_table(fn: Callable[[], object], device: str, calls: int = 10) -> list[dict]:
@@ -308,7 +300,7 @@ def fixed_decode(adapter, project, src: torch.Tensor, beam: int, steps: int) -> 
         state = adapter.reorder(state, (base + src_beam).reshape(-1), group=beam)
 
 
-def step_e2e(args: argparse.Namespace) -> dict:
+def step_e2e(args: argparse.Namespace) -> None:
     device = pick_device(args.smoke)
     arch = SMOKE_ARCH if args.smoke else M2M100_418M
     steps = 4 if args.smoke else args.steps
@@ -331,7 +323,6 @@ def step_e2e(args: argparse.Namespace) -> dict:
     payload = {"meta": info, "results": results}
     print(e2e_section(payload))
     write_result(args.out / "gpu-e2e.json", payload)
-    return payload
 
 
 @dataclass
@@ -360,12 +351,8 @@ class E2e:
 
         model = random_model(arch, device, DTYPE)
         tok = AutoTokenizer.from_pretrained(ROOT / "models" / "demo", local_files_only=True)  # its ids fit
-        adapters = {
-            eng: Seq2SeqAdapter(
-                model, tok, "random-m2m100", device, DTYPE, "synthetic", engine=eng, cache_len=64
-            )
-            for eng in ("hf", "static")
-        }
+        on = partial(Seq2SeqAdapter, model, tok, "random-m2m100", device, DTYPE, "synthetic", cache_len=64)
+        adapters = {eng: on(engine=eng) for eng in ("hf", "static")}
         ad = adapters["static"]
         full = create_projection("full", ad.output_weight, ad.output_bias, fingerprint="synthetic")
         n_vocab, d = ad.output_weight.shape
@@ -464,9 +451,8 @@ class E2e:
             results.append({"beam": beam, "batch": batch, "steps": steps, "variant": k, "time_s": t,
                             "tokens_per_s": tokens / t, "speedup_vs_full_static": t_full / t,
                             "times_s": ts})  # fmt: skip
-        t_dec = statistics.median(times["decoder-only/static"]) if beam == 1 else None
         # what removing the output layer entirely would save
-        share = None if t_dec is None else max(0.0, 1 - t_dec / t_full)
+        share = max(0.0, 1 - statistics.median(times["decoder-only/static"]) / t_full) if beam == 1 else None
         results.append({
             "beam": beam, "batch": batch, "variant": "projection-alone",
             "per_call_us": {k: statistics.median(v) * 1e6 for k, v in proj_only.items()},
@@ -517,12 +503,12 @@ def searched(
     return lambda: beam_search(adapter, projection, batch, "en", "it", settings, stepper=stepper())
 
 
+@dataclass(eq=False)  # hashed and compared by identity, as a projection is
 class _StaticProject:
     """The static-capacity union step as a search's ``project`` (eager, falls back on overflow)."""
 
-    def __init__(self, ref) -> None:
-        self.ref = ref
-        self.su = None
+    ref: Any
+    su: Any = None
 
     def size_for(self, rows: int) -> None:
         from fastvocab.kernels.clustered_static import StaticUnion
@@ -533,30 +519,26 @@ class _StaticProject:
         return self.su.project(h)
 
 
+@dataclass(eq=False)
 class _Noop:
     """A projection stand-in that costs one tiny op: the decoder step's time without the output layer."""
 
-    def __init__(self, n_vocab: int) -> None:
-        self.n_vocab = n_vocab
+    n_vocab: int
 
     def __call__(self, h):
         from fastvocab.kernels.base import ProjectionOutput
 
-        logits = h[:, :1]
-        return ProjectionOutput(logits=logits, ids=torch.zeros(1, dtype=torch.long, device=h.device),
+        return ProjectionOutput(logits=h[:, :1], ids=torch.zeros(1, dtype=torch.long, device=h.device),
                                 n_vocab=self.n_vocab)  # fmt: skip
 
 
 # ------------------------------------------------------------------------------------- e2e, demo model
 
 
-def step_e2e_demo(args: argparse.Namespace) -> dict:
-    """End to end on the demo model: ``tasks.translate`` over real test lines, full and clustered (the
-    pipeline's en-it map, carried as runs/demo/maps/en-it; union mode with the CLI's default estimate: none at
-    beam 1, normaliser beyond), each eager and with the whole step in CUDA graphs (``graphs="on"``: capture
-    included, once per batch), at beam 1 batch 1, beam 2 batch 20 and beam 4 batch 64, fp16. Full's lines
-    must not change with graphs; clustered's may where the eager search has dropped finished rows from a
-    batch and the graphed one keeps them (a union is the batch's columns), so both counts are recorded."""
+def step_e2e_demo(args: argparse.Namespace) -> None:
+    """End to end on the demo model: ``tasks.translate`` over real test lines, full and clustered, each eager
+    and with the whole step in CUDA graphs (the settings, and why both line counts are recorded:
+    ``benchmarks/harnesses.md#gpustepspy``)."""
     from fastvocab.artifacts_schema.cluster_map import resolve_map_dir
     from fastvocab.artifacts_schema.errors import ArtifactError
     from fastvocab.decoding.hf_adapter import Seq2SeqAdapter
@@ -564,8 +546,7 @@ def step_e2e_demo(args: argparse.Namespace) -> dict:
     from fastvocab.tasks.translate import SearchSettings, translate
 
     device = pick_device(args.smoke)
-    dtype = DTYPE
-    ad = Seq2SeqAdapter.load(ROOT / "models" / "demo", device=device, dtype=dtype)
+    ad = Seq2SeqAdapter.load(ROOT / "models" / "demo", device=device, dtype=DTYPE)
     # (beam, batch, lines)
     settings = [(1, 1, 6), (2, 4, 8)] if args.smoke else [(1, 1, 64), (2, 20, 200), (4, 64, 256)]
     if args.quick and not args.smoke:
@@ -614,23 +595,19 @@ def step_e2e_demo(args: argparse.Namespace) -> dict:
             if r["beam"] == beam:
                 r["speedup_vs_full_eager"] = t_full / r["seconds"]
     used = None if map_dir is None else str(map_dir.relative_to(ROOT))
-    info = meta(device, args, dtype=str(dtype), model="models/demo", engine=ad.engine, map=used,
+    info = meta(device, args, dtype=str(DTYPE), model="models/demo", engine=ad.engine, map=used,
                 max_len=max_len, repeats=repeats)  # fmt: skip
     payload = {"meta": info, "results": results}
     print(e2e_demo_section(payload))
     write_result(args.out / "gpu-e2e-demo.json", payload)
-    return payload
 
 
 # --------------------------------------------------------------------------------------------- dump
 
 
-def step_dump(args: argparse.Namespace) -> dict:
-    """States/s of the dump of ``models/demo`` (fp16, full projection, K 8) by path and batch size, on
-    length-sorted train lines: the greedy path eagerly (records kept on the device, read back once a batch;
-    and, for comparison, read back every step as the dump did before) and with the captured step
-    (``graphs="on"``), the reference path (teacher forcing), whole shards written to Parquet, and streamed
-    counts against 1,000 centroids (assigned and counted on the device)."""
+def step_dump(args: argparse.Namespace) -> None:
+    """States/s of the dump of ``models/demo`` by path and batch size, on length-sorted train lines (the
+    paths: ``benchmarks/harnesses.md#gpustepspy``)."""
     from fastvocab.tasks.context import RunContext, describe_model
     from fastvocab.tasks.dump import ShardSpec
 
@@ -683,7 +660,6 @@ def step_dump(args: argparse.Namespace) -> dict:
         payload["agreement"] = {"error": f"{type(exc).__name__}: {exc}"[:500]}
     print("captured vs eager on the same lines:", payload["agreement"])
     write_result(args.out / "gpu-dump.json", payload)
-    return payload
 
 
 class DumpWork:
@@ -761,17 +737,12 @@ def _captured_agreement(ctx, texts: list[str]) -> dict:
     cols = {"sent_id": np.arange(len(texts)), "text": np.array(texts, dtype=object),
             "src_lang": np.array(["en"] * len(texts), dtype=object),
             "tgt_lang": np.array(["it"] * len(texts), dtype=object)}  # fmt: skip
-    out = {}
-    for graphs in ("off", "on"):
-        out[graphs] = DumpDecoder(ctx, DumpSettings(k=8, max_len=128, batch_size=len(texts), graphs=graphs))(
-            cols
-        )
-    e, c = out["off"], out["on"]
+    settings = partial(DumpSettings, k=8, max_len=128, batch_size=len(texts))
+    e, c = (DumpDecoder(ctx, settings(graphs=graphs))(cols) for graphs in ("off", "on"))
     key = lambda o: list(zip(o["sent_id"].tolist(), o["step"].tolist(), strict=True))  # noqa: E731
     same_rows = key(e) == key(c)
     res: dict[str, object] = {"lines": len(texts), "rows_eager": len(e["step"]),
-                              "rows_captured": len(c["step"]),
-                              "same_rows": same_rows}  # fmt: skip
+                              "rows_captured": len(c["step"]), "same_rows": same_rows}  # fmt: skip
     sent_same = [
         np.array_equal(e["topk_ids"][e["sent_id"] == s, 0], c["topk_ids"][c["sent_id"] == s, 0])
         for s in range(len(texts))

@@ -48,8 +48,7 @@ def _cell(x: object) -> str:
 
 def env_section(res: dict) -> str:
     meta, env = res.get("meta", {}), res.get("env", {})
-    keys = ["device_name", "torch", "cuda", "cupy", "commit", "date"]
-    rows = [[k, meta.get(k)] for k in keys]
+    rows = [[k, meta.get(k)] for k in ("device_name", "torch", "cuda", "cupy", "commit", "date")]
     rows += [
         ["copy GB/s", env.get("copy_GBps")],
         ["matmul TFLOP/s", (env.get("matmul_TFLOPs") or {}).get("value")],
@@ -68,8 +67,7 @@ def bench_section(step: str, res: dict) -> str:
     against the byte floor."""
     recs = res["results"]
     out = [f"### Projection ({step})"]
-    rows = []
-    goal = None
+    rows, goal = [], None
     keys = sorted({(r["N"], r["d"], r["rows"], r["active_fraction"]) for r in recs if r["method"] != "full"})
     for n, d, nrows, frac in keys:
         same = [r for r in recs if (r["N"], r["d"], r["rows"]) == (n, d, nrows)]
@@ -163,10 +161,8 @@ def e2e_demo_section(res: dict) -> str:
 
 
 def dump_section(res: dict) -> str:
-    rows = [
-        [r["batch_size"], r["sentences"], r["states"], r["seconds"], r["states_per_s"]]
-        for r in res["results"]
-    ]
+    keys = ("batch_size", "sentences", "states", "seconds", "states_per_s")
+    rows = [[r[k] for k in keys] for r in res["results"]]
     return "### Dump\n\n" + table(["batch", "sentences", "states", "s", "states/s"], rows)
 
 

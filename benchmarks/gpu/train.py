@@ -1,5 +1,4 @@
-"""GPU training of the demo model in resumable steps of under 10 minutes, for
-``campaign.sh train-N``.
+"""GPU training of the demo model in resumable steps of under 10 minutes, for ``campaign.sh train-N``.
 
     python benchmarks/gpu/train.py N --out DIR [--minutes 6.5] [--resume-from FOLDER] [--smoke]
 
@@ -51,15 +50,12 @@ def smoke_corpus(src: Path, dst: Path, rows: int = 2000) -> Path:
     """The first ``rows`` pairs of each split of every pair in ``src`` (a smoke run's corpus)."""
     import pyarrow.parquet as pq
 
-    for sub in sorted(src.glob("*-*")):
-        if (sub / "train.parquet").exists():
-            (dst / sub.name).mkdir(parents=True, exist_ok=True)
-            for split in ("train", "dev", "test"):
-                if (sub / f"{split}.parquet").exists():
-                    t = pq.read_table(sub / f"{split}.parquet")
-                    pq.write_table(
-                        t.slice(0, rows if split == "train" else 50), dst / sub.name / f"{split}.parquet"
-                    )
+    for sub in sorted(p for p in src.glob("*-*") if (p / "train.parquet").exists()):
+        (dst / sub.name).mkdir(parents=True, exist_ok=True)
+        for part in (sub / f"{split}.parquet" for split in ("train", "dev", "test")):
+            if part.exists():
+                keep = rows if part.stem == "train" else 50
+                pq.write_table(pq.read_table(part).slice(0, keep), dst / sub.name / part.name)
     return dst
 
 
