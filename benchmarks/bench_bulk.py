@@ -79,8 +79,7 @@ def translate(inp: Path, out: Path, args: argparse.Namespace, extra: list[str]) 
         "target_tokens": int(re.search(r"(\d+) target tokens", summary).group(1)),
         "tokens_per_s_reported": float(re.search(r"([\d.]+) tokens/s", summary).group(1)),
     }  # fmt: skip
-    busy = re.search(r"\(([\d.]+) a worker while busy", summary)
-    if busy:
+    if busy := re.search(r"\(([\d.]+) a worker while busy", summary):
         row["tokens_per_s_a_worker_busy"] = float(busy.group(1))
     if phases := bulk_phases(proc.stderr):
         row["phases_s"] = phases

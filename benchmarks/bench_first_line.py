@@ -97,24 +97,20 @@ def main() -> None:
         run = functools.partial(one_run, args.line, args.model, args.engine, args.dtype, env, args.clusters)
         warmup, runs = run(), [run() for _ in range(args.runs)]
     imports = [round(import_seconds(), 3) for _ in range(args.runs)]
-
-    def median(key: str) -> float:
-        return round(statistics.median(float(r[key]) for r in runs), 3)  # type: ignore[arg-type]
-
+    keys = ("wall_s", "startup_and_exit_s", "load_s", "translate_s", "job_s")
+    m = {k: round(statistics.median(float(r[k]) for r in runs), 3) for k in keys}  # type: ignore[arg-type]
     result = {
         **result_header("first-line"), "cores": os.cpu_count(),
         "model": str(args.model.relative_to(ROOT) if args.model.is_relative_to(ROOT) else args.model),
         "line": args.line, "engine": args.engine,
         "engine_run": runs[0]["engine"],  # what --engine auto picked
         "dtype": args.dtype, "clusters": None if args.clusters is None else str(args.clusters),
-        "cold_cache": args.cold_cache, "runs": args.runs,
-        "median": {k: median(k) for k in ("wall_s", "startup_and_exit_s", "load_s", "translate_s", "job_s")},
+        "cold_cache": args.cold_cache, "runs": args.runs, "median": m,
         "import_only_s": {"median": round(statistics.median(imports), 3), "runs": imports}, "warmup": warmup,
         "each": runs,
     }  # fmt: skip
     if args.cold_cache:  # what the first run paid beyond a later one
-        result["first_run_extra_s"] = round(float(warmup["wall_s"]) - result["median"]["wall_s"], 3)
-    m = result["median"]
+        result["first_run_extra_s"] = round(float(warmup["wall_s"]) - m["wall_s"], 3)
     print(
         f"first line: wall {m['wall_s']:.2f} s median of {args.runs} "
         f"(startup and exit {m['startup_and_exit_s']:.2f}, "

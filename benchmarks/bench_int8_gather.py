@@ -128,14 +128,10 @@ def write_cost_table(args, argv: list[str] | None) -> int:
     """``--cost-table``: ``int8_union.measure_costs`` on the first of ``--threads``, with the machine, the
     commit and the command recorded beside the numbers."""
     torch.set_num_threads(args.threads[0])
-    sizes = {"rows": args.rows, "unions": args.union}
-    table = int8_union.measure_costs(
-        args.d, args.vocab, repeats=args.repeats, **{k: v for k, v in sizes.items() if v}
-    )
-    table = dataclasses.replace(
-        table, measured_on={**provenance("bench_int8_gather.py", argv, "kernels"), **table.measured_on}
-    )
-    write_result(Path(args.cost_table), table.to_json())
+    sizes = {k: v for k, v in (("rows", args.rows), ("unions", args.union)) if v}
+    table = int8_union.measure_costs(args.d, args.vocab, repeats=args.repeats, **sizes)
+    measured_on = {**provenance("bench_int8_gather.py", argv, "kernels"), **table.measured_on}
+    write_result(Path(args.cost_table), dataclasses.replace(table, measured_on=measured_on).to_json())
     return 0
 
 

@@ -93,9 +93,6 @@ SYSTEMS = ["full-fp32", "full-int8", "clustered-fp32", "clustered-int8",
 FRACTIONS = [0.02, 0.05, 0.1, 0.2]
 
 
-# ---------------------------------------------------------------------------------------------- memory
-
-
 def memory_needed(shape: Shape, systems: list[str], fractions: list[float], args) -> dict[str, int]:
     """Bytes the asked systems hold at once (estimates: weights, copies, caches, maps), by component."""
     p, nd = shape.params(), shape.vocab * shape.d_model
@@ -106,9 +103,8 @@ def memory_needed(shape: Shape, systems: list[str], fractions: list[float], args
     d, f = shape.d_model, shape.ffn
     # the decoder layers' pre-packed float32 copies (kernels/prepack.py): QKV, cross Q, both outputs, FFN
     packed_layers = 4 * shape.dec_layers * (6 * d * d + 2 * d * f)
-    need = {}
     # always loaded (the tokenizer)
-    need["fastvocab fp32 model + packed W and decoder copies"] = 4 * p + 8 * nd + packed_layers
+    need = {"fastvocab fp32 model + packed W and decoder copies": 4 * p + 8 * nd + packed_layers}
     if any(s.endswith("int8") and not s.startswith("ct2") for s in systems):
         # measured at m2m100-418m: the int8 load adds ~1.9x its fp32 weights (the fp32 load stays, plus the
         # quantized copies of the engine's linears); the packed copies live until the layers are quantised
@@ -148,9 +144,6 @@ def check_memory(name: str, shape: Shape, systems: list[str], fractions: list[fl
             f"{have / 2**30:.1f} GiB available; run fewer --systems, --active fractions or a smaller --batch"
         )
     return report
-
-
-# ---------------------------------------------------------------------------------------------- models
 
 
 def random_lines(n: int, words: int, seed: int = 0) -> list[str]:
@@ -230,7 +223,6 @@ def prepare_shape(name: str, args, systems: list[str]) -> tuple[Path, Path | Non
     """(HF model folder, CT2 folder or None, shape, info): built and converted once, cached under --root."""
     folder = Path(args.root) / name
     folder.mkdir(parents=True, exist_ok=True)
-    info: dict = {}
     if name == "demo":
         model_dir = ROOT / "models" / "demo"
         shape = shape_of(model_dir)
@@ -238,7 +230,7 @@ def prepare_shape(name: str, args, systems: list[str]) -> tuple[Path, Path | Non
         shape = SHAPES[name]
         assert shape is not None
         model_dir = folder / "model"
-    info["memory"] = check_memory(name, shape, systems, args.active, args)
+    info: dict = {"memory": check_memory(name, shape, systems, args.active, args)}
     marker = folder / "shape.json"
     built = json.loads(marker.read_text()) if marker.exists() else {}
     if name != "demo" and built.get("shape") != asdict(shape):
@@ -269,9 +261,6 @@ def load_adapter(model_dir: Path, fingerprint: str | None, int8: bool, engine: s
     if int8:
         a.quantize_int8()
     return a
-
-
-# ---------------------------------------------------------------------------------------------- maps
 
 
 def zipf_pool(n: int, zipf: float, seed: int) -> np.ndarray:
@@ -346,16 +335,14 @@ def union_growth(cmap, rows=(1, 8, 32, 128), draws: int = 16, weighted: bool = F
         weights = np.add.reduceat(cmap.counts.astype(np.float64), indptr[:-1]) * (np.diff(indptr) > 0)
         p = weights / np.sum(weights)
     rng = np.random.default_rng(0)
-    out = {}
-    for m in rows:
-        fr = []
-        for _ in range(draws):
-            mask = np.zeros(n, dtype=bool)
-            for c in rng.choice(len(indptr) - 1, size=m, replace=True, p=p):
-                mask[indices[indptr[c] : indptr[c + 1]]] = True
-            fr.append(mask.mean())
-        out[str(m)] = round(float(np.mean(fr)), 5)
-    return out
+
+    def union(m: int) -> float:
+        mask = np.zeros(n, dtype=bool)
+        for c in rng.choice(len(indptr) - 1, size=m, replace=True, p=p):
+            mask[indices[indptr[c] : indptr[c + 1]]] = True
+        return mask.mean()
+
+    return {str(m): round(float(np.mean([union(m) for _ in range(draws)])), 5) for m in rows}
 
 
 def real_union_growth(path: str) -> dict:
@@ -391,18 +378,12 @@ def write_vmap(adapter, count: int, logw: np.ndarray, path: Path) -> int:
 
     tokens = vocabulary_tokens(adapter)
     ids = [*adapter.always_active_ids(), *np.argsort(-logw).tolist()]
-    keep = []
-    for i in dict.fromkeys(ids):
-        s = tokens[i]
-        if s and not any(c in s for c in " \t\n"):
-            keep.append(s)
-        if len(keep) >= count:
-            break
+    usable = (
+        s for s in map(tokens.__getitem__, dict.fromkeys(ids)) if s and not any(c in s for c in " \t\n")
+    )
+    keep = list(itertools.islice(usable, count))
     path.write_text("\t" + " ".join(keep) + "\n", encoding="utf-8")
     return len(keep)
-
-
-# ---------------------------------------------------------------------------------------------- systems
 
 
 class FixedStepsCt2(Ct2System):
@@ -435,9 +416,6 @@ def fastvocab_run(adapter, projection, ns):
         return r.seconds, r.target_tokens
 
     return run
-
-
-# ---------------------------------------------------------------------------------------------- measures
 
 
 def gemm_peak(threads: int, repeats: int = 30) -> float:
@@ -539,9 +517,6 @@ def step_profile(
     return t_proj / (t_proj + t_dec), out
 
 
-# ---------------------------------------------------------------------------------------------- the run
-
-
 def system_label(key: str, frac: float | None) -> str:
     return key if frac is None else f"{key} {100 * frac:g}%"
 
@@ -590,8 +565,7 @@ def run_shape(name: str, args, result: dict) -> None:
     maps_info = {}
     if any(s.startswith("clustered") or s == "ct2-int8-vmap" for s in systems):
         maps_info = clustered_projections(m, args, info)
-    info["load_rss_mib"] = {k: round(v) for k, v in load_mib.items()}
-    info["synthetic_maps"] = maps_info
+    info.update(load_rss_mib={k: round(v) for k, v in load_mib.items()}, synthetic_maps=maps_info)
     result["shapes"][name] = {"shape": asdict(shape), "params": shape.params(), **info}
 
     only_1t = args.one_thread_batch

@@ -216,8 +216,7 @@ def clustered_systems(a32, a8, args, info: dict, systems: dict[str, Callable]) -
     map_dir = resolve_map_dir(args.maps, args.src_lang, args.tgt_lang)
     beams = sorted({int(b) for b in args.beams.split(",")})
     probes_list: list[int | None] = [int(x) for x in args.probes.split(",") if x] if args.probes else [None]
-    info["map"] = str(map_dir)
-    info["map_signature"] = {}
+    info.update(map=str(map_dir), map_signature={})
     hybrid: dict[str, object] = {}  # --with-shortlist: the table whose candidates join the sets
     if args.with_shortlist:
         from fastvocab.experiments.bench_methods import shortlist_folder
@@ -227,8 +226,7 @@ def clustered_systems(a32, a8, args, info: dict, systems: dict[str, Callable]) -
 
     def by_beam(probes: int | None = probes_list[0], **extra: object) -> dict:
         """One clustered projection a beam size, built before any timing, as ``fastvocab translate`` builds
-        it: union selection, ``--inactive-mass`` as translate reads it (auto: none for greedy, the
-        normaliser for beam search)."""
+        it (``benchmarks/harnesses.md#bench_peerpy``)."""
 
         def one(beam: int):
             opts = clustered_options("union", args.inactive_mass, False, beam, probes, bool(hybrid))
@@ -254,10 +252,9 @@ def ct2_systems(adapter, args, info: dict, systems: dict[str, Callable]) -> None
     ct2_dir = Path(args.ct2_dir) if args.ct2_dir else scratch_dir("ct2-") / "model"
     if not (ct2_dir / "model.bin").exists():
         convert_ct2(Path(args.model), ct2_dir)
-    info["ctranslate2"] = ctranslate2.__version__
-    info["ct2_model"] = str(ct2_dir)
-    systems["ct2 float32"] = Ct2System(ct2_dir, "float32", adapter, args)
-    systems["ct2 int8"] = Ct2System(ct2_dir, "int8", adapter, args)
+    info.update(ctranslate2=ctranslate2.__version__, ct2_model=str(ct2_dir))
+    for dtype in ("float32", "int8"):
+        systems[f"ct2 {dtype}"] = Ct2System(ct2_dir, dtype, adapter, args)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

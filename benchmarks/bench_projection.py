@@ -33,9 +33,6 @@ PEAK_GBPS = {"H200": 4800.0, "H100 SXM": 3350.0, "H100 80GB HBM3": 3350.0, "H100
              "A100": 2039.0}  # fmt: skip
 
 
-# ------------------------------------------------------------------------------------------- synthetic data
-
-
 def synthetic_weights(n_vocab: int, d: int, dtype: torch.dtype, device: str, seed: int = 0):
     g = torch.Generator().manual_seed(seed)
     w = (torch.randn(n_vocab, d, generator=g) / math.sqrt(d)).to(dtype)
@@ -73,10 +70,8 @@ def synthetic_map(
 
 
 def synthetic_rows(cmap: ClusterMap, rows: int, seed: int = 0) -> tuple[np.ndarray, int]:
-    """``rows`` states, two consecutive rows (a sentence's beams) per cluster drawn by population.
-
-    Returns (states (rows, d), number of distinct clusters).
-    """
+    """``rows`` states, two consecutive rows (a sentence's beams) per cluster drawn by population, and the
+    number of distinct clusters drawn."""
     rng = np.random.default_rng(seed + rows)
     sizes = np.diff(cmap.indptr)
     pop = np.add.reduceat(cmap.counts.astype(np.float64), cmap.indptr[:-1]) * (sizes > 0)
@@ -85,9 +80,6 @@ def synthetic_rows(cmap: ClusterMap, rows: int, seed: int = 0) -> tuple[np.ndarr
     which = np.repeat(chosen, 2)[:rows]
     noise = 0.02 * rng.standard_normal((rows, cmap.centroids.shape[1])).astype(np.float32)
     return cmap.centroids[which] + noise, len(set(chosen.tolist()))
-
-
-# ------------------------------------------------------------------------------------------- timing
 
 
 def timed(fn: Callable[[], object], device: str, inner: int = 1) -> float:
@@ -121,16 +113,12 @@ def peak_gbps(device_name: str) -> tuple[float | None, str]:
     return (PEAK_GBPS[key], f"nominal for {key}") if key else (None, "unknown device: no nominal peak")
 
 
-# ------------------------------------------------------------------------------------------- one size
-
-
 def clustered_variants(device: str, args) -> list[tuple[str, dict]]:
     """(label, create_projection options) of the clustered variants to time on this device."""
     out = []
     for mode in ("union", "per-row"):
         if device.startswith("cuda"):
-            out.append((f"{mode}/cupy", {"selection": mode, "backend": "cupy"}))
-            out.append((f"{mode}/torch", {"selection": mode, "backend": "torch"}))
+            out += [(f"{mode}/{be}", {"selection": mode, "backend": be}) for be in ("cupy", "torch")]
         else:
             out.append((mode, {"selection": mode}))
             if args.no_cache_variant:
@@ -282,9 +270,6 @@ def crossover(records: list[dict]) -> list[dict]:
                 "per_row_wins_at": wins, "per_row_wins_from": first,
             })  # fmt: skip
     return out
-
-
-# ------------------------------------------------------------------------------------------- main
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

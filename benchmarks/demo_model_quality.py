@@ -142,13 +142,11 @@ def main() -> int:
         "directions": {},
     }  # fmt: skip
     summary = json.loads((args.model / "training_summary.json").read_text())
-    result["model_params"] = summary["params"]
-    result["vocab_size"] = summary["vocab_size"]
+    result.update(model_params=summary["params"], vocab_size=summary["vocab_size"])
     hyps_by_direction = {}
     with tempfile.TemporaryDirectory() as tmp:
         for d in directions:
-            src, tgt = d.split("-")
-            r = run_direction(args, src, tgt, Path(tmp))
+            r = run_direction(args, *d.split("-"), Path(tmp))
             hyps_by_direction[d] = r.pop("hypotheses")
             result["directions"][d] = r
             print(f"{d}: BLEU {r['bleu']:.2f} chrF {r['chrf']:.2f} ({r['sentences']} sentences)", flush=True)

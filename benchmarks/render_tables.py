@@ -368,8 +368,7 @@ def render_card(root: Path, doc: Path) -> str:
               "shortlist: targets per source subword, frequent list, source subwords with a row",
               "shortlist size (compact form, zstd)"]  # fmt: skip
     out = "| | " + " | ".join(DIRECTIONS) + " |\n" + _row(["---", "---:", "---:"])
-    for i, label in enumerate(labels):
-        out += _row([label, *(cols[d][i] for d in DIRECTIONS)])
+    out += "".join(_row([label, *cells]) for label, *cells in zip(labels, *cols.values(), strict=True))
     rel = Path(os.path.relpath(maps / "maps.json", doc.parent)).as_posix()
     return out + f"\nRendered by `benchmarks/render_tables.py` from [maps.json]({rel}) and the manifests.\n"
 

@@ -39,9 +39,6 @@ from summarize import e2e_demo_section, e2e_section, env_section, static_section
 
 from fastvocab import switches  # noqa: E402
 
-# --------------------------------------------------------------------------------------------- common
-
-
 # The campaign's dtype: on the GPU, and in CPU smoke runs too, so that a half-precision bug shows here first.
 DTYPE = torch.float16
 
@@ -90,8 +87,7 @@ def sync(device: str) -> None:
 
 
 def matmul_tflops(device: str, n: int, dtype: torch.dtype) -> float:
-    a = torch.randn(n, n, device=device).to(dtype)
-    b = torch.randn(n, n, device=device).to(dtype)
+    a, b = (torch.randn(n, n, device=device).to(dtype) for _ in range(2))
     a @ b
     sync(device)
     t = min(timed(lambda: a @ b, device, 3) for _ in range(3))
@@ -118,8 +114,7 @@ def step_env(args: argparse.Namespace) -> None:
                    memory_GiB=round(p.total_memory / 2**30, 1),
                    l2_MB=round(getattr(p, "L2_cache_size", 0) / 1e6, 1))  # fmt: skip
         res["nvidia_smi"] = subprocess.run(["nvidia-smi"], capture_output=True, text=True).stdout[-3000:]
-    mb = 8 if args.smoke else 1024
-    res["copy_GBps"] = copy_bandwidth_gbps(device, mb, rounds=5)
+    res["copy_GBps"] = copy_bandwidth_gbps(device, 8 if args.smoke else 1024, rounds=5)
     n = 256 if args.smoke else 8192
     dt = torch.float32 if device == "cpu" else torch.bfloat16
     res["matmul_TFLOPs"] = {"n": n, "dtype": str(dt), "value": matmul_tflops(device, n, dt)}
@@ -136,9 +131,6 @@ def step_env(args: argparse.Namespace) -> None:
     payload = {"meta": meta(device, args), "env": res}
     print(env_section(payload) + f"\n\nCuPy kernels: {res.get('cupy_kernels', 'not run (no CUDA)')}")
     write_result(args.out / "gpu-env.json", payload)
-
-
-# --------------------------------------------------------------------------------------------- static
 
 
 def step_static(args: argparse.Namespace) -> None:
@@ -240,9 +232,6 @@ def kernel_table(fn: Callable[[], object], device: str, calls: int = 10) -> list
         if us > 0:
             rows.append({"name": e.key, "us_per_call": us / calls, "calls_per_call": e.count / calls})
     return sorted(rows, key=lambda r: -r["us_per_call"])
-
-
-# --------------------------------------------------------------------------------------------- e2e
 
 
 def m2m100_arch(vocab_size: int, d_model: int, layers: int, heads: int, ffn: int) -> dict[str, int]:
@@ -403,9 +392,8 @@ class E2e:
         return maps
 
     def point(self, beam: int, batch: int) -> list[dict]:
-        """Every variant decoding ``steps`` tokens of a batch, eager; at beam 1 and 2 the searches too, eager
-        and captured; the output layer alone on the same rows; at beam 1 the decoder alone. A record each,
-        and the projection's share of a full static step."""
+        """A record a variant timed at this point (``benchmarks/harnesses.md#gpustepspy``), and the
+        projection's share of a full static step."""
         device, steps, ad, full = self.device, self.steps, self.adapters["static"], self.full
         src = self.source(batch)
         for _eng, p in self.variants.values():
@@ -484,10 +472,8 @@ class E2e:
 def searched(
     adapter, projection, src: torch.Tensor, steps: int, graph: bool, beam: int = 1
 ) -> Callable[[], object]:
-    """A search of ``steps`` tokens over ``src``, greedy (``beam`` 1) or beam: ``decoding.search``'s
-    (eager), or with ``graph`` the captured stepper's (the step captured in CUDA graphs once per call: the
-    capture is timed too, as a translation pays it once per batch). Without CUDA the captured stepper runs
-    its step eagerly (``--smoke`` checks the code)."""
+    """A search of ``steps`` tokens over ``src``, greedy (``beam`` 1) or beam: ``decoding.search``'s, or with
+    ``graph`` the captured stepper's (eager without CUDA, so ``--smoke`` checks the code)."""
     from fastvocab.decoding.search import beam_search, greedy_search
     from fastvocab.decoding.settings import SearchSettings
     from fastvocab.decoding.steppers import CapturedStepper, EagerStepper
@@ -530,9 +516,6 @@ class _Noop:
 
         return ProjectionOutput(logits=h[:, :1], ids=torch.zeros(1, dtype=torch.long, device=h.device),
                                 n_vocab=self.n_vocab)  # fmt: skip
-
-
-# ------------------------------------------------------------------------------------- e2e, demo model
 
 
 def step_e2e_demo(args: argparse.Namespace) -> None:
@@ -600,9 +583,6 @@ def step_e2e_demo(args: argparse.Namespace) -> None:
     payload = {"meta": info, "results": results}
     print(e2e_demo_section(payload))
     write_result(args.out / "gpu-e2e-demo.json", payload)
-
-
-# --------------------------------------------------------------------------------------------- dump
 
 
 def step_dump(args: argparse.Namespace) -> None:
@@ -676,8 +656,7 @@ class DumpWork:
 
         texts, refs, device = self.spec.texts, self.spec.references, self.ctx.device
         dec = DumpDecoder(self.ctx, DumpSettings(k=8, max_len=128, batch_size=bs, beam=beam, graphs=graphs))
-        default_rows = dump_mod.teacher_rows(device, dec.n_vocab)
-        rows = int(name.split("rows ")[1]) if "rows " in name else default_rows
+        rows = int(name.split("rows ")[1]) if "rows " in name else dump_mod.teacher_rows(device, dec.n_vocab)
         # a path named "rows R" runs R rows a projection call (the bounds of teacher_rows set to R)
         held = contextlib.ExitStack()
         if "rows " in name:
@@ -774,9 +753,6 @@ def _dump_pairs(n: int, train: bool = True) -> tuple[list[str], list[str]]:
     print(f"texts: {test} not carried; {min(n, len(lines))} README lines instead")
     texts = (lines * (1 + n // max(1, len(lines))))[:n]
     return texts, texts
-
-
-# --------------------------------------------------------------------------------------------- main
 
 
 def main(argv: list[str] | None = None) -> int:

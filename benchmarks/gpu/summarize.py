@@ -178,10 +178,8 @@ def train_section(found: dict[str, dict]) -> str:
         tokens = f"{res.get('train_tokens', 0) / 1e6:.0f}M"
         rows.append([k, res.get("steps"), res.get("train_minutes_total"), tokens]
                     + [dev.get(d, {}).get("bleu") for d in directions])  # fmt: skip
-    out = [
-        "### Demo model training (dev BLEU, greedy)",
-        table(["step", "steps", "minutes", "tokens", *directions], rows),
-    ]
+    head = ["step", "steps", "minutes", "tokens", *directions]
+    out = ["### Demo model training (dev BLEU, greedy)", table(head, rows)]
     last = found[steps[-1]]
     if not last.get("meta", {}).get("smoke"):
         bleu = {d: last.get("dev", {}).get(d, {}).get("bleu") for d in GOAL_DIRECTIONS}

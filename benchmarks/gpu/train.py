@@ -128,7 +128,7 @@ def write_parts(out_dir: Path, n: int, model_dir: Path, work: Path) -> list[str]
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     sys.path.insert(0, str(ROOT / "benchmarks" / "gpu"))
-    from steps import meta, write_result  # meta: what every campaign result records (device, CUDA, commit)
+    from steps import meta, pick_device, write_result  # meta: what every campaign result records
 
     from fastvocab.training import TrainConfig, train_demo
     from fastvocab.training.checkpoint import CHECKPOINT
@@ -139,10 +139,8 @@ def main(argv: list[str] | None = None) -> int:
         level=logging.INFO, format="%(asctime)s %(name)s %(message)s",
         handlers=[logging.FileHandler(log_path), logging.StreamHandler()], force=True,
     )  # fmt: skip
-    cuda = torch.cuda.is_available()
-    if not cuda and not args.smoke:
-        raise SystemExit("no CUDA device: run with --smoke on a CPU machine")
-    device = "cuda" if cuda else "cpu"
+    device = pick_device(args.smoke)
+    cuda = device == "cuda"
     if cuda:  # TF32 tensor cores for the fp32 training matmuls (train_demo trains in fp32): 2-4x on Hopper
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
