@@ -124,10 +124,9 @@ def child(args) -> int:
     _, lines, _ = read_direction(args.corpus, args.src_lang, args.tgt_lang, "test", limit=args.n)
     decode = make_system(args)
     decode(lines[: 2 * args.batch_size], args.beam)  # warm-up: compiles, caches, thread pools
-    data = Path(args.perf_data)
     perf = subprocess.Popen(
         ["perf", "record", "-q", "-e", "cpu-clock", "-F", str(args.freq), "-p", str(os.getpid()),
-         "-o", str(data)],
+         "-o", args.perf_data],
         stderr=subprocess.DEVNULL,
     )  # fmt: skip
     time.sleep(1.0)  # perf attaches to every thread before the decode starts

@@ -68,8 +68,7 @@ def comma_list(kind: Callable[[str], T], known: Collection[T] | None = None) -> 
 
     def parse(text: str) -> list[T]:
         items = [kind(x) for x in text.split(",") if x]
-        unknown = [x for x in items if known is not None and x not in known]
-        if unknown:
+        if unknown := [x for x in items if known is not None and x not in known]:
             raise argparse.ArgumentTypeError(f"unknown {unknown[0]!r}; known: {', '.join(map(str, known))}")
         return items
 
@@ -189,8 +188,7 @@ EMULATE_ENV = "BENCH_EMULATE"  # set by emulate(): the family every record of th
 def emulation() -> dict[str, str]:
     """A record's ``emulated`` field: how this process emulates another CPU family (:func:`emulate`), or
     nothing when it runs as the host."""
-    family = os.environ.get(EMULATE_ENV)
-    if not family:
+    if not (family := os.environ.get(EMULATE_ENV)):
         return {}
     caps = ", ".join(f"{k}={v}" for k, v in EMULATE[family].items())
     return {"emulated": f"{family}: AMX refused (seccomp); {caps}; MLAS picks its kernels by CPUID"}

@@ -245,8 +245,7 @@ def prepare_shape(name: str, args, systems: list[str]) -> tuple[Path, Path | Non
         built["convert_s"] = round(time.perf_counter() - t0, 1)
         marker.write_text(json.dumps(built, indent=1) + "\n")
     info.update(built, model_dir=str(model_dir), disk_mib={"model": du_mib(model_dir)})
-    converted = (ct2_dir / "model.bin").exists()
-    if converted:
+    if converted := (ct2_dir / "model.bin").exists():
         info["disk_mib"]["ct2"] = du_mib(ct2_dir)
     return model_dir, ct2_dir if converted else None, shape, info
 
@@ -720,8 +719,7 @@ def run_point(m: Loaded, args, result: dict, threads: int, batch: int, beam: int
     for label, (run, *_) in runs.items():  # warm-up on one batch
         if label not in warm:
             run(lines[:batch], beam)
-    where = f"{m.name} b{batch} k{beam} t{threads}"
-    r = timed_rounds(m, runs, lines, beam, n * args.steps, args, where)
+    r = timed_rounds(m, runs, lines, beam, n * args.steps, args, f"{m.name} b{batch} k{beam} t{threads}")
     shape = m.shape
     for label, (_run, key, frac, dtype) in runs.items():
         sec = statistics.median(r.times[label])
@@ -818,10 +816,10 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out) if args.out else RESULTS / f"model-scale-cpu-{dt.date.today().isoformat()}.json"
     write_result(out, result)
     for r in result["rows"]:
+        point = f"{r['shape']} b{r['batch']} k{r['beam']} t{r['threads']} {r['system']}"
         print(
-            f"{r['shape']} b{r['batch']} k{r['beam']} t{r['threads']} {r['system']}: {r['tokens_per_s']} "
-            f"tok/s, s {r['projection_share']}, u {r['union_fraction']}, bound {r['bound']}, {r['gflops']} "
-            f"GF/s, {r['rss_mib']} MiB"
+            f"{point}: {r['tokens_per_s']} tok/s, s {r['projection_share']}, u {r['union_fraction']}, "
+            f"bound {r['bound']}, {r['gflops']} GF/s, {r['rss_mib']} MiB"
         )
     return 0
 

@@ -175,9 +175,8 @@ def build_systems(args) -> tuple[dict[str, Callable], dict]:
         info["with_engine"] = b32.engine
         systems[f"fastvocab-{e} full fp32"] = fastvocab_system(b32, full, args)
         if not args.no_int8:
-            systems[f"fastvocab-{e} full int8"] = fastvocab_system(
-                b8, make_projection(b32, "full", int8=True), args
-            )
+            full8 = make_projection(b32, "full", int8=True)
+            systems[f"fastvocab-{e} full int8"] = fastvocab_system(b8, full8, args)
         if clustered is not None:
             systems[f"fastvocab-{e} clustered fp32"] = fastvocab_system(b32, clustered(), args)
             if not args.no_int8:
@@ -426,8 +425,7 @@ def main(argv: list[str] | None = None) -> int:
     lines, refs, where = load_lines(args)
     systems, info = build_systems(args)
     timed = list(systems) if not args.timed else [name.strip() for name in args.timed.split(",")]
-    unknown = [name for name in timed if name not in systems]
-    if unknown:
+    if unknown := [name for name in timed if name not in systems]:
         names = ", ".join(map(repr, unknown))
         raise SystemExit(f"bench_peer: --timed: no system {names}; the systems: {', '.join(systems)}")
     result: dict = {

@@ -37,8 +37,7 @@ def synthetic_weights(n_vocab: int, d: int, dtype: torch.dtype, device: str, see
     g = torch.Generator().manual_seed(seed)
     w = (torch.randn(n_vocab, d, generator=g) / math.sqrt(d)).to(dtype)
     b = (0.1 * torch.randn(n_vocab, generator=g)).to(dtype)
-    fp = projection_fingerprint(w.float().numpy(), b.float().numpy())
-    return w.to(device), b.to(device), fp
+    return w.to(device), b.to(device), projection_fingerprint(w.float().numpy(), b.float().numpy())
 
 
 def synthetic_map(
@@ -104,8 +103,7 @@ def copy_bandwidth_gbps(device: str, mb: int = 256, rounds: int = 3) -> float:
     x = torch.empty(mb * 2**20 // 4, dtype=torch.float32, device=device)
     y = torch.empty_like(x)
     y.copy_(x)
-    t = min(timed(lambda: y.copy_(x), device, rounds) for _ in range(rounds))
-    return 2 * x.numel() * 4 / t / 1e9
+    return 2 * x.numel() * 4 / min(timed(lambda: y.copy_(x), device, rounds) for _ in range(rounds)) / 1e9
 
 
 def peak_gbps(device_name: str) -> tuple[float | None, str]:
@@ -259,8 +257,7 @@ def crossover(records: list[dict]) -> list[dict]:
     for (n, d, frac, ratio), methods in sorted(times.items()):
         for suffix in ("", "/cupy", "/torch", "/nocache"):
             u, p = methods.get("union" + suffix, {}), methods.get("per-row" + suffix, {})
-            rows = sorted(set(u) & set(p))
-            if not rows:
+            if not (rows := sorted(set(u) & set(p))):
                 continue
             wins = [k for k in rows if p[k] < u[k]]
             first = next((k for k in rows if all(p[j] < u[j] for j in rows if j >= k)), None)
@@ -278,10 +275,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--dtype", choices=sorted(DTYPES), help="fp32 on CPU, fp16 on GPU by default")
     p.add_argument("--sizes", help="N:d,... (default: 32000:256 on CPU, then 128000:1024,250000:1024)")
     p.add_argument("--rows", help="row counts (default 1,40,128; demo size also 2..64 on CPU)")
-    fractions = comma_list(float)
-    p.add_argument("--fractions", type=fractions, default="0.05,0.1,0.2", help="union active fractions")
+    floats = comma_list(float)
+    p.add_argument("--fractions", type=floats, default="0.05,0.1,0.2", help="union active fractions")
     p.add_argument(
-        "--set-ratios", type=fractions, default="0.5,0.15",
+        "--set-ratios", type=floats, default="0.5,0.15",
         help="one cluster's set / the pool; later ones only at N <= 64K",
     )  # fmt: skip
     p.add_argument("--r", type=int, help="clusters (default 200 demo size, 2000 GPU, 256 CPU)")

@@ -1,9 +1,10 @@
-"""Whether ``fastvocab translate`` writes the same bytes at two commits (what it runs and compares:
-``benchmarks/harnesses.md#check_identicalpy``).
+"""Whether ``fastvocab translate`` writes the same bytes at two commits, run by run.
 
     python benchmarks/check_identical.py --out /tmp/base.json                  # at the first commit
     python benchmarks/check_identical.py --out /tmp/now.json --against /tmp/base.json \\
         --record benchmarks/results/identical-outputs-DATE.json                # at the second
+
+What it runs and compares: ``benchmarks/harnesses.md#check_identicalpy``.
 """
 
 from __future__ import annotations

@@ -85,26 +85,25 @@ def card_section(result: dict) -> str:
         rows.append(f"| {d} | {s['sentences']} | {s['bleu']:.1f} | {s['chrf']:.1f} |")
     sig = next(iter(result["directions"].values()))
     chk = result["greedy_check"]
-    return "\n".join(
-        [
-            TEST_SCORES_MARKER,
-            "## Test scores (the whole corpus test split, `fastvocab translate`, greedy)",
-            "",
-            "`fastvocab translate --beam 1 "
-            f"--batch-size {result['batch_size']} --max-len {result['max_len']}` "
-            f"(full projection, float32, {result['device']}), then `fastvocab eval`; commit "
-            f"`{result['commit'][:12]}`, {result['date']}. Recorded in "
-            "`benchmarks/results/demo-model-quality.json` (`benchmarks/demo_model_quality.py`).",
-            "",
-            *rows,
-            "",
-            f"BLEU: `{sig['bleu_signature']}`; chrF: `{sig['chrf_signature']}`.",
-            "",
-            f"Greedy `fastvocab translate` output equals `model.generate` on {chk['identical']} of "
-            f"{chk['sentences']} {chk['direction']} test sentences.",
-            "",
-        ]
-    )
+    lines = [
+        TEST_SCORES_MARKER,
+        "## Test scores (the whole corpus test split, `fastvocab translate`, greedy)",
+        "",
+        "`fastvocab translate --beam 1 "
+        f"--batch-size {result['batch_size']} --max-len {result['max_len']}` "
+        f"(full projection, float32, {result['device']}), then `fastvocab eval`; commit "
+        f"`{result['commit'][:12]}`, {result['date']}. Recorded in "
+        "`benchmarks/results/demo-model-quality.json` (`benchmarks/demo_model_quality.py`).",
+        "",
+        *rows,
+        "",
+        f"BLEU: `{sig['bleu_signature']}`; chrF: `{sig['chrf_signature']}`.",
+        "",
+        f"Greedy `fastvocab translate` output equals `model.generate` on {chk['identical']} of "
+        f"{chk['sentences']} {chk['direction']} test sentences.",
+        "",
+    ]
+    return "\n".join(lines)
 
 
 def main() -> int:
@@ -158,8 +157,7 @@ def main() -> int:
     print(f"wrote {args.out}")
     if args.update_card and "greedy_check" in result:
         card = args.model / "README.md"
-        text = card.read_text(encoding="utf-8")
-        head = text.split(TEST_SCORES_MARKER)[0]
+        head = card.read_text(encoding="utf-8").split(TEST_SCORES_MARKER)[0]
         card.write_text(head + card_section(result), encoding="utf-8")
         print(f"updated {card}")
     return 0

@@ -112,8 +112,7 @@ def _results(root: Path, name: str, label: str | None) -> dict[str, dict]:
     """A bench-methods record's result rows of one label, by direction (``None``: a bench fidelity record's
     rows, which have no label)."""
     rows = {r["direction"]: r for r in _load(root, name)["results"] if r.get("label") == label}
-    missing = [d for d in DIRECTIONS if d not in rows]
-    if missing:
+    if missing := [d for d in DIRECTIONS if d not in rows]:
         raise KeyError(f"{name}: no {label!r} row for {', '.join(missing)}")
     return rows
 
@@ -775,8 +774,7 @@ def _value(x: float, unit: str) -> str:
 
 def _step_link(root: Path, doc: Path, number: str) -> str:
     """A change's decision record where one stands, else its section in ``doc`` (GitHub's heading anchor)."""
-    kept = sorted((root / DECISIONS).glob(f"{number}-*.md"))
-    if kept:
+    if kept := sorted((root / DECISIONS).glob(f"{number}-*.md")):
         return Path(os.path.relpath(kept[0], doc.parent)).as_posix()
     heading = re.search(rf"^### ({number}\b.*)$", doc.read_text(), re.M)
     if heading is None:

@@ -67,8 +67,7 @@ def meta(device: str, args: argparse.Namespace, **extra: object) -> dict:
     except Exception as exc:  # missing, or a CuPy that cannot load its CUDA libraries
         out["cupy"] = f"unavailable: {type(exc).__name__}: {exc}"[:200]
     if device == "cuda":
-        out["driver"] = _smi("driver_version")
-        out["gpu_memory_MiB"] = _smi("memory.total")
+        out.update(driver=_smi("driver_version"), gpu_memory_MiB=_smi("memory.total"))
     out.update(extra)
     return out
 
@@ -90,8 +89,7 @@ def matmul_tflops(device: str, n: int, dtype: torch.dtype) -> float:
     a, b = (torch.randn(n, n, device=device).to(dtype) for _ in range(2))
     a @ b
     sync(device)
-    t = min(timed(lambda: a @ b, device, 3) for _ in range(3))
-    return 2 * n**3 / t / 1e12
+    return 2 * n**3 / min(timed(lambda: a @ b, device, 3) for _ in range(3)) / 1e12
 
 
 def step_env(args: argparse.Namespace) -> None:
@@ -266,10 +264,8 @@ def random_model(arch: dict, device: str, dtype: torch.dtype):
 def fixed_decode(adapter, project, src: torch.Tensor, beam: int, steps: int) -> None:
     """``steps`` decoder steps for every row, no early stop (full and clustered do the same work):
     greedy (beam 1) or beam search's per-step work (top-2k per row, top-k per sentence, cache reorder)."""
-    batch = {"input_ids": src, "attention_mask": torch.ones_like(src)}
-    n = src.shape[0]
-    state = adapter.encode(batch)
-    dev = src.device
+    state = adapter.encode({"input_ids": src, "attention_mask": torch.ones_like(src)})
+    n, dev = src.shape[0], src.device
     tok = torch.full((n * beam,), adapter.decoder_start_id, dtype=torch.long, device=dev)
     if beam > 1:
         state = adapter.reorder(state, torch.arange(n, device=dev).repeat_interleave(beam), group=beam)
@@ -615,11 +611,7 @@ def step_dump(args: argparse.Namespace) -> None:
         ctx, ShardSpec("en-it", 0, tuple(range(len(texts))), tuple(texts), None, tuple(refs)),
         budget=3.0 if args.smoke else args.variant_seconds,
     )  # fmt: skip
-    results: list[dict] = []
-    payload = {
-        "meta": meta(device, args, dtype=dtype, model="models/demo", k=8, max_len=128),
-        "results": results,
-    }
+    payload = {"meta": meta(device, args, dtype=dtype, model="models/demo", k=8, max_len=128), "results": []}
     for name, graphs, beam, batches, mode in plan:
         for bs in [b for b in batches for _ in range(args.repeat)]:  # repeats: what a first run pays
             try:
@@ -627,15 +619,14 @@ def step_dump(args: argparse.Namespace) -> None:
             except Exception as exc:  # one path failing leaves the others' numbers
                 row = {"path": name, "batch_size": bs, "error": f"{type(exc).__name__}: {exc}"[:500]}
                 print(f"{name} b{bs}: FAILED {row['error']}")
-            results.append(row)
+            payload["results"].append(row)
             if device == "cuda":
                 torch.cuda.empty_cache()
                 torch.cuda.reset_peak_memory_stats()
             write_result(args.out / "gpu-dump.json", payload)
+    agreed = [texts[i] for i in work.order[: 16 if args.smoke else 512]]
     try:
-        payload["agreement"] = _captured_agreement(
-            ctx, [texts[i] for i in work.order[: (16 if args.smoke else 512)]]
-        )
+        payload["agreement"] = _captured_agreement(ctx, agreed)
     except Exception as exc:
         payload["agreement"] = {"error": f"{type(exc).__name__}: {exc}"[:500]}
     print("captured vs eager on the same lines:", payload["agreement"])

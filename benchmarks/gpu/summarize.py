@@ -49,10 +49,8 @@ def _cell(x: object) -> str:
 def env_section(res: dict) -> str:
     meta, env = res.get("meta", {}), res.get("env", {})
     rows = [[k, meta.get(k)] for k in ("device_name", "torch", "cuda", "cupy", "commit", "date")]
-    rows += [
-        ["copy GB/s", env.get("copy_GBps")],
-        ["matmul TFLOP/s", (env.get("matmul_TFLOPs") or {}).get("value")],
-    ]
+    tflops = (env.get("matmul_TFLOPs") or {}).get("value")
+    rows += [["copy GB/s", env.get("copy_GBps")], ["matmul TFLOP/s", tflops]]
     return "### Machine\n\n" + table(["", ""], rows)
 
 
@@ -138,8 +136,7 @@ def e2e_section(res: dict) -> str:
                          f"{bf['variant']}: {ratio:.2f}x{verdict}")  # fmt: skip
     out.append(table(["beam", "batch", "variant", "tokens/s", "x full/static"], rows))
     out.append("\n".join(f"- {g}" for g in goals))
-    share = [r for r in recs if r["variant"] == "projection-share"]
-    if share:
+    if share := [r for r in recs if r["variant"] == "projection-share"]:
         out.append(table(["batch", "full step ms", "decoder-only step ms", "projection share"],
                          [[r["batch"], r["full_step_ms"], r["decoder_only_step_ms"],
                            r["projection_share_of_full_static_step"]] for r in share]))  # fmt: skip
@@ -211,12 +208,10 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("dirs", nargs="+", type=Path, help="folders holding gpu-<step>.json files")
     args = p.parse_args(argv)
-    missing = [d for d in args.dirs if not d.is_dir()]
-    if missing:
+    if missing := [d for d in args.dirs if not d.is_dir()]:
         print(f"summarize: not a folder: {missing[0]}", file=sys.stderr)
         return 2
-    found = load(args.dirs)
-    if not found:
+    if not (found := load(args.dirs)):
         print(f"summarize: no gpu-*.json under {', '.join(map(str, args.dirs))}", file=sys.stderr)
         return 2
     sys.stdout.write(summarize(found))

@@ -80,8 +80,7 @@ def restore_from_parts(parts_dir: Path, work: Path, n_prev: int, weights: Path |
     with tarfile.open(resume_tar) as tar:
         tar.extractall(restore, filter="data")
     if parts:
-        blob = b"".join(p.read_bytes() for p in parts)
-        with tarfile.open(fileobj=io.BytesIO(blob)) as tar:
+        with tarfile.open(fileobj=io.BytesIO(b"".join(p.read_bytes() for p in parts))) as tar:
             tar.extractall(restore, filter="data")
         weights = restore / "model"
     state = torch.load(restore / "resume" / "state.pt", map_location="cpu", weights_only=False)
