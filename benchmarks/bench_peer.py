@@ -128,16 +128,15 @@ def fastvocab_system(adapter, projection, args) -> Callable[[list[str], int], tu
         proj = projection[beam] if isinstance(projection, dict) else projection
         proj.time_steps()  # from zero: another system may share this projection
         workers = None if args.parallel == "workers" else 1
-        if args.fresh_workers:
-            how: dict = {"workers": workers, "parallel": args.worker_kind}
-        else:
-            if id(proj) not in pools:
-                pools[id(proj)] = DecodePool(adapter, proj, workers, args.worker_kind)
-            how = {"pool": pools[id(proj)]}
+        if args.fresh_workers or id(proj) not in pools:
+            pools[id(proj)] = DecodePool(adapter, proj, workers, args.worker_kind)
         search = SearchSettings(
             beam=beam, batch_size=args.batch_size, max_len=args.max_len, early_stopping=args.early_stopping
         )
-        r = translate(adapter, proj, lines, args.src_lang, args.tgt_lang, search, progress=False, **how)
+        pool = pools[id(proj)]
+        r = translate(adapter, proj, lines, args.src_lang, args.tgt_lang, search, progress=False, pool=pool)
+        if args.fresh_workers:  # this call's workers end with it
+            pools.pop(id(proj)).close()
         spent[0] = proj.step_seconds
         if hasattr(proj, "reset_counters"):  # clustered: the columns and skipped rows of this call
             stats[0] = proj.stats()
