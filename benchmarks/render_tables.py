@@ -166,13 +166,14 @@ SHIPPED = "models/demo-maps/maps.json"  # the build record published beside the 
 SEARCHES = ("greedy", "beam4")
 # the maps rebuilt from all their text, each measured on the machine it was built on
 ALL_TEXT = (*(("2026-12-02-zen5", x) for x in ("pt", "es")), *(("2026-12-03-zen3", x) for x in ("fr", "de")))
+XEON_ALL_TEXT = ("to-en-all-text-k8", "en-it-all-text-k3")  # to-en: the X->en directions' pooled map
 SHIPPED_RECORDS = (
     "fidelity-cpu-2026-11-28-shipped-greedy.json",
     "fidelity-cpu-2026-11-28-shipped-beam4.json",
     "fidelity-cpu-2026-11-28-shipped-es-pt-15k-greedy.json",  # en-es, en-pt rebuilt from 15,000 lines
     "fidelity-cpu-2026-11-28-shipped-es-pt-15k-beam4.json",
     *(f"fidelity-cpu-{at}-shipped-en-{x}-all-text-k8-{s}.json" for at, x in ALL_TEXT for s in SEARCHES),
-    *(f"fidelity-cpu-2026-12-04-xeon-shipped-to-en-all-text-k8-{s}.json" for s in SEARCHES),  # X->en
+    *(f"fidelity-cpu-2026-12-04-xeon-shipped-{x}-{s}.json" for x in XEON_ALL_TEXT for s in SEARCHES),
 )
 ALL_DIRECTIONS = tuple(d for lang in LANGS for d in (f"en-{lang}", f"{lang}-en"))
 
@@ -349,7 +350,7 @@ def render_card(root: Path, doc: Path) -> str:
         states, frac, n = entry["beam_states"], manifest["active_fraction"], manifest["n_vocab"]
         frequent = table["params"]["frequent"]
         cols[d] = [
-            f"{stats['train']['kept']:,} + {stats['mono']['kept']:,}",
+            " + ".join(f"{stats.get(part, {}).get('kept', 0):,}" for part in ("train", "catalogs", "mono")),
             f"{stats['mono']['held_out']:,}",
             f"{states['0']:,} / {states['1']:,}",
             f"{entry['r']:,}, {entry['k']}, {entry['probes']}",
@@ -359,7 +360,7 @@ def render_card(root: Path, doc: Path) -> str:
             f"{table['params']['k']}, {frequent or 'none'}, {table['extra']['source_types']:,}",
             _mib(maps / "shortlist" / d),
         ]
-    labels = ["source lines: train + monolingual (after de-duplication)",
+    labels = ["source lines: train + catalogs + monolingual (after de-duplication)",
               "monolingual lines left out: they are dev or test lines",
               "dumped states: reference path / greedy path", "clusters r, top-K per state, probes",
               f"set size, mean / largest (share of the {n:,} ids)",
