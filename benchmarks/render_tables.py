@@ -755,7 +755,7 @@ CPU_STEPS: tuple[tuple[str, str, Measure | None, Measure], ...] = (
     ("0028", "steps of many rows skip the map where the map probe measured it slower", None,
      _vs_ct2("bench_peer, greedy, batch 32, clustered int8",
              "peer-cpu-2026-12-04-xeon-b32-before-map-probe.json",
-             "peer-cpu-2026-12-04-xeon-b32-map-probe.json", "beam1")),
+             "peer-cpu-2026-12-04-xeon-b32-map-probe-en-it-k1.json", "beam1")),
     ("0029", "int8 ONNX Runtime sessions opened at their first use",
      ("bench_first_line, a one-line clustered int8 translate: set-up", "s",
       *_both(*FIRST_LINE, lambda rec: rec["median"]["load_s"])),
