@@ -166,7 +166,7 @@ SHIPPED = "models/demo-maps/maps.json"  # the build record published beside the 
 SEARCHES = ("greedy", "beam4")
 # the maps rebuilt from all their text, each measured on the machine it was built on
 ALL_TEXT = (*(("2026-12-02-zen5", x) for x in ("pt", "es")), *(("2026-12-03-zen3", x) for x in ("fr", "de")))
-XEON_ALL_TEXT = ("to-en-all-text-k8", "en-it-all-text-k3")  # to-en: the X->en directions' pooled map
+XEON_ALL_TEXT = tuple(f"{m}-all-text-{k}" for m, k in (("to-en", "k8"), ("en-it", "k3"), ("it-en", "k8")))
 SHIPPED_RECORDS = (
     "fidelity-cpu-2026-11-28-shipped-greedy.json",
     "fidelity-cpu-2026-11-28-shipped-beam4.json",
