@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
@@ -231,63 +231,16 @@ class Seq2SeqAdapter:
             raise FileNotFoundError(f"model folder not found: {path}")
         if not (path / "config.json").exists():
             raise FileNotFoundError(f"{path} is not a model folder (no config.json)")
-        adapter = None
-        if lite and engine != "hf":
-            adapter = cls._load_lite(path, device, dtype, fingerprint, cache_len, max_cache_bytes, engine)
-        if adapter is None:
+        loaded = cls._load_lite(path, dtype) if lite and engine != "hf" else None
+        if loaded is None:
             from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
             from transformers.utils import logging as hf_logging
 
             hf_logging.disable_progress_bar()  # a load prints no "Loading weights" bar into a job's log
             tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
-            model = AutoModelForSeq2SeqLM.from_pretrained(path, local_files_only=True, dtype=dtype)
-            model = model.to(device).eval()
-            adapter = cls(
-                model,
-                tokenizer,
-                path,
-                device,
-                dtype,
-                fingerprint,
-                engine=engine,
-                cache_len=cache_len,
-                max_cache_bytes=max_cache_bytes,
-                from_folder=True,
-            )
-        log.debug(
-            "loaded %s (%s, N=%d, d=%d, engine %s%s)",
-            path,
-            adapter.family,
-            adapter.n_vocab,
-            adapter.d_model,
-            adapter.engine,
-            ", lite" if adapter.lite else "",
-        )
-        return adapter
-
-    @classmethod
-    def _load_lite(
-        cls,
-        path: Path,
-        device: str | torch.device,
-        dtype: torch.dtype,
-        fingerprint: str | None,
-        cache_len: int,
-        max_cache_bytes: int | None,
-        engine: str = "auto",
-    ) -> Seq2SeqAdapter | None:
-        """The adapter over ``decoding.lite_m2m100``'s load, or None where the folder or the static engine
-        needs the Hugging Face model."""
-        from fastvocab.decoding.lite_m2m100 import lite_unsupported_reason, load_lite
-        from fastvocab.decoding.model_families import unsupported_reason
-
-        reason = lite_unsupported_reason(path)
-        if reason is None:
-            model, tokenizer = load_lite(path, dtype)
-            reason = unsupported_reason(model)
-        if reason is not None:
-            log.debug("lite load of %s: no (%s)", path, reason)
-            return None
+            model = AutoModelForSeq2SeqLM.from_pretrained(path, local_files_only=True, dtype=dtype).eval()
+        else:
+            model, tokenizer = loaded
         adapter = cls(
             model.to(device),
             tokenizer,
@@ -300,8 +253,33 @@ class Seq2SeqAdapter:
             max_cache_bytes=max_cache_bytes,
             from_folder=True,
         )
-        adapter.lite = True
+        adapter.lite = loaded is not None
+        log.debug(
+            "loaded %s (%s, N=%d, d=%d, engine %s%s)",
+            path,
+            adapter.family,
+            adapter.n_vocab,
+            adapter.d_model,
+            adapter.engine,
+            ", lite" if adapter.lite else "",
+        )
         return adapter
+
+    @staticmethod
+    def _load_lite(path: Path, dtype: torch.dtype) -> tuple[Any, Any] | None:
+        """The model and tokenizer of ``decoding.lite_m2m100``'s load, or None where the folder or the static
+        engine needs the Hugging Face model."""
+        from fastvocab.decoding.lite_m2m100 import lite_unsupported_reason, load_lite
+        from fastvocab.decoding.model_families import unsupported_reason
+
+        reason = lite_unsupported_reason(path)
+        if reason is None:
+            model, tokenizer = load_lite(path, dtype)
+            reason = unsupported_reason(model)
+        if reason is not None:
+            log.debug("lite load of %s: no (%s)", path, reason)
+            return None
+        return model, tokenizer
 
     def _hf_only(self, what: str) -> None:
         if self.lite:
