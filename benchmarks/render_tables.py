@@ -527,7 +527,8 @@ def render_status(root: Path, doc: Path) -> str:
     if len(ahead) == len(named):
         lead = f"ahead at every point on every CPU ({_span(every, '.2f')}x)"
     else:
-        lead = f"ahead at {' and '.join(ahead)} on every CPU" if ahead else "ahead at no point on every CPU"
+        listed = " and ".join([", ".join(ahead[:-1]), ahead[-1]] if len(ahead) > 1 else ahead)
+        lead = f"ahead at {listed} on every CPU" if ahead else "ahead at no point on every CPU"
     lead += f"; level at {', '.join(level)}" if level else ""
     lead += f"; behind at {', '.join(behind)}" if behind else ""
     fp32 = _span([r for rs in full.values() for r in rs], ".2f")
