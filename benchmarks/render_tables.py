@@ -164,16 +164,23 @@ SHIPPED = "models/demo-maps/maps.json"  # the build record published beside the 
 # Each: beam 1 x batches 1, 32 and beam 4 x batch 8; a later record's rows replace an earlier one's (a
 # direction measured again after its maps were rebuilt).
 SEARCHES = ("greedy", "beam4")
-# the maps rebuilt from all their text, each measured on the machine it was built on
-ALL_TEXT = (*(("2026-12-02-zen5", x) for x in ("pt", "es")), *(("2026-12-03-zen3", x) for x in ("fr", "de")))
-XEON_ALL_TEXT = tuple(f"{m}-all-text-{k}" for m, k in (("to-en", "k8"), ("en-it", "k3"), ("it-en", "k8")))
+# the maps rebuilt from all their text, each measured on the machine it was built on: (where, map and K);
+# to-en is the X->en directions' pooled map
+ALL_TEXT = (
+    ("2026-12-02-zen5", "en-pt-all-text-k8"),
+    ("2026-12-02-zen5", "en-es-all-text-k8"),
+    ("2026-12-03-zen3", "en-fr-all-text-k8"),
+    ("2026-12-03-zen3", "en-de-all-text-k8"),
+    ("2026-12-04-xeon", "to-en-all-text-k8"),
+    ("2026-12-04-xeon", "en-it-all-text-k3"),
+    ("2026-12-04-xeon", "it-en-all-text-k8"),
+)
 SHIPPED_RECORDS = (
     "fidelity-cpu-2026-11-28-shipped-greedy.json",
     "fidelity-cpu-2026-11-28-shipped-beam4.json",
     "fidelity-cpu-2026-11-28-shipped-es-pt-15k-greedy.json",  # en-es, en-pt rebuilt from 15,000 lines
     "fidelity-cpu-2026-11-28-shipped-es-pt-15k-beam4.json",
-    *(f"fidelity-cpu-{at}-shipped-en-{x}-all-text-k8-{s}.json" for at, x in ALL_TEXT for s in SEARCHES),
-    *(f"fidelity-cpu-2026-12-04-xeon-shipped-{x}-{s}.json" for x in XEON_ALL_TEXT for s in SEARCHES),
+    *(f"fidelity-cpu-{at}-shipped-{m}-{s}.json" for at, m in ALL_TEXT for s in SEARCHES),
 )
 ALL_DIRECTIONS = tuple(d for lang in LANGS for d in (f"en-{lang}", f"{lang}-en"))
 
